@@ -1,0 +1,52 @@
+//! Finding the database: DATABASE_URL, or the embedded cluster in SHOPFLOOR_DATA_DIR.
+
+use engine::cluster::{self, Cluster, ClusterOptions};
+use sqlx::PgPool;
+
+use super::{CliError, DbArgs};
+
+/// A connected database, and the embedded cluster when this process started it.
+pub struct Database {
+    pub url: String,
+    pub pool: PgPool,
+    cluster: Option<Cluster>,
+}
+
+impl Database {
+    pub async fn open(args: &DbArgs, connections: u32) -> Result<Database, CliError> {
+        let (url, cluster) = match &args.database_url {
+            Some(url) if !url.trim().is_empty() => {
+                engine::db::parse_url(url).map_err(CliError::msg)?;
+                (url.clone(), None)
+            }
+            _ => {
+                let opts = ClusterOptions { data_dir: args.data_dir.clone(), durable: true };
+                let c = cluster::ensure_running(&opts).await.map_err(CliError::msg)?;
+                if c.started_here {
+                    tracing::info!(dir = %c.pgdata().display(), port = c.port, "started the embedded PostgreSQL cluster");
+                }
+                (c.url.clone(), c.started_here.then_some(c))
+            }
+        };
+        match engine::db::connect(&url, connections).await {
+            Ok(pool) => Ok(Database { url, pool, cluster }),
+            Err(e) => {
+                if let Some(c) = &cluster {
+                    let _ = c.stop();
+                }
+                Err(CliError::msg(e))
+            }
+        }
+    }
+
+    /// Closes the pool and stops the embedded cluster if this process started it.
+    pub async fn close(self) {
+        self.pool.close().await;
+        if let Some(c) = self.cluster {
+            match c.stop() {
+                Ok(()) => tracing::info!("stopped the embedded PostgreSQL cluster"),
+                Err(e) => tracing::warn!(error = %e, "could not stop the embedded PostgreSQL cluster"),
+            }
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The `shopfloor` command line: one binary, one subcommand per process or task.
+//!
+//! Every setting is a flag and an environment variable of the same name (`--listen` and
+//! `SHOPFLOOR_LISTEN`); the defaults are shown by `--help`. These names are a stable interface:
+//! scripts and the Helm chart rely on them.
+
+mod admin;
+mod database;
+mod processes;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use database::Database;
+
+#[derive(Debug, Parser)]
+#[command(name = "shopfloor", version, about = "A durable, audited backend for software factories: GitHub events start runs of workflows that coding agents, CI gates and people walk.")]
+pub struct Cli {
+    /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `shopfloor=debug,sqlx=warn`.
+    #[arg(long = "log", env = "SHOPFLOOR_LOG", default_value = "info", global = true)]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// All in one for a laptop or a demo: migrations, the API and one engine. With no
+    /// DATABASE_URL it runs its own PostgreSQL cluster under SHOPFLOOR_DATA_DIR/pg.
+    Serve(ServeArgs),
+    /// One stateless API replica.
+    Api(ApiArgs),
+    /// One engine process of the pool.
+    Engine(EngineArgs),
+    /// The host agent (not built yet).
+    Host,
+    /// Apply migrations; refuses a database whose schema is newer than this binary.
+    Migrate(DbArgs),
+    /// Bootstrap: orgs, projects, their first tokens; the embedded cluster.
+    #[command(subcommand)]
+    Admin(admin::AdminCommand),
+    /// Readiness checks with the fix for each failure (not built yet).
+    Check,
+    /// Check workflow files offline; prints `FILE:LINE:COL: message` per problem, exits 1 on any.
+    Validate {
+        /// Workflow YAML files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+/// Where the database is.
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// PostgreSQL URL. Unset: the embedded cluster in SHOPFLOOR_DATA_DIR is used, started if
+    /// needed.
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Where the embedded PostgreSQL cluster lives (in `pg/` under it).
+    #[arg(long = "data-dir", env = "SHOPFLOOR_DATA_DIR", default_value = ".shopfloor")]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ListenArgs {
+    /// Address the HTTP server listens on.
+    #[arg(long = "listen", env = "SHOPFLOOR_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PoolArgs {
+    /// A direct URL for the engine's LISTEN connection (a transaction pooler such as PgBouncer
+    /// cannot LISTEN). Defaults to DATABASE_URL.
+    #[arg(long = "listen-database-url", env = "SHOPFLOOR_LISTEN_DATABASE_URL", hide_env_values = true)]
+    pub listen_database_url: Option<String>,
+    /// This engine's id in leases and the audit log. Defaults to `<hostname>-<pid>`.
+    #[arg(long = "engine-id", env = "SHOPFLOOR_ENGINE_ID")]
+    pub engine_id: Option<String>,
+    /// Seconds the first SIGTERM waits for held steps before the process exits.
+    #[arg(long = "drain-secs", env = "SHOPFLOOR_DRAIN_SECS", default_value_t = 30)]
+    pub drain_secs: u64,
+    /// Wakes claimed per transaction.
+    #[arg(long = "batch", env = "SHOPFLOOR_ENGINE_BATCH", default_value_t = 64)]
+    pub batch: i64,
+    /// Steps this engine executes at once.
+    #[arg(long = "max-in-flight", env = "SHOPFLOOR_ENGINE_MAX_IN_FLIGHT", default_value_t = 256)]
+    pub max_in_flight: usize,
+    /// Run crew, gate and output steps with the no-op test executor instead of waiting for
+    /// hosts and integrations. For tests and benchmarks only.
+    #[arg(long = "test-executor", env = "SHOPFLOOR_TEST_EXECUTOR", default_value_t = false)]
+    pub test_executor: bool,
+    /// With --test-executor: append one line per executed step to this file.
+    #[arg(long = "test-effects", env = "SHOPFLOOR_TEST_EFFECTS")]
+    pub test_effects: Option<PathBuf>,
+    /// Database connections of this process's pool.
+    #[arg(long = "db-connections", env = "SHOPFLOOR_DB_CONNECTIONS", default_value_t = 8)]
+    pub db_connections: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub listen: ListenArgs,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ApiArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub listen: ListenArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+}
+
+/// A failure of a command, printed as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Failed(String),
+    /// Not built yet: said plainly, never faked.
+    #[error("`shopfloor {0}` is not built yet")]
+    NotBuilt(&'static str),
+}
+
+impl CliError {
+    pub fn msg(e: impl std::fmt::Display) -> CliError {
+        CliError::Failed(e.to_string())
+    }
+}
+
+/// Runs a parsed command line; returns the process exit code.
+pub async fn run(cli: Cli) -> Result<u8, CliError> {
+    match cli.command {
+        Command::Serve(args) => processes::serve(args).await.map(|()| 0),
+        Command::Api(args) => processes::api(args).await.map(|()| 0),
+        Command::Engine(args) => processes::engine(args).await.map(|()| 0),
+        Command::Migrate(db) => processes::migrate(db).await.map(|()| 0),
+        Command::Admin(cmd) => admin::run(cmd).await.map(|()| 0),
+        Command::Validate { files } => {
+            let ok = engine::definition::report::validate_files(&files, &mut std::io::stdout());
+            Ok(if ok { 0 } else { 1 })
+        }
+        Command::Host => Err(CliError::NotBuilt("host")),
+        Command::Check => Err(CliError::NotBuilt("check")),
+    }
+}

@@ -1,0 +1,120 @@
+//! The long-running processes: `serve`, `api`, `engine`, and `migrate`.
+
+use std::time::Duration;
+
+use engine::executor::TestExecutor;
+use engine::pool::PoolConfig;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::{ApiArgs, CliError, Database, DbArgs, EngineArgs, PoolArgs, ServeArgs};
+use crate::http::{self, AppState};
+
+pub(super) async fn migrate(args: DbArgs) -> Result<(), CliError> {
+    let db = Database::open(&args, 2).await?;
+    let result = engine::db::migrate(&db.pool).await;
+    db.close().await;
+    result.map_err(CliError::msg)?;
+    eprintln!("schema is at migration {}", engine::db::code_version());
+    Ok(())
+}
+
+pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
+    // Bind first: a port in use should fail before anything else starts.
+    let listener = bind(&args.listen.listen).await?;
+    let db = Database::open(&args.db, args.pool.db_connections + 8).await?;
+    if let Err(e) = engine::db::migrate(&db.pool).await {
+        db.close().await;
+        return Err(CliError::msg(e));
+    }
+    let (drain, abort) = signals();
+    let server = tokio::spawn(serve_http(listener, db.pool.clone(), drain.clone()));
+    let pool = tokio::spawn(engine::pool::run(db.pool.clone(), pool_config(&args.pool, &db.url), drain.clone(), abort.clone()));
+    tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
+    let (served, pooled) = tokio::join!(server, pool);
+    db.close().await;
+    served.map_err(CliError::msg)??;
+    pooled.map_err(CliError::msg)?.map_err(CliError::msg)
+}
+
+pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
+    let listener = bind(&args.listen.listen).await?;
+    let db = Database::open(&args.db, 16).await?;
+    if let Err(e) = engine::db::check_schema(&db.pool).await {
+        db.close().await;
+        return Err(CliError::msg(e));
+    }
+    let (drain, _abort) = signals();
+    let served = serve_http(listener, db.pool.clone(), drain).await;
+    db.close().await;
+    served
+}
+
+pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
+    let db = Database::open(&args.db, args.pool.db_connections).await?;
+    if let Err(e) = engine::db::check_schema(&db.pool).await {
+        db.close().await;
+        return Err(CliError::msg(e));
+    }
+    let (drain, abort) = signals();
+    let cfg = pool_config(&args.pool, &db.url);
+    tracing::info!(engine.id = %cfg.id, test_executor = cfg.test_executor.is_some(), "engine started");
+    if cfg.test_executor.is_none() {
+        tracing::info!("crew, gate and output steps wait for hosts and integrations, which are not built yet");
+    }
+    let result = engine::pool::run(db.pool.clone(), cfg, drain, abort).await;
+    db.close().await;
+    result.map_err(CliError::msg)
+}
+
+fn pool_config(args: &PoolArgs, url: &str) -> PoolConfig {
+    let id = args.engine_id.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "engine".into());
+        format!("{host}-{}", std::process::id())
+    });
+    PoolConfig {
+        id,
+        listen_url: args.listen_database_url.clone().unwrap_or_else(|| url.to_owned()),
+        batch: args.batch.max(1),
+        max_in_flight: args.max_in_flight.max(1),
+        drain: Duration::from_secs(args.drain_secs),
+        test_executor: args.test_executor.then(|| TestExecutor { effects: args.test_effects.clone() }),
+    }
+}
+
+async fn bind(addr: &std::net::SocketAddr) -> Result<TcpListener, CliError> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        let why = match e.kind() {
+            std::io::ErrorKind::AddrInUse => "the address is in use; stop the other server or set SHOPFLOOR_LISTEN to another address".to_owned(),
+            std::io::ErrorKind::PermissionDenied => "permission denied; use a port above 1023 in SHOPFLOOR_LISTEN".to_owned(),
+            _ => e.to_string(),
+        };
+        CliError::Failed(format!("cannot listen on {addr}: {why}"))
+    })
+}
+
+async fn serve_http(listener: TcpListener, db: sqlx::PgPool, drain: CancellationToken) -> Result<(), CliError> {
+    let app = http::router(AppState { db });
+    axum::serve(listener, app).with_graceful_shutdown(async move { drain.cancelled().await }).await.map_err(CliError::msg)
+}
+
+/// The first SIGTERM or Ctrl-C cancels `drain`; the second cancels `abort`.
+fn signals() -> (CancellationToken, CancellationToken) {
+    let (drain, abort) = (CancellationToken::new(), CancellationToken::new());
+    let (d, a) = (drain.clone(), abort.clone());
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            tracing::warn!("cannot install signal handlers");
+            return;
+        };
+        for token in [d, a] {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            token.cancel();
+        }
+    });
+    (drain, abort)
+}

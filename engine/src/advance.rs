@@ -1,0 +1,420 @@
+//! Advancing one run: what the engine does with a run it has locked.
+//!
+//! It handles the step-level wakes that came due (a lease that lapsed, a timeout, a wait's
+//! end, a backoff), settles steps that waited on a child run, then asks the walker what to
+//! start and starts it. Nodes the engine resolves itself (trigger, decision, end) are
+//! resolved at once and the walk asked again, so one advance takes a run as far as it can go
+//! without waiting for anything outside. Every write goes through the store.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use crate::catalog::Catalog;
+use crate::definition::{self, Definition, Node, NodeKind, Wait};
+use crate::ids::{RunId, StepId, WorkflowId};
+use crate::state::{run, step, StepState};
+use crate::store::steps::{self, Failure, FailureClass, Initial, NewStep, StepRow, LEASE_GRACE};
+use crate::store::{approvals, runs, Change, Result, StoreError};
+use crate::walk::{self, Outcome, StepRecord};
+
+/// Default step timeouts (DESIGN.md "Safety defaults").
+pub const CREW_TIMEOUT: Duration = Duration::from_secs(3600);
+pub const GATE_TIMEOUT: Duration = Duration::from_secs(3600);
+pub const OUTPUT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A wake claimed for a run.
+#[derive(Debug, Clone)]
+pub struct Wake {
+    pub step: Option<StepId>,
+    pub reason: String,
+}
+
+/// A step the engine leased to itself in this change, to execute after commit.
+#[derive(Debug, Clone)]
+pub struct ToExecute {
+    pub org: crate::ids::OrgId,
+    pub run: RunId,
+    pub step: StepId,
+    pub node: String,
+    pub kind: String,
+    pub visit: i32,
+    pub attempt: i32,
+    pub input: Value,
+}
+
+/// What an engine process can do itself.
+pub struct Engine<'a> {
+    pub holder: &'a str,
+    pub catalog: &'a Catalog,
+    /// Whether this engine executes crew, gate and output steps itself (the test executor);
+    /// otherwise they wait for hosts and integrations.
+    pub executes_leased_steps: bool,
+}
+
+/// Advances a run locked in `ch`. Returns the steps leased to this engine.
+pub async fn advance(ch: &mut Change, engine: &Engine<'_>, run_id: RunId, wakes: &[Wake]) -> Result<Vec<ToExecute>> {
+    let mut out = Vec::new();
+    let Some(run) = runs::get(ch, run_id).await? else { return Ok(out) };
+    if run.status().is_terminal() {
+        if run.dry_run && wakes.iter().any(|w| w.reason == "retention") {
+            runs::delete_dry(ch, run_id).await?;
+        }
+        return Ok(out);
+    }
+    if let Some(parent) = run.parent_run_id {
+        let status: Option<String> = sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1").bind(parent).fetch_optional(ch.conn()).await?;
+        if status.as_deref() != Some("running") {
+            runs::finish::<run::Cancelled>(ch, run_id, Some(&format!("parent {parent} is no longer running"))).await?;
+            return Ok(out);
+        }
+    }
+    let def = engine.catalog.get(ch.conn(), run.workflow_id, run.workflow_version).await?;
+
+    for wake in wakes {
+        if let Some(step) = wake.step {
+            on_step_wake(ch, engine, &run, &def, step, &wake.reason, &mut out).await?;
+        }
+    }
+    settle_children(ch, run_id).await?;
+
+    if run.needs_approval {
+        let history = steps::of_run(ch, run_id).await?;
+        match history.iter().rev().find(|s| s.node == approvals::RUN_APPROVAL_NODE) {
+            None => {
+                let step = approvals::open(ch, run_id, approvals::RUN_APPROVAL_NODE, 1, "Start this run?", &BTreeMap::new(), None).await?;
+                if run.dry_run {
+                    steps::succeed::<step::Waiting>(ch, run_id, step, &json!({ "dry_run": true }), false).await?;
+                } else {
+                    return Ok(out);
+                }
+            }
+            Some(s) if s.state() == StepState::Waiting => return Ok(out),
+            Some(s) if s.state() != StepState::Succeeded => return Ok(out),
+            Some(_) => {}
+        }
+    }
+
+    // Each pass resolves what the engine can resolve itself; a bound keeps a bad definition
+    // from spinning (validation already refuses cycles without a gate or decision).
+    for _ in 0..1_000 {
+        let history = steps::of_run(ch, run_id).await?;
+        let records: Vec<StepRecord> = history.iter().filter(|s| s.node != approvals::RUN_APPROVAL_NODE).map(record).collect();
+        let walked = walk::walk(&def, &records);
+        if let Some(outcome) = walked.finished {
+            match outcome {
+                Outcome::Completed { reason } => runs::finish::<run::Completed>(ch, run_id, reason.as_deref()).await?,
+                Outcome::Failed { reason } => runs::finish::<run::Failed>(ch, run_id, Some(&reason)).await?,
+            };
+            out.retain(|e| e.run != run_id);
+            return Ok(out);
+        }
+        let mut resolved_any = false;
+        for start in &walked.start {
+            let Some(node) = def.node(&start.node) else {
+                return Err(StoreError::Invalid(format!("walker started unknown node {}", start.node)));
+            };
+            resolved_any |= start_node(ch, engine, &run, node, start, &history, &mut out).await?;
+        }
+        if !resolved_any {
+            return Ok(out);
+        }
+    }
+    Err(StoreError::Invalid(format!("{run_id} did not settle after 1000 passes")))
+}
+
+/// The walker's view of a stored step.
+fn record(s: &StepRow) -> StepRecord {
+    let finished_seq = s.finished_seq.unwrap_or(s.started_seq) as u64;
+    let state = match s.state() {
+        StepState::Succeeded => walk::StepState::Succeeded {
+            route: s.output.as_ref().and_then(|o| o.get("route")).and_then(Value::as_str).map(str::to_owned),
+            finished_seq,
+        },
+        StepState::Failed => walk::StepState::Failed {
+            reason: s.reason.clone().unwrap_or_else(|| "failed".into()),
+            class: match s.failure_class.as_deref().map(FailureClass::parse) {
+                Some(FailureClass::Infrastructure) => walk::FailureClass::Infrastructure,
+                Some(FailureClass::Final) => walk::FailureClass::Final,
+                _ => walk::FailureClass::Ordinary,
+            },
+            exit_code: s.exit_code,
+            finished_seq,
+        },
+        StepState::Cancelled => walk::StepState::Cancelled,
+        _ => walk::StepState::Open,
+    };
+    StepRecord { node: s.node.clone(), visit: s.visit as u32, attempt: s.attempt as u32, started_seq: s.started_seq as u64, state }
+}
+
+/// Starts one node; returns true when it was resolved at once (the walk may go on).
+#[allow(clippy::too_many_arguments)]
+async fn start_node(
+    ch: &mut Change,
+    engine: &Engine<'_>,
+    run: &runs::RunRow,
+    node: &Node,
+    start: &walk::Start,
+    history: &[StepRow],
+    out: &mut Vec<ToExecute>,
+) -> Result<bool> {
+    let run_id = run.run_id;
+    let new = |initial| NewStep {
+        node: &node.id,
+        kind: node.kind.name(),
+        visit: start.visit,
+        attempt: start.attempt,
+        requires: node.requires.clone(),
+        initial,
+        delay: start.delay,
+    };
+    match &node.kind {
+        NodeKind::Trigger | NodeKind::End(_) => {
+            let step = steps::create(ch, run_id, new(Initial::Pending)).await?;
+            steps::succeed::<step::Pending>(ch, run_id, step, &json!({}), false).await?;
+            Ok(true)
+        }
+        NodeKind::Decision(d) => {
+            let step = steps::create(ch, run_id, new(Initial::Pending)).await?;
+            let ctx = context(ch, run, history).await?;
+            let mut chosen = None;
+            for case in &d.cases {
+                match definition::expr::eval_bool(&case.condition, &ctx) {
+                    Ok(true) => {
+                        chosen = Some(case.to.clone());
+                        break;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        let failure = Failure::new(format!("route:$error: {e}"), FailureClass::Ordinary);
+                        steps::fail::<step::Pending>(ch, run_id, step, &failure, None).await?;
+                        return Ok(true);
+                    }
+                }
+            }
+            match chosen.or_else(|| d.default.clone()) {
+                Some(to) => steps::succeed::<step::Pending>(ch, run_id, step, &json!({ "route": to }), false).await?,
+                None => steps::fail::<step::Pending>(ch, run_id, step, &Failure::new("route:$unknown", FailureClass::Ordinary), None).await?,
+            };
+            Ok(true)
+        }
+        NodeKind::Wait(wait) => {
+            let step = steps::create(ch, run_id, new(Initial::Waiting)).await?;
+            let due = match wait {
+                Wait::For(d) => Some(*d),
+                Wait::Until(t) => Some((*t - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO)),
+                Wait::Event(_) => node.timeout,
+            };
+            if run.dry_run {
+                steps::succeed::<step::Waiting>(ch, run_id, step, &json!({ "dry_run": true }), false).await?;
+                return Ok(true);
+            }
+            if let Some(due) = due {
+                ch_wake(ch, run_id, step, due, "timeout").await?;
+            }
+            Ok(false)
+        }
+        NodeKind::Approval(a) => {
+            let step = approvals::open(ch, run_id, &node.id, start.visit, &a.prompt, &a.fields, a.timeout.or(node.timeout)).await?;
+            if run.dry_run {
+                let answer = approvals::check_answer(&json!({}), &Map::new()).unwrap_or_else(|_| json!({}));
+                steps::succeed::<step::Waiting>(ch, run_id, step, &answer, false).await?;
+                return Ok(true);
+            }
+            Ok(false)
+        }
+        NodeKind::Workflow(child) => {
+            let step = steps::create(ch, run_id, new(Initial::Waiting)).await?;
+            let target: Option<(WorkflowId, i32)> = sqlx::query_as(
+                "SELECT workflow_id, latest_version FROM workflows WHERE project_id = $1 AND org_id = $2 AND name = $3 AND latest_version > 0",
+            )
+            .bind(run.project_id)
+            .bind(run.org_id)
+            .bind(&child.name)
+            .fetch_optional(ch.conn())
+            .await?;
+            let Some((workflow, version)) = target else {
+                let failure = Failure::new(format!("workflow `{}` not found", child.name), FailureClass::Final);
+                steps::fail::<step::Waiting>(ch, run_id, step, &failure, None).await?;
+                return Ok(true);
+            };
+            let ctx = context(ch, run, history).await?;
+            let mut input = Map::new();
+            for (k, tpl) in &child.input {
+                input.insert(k.clone(), json!(definition::template::render(tpl, &ctx).unwrap_or_default()));
+            }
+            let child_def = engine.catalog.get(ch.conn(), workflow, version).await?;
+            runs::submit(
+                ch,
+                runs::NewRun {
+                    org: run.org_id,
+                    project: run.project_id,
+                    workflow,
+                    version,
+                    input: Value::Object(input),
+                    item: run.item_id,
+                    trigger_event: None,
+                    parent: Some((run_id, step)),
+                    dry_run: run.dry_run,
+                    needs_approval: child_def.approval_required,
+                    source: None,
+                },
+            )
+            .await?;
+            Ok(false)
+        }
+        NodeKind::Crew(_) | NodeKind::Gate(_) | NodeKind::Output(_) => {
+            let step = steps::create(ch, run_id, new(Initial::Pending)).await?;
+            if run.dry_run {
+                steps::succeed::<step::Pending>(ch, run_id, step, &json!({ "dry_run": true }), false).await?;
+                return Ok(true);
+            }
+            if !start.delay.is_zero() {
+                ch_wake(ch, run_id, step, start.delay, "execute").await?;
+            } else if engine.executes_leased_steps {
+                lease_to_self(ch, engine, run, node, step, out).await?;
+            } else {
+                ch_notify(ch);
+            }
+            Ok(false)
+        }
+    }
+}
+
+/// Leases a ready step to this engine, with its timeout wake.
+async fn lease_to_self(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow, node: &Node, step: StepId, out: &mut Vec<ToExecute>) -> Result<()> {
+    steps::lease(ch, run.run_id, step, engine.holder).await?;
+    let row = steps::start(ch, run.run_id, step, engine.holder).await?;
+    ch_wake(ch, run.run_id, step, step_timeout(node), "timeout").await?;
+    out.push(ToExecute {
+        org: run.org_id,
+        run: run.run_id,
+        step,
+        node: row.node,
+        kind: row.kind,
+        visit: row.visit,
+        attempt: row.attempt,
+        input: run.input.clone(),
+    });
+    Ok(())
+}
+
+fn step_timeout(node: &Node) -> Duration {
+    node.timeout.unwrap_or(match &node.kind {
+        NodeKind::Crew(c) => c.caps.timeout.unwrap_or(CREW_TIMEOUT),
+        NodeKind::Gate(g) => g.timeout.unwrap_or(GATE_TIMEOUT),
+        _ => OUTPUT_TIMEOUT,
+    })
+}
+
+/// A wake that came due for one step.
+async fn on_step_wake(
+    ch: &mut Change,
+    engine: &Engine<'_>,
+    run: &runs::RunRow,
+    def: &Definition,
+    step_id: StepId,
+    reason: &str,
+    out: &mut Vec<ToExecute>,
+) -> Result<()> {
+    let run_id = run.run_id;
+    let Some(step) = steps::get(ch, run_id, step_id).await? else { return Ok(()) };
+    let state = step.state();
+    match (reason, state) {
+        ("lease_expiry", StepState::Leased | StepState::Running) => {
+            let lapsed_for: Option<f64> = sqlx::query_scalar("SELECT extract(epoch FROM now() - lease_expires_at)::float8 FROM steps WHERE step_id = $1")
+                .bind(step_id)
+                .fetch_one(ch.conn())
+                .await?;
+            let lapsed_for = lapsed_for.unwrap_or(f64::MAX);
+            if lapsed_for >= LEASE_GRACE.as_secs_f64() - 0.001 {
+                steps::fail_leased(ch, run_id, step_id, &Failure::new("lease_expired", FailureClass::Infrastructure)).await?;
+            } else {
+                // Renewed since: look again when the renewed lease and its grace run out.
+                let again = LEASE_GRACE.as_secs_f64() - lapsed_for;
+                ch_wake(ch, run_id, step_id, Duration::from_secs_f64(again.max(0.0)), "lease_expiry").await?;
+            }
+        }
+        ("timeout", StepState::Leased | StepState::Running) => {
+            steps::fail_leased(ch, run_id, step_id, &Failure::new("timeout", FailureClass::Ordinary)).await?;
+        }
+        ("timeout", StepState::Waiting) => {
+            let node = def.node(&step.node);
+            match node.map(|n| &n.kind) {
+                Some(NodeKind::Approval(_)) => approvals::expire(ch, run_id, step_id).await?,
+                Some(NodeKind::Wait(Wait::Event(_))) => {
+                    steps::succeed::<step::Waiting>(ch, run_id, step_id, &json!({ "timed_out": true }), true).await?;
+                }
+                Some(NodeKind::Wait(_)) => {
+                    steps::succeed::<step::Waiting>(ch, run_id, step_id, &json!({ "timed_out": false }), false).await?;
+                }
+                _ => {}
+            }
+        }
+        ("execute", StepState::Pending) => {
+            if engine.executes_leased_steps {
+                if let Some(node) = def.node(&step.node) {
+                    lease_to_self(ch, engine, run, node, step_id, out).await?;
+                }
+            } else {
+                ch_notify(ch);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Resolves `workflow` steps whose child run has ended.
+async fn settle_children(ch: &mut Change, run_id: RunId) -> Result<()> {
+    let done: Vec<(StepId, RunId, String, Option<String>)> = sqlx::query_as(
+        "SELECT s.step_id, c.run_id, c.status, c.reason FROM steps s JOIN runs c ON c.parent_step_id = s.step_id \
+         WHERE s.run_id = $1 AND s.state = 'waiting' AND s.kind = 'workflow' AND c.status <> 'running'",
+    )
+    .bind(run_id)
+    .fetch_all(ch.conn())
+    .await?;
+    for (step, child, status, reason) in done {
+        let output = json!({ "run": child.to_string(), "status": status, "reason": reason });
+        if status == "completed" {
+            steps::succeed::<step::Waiting>(ch, run_id, step, &output, false).await?;
+        } else {
+            let failure = Failure::new(format!("child {child} {status}"), FailureClass::Ordinary);
+            steps::fail::<step::Waiting>(ch, run_id, step, &failure, Some(&output)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The variables expressions and templates see: `run`, `input`, `item`, `nodes.<id>.output`.
+async fn context(ch: &mut Change, run: &runs::RunRow, history: &[StepRow]) -> Result<Value> {
+    let mut nodes = Map::new();
+    for s in history.iter().filter(|s| s.state() == StepState::Succeeded) {
+        nodes.insert(s.node.clone(), json!({ "output": s.output.clone().unwrap_or(Value::Null) }));
+    }
+    let item: Value = match run.item_id {
+        Some(item) => sqlx::query_scalar("SELECT data FROM items WHERE item_id = $1")
+            .bind(item)
+            .fetch_optional(ch.conn())
+            .await?
+            .unwrap_or(Value::Null),
+        None => Value::Null,
+    };
+    Ok(json!({
+        "run": { "id": run.run_id.to_string(), "input": run.input },
+        "input": run.input,
+        "item": item,
+        "nodes": nodes,
+    }))
+}
+
+/// A wake for one of this run's steps; every engine's timer must learn of it.
+async fn ch_wake(ch: &mut Change, run: RunId, step: StepId, delay: Duration, reason: &str) -> Result<()> {
+    ch.wake(run, Some(step), delay, reason, true).await
+}
+
+/// A step became ready for a host: wake the replicas holding hosts' claims.
+fn ch_notify(ch: &mut Change) {
+    ch.notify_now();
+}

@@ -1,0 +1,91 @@
+//! CEL expressions (`if:` of a trigger, decision cases): compiling to check them at upload,
+//! and evaluating them over a run's JSON context.
+//!
+//! The context is a JSON object; each of its top-level keys (`item`, `trigger`, `nodes`,
+//! `run`, `project`) becomes a CEL variable.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cel::objects::Key;
+use cel::{Context, Program, Value};
+
+/// The variables an expression may always name; absent ones are bound to an empty map so that
+/// `has(nodes.build)` is false rather than an error.
+const VARIABLES: [&str; 5] = ["item", "trigger", "nodes", "run", "project"];
+
+/// Checks that `expr` is a CEL expression.
+pub fn compile(expr: &str) -> Result<(), String> {
+    program(expr).map(|_| ())
+}
+
+/// Evaluates `expr` over `context` and returns its value as JSON.
+pub fn eval(expr: &str, context: &serde_json::Value) -> Result<serde_json::Value, String> {
+    let value = run(expr, context)?;
+    value.json().map_err(|e| format!("the result cannot be turned into JSON: {e}"))
+}
+
+/// Evaluates `expr` over `context`; a result other than a boolean is an error.
+pub fn eval_bool(expr: &str, context: &serde_json::Value) -> Result<bool, String> {
+    match run(expr, context)? {
+        Value::Bool(b) => Ok(b),
+        other => Err(format!("the expression gave {}, not a boolean", other.type_of())),
+    }
+}
+
+fn program(expr: &str) -> Result<Program, String> {
+    if expr.trim().is_empty() {
+        return Err("the expression is empty".to_owned());
+    }
+    Program::compile(expr).map_err(|errors| {
+        let messages: Vec<String> = errors
+            .errors
+            .iter()
+            // ANTLR's list of every token it would have taken helps no one writing a workflow.
+            .map(|e| format!("{} (column {})", e.msg.split(" expecting {").next().unwrap_or(&e.msg), e.pos.1))
+            .collect();
+        messages.join("; ")
+    })
+}
+
+fn run(expr: &str, context: &serde_json::Value) -> Result<Value, String> {
+    let program = program(expr)?;
+    let serde_json::Value::Object(variables) = context else {
+        return Err("the context must be a JSON object".to_owned());
+    };
+    let mut cel_context = Context::default();
+    for name in VARIABLES {
+        if !variables.contains_key(name) {
+            cel_context.add_variable_from_value(name, Value::Map(HashMap::<Key, Value>::new().into()));
+        }
+    }
+    for (name, value) in variables {
+        cel_context.add_variable_from_value(name.as_str(), to_cel(value));
+    }
+    program.execute(&cel_context).map_err(|e| e.to_string())
+}
+
+/// JSON to CEL. Non-negative integers become CEL `int`, not `uint` as cel's serde bridge
+/// would make them: CEL refuses `uint + int`, and `files_changed + 1` must work.
+fn to_cel(value: &serde_json::Value) -> Value {
+    match value {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::Int(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::UInt(u)
+            } else {
+                Value::Float(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        serde_json::Value::String(s) => Value::String(Arc::new(s.clone())),
+        serde_json::Value::Array(items) => Value::List(Arc::new(items.iter().map(to_cel).collect())),
+        serde_json::Value::Object(map) => {
+            let map: HashMap<Key, Value> =
+                map.iter().map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v))).collect();
+            Value::Map(map.into())
+        }
+    }
+}

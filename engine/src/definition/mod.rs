@@ -1,0 +1,14 @@
+//! Workflow definitions: the typed model, parsing with validation, and expression/template
+//! compilation.
+
+pub mod expr;
+pub mod model;
+mod parse;
+pub mod report;
+pub mod template;
+
+#[cfg(test)]
+mod tests;
+
+pub use model::*;
+pub use parse::{Problem, parse};

@@ -1,0 +1,392 @@
+//! The engine pool: one process's loop that claims due wakes and advances runs.
+//!
+//! Nothing polls. The loop sleeps until one of: a notification on the `LISTEN` connection
+//! (payload: milliseconds until the wake it announces), the timer for the earliest future wake
+//! it knows of, the completion of a step it executes, or a signal. When woken it claims due
+//! wakes with `FOR UPDATE SKIP LOCKED` in batches, locks their runs in id order, advances each
+//! in the same transaction and commits once. After a batch that was not full it asks for the
+//! earliest future wake and sets its timer, so an idle pool sends no statement at all.
+//!
+//! **Invariant:** no transaction is open while a step executes; a step's work is bracketed by
+//! a lease taken in one commit and a fenced completion in another.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::postgres::{PgListener, PgNotification};
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::advance::{self, Engine, ToExecute, Wake};
+use crate::catalog::Catalog;
+use crate::executor::TestExecutor;
+use crate::ids::{RunId, StepId};
+use crate::state::{run, StepState};
+use crate::store::steps::{self, Failure};
+use crate::store::{runs, Actor, Change, StoreError, NOTIFY_CHANNEL};
+
+/// How often a holder renews the lease of a step it executes.
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// This process's id in leases and audit entries.
+    pub id: String,
+    /// A direct URL for the `LISTEN` connection (a transaction pooler cannot `LISTEN`).
+    pub listen_url: String,
+    /// Wakes claimed per transaction.
+    pub batch: i64,
+    /// Steps executed at once by this process.
+    pub max_in_flight: usize,
+    /// How long the first SIGTERM waits for held work before exiting.
+    pub drain: Duration,
+    pub test_executor: Option<TestExecutor>,
+}
+
+/// A step execution that ended, to be recorded.
+struct Done {
+    job: ToExecute,
+    result: Result<Value, Failure>,
+}
+
+struct Pool {
+    db: PgPool,
+    cfg: PoolConfig,
+    holder: String,
+    catalog: Arc<Catalog>,
+    tasks: JoinSet<()>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    /// Completions that could not be recorded yet (the database was away).
+    unrecorded: Vec<Done>,
+}
+
+/// Runs the loop until `drain` is cancelled and held work is done (or the drain time is up),
+/// or until `abort` is cancelled.
+pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: CancellationToken) -> Result<(), StoreError> {
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let holder = format!("engine:{}", cfg.id);
+    let mut pool = Pool { db, cfg, holder, catalog: Arc::new(Catalog::default()), tasks: JoinSet::new(), done_tx, unrecorded: Vec::new() };
+    let mut listener: Option<PgListener> = None;
+    let mut backoff = Duration::from_secs(1);
+    let mut scan = true;
+    let mut timer: Option<Instant> = None;
+    let mut drain_deadline: Option<Instant> = None;
+
+    loop {
+        let draining = drain_deadline.is_some();
+        if listener.is_none() && !draining {
+            // Subscribe before looking for work, so nothing committed meanwhile is missed.
+            match subscribe(&pool.cfg.listen_url).await {
+                Ok(l) => {
+                    listener = Some(l);
+                    scan = true;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_s = backoff.as_secs(), "engine cannot LISTEN; retrying");
+                    if pause(&abort, &mut backoff).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
+        }
+        if !pool.unrecorded.is_empty() {
+            let batch = std::mem::take(&mut pool.unrecorded);
+            if let Err(e) = pool.record(batch).await {
+                tracing::warn!(error = %e, "cannot record step completions; retrying");
+                if pause(&abort, &mut backoff).await {
+                    return Ok(());
+                }
+                continue;
+            }
+        }
+        if scan && !draining && pool.tasks.len() < pool.cfg.max_in_flight {
+            match pool.claim_due().await {
+                Ok(next) => {
+                    scan = false;
+                    backoff = Duration::from_secs(1);
+                    timer = next.map(|d| Instant::now() + d);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_s = backoff.as_secs(), "cannot claim wakes; retrying");
+                    if pause(&abort, &mut backoff).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
+        }
+        if draining && pool.tasks.is_empty() && pool.unrecorded.is_empty() {
+            tracing::info!("drained; exiting");
+            return Ok(());
+        }
+
+        tokio::select! {
+            biased;
+            () = abort.cancelled() => return Ok(()),
+            () = drain.cancelled(), if !draining => {
+                tracing::info!(held = pool.tasks.len(), drain_s = pool.cfg.drain.as_secs(), "draining: no new claims");
+                drain_deadline = Some(Instant::now() + pool.cfg.drain);
+            }
+            () = sleep_until(drain_deadline), if draining => {
+                tracing::warn!(held = pool.tasks.len(), "drain time is up; leases will be recovered");
+                return Ok(());
+            }
+            Some(done) = done_rx.recv() => {
+                let mut batch = vec![done];
+                while batch.len() < pool.cfg.batch as usize {
+                    match done_rx.try_recv() {
+                        Ok(d) => batch.push(d),
+                        Err(_) => break,
+                    }
+                }
+                if let Err(e) = pool.record(batch).await {
+                    tracing::warn!(error = %e, "cannot record step completions; retrying");
+                }
+                // A slot freed: wakes skipped while full may be claimable now.
+                scan = true;
+            }
+            Some(_) = pool.tasks.join_next(), if !pool.tasks.is_empty() => {}
+            n = next_notification(&mut listener) => match n {
+                Ok(Some(n)) => {
+                    let delay = Duration::from_millis(n.payload().parse().unwrap_or(0));
+                    if delay.is_zero() {
+                        scan = true;
+                    } else {
+                        let at = Instant::now() + delay;
+                        timer = Some(timer.map_or(at, |t| t.min(at)));
+                    }
+                }
+                Ok(None) => {
+                    // The connection dropped and will reconnect: notifications may be lost.
+                    tracing::warn!("LISTEN connection lost; rescanning once");
+                    scan = true;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "LISTEN connection failed; reconnecting");
+                    listener = None;
+                    scan = true;
+                }
+            },
+            () = sleep_until(timer), if timer.is_some() => {
+                timer = None;
+                scan = true;
+            }
+        }
+    }
+}
+
+impl Pool {
+    fn engine(&self) -> Engine<'_> {
+        Engine { holder: &self.holder, catalog: &self.catalog, executes_leased_steps: self.cfg.test_executor.is_some() }
+    }
+
+    /// Claims and handles due wakes until a batch comes back short; returns the delay until
+    /// the earliest future wake.
+    async fn claim_due(&mut self) -> Result<Option<Duration>, StoreError> {
+        loop {
+            let room = (self.cfg.max_in_flight.saturating_sub(self.tasks.len())).max(1) as i64;
+            let limit = self.cfg.batch.min(room);
+            let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
+            let claimed: Vec<(RunId, Option<StepId>, String)> = sqlx::query_as(
+                "DELETE FROM wakes w USING (SELECT wake_id FROM wakes WHERE due_at <= now() ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED) d \
+                 WHERE w.wake_id = d.wake_id RETURNING w.run_id, w.step_id, w.reason",
+            )
+            .bind(limit)
+            .fetch_all(ch.conn())
+            .await?;
+            let n = claimed.len() as i64;
+            let mut by_run: BTreeMap<RunId, Vec<Wake>> = BTreeMap::new();
+            for (run, step, reason) in claimed {
+                by_run.entry(run).or_default().push(Wake { step, reason });
+            }
+            let jobs = match self.advance_all(&mut ch, &by_run).await {
+                Ok(jobs) => {
+                    ch.commit().await?;
+                    jobs
+                }
+                Err(e) if is_logic_error(&e) => {
+                    drop(ch);
+                    self.advance_one_by_one(&by_run).await?
+                }
+                Err(e) => return Err(e),
+            };
+            self.spawn(jobs);
+            if n < limit || self.tasks.len() >= self.cfg.max_in_flight {
+                return self.next_due().await;
+            }
+        }
+    }
+
+    async fn advance_all(&self, ch: &mut Change, by_run: &BTreeMap<RunId, Vec<Wake>>) -> Result<Vec<ToExecute>, StoreError> {
+        let ids: Vec<RunId> = by_run.keys().copied().collect();
+        ch.lock_runs(&ids).await?;
+        let engine = self.engine();
+        let mut jobs = Vec::new();
+        for (run, wakes) in by_run {
+            jobs.extend(advance::advance(ch, &engine, *run, wakes).await?);
+        }
+        Ok(jobs)
+    }
+
+    /// After a batch failed on one run's logic, each run goes alone, and a run that fails
+    /// alone is failed with `engine_error` rather than retried forever.
+    async fn advance_one_by_one(&self, by_run: &BTreeMap<RunId, Vec<Wake>>) -> Result<Vec<ToExecute>, StoreError> {
+        let mut jobs = Vec::new();
+        for (run, wakes) in by_run {
+            let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
+            ch.lock_runs(&[*run]).await?;
+            match advance::advance(&mut ch, &self.engine(), *run, wakes).await {
+                Ok(more) => {
+                    ch.commit().await?;
+                    jobs.extend(more);
+                }
+                Err(e) if is_logic_error(&e) => {
+                    drop(ch);
+                    tracing::error!(run.id = %run, error = %e, "cannot advance run; failing it");
+                    let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
+                    ch.lock_runs(&[*run]).await?;
+                    let reason = crate::store::cap(&format!("engine_error: {e}"));
+                    match runs::finish::<run::Failed>(&mut ch, *run, Some(&reason)).await {
+                        Ok(_) | Err(StoreError::Conflict(_)) => ch.commit().await?,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(jobs)
+    }
+
+    async fn next_due(&self) -> Result<Option<Duration>, StoreError> {
+        let ms: Option<f64> = sqlx::query_scalar("SELECT (extract(epoch FROM min(due_at) - now()) * 1000)::float8 FROM wakes")
+            .fetch_one(&self.db)
+            .await?;
+        Ok(ms.map(|ms| Duration::from_millis(ms.max(0.0) as u64)))
+    }
+
+    /// Runs each leased step outside any transaction, renewing its lease while it runs.
+    fn spawn(&mut self, jobs: Vec<ToExecute>) {
+        let Some(exec) = self.cfg.test_executor.clone() else { return };
+        for job in jobs {
+            let (db, holder, tx) = (self.db.clone(), self.holder.clone(), self.done_tx.clone());
+            let exec = exec.clone();
+            self.tasks.spawn(async move {
+                let work = {
+                    let (job, holder) = (job.clone(), holder.clone());
+                    async move { exec.execute(&job, &holder).await }
+                };
+                tokio::pin!(work);
+                let mut beat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
+                let result = loop {
+                    tokio::select! {
+                        r = &mut work => break r,
+                        _ = beat.tick() => {
+                            match steps::heartbeat(&db, job.org, job.step, &holder).await {
+                                Ok(StepState::Leased | StepState::Running) => {}
+                                Ok(state) => {
+                                    tracing::info!(step.id = %job.step, %state, "step moved on under its holder; stopping");
+                                    return;
+                                }
+                                Err(e) => tracing::warn!(step.id = %job.step, error = %e, "lease renewal failed"),
+                            }
+                        }
+                    }
+                };
+                // The receiver only goes away when the loop exits; then recovery takes over.
+                let _ = tx.send(Done { job, result });
+            });
+        }
+    }
+
+    /// Records finished executions (fenced) and advances their runs, in one transaction.
+    async fn record(&mut self, batch: Vec<Done>) -> Result<(), StoreError> {
+        let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
+        let ids: Vec<RunId> = batch.iter().map(|d| d.job.run).collect();
+        let outcome: Result<Vec<ToExecute>, StoreError> = async {
+            ch.lock_runs(&ids).await?;
+            let mut touched: Vec<RunId> = Vec::new();
+            for done in &batch {
+                let (run, step) = (done.job.run, done.job.step);
+                let written = match &done.result {
+                    Ok(output) => steps::succeed_held(&mut ch, run, step, &self.holder, output).await.map(|_| ()),
+                    Err(failure) => steps::fail_held(&mut ch, run, step, &self.holder, failure, None).await.map(|_| ()),
+                };
+                match written {
+                    Ok(()) => touched.push(run),
+                    // A newer holder or a cancel got there first: this result is not ours to record.
+                    Err(StoreError::Stale(why)) => tracing::info!(step.id = %step, why, "dropping a stale result"),
+                    Err(e) => return Err(e),
+                }
+            }
+            touched.sort();
+            touched.dedup();
+            let engine = self.engine();
+            let mut jobs = Vec::new();
+            for run in touched {
+                jobs.extend(advance::advance(&mut ch, &engine, run, &[]).await?);
+            }
+            Ok(jobs)
+        }
+        .await;
+        match outcome {
+            Ok(jobs) => match ch.commit().await {
+                Ok(()) => {
+                    self.spawn(jobs);
+                    Ok(())
+                }
+                Err(e) => {
+                    self.unrecorded.extend(batch);
+                    Err(e)
+                }
+            },
+            Err(e) => {
+                drop(ch);
+                self.unrecorded.extend(batch);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Errors of a run's own logic (a bad stored definition, an impossible state), as opposed to
+/// the database being away, which is retried.
+fn is_logic_error(e: &StoreError) -> bool {
+    matches!(e, StoreError::Invalid(_) | StoreError::NotFound(_) | StoreError::Conflict(_))
+}
+
+async fn subscribe(url: &str) -> Result<PgListener, sqlx::Error> {
+    let mut l = PgListener::connect(url).await?;
+    l.listen(NOTIFY_CHANNEL).await?;
+    Ok(l)
+}
+
+/// Waits for the next notification; pends forever when there is no listener.
+async fn next_notification(l: &mut Option<PgListener>) -> Result<Option<PgNotification>, sqlx::Error> {
+    match l {
+        Some(l) => l.try_recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps for the backoff (doubling, 1 s to 60 s); true when aborted meanwhile.
+async fn pause(abort: &CancellationToken, backoff: &mut Duration) -> bool {
+    let wait = *backoff;
+    *backoff = (*backoff * 2).min(Duration::from_secs(60));
+    tokio::select! {
+        () = abort.cancelled() => true,
+        () = tokio::time::sleep(wait) => false,
+    }
+}

@@ -1,0 +1,261 @@
+//! Run rows: submit, finish (the only way a run leaves `running`), cancel, rerun.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use sqlx::FromRow;
+
+use super::steps::{self, StepRow};
+use super::{cap, Change, Result, StoreError};
+use crate::definition::Definition;
+use crate::ids::{ItemId, OrgId, ProjectId, RunId, StepId, WorkflowId};
+use crate::state::{run, MoveTo, RunStatus, State};
+
+/// How long a finished dry run is kept.
+pub const DRY_RUN_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// A run as stored.
+#[derive(Debug, Clone, FromRow)]
+pub struct RunRow {
+    pub org_id: OrgId,
+    pub project_id: ProjectId,
+    pub run_id: RunId,
+    pub workflow_id: WorkflowId,
+    pub workflow_version: i32,
+    pub item_id: Option<ItemId>,
+    pub parent_run_id: Option<RunId>,
+    pub parent_step_id: Option<StepId>,
+    pub source_run_id: Option<RunId>,
+    pub source_from_node: Option<String>,
+    pub status: String,
+    pub reason: Option<String>,
+    pub needs_approval: bool,
+    pub input: Value,
+    pub dry_run: bool,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+impl RunRow {
+    pub fn status(&self) -> RunStatus {
+        RunStatus::parse(&self.status).unwrap_or(RunStatus::Failed)
+    }
+}
+
+pub(crate) const RUN_COLUMNS: &str = "org_id, project_id, run_id, workflow_id, workflow_version, item_id, \
+     parent_run_id, parent_step_id, source_run_id, source_from_node, status, reason, needs_approval, input, \
+     dry_run, created_by, created_at, started_at, ended_at";
+
+/// What a new run is made of.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub org: OrgId,
+    pub project: ProjectId,
+    pub workflow: WorkflowId,
+    pub version: i32,
+    pub input: Value,
+    pub item: Option<ItemId>,
+    pub trigger_event: Option<uuid::Uuid>,
+    /// The parent run and its `workflow` step, for a child run.
+    pub parent: Option<(RunId, StepId)>,
+    pub dry_run: bool,
+    /// `approval: required`: park until a person approves.
+    pub needs_approval: bool,
+    /// The run this one reruns, and the nodes it starts again from.
+    pub source: Option<(RunId, Vec<String>)>,
+}
+
+/// Creates a run and the wake that starts it.
+pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
+    let run = RunId::mint();
+    let created_by = format!("{:?}", ch.actor);
+    sqlx::query(
+        "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, item_id, trigger_event_id, \
+                           parent_run_id, parent_step_id, source_run_id, source_from_node, needs_approval, input, \
+                           dry_run, created_by, started_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now())",
+    )
+    .bind(new.org)
+    .bind(new.project)
+    .bind(run)
+    .bind(new.workflow)
+    .bind(new.version)
+    .bind(new.item)
+    .bind(new.trigger_event)
+    .bind(new.parent.map(|p| p.0))
+    .bind(new.parent.map(|p| p.1))
+    .bind(new.source.as_ref().map(|s| s.0))
+    .bind(new.source.as_ref().map(|s| s.1.join(",")).filter(|s| !s.is_empty()))
+    .bind(new.needs_approval)
+    .bind(&new.input)
+    .bind(new.dry_run)
+    .bind(cap(&created_by))
+    .execute(&mut *ch.tx)
+    .await?;
+    ch.adopt_new_run(new.org, new.project, run);
+    let attrs = json!({
+        "workflow": new.workflow.to_string(),
+        "version": new.version,
+        "dry_run": new.dry_run,
+        "parent": new.parent.map(|p| p.0.to_string()),
+    });
+    ch.event(run, "run.started", None, attrs.clone()).await?;
+    ch.audit(new.org, Some(new.project), "run.submit", ("run", run.to_string()), attrs).await?;
+    ch.wake(run, None, Duration::ZERO, "advance", true).await?;
+    Ok(run)
+}
+
+/// Reads a run inside the change.
+pub async fn get(ch: &mut Change, run: RunId) -> Result<Option<RunRow>> {
+    let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1");
+    Ok(sqlx::query_as(&sql).bind(run).fetch_optional(&mut *ch.tx).await?)
+}
+
+/// Ends a running run: cancels its open steps, drops its wakes, releases its concurrency
+/// leases, tells its parent and its children, and writes `run.<status>`.
+pub async fn finish<T: State>(ch: &mut Change, run_id: RunId, reason: Option<&str>) -> Result<RunRow>
+where
+    run::Running: MoveTo<T>,
+{
+    let ctx = ch.locked(run_id)?.clone();
+    let sql = format!(
+        "UPDATE runs SET status = $2, reason = $3, ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING {RUN_COLUMNS}"
+    );
+    let row: RunRow = sqlx::query_as(&sql)
+        .bind(run_id)
+        .bind(T::NAME)
+        .bind(reason.map(cap))
+        .fetch_optional(&mut *ch.tx)
+        .await?
+        .ok_or_else(|| StoreError::Conflict(format!("{run_id} is not running")))?;
+    let step_reason = match T::NAME {
+        "cancelled" => reason.unwrap_or("cancelled").to_owned(),
+        _ => "run ended".to_owned(),
+    };
+    steps::cancel_open(ch, run_id, &step_reason).await?;
+    sqlx::query("DELETE FROM wakes WHERE run_id = $1").bind(run_id).execute(&mut *ch.tx).await?;
+    sqlx::query("DELETE FROM concurrency_leases WHERE run_id = $1").bind(run_id).execute(&mut *ch.tx).await?;
+    if let Some(parent) = row.parent_run_id {
+        ch.wake_other(ctx.org, parent, "child_done").await?;
+    }
+    let children: Vec<RunId> =
+        sqlx::query_scalar("SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running'")
+            .bind(run_id)
+            .fetch_all(&mut *ch.tx)
+            .await?;
+    for child in children {
+        ch.wake_other(ctx.org, child, "parent_gone").await?;
+    }
+    if row.dry_run {
+        ch.wake(run_id, None, DRY_RUN_RETENTION, "retention", true).await?;
+    }
+    let attrs = json!({ "reason": reason.map(cap) });
+    ch.event(run_id, &format!("run.{}", T::NAME), None, attrs.clone()).await?;
+    ch.audit(ctx.org, Some(ctx.project), &format!("run.{}", T::NAME), ("run", run_id.to_string()), attrs).await?;
+    Ok(row)
+}
+
+/// An operator's cancel. A run that already ended is a conflict, not a silent success.
+pub async fn cancel(ch: &mut Change, org: OrgId, run: RunId, reason: &str) -> Result<RunRow> {
+    ch.lock_run(org, run).await?.ok_or(StoreError::NotFound("run"))?;
+    let current = get(ch, run).await?.ok_or(StoreError::NotFound("run"))?;
+    if current.status().is_terminal() {
+        return Err(StoreError::Conflict(format!("run is already {}", current.status)));
+    }
+    finish::<run::Cancelled>(ch, run, Some(reason)).await
+}
+
+/// Submits a finished run again as a new run with the same input. With `from`, the new run
+/// reuses the outputs recorded before those nodes (every node not downstream of them).
+pub async fn rerun(ch: &mut Change, org: OrgId, source: RunId, def: &Definition, from: &[String]) -> Result<RunId> {
+    let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 AND org_id = $2");
+    let src: RunRow = sqlx::query_as(&sql)
+        .bind(source)
+        .bind(org)
+        .fetch_optional(&mut *ch.tx)
+        .await?
+        .ok_or(StoreError::NotFound("run"))?;
+    if !src.status().is_terminal() {
+        return Err(StoreError::Conflict("run is still running; cancel it first or wait for it to end".into()));
+    }
+    for node in from {
+        if def.node(node).is_none() {
+            return Err(StoreError::Invalid(format!("node `{node}` is not in workflow version {}", src.workflow_version)));
+        }
+    }
+    let new = submit(
+        ch,
+        NewRun {
+            org,
+            project: src.project_id,
+            workflow: src.workflow_id,
+            version: src.workflow_version,
+            input: src.input.clone(),
+            item: src.item_id,
+            trigger_event: None,
+            parent: None,
+            dry_run: src.dry_run,
+            needs_approval: false,
+            source: Some((source, from.to_vec())),
+        },
+    )
+    .await?;
+    if !from.is_empty() {
+        let again = def.downstream(from);
+        let sql = format!(
+            "SELECT DISTINCT ON (node) {} FROM steps WHERE run_id = $1 AND state = 'succeeded' ORDER BY node, started_seq DESC",
+            steps::STEP_COLUMNS
+        );
+        let mut kept: Vec<StepRow> = sqlx::query_as(&sql).bind(source).fetch_all(&mut *ch.tx).await?;
+        kept.sort_by_key(|s| s.started_seq);
+        for step in kept.iter().filter(|s| !again.contains(&s.node) && def.node(&s.node).is_some()) {
+            steps::reuse(ch, new, step).await?;
+        }
+    }
+    Ok(new)
+}
+
+/// The nodes of a failed run to start again from on retry: every node whose latest step
+/// failed.
+pub async fn failed_nodes(ch: &mut Change, org: OrgId, run: RunId) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT node FROM (SELECT DISTINCT ON (node) node, state FROM steps WHERE run_id = $1 AND org_id = $2 \
+         ORDER BY node, started_seq DESC) s WHERE state IN ('failed', 'cancelled') ORDER BY node",
+    )
+    .bind(run)
+    .bind(org)
+    .fetch_all(&mut *ch.tx)
+    .await?)
+}
+
+/// Deletes a finished dry run and its history (events, steps, wakes cascade).
+pub async fn delete_dry(ch: &mut Change, run: RunId) -> Result<bool> {
+    let done = sqlx::query("DELETE FROM runs WHERE run_id = $1 AND dry_run AND status <> 'running'")
+        .bind(run)
+        .execute(&mut *ch.tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Clears `needs_approval` once the run-level approval was given.
+pub(crate) async fn clear_needs_approval(ch: &mut Change, run: RunId) -> Result<()> {
+    ch.locked(run)?;
+    sqlx::query("UPDATE runs SET needs_approval = false WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
+    Ok(())
+}
+
+/// A quick check used by tests and `why`: wakes still queued for a run.
+pub async fn pending_wakes(pool: &sqlx::PgPool, run: RunId) -> Result<Vec<(String, DateTime<Utc>)>> {
+    Ok(sqlx::query_as("SELECT reason, due_at FROM wakes WHERE run_id = $1 ORDER BY due_at")
+        .bind(run)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Keeps `Value` inputs objects, as the API promises.
+pub fn check_input(input: &Value) -> Result<()> {
+    if input.is_object() { Ok(()) } else { Err(StoreError::Invalid("run input must be a JSON object".into())) }
+}

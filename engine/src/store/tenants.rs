@@ -1,0 +1,119 @@
+//! Orgs, users, memberships, projects, API token records and signing keys.
+
+use chrono::{DateTime, Utc};
+use rand::RngCore;
+use serde_json::json;
+
+use super::{Change, Result, StoreError};
+use crate::ids::{HostId, OrgId, ProjectId, Slug, UserId};
+
+/// Creates an org with its first owner. A taken slug is a conflict.
+pub async fn create_org(ch: &mut Change, slug: &Slug, name: &str, owner_email: &str) -> Result<(OrgId, UserId)> {
+    let email = owner_email.trim();
+    if !email.contains('@') || email.len() > 254 {
+        return Err(StoreError::Invalid(format!("`{email}` is not an email address")));
+    }
+    let org = OrgId::mint();
+    let inserted = sqlx::query("INSERT INTO orgs (org_id, slug, name) VALUES ($1, $2, $3) ON CONFLICT (slug) DO NOTHING")
+        .bind(org)
+        .bind(slug.as_str())
+        .bind(name)
+        .execute(&mut *ch.tx)
+        .await?;
+    if inserted.rows_affected() == 0 {
+        return Err(StoreError::Conflict(format!("an org with slug `{slug}` already exists")));
+    }
+    let user = UserId::mint();
+    sqlx::query("INSERT INTO users (org_id, user_id, email) VALUES ($1, $2, $3)")
+        .bind(org)
+        .bind(user)
+        .bind(email)
+        .execute(&mut *ch.tx)
+        .await?;
+    sqlx::query("INSERT INTO memberships (org_id, user_id, role) VALUES ($1, $2, 'owner')")
+        .bind(org)
+        .bind(user)
+        .execute(&mut *ch.tx)
+        .await?;
+    ch.audit(org, None, "org.create", ("org", slug.to_string()), json!({ "owner": email })).await?;
+    Ok((org, user))
+}
+
+/// Finds an org by slug.
+pub async fn org_by_slug(ch: &mut Change, slug: &str) -> Result<Option<OrgId>> {
+    Ok(sqlx::query_scalar("SELECT org_id FROM orgs WHERE slug = $1").bind(slug).fetch_optional(&mut *ch.tx).await?)
+}
+
+pub async fn create_project(ch: &mut Change, org: OrgId, slug: &Slug, name: &str) -> Result<ProjectId> {
+    let project = ProjectId::mint();
+    let inserted = sqlx::query(
+        "INSERT INTO projects (org_id, project_id, slug, name) VALUES ($1, $2, $3, $4) ON CONFLICT (org_id, slug) DO NOTHING",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(slug.as_str())
+    .bind(name)
+    .execute(&mut *ch.tx)
+    .await?;
+    if inserted.rows_affected() == 0 {
+        return Err(StoreError::Conflict(format!("a project with slug `{slug}` already exists in this org")));
+    }
+    ch.audit(org, Some(project), "project.create", ("project", slug.to_string()), json!({})).await?;
+    Ok(project)
+}
+
+/// The signing key new tokens use, created on first use.
+pub async fn current_signing_key(ch: &mut Change) -> Result<(String, Vec<u8>)> {
+    // One writer at a time, so two processes starting together agree on one key.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('shopfloor.signing_keys'))").execute(&mut *ch.tx).await?;
+    let existing: Option<(String, Vec<u8>)> = sqlx::query_as(
+        "SELECT kid, secret FROM signing_keys WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1",
+    )
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    if let Some(key) = existing {
+        return Ok(key);
+    }
+    let mut secret = vec![0u8; 32];
+    rand::rng().fill_bytes(&mut secret);
+    let kid = format!("k{}", Utc::now().format("%Y%m%d%H%M%S"));
+    sqlx::query("INSERT INTO signing_keys (kid, secret) VALUES ($1, $2)").bind(&kid).bind(&secret).execute(&mut *ch.tx).await?;
+    Ok((kid, secret))
+}
+
+/// An API token's record; the signed token itself is never stored.
+#[derive(Debug, Clone)]
+pub struct TokenRecord {
+    pub jti: uuid::Uuid,
+    pub org: OrgId,
+    pub kind: &'static str,
+    pub user: Option<UserId>,
+    pub host: Option<HostId>,
+    pub project: Option<ProjectId>,
+    pub role: &'static str,
+    pub name: String,
+    pub kid: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+pub async fn insert_token(ch: &mut Change, t: &TokenRecord) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO api_tokens (org_id, jti, kind, user_id, host_id, project_id, role, name, kid, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(t.org)
+    .bind(t.jti)
+    .bind(t.kind)
+    .bind(t.user)
+    .bind(t.host)
+    .bind(t.project)
+    .bind(t.role)
+    .bind(&t.name)
+    .bind(&t.kid)
+    .bind(t.expires_at)
+    .execute(&mut *ch.tx)
+    .await?;
+    ch.audit(t.org, t.project, "token.create", ("token", t.jti.to_string()), json!({ "name": t.name, "role": t.role, "kind": t.kind }))
+        .await?;
+    Ok(())
+}

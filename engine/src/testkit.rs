@@ -1,0 +1,246 @@
+//! Per-test databases, for this workspace's tests (behind the `testkit` feature).
+//!
+//! Each test gets a database of its own, cloned from a migrated template on the server that
+//! `DATABASE_URL` names (`make test` starts a throwaway cluster and sets it). Tests run one
+//! process each under cargo-nextest, so the template is built under an advisory lock, as
+//! `<template>_building`, and renamed only when fully migrated: a half-built template is never
+//! cloned. The template's name carries a hash of the migrations, so a changed migration gets a
+//! fresh template. A test ends with [`TestDb::finish`], which checks the teardown invariants and
+//! drops the database; databases of tests that panicked are swept by a later test once they
+//! are an hour old (their names carry their creation time: `t_<unix secs>_<random>`).
+//!
+//! Test helpers may panic: a failure here is a failed test, with the reason in the message.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+use sqlx::{PgConnection, PgPool};
+
+use crate::db;
+
+/// Databases of dead tests older than this are dropped at the start of a test.
+const SWEEP_AFTER: Duration = Duration::from_secs(3600);
+/// The advisory lock key under which the template is built ("shopfloo" in ASCII).
+const TEMPLATE_LOCK: i64 = 0x7368_6f70_666c_6f6f;
+/// Connections in a test database's pool.
+const POOL_SIZE: u32 = 20;
+
+/// A database of one test's own.
+pub struct TestDb {
+    /// A pool on the test's database.
+    pub pool: PgPool,
+    /// The URL of the test's database.
+    pub url: String,
+    /// The test's database name, `t_<unix secs>_<random>`.
+    pub name: String,
+    admin_url: String,
+}
+
+/// The name of the template database for this binary's migrations:
+/// `shopfloor_tpl_<first 12 hex digits of a SHA-256 over the migrations' versions and checksums>`.
+pub fn template_name() -> String {
+    let mut hash = Sha256::new();
+    for migration in db::MIGRATOR.iter() {
+        hash.update(migration.version.to_be_bytes());
+        hash.update(&migration.checksum);
+    }
+    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("shopfloor_tpl_{}", &hex[..12])
+}
+
+/// Makes a fresh, migrated database for one test.
+pub async fn test_db() -> TestDb {
+    let admin_url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        panic!(
+            "DATABASE_URL is not set: database tests need a PostgreSQL server. Run them with \
+             `make test`, which starts a throwaway cluster, or set DATABASE_URL to a server where \
+             this role may CREATE DATABASE"
+        )
+    });
+    let admin_pool = db::connect(&admin_url, 1)
+        .await
+        .unwrap_or_else(|e| panic!("test_db: cannot connect to DATABASE_URL: {e}"));
+    let mut admin = admin_pool
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("test_db: cannot connect to DATABASE_URL: {e}"));
+
+    sweep_stale(&mut admin).await;
+    let template = template_name();
+    ensure_template(&mut admin, &admin_url, &template).await;
+
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let name = format!("t_{now}_{:08x}", rand::random::<u32>());
+    execute(&mut admin, &format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\" STRATEGY FILE_COPY"))
+        .await
+        .unwrap_or_else(|e| panic!("test_db: cannot clone {template} into {name}: {e}"));
+    drop(admin);
+    admin_pool.close().await;
+
+    let url = with_database(&admin_url, &name);
+    let pool = db::connect(&url, POOL_SIZE)
+        .await
+        .unwrap_or_else(|e| panic!("test_db: cannot connect to the test database {name}: {e}"));
+    TestDb { pool, url, name, admin_url }
+}
+
+impl TestDb {
+    /// Ends the test: checks that nothing was left undone (no wake due more than 5 s ago is
+    /// still unclaimed), then drops the database. Panics, after dropping, when a check fails.
+    pub async fn finish(self) {
+        let leftovers = stale_wakes(&self.pool).await;
+        let name = self.name.clone();
+        self.discard().await;
+        assert!(
+            leftovers.is_empty(),
+            "test database {name} was left with due wakes that no engine claimed: {}",
+            leftovers.join(", ")
+        );
+    }
+
+    /// Drops the database without checking anything: for tests that leave work undone on
+    /// purpose.
+    pub async fn discard(self) {
+        self.pool.close().await;
+        let admin = db::connect(&self.admin_url, 1)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to DATABASE_URL to drop {}: {e}", self.name));
+        let dropped = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name))
+            .execute(&admin)
+            .await;
+        admin.close().await;
+        if let Err(e) = dropped {
+            panic!("cannot drop the test database {}: {e}", self.name);
+        }
+    }
+}
+
+/// Up to three wakes, as JSON, that fell due more than 5 s ago; none when the schema has no
+/// `wakes.due_at` (yet).
+async fn stale_wakes(pool: &PgPool) -> Vec<String> {
+    let has_wakes: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns
+                         WHERE table_schema = current_schema() AND table_name = 'wakes'
+                           AND column_name = 'due_at')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap_or_else(|e| panic!("teardown check: {e}"));
+    if !has_wakes {
+        return Vec::new();
+    }
+    sqlx::query_scalar(
+        "SELECT row_to_json(w)::text FROM wakes w
+          WHERE w.due_at < now() - interval '5 seconds' ORDER BY w.due_at LIMIT 3",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_else(|e| panic!("teardown check: {e}"))
+}
+
+/// Drops the databases of tests that died more than [`SWEEP_AFTER`] ago. Another process may
+/// be sweeping the same ones, so failures are ignored.
+async fn sweep_stale(admin: &mut PgConnection) {
+    let names: Vec<String> = sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 't\\_%'")
+        .fetch_all(&mut *admin)
+        .await
+        .unwrap_or_default();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    for name in names {
+        let Some(created) = name.split('_').nth(1).and_then(|s| s.parse::<u64>().ok()) else {
+            continue;
+        };
+        if now.saturating_sub(created) > SWEEP_AFTER.as_secs() {
+            let _ = execute(admin, &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await;
+        }
+    }
+}
+
+/// Builds the template unless it exists, under an advisory lock so that concurrent test
+/// processes build it once.
+async fn ensure_template(admin: &mut PgConnection, admin_url: &str, template: &str) {
+    if database_exists(admin, template).await {
+        return;
+    }
+    execute(admin, &format!("SELECT pg_advisory_lock({TEMPLATE_LOCK})"))
+        .await
+        .unwrap_or_else(|e| panic!("test_db: cannot take the template lock: {e}"));
+    if !database_exists(admin, template).await {
+        build_template(admin, admin_url, template).await;
+    }
+    execute(admin, &format!("SELECT pg_advisory_unlock({TEMPLATE_LOCK})"))
+        .await
+        .unwrap_or_else(|e| panic!("test_db: cannot release the template lock: {e}"));
+}
+
+async fn build_template(admin: &mut PgConnection, admin_url: &str, template: &str) {
+    let building = format!("{template}_building");
+    let step = |what: &str, e: &dyn std::fmt::Display| -> ! {
+        panic!("test_db: building the template {template}: {what}: {e}")
+    };
+    // A builder that died leaves its half-built template behind; we hold the lock, so no
+    // one else is building it now.
+    if let Err(e) = execute(admin, &format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)")).await {
+        step("drop a half-built one", &e);
+    }
+    if let Err(e) = execute(admin, &format!("CREATE DATABASE \"{building}\" TEMPLATE template0")).await {
+        step("create", &e);
+    }
+    let pool = db::connect(&with_database(admin_url, &building), 2)
+        .await
+        .unwrap_or_else(|e| step("connect", &e));
+    if let Err(e) = db::migrate(&pool).await {
+        step("migrate", &e);
+    }
+    pool.close().await;
+
+    // A template that nobody can connect to can always be cloned.
+    if let Err(e) = execute(admin, &format!("ALTER DATABASE \"{building}\" WITH ALLOW_CONNECTIONS false")).await {
+        step("close it to connections", &e);
+    }
+    // The server may still be ending the sessions we just closed, which blocks the rename.
+    let rename = format!("ALTER DATABASE \"{building}\" RENAME TO \"{template}\"");
+    let mut tries = 0;
+    loop {
+        match execute(admin, &rename).await {
+            Ok(()) => return,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") && tries < 100 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => step("rename", &e),
+        }
+    }
+}
+
+async fn database_exists(admin: &mut PgConnection, name: &str) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(name)
+        .fetch_one(admin)
+        .await
+        .unwrap_or_else(|e| panic!("test_db: cannot list databases: {e}"))
+}
+
+async fn execute(conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(sql).execute(conn).await.map(|_| ())
+}
+
+/// `url` with its database replaced by `database`, keeping its query string.
+fn with_database(url: &str, database: &str) -> String {
+    let (head, query) = url.split_at(url.find('?').unwrap_or(url.len()));
+    let authority = head.find("://").map_or(0, |i| i + 3);
+    let base = head[authority..].find('/').map_or(head, |i| &head[..authority + i]);
+    format!("{base}/{database}{query}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn with_database_replaces_only_the_path() {
+        assert_eq!(with_database("postgres://u@h:1/db", "t"), "postgres://u@h:1/t");
+        assert_eq!(with_database("postgres://u@h:1", "t"), "postgres://u@h:1/t");
+        assert_eq!(with_database("postgres://u:p@h/db?sslmode=disable", "t"), "postgres://u:p@h/t?sslmode=disable");
+    }
+}

@@ -1,0 +1,4 @@
+//! The engine's integration tests: one binary, one module per concern.
+
+mod cluster;
+mod testkit;

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# `make test`: installs what is missing, builds the workspace's tests, starts a throwaway
+# PostgreSQL cluster when DATABASE_URL is not set, runs every test against it, and stops the
+# cluster on exit, keeping the tests' exit status.
+#
+# Environment:
+#   DATABASE_URL      a server to test against instead of a throwaway cluster; its role must
+#                     be allowed to CREATE DATABASE (each test clones its own database)
+#   CARGO_TARGET_DIR  honoured; the throwaway cluster lives in $CARGO_TARGET_DIR/test-cluster
+#   SHOPFLOOR_BIN     the `shopfloor` binary that runs `admin cluster start|stop`
+#                     (default: the debug build in the target directory)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "make test: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+# A directory with PostgreSQL's server binaries, looked for where the `shopfloor` binary looks.
+have_pg_server() {
+    local dir
+    dir=$(pg_config --bindir 2>/dev/null || true)
+    for dir in "$dir" /usr/lib/postgresql/*/bin; do
+        [[ -n $dir && -x $dir/pg_ctl && -x $dir/initdb && -x $dir/postgres ]] && return 0
+    done
+    command -v pg_ctl >/dev/null && command -v initdb >/dev/null && command -v postgres >/dev/null
+}
+
+install_pg_server() {
+    local sudo=()
+    if [[ $(id -u) -ne 0 ]]; then
+        if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+            sudo=(sudo -n)
+        else
+            die "PostgreSQL server binaries not found and installing them needs root: run \`sudo apt-get install postgresql\` (or set DATABASE_URL to a server to test against), then \`make test\` again"
+        fi
+    fi
+    if ! command -v apt-get >/dev/null; then
+        die "PostgreSQL server binaries not found and there is no apt-get: install the PostgreSQL server (postgresql-server with dnf, postgresql@16 with brew) or set DATABASE_URL, then \`make test\` again"
+    fi
+    say "installing PostgreSQL with apt-get"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
+    have_pg_server || die "apt-get installed postgresql but its server binaries are still not found"
+}
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+    say "installing cargo-nextest"
+    cargo install --locked cargo-nextest
+fi
+if [[ -z ${DATABASE_URL:-} ]] && ! have_pg_server; then
+    install_pg_server
+fi
+
+say "building"
+cargo build --workspace --bins
+cargo nextest run --workspace --no-run
+
+if [[ -z ${DATABASE_URL:-} ]]; then
+    target_dir=${CARGO_TARGET_DIR:-target}
+    cluster_dir=$target_dir/test-cluster
+    shopfloor=${SHOPFLOOR_BIN:-$target_dir/debug/shopfloor}
+    [[ -x $shopfloor ]] || die "$shopfloor was not built"
+
+    # Stops the cluster however we leave, and exits with the status we were leaving with.
+    stop_cluster() {
+        local status=$?
+        trap - EXIT
+        if ! "$shopfloor" admin cluster stop --data-dir "$cluster_dir"; then
+            say "could not stop the test cluster in $cluster_dir; stop it with \`$shopfloor admin cluster stop --data-dir $cluster_dir\`"
+        fi
+        if [[ $status -ne 0 ]]; then
+            say "the test cluster's log is $cluster_dir/pg.log"
+        fi
+        exit "$status"
+    }
+    trap stop_cluster EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+
+    # A cluster left by an interrupted run is stopped and thrown away: each run starts clean.
+    "$shopfloor" admin cluster stop --data-dir "$cluster_dir" || true
+    rm -rf "$cluster_dir"
+    started=$SECONDS
+    DATABASE_URL=$("$shopfloor" admin cluster start --data-dir "$cluster_dir")
+    export DATABASE_URL
+    say "throwaway PostgreSQL at $DATABASE_URL (started in $((SECONDS - started)) s)"
+fi
+
+cargo nextest run --workspace --no-fail-fast
+cargo test --workspace --doc
