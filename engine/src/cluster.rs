@@ -73,7 +73,11 @@ pub enum ClusterError {
     #[error("cannot run `{program}`: {cause}")]
     Spawn { program: String, cause: String },
     #[error("cannot {what} {path}: {cause}")]
-    Io { what: &'static str, path: String, cause: String },
+    Io {
+        what: &'static str,
+        path: String,
+        cause: String,
+    },
     #[error("initdb failed: {0}")]
     Initdb(String),
     #[error("PostgreSQL did not start: {0}")]
@@ -196,7 +200,9 @@ impl Runner {
         create_os_user()?;
         match lookup_user(OS_USER) {
             Some((uid, gid)) => Ok(Some(Runner::Postgres { uid, gid })),
-            None => Err(ClusterError::NoOsUser("useradd succeeded but the user is not found".into())),
+            None => Err(ClusterError::NoOsUser(
+                "useradd succeeded but the user is not found".into(),
+            )),
         }
     }
 
@@ -232,7 +238,8 @@ impl Runner {
     /// Gives `path` to the runner (a no-op when we run the server ourselves).
     fn own(&self, path: &Path) -> Result<(), ClusterError> {
         if let Runner::Postgres { uid, gid } = *self {
-            std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(|e| io_err("chown", path, e))?;
+            std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+                .map_err(|e| io_err("chown", path, e))?;
         }
         Ok(())
     }
@@ -252,7 +259,10 @@ impl Runner {
 
     fn own_all(&self, path: &Path) -> Result<(), ClusterError> {
         self.own(path)?;
-        if fs::symlink_metadata(path).map_err(|e| io_err("read", path, e))?.is_dir() {
+        if fs::symlink_metadata(path)
+            .map_err(|e| io_err("read", path, e))?
+            .is_dir()
+        {
             for entry in fs::read_dir(path).map_err(|e| io_err("read", path, e))? {
                 self.own_all(&entry.map_err(|e| io_err("read", path, e))?.path())?;
             }
@@ -263,7 +273,11 @@ impl Runner {
 
 /// The uid and gid of an OS user, through NSS.
 fn lookup_user(name: &str) -> Option<(u32, u32)> {
-    let out = Command::new("getent").args(["passwd", name]).stdin(Stdio::null()).output().ok()?;
+    let out = Command::new("getent")
+        .args(["passwd", name])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
     if !out.status.success() {
         return None;
     }
@@ -282,19 +296,34 @@ fn create_os_user() -> Result<(), ClusterError> {
         .status()
         .is_ok_and(|s| s.success());
     let mut cmd = Command::new("useradd");
-    cmd.args(["--system", "--home-dir", "/var/lib/postgresql", "--no-create-home"]);
-    cmd.args(["--shell", "/bin/bash", "--comment", "PostgreSQL administrator"]);
+    cmd.args([
+        "--system",
+        "--home-dir",
+        "/var/lib/postgresql",
+        "--no-create-home",
+    ]);
+    cmd.args([
+        "--shell",
+        "/bin/bash",
+        "--comment",
+        "PostgreSQL administrator",
+    ]);
     if group_exists {
         cmd.args(["--gid", OS_USER]);
     } else {
         cmd.arg("--user-group");
     }
     cmd.arg(OS_USER).stdin(Stdio::null());
-    let out = cmd.output().map_err(|e| ClusterError::NoOsUser(format!("cannot run useradd: {e}")))?;
+    let out = cmd
+        .output()
+        .map_err(|e| ClusterError::NoOsUser(format!("cannot run useradd: {e}")))?;
     if !out.status.success() {
         return Err(ClusterError::NoOsUser(tail(&combined(&out), 3)));
     }
-    tracing::info!(user = OS_USER, "created the OS user the embedded PostgreSQL runs as");
+    tracing::info!(
+        user = OS_USER,
+        "created the OS user the embedded PostgreSQL runs as"
+    );
     Ok(())
 }
 
@@ -315,14 +344,18 @@ fn find_bindir(major: Option<&str>) -> Result<PathBuf, ClusterError> {
         .flatten()
         .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
         .collect();
-    versions.sort_by(|a, b| b.0.cmp(&a.0));
+    versions.sort_by_key(|(version, _)| std::cmp::Reverse(*version));
     candidates.extend(versions.into_iter().map(|(_, dir)| dir));
     if let Some(path) = std::env::var_os("PATH") {
         candidates.extend(std::env::split_paths(&path));
     }
     candidates
         .into_iter()
-        .find(|dir| ["pg_ctl", "initdb", "postgres"].iter().all(|b| dir.join(b).is_file()))
+        .find(|dir| {
+            ["pg_ctl", "initdb", "postgres"]
+                .iter()
+                .all(|b| dir.join(b).is_file())
+        })
         .ok_or_else(|| ClusterError::NoBinaries {
             looked: "`pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH".into(),
         })
@@ -343,7 +376,9 @@ fn pkglibdir(bindir: &Path) -> Vec<PathBuf> {
 
 fn has_pg_stat_statements(bindir: &Path) -> bool {
     pkglibdir(bindir).iter().any(|dir| {
-        ["pg_stat_statements.so", "pg_stat_statements.dylib"].iter().any(|f| dir.join(f).is_file())
+        ["pg_stat_statements.so", "pg_stat_statements.dylib"]
+            .iter()
+            .any(|f| dir.join(f).is_file())
     })
 }
 
@@ -465,27 +500,51 @@ fn wait_ready(layout: &Layout, bindir: &Path, port: u16) -> Result<(), ClusterEr
     let isready = bindir.join("pg_isready");
     if !isready.is_file() {
         // Without pg_isready, trust that a TCP connection is accepted.
-        return std::net::TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(5))
-            .map(|_| ())
-            .map_err(|_| not_answering());
+        return std::net::TcpStream::connect_timeout(
+            &(Ipv4Addr::LOCALHOST, port).into(),
+            Duration::from_secs(5),
+        )
+        .map(|_| ())
+        .map_err(|_| not_answering());
     }
     let status = Command::new(&isready)
-        .args(["-q", "-h", "127.0.0.1", "-U", ROLE, "-d", "postgres", "-t", "30", "-p"])
+        .args([
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            ROLE,
+            "-d",
+            "postgres",
+            "-t",
+            "30",
+            "-p",
+        ])
         .arg(port.to_string())
         .stdin(Stdio::null())
         .status()
         .map_err(|e| spawn_err(&isready, e))?;
-    if status.success() { Ok(()) } else { Err(not_answering()) }
+    if status.success() {
+        Ok(())
+    } else {
+        Err(not_answering())
+    }
 }
 
-fn initdb(layout: &Layout, bindir: &Path, runner: &Runner, durable: bool) -> Result<(), ClusterError> {
+fn initdb(
+    layout: &Layout,
+    bindir: &Path,
+    runner: &Runner,
+    durable: bool,
+) -> Result<(), ClusterError> {
     let pgdata = &layout.pgdata;
     if pgdata.exists() {
         // No PG_VERSION: the leftovers of an interrupted initdb, which wants an empty directory.
         fs::remove_dir_all(pgdata).map_err(|e| io_err("remove", pgdata, e))?;
     }
     fs::create_dir(pgdata).map_err(|e| io_err("create", pgdata, e))?;
-    fs::set_permissions(pgdata, fs::Permissions::from_mode(0o700)).map_err(|e| io_err("chmod", pgdata, e))?;
+    fs::set_permissions(pgdata, fs::Permissions::from_mode(0o700))
+        .map_err(|e| io_err("chmod", pgdata, e))?;
     runner.own(pgdata)?;
 
     let program = bindir.join("initdb");
@@ -495,7 +554,10 @@ fn initdb(layout: &Layout, bindir: &Path, runner: &Runner, durable: bool) -> Res
     if !durable {
         cmd.arg("--no-sync");
     }
-    let out = cmd.current_dir(&layout.data_dir).output().map_err(|e| runner.spawn_err(&program, e))?;
+    let out = cmd
+        .current_dir(&layout.data_dir)
+        .output()
+        .map_err(|e| runner.spawn_err(&program, e))?;
     if !out.status.success() {
         return Err(ClusterError::Initdb(tail(&combined(&out), 5)));
     }
@@ -503,7 +565,10 @@ fn initdb(layout: &Layout, bindir: &Path, runner: &Runner, durable: bool) -> Res
     // Our settings live in a file of their own, rewritten at each start; settings later in
     // postgresql.conf win, so the include goes last.
     let conf = pgdata.join("postgresql.conf");
-    let mut file = OpenOptions::new().append(true).open(&conf).map_err(|e| io_err("open", &conf, e))?;
+    let mut file = OpenOptions::new()
+        .append(true)
+        .open(&conf)
+        .map_err(|e| io_err("open", &conf, e))?;
     file.write_all(b"\n# Settings of the shopfloor embedded cluster, rewritten at each start.\ninclude_if_exists = 'shopfloor.conf'\n")
         .map_err(|e| io_err("write", &conf, e))?;
     tracing::info!(dir = %pgdata.display(), "created the embedded PostgreSQL cluster");
@@ -522,7 +587,9 @@ fn prepare_log(layout: &Layout, runner: &Runner) -> Result<(), ClusterError> {
 
 /// The remembered port while it is free, else a fresh one, which is then remembered.
 fn choose_port(layout: &Layout, fresh: bool) -> Result<u16, ClusterError> {
-    let remembered = fs::read_to_string(&layout.port_file).ok().and_then(|s| s.trim().parse::<u16>().ok());
+    let remembered = fs::read_to_string(&layout.port_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<u16>().ok());
     if let Some(port) = remembered.filter(|&p| !fresh && p != 0) {
         if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
             return Ok(port);
@@ -532,25 +599,36 @@ fn choose_port(layout: &Layout, fresh: bool) -> Result<u16, ClusterError> {
         .and_then(|l| l.local_addr())
         .map_err(|e| io_err("find a free port on", Path::new("127.0.0.1"), e))?
         .port();
-    fs::write(&layout.port_file, format!("{port}\n")).map_err(|e| io_err("write", &layout.port_file, e))?;
+    fs::write(&layout.port_file, format!("{port}\n"))
+        .map_err(|e| io_err("write", &layout.port_file, e))?;
     Ok(port)
 }
 
-fn write_conf(layout: &Layout, bindir: &Path, runner: &Runner, port: u16, durable: bool) -> Result<(), ClusterError> {
-    let mut conf = String::from(
-        "# Written by shopfloor before each start of the embedded cluster; edits are overwritten.\n",
-    );
-    conf.push_str(&format!("port = {port}\n"));
-    conf.push_str("listen_addresses = '127.0.0.1'\n");
-    conf.push_str("unix_socket_directories = ''\n");
-    conf.push_str("max_connections = 200\n");
-    if has_pg_stat_statements(bindir) {
-        conf.push_str("shared_preload_libraries = 'pg_stat_statements'\n");
-    }
+fn write_conf(
+    layout: &Layout,
+    bindir: &Path,
+    runner: &Runner,
+    port: u16,
+    durable: bool,
+) -> Result<(), ClusterError> {
+    // Without the library, pg_stat_statements is left out rather than failing the start.
+    let preload = if has_pg_stat_statements(bindir) {
+        "shared_preload_libraries = 'pg_stat_statements'\n"
+    } else {
+        ""
+    };
     let switch = if durable { "on" } else { "off" };
-    for setting in ["fsync", "synchronous_commit", "full_page_writes"] {
-        conf.push_str(&format!("{setting} = {switch}\n"));
-    }
+    let conf = format!(
+        "# Written by shopfloor before each start of the embedded cluster; edits are overwritten.\n\
+         port = {port}\n\
+         listen_addresses = '127.0.0.1'\n\
+         unix_socket_directories = ''\n\
+         max_connections = 200\n\
+         {preload}\
+         fsync = {switch}\n\
+         synchronous_commit = {switch}\n\
+         full_page_writes = {switch}\n"
+    );
     let path = layout.pgdata.join("shopfloor.conf");
     fs::write(&path, conf).map_err(|e| io_err("write", &path, e))?;
     runner.own(&path)
@@ -559,7 +637,7 @@ fn write_conf(layout: &Layout, bindir: &Path, runner: &Runner, port: u16, durabl
 /// Starts the server and waits until it accepts connections; on failure, the new lines of its
 /// log (or pg_ctl's own output when the log says nothing).
 fn start_server(layout: &Layout, bindir: &Path, runner: &Runner) -> Result<(), String> {
-    let log_start = fs::metadata(&layout.log).map(|m| m.len()).unwrap_or(0);
+    let log_start = fs::metadata(&layout.log).map_or(0, |m| m.len());
     let program = bindir.join("pg_ctl");
     let out = runner
         .command(&program)
@@ -575,7 +653,11 @@ fn start_server(layout: &Layout, bindir: &Path, runner: &Runner) -> Result<(), S
         return Ok(());
     }
     let log_tail = tail(&read_from(&layout.log, log_start), 5);
-    let detail = if log_tail.is_empty() { tail(&combined(&out), 5) } else { log_tail };
+    let detail = if log_tail.is_empty() {
+        tail(&combined(&out), 5)
+    } else {
+        log_tail
+    };
     Err(format!("{detail} (log: {})", layout.log.display()))
 }
 
@@ -597,16 +679,23 @@ fn stop_server(layout: &Layout, bindir: &Path, runner: &Runner) -> Result<(), Cl
 
 async fn create_database(port: u16) -> Result<(), ClusterError> {
     use sqlx::Connection;
-    let err = |e: sqlx::Error| ClusterError::CreateDb { port, cause: e.to_string() };
+    let err = |e: sqlx::Error| ClusterError::CreateDb {
+        port,
+        cause: e.to_string(),
+    };
     let url = format!("postgres://{ROLE}@127.0.0.1:{port}/postgres");
     let mut conn = sqlx::PgConnection::connect(&url).await.map_err(err)?;
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-        .bind(DATABASE)
-        .fetch_one(&mut conn)
-        .await
-        .map_err(err)?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(DATABASE)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(err)?;
     if !exists {
-        match sqlx::query(&format!("CREATE DATABASE \"{DATABASE}\"")).execute(&mut conn).await {
+        match sqlx::query(&format!("CREATE DATABASE \"{DATABASE}\""))
+            .execute(&mut conn)
+            .await
+        {
             Ok(_) => {}
             // Another process created it between our check and our create.
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
@@ -633,28 +722,47 @@ fn read_from(path: &Path, offset: u64) -> String {
 
 /// The first line of a command's output, when it runs and succeeds.
 fn command_line(cmd: &mut Command) -> Option<String> {
-    let out = cmd.stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().next()?.trim();
     (out.status.success() && !line.is_empty()).then(|| line.to_owned())
 }
 
 fn combined(out: &Output) -> String {
-    format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// The last `n` non-empty lines of `text`, on one line.
 fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 fn io_err(what: &'static str, path: &Path, e: std::io::Error) -> ClusterError {
-    ClusterError::Io { what, path: path.display().to_string(), cause: e.to_string() }
+    ClusterError::Io {
+        what,
+        path: path.display().to_string(),
+        cause: e.to_string(),
+    }
 }
 
 fn spawn_err(program: &Path, e: std::io::Error) -> ClusterError {
-    ClusterError::Spawn { program: program.display().to_string(), cause: e.to_string() }
+    ClusterError::Spawn {
+        program: program.display().to_string(),
+        cause: e.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -15,21 +15,36 @@ use cel::{Context, Program, Value};
 const VARIABLES: [&str; 5] = ["item", "trigger", "nodes", "run", "project"];
 
 /// Checks that `expr` is a CEL expression.
+///
+/// # Errors
+/// The parser's message, with the column, when it is not.
 pub fn compile(expr: &str) -> Result<(), String> {
     program(expr).map(|_| ())
 }
 
 /// Evaluates `expr` over `context` and returns its value as JSON.
+///
+/// # Errors
+/// When the expression does not compile, fails (a missing key, a type mismatch), or gives a
+/// value JSON cannot hold.
 pub fn eval(expr: &str, context: &serde_json::Value) -> Result<serde_json::Value, String> {
     let value = run(expr, context)?;
-    value.json().map_err(|e| format!("the result cannot be turned into JSON: {e}"))
+    value
+        .json()
+        .map_err(|e| format!("the result cannot be turned into JSON: {e}"))
 }
 
-/// Evaluates `expr` over `context`; a result other than a boolean is an error.
+/// Evaluates `expr` over `context`.
+///
+/// # Errors
+/// As `eval`, and when the result is not a boolean.
 pub fn eval_bool(expr: &str, context: &serde_json::Value) -> Result<bool, String> {
     match run(expr, context)? {
         Value::Bool(b) => Ok(b),
-        other => Err(format!("the expression gave {}, not a boolean", other.type_of())),
+        other => Err(format!(
+            "the expression gave {}, not a boolean",
+            other.type_of()
+        )),
     }
 }
 
@@ -42,7 +57,13 @@ fn program(expr: &str) -> Result<Program, String> {
             .errors
             .iter()
             // ANTLR's list of every token it would have taken helps no one writing a workflow.
-            .map(|e| format!("{} (column {})", e.msg.split(" expecting {").next().unwrap_or(&e.msg), e.pos.1))
+            .map(|e| {
+                format!(
+                    "{} (column {})",
+                    e.msg.split(" expecting {").next().unwrap_or(&e.msg),
+                    e.pos.1
+                )
+            })
             .collect();
         messages.join("; ")
     })
@@ -56,7 +77,8 @@ fn run(expr: &str, context: &serde_json::Value) -> Result<Value, String> {
     let mut cel_context = Context::default();
     for name in VARIABLES {
         if !variables.contains_key(name) {
-            cel_context.add_variable_from_value(name, Value::Map(HashMap::<Key, Value>::new().into()));
+            cel_context
+                .add_variable_from_value(name, Value::Map(HashMap::<Key, Value>::new().into()));
         }
     }
     for (name, value) in variables {
@@ -81,10 +103,14 @@ fn to_cel(value: &serde_json::Value) -> Value {
             }
         }
         serde_json::Value::String(s) => Value::String(Arc::new(s.clone())),
-        serde_json::Value::Array(items) => Value::List(Arc::new(items.iter().map(to_cel).collect())),
+        serde_json::Value::Array(items) => {
+            Value::List(Arc::new(items.iter().map(to_cel).collect()))
+        }
         serde_json::Value::Object(map) => {
-            let map: HashMap<Key, Value> =
-                map.iter().map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v))).collect();
+            let map: HashMap<Key, Value> = map
+                .iter()
+                .map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v)))
+                .collect();
             Value::Map(map.into())
         }
     }

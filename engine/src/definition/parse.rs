@@ -57,6 +57,9 @@ const TOP_KEYS: &[&str] = &[
 ];
 
 /// Parses and validates a workflow definition.
+///
+/// # Errors
+/// Every problem found, in file order.
 pub fn parse(source: &str) -> Result<Definition, Vec<Problem>> {
     let root = match yaml::load(source) {
         Ok(Some(root)) => root,
@@ -65,7 +68,8 @@ pub fn parse(source: &str) -> Result<Definition, Vec<Problem>> {
                 line: 1,
                 col: 1,
                 path: String::new(),
-                message: "the file holds no workflow (it needs at least `name` and `nodes`)".to_owned(),
+                message: "the file holds no workflow (it needs at least `name` and `nodes`)"
+                    .to_owned(),
             }]);
         }
         Err(e) => {
@@ -101,16 +105,27 @@ pub fn parse(source: &str) -> Result<Definition, Vec<Problem>> {
 
 fn definition(cx: &mut Cx, root: &YNode) -> Option<Definition> {
     if !matches!(root.value, yaml::Value::Map(_)) {
-        read::type_error(cx, root, "", "a workflow (a mapping with `name`, `nodes` and so on)");
+        read::type_error(
+            cx,
+            root,
+            "",
+            "a workflow (a mapping with `name`, `nodes` and so on)",
+        );
         return None;
     }
     let f = mapping(cx, root, "", TOP_KEYS)?;
     let name = f.must(cx, "name", nonempty_string);
-    let on = f.optional(cx, "on", triggers).map(Option::unwrap_or_default);
+    let on = f
+        .optional(cx, "on", triggers)
+        .map(Option::unwrap_or_default);
     let concurrency = f.optional(cx, "concurrency", concurrency);
     let throttle = f.optional(cx, "throttle", throttle);
-    let budget = f.optional(cx, "budget", budget).map(Option::unwrap_or_default);
-    let approval_required = f.optional(cx, "approval", approval_policy).map(|a| a.unwrap_or(false));
+    let budget = f
+        .optional(cx, "budget", budget)
+        .map(Option::unwrap_or_default);
+    let approval_required = f
+        .optional(cx, "approval", approval_policy)
+        .map(|a| a.unwrap_or(false));
     let stop_the_line_attempts = f
         .optional(cx, "stop_the_line_attempts", |cx, n, p| count(cx, n, p, 1))
         .map(|n| n.unwrap_or(3));
@@ -139,21 +154,31 @@ fn triggers(cx: &mut Cx, node: &YNode, path: &str) -> Option<Triggers> {
     let f = mapping(cx, node, path, &["github", "schedule"])?;
     let github = f.optional(cx, "github", github);
     let schedule = f.optional(cx, "schedule", schedule);
-    Some(Triggers { github: github?, schedule: schedule? })
+    Some(Triggers {
+        github: github?,
+        schedule: schedule?,
+    })
 }
 
 fn github(cx: &mut Cx, node: &YNode, path: &str) -> Option<GithubTrigger> {
     let f = mapping(cx, node, path, &["events", "if"])?;
     let events = f.must(cx, "events", events);
     let condition = f.optional(cx, "if", expression);
-    Some(GithubTrigger { events: events?, condition: condition? })
+    Some(GithubTrigger {
+        events: events?,
+        condition: condition?,
+    })
 }
 
 /// Event names as GitHub sends them: `issues` or `issues.labeled`.
 fn events(cx: &mut Cx, node: &YNode, path: &str) -> Option<Vec<String>> {
     let items = read::strings_at(cx, node, path)?;
     if items.is_empty() {
-        cx.report(node.pos, path, "give at least one event, such as issues.labeled");
+        cx.report(
+            node.pos,
+            path,
+            "give at least one event, such as issues.labeled",
+        );
         return None;
     }
     let mut ok = true;
@@ -192,12 +217,19 @@ fn schedule(cx: &mut Cx, node: &YNode, path: &str) -> Option<ScheduleTrigger> {
         match text.parse::<chrono_tz::Tz>() {
             Ok(_) => Some(text),
             Err(_) => {
-                cx.report(n.pos, p, format!("`{text}` is not a time zone such as Europe/Paris or UTC"));
+                cx.report(
+                    n.pos,
+                    p,
+                    format!("`{text}` is not a time zone such as Europe/Paris or UTC"),
+                );
                 None
             }
         }
     });
-    Some(ScheduleTrigger { cron: cron?, tz: tz? })
+    Some(ScheduleTrigger {
+        cron: cron?,
+        tz: tz?,
+    })
 }
 
 fn concurrency(cx: &mut Cx, node: &YNode, path: &str) -> Option<Concurrency> {
@@ -227,7 +259,10 @@ fn throttle(cx: &mut Cx, node: &YNode, path: &str) -> Option<Throttle> {
     let f = mapping(cx, node, path, &["per", "limit"])?;
     let per = f.must(cx, "per", duration);
     let limit = f.must(cx, "limit", |cx, n, p| count(cx, n, p, 1));
-    Some(Throttle { per: per?, limit: limit? })
+    Some(Throttle {
+        per: per?,
+        limit: limit?,
+    })
 }
 
 fn budget(cx: &mut Cx, node: &YNode, path: &str) -> Option<Budget> {
@@ -262,10 +297,16 @@ fn template_text(cx: &mut Cx, node: &YNode, path: &str) -> Option<String> {
         None => Some(text),
         Some(e) => {
             let pos = read::text_line_pos(node, e.line);
-            let at = e.line.map(|l| format!(" (line {l} of the template)")).unwrap_or_default();
-            cx.report(pos, path, format!("template does not parse: {}{at}", e.message));
+            let at = e
+                .line
+                .map(|l| format!(" (line {l} of the template)"))
+                .unwrap_or_default();
+            cx.report(
+                pos,
+                path,
+                format!("template does not parse: {}{at}", e.message),
+            );
             None
         }
     }
 }
-

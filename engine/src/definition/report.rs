@@ -23,7 +23,13 @@ pub fn validate_files(paths: &[PathBuf], out: &mut impl Write) -> bool {
         for problem in &problems {
             // A failed write (a closed pipe) must not turn into a verdict on the workflow,
             // which the return value gives either way.
-            let _ = writeln!(out, "{}:{}:{}: {problem}", path.display(), problem.line, problem.col);
+            let _ = writeln!(
+                out,
+                "{}:{}:{}: {problem}",
+                path.display(),
+                problem.line,
+                problem.col
+            );
         }
     }
     all_valid

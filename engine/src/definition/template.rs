@@ -18,11 +18,18 @@ pub(crate) struct SyntaxError {
 }
 
 /// Checks that `src` is a template.
+///
+/// # Errors
+/// minijinja's message when it does not parse.
 pub fn check(src: &str) -> Result<(), String> {
     syntax_error(src).map_or(Ok(()), |e| Err(e.message))
 }
 
 /// Renders `src` with the keys of `context` as its variables.
+///
+/// # Errors
+/// A syntax error, or a failure while rendering (a filter given the wrong type, running out
+/// of fuel).
 pub fn render(src: &str, context: &serde_json::Value) -> Result<String, String> {
     let env = environment();
     let template = env.template_from_str(src).map_err(|e| describe(&e))?;
@@ -31,9 +38,10 @@ pub fn render(src: &str, context: &serde_json::Value) -> Result<String, String> 
 
 pub(crate) fn syntax_error(src: &str) -> Option<SyntaxError> {
     let env = environment();
-    env.template_from_str(src)
-        .err()
-        .map(|e| SyntaxError { line: e.line(), message: describe(&e) })
+    env.template_from_str(src).err().map(|e| SyntaxError {
+        line: e.line(),
+        message: describe(&e),
+    })
 }
 
 fn environment() -> Environment<'static> {

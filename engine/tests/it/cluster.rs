@@ -20,58 +20,101 @@ impl Drop for StopOnDrop {
 #[tokio::test]
 async fn cluster_starts_is_reused_and_keeps_data_across_restarts() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = ClusterOptions { data_dir: tmp.path().join("data"), durable: false };
+    let opts = ClusterOptions {
+        data_dir: tmp.path().join("data"),
+        durable: false,
+    };
     let _guard = StopOnDrop(opts.clone());
 
     let t = Instant::now();
     let first = cluster::ensure_running(&opts).await.unwrap();
     eprintln!("first start (initdb included): {:?}", t.elapsed());
     assert!(first.started_here);
-    assert!(first.url.starts_with("postgres://shopfloor@127.0.0.1:"), "{}", first.url);
+    assert!(
+        first.url.starts_with("postgres://shopfloor@127.0.0.1:"),
+        "{}",
+        first.url
+    );
     assert!(first.url.ends_with("/shopfloor"), "{}", first.url);
 
     let mut conn = PgConnection::connect(&first.url).await.unwrap();
-    let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut conn).await.unwrap();
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(one, 1);
-    let max: String = sqlx::query_scalar("SHOW max_connections").fetch_one(&mut conn).await.unwrap();
+    let max: String = sqlx::query_scalar("SHOW max_connections")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(max, "200");
-    let fsync: String = sqlx::query_scalar("SHOW fsync").fetch_one(&mut conn).await.unwrap();
+    let fsync: String = sqlx::query_scalar("SHOW fsync")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(fsync, "off");
-    sqlx::query("CREATE TABLE kept (x int)").execute(&mut conn).await.unwrap();
-    sqlx::query("INSERT INTO kept VALUES (42)").execute(&mut conn).await.unwrap();
+    sqlx::query("CREATE TABLE kept (x int)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO kept VALUES (42)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
     conn.close().await.unwrap();
 
     if unsafe { libc::geteuid() } == 0 {
         use std::os::unix::fs::MetadataExt;
         let owner = std::fs::metadata(first.pgdata()).unwrap().uid();
-        assert_ne!(owner, 0, "as root, the cluster must belong to the postgres user");
+        assert_ne!(
+            owner, 0,
+            "as root, the cluster must belong to the postgres user"
+        );
     }
 
     let again = cluster::ensure_running(&opts).await.unwrap();
-    assert!(!again.started_here, "a running cluster is reused, not started twice");
+    assert!(
+        !again.started_here,
+        "a running cluster is reused, not started twice"
+    );
     assert_eq!(again.url, first.url);
 
     first.stop().unwrap();
-    assert!(PgConnection::connect(&first.url).await.is_err(), "the server should be stopped");
+    assert!(
+        PgConnection::connect(&first.url).await.is_err(),
+        "the server should be stopped"
+    );
 
     let t = Instant::now();
     let restarted = cluster::ensure_running(&opts).await.unwrap();
     eprintln!("restart: {:?}", t.elapsed());
     assert!(restarted.started_here);
-    assert_eq!(restarted.url, first.url, "the remembered port is reused while free");
+    assert_eq!(
+        restarted.url, first.url,
+        "the remembered port is reused while free"
+    );
     let mut conn = PgConnection::connect(&restarted.url).await.unwrap();
-    let x: i32 = sqlx::query_scalar("SELECT x FROM kept").fetch_one(&mut conn).await.unwrap();
+    let x: i32 = sqlx::query_scalar("SELECT x FROM kept")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(x, 42);
     conn.close().await.unwrap();
 
     cluster::stop_dir(&opts).unwrap();
-    assert!(PgConnection::connect(&restarted.url).await.is_err(), "stop_dir should stop it");
+    assert!(
+        PgConnection::connect(&restarted.url).await.is_err(),
+        "stop_dir should stop it"
+    );
     cluster::stop_dir(&opts).expect("stopping a stopped cluster is fine");
 }
 
 #[tokio::test]
 async fn stop_dir_without_a_cluster_is_fine() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = ClusterOptions { data_dir: tmp.path().join("nothing"), durable: false };
+    let opts = ClusterOptions {
+        data_dir: tmp.path().join("nothing"),
+        durable: false,
+    };
     cluster::stop_dir(&opts).unwrap();
 }

@@ -2,3 +2,5 @@
 
 mod cluster;
 mod testkit;
+mod fixtures;
+mod store;

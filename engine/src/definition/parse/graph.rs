@@ -31,7 +31,11 @@ pub(super) struct Edge {
 }
 
 pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
-    let index: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
+    let index: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.id.as_str(), i))
+        .collect();
     let mut successors: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     let mut has_incoming = vec![false; nodes.len()];
     for node in nodes {
@@ -43,7 +47,11 @@ pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
                 }
                 (from, _) => {
                     let missing = if from.is_none() { &edge.from } else { &edge.to };
-                    cx.report(edge.pos, &edge.path, format!("there is no node `{missing}`"));
+                    cx.report(
+                        edge.pos,
+                        &edge.path,
+                        format!("there is no node `{missing}`"),
+                    );
                 }
             }
         }
@@ -71,7 +79,10 @@ fn unreachable(cx: &mut Cx, nodes: &[Skeleton], successors: &[Vec<usize>], has_i
         cx.report(
             node.pos,
             &node.path,
-            format!("node `{}` is unreachable: no path leads to it from a starting node", node.id),
+            format!(
+                "node `{}` is unreachable: no path leads to it from a starting node",
+                node.id
+            ),
         );
     }
 }
@@ -84,11 +95,17 @@ fn ungated_cycles(cx: &mut Cx, nodes: &[Skeleton], successors: &[Vec<usize>]) {
         .iter()
         .enumerate()
         .map(|(i, next)| {
-            if breaks_loops(i) { Vec::new() } else { next.iter().copied().filter(|&j| !breaks_loops(j)).collect() }
+            if breaks_loops(i) {
+                Vec::new()
+            } else {
+                next.iter().copied().filter(|&j| !breaks_loops(j)).collect()
+            }
         })
         .collect();
     for component in strongly_connected(&plain) {
-        let Some(&start) = component.iter().min() else { continue };
+        let Some(&start) = component.iter().min() else {
+            continue;
+        };
         let is_cycle = component.len() > 1 || plain[start].contains(&start);
         if !is_cycle {
             continue;
@@ -98,7 +115,10 @@ fn ungated_cycles(cx: &mut Cx, nodes: &[Skeleton], successors: &[Vec<usize>]) {
         cx.report(
             nodes[start].pos,
             &nodes[start].path,
-            format!("cycle with no gate or decision on it: {}", names.join(" -> ")),
+            format!(
+                "cycle with no gate or decision on it: {}",
+                names.join(" -> ")
+            ),
         );
     }
 }

@@ -17,9 +17,17 @@ use crate::definition::model::{
     Harness, Node, NodeKind, Output, OutputKind, Retry, Wait,
 };
 
-const KINDS: &[&str] =
-    &["trigger", "crew", "gate", "approval", "decision", "output", "wait", "workflow", "end"];
-const COMMON: &[&str] = &["after", "requires", "retry", "timeout", "continue_on_error", "failure"];
+const KINDS: &[&str] = &[
+    "trigger", "crew", "gate", "approval", "decision", "output", "wait", "workflow", "end",
+];
+const COMMON: &[&str] = &[
+    "after",
+    "requires",
+    "retry",
+    "timeout",
+    "continue_on_error",
+    "failure",
+];
 
 /// Retry spacing when the definition gives none.
 const DEFAULT_BACKOFF: Duration = Duration::from_secs(10);
@@ -27,7 +35,11 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 
 /// Reads every node. The skeletons are always returned (for the graph checks); the nodes only
 /// when all of them are valid.
-pub(super) fn nodes(cx: &mut Cx, node: &YNode, path: &str) -> Option<(Vec<Skeleton>, Option<Vec<Node>>)> {
+pub(super) fn nodes(
+    cx: &mut Cx,
+    node: &YNode,
+    path: &str,
+) -> Option<(Vec<Skeleton>, Option<Vec<Node>>)> {
     let f = entries(cx, node, path)?;
     if f.entries.is_empty() {
         cx.report(node.pos, path, "a workflow needs at least one node");
@@ -58,48 +70,82 @@ fn valid_id(id: &str) -> bool {
 
 fn one(cx: &mut Cx, key: &Key, value: &YNode, path: &str) -> (Skeleton, Option<Node>) {
     let id = key.name.clone();
-    let mut skeleton = Skeleton { id: id.clone(), pos: key.pos, path: path.to_owned(), kind: None, edges: Vec::new() };
+    let mut skeleton = Skeleton {
+        id: id.clone(),
+        pos: key.pos,
+        path: path.to_owned(),
+        kind: None,
+        edges: Vec::new(),
+    };
     let id_ok = valid_id(&id);
     if !id_ok {
         cx.report(
             key.pos,
             path,
-            format!("`{id}` is not a node id: use letters, digits, `_` and `-`, starting with a letter"),
+            format!(
+                "`{id}` is not a node id: use letters, digits, `_` and `-`, starting with a letter"
+            ),
         );
     }
     let Some(f) = entries(cx, value, path) else {
         return (skeleton, None);
     };
 
-    let kinds: Vec<&Key> = f.keys().filter(|k| KINDS.contains(&k.name.as_str())).collect();
-    let unknown: Vec<&Key> =
-        f.keys().filter(|k| !KINDS.contains(&k.name.as_str()) && !COMMON.contains(&k.name.as_str())).collect();
+    let kinds: Vec<&Key> = f
+        .keys()
+        .filter(|k| KINDS.contains(&k.name.as_str()))
+        .collect();
+    let unknown: Vec<&Key> = f
+        .keys()
+        .filter(|k| !KINDS.contains(&k.name.as_str()) && !COMMON.contains(&k.name.as_str()))
+        .collect();
     for k in &unknown {
         let message = if kinds.is_empty() {
-            format!("unknown node kind `{}` (kinds: {})", k.name, KINDS.join(", "))
+            format!(
+                "unknown node kind `{}` (kinds: {})",
+                k.name,
+                KINDS.join(", ")
+            )
         } else {
             unknown_key(&k.name, &[COMMON, &[kinds[0].name.as_str()]].concat())
         };
         cx.report(k.pos, &f.path(&k.name), message);
     }
     if kinds.is_empty() && unknown.is_empty() {
-        cx.report(f.pos, path, format!("the node has no kind: give one of {}", KINDS.join(", ")));
+        cx.report(
+            f.pos,
+            path,
+            format!("the node has no kind: give one of {}", KINDS.join(", ")),
+        );
     }
     for extra in kinds.iter().skip(1) {
         cx.report(
             extra.pos,
             &f.path(&extra.name),
-            format!("a node has one kind, and this one already has `{}`", kinds[0].name),
+            format!(
+                "a node has one kind, and this one already has `{}`",
+                kinds[0].name
+            ),
         );
     }
 
     let after = f.optional(cx, "after", strings_at);
     for (target, pos) in after.iter().flatten().flatten() {
-        skeleton.edges.push(Edge { from: target.clone(), to: id.clone(), pos: *pos, path: f.path("after") });
+        skeleton.edges.push(Edge {
+            from: target.clone(),
+            to: id.clone(),
+            pos: *pos,
+            path: f.path("after"),
+        });
     }
     let failure = f.optional(cx, "failure", node_ref);
     if let Some(Some((target, pos))) = &failure {
-        skeleton.edges.push(Edge { from: id.clone(), to: target.clone(), pos: *pos, path: f.path("failure") });
+        skeleton.edges.push(Edge {
+            from: id.clone(),
+            to: target.clone(),
+            pos: *pos,
+            path: f.path("failure"),
+        });
     }
     let requires = f.optional(cx, "requires", string_list);
     let retry = f.optional(cx, "retry", retry);
@@ -109,7 +155,14 @@ fn one(cx: &mut Cx, key: &Key, value: &YNode, path: &str) -> (Skeleton, Option<N
     let kind = kinds.first().and_then(|k| {
         skeleton.kind = KINDS.iter().find(|name| **name == k.name).copied();
         let node = f.get(&k.name)?;
-        kind(cx, &k.name, node, &f.path(&k.name), &id, &mut skeleton.edges)
+        kind(
+            cx,
+            &k.name,
+            node,
+            &f.path(&k.name),
+            &id,
+            &mut skeleton.edges,
+        )
     });
 
     let parsed = (|| {
@@ -118,7 +171,11 @@ fn one(cx: &mut Cx, key: &Key, value: &YNode, path: &str) -> (Skeleton, Option<N
         }
         Some(Node {
             id,
-            after: after?.unwrap_or_default().into_iter().map(|(t, _)| t).collect(),
+            after: after?
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(t, _)| t)
+                .collect(),
             kind: kind?,
             requires: requires?.unwrap_or_default(),
             retry: retry?,
@@ -130,7 +187,14 @@ fn one(cx: &mut Cx, key: &Key, value: &YNode, path: &str) -> (Skeleton, Option<N
     (skeleton, parsed)
 }
 
-fn kind(cx: &mut Cx, name: &str, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<NodeKind> {
+fn kind(
+    cx: &mut Cx,
+    name: &str,
+    node: &YNode,
+    path: &str,
+    id: &str,
+    edges: &mut Vec<Edge>,
+) -> Option<NodeKind> {
     match name {
         "trigger" => trigger(cx, node, path),
         "crew" => crew(cx, node, path).map(NodeKind::Crew),
@@ -151,7 +215,12 @@ fn node_ref(cx: &mut Cx, node: &YNode, path: &str) -> Option<(String, Pos)> {
 }
 
 fn retry(cx: &mut Cx, node: &YNode, path: &str) -> Option<Retry> {
-    let f = mapping(cx, node, path, &["attempts", "backoff", "max_backoff", "exit_codes"])?;
+    let f = mapping(
+        cx,
+        node,
+        path,
+        &["attempts", "backoff", "max_backoff", "exit_codes"],
+    )?;
     let attempts = f.must(cx, "attempts", |cx, n, p| count(cx, n, p, 1));
     let backoff = f.optional(cx, "backoff", duration);
     let max_backoff = f.optional(cx, "max_backoff", duration);
@@ -160,11 +229,20 @@ fn retry(cx: &mut Cx, node: &YNode, path: &str) -> Option<Retry> {
     let max_backoff = max_backoff?.unwrap_or(DEFAULT_MAX_BACKOFF.max(backoff));
     if max_backoff < backoff {
         if let Some(n) = f.get("max_backoff") {
-            cx.report(n.pos, &f.path("max_backoff"), "must not be shorter than `backoff`");
+            cx.report(
+                n.pos,
+                &f.path("max_backoff"),
+                "must not be shorter than `backoff`",
+            );
         }
         return None;
     }
-    Some(Retry { attempts: attempts?, backoff, max_backoff, exit_codes: exit_codes?.unwrap_or_default() })
+    Some(Retry {
+        attempts: attempts?,
+        backoff,
+        max_backoff,
+        exit_codes: exit_codes?.unwrap_or_default(),
+    })
 }
 
 fn exit_codes(cx: &mut Cx, node: &YNode, path: &str) -> Option<Vec<i32>> {
@@ -198,13 +276,22 @@ fn trigger(cx: &mut Cx, node: &YNode, path: &str) -> Option<NodeKind> {
 }
 
 fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
-    let f = mapping(cx, node, path, &["harness", "model", "prompt", "command", "caps", "expect"])?;
+    let f = mapping(
+        cx,
+        node,
+        path,
+        &["harness", "model", "prompt", "command", "caps", "expect"],
+    )?;
     let harness = f.must(cx, "harness", |cx, n, p| {
         one_of(
             cx,
             n,
             p,
-            &[("claude-code", Harness::ClaudeCode), ("codex", Harness::Codex), ("command", Harness::Command)],
+            &[
+                ("claude-code", Harness::ClaudeCode),
+                ("codex", Harness::Codex),
+                ("command", Harness::Command),
+            ],
         )
     });
     let model = f.optional(cx, "model", nonempty_string);
@@ -218,7 +305,9 @@ fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
         Some(argv)
     });
     let caps = f.optional(cx, "caps", caps);
-    let expect = f.optional(cx, "expect", |cx, n, p| one_of(cx, n, p, &[("changes", true)]));
+    let expect = f.optional(cx, "expect", |cx, n, p| {
+        one_of(cx, n, p, &[("changes", true)])
+    });
 
     let harness = harness?;
     let mut ok = true;
@@ -233,7 +322,11 @@ fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
             ok = false;
         }
         if let Some(n) = f.get("command") {
-            cx.report(n.pos, &f.path("command"), "`command` is only for the command harness");
+            cx.report(
+                n.pos,
+                &f.path("command"),
+                "`command` is only for the command harness",
+            );
             ok = false;
         }
     }
@@ -255,7 +348,11 @@ fn caps(cx: &mut Cx, node: &YNode, path: &str) -> Option<Caps> {
     let turns = f.optional(cx, "turns", |cx, n, p| count(cx, n, p, 1));
     let usd = f.optional(cx, "usd", usd);
     let timeout = f.optional(cx, "timeout", duration);
-    Some(Caps { turns: turns?, usd: usd?, timeout: timeout? })
+    Some(Caps {
+        turns: turns?,
+        usd: usd?,
+        timeout: timeout?,
+    })
 }
 
 fn gate(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<Gate> {
@@ -271,9 +368,18 @@ fn gate(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) 
     let timeout = f.optional(cx, "timeout", duration);
     let on_fail = f.optional(cx, "on_fail", node_ref);
     if let Some(Some((target, pos))) = &on_fail {
-        edges.push(Edge { from: id.to_owned(), to: target.clone(), pos: *pos, path: f.path("on_fail") });
+        edges.push(Edge {
+            from: id.to_owned(),
+            to: target.clone(),
+            pos: *pos,
+            path: f.path("on_fail"),
+        });
     }
-    Some(Gate { checks: checks?, timeout: timeout?, on_fail: on_fail?.map(|(t, _)| t) })
+    Some(Gate {
+        checks: checks?,
+        timeout: timeout?,
+        on_fail: on_fail?.map(|(t, _)| t),
+    })
 }
 
 fn approval(cx: &mut Cx, node: &YNode, path: &str) -> Option<Approval> {
@@ -281,7 +387,11 @@ fn approval(cx: &mut Cx, node: &YNode, path: &str) -> Option<Approval> {
     let prompt = f.must(cx, "prompt", template_text);
     let fields = f.optional(cx, "fields", fields);
     let timeout = f.optional(cx, "timeout", duration);
-    Some(Approval { prompt: prompt?, fields: fields?.unwrap_or_default(), timeout: timeout? })
+    Some(Approval {
+        prompt: prompt?,
+        fields: fields?.unwrap_or_default(),
+        timeout: timeout?,
+    })
 }
 
 fn fields(cx: &mut Cx, node: &YNode, path: &str) -> Option<BTreeMap<String, Field>> {
@@ -299,7 +409,12 @@ fn fields(cx: &mut Cx, node: &YNode, path: &str) -> Option<BTreeMap<String, Fiel
 }
 
 fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
-    let f = mapping(cx, node, path, &["type", "required", "options", "default", "description"])?;
+    let f = mapping(
+        cx,
+        node,
+        path,
+        &["type", "required", "options", "default", "description"],
+    )?;
     let field_type = f.must(cx, "type", |cx, n, p| {
         one_of(
             cx,
@@ -327,7 +442,11 @@ fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
     }
     if field_type != FieldType::Choice {
         if let Some(n) = f.get("options") {
-            cx.report(n.pos, &f.path("options"), "`options` are only for choice fields");
+            cx.report(
+                n.pos,
+                &f.path("options"),
+                "`options` are only for choice fields",
+            );
             ok = false;
         }
     }
@@ -338,7 +457,13 @@ fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
     if !ok {
         return None;
     }
-    Some(Field { field_type, required: required?.unwrap_or(false), options, default, description: description? })
+    Some(Field {
+        field_type,
+        required: required?.unwrap_or(false),
+        options,
+        default,
+        description: description?,
+    })
 }
 
 /// Whether a field's default has the field's type.
@@ -354,7 +479,9 @@ fn default_fits(
         FieldType::String => value.is_string(),
         FieldType::Number => value.is_number(),
         FieldType::Boolean => value.is_boolean(),
-        FieldType::Choice => value.as_str().is_some_and(|v| options.iter().any(|o| o == v)),
+        FieldType::Choice => value
+            .as_str()
+            .is_some_and(|v| options.iter().any(|o| o == v)),
     };
     if !fits {
         let wanted = match field_type {
@@ -368,17 +495,37 @@ fn default_fits(
     fits
 }
 
-fn decision(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<Decision> {
+fn decision(
+    cx: &mut Cx,
+    node: &YNode,
+    path: &str,
+    id: &str,
+    edges: &mut Vec<Edge>,
+) -> Option<Decision> {
     let f = mapping(cx, node, path, &["cases", "default"])?;
     let cases = f.must(cx, "cases", |cx, n, p| cases(cx, n, p, id, edges));
     let default = f.optional(cx, "default", node_ref);
     if let Some(Some((target, pos))) = &default {
-        edges.push(Edge { from: id.to_owned(), to: target.clone(), pos: *pos, path: f.path("default") });
+        edges.push(Edge {
+            from: id.to_owned(),
+            to: target.clone(),
+            pos: *pos,
+            path: f.path("default"),
+        });
     }
-    Some(Decision { cases: cases?, default: default?.map(|(t, _)| t) })
+    Some(Decision {
+        cases: cases?,
+        default: default?.map(|(t, _)| t),
+    })
 }
 
-fn cases(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<Vec<Case>> {
+fn cases(
+    cx: &mut Cx,
+    node: &YNode,
+    path: &str,
+    id: &str,
+    edges: &mut Vec<Edge>,
+) -> Option<Vec<Case>> {
     let Value::Seq(items) = &node.value else {
         type_error(cx, node, path, "a list of cases (`- { if: …, to: … }`)");
         return None;
@@ -403,13 +550,26 @@ fn case(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) 
     let condition = f.must(cx, "if", expression);
     let to = f.must(cx, "to", node_ref);
     if let Some((target, pos)) = &to {
-        edges.push(Edge { from: id.to_owned(), to: target.clone(), pos: *pos, path: f.path("to") });
+        edges.push(Edge {
+            from: id.to_owned(),
+            to: target.clone(),
+            pos: *pos,
+            path: f.path("to"),
+        });
     }
-    Some(Case { condition: condition?, to: to?.0 })
+    Some(Case {
+        condition: condition?,
+        to: to?.0,
+    })
 }
 
 fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
-    let f = mapping(cx, node, path, &["github", "draft", "body", "labels", "column"])?;
+    let f = mapping(
+        cx,
+        node,
+        path,
+        &["github", "draft", "body", "labels", "column"],
+    )?;
     let kind = f.must(cx, "github", |cx, n, p| {
         one_of(
             cx,
@@ -439,7 +599,11 @@ fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
     let mut ok = true;
     for key in ["draft", "body", "labels", "column"] {
         if let Some(n) = f.get(key).filter(|_| !allowed.contains(&key)) {
-            cx.report(n.pos, &f.path(key), format!("`{key}` does not apply to a {} output", kind_word(kind)));
+            cx.report(
+                n.pos,
+                &f.path(key),
+                format!("`{key}` does not apply to a {} output", kind_word(kind)),
+            );
             ok = false;
         }
     }
@@ -457,7 +621,13 @@ fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
     if !ok {
         return None;
     }
-    Some(Output { kind, draft: draft?.unwrap_or(false), body: body?, labels, column: column? })
+    Some(Output {
+        kind,
+        draft: draft?.unwrap_or(false),
+        body: body?,
+        labels,
+        column: column?,
+    })
 }
 
 fn kind_word(kind: OutputKind) -> &'static str {
@@ -471,13 +641,27 @@ fn kind_word(kind: OutputKind) -> &'static str {
 
 fn wait(cx: &mut Cx, node: &YNode, path: &str) -> Option<Wait> {
     let f = mapping(cx, node, path, &["for", "until", "event"])?;
-    let given: Vec<&Key> = f.keys().filter(|k| ["for", "until", "event"].contains(&k.name.as_str())).collect();
+    let given: Vec<&Key> = f
+        .keys()
+        .filter(|k| ["for", "until", "event"].contains(&k.name.as_str()))
+        .collect();
     if given.is_empty() {
-        cx.report(f.pos, path, "give one of `for` (a duration), `until` (an RFC 3339 time) or `event`");
+        cx.report(
+            f.pos,
+            path,
+            "give one of `for` (a duration), `until` (an RFC 3339 time) or `event`",
+        );
         return None;
     }
     for extra in given.iter().skip(1) {
-        cx.report(extra.pos, &f.path(&extra.name), format!("a wait has one of for, until, event, and this one already has `{}`", given[0].name));
+        cx.report(
+            extra.pos,
+            &f.path(&extra.name),
+            format!(
+                "a wait has one of for, until, event, and this one already has `{}`",
+                given[0].name
+            ),
+        );
     }
     let first = given[0].name.as_str();
     let wait = wait_kind(cx, &f, first);
@@ -497,7 +681,13 @@ fn wait_kind(cx: &mut Cx, f: &Fields<'_>, key: &str) -> Option<Wait> {
             match chrono::DateTime::parse_from_rfc3339(&text) {
                 Ok(t) => Some(Wait::Until(t.with_timezone(&chrono::Utc))),
                 Err(e) => {
-                    cx.report(node.pos, &path, format!("`{text}` is not an RFC 3339 time such as 2026-01-31T09:00:00Z ({e})"));
+                    cx.report(
+                        node.pos,
+                        &path,
+                        format!(
+                            "`{text}` is not an RFC 3339 time such as 2026-01-31T09:00:00Z ({e})"
+                        ),
+                    );
                     None
                 }
             }
@@ -513,7 +703,10 @@ fn workflow(cx: &mut Cx, node: &YNode, path: &str) -> Option<ChildWorkflow> {
         let inputs = entries(cx, n, p)?;
         let mut out = Some(BTreeMap::new());
         for (key, value) in inputs.entries {
-            match (template_text(cx, value, &inputs.path(&key.name)), out.as_mut()) {
+            match (
+                template_text(cx, value, &inputs.path(&key.name)),
+                out.as_mut(),
+            ) {
                 (Some(text), Some(map)) => {
                     map.entry(key.name.clone()).or_insert(text);
                 }
@@ -522,13 +715,26 @@ fn workflow(cx: &mut Cx, node: &YNode, path: &str) -> Option<ChildWorkflow> {
         }
         out
     });
-    Some(ChildWorkflow { name: name?, input: input?.unwrap_or_default() })
+    Some(ChildWorkflow {
+        name: name?,
+        input: input?.unwrap_or_default(),
+    })
 }
 
 fn end(cx: &mut Cx, node: &YNode, path: &str) -> Option<End> {
     if matches!(node.value, Value::Null) {
-        return Some(End { outcome: EndOutcome::Completed });
+        return Some(End {
+            outcome: EndOutcome::Completed,
+        });
     }
-    one_of(cx, node, path, &[("completed", EndOutcome::Completed), ("failed", EndOutcome::Failed)])
-        .map(|outcome| End { outcome })
+    one_of(
+        cx,
+        node,
+        path,
+        &[
+            ("completed", EndOutcome::Completed),
+            ("failed", EndOutcome::Failed),
+        ],
+    )
+    .map(|outcome| End { outcome })
 }

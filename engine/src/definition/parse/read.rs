@@ -25,7 +25,11 @@ impl Cx {
 }
 
 pub(super) fn join(path: &str, key: &str) -> String {
-    if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") }
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 /// How a value is named in "expected a string, found a list".
@@ -42,7 +46,11 @@ fn describe(value: &Value) -> &'static str {
 }
 
 pub(super) fn type_error(cx: &mut Cx, node: &Node, path: &str, expected: &str) {
-    cx.report(node.pos, path, format!("expected {expected}, found {}", describe(&node.value)));
+    cx.report(
+        node.pos,
+        path,
+        format!("expected {expected}, found {}", describe(&node.value)),
+    );
 }
 
 /// Where a missing key is reported: the mapping that lacks it.
@@ -60,7 +68,10 @@ pub(super) struct Fields<'a> {
 impl<'a> Fields<'a> {
     pub(super) fn get(&self, key: &str) -> Option<&'a Node> {
         // The first occurrence wins; later ones were reported as duplicates.
-        self.entries.iter().find(|(k, _)| k.name == key).map(|(_, v)| v)
+        self.entries
+            .iter()
+            .find(|(k, _)| k.name == key)
+            .map(|(_, v)| v)
     }
 
     pub(super) fn path(&self, key: &str) -> String {
@@ -112,18 +123,35 @@ pub(super) fn entries<'a>(cx: &mut Cx, node: &'a Node, path: &str) -> Option<Fie
     };
     for (i, (key, _)) in entries.iter().enumerate() {
         if entries[..i].iter().any(|(k, _)| k.name == key.name) {
-            cx.report(key.pos, &join(path, &key.name), format!("duplicate key `{}`", key.name));
+            cx.report(
+                key.pos,
+                &join(path, &key.name),
+                format!("duplicate key `{}`", key.name),
+            );
         }
     }
-    Some(Fields { path: path.to_owned(), pos: node.pos, entries })
+    Some(Fields {
+        path: path.to_owned(),
+        pos: node.pos,
+        entries,
+    })
 }
 
 /// Reads a mapping that may hold only the keys in `allowed`.
-pub(super) fn mapping<'a>(cx: &mut Cx, node: &'a Node, path: &str, allowed: &[&str]) -> Option<Fields<'a>> {
+pub(super) fn mapping<'a>(
+    cx: &mut Cx,
+    node: &'a Node,
+    path: &str,
+    allowed: &[&str],
+) -> Option<Fields<'a>> {
     let fields = entries(cx, node, path)?;
     for key in fields.keys() {
         if !allowed.contains(&key.name.as_str()) {
-            cx.report(key.pos, &join(path, &key.name), unknown_key(&key.name, allowed));
+            cx.report(
+                key.pos,
+                &join(path, &key.name),
+                unknown_key(&key.name, allowed),
+            );
         }
     }
     Some(fields)
@@ -183,7 +211,10 @@ pub(super) fn count(cx: &mut Cx, node: &Node, path: &str, min: u32) -> Option<u3
 
 /// An amount of money in US dollars, more than zero.
 pub(super) fn usd(cx: &mut Cx, node: &Node, path: &str) -> Option<f64> {
-    #[expect(clippy::cast_precision_loss, reason = "dollar amounts are far below 2^52")]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "dollar amounts are far below 2^52"
+    )]
     let amount = match node.value {
         Value::Int(n) => n as f64,
         Value::Float(f) => f,
@@ -251,13 +282,21 @@ pub(super) fn strings_at(cx: &mut Cx, node: &Node, path: &str) -> Option<Vec<(St
 }
 
 /// One of a fixed set of words.
-pub(super) fn one_of<T: Copy>(cx: &mut Cx, node: &Node, path: &str, options: &[(&str, T)]) -> Option<T> {
+pub(super) fn one_of<T: Copy>(
+    cx: &mut Cx,
+    node: &Node,
+    path: &str,
+    options: &[(&str, T)],
+) -> Option<T> {
     let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
     let Value::Str { text, .. } = &node.value else {
         type_error(cx, node, path, &format!("one of {}", names.join(", ")));
         return None;
     };
-    let found = options.iter().find(|(name, _)| name == text).map(|(_, v)| *v);
+    let found = options
+        .iter()
+        .find(|(name, _)| name == text)
+        .map(|(_, v)| *v);
     if found.is_none() {
         let message = match names.as_slice() {
             [only] => format!("must be `{only}`, not `{text}`"),
@@ -292,9 +331,10 @@ pub(super) fn scalar_json(cx: &mut Cx, node: &Node, path: &str) -> Option<serde_
 /// Where line `line` (1-based) of a string's text sits in the file, when that is known.
 pub(super) fn text_line_pos(node: &Node, line: Option<usize>) -> Pos {
     match (&node.value, line) {
-        (Value::Str { literal: true, .. }, Some(line)) if line >= 1 => {
-            Pos { line: node.pos.line + line - 1, col: node.pos.col }
-        }
+        (Value::Str { literal: true, .. }, Some(line)) if line >= 1 => Pos {
+            line: node.pos.line + line - 1,
+            col: node.pos.col,
+        },
         _ => node.pos,
     }
 }

@@ -1,0 +1,167 @@
+//! The one write path: all or nothing, gapless sequences, fencing, tenancy, schema checks.
+
+use std::time::Duration;
+
+use engine::ids::OrgId;
+use engine::state::step;
+use engine::store::steps::{self, Initial, NewStep};
+use engine::store::{runs, Actor, Change, StoreError};
+use engine::testkit::test_db;
+use serde_json::json;
+
+use crate::fixtures::{count, new_run, seed, submit, TWO_STEPS};
+
+#[tokio::test]
+async fn a_failure_mid_change_leaves_nothing_written() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let before_audit = count(&db.pool, "SELECT count(*) FROM audit_log").await;
+    // The audit insert is the third statement of a submit: run, event, then audit.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected'; END $$;
+         CREATE TRIGGER refuse BEFORE INSERT ON audit_log FOR EACH ROW EXECUTE FUNCTION refuse();",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let err = runs::submit(&mut ch, new_run(&s)).await.unwrap_err();
+    assert!(err.to_string().contains("injected"), "{err}");
+    drop(ch);
+
+    for table in ["runs", "run_events", "wakes", "steps"] {
+        assert_eq!(count(&db.pool, &format!("SELECT count(*) FROM {table}")).await, 0, "{table} kept a row");
+    }
+    sqlx::query("DROP TRIGGER refuse ON audit_log").execute(&db.pool).await.unwrap();
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM audit_log").await, before_audit);
+
+    // Without the fault the same change writes all four together.
+    let run = submit(&db.pool, &s).await;
+    let q = |t: &str| format!("SELECT count(*) FROM {t} WHERE run_id = '{}'", run.0);
+    assert_eq!(count(&db.pool, &q("runs")).await, 1);
+    assert_eq!(count(&db.pool, &q("run_events")).await, 1);
+    assert_eq!(count(&db.pool, &q("wakes")).await, 1);
+    assert_eq!(count(&db.pool, &format!("SELECT count(*) FROM audit_log WHERE target_id = '{run}'")).await, 1);
+    db.discard().await;
+}
+
+#[tokio::test]
+async fn event_sequences_have_no_gaps_under_eight_concurrent_writers() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let run = submit(&db.pool, &s).await;
+    let mut writers = Vec::new();
+    for w in 0..8u32 {
+        let (pool, org) = (db.pool.clone(), s.org);
+        writers.push(tokio::spawn(async move {
+            for i in 0..25u32 {
+                let mut ch = Change::begin(&pool, Actor::System).await.unwrap();
+                ch.lock_run(org, run).await.unwrap().unwrap();
+                let node = format!("w{w}");
+                let new = NewStep { node: &node, kind: "crew", visit: 1, attempt: i + 1, requires: vec![], initial: Initial::Pending, delay: Duration::ZERO };
+                steps::create(&mut ch, run, new).await.unwrap();
+                // Every third change rolls back: its sequence numbers must not leave a hole.
+                if i % 3 == 2 {
+                    drop(ch);
+                } else {
+                    ch.commit().await.unwrap();
+                }
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let seqs: Vec<i64> = sqlx::query_scalar("SELECT seq FROM run_events WHERE run_id = $1 ORDER BY seq").bind(run).fetch_all(&db.pool).await.unwrap();
+    let expected: Vec<i64> = (1..=seqs.len() as i64).collect();
+    assert_eq!(seqs, expected);
+    // 1 run.started + 8 writers × 17 committed changes.
+    assert_eq!(seqs.len(), 1 + 8 * 17);
+    db.discard().await;
+}
+
+#[tokio::test]
+async fn a_stale_holder_cannot_complete_a_step_it_lost() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let run = submit(&db.pool, &s).await;
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    ch.lock_run(s.org, run).await.unwrap().unwrap();
+    let new = NewStep { node: "a", kind: "crew", visit: 1, attempt: 1, requires: vec![], initial: Initial::Pending, delay: Duration::ZERO };
+    let step = steps::create(&mut ch, run, new).await.unwrap();
+    steps::lease(&mut ch, run, step, "engine:old").await.unwrap();
+    steps::start(&mut ch, run, step, "engine:old").await.unwrap();
+    ch.commit().await.unwrap();
+
+    // Recovery takes the step back.
+    let mut ch = Change::begin(&db.pool, Actor::Engine("other".into())).await.unwrap();
+    ch.lock_run(s.org, run).await.unwrap().unwrap();
+    let failure = steps::Failure::new("lease_expired", steps::FailureClass::Infrastructure);
+    steps::fail_leased(&mut ch, run, step, &failure).await.unwrap();
+    ch.commit().await.unwrap();
+
+    // The old holder's late success is refused and changes nothing.
+    let mut ch = Change::begin(&db.pool, Actor::Engine("old".into())).await.unwrap();
+    ch.lock_run(s.org, run).await.unwrap().unwrap();
+    let err = steps::succeed_held(&mut ch, run, step, "engine:old", &json!({})).await.unwrap_err();
+    assert!(matches!(err, StoreError::Stale(_)), "{err}");
+    drop(ch);
+    let state: String = sqlx::query_scalar("SELECT state FROM steps WHERE step_id = $1").bind(step).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(state, "failed");
+
+    // And a finished step cannot be moved by the engine's own typed moves either.
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    ch.lock_run(s.org, run).await.unwrap().unwrap();
+    let err = steps::succeed::<(step::Pending, step::Waiting)>(&mut ch, run, step, &json!({}), false).await.unwrap_err();
+    assert!(matches!(err, StoreError::Stale(_)), "{err}");
+    db.discard().await;
+}
+
+#[tokio::test]
+async fn a_terminal_run_never_moves_again() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let run = submit(&db.pool, &s).await;
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    runs::cancel(&mut ch, s.org, run, "cancelled by test").await.unwrap();
+    ch.commit().await.unwrap();
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let err = runs::cancel(&mut ch, s.org, run, "again").await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    drop(ch);
+    let (status, reason): (String, String) = sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(run).fetch_one(&db.pool).await.unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("cancelled", "cancelled by test"));
+    assert_eq!(count(&db.pool, &format!("SELECT count(*) FROM wakes WHERE run_id = '{}'", run.0)).await, 0);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn another_orgs_run_is_not_found() {
+    let db = test_db().await;
+    let a = seed(&db.pool, "acme", TWO_STEPS).await;
+    let run = submit(&db.pool, &a).await;
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    assert!(ch.lock_run(OrgId::mint(), run).await.unwrap().is_none());
+    let err = runs::cancel(&mut ch, OrgId::mint(), run, "x").await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound("run")), "{err}");
+    db.discard().await;
+}
+
+#[tokio::test]
+async fn a_schema_newer_than_the_code_is_refused() {
+    let db = test_db().await;
+    engine::db::check_schema(&db.pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99990101000000, 'from the future', true, '\\x00', 0)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let err = engine::db::migrate(&db.pool).await.unwrap_err();
+    assert!(err.to_string().contains("newer than this binary"), "{err}");
+    let err = engine::db::check_schema(&db.pool).await.unwrap_err();
+    assert!(err.to_string().contains("run a newer shopfloor release"), "{err}");
+    db.discard().await;
+}
