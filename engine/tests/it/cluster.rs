@@ -53,6 +53,16 @@ async fn cluster_starts_is_reused_and_keeps_data_across_restarts() {
         .await
         .unwrap();
     assert_eq!(fsync, "off");
+    if pg_stat_statements_installed() {
+        sqlx::query("CREATE EXTENSION pg_stat_statements")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_statements")
+            .fetch_one(&mut conn)
+            .await
+            .expect("pg_stat_statements is preloaded");
+    }
     sqlx::query("CREATE TABLE kept (x int)")
         .execute(&mut conn)
         .await
@@ -117,4 +127,13 @@ async fn stop_dir_without_a_cluster_is_fine() {
         durable: false,
     };
     cluster::stop_dir(&opts).unwrap();
+}
+
+/// Whether the machine's PostgreSQL has the pg_stat_statements library (Debian's layout).
+fn pg_stat_statements_installed() -> bool {
+    std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|v| v.path().join("lib/pg_stat_statements.so").is_file())
 }

@@ -9,10 +9,10 @@ use sqlx::PgPool;
 pub(crate) const TWO_STEPS: &str = "name: two-steps
 nodes:
   a:
-    crew: { harness: command, prompt: \"do a\" }
+    crew: { harness: claude-code, prompt: \"do a\" }
   b:
     after: [a]
-    crew: { harness: command, prompt: \"do b\" }
+    crew: { harness: claude-code, prompt: \"do b\" }
 ";
 
 pub(crate) struct Seed {
@@ -23,6 +23,9 @@ pub(crate) struct Seed {
 }
 
 pub(crate) async fn seed(pool: &PgPool, slug: &str, source: &str) -> Seed {
+    if let Err(problems) = engine::definition::parse(source) {
+        panic!("test workflow does not validate: {problems:?}");
+    }
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     let (org, _) = tenants::create_org(&mut ch, &Slug::parse(slug).unwrap(), slug, "owner@example.com").await.unwrap();
     let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "web").await.unwrap();

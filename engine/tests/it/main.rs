@@ -4,3 +4,4 @@ mod cluster;
 mod testkit;
 mod fixtures;
 mod store;
+mod engine;

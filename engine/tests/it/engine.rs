@@ -1,0 +1,167 @@
+//! The engine pool in this process, with the test executor: runs walk to their end, waits
+//! fire on time, approvals park and resume, cancel cascades, nothing is left behind.
+
+use std::time::Duration;
+
+use engine::executor::TestExecutor;
+use engine::ids::RunId;
+use engine::pool::{self, PoolConfig};
+use engine::store::{approvals, runs, Actor, Change};
+use engine::testkit::test_db;
+use serde_json::{json, Map};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::fixtures::{new_run, seed, Seed};
+
+pub(crate) const JOIN_AND_LOOP: &str = "name: join-and-loop
+nodes:
+  plan:
+    crew: { harness: claude-code, prompt: plan }
+  left:
+    after: [plan]
+    crew: { harness: claude-code, prompt: left }
+  right:
+    after: [plan]
+    crew: { harness: claude-code, prompt: right }
+  ci:
+    after: [left, right]
+    gate: { checks: [test], on_fail: left }
+  ship:
+    after: [ci]
+    output: { github: comment, body: done }
+";
+
+/// An engine running in this process until the returned token is cancelled.
+pub(crate) fn start_engine(db: &PgPool, url: &str, id: &str) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let cfg = PoolConfig {
+        id: id.to_owned(),
+        listen_url: url.to_owned(),
+        batch: 64,
+        max_in_flight: 64,
+        drain: Duration::from_secs(5),
+        test_executor: Some(TestExecutor { effects: None }),
+    };
+    tokio::spawn(pool::run(db.clone(), cfg, stop.clone(), stop.clone()));
+    stop
+}
+
+async fn submit_with(pool: &PgPool, s: &Seed, input: serde_json::Value) -> RunId {
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let mut new = new_run(s);
+    new.input = input;
+    let run = runs::submit(&mut ch, new).await.unwrap();
+    ch.commit().await.unwrap();
+    run
+}
+
+/// Waits (up to `limit`) until the run's status is not `running`; returns status and reason.
+pub(crate) async fn until_done(pool: &PgPool, run: RunId, limit: Duration) -> (String, Option<String>) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let row: (String, Option<String>) = sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(run).fetch_one(pool).await.unwrap();
+        if row.0 != "running" || tokio::time::Instant::now() > deadline {
+            return row;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn nodes_in_order(pool: &PgPool, run: RunId) -> Vec<String> {
+    sqlx::query_scalar("SELECT node || ':' || state FROM steps WHERE run_id = $1 ORDER BY started_seq").bind(run).fetch_all(pool).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_run_walks_a_join_and_a_gate_loop_to_completion() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", JOIN_AND_LOOP).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let run = submit_with(&db.pool, &s, json!({ "test": { "gate_fail_visits": [1] } })).await;
+    let (status, reason) = until_done(&db.pool, run, Duration::from_secs(20)).await;
+    assert_eq!((status.as_str(), reason), ("completed", None), "{:?}", nodes_in_order(&db.pool, run).await);
+    let steps = nodes_in_order(&db.pool, run).await;
+    assert_eq!(
+        steps,
+        ["plan:succeeded", "left:succeeded", "right:succeeded", "ci:failed", "left:succeeded", "ci:succeeded", "ship:succeeded"]
+    );
+    stop.cancel();
+    db.finish().await;
+}
+
+const WAIT: &str = "name: wait
+nodes:
+  nap:
+    wait: { for: 2s }
+";
+
+#[tokio::test]
+async fn a_wait_fires_within_50ms_of_its_due_time() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", WAIT).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let run = submit_with(&db.pool, &s, json!({})).await;
+    let (status, _) = until_done(&db.pool, run, Duration::from_secs(10)).await;
+    assert_eq!(status, "completed");
+    // Both timestamps come from the database clock.
+    let gap_ms: f64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM (ended_at - started_at)) * 1000)::float8 FROM steps WHERE run_id = $1 AND node = 'nap'",
+    )
+    .bind(run)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!((2000.0..2050.0).contains(&gap_ms), "the wait took {gap_ms} ms");
+    stop.cancel();
+    db.finish().await;
+}
+
+const APPROVAL: &str = "name: approve
+nodes:
+  ask:
+    approval:
+      prompt: Ship it?
+      fields: { ticket: { type: string, required: true } }
+  ship:
+    after: [ask]
+    output: { github: comment, body: done }
+";
+
+#[tokio::test]
+async fn an_approval_parks_the_run_until_answered_with_its_fields() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", APPROVAL).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let run = submit_with(&db.pool, &s, json!({})).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while nodes_in_order(&db.pool, run).await != ["ask:waiting"] {
+        assert!(tokio::time::Instant::now() < deadline, "never reached the approval");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let err = approvals::approve(&mut ch, s.org, run, "ask", &Map::new()).await.unwrap_err();
+    assert!(err.to_string().contains("approval field \"ticket\" is required"), "{err}");
+    drop(ch);
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let answer = json!({ "ticket": "T-1" }).as_object().cloned().unwrap();
+    approvals::approve(&mut ch, s.org, run, "ask", &answer).await.unwrap();
+    ch.commit().await.unwrap();
+    let (status, _) = until_done(&db.pool, run, Duration::from_secs(10)).await;
+    assert_eq!(status, "completed");
+    let output: serde_json::Value = sqlx::query_scalar("SELECT output FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(output, json!({ "ticket": "T-1" }));
+
+    // A second run is rejected: cancelled with the reason, nothing after the approval runs.
+    let run = submit_with(&db.pool, &s, json!({})).await;
+    while nodes_in_order(&db.pool, run).await != ["ask:waiting"] {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    approvals::reject(&mut ch, s.org, run, "ask", Some("not now")).await.unwrap();
+    ch.commit().await.unwrap();
+    let (status, reason) = until_done(&db.pool, run, Duration::from_secs(10)).await;
+    assert_eq!((status.as_str(), reason.as_deref()), ("cancelled", Some("rejected at ask: not now")));
+    assert_eq!(nodes_in_order(&db.pool, run).await, ["ask:failed"]);
+    stop.cancel();
+    db.finish().await;
+}
