@@ -255,8 +255,11 @@ CREATE TABLE run_events (
     run_id      uuid NOT NULL REFERENCES runs ON DELETE CASCADE,
     -- Gapless per run.
     seq         bigint NOT NULL,
-    -- Ordered per project, for SSE's Last-Event-ID.
+    -- Unique across runs. Readers of a project's stream order by (xid, event_id) and read only
+    -- below the oldest running transaction (pg_snapshot_xmin), so no event can appear later
+    -- behind a reader's position (Last-Event-ID).
     event_id    bigint GENERATED ALWAYS AS IDENTITY,
+    xid         xid8 NOT NULL DEFAULT pg_current_xact_id(),
     at          timestamptz NOT NULL DEFAULT now(),
     kind        text NOT NULL,
     step_id     uuid,
@@ -264,7 +267,8 @@ CREATE TABLE run_events (
     attrs       jsonb NOT NULL DEFAULT '{}',
     PRIMARY KEY (run_id, seq)
 );
-CREATE INDEX run_events_by_project ON run_events (org_id, project_id, event_id);
+CREATE INDEX run_events_by_project ON run_events (org_id, project_id, xid, event_id);
+CREATE INDEX run_events_by_xid ON run_events (xid, event_id);
 
 CREATE TABLE audit_log (
     org_id       uuid NOT NULL REFERENCES orgs,

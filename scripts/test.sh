@@ -43,6 +43,9 @@ install_pg_server() {
     have_pg_server || die "apt-get installed postgresql but its server binaries are still not found"
 }
 
+# Builds never read the test database: sqlx's macros use the offline `.sqlx/` cache.
+export SQLX_OFFLINE=${SQLX_OFFLINE:-true}
+
 if ! cargo nextest --version >/dev/null 2>&1; then
     say "installing cargo-nextest"
     cargo install --locked cargo-nextest
@@ -82,6 +85,8 @@ if [[ -z ${DATABASE_URL:-} ]]; then
     rm -rf "$cluster_dir"
     started=$SECONDS
     DATABASE_URL=$("$shopfloor" admin cluster start --data-dir "$cluster_dir")
+    [[ $DATABASE_URL == postgres://* ]] ||
+        die "\`$shopfloor admin cluster start\` printed no database URL (got '$DATABASE_URL')"
     export DATABASE_URL
     say "throwaway PostgreSQL at $DATABASE_URL (started in $((SECONDS - started)) s)"
 fi

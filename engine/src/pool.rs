@@ -28,7 +28,7 @@ use crate::executor::TestExecutor;
 use crate::ids::{RunId, StepId};
 use crate::state::{run, StepState};
 use crate::store::steps::{self, Failure};
-use crate::store::{runs, Actor, Change, StoreError, NOTIFY_CHANNEL};
+use crate::store::{runs, Actor, Change, Notice, StoreError, NOTIFY_CHANNEL};
 
 /// How often a holder renews the lease of a step it executes.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -153,15 +153,14 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
             }
             Some(_) = pool.tasks.join_next(), if !pool.tasks.is_empty() => {}
             n = next_notification(&mut listener) => match n {
-                Ok(Some(n)) => {
-                    let delay = Duration::from_millis(n.payload().parse().unwrap_or(0));
-                    if delay.is_zero() {
-                        scan = true;
-                    } else {
+                Ok(Some(n)) => match Notice::parse(n.payload()) {
+                    Notice::Wake(delay) if delay.is_zero() => scan = true,
+                    Notice::Wake(delay) => {
                         let at = Instant::now() + delay;
                         timer = Some(timer.map_or(at, |t| t.min(at)));
                     }
-                }
+                    Notice::Events => {}
+                },
                 Ok(None) => {
                     // The connection dropped and will reconnect: notifications may be lost.
                     tracing::warn!("LISTEN connection lost; rescanning once");

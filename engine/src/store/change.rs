@@ -10,9 +10,30 @@ use sqlx::{PgPool, Postgres, Row, Transaction};
 use super::{Result, StoreError};
 use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
 
-/// The channel engines and API replicas `LISTEN` on. The payload is the delay in milliseconds
-/// until the earliest wake the transaction wrote (0 when due now).
+/// The channel engines and API replicas `LISTEN` on. The payload is `w<ms>`, the delay until
+/// the earliest wake the transaction wrote for another process (`w0` when due now), or `e`
+/// when it only wrote run events (for the event streams; engines ignore it).
 pub const NOTIFY_CHANNEL: &str = "shopfloor_wakes";
+
+/// What a notification says, parsed from its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// A wake falls due after this delay.
+    Wake(Duration),
+    /// New run events, nothing for engines.
+    Events,
+}
+
+impl Notice {
+    pub fn parse(payload: &str) -> Notice {
+        match payload.strip_prefix('w').and_then(|ms| ms.parse().ok()) {
+            Some(ms) => Notice::Wake(Duration::from_millis(ms)),
+            None if payload == "e" => Notice::Events,
+            // An unknown payload: look, rather than miss a wake.
+            None => Notice::Wake(Duration::ZERO),
+        }
+    }
+}
 
 /// Who makes a change, for the audit log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,11 +89,12 @@ pub struct Change {
     runs: HashMap<RunId, RunCtx>,
     /// The smallest delay of a wake written for another process to see.
     notify_delay: Option<Duration>,
+    wrote_events: bool,
 }
 
 impl Change {
     pub async fn begin(pool: &PgPool, actor: Actor) -> Result<Change> {
-        Ok(Change { tx: pool.begin().await?, actor, runs: HashMap::new(), notify_delay: None })
+        Ok(Change { tx: pool.begin().await?, actor, runs: HashMap::new(), notify_delay: None, wrote_events: false })
     }
 
     pub fn actor(&self) -> &Actor {
@@ -148,6 +170,7 @@ impl Change {
         let ctx = self.runs.get_mut(&run).ok_or_else(|| StoreError::Invalid(format!("event on {run} without its row lock")))?;
         let seq = ctx.next_seq;
         ctx.next_seq += 1;
+        self.wrote_events = true;
         let (org, project) = (ctx.org, ctx.project);
         sqlx::query(
             "INSERT INTO run_events (org_id, project_id, run_id, seq, kind, step_id, node, attrs) \
@@ -247,7 +270,7 @@ impl Change {
     }
 
     /// Stores the advanced sequence counters and commits, with one `NOTIFY` when a wake was
-    /// written for another process.
+    /// written for another process or events were appended (the streams follow them).
     pub async fn commit(mut self) -> Result<()> {
         for ctx in self.runs.values() {
             if ctx.next_seq != ctx.first_seq {
@@ -258,12 +281,12 @@ impl Change {
                     .await?;
             }
         }
-        if let Some(delay) = self.notify_delay {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(NOTIFY_CHANNEL)
-                .bind(delay.as_millis().to_string())
-                .execute(&mut *self.tx)
-                .await?;
+        let payload = match self.notify_delay {
+            Some(delay) => Some(format!("w{}", delay.as_millis())),
+            None => self.wrote_events.then(|| "e".to_owned()),
+        };
+        if let Some(payload) = payload {
+            sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(payload).execute(&mut *self.tx).await?;
         }
         self.tx.commit().await?;
         Ok(())

@@ -17,7 +17,7 @@ pub mod steps;
 pub mod tenants;
 pub mod workflows;
 
-pub use change::{Actor, Change, RunCtx, NOTIFY_CHANNEL};
+pub use change::{Actor, Change, Notice, RunCtx, NOTIFY_CHANNEL};
 
 /// What a store operation can refuse, besides a database error.
 #[derive(Debug, thiserror::Error)]
