@@ -1,1 +1,191 @@
+//! Helpers for end-to-end tests across real processes: the `shopfloor` binary, engine
+//! processes on a test database, and waiting on the database for what they did.
 
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use engine::ids::RunId;
+use engine::store::runs::{self, NewRun};
+use engine::store::{tenants, workflows, Actor, Change};
+use sqlx::PgPool;
+
+/// The `shopfloor` binary of this build (`make test` builds it first).
+pub fn shopfloor_bin() -> PathBuf {
+    if let Ok(bin) = std::env::var("SHOPFLOOR_BIN") {
+        return PathBuf::from(bin);
+    }
+    // target/<profile>/deps/e2e-<hash> → target/<profile>/shopfloor
+    let exe = std::env::current_exe().expect("the test binary knows its path");
+    let bin = exe.parent().and_then(Path::parent).map(|dir| dir.join("shopfloor")).expect("target/<profile>/");
+    assert!(bin.exists(), "{} is not built: run `cargo build --bin shopfloor` (make test does)", bin.display());
+    bin
+}
+
+/// A `shopfloor engine` process with the test executor; killed when dropped.
+pub struct EngineProcess {
+    pub child: Child,
+    pub id: String,
+}
+
+impl EngineProcess {
+    pub fn start(database_url: &str, id: &str, effects: &Path) -> EngineProcess {
+        let child = Command::new(shopfloor_bin())
+            .args(["engine", "--test-executor", "--engine-id", id, "--log", "warn"])
+            .arg("--test-effects")
+            .arg(effects)
+            .env("DATABASE_URL", database_url)
+            .env("SHOPFLOOR_DRAIN_SECS", "5")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn shopfloor engine");
+        EngineProcess { child, id: id.to_owned() }
+    }
+
+    /// SIGKILL: no drain, no goodbye.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for the drain to finish.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: sending a signal to our own child process by its pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        self.child.wait().expect("wait for the engine")
+    }
+}
+
+impl Drop for EngineProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill();
+        }
+    }
+}
+
+/// An org, a project and one workflow version, written through the store.
+pub struct Seed {
+    pub org: engine::ids::OrgId,
+    pub project: engine::ids::ProjectId,
+    pub workflow: engine::ids::WorkflowId,
+    pub version: i32,
+}
+
+pub async fn seed(pool: &PgPool, source: &str) -> Seed {
+    if let Err(problems) = engine::definition::parse(source) {
+        panic!("test workflow does not validate: {problems:?}");
+    }
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let (org, _) = tenants::create_org(&mut ch, &engine::ids::Slug::parse("acme").unwrap(), "acme", "o@example.com").await.unwrap();
+    let project = tenants::create_project(&mut ch, org, &engine::ids::Slug::parse("web").unwrap(), "web").await.unwrap();
+    let (workflow, version) = workflows::put_version(&mut ch, org, project, "wf", source).await.unwrap();
+    ch.commit().await.unwrap();
+    Seed { org, project, workflow, version }
+}
+
+/// Submits `n` runs with `input`, 100 per transaction.
+pub async fn submit_many(pool: &PgPool, s: &Seed, n: usize, input: serde_json::Value) -> Vec<RunId> {
+    let mut ids = Vec::with_capacity(n);
+    while ids.len() < n {
+        let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+        for _ in 0..(n - ids.len()).min(100) {
+            let new = NewRun {
+                org: s.org,
+                project: s.project,
+                workflow: s.workflow,
+                version: s.version,
+                input: input.clone(),
+                item: None,
+                trigger_event: None,
+                parent: None,
+                dry_run: false,
+                needs_approval: false,
+                source: None,
+            };
+            ids.push(runs::submit(&mut ch, new).await.unwrap());
+        }
+        ch.commit().await.unwrap();
+    }
+    ids
+}
+
+pub async fn scalar(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Waits until no run is `running`, up to `limit`; returns how many still are.
+pub async fn until_all_done(pool: &PgPool, limit: Duration) -> i64 {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        // The test process reads; the engines never poll.
+        let left = match sqlx::query_scalar::<_, i64>("SELECT count(*) FROM runs WHERE status = 'running'").fetch_one(pool).await {
+            Ok(n) => n,
+            Err(_) => i64::MAX,
+        };
+        if left == 0 || tokio::time::Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The invariants every engine test ends with, as counts that must all be zero.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Invariants {
+    /// Runs not terminal, or not completed.
+    pub runs_lost: i64,
+    /// A step id executed twice, or two attempts of one visit both succeeded.
+    pub effects_doubled: i64,
+    /// Runs whose event sequence is not exactly 1..n.
+    pub event_gaps: i64,
+    /// Step events without the audit entry of the same change.
+    pub audit_missing: i64,
+    /// Steps still leased or running.
+    pub steps_held: i64,
+}
+
+pub async fn check_invariants(pool: &PgPool, effects: &Path) -> Invariants {
+    let runs_lost = scalar(pool, "SELECT count(*) FROM runs WHERE status <> 'completed'").await;
+    let text = std::fs::read_to_string(effects).unwrap_or_default();
+    let mut seen = std::collections::HashSet::new();
+    let mut doubled = text.lines().filter(|l| !seen.insert(l.split(' ').next().unwrap_or_default().to_owned())).count() as i64;
+    doubled += scalar(
+        pool,
+        "SELECT count(*) FROM (SELECT 1 FROM steps WHERE state = 'succeeded' GROUP BY run_id, node, visit HAVING count(*) > 1) d",
+    )
+    .await;
+    let event_gaps = scalar(
+        pool,
+        "SELECT count(*) FROM (SELECT run_id FROM run_events GROUP BY run_id HAVING min(seq) <> 1 OR max(seq) <> count(*)) g",
+    )
+    .await;
+    // Each step event is written with one audit entry on the same step, so per step the two
+    // counts are equal.
+    let step_events: Vec<(uuid::Uuid, i64)> =
+        sqlx::query_as("SELECT step_id, count(*) FROM run_events WHERE step_id IS NOT NULL AND kind LIKE 'step.%' GROUP BY step_id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let audits: std::collections::HashMap<String, i64> =
+        sqlx::query_as::<_, (String, i64)>("SELECT target_id, count(*) FROM audit_log WHERE target_kind = 'step' GROUP BY target_id")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let audit_missing = step_events
+        .iter()
+        .filter(|(step, events)| audits.get(&engine::ids::StepId(*step).to_string()).copied().unwrap_or(0) < *events)
+        .count() as i64;
+    let steps_held = scalar(pool, "SELECT count(*) FROM steps WHERE state IN ('leased', 'running')").await;
+    Invariants { runs_lost, effects_doubled: doubled, event_gaps, audit_missing, steps_held }
+}
+
+/// The effects file's lines (one per executed step attempt).
+pub fn effects_count(effects: &Path) -> usize {
+    std::fs::read_to_string(effects).map(|t| t.lines().count()).unwrap_or(0)
+}

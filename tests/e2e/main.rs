@@ -1,1 +1,3 @@
+//! End-to-end tests across processes: real `shopfloor engine` processes on a test database.
 
+mod engine_pool;

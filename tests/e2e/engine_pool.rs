@@ -1,0 +1,150 @@
+//! The engine pool as real processes: throughput with two engines, recovery after SIGKILL, a
+//! PostgreSQL restart, and an idle pool that sends nothing.
+
+use std::time::Duration;
+
+use engine::cluster::{self, ClusterOptions};
+use engine::testkit::test_db;
+use serde_json::json;
+use shopfloor_tests::{check_invariants, effects_count, scalar, seed, submit_many, until_all_done, EngineProcess, Invariants};
+
+/// Five nodes: a fan-out, a join, a gate that loops back once, an output.
+const JOIN_AND_LOOP: &str = "name: join-and-loop
+nodes:
+  plan:
+    crew: { harness: claude-code, prompt: plan }
+  left:
+    after: [plan]
+    crew: { harness: claude-code, prompt: left }
+  right:
+    after: [plan]
+    crew: { harness: claude-code, prompt: right }
+  ci:
+    after: [left, right]
+    gate: { checks: [test], on_fail: left }
+  ship:
+    after: [ci]
+    output: { github: comment, body: shipped }
+";
+
+/// Steps per run: plan, left, right, ci (fails), left, ci, ship.
+const STEPS_PER_RUN: i64 = 7;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_engine_processes_complete_a_thousand_runs_exactly_once() {
+    let db = test_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects");
+    let s = seed(&db.pool, JOIN_AND_LOOP).await;
+    let _a = EngineProcess::start(&db.url, "a", &effects);
+    let _b = EngineProcess::start(&db.url, "b", &effects);
+    submit_many(&db.pool, &s, 1000, json!({ "test": { "gate_fail_visits": [1] } })).await;
+
+    assert_eq!(until_all_done(&db.pool, Duration::from_secs(300)).await, 0, "runs still running");
+    assert_eq!(check_invariants(&db.pool, &effects).await, Invariants::default());
+    assert_eq!(scalar(&db.pool, "SELECT count(*) FROM steps").await, 1000 * STEPS_PER_RUN);
+    assert_eq!(effects_count(&effects) as i64, 1000 * STEPS_PER_RUN);
+    // Both processes did part of the work.
+    let by_engine: Vec<(String, i64)> = sqlx::query_as("SELECT holder, count(*) FROM steps WHERE holder IS NOT NULL GROUP BY holder ORDER BY holder")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(by_engine.len(), 2, "{by_engine:?}");
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_engines_leased_steps_are_recovered_by_the_other() {
+    let db = test_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects");
+    let s = seed(&db.pool, JOIN_AND_LOOP).await;
+    let mut victim = EngineProcess::start(&db.url, "victim", &effects);
+    // Each step takes 3 s, so the victim is sure to hold leased steps when it dies.
+    submit_many(&db.pool, &s, 20, json!({ "test": { "step_ms": 3000, "gate_fail_visits": [1] } })).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while scalar(&db.pool, "SELECT count(*) FROM steps WHERE state = 'running' AND holder = 'engine:victim'").await < 20 {
+        assert!(tokio::time::Instant::now() < deadline, "the victim never held 20 steps");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    victim.kill();
+    let _survivor = EngineProcess::start(&db.url, "survivor", &effects);
+
+    assert_eq!(until_all_done(&db.pool, Duration::from_secs(180)).await, 0, "runs still running");
+    assert_eq!(check_invariants(&db.pool, &effects).await, Invariants::default());
+    let expired = scalar(&db.pool, "SELECT count(*) FROM steps WHERE reason = 'lease_expired' AND holder = 'engine:victim'").await;
+    assert_eq!(expired, 20, "each step the victim held ends as lease_expired");
+    // Recovered within the lease and its grace (45 s) plus a little.
+    let slowest: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM max(ended_at - started_at))::float8 FROM steps WHERE reason = 'lease_expired'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(slowest < 50.0, "a held step took {slowest} s to be taken back");
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn engines_reconnect_after_a_postgres_restart_and_finish_every_run() {
+    // A cluster of this test's own: restarting the shared one would break other tests.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let opts = ClusterOptions { data_dir: dir.path().join("cluster"), durable: false };
+    let pg = cluster::ensure_running(&opts).await.unwrap();
+    let pool = engine::db::connect(&pg.url, 4).await.unwrap();
+    engine::db::migrate(&pool).await.unwrap();
+    let effects = dir.path().join("effects");
+    let s = seed(&pool, JOIN_AND_LOOP).await;
+    let _a = EngineProcess::start(&pg.url, "a", &effects);
+    let _b = EngineProcess::start(&pg.url, "b", &effects);
+    submit_many(&pool, &s, 200, json!({ "test": { "step_ms": 50, "gate_fail_visits": [1] } })).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(scalar(&pool, "SELECT count(*) FROM runs WHERE status = 'running'").await > 0, "restart should happen mid-flight");
+
+    pool.close().await;
+    pg.stop().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pg = cluster::ensure_running(&opts).await.unwrap();
+    let pool = engine::db::connect(&pg.url, 4).await.unwrap();
+
+    assert_eq!(until_all_done(&pool, Duration::from_secs(180)).await, 0, "runs still running after the restart");
+    assert_eq!(check_invariants(&pool, &effects).await, Invariants::default());
+    pool.close().await;
+    pg.stop().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_pool_sends_no_statements() {
+    let db = test_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects");
+    let s = seed(&db.pool, JOIN_AND_LOOP).await;
+    let _a = EngineProcess::start(&db.url, "a", &effects);
+    let _b = EngineProcess::start(&db.url, "b", &effects);
+    submit_many(&db.pool, &s, 10, json!({ "test": { "gate_fail_visits": [1] } })).await;
+    assert_eq!(until_all_done(&db.pool, Duration::from_secs(60)).await, 0);
+    // Let the last commits' statistics reach the shared counters.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Counted by pg_stat_statements from another database, so neither the counting nor
+    // autovacuum's own transactions on the test database are counted.
+    let admin = engine::db::connect(&std::env::var("DATABASE_URL").unwrap(), 1).await.unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&admin).await.unwrap();
+    let calls = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)",
+        )
+        .bind(&db.name)
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+    };
+    let before = calls().await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let after = calls().await;
+    assert!(before > 0, "pg_stat_statements saw none of the engines' statements");
+    assert_eq!(after - before, 0, "the idle pool sent {} statements in 30 s", after - before);
+    admin.close().await;
+    db.finish().await;
+}
