@@ -1,10 +1,14 @@
 //! The test executor: what runs crew, gate and output steps inside an engine until hosts and
 //! the GitHub integration take them over, and in tests and benchmarks.
 //!
-//! It does no work. It sleeps `input.test.step_ms`, fails a gate when its visit is listed in
-//! `input.test.gate_fail_visits`, and appends one line per execution to an effects file, so a
-//! test can prove that no attempt ran twice. Engines only use it when started with
-//! `--test-executor`; without it, these steps wait for their real executors.
+//! It does no work. It sleeps `input.test.step_ms` (a number for every step, or an object
+//! from node to milliseconds), fails a gate when its visit is listed in
+//! `input.test.gate_fail_visits`, fails the first attempts of a node as a command would
+//! (`input.test.fail_attempts: { <node>: <n> }` fails attempts 1 to n of each visit with exit
+//! code `input.test.exit_code`, 1 by default, so `retry:` and its `exit_codes` can be
+//! exercised), and appends one line per execution to an effects file, so a test can prove that
+//! no attempt ran twice. Engines only use it when started with `--test-executor`; without it,
+//! these steps wait for their real executors.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -24,7 +28,7 @@ pub struct TestExecutor {
 impl TestExecutor {
     pub async fn execute(&self, job: &ToExecute, holder: &str) -> Result<Value, Failure> {
         let test = job.input.get("test").cloned().unwrap_or(Value::Null);
-        let ms = test.get("step_ms").and_then(Value::as_u64).unwrap_or(0);
+        let ms = step_ms(&test, &job.node);
         if ms > 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
@@ -39,6 +43,9 @@ impl TestExecutor {
                 return Err(Failure::new(format!("test executor cannot record its effect: {e}"), FailureClass::Infrastructure));
             }
         }
+        if let Some(failure) = failed_attempt(&test, job) {
+            return Err(failure);
+        }
         let fail_visits = test.get("gate_fail_visits").and_then(Value::as_array);
         if job.kind == "gate" && fail_visits.is_some_and(|v| v.iter().any(|x| x.as_i64() == Some(i64::from(job.visit)))) {
             return Err(Failure::new("gate_failed", FailureClass::Ordinary));
@@ -49,4 +56,24 @@ impl TestExecutor {
             "files_changed": test.get("files_changed").cloned().unwrap_or(json!(1)),
         }))
     }
+}
+
+/// How long the step pretends to work: `step_ms` for every node, or `step_ms.<node>`.
+fn step_ms(test: &Value, node: &str) -> u64 {
+    match test.get("step_ms") {
+        Some(Value::Object(per_node)) => per_node.get(node).and_then(Value::as_u64).unwrap_or(0),
+        Some(ms) => ms.as_u64().unwrap_or(0),
+        None => 0,
+    }
+}
+
+/// The failure `input.test.fail_attempts` asks for on this attempt, if any: an ordinary
+/// failure with an exit code, as a harness or command that exited non-zero reports it.
+fn failed_attempt(test: &Value, job: &ToExecute) -> Option<Failure> {
+    let fail_first = test.get("fail_attempts")?.get(&job.node)?.as_i64()?;
+    if i64::from(job.attempt) > fail_first {
+        return None;
+    }
+    let code = test.get("exit_code").and_then(Value::as_i64).and_then(|c| i32::try_from(c).ok()).unwrap_or(1);
+    Some(Failure { reason: format!("exit_code:{code}"), class: FailureClass::Ordinary, exit_code: Some(code) })
 }

@@ -11,6 +11,7 @@ pub mod ids;
 pub mod pool;
 pub mod state;
 pub mod store;
+pub mod substate;
 pub mod walk;
 
 #[cfg(feature = "testkit")]

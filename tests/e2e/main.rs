@@ -1,3 +1,4 @@
 //! End-to-end tests across processes: real `shopfloor engine` processes on a test database.
 
 mod engine_pool;
+mod serve;

@@ -10,6 +10,7 @@
 //! `Change` (`Change::lock_run`), so two writers never interleave on one run and event
 //! sequence numbers cannot skip or repeat.
 
+pub mod api_writes;
 pub mod approvals;
 mod change;
 pub mod runs;

@@ -1,0 +1,198 @@
+//! `ApiError`: every way a request can fail, in one enum with one `match` that gives the
+//! status and the problem `type`. Bodies are RFC 9457 `application/problem+json`.
+//!
+//! A 5xx never shows its cause: the client reads "internal error" and the cause travels in a
+//! response extension to the `log_failures` middleware, which logs it once with the request.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use engine::store::StoreError;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The base of every problem `type` URI; the kind follows it.
+pub const PROBLEM_BASE: &str = "https://shopfloor.dev/problems/";
+
+/// An RFC 9457 problem.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema)]
+pub struct Problem {
+    /// A stable URI per kind of error, e.g. `https://shopfloor.dev/problems/not-found`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short summary of the kind of error; the same for every occurrence.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong with this request.
+    pub detail: String,
+    /// For an invalid workflow: every problem found, with its place in the YAML.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problems: Option<Vec<WorkflowProblem>>,
+}
+
+/// One problem of a workflow definition.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema, PartialEq, Eq)]
+pub struct WorkflowProblem {
+    /// 1-based line; 0 when the problem is about the whole file.
+    pub line: usize,
+    /// 1-based column.
+    pub col: usize,
+    /// Where in the document, e.g. `nodes.build.after[0]`.
+    pub path: String,
+    pub message: String,
+}
+
+impl From<&engine::definition::Problem> for WorkflowProblem {
+    fn from(p: &engine::definition::Problem) -> Self {
+        WorkflowProblem { line: p.line, col: p.col, path: p.path.clone(), message: p.message.clone() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed input: a body that is not the JSON we expect, a bad query or path parameter.
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    /// Also what an id of another org gets: its existence is not revealed.
+    #[error("{0}")]
+    NotFound(String),
+    #[error("this route does not accept that method")]
+    MethodNotAllowed,
+    #[error("{0}")]
+    Conflict(String),
+    #[error("the request body is larger than {} bytes", super::BODY_LIMIT)]
+    PayloadTooLarge,
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// Well-formed input that the domain refuses.
+    #[error("{0}")]
+    Unprocessable(String),
+    #[error("the workflow does not validate: {} problem(s)", .0.len())]
+    InvalidWorkflow(Vec<WorkflowProblem>),
+    #[error("this Idempotency-Key was used with another request")]
+    IdempotencyKeyReused,
+    #[error("{0}")]
+    Unavailable(String),
+    /// The cause is logged, never sent.
+    #[error("internal error")]
+    Internal(String),
+}
+
+/// The cause of a 5xx, carried to the logging middleware in the response's extensions.
+#[derive(Debug, Clone)]
+pub struct InternalCause(pub String);
+
+impl ApiError {
+    pub fn internal(e: impl std::fmt::Display) -> ApiError {
+        ApiError::Internal(e.to_string())
+    }
+
+    /// Status, problem kind and title: the one match.
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
+            ApiError::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
+            ApiError::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type"),
+            ApiError::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", "Unprocessable request"),
+            ApiError::InvalidWorkflow(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-workflow", "Invalid workflow"),
+            ApiError::IdempotencyKeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency key reused"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    pub fn problem(&self) -> Problem {
+        let (status, kind, title) = self.parts();
+        let problems = match self {
+            ApiError::InvalidWorkflow(p) => Some(p.clone()),
+            _ => None,
+        };
+        Problem { kind: format!("{PROBLEM_BASE}{kind}"), title: title.to_owned(), status: status.as_u16(), detail: engine::store::cap(&self.to_string()), problems }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
+        let status = self.status();
+        let body = serde_json::to_vec(&problem).unwrap_or_else(|_| b"{}".to_vec());
+        let mut response = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"))], body).into_response();
+        match self {
+            ApiError::Internal(cause) => {
+                response.extensions_mut().insert(InternalCause(cause));
+            }
+            ApiError::Unauthorized(_) => {
+                response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
+            StoreError::Stale(m) | StoreError::Conflict(m) => ApiError::Conflict(m),
+            StoreError::Invalid(m) => ApiError::Unprocessable(m),
+            StoreError::Sql(e) => e.into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        // Constraint violations are races the checks before them could not see (two creates
+        // with one name): the client's conflict, not our failure.
+        if let sqlx::Error::Database(db) = &e {
+            match db.code().as_deref() {
+                Some("23505") => return ApiError::Conflict("it already exists".into()),
+                Some("23503") => return ApiError::Conflict("it refers to something that no longer exists".into()),
+                _ => {}
+            }
+        }
+        ApiError::Internal(e.to_string())
+    }
+}
+
+/// An RFC 9457 problem response, for callers outside the REST API (health checks).
+pub fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response {
+    let body = Problem { kind: format!("{PROBLEM_BASE}{kind}"), title: title.to_owned(), status: status.as_u16(), detail: detail.to_owned(), problems: None };
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"))], bytes).into_response()
+}
+
+/// Logs the cause of each 5xx once, with the request it answered.
+pub async fn log_failures(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    if let Some(InternalCause(cause)) = response.extensions().get::<InternalCause>() {
+        tracing::error!(http.method = %method, http.path = %path, error = %cause, "request failed");
+    }
+    response
+}
+
+/// Answers a route that exists with the wrong method.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// Answers a path that names no route.
+pub async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}

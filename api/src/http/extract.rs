@@ -1,0 +1,157 @@
+//! Extractors whose rejection is an [`ApiError`], so malformed input gets our problem shape
+//! rather than axum's plain-text answers: JSON bodies (unknown fields refused where the type
+//! says `deny_unknown_fields`), optional JSON bodies, workflow sources (YAML or JSON), path
+//! and query parameters, and the `Idempotency-Key` header.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::error::ApiError;
+
+fn body_error(rejection: BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge
+    } else {
+        ApiError::BadRequest(format!("cannot read the request body: {}", rejection.body_text()))
+    }
+}
+
+fn content_type(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    Some(value.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+}
+
+fn is_json(ct: &str) -> bool {
+    ct == "application/json" || (ct.starts_with("application/") && ct.ends_with("+json"))
+}
+
+/// Parses JSON, naming what is wrong (with its line and column) in a 400.
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+}
+
+/// A JSON request body.
+pub struct Json<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match content_type(req.headers()) {
+            Some(ct) if is_json(&ct) => {}
+            Some(ct) => return Err(ApiError::UnsupportedMediaType(format!("expected application/json, got `{}`", engine::store::cap(&ct)))),
+            None => return Err(ApiError::UnsupportedMediaType("expected a JSON body with Content-Type: application/json".into())),
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(body_error)?;
+        parse_json(&bytes).map(Json)
+    }
+}
+
+impl<T: Serialize> IntoResponse for Json<T> {
+    fn into_response(self) -> Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+/// A JSON body that may be left out: an empty body reads as `T::default()`.
+pub struct JsonOrEmpty<T>(pub T);
+
+impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonOrEmpty<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let ct = content_type(req.headers());
+        let bytes = Bytes::from_request(req, state).await.map_err(body_error)?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(JsonOrEmpty(T::default()));
+        }
+        match ct {
+            Some(ct) if is_json(&ct) => parse_json(&bytes).map(JsonOrEmpty),
+            _ => Err(ApiError::UnsupportedMediaType("a request body must be JSON (Content-Type: application/json)".into())),
+        }
+    }
+}
+
+/// A workflow definition's text: a YAML body (`application/yaml`, `text/yaml`, …) or JSON
+/// `{"source": "<yaml>"}`.
+pub struct WorkflowSource(pub String);
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceBody {
+    source: String,
+}
+
+impl<S: Send + Sync> FromRequest<S> for WorkflowSource {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let ct = content_type(req.headers()).unwrap_or_default();
+        let bytes = Bytes::from_request(req, state).await.map_err(body_error)?;
+        if is_json(&ct) {
+            let body: SourceBody = parse_json(&bytes)?;
+            return Ok(WorkflowSource(body.source));
+        }
+        let yaml = matches!(ct.as_str(), "application/yaml" | "application/x-yaml" | "text/yaml" | "text/x-yaml" | "text/plain");
+        if !yaml {
+            return Err(ApiError::UnsupportedMediaType("send the workflow as application/yaml, or as JSON {\"source\": \"…\"}".into()));
+        }
+        String::from_utf8(bytes.to_vec())
+            .map(WorkflowSource)
+            .map_err(|e| ApiError::BadRequest(format!("the workflow is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to())))
+    }
+}
+
+/// Path parameters.
+pub struct Path<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| Path(p.0))
+            .map_err(|e| ApiError::BadRequest(format!("bad path parameter: {}", e.body_text())))
+    }
+}
+
+/// Query parameters; unknown ones are refused where the type says `deny_unknown_fields`.
+pub struct Query<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Query(q.0))
+            .map_err(|e| ApiError::BadRequest(format!("bad query parameter: {}", e.body_text())))
+    }
+}
+
+/// The `Idempotency-Key` header of a create-POST, when given: 1 to 255 visible ASCII
+/// characters.
+pub struct IdempotencyKey(pub Option<String>);
+
+pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let Some(value) = parts.headers.get(IDEMPOTENCY_HEADER) else { return Ok(IdempotencyKey(None)) };
+        let bad = || ApiError::BadRequest("Idempotency-Key must be 1 to 255 visible ASCII characters".into());
+        let text = value.to_str().map_err(|_| bad())?;
+        if text.is_empty() || text.len() > 255 || !text.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad());
+        }
+        Ok(IdempotencyKey(Some(text.to_owned())))
+    }
+}

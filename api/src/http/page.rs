@@ -1,0 +1,46 @@
+//! Keyset paging for every list: `limit` (50 by default, at most 200) and an opaque `cursor`,
+//! the base64url of the last row's sort key as JSON. Never `OFFSET`: a page is "the rows
+//! after this key", so rows inserted while a client pages cannot shift or repeat what it reads.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::error::ApiError;
+
+pub const DEFAULT_LIMIT: u32 = 50;
+pub const MAX_LIMIT: u32 = 200;
+
+/// The page size to use; a limit above the maximum is lowered to it, zero is refused.
+pub fn limit(asked: Option<u32>) -> Result<i64, ApiError> {
+    match asked {
+        Some(0) => Err(ApiError::BadRequest("limit must be between 1 and 200".into())),
+        Some(n) => Ok(i64::from(n.min(MAX_LIMIT))),
+        None => Ok(i64::from(DEFAULT_LIMIT)),
+    }
+}
+
+pub fn encode<T: Serialize>(key: &T) -> String {
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(key).unwrap_or_default())
+}
+
+pub fn decode<T: DeserializeOwned>(cursor: Option<&str>) -> Result<Option<T>, ApiError> {
+    let Some(cursor) = cursor else { return Ok(None) };
+    let bad = || ApiError::BadRequest("invalid cursor: pass back the next_cursor of a previous page".into());
+    let bytes = URL_SAFE_NO_PAD.decode(cursor.as_bytes()).map_err(|_| bad())?;
+    serde_json::from_slice(&bytes).map(Some).map_err(|_| bad())
+}
+
+/// Cuts a page fetched with `limit + 1` rows to `limit`, with the cursor of its last row when
+/// more follow.
+pub fn finish<R, K: Serialize>(mut rows: Vec<R>, limit: i64, key: impl Fn(&R) -> K) -> (Vec<R>, Option<String>) {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if rows.len() > limit {
+        rows.truncate(limit);
+        let next = rows.last().map(|r| encode(&key(r)));
+        (rows, next)
+    } else {
+        (rows, None)
+    }
+}

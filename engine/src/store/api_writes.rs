@@ -1,0 +1,191 @@
+//! Writes the REST API makes that no other part of the store covers: members and their roles,
+//! token revocation, and idempotency keys. Each is audited in the same change, like every
+//! other write.
+
+use serde_json::{json, Value};
+
+use super::{cap, Change, Result, StoreError};
+use crate::ids::{OrgId, UserId};
+
+/// The roles of a person in an org, highest first.
+pub const ROLES: [&str; 4] = ["owner", "admin", "member", "viewer"];
+
+fn check_role(role: &str) -> Result<()> {
+    if ROLES.contains(&role) { Ok(()) } else { Err(StoreError::Invalid(format!("`{}` is not a role (owner, admin, member, viewer)", cap(role)))) }
+}
+
+/// Adds a person to an org by email with a role. A person who is already a member is a
+/// conflict (change the role instead).
+pub async fn add_member(ch: &mut Change, org: OrgId, email: &str, role: &str) -> Result<UserId> {
+    check_role(role)?;
+    let email = email.trim();
+    if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_control) {
+        return Err(StoreError::Invalid(format!("`{}` is not an email address", cap(email))));
+    }
+    // The same email may have been a member before: its user row is kept and reused.
+    let user: UserId = sqlx::query_scalar(
+        "INSERT INTO users (org_id, user_id, email) VALUES ($1, $2, $3) \
+         ON CONFLICT (org_id, email) DO UPDATE SET email = EXCLUDED.email RETURNING user_id",
+    )
+    .bind(org)
+    .bind(UserId::mint())
+    .bind(email)
+    .fetch_one(&mut *ch.tx)
+    .await?;
+    let inserted = sqlx::query("INSERT INTO memberships (org_id, user_id, role) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+        .bind(org)
+        .bind(user)
+        .bind(role)
+        .execute(&mut *ch.tx)
+        .await?;
+    if inserted.rows_affected() == 0 {
+        return Err(StoreError::Conflict(format!("{} is already a member", cap(email))));
+    }
+    ch.audit(org, None, "member.add", ("user", user.to_string()), json!({ "email": cap(email), "role": role })).await?;
+    Ok(user)
+}
+
+/// The current role of a member, locked for the rest of the change.
+pub async fn member_role(ch: &mut Change, org: OrgId, user: UserId) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2 FOR UPDATE")
+        .bind(org)
+        .bind(user)
+        .fetch_optional(&mut *ch.tx)
+        .await?)
+}
+
+/// Refuses a change that would leave the org without an owner. Owners are locked so that two
+/// concurrent demotions cannot both pass.
+async fn keep_an_owner(ch: &mut Change, org: OrgId, leaving: UserId) -> Result<()> {
+    let owners: Vec<UserId> = sqlx::query_scalar("SELECT user_id FROM memberships WHERE org_id = $1 AND role = 'owner' FOR UPDATE")
+        .bind(org)
+        .fetch_all(&mut *ch.tx)
+        .await?;
+    if owners.iter().all(|o| *o == leaving) {
+        return Err(StoreError::Conflict("an org keeps at least one owner".into()));
+    }
+    Ok(())
+}
+
+/// Changes a member's role. The last owner cannot be demoted.
+pub async fn set_member_role(ch: &mut Change, org: OrgId, user: UserId, role: &str) -> Result<()> {
+    check_role(role)?;
+    let current = member_role(ch, org, user).await?.ok_or(StoreError::NotFound("member"))?;
+    if current == role {
+        return Ok(());
+    }
+    if current == "owner" {
+        keep_an_owner(ch, org, user).await?;
+    }
+    sqlx::query("UPDATE memberships SET role = $3 WHERE org_id = $1 AND user_id = $2")
+        .bind(org)
+        .bind(user)
+        .bind(role)
+        .execute(&mut *ch.tx)
+        .await?;
+    ch.audit(org, None, "member.role", ("user", user.to_string()), json!({ "from": current, "to": role })).await?;
+    Ok(())
+}
+
+/// Removes a member and revokes their live tokens in the same change. The last owner cannot
+/// be removed.
+pub async fn remove_member(ch: &mut Change, org: OrgId, user: UserId) -> Result<()> {
+    let current = member_role(ch, org, user).await?.ok_or(StoreError::NotFound("member"))?;
+    if current == "owner" {
+        keep_an_owner(ch, org, user).await?;
+    }
+    sqlx::query("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2").bind(org).bind(user).execute(&mut *ch.tx).await?;
+    let revoked = sqlx::query(
+        "UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND user_id = $2 AND revoked_at IS NULL AND expires_at > now()",
+    )
+    .bind(org)
+    .bind(user)
+    .execute(&mut *ch.tx)
+    .await?;
+    ch.audit(org, None, "member.remove", ("user", user.to_string()), json!({ "role": current, "tokens_revoked": revoked.rows_affected() }))
+        .await?;
+    Ok(())
+}
+
+/// Revokes a token of the org. Revoking a revoked token again changes nothing.
+pub async fn revoke_token(ch: &mut Change, org: OrgId, jti: uuid::Uuid) -> Result<()> {
+    let row: Option<Option<chrono::DateTime<chrono::Utc>>> =
+        sqlx::query_scalar("SELECT revoked_at FROM api_tokens WHERE org_id = $1 AND jti = $2 FOR UPDATE")
+            .bind(org)
+            .bind(jti)
+            .fetch_optional(&mut *ch.tx)
+            .await?;
+    match row {
+        None => Err(StoreError::NotFound("token")),
+        Some(Some(_)) => Ok(()),
+        Some(None) => {
+            sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti = $2").bind(org).bind(jti).execute(&mut *ch.tx).await?;
+            ch.audit(org, None, "token.revoke", ("token", jti.to_string()), json!({})).await?;
+            Ok(())
+        }
+    }
+}
+
+/// How long an idempotency key is remembered.
+pub const IDEMPOTENCY_TTL_HOURS: i32 = 24;
+
+/// What an `Idempotency-Key` means for this request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyClaim {
+    /// First use: go on, and record the answer with [`record_answer`] in this change.
+    New,
+    /// The same request was answered before: answer this again.
+    Replay { status: u16, body: Value },
+    /// The key was used for another request.
+    Mismatch,
+}
+
+/// Claims an idempotency key for a request (by its hash) as the first write of a change. A
+/// concurrent request with the same key waits on the row until this change ends, then sees
+/// its answer, so a create runs at most once per key.
+pub async fn claim_key(ch: &mut Change, org: OrgId, key: &str, request_hash: &str) -> Result<KeyClaim> {
+    sqlx::query("DELETE FROM idempotency_keys WHERE org_id = $1 AND key = $2 AND created_at < now() - make_interval(hours => $3)")
+        .bind(org)
+        .bind(key)
+        .bind(IDEMPOTENCY_TTL_HOURS)
+        .execute(&mut *ch.tx)
+        .await?;
+    let inserted = sqlx::query(
+        "INSERT INTO idempotency_keys (org_id, key, request_hash) VALUES ($1, $2, $3) ON CONFLICT (org_id, key) DO NOTHING",
+    )
+    .bind(org)
+    .bind(key)
+    .bind(request_hash)
+    .execute(&mut *ch.tx)
+    .await?;
+    if inserted.rows_affected() == 1 {
+        return Ok(KeyClaim::New);
+    }
+    let (hash, status, body): (String, Option<i32>, Option<Value>) =
+        sqlx::query_as("SELECT request_hash, status, response FROM idempotency_keys WHERE org_id = $1 AND key = $2")
+            .bind(org)
+            .bind(key)
+            .fetch_one(&mut *ch.tx)
+            .await?;
+    if hash != request_hash {
+        return Ok(KeyClaim::Mismatch);
+    }
+    match (status, body) {
+        (Some(status), Some(body)) => Ok(KeyClaim::Replay { status: u16::try_from(status).unwrap_or(200), body }),
+        // Written and committed without its answer: cannot happen through `record_answer`,
+        // but say so rather than run the create twice.
+        _ => Err(StoreError::Conflict("this Idempotency-Key's first request did not finish".into())),
+    }
+}
+
+/// Records the answer to a request whose key was claimed in this change.
+pub async fn record_answer(ch: &mut Change, org: OrgId, key: &str, status: u16, body: &Value) -> Result<()> {
+    sqlx::query("UPDATE idempotency_keys SET status = $3, response = $4 WHERE org_id = $1 AND key = $2")
+        .bind(org)
+        .bind(key)
+        .bind(i32::from(status))
+        .bind(body)
+        .execute(&mut *ch.tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,856 @@
+//! Substates: what a running run is doing now, as one word for the API, a few for the console,
+//! and a sentence that says what holds it (`why`).
+//!
+//! DESIGN.md ("Run lifecycle") names nine substates of a running run. They are derived, never
+//! stored, from the run's open steps (with their approvals, wakes and child runs) and the hosts
+//! of its project. [`derive`] is a pure function over those facts; [`why`] and [`whys`] load
+//! them with at most three queries however many runs they are asked about, and [`explain`]
+//! puts the answer in words.
+//!
+//! # One substate when several apply
+//!
+//! A run with parallel branches may have a step executing while another waits for a person.
+//! The substate names the step that most needs someone's attention, in this order:
+//!
+//! 1. `unroutable`: no host can take a ready step; until someone starts one or changes the
+//!    node's `requires`, that branch never moves.
+//! 2. `awaiting_signal`: a person (an approval) or an outside event must act.
+//! 3. `executing`: work is in progress on an engine or a host.
+//! 4. `waiting_for_agent`: a capable host exists and will take the step when it is free.
+//! 5. `awaiting_child`: another run does the work.
+//! 6. `sleeping`: the run wakes by itself.
+//!
+//! Among steps with the same substate the earliest created wins, and for `sleeping` the one
+//! that wakes first. `held`, `awaiting_lease` and `queued` describe a run with no open step:
+//! held by a pause or a budget, waiting for a concurrency lock, or not (yet) started. A run
+//! whose steps all finished but that the engine has not advanced yet is `queued` too, for the
+//! moment it takes.
+//!
+//! Admission (concurrency groups, throttles, the org's cap, budgets) is not built yet: the
+//! only hold the loader can see today is a paused workflow, and [`Hold`] is the input the
+//! other holds will come through.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{FromRow, PgPool};
+
+use crate::catalog::Catalog;
+use crate::definition::{Definition, NodeKind, Wait};
+use crate::ids::{OrgId, ProjectId, RunId, StepId, WorkflowId};
+use crate::state::{RunStatus, StepState};
+use crate::store::approvals::RUN_APPROVAL_NODE;
+use crate::store::{Result, StoreError};
+
+/// A host counts as available when it was seen this recently (DESIGN.md: "in the last day").
+pub const HOST_SEEN_WITHIN_HOURS: i64 = 24;
+
+/// Step kinds that a host runs; other ready steps are the engine's or an integration's.
+const HOST_KINDS: [&str; 1] = ["crew"];
+
+/// What a running run is doing now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "substate", rename_all = "snake_case")]
+pub enum Substate {
+    /// Admitted but nothing started, or held back by admission (`held_by` says by what).
+    Queued { held_by: Option<String> },
+    /// A step runs on an engine or a host (`holder`, in words), or is ready for the engine or an
+    /// integration (`holder` is `None`).
+    Executing { node: String, holder: Option<String> },
+    /// A host step is ready, a capable host exists, and none has claimed it yet.
+    WaitingForAgent { node: String, requires: Vec<String>, capable_hosts: usize },
+    /// No host seen in the last day can run the step; `missing` are the capabilities that no
+    /// such host advertises (empty when each is advertised, but by no single host).
+    Unroutable { node: String, requires: Vec<String>, missing: Vec<String> },
+    /// On a timer: a `wait`, a retry's backoff, a throttle.
+    Sleeping { node: Option<String>, until: DateTime<Utc>, cause: SleepCause },
+    /// An approval (`approval: true`, with its prompt) or an event wait (`signal` is the event).
+    AwaitingSignal {
+        node: String,
+        approval: bool,
+        signal: String,
+        prompt: Option<String>,
+        deadline: Option<DateTime<Utc>>,
+    },
+    /// A `workflow` step waits for its child run.
+    AwaitingChild { node: String, child: Option<RunId> },
+    /// A concurrency group held by another run.
+    AwaitingLease { group: String },
+    /// A paused workflow, a budget.
+    Held { by: String },
+}
+
+/// Why a run sleeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SleepCause {
+    /// A `wait` node with a duration or a time.
+    Wait,
+    /// A retry's backoff before `attempt`, after the previous attempt failed with `after`
+    /// (`exit code 1`, `lease_expired`, …).
+    Retry { attempt: i32, after: String },
+    /// The workflow's throttle has no room yet.
+    Throttle,
+}
+
+/// What admission holds a run back by, before it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hold {
+    /// Its workflow is paused.
+    Paused { workflow: String },
+    /// A budget holds new runs.
+    Budget { scope: String },
+    /// Its concurrency group is full.
+    Lease { group: String },
+    /// The org is at its cap on running runs.
+    OrgCap { cap: i32 },
+    /// The throttle has room again at `until`.
+    Throttle { until: DateTime<Utc> },
+}
+
+impl Substate {
+    /// The substate's name, as the API returns it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Substate::Queued { .. } => "queued",
+            Substate::Executing { .. } => "executing",
+            Substate::WaitingForAgent { .. } => "waiting_for_agent",
+            Substate::Unroutable { .. } => "unroutable",
+            Substate::Sleeping { .. } => "sleeping",
+            Substate::AwaitingSignal { .. } => "awaiting_signal",
+            Substate::AwaitingChild { .. } => "awaiting_child",
+            Substate::AwaitingLease { .. } => "awaiting_lease",
+            Substate::Held { .. } => "held",
+        }
+    }
+
+    /// The console's words (DESIGN.md's table).
+    pub fn words(&self) -> String {
+        match self {
+            Substate::Queued { .. } => "queued".into(),
+            Substate::Executing { .. } => "running".into(),
+            Substate::WaitingForAgent { .. } => "waiting for a host".into(),
+            Substate::Unroutable { .. } => "no host can run this".into(),
+            Substate::Sleeping { .. } => "asleep".into(),
+            Substate::AwaitingSignal { approval: true, .. } => "waiting for approval".into(),
+            Substate::AwaitingSignal { signal, .. } => format!("waiting for {signal}"),
+            Substate::AwaitingChild { .. } => "waiting on another run".into(),
+            Substate::AwaitingLease { .. } => "waiting for a lock".into(),
+            Substate::Held { .. } => "held".into(),
+        }
+    }
+
+    /// The place in the documented order (lower wins); only step substates compete.
+    fn rank(&self) -> u8 {
+        match self {
+            Substate::Unroutable { .. } => 0,
+            Substate::AwaitingSignal { .. } => 1,
+            Substate::Executing { .. } => 2,
+            Substate::WaitingForAgent { .. } => 3,
+            Substate::AwaitingChild { .. } => 4,
+            Substate::Sleeping { .. } => 5,
+            Substate::AwaitingLease { .. } | Substate::Held { .. } | Substate::Queued { .. } => 6,
+        }
+    }
+}
+
+/// Everything the derivation reads about one run.
+#[derive(Debug, Clone)]
+pub struct RunFacts {
+    pub run: RunId,
+    pub status: RunStatus,
+    pub reason: Option<String>,
+    pub hold: Option<Hold>,
+    /// Its open steps, failed steps and `end` steps, in creation order.
+    pub steps: Vec<StepFacts>,
+    /// The capabilities of each host of the project that is registered and was seen in the
+    /// last day.
+    pub hosts: Vec<Vec<String>>,
+}
+
+/// One step, as the derivation reads it.
+#[derive(Debug, Clone)]
+pub struct StepFacts {
+    pub step: StepId,
+    pub node: String,
+    pub kind: String,
+    pub visit: i32,
+    pub attempt: i32,
+    pub state: StepState,
+    pub reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub requires: Vec<String>,
+    /// Who holds it, in words: `engine e1`, `host build-1`.
+    pub holder: Option<String>,
+    /// A retry's backoff: not to be claimed before this.
+    pub not_before: Option<DateTime<Utc>>,
+    /// Its earliest wake (a wait's end, a deadline, a timeout).
+    pub wake_at: Option<DateTime<Utc>>,
+    /// An approval's prompt and deadline.
+    pub prompt: Option<String>,
+    pub deadline: Option<DateTime<Utc>>,
+    /// For a wait on an event, the event's name.
+    pub event: Option<String>,
+    /// For a `workflow` step, its child run.
+    pub child: Option<RunId>,
+    pub finished_seq: Option<i64>,
+}
+
+impl StepFacts {
+    fn is_open(&self) -> bool {
+        matches!(self.state, StepState::Pending | StepState::Leased | StepState::Running | StepState::Waiting)
+    }
+}
+
+/// The substate of a run, or `None` when it has finished.
+pub fn derive(facts: &RunFacts, now: DateTime<Utc>) -> Option<Substate> {
+    if facts.status.is_terminal() {
+        return None;
+    }
+    let from_steps = facts
+        .steps
+        .iter()
+        .filter(|s| s.is_open())
+        .map(|s| of_step(facts, s, now))
+        .min_by(|a, b| a.rank().cmp(&b.rank()).then_with(|| wakes_first(a, b)));
+    Some(from_steps.unwrap_or_else(|| of_hold(facts.hold.as_ref())))
+}
+
+/// Among sleepers, the one that wakes first; otherwise keep creation order.
+fn wakes_first(a: &Substate, b: &Substate) -> std::cmp::Ordering {
+    match (a, b) {
+        (Substate::Sleeping { until: x, .. }, Substate::Sleeping { until: y, .. }) => x.cmp(y),
+        _ => std::cmp::Ordering::Equal,
+    }
+}
+
+fn of_hold(hold: Option<&Hold>) -> Substate {
+    match hold {
+        None => Substate::Queued { held_by: None },
+        Some(Hold::Paused { workflow }) => Substate::Held { by: format!("workflow {workflow} is paused") },
+        Some(Hold::Budget { scope }) => Substate::Held { by: format!("the {scope} budget") },
+        Some(Hold::Lease { group }) => Substate::AwaitingLease { group: group.clone() },
+        Some(Hold::OrgCap { cap }) => Substate::Queued { held_by: Some(format!("the org's cap of {cap} running runs")) },
+        Some(Hold::Throttle { until }) => Substate::Sleeping { node: None, until: *until, cause: SleepCause::Throttle },
+    }
+}
+
+/// What one open step makes of the run.
+fn of_step(facts: &RunFacts, s: &StepFacts, now: DateTime<Utc>) -> Substate {
+    let node = s.node.clone();
+    match s.state {
+        StepState::Leased | StepState::Running => Substate::Executing { node, holder: s.holder.clone() },
+        StepState::Waiting => of_waiting(s, now),
+        _ => match s.not_before.filter(|t| *t > now) {
+            Some(until) => Substate::Sleeping { node: Some(node), until, cause: retry_cause(facts, s) },
+            None if HOST_KINDS.contains(&s.kind.as_str()) => routing(s, &facts.hosts),
+            None => Substate::Executing { node, holder: None },
+        },
+    }
+}
+
+fn of_waiting(s: &StepFacts, now: DateTime<Utc>) -> Substate {
+    let node = s.node.clone();
+    match s.kind.as_str() {
+        "approval" => Substate::AwaitingSignal {
+            node,
+            approval: true,
+            signal: "approval".into(),
+            prompt: s.prompt.clone(),
+            deadline: s.deadline,
+        },
+        "workflow" => Substate::AwaitingChild { node, child: s.child },
+        "wait" => match &s.event {
+            Some(event) => Substate::AwaitingSignal { node, approval: false, signal: event.clone(), prompt: None, deadline: s.wake_at },
+            // A timed wait always has its wake; without one (never seen) it is due now.
+            None => Substate::Sleeping { node: Some(node), until: s.wake_at.unwrap_or(now), cause: SleepCause::Wait },
+        },
+        other => Substate::AwaitingSignal { node, approval: false, signal: other.to_owned(), prompt: None, deadline: s.wake_at },
+    }
+}
+
+/// A backoff's cause: the failure of the attempt before.
+fn retry_cause(facts: &RunFacts, s: &StepFacts) -> SleepCause {
+    let before = facts
+        .steps
+        .iter()
+        .find(|p| p.node == s.node && p.visit == s.visit && p.attempt == s.attempt - 1 && p.state == StepState::Failed);
+    let after = match before {
+        Some(StepFacts { exit_code: Some(code), .. }) => format!("exit code {code}"),
+        Some(p) => p.reason.clone().unwrap_or_else(|| "a failure".into()),
+        None => "a failure".into(),
+    };
+    SleepCause::Retry { attempt: s.attempt, after }
+}
+
+/// A ready host step: waiting for a capable host, or unroutable.
+fn routing(s: &StepFacts, hosts: &[Vec<String>]) -> Substate {
+    let capable = hosts.iter().filter(|caps| s.requires.iter().all(|r| caps.contains(r))).count();
+    if capable > 0 {
+        return Substate::WaitingForAgent { node: s.node.clone(), requires: s.requires.clone(), capable_hosts: capable };
+    }
+    let missing = s.requires.iter().filter(|r| !hosts.iter().any(|caps| caps.contains(r))).cloned().collect();
+    Substate::Unroutable { node: s.node.clone(), requires: s.requires.clone(), missing }
+}
+
+/// A run's state and substate, with the sentence that says what holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Why {
+    pub run: RunId,
+    pub status: String,
+    pub reason: Option<String>,
+    /// `None` once the run has finished.
+    pub substate: Option<Substate>,
+    /// The console's words: the substate's, or the status once finished.
+    pub words: String,
+    /// What holds the run, in a sentence.
+    pub text: String,
+}
+
+/// Builds the answer for one run.
+pub fn answer(facts: &RunFacts, now: DateTime<Utc>) -> Why {
+    let substate = derive(facts, now);
+    let words = substate.as_ref().map_or_else(|| facts.status.name().to_owned(), Substate::words);
+    let text = match &substate {
+        Some(s) => explain(facts, s, now),
+        None => finished(facts),
+    };
+    Why { run: facts.run, status: facts.status.name().to_owned(), reason: facts.reason.clone(), substate, words, text }
+}
+
+/// The sentence for a running run's substate.
+pub fn explain(facts: &RunFacts, substate: &Substate, now: DateTime<Utc>) -> String {
+    let more = more_open(facts, substate);
+    let text = match substate {
+        Substate::Queued { held_by: Some(by) } => format!("Queued: held by {by}"),
+        Substate::Queued { held_by: None } if facts.steps.is_empty() => "Queued: nothing has started yet".into(),
+        Substate::Queued { held_by: None } => "Queued: the engine has yet to take the next step".into(),
+        Substate::Executing { node, holder: Some(h) } => format!("Running {node} on {h}"),
+        Substate::Executing { node, holder: None } => format!("Running {node}: ready, not picked up yet"),
+        Substate::WaitingForAgent { node, requires, capable_hosts } => {
+            let n = if *capable_hosts == 1 { "1 host".to_owned() } else { format!("{capable_hosts} hosts") };
+            format!("Waiting for a host{} to pick up {node} ({n} online can run it)", with(requires))
+        }
+        Substate::Unroutable { node, requires, missing } => unroutable(node, requires, missing, facts.hosts.is_empty()),
+        Substate::Sleeping { node, until, cause } => asleep(node.as_deref(), *until, cause, now),
+        Substate::AwaitingSignal { node, approval: true, prompt, deadline, .. } => {
+            let place = if node == RUN_APPROVAL_NODE { "to start".to_owned() } else { format!("at {node}") };
+            let prompt = prompt.as_deref().map(|p| format!(": {}", first_line(p))).unwrap_or_default();
+            format!("Waiting for approval {place}{prompt}{}", deadline_words(*deadline, now))
+        }
+        Substate::AwaitingSignal { node, signal, deadline, .. } => {
+            format!("Waiting for {signal} at {node}{}", deadline_words(*deadline, now))
+        }
+        Substate::AwaitingChild { node, child: Some(c) } => format!("Waiting on run {c} started by {node}"),
+        Substate::AwaitingChild { node, child: None } => format!("Waiting on the child run of {node}"),
+        Substate::AwaitingLease { group } => format!("Waiting for the lock of concurrency group {group}"),
+        Substate::Held { by } => format!("Held: {by}"),
+    };
+    match more {
+        0 => text,
+        1 => format!("{text} (and 1 more open step)"),
+        n => format!("{text} (and {n} more open steps)"),
+    }
+}
+
+/// Open steps besides the one the substate names.
+fn more_open(facts: &RunFacts, substate: &Substate) -> usize {
+    let open = facts.steps.iter().filter(|s| s.is_open()).count();
+    let named = match substate {
+        Substate::Queued { .. } | Substate::AwaitingLease { .. } | Substate::Held { .. } => 0,
+        Substate::Sleeping { node: None, .. } => 0,
+        _ => 1,
+    };
+    open.saturating_sub(named)
+}
+
+fn with(requires: &[String]) -> String {
+    if requires.is_empty() { String::new() } else { format!(" with {}", requires.join(", ")) }
+}
+
+fn unroutable(node: &str, requires: &[String], missing: &[String], no_hosts: bool) -> String {
+    if no_hosts {
+        return format!("Waiting for a host{} to run {node}: no host of this project was seen in the last day", with(requires));
+    }
+    if missing.is_empty() {
+        return format!("Waiting for a host{}: no host seen in the last day has all of them", with(requires));
+    }
+    format!("Waiting for a host{}: none online has {}", with(requires), missing.join(", "))
+}
+
+fn asleep(node: Option<&str>, until: DateTime<Utc>, cause: &SleepCause, now: DateTime<Utc>) -> String {
+    let node = node.unwrap_or("the run");
+    let what = match cause {
+        SleepCause::Wait => format!("wait at {node}"),
+        SleepCause::Retry { attempt, after } => format!("retry {} of {node} after {after}", attempt - 1),
+        SleepCause::Throttle => "held by the workflow's throttle".into(),
+    };
+    format!("Asleep until {} ({what})", clock(until, now))
+}
+
+fn deadline_words(deadline: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
+    deadline.map(|d| format!(" (deadline {})", clock(d, now))).unwrap_or_default()
+}
+
+/// A time in UTC: the time of day when it falls today, the date too otherwise.
+fn clock(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    if t.date_naive() == now.date_naive() {
+        t.format("%H:%M:%S UTC").to_string()
+    } else {
+        t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+    }
+}
+
+/// Prompts may span lines; a sentence shows the first.
+fn first_line(s: &str) -> &str {
+    s.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("")
+}
+
+/// The sentence for a finished run: how it ended and, for a failure, where.
+fn finished(facts: &RunFacts) -> String {
+    let status = facts.status.name();
+    let reason = facts.reason.as_deref();
+    let at = match (facts.status, reason) {
+        (RunStatus::Failed, Some(r)) => failed_node(facts, r),
+        _ => None,
+    };
+    match (at, reason) {
+        (Some(node), Some(r)) => format!("Finished: {status} at {node}: {r}"),
+        (None, Some(r)) => format!("Finished: {status}: {r}"),
+        (_, None) => format!("Finished: {status}"),
+    }
+}
+
+/// Where a failed run failed: the node its reason names, the end node that ended it, or the
+/// earliest step that failed with its reason (for `attempts_exhausted`, the last attempt).
+fn failed_node(facts: &RunFacts, reason: &str) -> Option<String> {
+    if let Some(node) = reason.strip_prefix(crate::walk::STOPPED_LINE_PREFIX) {
+        return Some(node.to_owned());
+    }
+    let finished_first = |a: &&StepFacts, b: &&StepFacts| a.finished_seq.cmp(&b.finished_seq);
+    if reason == crate::walk::ENDED {
+        return facts.steps.iter().filter(|s| s.kind == "end" && s.state == StepState::Succeeded).min_by(finished_first).map(|s| s.node.clone());
+    }
+    let failed = || facts.steps.iter().filter(|s| s.state == StepState::Failed);
+    let exact = failed().filter(|s| s.reason.as_deref() == Some(reason)).min_by(finished_first);
+    let retried = || failed().filter(|s| s.attempt > 1).min_by(finished_first);
+    let any = || failed().min_by(finished_first);
+    exact.or_else(retried).or_else(any).map(|s| s.node.clone())
+}
+
+/// Definitions read by `why`, cached for the process (versions are immutable).
+static CATALOG: LazyLock<Catalog> = LazyLock::new(Catalog::default);
+
+/// What holds one run of `org`, in words. A run of another org is not found.
+pub async fn why(pool: &PgPool, org: OrgId, run: RunId) -> Result<Why> {
+    whys(pool, org, &[run]).await?.pop().ok_or(StoreError::NotFound("run"))
+}
+
+/// [`why`] for many runs at once (a list page), with the same three queries at most. Runs not
+/// found in `org` are left out; the others come in the order asked.
+pub async fn whys(pool: &PgPool, org: OrgId, runs: &[RunId]) -> Result<Vec<Why>> {
+    let (facts, now) = load(pool, org, runs).await?;
+    Ok(facts.iter().map(|f| answer(f, now)).collect())
+}
+
+/// The runs asked about ($1 org, $2 run ids), with the database's clock.
+const RUNS_SQL: &str = "SELECT r.run_id, r.project_id, r.workflow_id, r.workflow_version, r.status, r.reason, \
+            w.name AS workflow_name, w.paused, now() AS now \
+     FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id \
+     WHERE r.org_id = $1 AND r.run_id = ANY($2)";
+
+/// Their open, failed and `end` steps ($1 org, $2 run ids), with what each waits on and who
+/// holds it. Failed steps name a backoff's cause and where a failed run failed.
+const STEPS_SQL: &str = "SELECT s.run_id, s.step_id, s.node, s.kind, s.visit, s.attempt, s.state, s.reason, s.exit_code, \
+            s.requires, s.holder, h.name AS host_name, s.not_before, \
+            (SELECT min(k.due_at) FROM wakes k WHERE k.step_id = s.step_id) AS wake_at, \
+            a.prompt, a.deadline, c.run_id AS child_run, s.finished_seq \
+     FROM steps s \
+     LEFT JOIN approvals a ON a.step_id = s.step_id \
+     LEFT JOIN runs c ON c.parent_run_id = s.run_id AND c.parent_step_id = s.step_id \
+     LEFT JOIN hosts h ON h.org_id = s.org_id \
+          AND h.host_id = CASE WHEN s.holder ~ '^host:[0-9a-f-]{36}$' THEN substr(s.holder, 6)::uuid END \
+     WHERE s.org_id = $1 AND s.run_id = ANY($2) \
+       AND (s.state IN ('pending', 'leased', 'running', 'waiting', 'failed') OR s.kind = 'end') \
+     ORDER BY s.run_id, s.started_seq";
+
+/// The capabilities of the available hosts of some projects ($1 org, $2 project ids, $3 hours).
+const HOSTS_SQL: &str = "SELECT project_id, capabilities FROM hosts \
+     WHERE org_id = $1 AND project_id = ANY($2) AND deregistered_at IS NULL \
+       AND last_seen_at > now() - make_interval(hours => $3::int)";
+
+/// The statements `why` runs, by name, so that a test can `EXPLAIN` them: each takes the org
+/// as `$1` and an array of ids as `$2` (`hosts` also the hours as `$3`).
+pub const QUERIES: [(&str, &str); 3] = [("runs", RUNS_SQL), ("steps", STEPS_SQL), ("hosts", HOSTS_SQL)];
+
+#[derive(FromRow)]
+struct RunLine {
+    run_id: RunId,
+    project_id: ProjectId,
+    workflow_id: WorkflowId,
+    workflow_version: i32,
+    status: String,
+    reason: Option<String>,
+    workflow_name: String,
+    paused: bool,
+    now: DateTime<Utc>,
+}
+
+#[derive(FromRow)]
+struct StepLine {
+    run_id: RunId,
+    step_id: StepId,
+    node: String,
+    kind: String,
+    visit: i32,
+    attempt: i32,
+    state: String,
+    reason: Option<String>,
+    exit_code: Option<i32>,
+    requires: Vec<String>,
+    holder: Option<String>,
+    host_name: Option<String>,
+    not_before: Option<DateTime<Utc>>,
+    wake_at: Option<DateTime<Utc>>,
+    prompt: Option<String>,
+    deadline: Option<DateTime<Utc>>,
+    child_run: Option<RunId>,
+    finished_seq: Option<i64>,
+}
+
+/// The runs, in the order asked; their open, failed and `end` steps with approvals, wakes,
+/// children and holders' names; then the hosts of their projects when a host step is ready.
+/// Each query is served by an index (`runs` key, `steps_by_run`, `approvals` key,
+/// `wakes_by_step`, `runs_by_parent`, `hosts` key, `hosts_by_project`).
+async fn load(pool: &PgPool, org: OrgId, runs: &[RunId]) -> Result<(Vec<RunFacts>, DateTime<Utc>)> {
+    let ids: Vec<uuid::Uuid> = runs.iter().map(|r| r.0).collect();
+    let lines: Vec<RunLine> = sqlx::query_as(RUNS_SQL)
+    .bind(org)
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    let Some(now) = lines.first().map(|l| l.now) else { return Ok((Vec::new(), Utc::now())) };
+    let steps = load_steps(pool, org, &ids).await?;
+    let mut by_run: HashMap<RunId, Vec<StepLine>> = HashMap::new();
+    for s in steps {
+        by_run.entry(s.run_id).or_default().push(s);
+    }
+    let projects = projects_needing_hosts(&lines, &by_run, now);
+    let hosts = load_hosts(pool, org, &projects).await?;
+
+    let mut facts = Vec::with_capacity(lines.len());
+    for line in &lines {
+        let steps = by_run.remove(&line.run_id).unwrap_or_default();
+        let def = definition_if_needed(pool, line, &steps).await;
+        facts.push(run_facts(line, steps, def.as_deref(), hosts.get(&line.project_id).cloned().unwrap_or_default()));
+    }
+    let order: HashMap<RunId, usize> = runs.iter().enumerate().map(|(i, r)| (*r, i)).collect();
+    facts.sort_by_key(|f| order.get(&f.run).copied().unwrap_or(usize::MAX));
+    Ok((facts, now))
+}
+
+async fn load_steps(pool: &PgPool, org: OrgId, ids: &[uuid::Uuid]) -> Result<Vec<StepLine>> {
+    Ok(sqlx::query_as(STEPS_SQL)
+    .bind(org)
+    .bind(ids)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Projects of running runs that have a host step ready now: only they need the hosts query.
+fn projects_needing_hosts(lines: &[RunLine], steps: &HashMap<RunId, Vec<StepLine>>, now: DateTime<Utc>) -> Vec<uuid::Uuid> {
+    let mut out: Vec<uuid::Uuid> = lines
+        .iter()
+        .filter(|l| l.status == "running")
+        .filter(|l| {
+            steps.get(&l.run_id).is_some_and(|ss| {
+                ss.iter().any(|s| s.state == "pending" && HOST_KINDS.contains(&s.kind.as_str()) && s.not_before.is_none_or(|t| t <= now))
+            })
+        })
+        .map(|l| l.project_id.0)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+async fn load_hosts(pool: &PgPool, org: OrgId, projects: &[uuid::Uuid]) -> Result<HashMap<ProjectId, Vec<Vec<String>>>> {
+    let mut out: HashMap<ProjectId, Vec<Vec<String>>> = HashMap::new();
+    if projects.is_empty() {
+        return Ok(out);
+    }
+    let rows: Vec<(ProjectId, Vec<String>)> = sqlx::query_as(HOSTS_SQL)
+    .bind(org)
+    .bind(projects)
+    .bind(HOST_SEEN_WITHIN_HOURS as i32)
+    .fetch_all(pool)
+    .await?;
+    for (project, caps) in rows {
+        out.entry(project).or_default().push(caps);
+    }
+    Ok(out)
+}
+
+/// The run's definition, read only when an open wait step must be told apart (a timer or an
+/// event); a definition that cannot be read leaves the wait a timer, which is the common case.
+async fn definition_if_needed(pool: &PgPool, line: &RunLine, steps: &[StepLine]) -> Option<std::sync::Arc<Definition>> {
+    if !steps.iter().any(|s| s.kind == "wait" && s.state == "waiting") {
+        return None;
+    }
+    let mut conn = pool.acquire().await.ok()?;
+    CATALOG.get(&mut conn, line.workflow_id, line.workflow_version).await.ok()
+}
+
+fn run_facts(line: &RunLine, steps: Vec<StepLine>, def: Option<&Definition>, hosts: Vec<Vec<String>>) -> RunFacts {
+    let steps: Vec<StepFacts> = steps.into_iter().map(|s| step_facts(s, def)).collect();
+    let started_nothing = steps.is_empty();
+    RunFacts {
+        run: line.run_id,
+        status: RunStatus::parse(&line.status).unwrap_or(RunStatus::Failed),
+        reason: line.reason.clone(),
+        hold: (line.paused && started_nothing).then(|| Hold::Paused { workflow: line.workflow_name.clone() }),
+        steps,
+        hosts,
+    }
+}
+
+fn step_facts(s: StepLine, def: Option<&Definition>) -> StepFacts {
+    let event = def.and_then(|d| d.node(&s.node)).and_then(|n| match &n.kind {
+        NodeKind::Wait(Wait::Event(e)) => Some(e.clone()),
+        _ => None,
+    });
+    StepFacts {
+        step: s.step_id,
+        holder: holder_words(s.holder.as_deref(), s.host_name.as_deref()),
+        node: s.node,
+        kind: s.kind,
+        visit: s.visit,
+        attempt: s.attempt,
+        state: StepState::parse(&s.state).unwrap_or(StepState::Failed),
+        reason: s.reason,
+        exit_code: s.exit_code,
+        requires: s.requires,
+        not_before: s.not_before,
+        wake_at: s.wake_at,
+        prompt: s.prompt,
+        deadline: s.deadline,
+        event,
+        child: s.child_run,
+        finished_seq: s.finished_seq,
+    }
+}
+
+/// `engine:e1` → `engine e1`; `host:<id>` → `host <name>` when the host is known.
+fn holder_words(holder: Option<&str>, host_name: Option<&str>) -> Option<String> {
+    let holder = holder?;
+    Some(match (holder.split_once(':'), host_name) {
+        (Some(("host", _)), Some(name)) => format!("host {name}"),
+        (Some((kind, id)), _) => format!("{kind} {id}"),
+        (None, _) => holder.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::ids::HostId;
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 3, 2, 13, 0, 0).unwrap()
+    }
+
+    fn step(node: &str, kind: &str, state: StepState) -> StepFacts {
+        StepFacts {
+            step: StepId::mint(),
+            node: node.into(),
+            kind: kind.into(),
+            visit: 1,
+            attempt: 1,
+            state,
+            reason: None,
+            exit_code: None,
+            requires: vec![],
+            holder: None,
+            not_before: None,
+            wake_at: None,
+            prompt: None,
+            deadline: None,
+            event: None,
+            child: None,
+            finished_seq: None,
+        }
+    }
+
+    fn facts(steps: Vec<StepFacts>) -> RunFacts {
+        RunFacts { run: RunId::mint(), status: RunStatus::Running, reason: None, hold: None, steps, hosts: vec![] }
+    }
+
+    fn caps(c: &[&str]) -> Vec<String> {
+        c.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_run_with_nothing_open_is_queued_or_held_by_what_admission_says() {
+        let mut f = facts(vec![]);
+        assert_eq!(answer(&f, now()).text, "Queued: nothing has started yet");
+        f.hold = Some(Hold::Paused { workflow: "wf".into() });
+        let why = answer(&f, now());
+        assert_eq!((why.substate.as_ref().map(Substate::name), why.text.as_str()), (Some("held"), "Held: workflow wf is paused"));
+        f.hold = Some(Hold::Lease { group: "item".into() });
+        assert_eq!(answer(&f, now()).words, "waiting for a lock");
+        f.hold = Some(Hold::OrgCap { cap: 50 });
+        assert_eq!(answer(&f, now()).text, "Queued: held by the org's cap of 50 running runs");
+        f.hold = Some(Hold::Throttle { until: now() + chrono::Duration::seconds(65) });
+        assert_eq!(answer(&f, now()).text, "Asleep until 13:01:05 UTC (held by the workflow's throttle)");
+    }
+
+    #[test]
+    fn a_held_step_is_executing_with_its_holder() {
+        let mut s = step("build", "crew", StepState::Running);
+        s.holder = holder_words(Some("engine:e1"), None);
+        let why = answer(&facts(vec![s]), now());
+        assert_eq!(why.substate.as_ref().map(Substate::name), Some("executing"));
+        assert_eq!((why.words.as_str(), why.text.as_str()), ("running", "Running build on engine e1"));
+        let id = HostId::mint().to_string();
+        assert_eq!(holder_words(Some(&format!("host:{id}")), Some("build-1")).as_deref(), Some("host build-1"));
+    }
+
+    #[test]
+    fn a_ready_host_step_waits_for_a_capable_host_or_is_unroutable() {
+        let mut s = step("build", "crew", StepState::Pending);
+        s.requires = caps(&["linux", "gpu"]);
+        let mut f = facts(vec![s]);
+        f.hosts = vec![caps(&["linux"]), caps(&["linux", "arm64"])];
+        let why = answer(&f, now());
+        assert_eq!(
+            why.substate,
+            Some(Substate::Unroutable { node: "build".into(), requires: caps(&["linux", "gpu"]), missing: caps(&["gpu"]) })
+        );
+        assert_eq!(why.text, "Waiting for a host with linux, gpu: none online has gpu");
+        assert_eq!(why.words, "no host can run this");
+
+        f.hosts = vec![caps(&["linux"]), caps(&["gpu"])];
+        assert_eq!(answer(&f, now()).text, "Waiting for a host with linux, gpu: no host seen in the last day has all of them");
+        f.hosts = vec![];
+        assert_eq!(answer(&f, now()).text, "Waiting for a host with linux, gpu to run build: no host of this project was seen in the last day");
+
+        f.hosts = vec![caps(&["linux", "gpu", "harness:codex"])];
+        let why = answer(&f, now());
+        assert_eq!(why.substate.as_ref().map(Substate::name), Some("waiting_for_agent"));
+        assert_eq!(why.text, "Waiting for a host with linux, gpu to pick up build (1 host online can run it)");
+    }
+
+    #[test]
+    fn a_retry_backoff_sleeps_until_not_before_and_says_after_what() {
+        let mut failed = step("build", "crew", StepState::Failed);
+        failed.exit_code = Some(1);
+        failed.reason = Some("exit_code:1".into());
+        failed.attempt = 2;
+        let mut next = step("build", "crew", StepState::Pending);
+        next.attempt = 3;
+        next.not_before = Some(now() + chrono::Duration::seconds(65));
+        let why = answer(&facts(vec![failed, next.clone()]), now());
+        assert_eq!(why.words, "asleep");
+        assert_eq!(why.text, "Asleep until 13:01:05 UTC (retry 2 of build after exit code 1)");
+        // Once the backoff has passed, it is a ready host step again.
+        next.not_before = Some(now() - chrono::Duration::seconds(1));
+        assert_eq!(answer(&facts(vec![next]), now()).substate.as_ref().map(Substate::name), Some("unroutable"));
+    }
+
+    #[test]
+    fn waits_sleep_or_await_their_event_and_approvals_show_prompt_and_deadline() {
+        let mut nap = step("nap", "wait", StepState::Waiting);
+        nap.wake_at = Some(now() + chrono::Duration::days(1));
+        assert_eq!(answer(&facts(vec![nap]), now()).text, "Asleep until 2026-03-03 13:00:00 UTC (wait at nap)");
+
+        let mut merged = step("merged", "wait", StepState::Waiting);
+        merged.event = Some("pull_request.closed".into());
+        let why = answer(&facts(vec![merged]), now());
+        assert_eq!((why.words.as_str(), why.text.as_str()), ("waiting for pull_request.closed", "Waiting for pull_request.closed at merged"));
+
+        let mut ask = step("review_plan", "approval", StepState::Waiting);
+        ask.prompt = Some("Go ahead with this plan?\nDetails follow.".into());
+        ask.deadline = Some(Utc.with_ymd_and_hms(2026, 3, 3, 9, 0, 0).unwrap());
+        let why = answer(&facts(vec![ask]), now());
+        assert_eq!(why.words, "waiting for approval");
+        assert_eq!(why.text, "Waiting for approval at review_plan: Go ahead with this plan? (deadline 2026-03-03 09:00:00 UTC)");
+
+        let mut start = step(RUN_APPROVAL_NODE, "approval", StepState::Waiting);
+        start.prompt = Some("Start this run?".into());
+        assert_eq!(answer(&facts(vec![start]), now()).text, "Waiting for approval to start: Start this run?");
+    }
+
+    #[test]
+    fn a_child_run_is_awaited_by_name() {
+        let mut child = step("release", "workflow", StepState::Waiting);
+        let id = RunId::mint();
+        child.child = Some(id);
+        let why = answer(&facts(vec![child]), now());
+        assert_eq!(why.words, "waiting on another run");
+        assert_eq!(why.text, format!("Waiting on run {id} started by release"));
+    }
+
+    #[test]
+    fn the_step_needing_attention_first_names_the_substate() {
+        let mut sleeping_late = step("late", "wait", StepState::Waiting);
+        sleeping_late.wake_at = Some(now() + chrono::Duration::hours(2));
+        let mut sleeping_soon = step("soon", "wait", StepState::Waiting);
+        sleeping_soon.wake_at = Some(now() + chrono::Duration::hours(1));
+        let child = step("child", "workflow", StepState::Waiting);
+        let mut ready = step("build", "crew", StepState::Pending);
+        let running = step("test", "crew", StepState::Running);
+        let approval = step("ask", "approval", StepState::Waiting);
+        let mut stuck = step("gpu", "crew", StepState::Pending);
+        stuck.requires = caps(&["gpu"]);
+        ready.requires = caps(&["linux"]);
+
+        let order = [stuck, approval, running, ready, child, sleeping_late, sleeping_soon];
+        let expected = ["unroutable", "awaiting_signal", "executing", "waiting_for_agent", "awaiting_child", "sleeping"];
+        for (i, name) in expected.iter().enumerate() {
+            let mut f = facts(order[i..].to_vec());
+            f.hosts = vec![caps(&["linux"])];
+            let why = answer(&f, now());
+            assert_eq!(why.substate.as_ref().map(Substate::name), Some(*name), "{}", why.text);
+        }
+        let f = facts(order[5..].to_vec());
+        let why = answer(&f, now());
+        assert_eq!(why.text, "Asleep until 14:00:00 UTC (wait at soon) (and 1 more open step)");
+    }
+
+    #[test]
+    fn a_finished_run_says_how_and_where_it_ended() {
+        let mut f = facts(vec![]);
+        f.status = RunStatus::Completed;
+        assert_eq!(answer(&f, now()).text, "Finished: completed");
+        assert_eq!(answer(&f, now()).substate, None);
+
+        let mut gate = step("ci", "gate", StepState::Failed);
+        gate.reason = Some("gate_failed".into());
+        gate.finished_seq = Some(9);
+        let mut f = facts(vec![gate]);
+        f.status = RunStatus::Failed;
+        f.reason = Some("gate_failed".into());
+        assert_eq!(answer(&f, now()).text, "Finished: failed at ci: gate_failed");
+        f.reason = Some("stopped_line:left".into());
+        assert_eq!(answer(&f, now()).text, "Finished: failed at left: stopped_line:left");
+        f.reason = Some("attempts_exhausted".into());
+        f.steps[0].attempt = 3;
+        assert_eq!(answer(&f, now()).text, "Finished: failed at ci: attempts_exhausted");
+
+        let mut f = facts(vec![]);
+        f.status = RunStatus::Cancelled;
+        f.reason = Some("parent run-x is no longer running".into());
+        assert_eq!(answer(&f, now()).text, "Finished: cancelled: parent run-x is no longer running");
+    }
+
+    #[test]
+    fn the_substate_serializes_with_its_name_as_tag() {
+        let s = Substate::Unroutable { node: "b".into(), requires: caps(&["gpu"]), missing: caps(&["gpu"]) };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v, serde_json::json!({ "substate": "unroutable", "node": "b", "requires": ["gpu"], "missing": ["gpu"] }));
+    }
+}

@@ -1,0 +1,122 @@
+//! `shopfloor serve` on the embedded default, and the one-line errors of the command line.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use shopfloor_tests::shopfloor_bin;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `/readyz` until 200 or the limit; returns how long it took.
+async fn until_ready(port: u16, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let client = reqwest::Client::new();
+    while started.elapsed() < limit {
+        if let Ok(r) = client.get(format!("http://127.0.0.1:{port}/readyz")).send().await {
+            if r.status() == 200 {
+                return Some(started.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
+    // SAFETY: signalling our own child by its pid.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    child.wait().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_runs_its_own_postgres_and_keeps_the_data_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let data = dir.path().join(".shopfloor");
+    let port = free_port();
+    let serve = || {
+        Command::new(shopfloor_bin())
+            .args(["serve", "--log", "warn"])
+            .env_remove("DATABASE_URL")
+            .env("SHOPFLOOR_DATA_DIR", &data)
+            .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap()
+    };
+
+    let mut first = serve();
+    let took = until_ready(port, Duration::from_secs(60)).await;
+    assert!(took.is_some(), "/readyz did not answer 200 within 60 s");
+    let created = Command::new(shopfloor_bin())
+        .args(["admin", "create-org", "--slug", "acme", "--owner-email", "o@example.com"])
+        .env_remove("DATABASE_URL")
+        .env("SHOPFLOOR_DATA_DIR", &data)
+        .output()
+        .unwrap();
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let token = String::from_utf8(created.stdout).unwrap();
+    assert_eq!(token.lines().count(), 1, "the token is alone on standard output");
+    assert_eq!(token.trim().split('.').count(), 3, "a JWT");
+    assert!(sigterm(&mut first).success());
+
+    // The second start reuses the cluster and its data: the org is still there.
+    let mut second = serve();
+    assert!(until_ready(port, Duration::from_secs(60)).await.is_some());
+    let again = Command::new(shopfloor_bin())
+        .args(["admin", "create-org", "--slug", "acme", "--owner-email", "o@example.com"])
+        .env_remove("DATABASE_URL")
+        .env("SHOPFLOOR_DATA_DIR", &data)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert_eq!(String::from_utf8_lossy(&again.stderr).trim(), "error: an org with slug `acme` already exists");
+    assert!(sigterm(&mut second).success());
+    // Stopped with the server: nothing answers on the cluster's port any more.
+    let port_file = std::fs::read_to_string(data.join("pg.port")).unwrap();
+    let pg_port: u16 = port_file.trim().parse().unwrap();
+    assert!(std::net::TcpStream::connect(("127.0.0.1", pg_port)).is_err(), "PostgreSQL still runs after serve stopped");
+}
+
+/// Runs the binary; returns (exit code, stderr).
+fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(shopfloor_bin());
+    cmd.args(args).env_remove("DATABASE_URL").env("SHOPFLOOR_LOG", "off");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn assert_one_clear_line(code: i32, stderr: &str, says: &str) {
+    assert_ne!(code, 0);
+    assert_eq!(stderr.trim().lines().count(), 1, "one line, got: {stderr}");
+    assert!(stderr.contains(says), "expected `{says}` in: {stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+}
+
+#[test]
+fn bad_configuration_ends_with_one_clear_line() {
+    let (code, err) = run(&["migrate"], &[("DATABASE_URL", "not a url")]);
+    assert_one_clear_line(code, &err, "DATABASE_URL is not a valid PostgreSQL URL");
+
+    let port = free_port();
+    let url = format!("postgres://nobody@127.0.0.1:{port}/nothing");
+    let (code, err) = run(&["migrate"], &[("DATABASE_URL", &url)]);
+    assert_one_clear_line(code, &err, &format!("cannot reach the database at 127.0.0.1:{port}"));
+
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, err) = run(&["api"], &[("DATABASE_URL", &url), ("SHOPFLOOR_LISTEN", &addr)]);
+    assert_one_clear_line(code, &err, "the address is in use; stop the other server or set SHOPFLOOR_LISTEN");
+
+    let (code, err) = run(&["host"], &[]);
+    assert_one_clear_line(code, &err, "`shopfloor host` is not built yet");
+}
