@@ -186,8 +186,6 @@ CREATE TABLE runs (
     needs_approval    boolean NOT NULL DEFAULT false,
     input             jsonb NOT NULL DEFAULT '{}',
     dry_run           boolean NOT NULL DEFAULT false,
-    -- The next run event's sequence number; bumped under the run's row lock (gapless).
-    next_seq          bigint NOT NULL DEFAULT 1,
     trace_id          text,
     created_by        text NOT NULL,
     created_at        timestamptz NOT NULL DEFAULT now(),
@@ -253,7 +251,7 @@ CREATE TABLE run_events (
     org_id      uuid NOT NULL REFERENCES orgs,
     project_id  uuid NOT NULL REFERENCES projects,
     run_id      uuid NOT NULL REFERENCES runs ON DELETE CASCADE,
-    -- Gapless per run.
+    -- Gapless per run: taken as max(seq) + 1 under the run's row lock.
     seq         bigint NOT NULL,
     -- Unique across runs. Readers of a project's stream order by (xid, event_id) and read only
     -- below the oldest running transaction (pg_snapshot_xmin), so no event can appear later

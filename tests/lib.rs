@@ -1,6 +1,9 @@
 //! Helpers for end-to-end tests across real processes: the `shopfloor` binary, engine
 //! processes on a test database, and waiting on the database for what they did.
 
+pub mod github_fake;
+pub mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

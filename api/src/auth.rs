@@ -35,6 +35,11 @@ pub struct UserToken<'a> {
 
 /// Records a token and returns it signed. The signed text is shown once and never stored.
 pub async fn issue_user_token(ch: &mut Change, t: UserToken<'_>) -> Result<String, StoreError> {
+    issue_user_token_with_id(ch, t).await.map(|(_, token)| token)
+}
+
+/// As [`issue_user_token`], with the token's `jti` (its id in `api_tokens`).
+pub async fn issue_user_token_with_id(ch: &mut Change, t: UserToken<'_>) -> Result<(uuid::Uuid, String), StoreError> {
     let (kid, secret) = tenants::current_signing_key(ch).await?;
     let jti = uuid::Uuid::now_v7();
     let now = Utc::now();
@@ -67,5 +72,6 @@ pub async fn issue_user_token(ch: &mut Change, t: UserToken<'_>) -> Result<Strin
     };
     let mut header = Header::new(Algorithm::HS256);
     header.kid = Some(kid);
-    encode(&header, &claims, &EncodingKey::from_secret(&secret)).map_err(|e| StoreError::Invalid(format!("cannot sign token: {e}")))
+    let token = encode(&header, &claims, &EncodingKey::from_secret(&secret)).map_err(|e| StoreError::Invalid(format!("cannot sign token: {e}")))?;
+    Ok((jti, token))
 }

@@ -51,6 +51,9 @@ pub struct Engine<'a> {
     /// Whether this engine executes crew, gate and output steps itself (the test executor);
     /// otherwise they wait for hosts and integrations.
     pub executes_leased_steps: bool,
+    /// A draining engine takes no new work: a step it would execute itself is left pending
+    /// with an `execute` wake, for another engine to take.
+    pub draining: bool,
 }
 
 /// Advances a run locked in `ch`. Returns the steps leased to this engine.
@@ -72,20 +75,29 @@ pub async fn advance(ch: &mut Change, engine: &Engine<'_>, run_id: RunId, wakes:
     }
     let def = engine.catalog.get(ch.conn(), run.workflow_id, run.workflow_version).await?;
 
+    let mut history = steps::of_run(ch, run_id).await?;
+    let mut changed = false;
     for wake in wakes {
         if let Some(step) = wake.step {
             on_step_wake(ch, engine, &run, &def, step, &wake.reason, &mut out).await?;
+            changed = true;
         }
     }
-    settle_children(ch, run_id).await?;
+    if history.iter().any(|s| s.kind == "workflow" && s.state() == StepState::Waiting) {
+        settle_children(ch, run_id).await?;
+        changed = true;
+    }
+    if changed {
+        history = steps::of_run(ch, run_id).await?;
+    }
 
     if run.needs_approval {
-        let history = steps::of_run(ch, run_id).await?;
         match history.iter().rev().find(|s| s.node == approvals::RUN_APPROVAL_NODE) {
             None => {
                 let step = approvals::open(ch, run_id, approvals::RUN_APPROVAL_NODE, 1, "Start this run?", &BTreeMap::new(), None).await?;
                 if run.dry_run {
-                    steps::succeed::<step::Waiting>(ch, run_id, step, &json!({ "dry_run": true }), false).await?;
+                    approvals::answer_dry(ch, run_id, step).await?;
+                    history = steps::of_run(ch, run_id).await?;
                 } else {
                     return Ok(out);
                 }
@@ -99,9 +111,8 @@ pub async fn advance(ch: &mut Change, engine: &Engine<'_>, run_id: RunId, wakes:
     // Each pass resolves what the engine can resolve itself; a bound keeps a bad definition
     // from spinning (validation already refuses cycles without a gate or decision).
     for _ in 0..1_000 {
-        let history = steps::of_run(ch, run_id).await?;
         let records: Vec<StepRecord> = history.iter().filter(|s| s.node != approvals::RUN_APPROVAL_NODE).map(record).collect();
-        let walked = walk::walk(&def, &records);
+        let walked = with_rerun_starts(&def, &run, &history, walk::walk(&def, &records));
         if let Some(outcome) = walked.finished {
             match outcome {
                 Outcome::Completed { reason } => runs::finish::<run::Completed>(ch, run_id, reason.as_deref()).await?,
@@ -120,8 +131,38 @@ pub async fn advance(ch: &mut Change, engine: &Engine<'_>, run_id: RunId, wakes:
         if !resolved_any {
             return Ok(out);
         }
+        history = steps::of_run(ch, run_id).await?;
     }
     Err(StoreError::Invalid(format!("{run_id} did not settle after 1000 passes")))
+}
+
+/// A rerun from a node starts that node even where the walker would not: the walker starts a
+/// first node (one with no edge into it) only on an empty history, and a rerun's history opens
+/// with the steps it reused. A `from` node is started when it has no step yet and none of its
+/// predecessors is to run again (one that is still comes first, through the walker). What
+/// follows it waits for it: a join after it and a reused sibling would otherwise start now,
+/// and again once it is done.
+fn with_rerun_starts(def: &Definition, run: &runs::RunRow, history: &[StepRow], mut walked: walk::Walk) -> walk::Walk {
+    let Some(from) = run.source_from_node.as_deref() else { return walked };
+    if !matches!(walked.finished, None | Some(Outcome::Completed { reason: None })) {
+        return walked;
+    }
+    let from: Vec<String> = from.split(',').map(str::to_owned).collect();
+    let again = def.downstream(&from);
+    let extra: Vec<walk::Start> = from
+        .iter()
+        .filter(|f| !history.iter().any(|s| &s.node == *f) && !walked.start.iter().any(|s| &s.node == *f))
+        .filter(|f| def.node(f).is_some_and(|n| !n.after.iter().any(|p| again.contains(p))))
+        .map(|f| walk::Start { node: f.clone(), visit: 1, attempt: 1, delay: Duration::ZERO })
+        .collect();
+    if !extra.is_empty() {
+        let names: Vec<String> = extra.iter().map(|s| s.node.clone()).collect();
+        let behind = def.downstream(&names);
+        walked.finished = None;
+        walked.start.retain(|s| !behind.contains(&s.node));
+        walked.start.extend(extra);
+    }
+    walked
 }
 
 /// The walker's view of a stored step.
@@ -203,7 +244,7 @@ async fn start_node(
             let step = steps::create(ch, run_id, new(Initial::Waiting)).await?;
             let due = match wait {
                 Wait::For(d) => Some(*d),
-                Wait::Until(t) => Some((*t - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO)),
+                Wait::Until(t) => Some(until(ch, *t).await?),
                 Wait::Event(_) => node.timeout,
             };
             if run.dry_run {
@@ -218,8 +259,7 @@ async fn start_node(
         NodeKind::Approval(a) => {
             let step = approvals::open(ch, run_id, &node.id, start.visit, &a.prompt, &a.fields, a.timeout.or(node.timeout)).await?;
             if run.dry_run {
-                let answer = approvals::check_answer(&json!({}), &Map::new()).unwrap_or_else(|_| json!({}));
-                steps::succeed::<step::Waiting>(ch, run_id, step, &answer, false).await?;
+                approvals::answer_dry(ch, run_id, step).await?;
                 return Ok(true);
             }
             Ok(false)
@@ -270,23 +310,43 @@ async fn start_node(
                 steps::succeed::<step::Pending>(ch, run_id, step, &json!({ "dry_run": true }), false).await?;
                 return Ok(true);
             }
-            if !start.delay.is_zero() {
-                ch_wake(ch, run_id, step, start.delay, "execute").await?;
-            } else if engine.executes_leased_steps {
-                lease_to_self(ch, engine, run, node, step, out).await?;
+            if start.delay.is_zero() {
+                take_or_offer(ch, engine, run, node, step, out).await?;
             } else {
-                ch_notify(ch);
+                ch_wake(ch, run_id, step, start.delay, "execute").await?;
             }
             Ok(false)
         }
     }
 }
 
-/// Leases a ready step to this engine, with its timeout wake.
+/// The delay from the database's `now()` (the transaction's start, which the wake adds the
+/// delay to) until `t`, in whole milliseconds rounded up as wakes store them: measured on this
+/// process's clock, later than that start, the wake would fall due early.
+async fn until(ch: &mut Change, t: chrono::DateTime<chrono::Utc>) -> Result<Duration> {
+    let ms: f64 = sqlx::query_scalar("SELECT ceil(greatest(extract(epoch FROM $1::timestamptz - now()) * 1000, 0))::float8")
+        .bind(t)
+        .fetch_one(ch.conn())
+        .await?;
+    Ok(Duration::from_millis(ms as u64))
+}
+
+/// A step that is ready now: this engine executes it, or, draining, leaves it to another
+/// engine; without an executor it is offered to the hosts.
+async fn take_or_offer(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow, node: &Node, step: StepId, out: &mut Vec<ToExecute>) -> Result<()> {
+    match (engine.executes_leased_steps, engine.draining) {
+        (true, false) => lease_to_self(ch, engine, run, node, step, out).await,
+        (true, true) => ch_wake(ch, run.run_id, step, Duration::ZERO, "execute").await,
+        (false, _) => {
+            ch_notify(ch);
+            Ok(())
+        }
+    }
+}
+
+/// Leases a ready step to this engine and starts it.
 async fn lease_to_self(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow, node: &Node, step: StepId, out: &mut Vec<ToExecute>) -> Result<()> {
-    steps::lease(ch, run.run_id, step, engine.holder).await?;
-    let row = steps::start(ch, run.run_id, step, engine.holder).await?;
-    ch_wake(ch, run.run_id, step, step_timeout(node), "timeout").await?;
+    let row = steps::lease_and_start(ch, run.run_id, step, engine.holder, step_timeout(node)).await?;
     out.push(ToExecute {
         org: run.org_id,
         run: run.run_id,
@@ -323,21 +383,24 @@ async fn on_step_wake(
     let state = step.state();
     match (reason, state) {
         ("lease_expiry", StepState::Leased | StepState::Running) => {
-            let lapsed_for: Option<f64> = sqlx::query_scalar("SELECT extract(epoch FROM now() - lease_expires_at)::float8 FROM steps WHERE step_id = $1")
-                .bind(step_id)
-                .fetch_one(ch.conn())
-                .await?;
-            let lapsed_for = lapsed_for.unwrap_or(f64::MAX);
+            // One wake watches a held step for both its lease and its timeout.
+            let timeout = def.node(&step.node).map_or(OUTPUT_TIMEOUT, step_timeout);
+            let (lapsed_for, ran_for): (Option<f64>, Option<f64>) = sqlx::query_as(
+                "SELECT extract(epoch FROM now() - lease_expires_at)::float8, extract(epoch FROM now() - started_at)::float8 FROM steps WHERE step_id = $1",
+            )
+            .bind(step_id)
+            .fetch_one(ch.conn())
+            .await?;
+            let (lapsed_for, ran_for) = (lapsed_for.unwrap_or(f64::MAX), ran_for.unwrap_or(0.0));
             if lapsed_for >= LEASE_GRACE.as_secs_f64() - 0.001 {
                 steps::fail_leased(ch, run_id, step_id, &Failure::new("lease_expired", FailureClass::Infrastructure)).await?;
+            } else if ran_for >= timeout.as_secs_f64() - 0.001 {
+                steps::fail_leased(ch, run_id, step_id, &Failure::new("timeout", FailureClass::Ordinary)).await?;
             } else {
-                // Renewed since: look again when the renewed lease and its grace run out.
-                let again = LEASE_GRACE.as_secs_f64() - lapsed_for;
+                // Renewed since: look again when the lease and its grace, or the timeout, run out.
+                let again = (LEASE_GRACE.as_secs_f64() - lapsed_for).min(timeout.as_secs_f64() - ran_for);
                 ch_wake(ch, run_id, step_id, Duration::from_secs_f64(again.max(0.0)), "lease_expiry").await?;
             }
-        }
-        ("timeout", StepState::Leased | StepState::Running) => {
-            steps::fail_leased(ch, run_id, step_id, &Failure::new("timeout", FailureClass::Ordinary)).await?;
         }
         ("timeout", StepState::Waiting) => {
             let node = def.node(&step.node);
@@ -353,12 +416,8 @@ async fn on_step_wake(
             }
         }
         ("execute", StepState::Pending) => {
-            if engine.executes_leased_steps {
-                if let Some(node) = def.node(&step.node) {
-                    lease_to_self(ch, engine, run, node, step_id, out).await?;
-                }
-            } else {
-                ch_notify(ch);
+            if let Some(node) = def.node(&step.node) {
+                take_or_offer(ch, engine, run, node, step_id, out).await?;
             }
         }
         _ => {}
@@ -369,7 +428,8 @@ async fn on_step_wake(
 /// Resolves `workflow` steps whose child run has ended.
 async fn settle_children(ch: &mut Change, run_id: RunId) -> Result<()> {
     let done: Vec<(StepId, RunId, String, Option<String>)> = sqlx::query_as(
-        "SELECT s.step_id, c.run_id, c.status, c.reason FROM steps s JOIN runs c ON c.parent_step_id = s.step_id \
+        "SELECT s.step_id, c.run_id, c.status, c.reason FROM steps s \
+         JOIN runs c ON c.parent_run_id = s.run_id AND c.parent_step_id = s.step_id \
          WHERE s.run_id = $1 AND s.state = 'waiting' AND s.kind = 'workflow' AND c.status <> 'running'",
     )
     .bind(run_id)

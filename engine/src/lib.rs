@@ -12,6 +12,7 @@ pub mod pool;
 pub mod state;
 pub mod store;
 pub mod substate;
+pub mod triggers;
 pub mod walk;
 
 #[cfg(feature = "testkit")]

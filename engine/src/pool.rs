@@ -54,6 +54,16 @@ struct Done {
     result: Result<Value, Failure>,
 }
 
+/// What a recording transaction came back with: the steps it leased to this engine, or the
+/// batch to try again.
+struct Recorded {
+    batch: Vec<Done>,
+    result: Result<Vec<ToExecute>, StoreError>,
+}
+
+/// Recording transactions in flight at once.
+const RECORDERS: usize = 4;
+
 struct Pool {
     db: PgPool,
     cfg: PoolConfig,
@@ -63,6 +73,12 @@ struct Pool {
     done_tx: mpsc::UnboundedSender<Done>,
     /// Completions that could not be recorded yet (the database was away).
     unrecorded: Vec<Done>,
+    /// Transactions recording completions, run side by side: round trips, not the
+    /// database, bound one transaction's pace, and completions that arrive while these are
+    /// in flight gather into the next batch.
+    recorders: JoinSet<Recorded>,
+    /// Set on the first drain signal: recording what it holds must not lease it more work.
+    draining: bool,
 }
 
 /// Runs the loop until `drain` is cancelled and held work is done (or the drain time is up),
@@ -70,7 +86,7 @@ struct Pool {
 pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: CancellationToken) -> Result<(), StoreError> {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let holder = format!("engine:{}", cfg.id);
-    let mut pool = Pool { db, cfg, holder, catalog: Arc::new(Catalog::default()), tasks: JoinSet::new(), done_tx, unrecorded: Vec::new() };
+    let mut pool = Pool { db, cfg, holder, catalog: Arc::new(Catalog::default()), tasks: JoinSet::new(), done_tx, unrecorded: Vec::new(), recorders: JoinSet::new(), draining: false };
     let mut listener: Option<PgListener> = None;
     let mut backoff = Duration::from_secs(1);
     let mut scan = true;
@@ -95,20 +111,15 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
                 }
             }
         }
-        if !pool.unrecorded.is_empty() {
+        if !pool.unrecorded.is_empty() && pool.recorders.len() < RECORDERS {
             let batch = std::mem::take(&mut pool.unrecorded);
-            if let Err(e) = pool.record(batch).await {
-                tracing::warn!(error = %e, "cannot record step completions; retrying");
-                if pause(&abort, &mut backoff).await {
-                    return Ok(());
-                }
-                continue;
-            }
+            pool.start_recording(batch);
         }
         if scan && !draining && pool.tasks.len() < pool.cfg.max_in_flight {
             match pool.claim_due().await {
-                Ok(next) => {
-                    scan = false;
+                Ok((next, more)) => {
+                    // Stopped because every slot is taken: look again when one frees.
+                    scan = more;
                     backoff = Duration::from_secs(1);
                     timer = next.map(|d| Instant::now() + d);
                 }
@@ -121,7 +132,7 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
                 }
             }
         }
-        if draining && pool.tasks.is_empty() && pool.unrecorded.is_empty() {
+        if draining && pool.tasks.is_empty() && pool.unrecorded.is_empty() && pool.recorders.is_empty() {
             tracing::info!("drained; exiting");
             return Ok(());
         }
@@ -132,12 +143,13 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
             () = drain.cancelled(), if !draining => {
                 tracing::info!(held = pool.tasks.len(), drain_s = pool.cfg.drain.as_secs(), "draining: no new claims");
                 drain_deadline = Some(Instant::now() + pool.cfg.drain);
+                pool.draining = true;
             }
             () = sleep_until(drain_deadline), if draining => {
                 tracing::warn!(held = pool.tasks.len(), "drain time is up; leases will be recovered");
                 return Ok(());
             }
-            Some(done) = done_rx.recv() => {
+            Some(done) = done_rx.recv(), if pool.recorders.len() < RECORDERS => {
                 let mut batch = vec![done];
                 while batch.len() < pool.cfg.batch as usize {
                     match done_rx.try_recv() {
@@ -145,12 +157,22 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
                         Err(_) => break,
                     }
                 }
-                if let Err(e) = pool.record(batch).await {
-                    tracing::warn!(error = %e, "cannot record step completions; retrying");
-                }
-                // A slot freed: wakes skipped while full may be claimable now.
-                scan = true;
+                pool.start_recording(batch);
             }
+            Some(joined) = pool.recorders.join_next(), if !pool.recorders.is_empty() => match joined {
+                Ok(Recorded { result: Ok(jobs), .. }) => {
+                    backoff = Duration::from_secs(1);
+                    pool.spawn(jobs);
+                }
+                Ok(Recorded { batch, result: Err(e) }) => {
+                    tracing::warn!(error = %e, "cannot record step completions; retrying");
+                    pool.unrecorded.extend(batch);
+                    if pause(&abort, &mut backoff).await {
+                        return Ok(());
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "a recording task panicked; its steps will be recovered by lease expiry"),
+            },
             Some(_) = pool.tasks.join_next(), if !pool.tasks.is_empty() => {}
             n = next_notification(&mut listener) => match n {
                 Ok(Some(n)) => match Notice::parse(n.payload()) {
@@ -182,12 +204,13 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
 
 impl Pool {
     fn engine(&self) -> Engine<'_> {
-        Engine { holder: &self.holder, catalog: &self.catalog, executes_leased_steps: self.cfg.test_executor.is_some() }
+        Engine { holder: &self.holder, catalog: &self.catalog, executes_leased_steps: self.cfg.test_executor.is_some(), draining: self.draining }
     }
 
-    /// Claims and handles due wakes until a batch comes back short; returns the delay until
-    /// the earliest future wake.
-    async fn claim_due(&mut self) -> Result<Option<Duration>, StoreError> {
+    /// Claims and handles due wakes until a batch comes back short or every execution slot is
+    /// taken; returns the delay until the earliest future wake, and whether it stopped for
+    /// want of slots (so more may be due).
+    async fn claim_due(&mut self) -> Result<(Option<Duration>, bool), StoreError> {
         loop {
             let room = (self.cfg.max_in_flight.saturating_sub(self.tasks.len())).max(1) as i64;
             let limit = self.cfg.batch.min(room);
@@ -216,8 +239,11 @@ impl Pool {
                 Err(e) => return Err(e),
             };
             self.spawn(jobs);
-            if n < limit || self.tasks.len() >= self.cfg.max_in_flight {
-                return self.next_due().await;
+            if self.tasks.len() >= self.cfg.max_in_flight && n == limit {
+                return Ok((None, true));
+            }
+            if n < limit {
+                return Ok((self.next_due().await?, false));
             }
         }
     }
@@ -303,54 +329,62 @@ impl Pool {
         }
     }
 
-    /// Records finished executions (fenced) and advances their runs, in one transaction.
-    async fn record(&mut self, batch: Vec<Done>) -> Result<(), StoreError> {
-        let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
-        let ids: Vec<RunId> = batch.iter().map(|d| d.job.run).collect();
-        let outcome: Result<Vec<ToExecute>, StoreError> = async {
-            ch.lock_runs(&ids).await?;
-            let mut touched: Vec<RunId> = Vec::new();
-            for done in &batch {
-                let (run, step) = (done.job.run, done.job.step);
-                let written = match &done.result {
-                    Ok(output) => steps::succeed_held(&mut ch, run, step, &self.holder, output).await.map(|_| ()),
-                    Err(failure) => steps::fail_held(&mut ch, run, step, &self.holder, failure, None).await.map(|_| ()),
-                };
-                match written {
-                    Ok(()) => touched.push(run),
-                    // A newer holder or a cancel got there first: this result is not ours to record.
-                    Err(StoreError::Stale(why)) => tracing::info!(step.id = %step, why, "dropping a stale result"),
-                    Err(e) => return Err(e),
-                }
-            }
-            touched.sort();
-            touched.dedup();
-            let engine = self.engine();
-            let mut jobs = Vec::new();
-            for run in touched {
-                jobs.extend(advance::advance(&mut ch, &engine, run, &[]).await?);
-            }
-            Ok(jobs)
-        }
-        .await;
-        match outcome {
-            Ok(jobs) => match ch.commit().await {
-                Ok(()) => {
-                    self.spawn(jobs);
-                    Ok(())
-                }
-                Err(e) => {
-                    self.unrecorded.extend(batch);
-                    Err(e)
-                }
-            },
-            Err(e) => {
-                drop(ch);
-                self.unrecorded.extend(batch);
-                Err(e)
-            }
+    /// Records finished executions in a transaction of their own, beside the loop.
+    fn start_recording(&mut self, batch: Vec<Done>) {
+        let ctx = RecordCtx {
+            db: self.db.clone(),
+            id: self.cfg.id.clone(),
+            holder: self.holder.clone(),
+            catalog: self.catalog.clone(),
+            executes: self.cfg.test_executor.is_some(),
+            draining: self.draining,
+        };
+        self.recorders.spawn(async move {
+            let result = record(&ctx, &batch).await;
+            Recorded { batch, result }
+        });
+    }
+}
+
+/// What a recording task needs of its engine.
+struct RecordCtx {
+    db: PgPool,
+    id: String,
+    holder: String,
+    catalog: Arc<Catalog>,
+    executes: bool,
+    draining: bool,
+}
+
+/// Records finished executions (fenced by holder) and advances their runs, in one
+/// transaction; returns the steps leased to this engine on the way.
+async fn record(ctx: &RecordCtx, batch: &[Done]) -> Result<Vec<ToExecute>, StoreError> {
+    let mut ch = Change::begin(&ctx.db, Actor::Engine(ctx.id.clone())).await?;
+    let ids: Vec<RunId> = batch.iter().map(|d| d.job.run).collect();
+    ch.lock_runs(&ids).await?;
+    let mut touched: Vec<RunId> = Vec::new();
+    for done in batch {
+        let (run, step) = (done.job.run, done.job.step);
+        let written = match &done.result {
+            Ok(output) => steps::succeed_held(&mut ch, run, step, &ctx.holder, output).await.map(|_| ()),
+            Err(failure) => steps::fail_held(&mut ch, run, step, &ctx.holder, failure, None).await.map(|_| ()),
+        };
+        match written {
+            Ok(()) => touched.push(run),
+            // A newer holder or a cancel got there first: this result is not ours to record.
+            Err(StoreError::Stale(why)) => tracing::info!(step.id = %step, why, "dropping a stale result"),
+            Err(e) => return Err(e),
         }
     }
+    touched.sort();
+    touched.dedup();
+    let engine = Engine { holder: &ctx.holder, catalog: &ctx.catalog, executes_leased_steps: ctx.executes, draining: ctx.draining };
+    let mut jobs = Vec::new();
+    for run in touched {
+        jobs.extend(advance::advance(&mut ch, &engine, run, &[]).await?);
+    }
+    ch.commit().await?;
+    Ok(jobs)
 }
 
 /// Errors of a run's own logic (a bad stored definition, an impossible state), as opposed to

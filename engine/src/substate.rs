@@ -163,6 +163,8 @@ pub struct RunFacts {
     pub status: RunStatus,
     pub reason: Option<String>,
     pub hold: Option<Hold>,
+    /// Whether it has any step at all (succeeded ones are not in `steps`).
+    pub started: bool,
     /// Its open steps, failed steps and `end` steps, in creation order.
     pub steps: Vec<StepFacts>,
     /// The capabilities of each host of the project that is registered and was seen in the
@@ -325,7 +327,7 @@ pub fn explain(facts: &RunFacts, substate: &Substate, now: DateTime<Utc>) -> Str
     let more = more_open(facts, substate);
     let text = match substate {
         Substate::Queued { held_by: Some(by) } => format!("Queued: held by {by}"),
-        Substate::Queued { held_by: None } if facts.steps.is_empty() => "Queued: nothing has started yet".into(),
+        Substate::Queued { held_by: None } if !facts.started => "Queued: nothing has started yet".into(),
         Substate::Queued { held_by: None } => "Queued: the engine has yet to take the next step".into(),
         Substate::Executing { node, holder: Some(h) } => format!("Running {node} on {h}"),
         Substate::Executing { node, holder: None } => format!("Running {node}: ready, not picked up yet"),
@@ -457,7 +459,8 @@ pub async fn whys(pool: &PgPool, org: OrgId, runs: &[RunId]) -> Result<Vec<Why>>
 
 /// The runs asked about ($1 org, $2 run ids), with the database's clock.
 const RUNS_SQL: &str = "SELECT r.run_id, r.project_id, r.workflow_id, r.workflow_version, r.status, r.reason, \
-            w.name AS workflow_name, w.paused, now() AS now \
+            w.name AS workflow_name, w.paused, \
+            EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id) AS started, now() AS now \
      FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id \
      WHERE r.org_id = $1 AND r.run_id = ANY($2)";
 
@@ -495,6 +498,7 @@ struct RunLine {
     reason: Option<String>,
     workflow_name: String,
     paused: bool,
+    started: bool,
     now: DateTime<Utc>,
 }
 
@@ -604,14 +608,14 @@ async fn definition_if_needed(pool: &PgPool, line: &RunLine, steps: &[StepLine])
 }
 
 fn run_facts(line: &RunLine, steps: Vec<StepLine>, def: Option<&Definition>, hosts: Vec<Vec<String>>) -> RunFacts {
-    let steps: Vec<StepFacts> = steps.into_iter().map(|s| step_facts(s, def)).collect();
-    let started_nothing = steps.is_empty();
     RunFacts {
         run: line.run_id,
         status: RunStatus::parse(&line.status).unwrap_or(RunStatus::Failed),
         reason: line.reason.clone(),
-        hold: (line.paused && started_nothing).then(|| Hold::Paused { workflow: line.workflow_name.clone() }),
-        steps,
+        // A pause holds only runs that have not started: the ones already going carry on.
+        hold: (line.paused && !line.started).then(|| Hold::Paused { workflow: line.workflow_name.clone() }),
+        started: line.started,
+        steps: steps.into_iter().map(|s| step_facts(s, def)).collect(),
         hosts,
     }
 }
@@ -686,7 +690,7 @@ mod tests {
     }
 
     fn facts(steps: Vec<StepFacts>) -> RunFacts {
-        RunFacts { run: RunId::mint(), status: RunStatus::Running, reason: None, hold: None, steps, hosts: vec![] }
+        RunFacts { run: RunId::mint(), status: RunStatus::Running, reason: None, hold: None, started: !steps.is_empty(), steps, hosts: vec![] }
     }
 
     fn caps(c: &[&str]) -> Vec<String> {
@@ -697,6 +701,9 @@ mod tests {
     fn a_run_with_nothing_open_is_queued_or_held_by_what_admission_says() {
         let mut f = facts(vec![]);
         assert_eq!(answer(&f, now()).text, "Queued: nothing has started yet");
+        f.started = true;
+        assert_eq!(answer(&f, now()).text, "Queued: the engine has yet to take the next step");
+        f.started = false;
         f.hold = Some(Hold::Paused { workflow: "wf".into() });
         let why = answer(&f, now());
         assert_eq!((why.substate.as_ref().map(Substate::name), why.text.as_str()), (Some("held"), "Held: workflow wf is paused"));

@@ -124,8 +124,10 @@ async fn an_idle_pool_sends_no_statements() {
     let _b = EngineProcess::start(&db.url, "b", &effects);
     submit_many(&db.pool, &s, 10, json!({ "test": { "gate_fail_visits": [1] } })).await;
     assert_eq!(until_all_done(&db.pool, Duration::from_secs(60)).await, 0);
-    // Let the last commits' statistics reach the shared counters.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Quiescence: the engines' timers for the lease wakes they were told of (30 s lease + 15 s
+    // grace) fire once, find those wakes gone with their steps, and then nothing is left to
+    // wait for.
+    tokio::time::sleep(Duration::from_secs(47)).await;
 
     // Counted by pg_stat_statements from another database, so neither the counting nor
     // autovacuum's own transactions on the test database are counted.

@@ -120,3 +120,21 @@ fn bad_configuration_ends_with_one_clear_line() {
     let (code, err) = run(&["host"], &[]);
     assert_one_clear_line(code, &err, "`shopfloor host` is not built yet");
 }
+
+#[test]
+fn validate_lints_workflow_files_offline() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/workflows");
+    let good = fixtures.join("issue-to-pr.yaml");
+    let bad = fixtures.join("broken-edges.yaml");
+    let out = Command::new(shopfloor_bin()).arg("validate").arg(&good).env_remove("DATABASE_URL").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(out.stdout.is_empty());
+
+    let out = Command::new(shopfloor_bin()).arg("validate").arg(&good).arg(&bad).env_remove("DATABASE_URL").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    assert_eq!(lines[1], format!("{}:7:19: nodes.build.after: there is no node `desing`", bad.display()));
+    assert!(lines.iter().all(|l| l.starts_with(&bad.display().to_string())), "{text}");
+}

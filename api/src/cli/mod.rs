@@ -100,6 +100,15 @@ pub struct PoolArgs {
     pub db_connections: u32,
 }
 
+/// The GitHub App's webhook settings: `SHOPFLOOR_GITHUB_WEBHOOK_SECRET` (no default; until it
+/// is set, `POST /webhooks/github` answers 503).
+#[derive(Debug, Clone, Args)]
+pub struct GithubArgs {
+    /// The GitHub App's webhook secret, which signs every delivery (X-Hub-Signature-256).
+    #[arg(long = "github-webhook-secret", env = "SHOPFLOOR_GITHUB_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<secrecy::SecretString>,
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -108,6 +117,8 @@ pub struct ServeArgs {
     pub listen: ListenArgs,
     #[command(flatten)]
     pub pool: PoolArgs,
+    #[command(flatten)]
+    pub github: GithubArgs,
 }
 
 #[derive(Debug, Args)]
@@ -116,6 +127,8 @@ pub struct ApiArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub listen: ListenArgs,
+    #[command(flatten)]
+    pub github: GithubArgs,
 }
 
 #[derive(Debug, Args)]

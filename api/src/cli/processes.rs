@@ -28,7 +28,8 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         return Err(CliError::msg(e));
     }
     let (drain, abort) = signals();
-    let server = tokio::spawn(serve_http(listener, db.pool.clone(), drain.clone()));
+    let listen_url = args.pool.listen_database_url.clone().unwrap_or_else(|| db.url.clone());
+    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone()));
     let pool = tokio::spawn(engine::pool::run(db.pool.clone(), pool_config(&args.pool, &db.url), drain.clone(), abort.clone()));
     tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
     let (served, pooled) = tokio::join!(server, pool);
@@ -45,7 +46,7 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
         return Err(CliError::msg(e));
     }
     let (drain, _abort) = signals();
-    let served = serve_http(listener, db.pool.clone(), drain).await;
+    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone()).await;
     db.close().await;
     served
 }
@@ -93,9 +94,23 @@ async fn bind(addr: &std::net::SocketAddr) -> Result<TcpListener, CliError> {
     })
 }
 
-async fn serve_http(listener: TcpListener, db: sqlx::PgPool, drain: CancellationToken) -> Result<(), CliError> {
-    let app = http::router(AppState { db });
-    axum::serve(listener, app).with_graceful_shutdown(async move { drain.cancelled().await }).await.map_err(CliError::msg)
+/// Serves the router; its event hub LISTENs on `listen_url`.
+async fn serve_http(
+    listener: TcpListener,
+    db: sqlx::PgPool,
+    listen_url: String,
+    drain: CancellationToken,
+    webhook_secret: Option<secrecy::SecretString>,
+) -> Result<(), CliError> {
+    let state = AppState::new(db, &listen_url);
+    // The webhooks need the App's secret, which the REST router's state does not carry.
+    let app = http::router(state.clone()).merge(crate::webhooks::router(crate::webhooks::WebhookState::new(state.db.clone(), webhook_secret)));
+    // Event streams never end by themselves: close them, or the shutdown would wait forever.
+    let shutdown = async move {
+        drain.cancelled().await;
+        state.close_streams();
+    };
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(CliError::msg)
 }
 
 /// The first SIGTERM or Ctrl-C cancels `drain`; the second cancels `abort`.

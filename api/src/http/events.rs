@@ -312,7 +312,7 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
 /// stream starts with the events committed from now on.
 #[utoipa::path(
     get,
-    path = "/orgs/{org}/projects/{project}/events",
+    path = "/orgs/{org}/projects/{project}/events", operation_id = "stream_project_events",
     tag = "events",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event"), StreamQuery),
@@ -337,5 +337,7 @@ pub async fn stream(
         None => horizon(&state.db).await?,
     };
     let client = Client { db: state.db.clone(), org: scope.org.org, project: scope.project, rx, pos, queue: VecDeque::new(), catch_up: true };
-    Ok(Sse::new(futures::stream::unfold(client, next_event)).keep_alive(KeepAlive::default()))
+    let closing = state.shared.closing.clone().cancelled_owned();
+    let events = futures::StreamExt::take_until(futures::stream::unfold(client, next_event), closing);
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }

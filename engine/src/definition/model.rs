@@ -37,6 +37,20 @@ pub struct GithubTrigger {
     pub events: Vec<String>,
     /// A CEL expression over `item`, `trigger`, `project`.
     pub condition: Option<String>,
+    /// Whose deliveries may start runs (`senders:`): by default only people whose
+    /// `author_association` is OWNER, MEMBER or COLLABORATOR, never bots.
+    pub senders: Senders,
+}
+
+/// Who may trigger a workflow through GitHub (DESIGN.md "Safety defaults").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Senders {
+    /// OWNER, MEMBER or COLLABORATOR, and never a bot.
+    #[default]
+    Trusted,
+    /// Anyone, bots included (`senders: any`): for public intake workflows and check events,
+    /// which bots send.
+    Any,
 }
 
 #[derive(Debug, Clone, PartialEq)]

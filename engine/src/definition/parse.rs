@@ -18,7 +18,7 @@ use read::{Cx, boolean, count, duration, mapping, nonempty_string, one_of, strin
 use yaml::Node as YNode;
 
 use super::model::{
-    Budget, Concurrency, ConcurrencyPolicy, Definition, GithubTrigger, ScheduleTrigger, Throttle,
+    Budget, Concurrency, ConcurrencyPolicy, Definition, GithubTrigger, ScheduleTrigger, Senders, Throttle,
     Triggers,
 };
 use super::{expr, template};
@@ -161,12 +161,18 @@ fn triggers(cx: &mut Cx, node: &YNode, path: &str) -> Option<Triggers> {
 }
 
 fn github(cx: &mut Cx, node: &YNode, path: &str) -> Option<GithubTrigger> {
-    let f = mapping(cx, node, path, &["events", "if"])?;
+    let f = mapping(cx, node, path, &["events", "if", "senders"])?;
     let events = f.must(cx, "events", events);
     let condition = f.optional(cx, "if", expression);
+    let senders = f
+        .optional(cx, "senders", |cx, n, p| {
+            one_of(cx, n, p, &[("trusted", Senders::Trusted), ("any", Senders::Any)])
+        })
+        .map(Option::unwrap_or_default);
     Some(GithubTrigger {
         events: events?,
         condition: condition?,
+        senders: senders?,
     })
 }
 

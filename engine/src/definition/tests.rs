@@ -786,3 +786,16 @@ fn validate_files_prints_file_line_col_message() {
     ));
     assert!(out.is_empty());
 }
+
+#[test]
+fn a_first_node_that_a_gate_loops_back_to_still_starts_the_run() {
+    let source = "name: loop
+nodes:
+  build:
+    crew: { harness: claude-code, prompt: build }
+  ci:
+    after: [build]
+    gate: { checks: [test], on_fail: build }
+";
+    assert!(crate::definition::parse(source).is_ok(), "{:?}", crate::definition::parse(source).err());
+}

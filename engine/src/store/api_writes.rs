@@ -41,7 +41,7 @@ pub async fn add_member(ch: &mut Change, org: OrgId, email: &str, role: &str) ->
     if inserted.rows_affected() == 0 {
         return Err(StoreError::Conflict(format!("{} is already a member", cap(email))));
     }
-    ch.audit(org, None, "member.add", ("user", user.to_string()), json!({ "email": cap(email), "role": role })).await?;
+    ch.audit(org, None, "member.add", ("user", user.to_string()), json!({ "email": cap(email), "role": role }))?;
     Ok(user)
 }
 
@@ -83,7 +83,7 @@ pub async fn set_member_role(ch: &mut Change, org: OrgId, user: UserId, role: &s
         .bind(role)
         .execute(&mut *ch.tx)
         .await?;
-    ch.audit(org, None, "member.role", ("user", user.to_string()), json!({ "from": current, "to": role })).await?;
+    ch.audit(org, None, "member.role", ("user", user.to_string()), json!({ "from": current, "to": role }))?;
     Ok(())
 }
 
@@ -102,8 +102,7 @@ pub async fn remove_member(ch: &mut Change, org: OrgId, user: UserId) -> Result<
     .bind(user)
     .execute(&mut *ch.tx)
     .await?;
-    ch.audit(org, None, "member.remove", ("user", user.to_string()), json!({ "role": current, "tokens_revoked": revoked.rows_affected() }))
-        .await?;
+    ch.audit(org, None, "member.remove", ("user", user.to_string()), json!({ "role": current, "tokens_revoked": revoked.rows_affected() }))?;
     Ok(())
 }
 
@@ -120,7 +119,7 @@ pub async fn revoke_token(ch: &mut Change, org: OrgId, jti: uuid::Uuid) -> Resul
         Some(Some(_)) => Ok(()),
         Some(None) => {
             sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti = $2").bind(org).bind(jti).execute(&mut *ch.tx).await?;
-            ch.audit(org, None, "token.revoke", ("token", jti.to_string()), json!({})).await?;
+            ch.audit(org, None, "token.revoke", ("token", jti.to_string()), json!({}))?;
             Ok(())
         }
     }

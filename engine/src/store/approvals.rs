@@ -51,7 +51,7 @@ pub async fn open(
     if let Some(t) = timeout {
         attrs["deadline_ms"] = json!(t.as_millis() as u64);
     }
-    ch.event(run, "run.awaiting", Some((step, node)), attrs).await?;
+    ch.event(run, "run.awaiting", Some((step, node)), attrs)?;
     Ok(step)
 }
 
@@ -160,7 +160,7 @@ pub async fn approve(ch: &mut Change, org: OrgId, run: RunId, node: &str, answer
         runs::clear_needs_approval(ch, run).await?;
     }
     let project = ch.locked(run)?.project;
-    ch.audit(org, Some(project), "approval.approve", ("run", run.to_string()), json!({ "node": node, "answer": output })).await?;
+    ch.audit(org, Some(project), "approval.approve", ("run", run.to_string()), json!({ "node": node, "answer": output }))?;
     ch.wake(run, None, Duration::ZERO, "advance", true).await?;
     Ok(open.step)
 }
@@ -175,9 +175,50 @@ pub async fn reject(ch: &mut Change, org: OrgId, run: RunId, node: &str, reason:
     let why = format!("rejected at {node}: {reason}");
     steps::fail::<step::Waiting>(ch, run, open.step, &Failure::new(cap(&why), FailureClass::Final), Some(&answer)).await?;
     let project = ch.locked(run)?.project;
-    ch.audit(org, Some(project), "approval.reject", ("run", run.to_string()), json!({ "node": node, "reason": cap(reason) })).await?;
+    ch.audit(org, Some(project), "approval.reject", ("run", run.to_string()), json!({ "node": node, "reason": cap(reason) }))?;
     runs::finish::<run::Cancelled>(ch, run, Some(&why)).await?;
     Ok(open.step)
+}
+
+/// A dry run answers its approvals at once, recorded as approved so that no person is ever
+/// asked: with the form's defaults (a required field without one is left out; nothing real
+/// reads a dry run's answers).
+pub async fn answer_dry(ch: &mut Change, run: RunId, step: StepId) -> Result<Value> {
+    ch.locked(run)?;
+    let form: Value = sqlx::query_scalar("SELECT fields FROM approvals WHERE step_id = $1 AND run_id = $2")
+        .bind(step)
+        .bind(run)
+        .fetch_one(&mut *ch.tx)
+        .await?;
+    let defaults: Map<String, Value> = form
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, spec)| spec.get("default").filter(|d| !d.is_null()).map(|d| (name.clone(), d.clone())))
+        .collect();
+    let answer = Value::Object(defaults);
+    record(ch, step, "approved", &answer).await?;
+    steps::succeed::<step::Waiting>(ch, run, step, &answer, false).await?;
+    Ok(answer)
+}
+
+/// A run that ends withdraws the approvals it still waited for, so that no person is asked to
+/// answer them any more; each writes `run.wait_withdrawn`.
+pub(super) async fn withdraw_open(ch: &mut Change, run: RunId) -> Result<()> {
+    ch.locked(run)?;
+    let by = format!("{:?}", ch.actor);
+    let withdrawn: Vec<(StepId, String)> = sqlx::query_as(
+        "UPDATE approvals SET decision = 'withdrawn', decided_by = $2, decided_at = now() \
+         WHERE run_id = $1 AND decision IS NULL RETURNING step_id, node",
+    )
+    .bind(run)
+    .bind(cap(&by))
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    for (step, node) in withdrawn {
+        ch.event(run, "run.wait_withdrawn", Some((step, &node)), json!({ "waits_on": "person" }))?;
+    }
+    Ok(())
 }
 
 /// An approval's deadline passed unanswered: the wait resolves (the step succeeds with
@@ -186,7 +227,7 @@ pub async fn expire(ch: &mut Change, run: RunId, step: StepId) -> Result<()> {
     let answer = json!({ "timed_out": true });
     record(ch, step, "timed_out", &answer).await?;
     let row = steps::succeed::<step::Waiting>(ch, run, step, &answer, true).await?;
-    ch.event(run, "run.wait_expired", Some((step, &row.node)), json!({ "waits_on": "person" })).await?;
+    ch.event(run, "run.wait_expired", Some((step, &row.node)), json!({ "waits_on": "person" }))?;
     Ok(())
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{PgPool, Postgres, Transaction};
 
 use super::{Result, StoreError};
 use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
@@ -79,7 +79,6 @@ pub struct RunCtx {
     pub project: ProjectId,
     pub run: RunId,
     next_seq: i64,
-    first_seq: i64,
 }
 
 /// One transaction of the write path.
@@ -90,11 +89,41 @@ pub struct Change {
     /// The smallest delay of a wake written for another process to see.
     notify_delay: Option<Duration>,
     wrote_events: bool,
+    events: Vec<PendingEvent>,
+    audits: Vec<PendingAudit>,
+}
+
+struct PendingEvent {
+    org: OrgId,
+    project: ProjectId,
+    run: RunId,
+    seq: i64,
+    kind: String,
+    step: Option<StepId>,
+    node: Option<String>,
+    attrs: Value,
+}
+
+struct PendingAudit {
+    org: OrgId,
+    project: Option<ProjectId>,
+    action: String,
+    target_kind: String,
+    target_id: String,
+    detail: Value,
 }
 
 impl Change {
     pub async fn begin(pool: &PgPool, actor: Actor) -> Result<Change> {
-        Ok(Change { tx: pool.begin().await?, actor, runs: HashMap::new(), notify_delay: None, wrote_events: false })
+        Ok(Change {
+            tx: pool.begin().await?,
+            actor,
+            runs: HashMap::new(),
+            notify_delay: None,
+            wrote_events: false,
+            events: Vec::new(),
+            audits: Vec::new(),
+        })
     }
 
     pub fn actor(&self) -> &Actor {
@@ -107,43 +136,59 @@ impl Change {
         if let Some(ctx) = self.runs.get(&run) {
             return Ok(Some(ctx.clone()));
         }
-        let row = sqlx::query(
-            "SELECT project_id, next_seq FROM runs WHERE run_id = $1 AND org_id = $2 FOR UPDATE",
-        )
-        .bind(run)
-        .bind(org)
-        .fetch_optional(&mut *self.tx)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let seq: i64 = row.get("next_seq");
-        let ctx = RunCtx { org, project: row.get("project_id"), run, next_seq: seq, first_seq: seq };
-        self.runs.insert(run, ctx.clone());
-        Ok(Some(ctx))
+        let project: Option<ProjectId> = sqlx::query_scalar("SELECT project_id FROM runs WHERE run_id = $1 AND org_id = $2 FOR UPDATE")
+            .bind(run)
+            .bind(org)
+            .fetch_optional(&mut *self.tx)
+            .await?;
+        let Some(project) = project else { return Ok(None) };
+        self.runs.insert(run, RunCtx { org, project, run, next_seq: 1 });
+        self.read_next_seqs(&[run]).await?;
+        Ok(self.runs.get(&run).cloned())
     }
 
     /// Locks many runs at once, in id order so that two batches never deadlock. Runs of
     /// unknown ids are left out.
     pub async fn lock_runs(&mut self, runs: &[RunId]) -> Result<Vec<RunCtx>> {
         let ids: Vec<uuid::Uuid> = runs.iter().filter(|r| !self.runs.contains_key(r)).map(|r| r.0).collect();
-        let rows = sqlx::query(
-            "SELECT run_id, org_id, project_id, next_seq FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE",
-        )
-        .bind(&ids)
-        .fetch_all(&mut *self.tx)
-        .await?;
-        for row in rows {
-            let seq: i64 = row.get("next_seq");
-            let run: RunId = row.get("run_id");
-            let ctx = RunCtx { org: row.get("org_id"), project: row.get("project_id"), run, next_seq: seq, first_seq: seq };
-            self.runs.insert(run, ctx);
+        let rows: Vec<(RunId, OrgId, ProjectId)> =
+            sqlx::query_as("SELECT run_id, org_id, project_id FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE")
+                .bind(&ids)
+                .fetch_all(&mut *self.tx)
+                .await?;
+        let locked: Vec<RunId> = rows.iter().map(|r| r.0).collect();
+        for (run, org, project) in rows {
+            self.runs.insert(run, RunCtx { org, project, run, next_seq: 1 });
         }
+        self.read_next_seqs(&locked).await?;
         Ok(runs.iter().filter_map(|r| self.runs.get(r).cloned()).collect())
+    }
+
+    /// Reads where each locked run's event sequence stands. Every writer of a run's events
+    /// holds its row lock, and this statement's snapshot is taken after the lock was granted,
+    /// so it sees the last holder's events and the next number is free.
+    async fn read_next_seqs(&mut self, runs: &[RunId]) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<uuid::Uuid> = runs.iter().map(|r| r.0).collect();
+        let last: Vec<(RunId, i64)> =
+            sqlx::query_as("SELECT run_id, max(seq) FROM run_events WHERE run_id = ANY($1) GROUP BY run_id")
+                .bind(&ids)
+                .fetch_all(&mut *self.tx)
+                .await?;
+        for (run, seq) in last {
+            if let Some(ctx) = self.runs.get_mut(&run) {
+                ctx.next_seq = seq + 1;
+            }
+        }
+        Ok(())
     }
 
     /// Registers a run created in this transaction as locked (its row is new, so no one else
     /// can see it until commit).
     pub(super) fn adopt_new_run(&mut self, org: OrgId, project: ProjectId, run: RunId) -> RunCtx {
-        let ctx = RunCtx { org, project, run, next_seq: 1, first_seq: 1 };
+        let ctx = RunCtx { org, project, run, next_seq: 1 };
         self.runs.insert(run, ctx.clone());
         ctx
     }
@@ -159,59 +204,77 @@ impl Change {
         Ok(self.locked(run)?.next_seq)
     }
 
-    /// Appends a run event; returns its sequence number.
-    pub(super) async fn event(
-        &mut self,
-        run: RunId,
-        kind: &str,
-        step: Option<(StepId, &str)>,
-        attrs: Value,
-    ) -> Result<i64> {
+    /// Appends a run event; returns its sequence number. Events are written together at
+    /// commit (one statement for all of them), since nothing reads them back in the change.
+    pub(super) fn event(&mut self, run: RunId, kind: &str, step: Option<(StepId, &str)>, attrs: Value) -> Result<i64> {
         let ctx = self.runs.get_mut(&run).ok_or_else(|| StoreError::Invalid(format!("event on {run} without its row lock")))?;
         let seq = ctx.next_seq;
         ctx.next_seq += 1;
-        self.wrote_events = true;
         let (org, project) = (ctx.org, ctx.project);
-        sqlx::query(
-            "INSERT INTO run_events (org_id, project_id, run_id, seq, kind, step_id, node, attrs) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(org)
-        .bind(project)
-        .bind(run)
-        .bind(seq)
-        .bind(kind)
-        .bind(step.map(|s| s.0))
-        .bind(step.map(|s| s.1))
-        .bind(attrs)
-        .execute(&mut *self.tx)
-        .await?;
+        self.events.push(PendingEvent {
+            org,
+            project,
+            run,
+            seq,
+            kind: kind.to_owned(),
+            step: step.map(|s| s.0),
+            node: step.map(|s| s.1.to_owned()),
+            attrs,
+        });
         Ok(seq)
     }
 
-    /// Writes an audit entry for this change's actor.
-    pub(super) async fn audit(
-        &mut self,
-        org: OrgId,
-        project: Option<ProjectId>,
-        action: &str,
-        target: (&str, String),
-        detail: Value,
-    ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, detail) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(org)
-        .bind(project)
-        .bind(self.actor.kind())
-        .bind(self.actor.id())
-        .bind(action)
-        .bind(target.0)
-        .bind(target.1)
-        .bind(detail)
-        .execute(&mut *self.tx)
-        .await?;
+    /// Writes an audit entry for this change's actor (at commit, with the others).
+    pub(super) fn audit(&mut self, org: OrgId, project: Option<ProjectId>, action: &str, target: (&str, String), detail: Value) -> Result<()> {
+        self.audits.push(PendingAudit {
+            org,
+            project,
+            action: action.to_owned(),
+            target_kind: target.0.to_owned(),
+            target_id: target.1,
+            detail,
+        });
+        Ok(())
+    }
+
+    /// Inserts the buffered events and audit entries, one statement each.
+    async fn flush(&mut self) -> Result<()> {
+        if !self.events.is_empty() {
+            let e = std::mem::take(&mut self.events);
+            sqlx::query(
+                "INSERT INTO run_events (org_id, project_id, run_id, seq, kind, step_id, node, attrs) \
+                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[])",
+            )
+            .bind(e.iter().map(|x| x.org.0).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.project.0).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.run.0).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.seq).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.kind.as_str()).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.step.map(|s| s.0)).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.node.as_deref()).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| &x.attrs).collect::<Vec<_>>())
+            .execute(&mut *self.tx)
+            .await?;
+            self.wrote_events = true;
+        }
+        if !self.audits.is_empty() {
+            let a = std::mem::take(&mut self.audits);
+            let (kind, id) = (self.actor.kind(), self.actor.id());
+            sqlx::query(
+                "INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, detail) \
+                 SELECT o, p, $3, $4, a, tk, ti, d FROM UNNEST($1::uuid[], $2::uuid[], $5::text[], $6::text[], $7::text[], $8::jsonb[]) AS u(o, p, a, tk, ti, d)",
+            )
+            .bind(a.iter().map(|x| x.org.0).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.project.map(|p| p.0)).collect::<Vec<_>>())
+            .bind(kind)
+            .bind(id)
+            .bind(a.iter().map(|x| x.action.as_str()).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.target_kind.as_str()).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.target_id.as_str()).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| &x.detail).collect::<Vec<_>>())
+            .execute(&mut *self.tx)
+            .await?;
+        }
         Ok(())
     }
 
@@ -269,18 +332,10 @@ impl Change {
         self.notify_delay = Some(Duration::ZERO);
     }
 
-    /// Stores the advanced sequence counters and commits, with one `NOTIFY` when a wake was
+    /// Writes the buffered events and audit entries and commits, with one `NOTIFY` when a wake was
     /// written for another process or events were appended (the streams follow them).
     pub async fn commit(mut self) -> Result<()> {
-        for ctx in self.runs.values() {
-            if ctx.next_seq != ctx.first_seq {
-                sqlx::query("UPDATE runs SET next_seq = $2 WHERE run_id = $1")
-                    .bind(ctx.run)
-                    .bind(ctx.next_seq)
-                    .execute(&mut *self.tx)
-                    .await?;
-            }
-        }
+        self.flush().await?;
         let payload = match self.notify_delay {
             Some(delay) => Some(format!("w{}", delay.as_millis())),
             None => self.wrote_events.then(|| "e".to_owned()),

@@ -16,6 +16,7 @@ mod change;
 pub mod runs;
 pub mod steps;
 pub mod tenants;
+pub mod triggers;
 pub mod workflows;
 
 pub use change::{Actor, Change, Notice, RunCtx, NOTIFY_CHANNEL};

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use sqlx::FromRow;
 
 use super::steps::{self, StepRow};
-use super::{cap, Change, Result, StoreError};
+use super::{approvals, cap, Change, Result, StoreError};
 use crate::definition::Definition;
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, StepId, WorkflowId};
 use crate::state::{run, MoveTo, RunStatus, State};
@@ -102,8 +102,8 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
         "dry_run": new.dry_run,
         "parent": new.parent.map(|p| p.0.to_string()),
     });
-    ch.event(run, "run.started", None, attrs.clone()).await?;
-    ch.audit(new.org, Some(new.project), "run.submit", ("run", run.to_string()), attrs).await?;
+    ch.event(run, "run.started", None, attrs.clone())?;
+    ch.audit(new.org, Some(new.project), "run.submit", ("run", run.to_string()), attrs)?;
     ch.wake(run, None, Duration::ZERO, "advance", true).await?;
     Ok(run)
 }
@@ -135,7 +135,11 @@ where
         "cancelled" => reason.unwrap_or("cancelled").to_owned(),
         _ => "run ended".to_owned(),
     };
-    steps::cancel_open(ch, run_id, &step_reason).await?;
+    // An open approval always has its waiting step, so a run that ends with no open step
+    // (most do) has none to withdraw and spends no statement on it.
+    if steps::cancel_open(ch, run_id, &step_reason).await? > 0 {
+        approvals::withdraw_open(ch, run_id).await?;
+    }
     sqlx::query("DELETE FROM wakes WHERE run_id = $1").bind(run_id).execute(&mut *ch.tx).await?;
     sqlx::query("DELETE FROM concurrency_leases WHERE run_id = $1").bind(run_id).execute(&mut *ch.tx).await?;
     if let Some(parent) = row.parent_run_id {
@@ -153,8 +157,9 @@ where
         ch.wake(run_id, None, DRY_RUN_RETENTION, "retention", true).await?;
     }
     let attrs = json!({ "reason": reason.map(cap) });
-    ch.event(run_id, &format!("run.{}", T::NAME), None, attrs.clone()).await?;
-    ch.audit(ctx.org, Some(ctx.project), &format!("run.{}", T::NAME), ("run", run_id.to_string()), attrs).await?;
+    ch.event(run_id, &format!("run.{}", T::NAME), None, attrs.clone())?;
+    ch.audit(ctx.org, Some(ctx.project), &format!("run.{}", T::NAME), ("run", run_id.to_string()), attrs)?;
+    super::triggers::on_run_finished(ch, &row).await?;
     Ok(row)
 }
 

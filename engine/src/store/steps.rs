@@ -149,8 +149,8 @@ pub async fn create(ch: &mut Change, run: RunId, new: NewStep<'_>) -> Result<Ste
     if !new.delay.is_zero() {
         attrs["delay_ms"] = json!(new.delay.as_millis() as u64);
     }
-    ch.event(run, "step.created", Some((step, new.node)), attrs).await?;
-    ch.audit(org, Some(ch.locked(run)?.project), "step.create", ("step", step.to_string()), json!({ "run": run.to_string(), "node": new.node })).await?;
+    ch.event(run, "step.created", Some((step, new.node)), attrs)?;
+    ch.audit(org, Some(ch.locked(run)?.project), "step.create", ("step", step.to_string()), json!({ "run": run.to_string(), "node": new.node }))?;
     Ok(step)
 }
 
@@ -176,8 +176,8 @@ pub async fn reuse(ch: &mut Change, run: RunId, from: &StepRow) -> Result<StepId
     .bind(seq)
     .execute(&mut *ch.tx)
     .await?;
-    ch.event(run, "step.reused", Some((step, &from.node)), json!({ "from": from.step_id.to_string() })).await?;
-    ch.audit(org, Some(ch.locked(run)?.project), "step.reuse", ("step", step.to_string()), json!({ "from": from.step_id.to_string() })).await?;
+    ch.event(run, "step.reused", Some((step, &from.node)), json!({ "from": from.step_id.to_string() }))?;
+    ch.audit(org, Some(ch.locked(run)?.project), "step.reuse", ("step", step.to_string()), json!({ "from": from.step_id.to_string() }))?;
     Ok(step)
 }
 
@@ -251,9 +251,9 @@ async fn apply<F: MoveTo<T>, T: State>(
     if set.timed_out {
         attrs["timed_out"] = json!(true);
     }
-    ch.event(run, &format!("step.{}", T::NAME), Some((step, &row.node)), attrs.clone()).await?;
+    ch.event(run, &format!("step.{}", T::NAME), Some((step, &row.node)), attrs.clone())?;
     let project = ch.locked(run)?.project;
-    ch.audit(row.org_id, Some(project), &format!("step.{}", T::NAME), ("step", step.to_string()), attrs).await?;
+    ch.audit(row.org_id, Some(project), &format!("step.{}", T::NAME), ("step", step.to_string()), attrs)?;
     if set.finished {
         ch.drop_step_wakes(step).await?;
     }
@@ -265,6 +265,37 @@ async fn apply<F: MoveTo<T>, T: State>(
 pub async fn lease(ch: &mut Change, run: RunId, step: StepId, holder: &str) -> Result<StepRow> {
     let row = apply::<step::Pending, step::Leased>(ch, run, step, None, Set { holder: Some(holder), lease: true, ..Set::default() }).await?;
     ch.wake(run, Some(step), LEASE + LEASE_GRACE, "lease_expiry", true).await?;
+    Ok(row)
+}
+
+/// The engine takes a ready step for itself and starts it at once: the two legal moves
+/// pending → leased → running in one statement. One wake watches the step: at the lease's
+/// end plus its grace, or at the step's timeout if sooner.
+pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: &str, timeout: Duration) -> Result<StepRow> {
+    // Both moves must be legal; the first one's sources guard the statement.
+    let from = <step::Pending as MoveTo<step::Leased>>::sources();
+    let _checked = <step::Leased as MoveTo<step::Running>>::sources();
+    let (leased, running) = (step::Leased::NAME, step::Running::NAME);
+    let sql = format!(
+        "UPDATE steps SET state = $3, holder = $4, lease_expires_at = now() + interval '{} seconds', started_at = now() \
+         WHERE step_id = $1 AND run_id = $2 AND state = ANY($5) RETURNING {STEP_COLUMNS}",
+        LEASE.as_secs()
+    );
+    let row: StepRow = sqlx::query_as(&sql)
+        .bind(step)
+        .bind(run)
+        .bind(running)
+        .bind(holder)
+        .bind(&from)
+        .fetch_optional(&mut *ch.tx)
+        .await?
+        .ok_or_else(|| StoreError::Stale(format!("{step} is no longer pending")))?;
+    let project = ch.locked(run)?.project;
+    for (state, attrs) in [(leased, json!({ "holder": holder, "attempt": row.attempt })), (running, json!({ "attempt": row.attempt }))] {
+        ch.event(run, &format!("step.{state}"), Some((step, &row.node)), attrs.clone())?;
+        ch.audit(row.org_id, Some(project), &format!("step.{state}"), ("step", step.to_string()), attrs)?;
+    }
+    ch.wake(run, Some(step), (LEASE + LEASE_GRACE).min(timeout), "lease_expiry", true).await?;
     Ok(row)
 }
 

@@ -35,7 +35,7 @@ pub async fn create_org(ch: &mut Change, slug: &Slug, name: &str, owner_email: &
         .bind(user)
         .execute(&mut *ch.tx)
         .await?;
-    ch.audit(org, None, "org.create", ("org", slug.to_string()), json!({ "owner": email })).await?;
+    ch.audit(org, None, "org.create", ("org", slug.to_string()), json!({ "owner": email }))?;
     Ok((org, user))
 }
 
@@ -58,7 +58,7 @@ pub async fn create_project(ch: &mut Change, org: OrgId, slug: &Slug, name: &str
     if inserted.rows_affected() == 0 {
         return Err(StoreError::Conflict(format!("a project with slug `{slug}` already exists in this org")));
     }
-    ch.audit(org, Some(project), "project.create", ("project", slug.to_string()), json!({})).await?;
+    ch.audit(org, Some(project), "project.create", ("project", slug.to_string()), json!({}))?;
     Ok(project)
 }
 
@@ -113,7 +113,6 @@ pub async fn insert_token(ch: &mut Change, t: &TokenRecord) -> Result<()> {
     .bind(t.expires_at)
     .execute(&mut *ch.tx)
     .await?;
-    ch.audit(t.org, t.project, "token.create", ("token", t.jti.to_string()), json!({ "name": t.name, "role": t.role, "kind": t.kind }))
-        .await?;
+    ch.audit(t.org, t.project, "token.create", ("token", t.jti.to_string()), json!({ "name": t.name, "role": t.role, "kind": t.kind }))?;
     Ok(())
 }

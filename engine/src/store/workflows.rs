@@ -52,8 +52,7 @@ pub async fn put_version(ch: &mut Change, org: OrgId, project: ProjectId, name: 
         .bind(version)
         .execute(&mut *ch.tx)
         .await?;
-    ch.audit(org, Some(project), "workflow.version", ("workflow", workflow.to_string()), json!({ "name": name, "version": version, "sha256": sha }))
-        .await?;
+    ch.audit(org, Some(project), "workflow.version", ("workflow", workflow.to_string()), json!({ "name": name, "version": version, "sha256": sha }))?;
     Ok((workflow, version))
 }
 
@@ -67,7 +66,7 @@ pub async fn set_paused(ch: &mut Change, org: OrgId, workflow: WorkflowId, pause
         .await?;
     if done.rows_affected() == 1 {
         let action = if paused { "workflow.pause" } else { "workflow.unpause" };
-        ch.audit(org, None, action, ("workflow", workflow.to_string()), json!({})).await?;
+        ch.audit(org, None, action, ("workflow", workflow.to_string()), json!({}))?;
     }
     Ok(done.rows_affected() == 1)
 }

@@ -5,3 +5,4 @@ mod testkit;
 mod fixtures;
 mod store;
 mod engine;
+mod lifecycle;

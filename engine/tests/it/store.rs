@@ -16,7 +16,6 @@ async fn a_failure_mid_change_leaves_nothing_written() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", TWO_STEPS).await;
     let before_audit = count(&db.pool, "SELECT count(*) FROM audit_log").await;
-    // The audit insert is the third statement of a submit: run, event, then audit.
     sqlx::raw_sql(
         "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected'; END $$;
          CREATE TRIGGER refuse BEFORE INSERT ON audit_log FOR EACH ROW EXECUTE FUNCTION refuse();",
@@ -25,10 +24,11 @@ async fn a_failure_mid_change_leaves_nothing_written() {
     .await
     .unwrap();
 
+    // Events and audit entries are written at commit, so that is where the fault strikes.
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let err = runs::submit(&mut ch, new_run(&s)).await.unwrap_err();
+    runs::submit(&mut ch, new_run(&s)).await.unwrap();
+    let err = ch.commit().await.unwrap_err();
     assert!(err.to_string().contains("injected"), "{err}");
-    drop(ch);
 
     for table in ["runs", "run_events", "wakes", "steps"] {
         assert_eq!(count(&db.pool, &format!("SELECT count(*) FROM {table}")).await, 0, "{table} kept a row");

@@ -25,9 +25,23 @@ pub(super) struct Skeleton {
 pub(super) struct Edge {
     pub(super) from: String,
     pub(super) to: String,
+    pub(super) kind: EdgeKind,
     /// Where the other end's name is written.
     pub(super) pos: Pos,
     pub(super) path: String,
+}
+
+/// What an edge is, for deciding which nodes start a run (the walker's rule, `walk::is_root`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum EdgeKind {
+    /// `after`.
+    Plain,
+    /// A decision's case or default.
+    Route,
+    /// A gate's `on_fail`.
+    Loop,
+    /// A `failure` handler.
+    Failure,
 }
 
 pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
@@ -37,13 +51,13 @@ pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
         .map(|(i, n)| (n.id.as_str(), i))
         .collect();
     let mut successors: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
-    let mut has_incoming = vec![false; nodes.len()];
+    let mut incoming: Vec<Vec<(usize, EdgeKind)>> = vec![Vec::new(); nodes.len()];
     for node in nodes {
         for edge in &node.edges {
             match (index.get(edge.from.as_str()), index.get(edge.to.as_str())) {
                 (Some(&from), Some(&to)) => {
                     successors[from].push(to);
-                    has_incoming[to] = true;
+                    incoming[to].push((from, edge.kind));
                 }
                 (from, _) => {
                     let missing = if from.is_none() { &edge.from } else { &edge.to };
@@ -56,14 +70,40 @@ pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
             }
         }
     }
-    unreachable(cx, nodes, &successors, &has_incoming);
+    let starts: Vec<usize> = (0..nodes.len()).filter(|&n| starts_a_run(n, &incoming, &successors)).collect();
+    unreachable(cx, nodes, &successors, &starts);
     ungated_cycles(cx, nodes, &successors);
 }
 
-/// Nodes that no path leads to from a starting node (one that no edge leads to).
-fn unreachable(cx: &mut Cx, nodes: &[Skeleton], successors: &[Vec<usize>], has_incoming: &[bool]) {
+/// Whether a node starts a run, by the walker's rule: every edge into it only loops back to it,
+/// from a gate's `on_fail` or from a decision downstream of it (when it has no `after`).
+fn starts_a_run(n: usize, incoming: &[Vec<(usize, EdgeKind)>], successors: &[Vec<usize>]) -> bool {
+    let has_after = incoming[n].iter().any(|(_, k)| *k == EdgeKind::Plain);
+    incoming[n].iter().all(|&(from, kind)| match kind {
+        EdgeKind::Loop => true,
+        EdgeKind::Route => !has_after && reaches(successors, n, from),
+        EdgeKind::Plain | EdgeKind::Failure => false,
+    })
+}
+
+fn reaches(successors: &[Vec<usize>], from: usize, to: usize) -> bool {
+    let mut seen = vec![false; successors.len()];
+    let mut stack = vec![from];
+    while let Some(n) = stack.pop() {
+        if n == to {
+            return true;
+        }
+        if !std::mem::replace(&mut seen[n], true) {
+            stack.extend(&successors[n]);
+        }
+    }
+    false
+}
+
+/// Nodes that no path leads to from a node that starts a run.
+fn unreachable(cx: &mut Cx, nodes: &[Skeleton], successors: &[Vec<usize>], starts: &[usize]) {
     let mut reached = vec![false; nodes.len()];
-    let mut queue: VecDeque<usize> = (0..nodes.len()).filter(|&i| !has_incoming[i]).collect();
+    let mut queue: VecDeque<usize> = starts.iter().copied().collect();
     for &i in &queue {
         reached[i] = true;
     }

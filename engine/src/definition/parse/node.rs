@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::graph::{Edge, Skeleton};
+use super::graph::{Edge, EdgeKind, Skeleton};
 use super::read::{
     Cx, Fields, boolean, count, duration, entries, mapping, missing, nonempty_string, one_of,
     scalar_json, string, string_list, strings_at, type_error, unknown_key, usd,
@@ -135,6 +135,7 @@ fn one(cx: &mut Cx, key: &Key, value: &YNode, path: &str) -> (Skeleton, Option<N
             from: target.clone(),
             to: id.clone(),
             pos: *pos,
+            kind: EdgeKind::Plain,
             path: f.path("after"),
         });
     }
@@ -144,6 +145,7 @@ fn one(cx: &mut Cx, key: &Key, value: &YNode, path: &str) -> (Skeleton, Option<N
             from: id.clone(),
             to: target.clone(),
             pos: *pos,
+            kind: EdgeKind::Failure,
             path: f.path("failure"),
         });
     }
@@ -372,6 +374,7 @@ fn gate(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) 
             from: id.to_owned(),
             to: target.clone(),
             pos: *pos,
+            kind: EdgeKind::Loop,
             path: f.path("on_fail"),
         });
     }
@@ -510,6 +513,7 @@ fn decision(
             from: id.to_owned(),
             to: target.clone(),
             pos: *pos,
+            kind: EdgeKind::Route,
             path: f.path("default"),
         });
     }
@@ -554,6 +558,7 @@ fn case(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) 
             from: id.to_owned(),
             to: target.clone(),
             pos: *pos,
+            kind: EdgeKind::Route,
             path: f.path("to"),
         });
     }

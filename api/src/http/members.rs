@@ -1,0 +1,159 @@
+//! Members of an org: list (viewer), add by email with a role, change a role, remove (admin;
+//! only an owner grants, changes or removes the owner role). Removing a member revokes their
+//! tokens in the same change.
+
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use engine::ids::UserId;
+use engine::store::api_writes;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::auth::Role;
+use super::error::{ApiError, Problem};
+use super::extract::{IdempotencyKey, Json, Path, Query};
+use super::tenant::OrgScope;
+use super::{idempotency, page, AppState};
+
+#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct Member {
+    #[sqlx(rename = "user_id")]
+    pub user: uuid::Uuid,
+    pub email: String,
+    pub role: String,
+    pub github_login: Option<String>,
+    /// When they joined the org.
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MemberList {
+    pub items: Vec<Member>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddMember {
+    pub email: String,
+    pub role: Role,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeRole {
+    pub role: Role,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Page size, 1 to 200 (50 by default).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MemberPath {
+    user: String,
+}
+
+const SELECT: &str = "SELECT u.user_id, u.email, m.role, u.github_login, m.created_at \
+     FROM memberships m JOIN users u ON u.user_id = m.user_id AND u.org_id = m.org_id WHERE m.org_id = $1";
+
+async fn load(state: &AppState, scope: &OrgScope, user: UserId) -> Result<Member, ApiError> {
+    sqlx::query_as(&format!("{SELECT} AND m.user_id = $2"))
+        .bind(scope.org)
+        .bind(user)
+        .fetch_optional(&state.db)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("member not found".into()))
+}
+
+/// A member's id from the path; an id that cannot be one names nobody.
+fn user_id(text: &str) -> Result<UserId, ApiError> {
+    text.parse().map(UserId).map_err(|_| ApiError::NotFound("member not found".into()))
+}
+
+/// Only an owner may touch the owner role, given or taken.
+fn guard_owner(scope: &OrgScope, roles: &[&str]) -> Result<(), ApiError> {
+    if roles.contains(&"owner") { scope.require(Role::Owner) } else { Ok(()) }
+}
+
+/// The org's members, by email.
+#[utoipa::path(get, path = "/orgs/{org}/members", operation_id = "list_members", tag = "members",
+    params(("org" = String, Path, description = "Org slug"), ListQuery),
+    responses((status = 200, body = MemberList)))]
+pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<ListQuery>) -> Result<Json<MemberList>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let limit = page::limit(q.limit)?;
+    let after: Option<(String, uuid::Uuid)> = page::decode(q.cursor.as_deref())?;
+    let rows: Vec<Member> = match after {
+        Some((email, user)) => sqlx::query_as(&format!("{SELECT} AND (u.email, u.user_id) > ($2, $3) ORDER BY u.email, u.user_id LIMIT $4"))
+            .bind(scope.org)
+            .bind(email)
+            .bind(user)
+            .bind(limit + 1)
+            .fetch_all(&state.db)
+            .await?,
+        None => sqlx::query_as(&format!("{SELECT} ORDER BY u.email, u.user_id LIMIT $2")).bind(scope.org).bind(limit + 1).fetch_all(&state.db).await?,
+    };
+    let (items, next_cursor) = page::finish(rows, limit, |m| (m.email.clone(), m.user));
+    Ok(Json(MemberList { items, next_cursor }))
+}
+
+/// Adds a person by email with a role (admin; owner to add an owner).
+#[utoipa::path(post, path = "/orgs/{org}/members", operation_id = "add_member", tag = "members",
+    params(("org" = String, Path, description = "Org slug"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe")),
+    request_body = AddMember,
+    responses((status = 201, body = Member), (status = 409, description = "Already a member", body = Problem, content_type = "application/problem+json")))]
+pub async fn add(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<AddMember>) -> Result<Response, ApiError> {
+    scope.require(Role::Admin)?;
+    guard_owner(&scope, &[body.role.as_str()])?;
+    let mut ch = scope.change(&state).await?;
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &idempotency::fingerprint(method.as_str(), &uri, &body)).await? {
+        return Ok(replay);
+    }
+    let user = api_writes::add_member(&mut ch, scope.org, &body.email, body.role.as_str()).await?;
+    let member: Member = sqlx::query_as(&format!("{SELECT} AND m.user_id = $2")).bind(scope.org).bind(user).fetch_one(ch.conn()).await?;
+    let response = idempotency::answer(&mut ch, scope.org, &key, StatusCode::CREATED, &member).await?;
+    ch.commit().await?;
+    Ok(response)
+}
+
+/// Changes a member's role (admin; owner when the owner role is given or taken). The last
+/// owner keeps the role.
+#[utoipa::path(patch, path = "/orgs/{org}/members/{user}", operation_id = "change_member_role", tag = "members",
+    params(("org" = String, Path, description = "Org slug"), ("user" = String, Path, description = "The member's user id")),
+    request_body = ChangeRole,
+    responses((status = 200, body = Member), (status = 409, description = "The last owner", body = Problem, content_type = "application/problem+json")))]
+pub async fn change_role(State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>, Json(body): Json<ChangeRole>) -> Result<Json<Member>, ApiError> {
+    scope.require(Role::Admin)?;
+    let user = user_id(&p.user)?;
+    let mut ch = scope.change(&state).await?;
+    let current = api_writes::member_role(&mut ch, scope.org, user).await?.ok_or_else(|| ApiError::NotFound("member not found".into()))?;
+    guard_owner(&scope, &[current.as_str(), body.role.as_str()])?;
+    api_writes::set_member_role(&mut ch, scope.org, user, body.role.as_str()).await?;
+    ch.commit().await?;
+    Ok(Json(load(&state, &scope, user).await?))
+}
+
+/// Removes a member and revokes their tokens (admin; owner to remove an owner). The last owner
+/// stays.
+#[utoipa::path(delete, path = "/orgs/{org}/members/{user}", operation_id = "remove_member", tag = "members",
+    params(("org" = String, Path, description = "Org slug"), ("user" = String, Path, description = "The member's user id")),
+    responses((status = 204, description = "Removed"), (status = 409, description = "The last owner", body = Problem, content_type = "application/problem+json")))]
+pub async fn remove(State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>) -> Result<Response, ApiError> {
+    scope.require(Role::Admin)?;
+    let user = user_id(&p.user)?;
+    let mut ch = scope.change(&state).await?;
+    let current = api_writes::member_role(&mut ch, scope.org, user).await?.ok_or_else(|| ApiError::NotFound("member not found".into()))?;
+    guard_owner(&scope, &[current.as_str()])?;
+    api_writes::remove_member(&mut ch, scope.org, user).await?;
+    ch.commit().await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,138 @@
+//! The HTTP surface: the axum router, built from one list of documented routes.
+//!
+//! Every route of the REST API is registered through utoipa-axum's `routes!`, so the OpenAPI
+//! document (`openapi()`, served at `/api/v1/openapi.json` and kept in `openapi/openapi.json`)
+//! cannot miss one. Handlers get their caller and tenant from extractors (`auth`, `tenant`),
+//! parse input with extractors whose rejection is an `ApiError` (`extract`), read with plain
+//! SQL filtered by org, and write only through `engine::store`.
+//!
+//! - `error` — `ApiError` and problem+json; 5xx causes logged once by `log_failures`.
+//! - `auth` — bearer-token verification and roles; `tenant` — org and project scopes.
+//! - `extract` — JSON, YAML, path, query and `Idempotency-Key` extractors.
+//! - `page` — keyset cursors; `idempotency` — replaying create-POSTs.
+//! - `events` — the replica's event hub (one `LISTEN`) and the SSE stream.
+//! - `members`, `tokens`, `projects`, `workflows`, `runs`, `audit` — the resources.
+//! - `openapi` — the document's header, security scheme and shared problem responses.
+
+pub mod audit;
+pub mod auth;
+pub mod error;
+pub mod events;
+pub mod extract;
+pub mod health;
+pub mod idempotency;
+pub mod members;
+pub mod openapi;
+pub mod page;
+pub mod projects;
+pub mod runs;
+pub mod tenant;
+pub mod tokens;
+pub mod workflows;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::Router;
+use sqlx::PgPool;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub use error::{problem, ApiError, Problem};
+
+/// Request bodies above this are refused with 413 (webhooks, which get GitHub's 25 MB, are
+/// routed apart).
+pub const BODY_LIMIT: usize = 1 << 20;
+
+/// What every handler shares: the database pool and the replica's caches and event hub.
+#[derive(Clone)]
+pub struct AppState {
+    pub db: PgPool,
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    catalog: engine::catalog::Catalog,
+    keys: auth::KeyCache,
+    events: events::EventHub,
+    /// Cancelled at shutdown: event streams end so that connections can drain.
+    closing: tokio_util::sync::CancellationToken,
+}
+
+impl AppState {
+    /// Builds the state and starts the event hub, whose `LISTEN` connection goes to
+    /// `listen_url` (a direct URL: a transaction pooler cannot LISTEN). Needs a Tokio runtime;
+    /// the hub stops when the last clone of the state is dropped.
+    pub fn new(db: PgPool, listen_url: &str) -> AppState {
+        let events = events::EventHub::start(db.clone(), listen_url.to_owned());
+        let shared = Shared {
+            catalog: engine::catalog::Catalog::default(),
+            keys: auth::KeyCache::default(),
+            events,
+            closing: tokio_util::sync::CancellationToken::new(),
+        };
+        AppState { db, shared: Arc::new(shared) }
+    }
+
+    /// Ends every open event stream (at shutdown).
+    pub fn close_streams(&self) {
+        self.shared.closing.cancel();
+    }
+}
+
+/// The documented routes; `router` serves them and `openapi` describes them.
+pub fn api_router() -> OpenApiRouter<AppState> {
+    let v1 = OpenApiRouter::new()
+        .routes(routes!(members::list, members::add))
+        .routes(routes!(members::change_role, members::remove))
+        .routes(routes!(tokens::list, tokens::create))
+        .routes(routes!(tokens::revoke))
+        .routes(routes!(projects::list, projects::create))
+        .routes(routes!(projects::get))
+        .routes(routes!(audit::org_log))
+        .routes(routes!(audit::project_log))
+        .routes(routes!(workflows::list, workflows::create))
+        .routes(routes!(workflows::validate))
+        .routes(routes!(workflows::get, workflows::put))
+        .routes(routes!(workflows::versions))
+        .routes(routes!(workflows::version))
+        .routes(routes!(workflows::pause))
+        .routes(routes!(workflows::unpause))
+        .routes(routes!(runs::list, runs::submit))
+        .routes(routes!(runs::get))
+        .routes(routes!(runs::cancel))
+        .routes(routes!(runs::retry))
+        .routes(routes!(runs::rerun))
+        .routes(routes!(runs::events))
+        .routes(routes!(runs::approve))
+        .routes(routes!(runs::reject))
+        .routes(routes!(events::stream));
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .nest("/api/v1", v1)
+}
+
+/// The OpenAPI 3.1 document of the routes `router` serves.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let mut doc = api_router().into_openapi();
+    openapi::finish(&mut doc);
+    doc
+}
+
+pub fn router(state: AppState) -> Router {
+    let (routes, mut doc) = api_router().split_for_parts();
+    openapi::finish(&mut doc);
+    let doc = Arc::new(doc);
+    routes
+        .route("/api/v1/openapi.json", axum::routing::get(move || {
+            let doc = doc.clone();
+            async move { axum::Json(doc.as_ref().clone()) }
+        }))
+        .fallback(error::not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(error::log_failures))
+        .with_state(state)
+}

@@ -1,0 +1,91 @@
+//! The OpenAPI 3.1 document: its header, the bearer scheme, and the problem responses that
+//! every operation shares. The paths come from the router itself (`api_router`), so a route
+//! cannot exist undocumented; `openapi/openapi.json` is this document, checked by a test.
+
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::OpenApi;
+
+use super::error::Problem;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "shopfloor",
+        description = "The REST API of shopfloor: orgs, members, tokens, projects, workflows, runs, approvals, run events and the audit log. Errors are RFC 9457 `application/problem+json`; lists take `limit` (at most 200) and an opaque `cursor`; create-POSTs accept an `Idempotency-Key`.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    servers((url = "/", description = "This server")),
+    security(("bearer" = [])),
+    components(schemas(Problem)),
+    tags(
+        (name = "health", description = "Liveness and readiness"),
+        (name = "members", description = "People of an org and their roles"),
+        (name = "tokens", description = "API tokens: created, listed, revoked"),
+        (name = "projects", description = "Projects of an org"),
+        (name = "workflows", description = "Versioned workflow definitions"),
+        (name = "runs", description = "Runs: submit, list, inspect, cancel, retry, rerun"),
+        (name = "approvals", description = "Answers to approval steps"),
+        (name = "events", description = "Run events: per run, and the project stream (SSE)"),
+        (name = "audit", description = "Who did what, when"),
+    ),
+)]
+pub struct ApiDoc;
+
+/// The problem responses, by status, that operations refer to.
+const PROBLEMS: [(&str, &str, &str); 10] = [
+    ("400", "BadRequest", "Malformed request: body, path or query parameter"),
+    ("401", "Unauthorized", "Missing, invalid, expired or revoked bearer token"),
+    ("403", "Forbidden", "The token's role does not allow this"),
+    ("404", "NotFound", "No such org, project or object (also for another org's ids)"),
+    ("409", "Conflict", "The object's state does not allow this now"),
+    ("413", "PayloadTooLarge", "Request body larger than 1 MiB"),
+    ("415", "UnsupportedMediaType", "Request body of the wrong content type"),
+    ("422", "Unprocessable", "Well-formed request that cannot be carried out"),
+    ("500", "Internal", "Internal error (its cause is logged, never shown)"),
+    ("503", "Unavailable", "Not ready to serve"),
+];
+
+/// Completes the document once every route is in it: the bearer scheme, the shared problem
+/// responses, and on each operation the problems it can answer.
+pub fn finish(doc: &mut utoipa::openapi::OpenApi) {
+    let components = doc.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        "bearer",
+        SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).bearer_format("JWT").description(Some("An API token (`shopfloor admin create-org` prints the first one)")).build()),
+    );
+    for (_, name, description) in PROBLEMS {
+        let response = ResponseBuilder::new()
+            .description(description)
+            .content("application/problem+json", ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build())
+            .build();
+        components.responses.insert(name.to_owned(), RefOr::T(response));
+    }
+    for item in doc.paths.paths.values_mut() {
+        for op in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch].into_iter().flatten() {
+            add_problems(op);
+        }
+    }
+}
+
+/// Every authenticated operation can answer 400, 401, 403, 404 and 500; one with a body also
+/// 413, 415 and 422.
+fn add_problems(op: &mut Operation) {
+    let public = op.security.as_ref().is_some_and(|s| s.iter().all(|r| r == &Default::default()));
+    let mut statuses: Vec<&str> = vec!["500"];
+    if !public {
+        statuses.extend(["400", "401", "403", "404"]);
+    }
+    if op.request_body.is_some() {
+        statuses.extend(["413", "415", "422"]);
+    }
+    for status in statuses {
+        if op.responses.responses.contains_key(status) {
+            continue;
+        }
+        if let Some((_, name, _)) = PROBLEMS.iter().find(|(s, _, _)| *s == status) {
+            op.responses.responses.insert(status.to_owned(), RefOr::Ref(Ref::new(format!("#/components/responses/{name}"))));
+        }
+    }
+}

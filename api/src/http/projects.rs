@@ -1,0 +1,113 @@
+//! Projects of an org: list and get (viewer), create (admin, `Idempotency-Key` honoured).
+
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::Response;
+use chrono::{DateTime, Utc};
+use engine::ids::Slug;
+use engine::store::tenants;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::auth::Role;
+use super::error::{ApiError, Problem};
+use super::extract::{IdempotencyKey, Json, Query};
+use super::tenant::{OrgScope, ProjectScope};
+use super::{idempotency, page, AppState};
+
+#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct Project {
+    /// The project's slug: its name in URLs.
+    pub slug: String,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProjectList {
+    pub items: Vec<Project>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateProject {
+    /// 1-63 lowercase letters, digits and dashes.
+    pub slug: String,
+    /// Display name (the slug by default).
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Page size, 1 to 200 (50 by default).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// The org's projects, by slug.
+#[utoipa::path(get, path = "/orgs/{org}/projects", operation_id = "list_projects", tag = "projects",
+    params(("org" = String, Path, description = "Org slug"), ListQuery),
+    responses((status = 200, body = ProjectList)))]
+pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<ListQuery>) -> Result<Json<ProjectList>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let limit = page::limit(q.limit)?;
+    let after: Option<String> = page::decode(q.cursor.as_deref())?;
+    let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT slug, name, created_at FROM projects WHERE org_id = ");
+    qb.push_bind(scope.org);
+    // A token limited to one project sees only it.
+    if let Some(project) = scope.caller.project {
+        qb.push(" AND project_id = ").push_bind(project);
+    }
+    if let Some(slug) = after {
+        qb.push(" AND slug > ").push_bind(slug);
+    }
+    qb.push(" ORDER BY slug LIMIT ").push_bind(limit + 1);
+    let rows: Vec<Project> = qb.build_query_as().fetch_all(&state.db).await?;
+    let (items, next_cursor) = page::finish(rows, limit, |p| p.slug.clone());
+    Ok(Json(ProjectList { items, next_cursor }))
+}
+
+/// Creates a project (admin).
+#[utoipa::path(post, path = "/orgs/{org}/projects", operation_id = "create_project", tag = "projects",
+    params(("org" = String, Path, description = "Org slug"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe")),
+    request_body = CreateProject,
+    responses((status = 201, body = Project), (status = 409, description = "The slug is taken", body = Problem, content_type = "application/problem+json")))]
+pub async fn create(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<CreateProject>) -> Result<Response, ApiError> {
+    scope.require(Role::Admin)?;
+    let slug = Slug::parse(&body.slug).map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    let name = body.name.as_deref().map(str::trim).filter(|n| !n.is_empty()).unwrap_or(slug.as_str()).to_owned();
+    if name.chars().count() > 200 {
+        return Err(ApiError::Unprocessable("name must be at most 200 characters".into()));
+    }
+    let mut ch = scope.change(&state).await?;
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &idempotency::fingerprint(method.as_str(), &uri, &body)).await? {
+        return Ok(replay);
+    }
+    let id = tenants::create_project(&mut ch, scope.org, &slug, &name).await?;
+    let project: Project = sqlx::query_as("SELECT slug, name, created_at FROM projects WHERE org_id = $1 AND project_id = $2")
+        .bind(scope.org)
+        .bind(id)
+        .fetch_one(ch.conn())
+        .await?;
+    let response = idempotency::answer(&mut ch, scope.org, &key, StatusCode::CREATED, &project).await?;
+    ch.commit().await?;
+    Ok(response)
+}
+
+/// One project.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}", operation_id = "get_project", tag = "projects",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    responses((status = 200, body = Project)))]
+pub async fn get(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<Project>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let project: Project = sqlx::query_as("SELECT slug, name, created_at FROM projects WHERE org_id = $1 AND project_id = $2")
+        .bind(scope.org.org)
+        .bind(scope.project)
+        .fetch_one(&state.db)
+        .await?;
+    Ok(Json(project))
+}

@@ -1,0 +1,557 @@
+//! Runs of a project: submit (with `Idempotency-Key`), list with filters and a keyset cursor,
+//! get with steps and open approvals, cancel, retry (rerun from the failed nodes), rerun (from
+//! the start or `?from=<node>`), the run's events paged by sequence number, and the answers to
+//! approvals: approve with the form's fields, or reject with an optional reason.
+
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::Response;
+use chrono::{DateTime, Utc};
+use engine::ids::{OrgId, ProjectId, RunId, StepId, WorkflowId};
+use engine::store::runs::{self as store, NewRun};
+use engine::store::{approvals, cap, Change};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sqlx::{PgConnection, Postgres, QueryBuilder};
+use utoipa::{IntoParams, ToSchema};
+
+use super::auth::Role;
+use super::error::{ApiError, Problem};
+use super::events::RunEvent;
+use super::extract::{IdempotencyKey, Json, JsonOrEmpty, Path, Query};
+use super::tenant::ProjectScope;
+use super::{idempotency, page, AppState};
+
+/// A run, as lists and the run page show it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Run {
+    /// `run-<base32>`.
+    #[schema(value_type = String)]
+    pub id: RunId,
+    /// The full name, `<org>:<project>:run-<base32>`.
+    pub name: String,
+    pub workflow: String,
+    pub version: i32,
+    /// `running`, `completed`, `failed` or `cancelled`.
+    pub status: String,
+    /// While running: `queued`, `executing`, `waiting_for_agent`, `sleeping`,
+    /// `awaiting_signal`, `awaiting_child`.
+    pub substate: Option<String>,
+    /// Why the run ended, as a short machine string (`rejected at review: too big`).
+    pub reason: Option<String>,
+    pub input: Value,
+    pub dry_run: bool,
+    /// The item's key (`["github","owner/name",12]`), when the run is about one.
+    pub item: Option<String>,
+    /// The run this one reruns or retries.
+    #[schema(value_type = Option<String>)]
+    pub source_run: Option<RunId>,
+    /// The nodes a rerun started again from, comma-separated.
+    pub source_from: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub parent_run: Option<RunId>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct Step {
+    #[sqlx(rename = "step_id")]
+    #[schema(value_type = String)]
+    pub id: StepId,
+    pub node: String,
+    pub kind: String,
+    pub visit: i32,
+    pub attempt: i32,
+    /// `pending`, `leased`, `running`, `waiting`, `succeeded`, `failed` or `cancelled`.
+    pub state: String,
+    pub reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub output: Option<Value>,
+    pub timed_out: bool,
+    /// Reused from the source run by a rerun from a node; never executed in this run.
+    pub reused: bool,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// An approval waiting for a person.
+#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct OpenApproval {
+    pub node: String,
+    #[sqlx(rename = "step_id")]
+    #[schema(value_type = String)]
+    pub step: StepId,
+    pub prompt: String,
+    /// The form: field name → `{type, required, options, default, description}`.
+    pub fields: Value,
+    pub deadline: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunDetail {
+    #[serde(flatten)]
+    pub run: Run,
+    /// Every step, in the order they started.
+    pub steps: Vec<Step>,
+    pub approvals: Vec<OpenApproval>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunList {
+    pub items: Vec<Run>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRun {
+    /// The workflow's name.
+    pub workflow: String,
+    /// A JSON object, available to templates and expressions as `run.input`.
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Map<String, Value>>,
+    /// A version number; the latest by default.
+    pub version: Option<i32>,
+    /// Stub effects and answer approvals at once; deleted a day after it ends.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRun {
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RejectApproval {
+    pub reason: Option<String>,
+}
+
+/// An answered approval.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Decision {
+    #[schema(value_type = String)]
+    pub run: RunId,
+    pub node: String,
+    #[schema(value_type = String)]
+    pub step: StepId,
+    /// `approved` or `rejected`.
+    pub decision: String,
+    /// The checked answer (the node's output), or `{decision, reason}` for a rejection.
+    pub answer: Value,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// `running`, `completed`, `failed` or `cancelled`.
+    pub status: Option<String>,
+    /// A workflow's name.
+    pub workflow: Option<String>,
+    /// An item's key, e.g. `["github","owner/name",12]`.
+    pub item: Option<String>,
+    /// Page size, 1 to 200 (50 by default).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RerunQuery {
+    /// Start again from this node, reusing the outputs recorded before it.
+    pub from: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Events after this sequence number (0 by default: from the first).
+    pub after: Option<i64>,
+    /// Page size, 1 to 200 (50 by default).
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunEventList {
+    pub items: Vec<RunEvent>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RunPath {
+    run: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ApprovalPath {
+    run: String,
+    node: String,
+}
+
+#[derive(sqlx::FromRow)]
+struct RunRow {
+    run_id: RunId,
+    workflow: String,
+    workflow_version: i32,
+    status: String,
+    substate: Option<String>,
+    reason: Option<String>,
+    input: Value,
+    dry_run: bool,
+    item: Option<String>,
+    source_run_id: Option<RunId>,
+    source_from_node: Option<String>,
+    parent_run_id: Option<RunId>,
+    created_by: String,
+    created_at: DateTime<Utc>,
+    started_at: Option<DateTime<Utc>>,
+    ended_at: Option<DateTime<Utc>>,
+}
+
+/// The substate of a running run, from its open steps (DESIGN.md "Run lifecycle").
+const SUBSTATE: &str = "CASE WHEN r.status <> 'running' THEN NULL ELSE (
+    SELECT CASE
+        WHEN bool_or(s.state IN ('leased', 'running')) THEN 'executing'
+        WHEN bool_or(s.state = 'waiting' AND s.kind = 'approval') THEN 'awaiting_signal'
+        WHEN bool_or(s.state = 'waiting' AND s.kind = 'workflow') THEN 'awaiting_child'
+        WHEN bool_or(s.state = 'waiting') THEN 'sleeping'
+        WHEN bool_or(s.state = 'pending' AND s.not_before > now()) THEN 'sleeping'
+        WHEN bool_or(s.state = 'pending' AND s.requires <> '{}') THEN 'waiting_for_agent'
+        ELSE 'queued' END
+    FROM steps s WHERE s.run_id = r.run_id AND s.state IN ('pending', 'leased', 'running', 'waiting')) END";
+
+/// `SELECT … WHERE r.org_id = <org> AND r.project_id = <project>`, to which filters are added.
+fn select_runs(org: OrgId, project: ProjectId) -> QueryBuilder<'static, Postgres> {
+    let mut qb = QueryBuilder::new(format!(
+        "SELECT r.run_id, w.name AS workflow, r.workflow_version, r.status, {SUBSTATE} AS substate, r.reason, r.input, \
+                r.dry_run, i.key AS item, r.source_run_id, r.source_from_node, r.parent_run_id, r.created_by, \
+                r.created_at, r.started_at, r.ended_at \
+         FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id LEFT JOIN items i ON i.item_id = r.item_id \
+         WHERE r.org_id = "
+    ));
+    qb.push_bind(org).push(" AND r.project_id = ").push_bind(project);
+    qb
+}
+
+impl Run {
+    fn from_row(scope: &ProjectScope, r: RunRow) -> Run {
+        Run {
+            id: r.run_id,
+            name: format!("{}:{}:{}", scope.org.slug, scope.slug, r.run_id),
+            workflow: r.workflow,
+            version: r.workflow_version,
+            status: r.status,
+            substate: r.substate,
+            reason: r.reason,
+            input: r.input,
+            dry_run: r.dry_run,
+            item: r.item,
+            source_run: r.source_run_id,
+            source_from: r.source_from_node,
+            parent_run: r.parent_run_id,
+            created_by: r.created_by,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            ended_at: r.ended_at,
+        }
+    }
+}
+
+async fn load(conn: &mut PgConnection, scope: &ProjectScope, run: RunId) -> Result<Run, ApiError> {
+    let mut qb = select_runs(scope.org.org, scope.project);
+    qb.push(" AND r.run_id = ").push_bind(run);
+    let row: Option<RunRow> = qb.build_query_as().fetch_optional(conn).await?;
+    row.map(|r| Run::from_row(scope, r)).ok_or_else(run_not_found)
+}
+
+fn run_not_found() -> ApiError {
+    ApiError::NotFound("run not found".into())
+}
+
+/// A run id from the path; text that cannot be one names no run.
+fn run_id(text: &str) -> Result<RunId, ApiError> {
+    text.parse().map_err(|_| run_not_found())
+}
+
+/// Checks, inside a change, that the run is in this project (the store checks the org).
+async fn in_project(ch: &mut Change, scope: &ProjectScope, run: RunId) -> Result<(), ApiError> {
+    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3")
+        .bind(run)
+        .bind(scope.org.org)
+        .bind(scope.project)
+        .fetch_optional(ch.conn())
+        .await?;
+    found.map(|_| ()).ok_or_else(run_not_found)
+}
+
+/// The project's runs, newest first.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs", operation_id = "list_runs", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ListQuery),
+    responses((status = 200, body = RunList)))]
+pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<RunList>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let limit = page::limit(q.limit)?;
+    let after: Option<(i64, RunId)> = page::decode(q.cursor.as_deref())?;
+    let mut qb = select_runs(scope.org.org, scope.project);
+    if let Some(status) = q.status {
+        if !["running", "completed", "failed", "cancelled"].contains(&status.as_str()) {
+            return Err(ApiError::BadRequest("status must be running, completed, failed or cancelled".into()));
+        }
+        qb.push(" AND r.status = ").push_bind(status);
+    }
+    if let Some(workflow) = q.workflow {
+        qb.push(" AND w.name = ").push_bind(workflow);
+    }
+    if let Some(item) = q.item {
+        qb.push(" AND i.key = ").push_bind(item);
+    }
+    if let Some((micros, run)) = after {
+        let at = DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))?;
+        qb.push(" AND (r.created_at, r.run_id) < (").push_bind(at).push(", ").push_bind(run).push(")");
+    }
+    qb.push(" ORDER BY r.created_at DESC, r.run_id DESC LIMIT ").push_bind(limit + 1);
+    let rows: Vec<RunRow> = qb.build_query_as().fetch_all(&state.db).await?;
+    let runs: Vec<Run> = rows.into_iter().map(|r| Run::from_row(&scope, r)).collect();
+    let (items, next_cursor) = page::finish(runs, limit, |r| (r.created_at.timestamp_micros(), r.id));
+    Ok(Json(RunList { items, next_cursor }))
+}
+
+/// Submits a run of a workflow (member). `approval: required` workflows park it at `$start`
+/// until a person approves.
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs", operation_id = "submit_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried submit safe")),
+    request_body = SubmitRun,
+    responses((status = 201, body = Run)))]
+pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<SubmitRun>) -> Result<Response, ApiError> {
+    scope.require(Role::Member)?;
+    let mut ch = scope.change(&state).await?;
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, &key, &idempotency::fingerprint(method.as_str(), &uri, &body)).await? {
+        return Ok(replay);
+    }
+    let found: Option<(WorkflowId, i32)> =
+        sqlx::query_as("SELECT workflow_id, latest_version FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3")
+            .bind(scope.org.org)
+            .bind(scope.project)
+            .bind(&body.workflow)
+            .fetch_optional(ch.conn())
+            .await?;
+    let (workflow, latest) = found.ok_or_else(|| ApiError::Unprocessable(format!("no workflow `{}` in this project", cap(&body.workflow))))?;
+    let version = body.version.unwrap_or(latest);
+    let exists: Option<i32> = sqlx::query_scalar("SELECT version FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3")
+        .bind(scope.org.org)
+        .bind(workflow)
+        .bind(version)
+        .fetch_optional(ch.conn())
+        .await?;
+    if exists.is_none() {
+        return Err(ApiError::Unprocessable(format!("workflow `{}` has no version {version}", cap(&body.workflow))));
+    }
+    let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
+    let run = store::submit(
+        &mut ch,
+        NewRun {
+            org: scope.org.org,
+            project: scope.project,
+            workflow,
+            version,
+            input: Value::Object(body.input.clone().unwrap_or_default()),
+            item: None,
+            trigger_event: None,
+            parent: None,
+            dry_run: body.dry_run,
+            needs_approval: def.approval_required,
+            source: None,
+        },
+    )
+    .await?;
+    let created = load(ch.conn(), &scope, run).await?;
+    let response = idempotency::answer(&mut ch, scope.org.org, &key, StatusCode::CREATED, &created).await?;
+    ch.commit().await?;
+    Ok(response)
+}
+
+/// A run with its steps and the approvals it waits on.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}", operation_id = "get_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`")),
+    responses((status = 200, body = RunDetail)))]
+pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>) -> Result<Json<RunDetail>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let id = run_id(&p.run)?;
+    let mut conn = state.db.acquire().await?;
+    let run = load(&mut conn, &scope, id).await?;
+    let steps: Vec<Step> = sqlx::query_as(
+        "SELECT step_id, node, kind, visit, attempt, state, reason, exit_code, output, timed_out, reused_from IS NOT NULL AS reused, \
+                created_at, started_at, ended_at FROM steps WHERE run_id = $1 AND org_id = $2 ORDER BY started_seq, created_at",
+    )
+    .bind(id)
+    .bind(scope.org.org)
+    .fetch_all(&mut *conn)
+    .await?;
+    let approvals: Vec<OpenApproval> = sqlx::query_as(
+        "SELECT a.node, a.step_id, a.prompt, a.fields, a.deadline FROM approvals a JOIN steps s USING (step_id) \
+         WHERE a.run_id = $1 AND a.org_id = $2 AND a.decision IS NULL AND s.state = 'waiting' ORDER BY s.started_seq",
+    )
+    .bind(id)
+    .bind(scope.org.org)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Json(RunDetail { run, steps, approvals }))
+}
+
+/// Cancels a running run and the children it waits for (member).
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/cancel", operation_id = "cancel_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`")),
+    request_body(content = Option<CancelRun>, description = "Optional reason"),
+    responses((status = 200, body = Run), (status = 409, description = "The run already ended", body = Problem, content_type = "application/problem+json")))]
+pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<CancelRun>) -> Result<Json<Run>, ApiError> {
+    scope.require(Role::Member)?;
+    let id = run_id(&p.run)?;
+    let reason = match body.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
+        Some(why) => format!("cancelled: {}", why.chars().take(200).collect::<String>()),
+        None => "cancelled".to_owned(),
+    };
+    let mut ch = scope.change(&state).await?;
+    in_project(&mut ch, &scope, id).await?;
+    store::cancel(&mut ch, scope.org.org, id, &reason).await?;
+    let run = load(ch.conn(), &scope, id).await?;
+    ch.commit().await?;
+    Ok(Json(run))
+}
+
+/// Submits a new run from a finished one: from `from` (or the start), reusing earlier outputs.
+async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, hash: &str, source: RunId, retry: bool, from: Option<String>) -> Result<Response, ApiError> {
+    let mut ch = scope.change(state).await?;
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, hash).await? {
+        return Ok(replay);
+    }
+    in_project(&mut ch, scope, source).await?;
+    let (workflow, version, status): (WorkflowId, i32, String) =
+        sqlx::query_as("SELECT workflow_id, workflow_version, status FROM runs WHERE run_id = $1 AND org_id = $2")
+            .bind(source)
+            .bind(scope.org.org)
+            .fetch_one(ch.conn())
+            .await?;
+    let nodes = if retry {
+        match status.as_str() {
+            "running" => return Err(ApiError::Conflict("the run is still running; cancel it first or wait for it to end".into())),
+            "completed" => return Err(ApiError::Conflict("the run completed: nothing failed to retry (rerun it instead)".into())),
+            _ => store::failed_nodes(&mut ch, scope.org.org, source).await?,
+        }
+    } else {
+        from.into_iter().collect()
+    };
+    let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
+    let run = store::rerun(&mut ch, scope.org.org, source, &def, &nodes).await?;
+    let created = load(ch.conn(), scope, run).await?;
+    let response = idempotency::answer(&mut ch, scope.org.org, key, StatusCode::CREATED, &created).await?;
+    ch.commit().await?;
+    Ok(response)
+}
+
+/// Retries a failed or cancelled run: a new run that starts again from the nodes that failed,
+/// reusing the outputs before them (member).
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/retry", operation_id = "retry_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe")),
+    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json")))]
+pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>) -> Result<Response, ApiError> {
+    scope.require(Role::Member)?;
+    let id = run_id(&p.run)?;
+    rerun_from(&state, &scope, &key, &idempotency::fingerprint(method.as_str(), &uri, &()), id, true, None).await
+}
+
+/// Reruns a finished run with the same input, from the start or from `?from=<node>` (member).
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/rerun", operation_id = "rerun_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), RerunQuery,
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe")),
+    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running", body = Problem, content_type = "application/problem+json"),
+              (status = 422, description = "No such node", body = Problem, content_type = "application/problem+json")))]
+pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
+    scope.require(Role::Member)?;
+    let id = run_id(&p.run)?;
+    rerun_from(&state, &scope, &key, &idempotency::fingerprint(method.as_str(), &uri, &()), id, false, q.from).await
+}
+
+/// The run's events, by sequence number.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/events", operation_id = "list_run_events", tag = "events",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), EventsQuery),
+    responses((status = 200, body = RunEventList)))]
+pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, Query(q): Query<EventsQuery>) -> Result<Json<RunEventList>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let id = run_id(&p.run)?;
+    let limit = page::limit(q.limit)?;
+    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3")
+        .bind(id)
+        .bind(scope.org.org)
+        .bind(scope.project)
+        .fetch_optional(&state.db)
+        .await?;
+    found.ok_or_else(run_not_found)?;
+    let rows: Vec<(RunId, i64, String, Option<String>, Option<StepId>, DateTime<Utc>, Value)> = sqlx::query_as(
+        "SELECT run_id, seq, kind, node, step_id, at, attrs FROM run_events WHERE run_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+    )
+    .bind(id)
+    .bind(scope.org.org)
+    .bind(q.after.unwrap_or(0))
+    .bind(limit + 1)
+    .fetch_all(&state.db)
+    .await?;
+    let mut items: Vec<RunEvent> =
+        rows.into_iter().map(|(run, seq, kind, node, step, at, attrs)| RunEvent { run, seq, kind, node, step, at, attrs }).collect();
+    let next_after = if items.len() as i64 > limit {
+        items.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        items.last().map(|e| e.seq)
+    } else {
+        None
+    };
+    Ok(Json(RunEventList { items, next_after }))
+}
+
+/// Approves the approval waiting at `{node}` with the form's fields (member). A missing
+/// required field, a wrong type, or a key the form does not declare (such as `decision`) is
+/// refused with 422 and the run keeps waiting. The run-level approval of `approval: required`
+/// is the node `$start`.
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/approvals/{node}", operation_id = "approve", tag = "approvals",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), ("node" = String, Path, description = "The approval's node")),
+    request_body(content = Option<Object>, description = "The form's fields"),
+    responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node", body = Problem, content_type = "application/problem+json")))]
+pub async fn approve(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(fields): JsonOrEmpty<Map<String, Value>>) -> Result<Json<Decision>, ApiError> {
+    scope.require(Role::Member)?;
+    let id = run_id(&p.run)?;
+    let mut ch = scope.change(&state).await?;
+    in_project(&mut ch, &scope, id).await?;
+    let step = approvals::approve(&mut ch, scope.org.org, id, &p.node, &fields).await?;
+    let answer: Option<Value> = sqlx::query_scalar("SELECT answer FROM approvals WHERE step_id = $1 AND org_id = $2").bind(step).bind(scope.org.org).fetch_one(ch.conn()).await?;
+    ch.commit().await?;
+    Ok(Json(Decision { run: id, node: p.node, step, decision: "approved".into(), answer: answer.unwrap_or(Value::Null) }))
+}
+
+/// Rejects the approval waiting at `{node}` (member): the run is cancelled with
+/// `rejected at <node>: <reason>`.
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/approvals/{node}/reject", operation_id = "reject", tag = "approvals",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), ("node" = String, Path, description = "The approval's node")),
+    request_body(content = Option<RejectApproval>, description = "Optional reason"),
+    responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node", body = Problem, content_type = "application/problem+json")))]
+pub async fn reject(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(body): JsonOrEmpty<RejectApproval>) -> Result<Json<Decision>, ApiError> {
+    scope.require(Role::Member)?;
+    let id = run_id(&p.run)?;
+    let reason = body.reason.map(|r| r.chars().take(200).collect::<String>());
+    let mut ch = scope.change(&state).await?;
+    in_project(&mut ch, &scope, id).await?;
+    let step = approvals::reject(&mut ch, scope.org.org, id, &p.node, reason.as_deref()).await?;
+    let answer: Option<Value> = sqlx::query_scalar("SELECT answer FROM approvals WHERE step_id = $1 AND org_id = $2").bind(step).bind(scope.org.org).fetch_one(ch.conn()).await?;
+    ch.commit().await?;
+    Ok(Json(Decision { run: id, node: p.node, step, decision: "rejected".into(), answer: answer.unwrap_or(Value::Null) }))
+}

@@ -1,0 +1,139 @@
+//! `POST /webhooks/github`: GitHub App deliveries in.
+//!
+//! The order matters. The body is read (up to GitHub's 25 MB cap; more is 413), then its
+//! `X-Hub-Signature-256` is checked in constant time against the webhook secret **before
+//! anything parses it**: an unsigned or badly signed request gets 401 and nothing is stored.
+//! Only then is the JSON read, and the whole delivery handled in one transaction by
+//! `engine::triggers::ingest`: a redelivery (an `X-GitHub-Delivery` already stored) answers 200
+//! and does nothing; everything else is stored with its outcome and answered 202, unknown
+//! event types and repositories no project connected included.
+//!
+//! The handler calls no GitHub API and writes no table itself (the store does), so it answers
+//! well within GitHub's 10 s.
+
+mod signature;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use engine::triggers::ingest::{self, Delivery, IngestError, IngestOutcome};
+use secrecy::SecretString;
+use serde_json::json;
+use sqlx::PgPool;
+
+pub use signature::{sign, verify};
+
+/// GitHub's cap on a webhook payload.
+pub const BODY_LIMIT: usize = 25 * 1024 * 1024;
+
+/// What the webhook route needs: the database and the App's webhook secret.
+#[derive(Clone)]
+pub struct WebhookState {
+    db: PgPool,
+    /// None: no secret is configured, and every delivery is refused with 503 (`shopfloor
+    /// check` says how to set it).
+    secret: Option<Arc<SecretString>>,
+}
+
+impl WebhookState {
+    pub fn new(db: PgPool, secret: Option<SecretString>) -> WebhookState {
+        WebhookState { db, secret: secret.map(Arc::new) }
+    }
+}
+
+/// The webhook routes, with their own body limit (the REST API's is far smaller).
+pub fn router(state: WebhookState) -> Router {
+    Router::new()
+        .route("/webhooks/github", post(github))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+/// Every way a delivery is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("the X-Hub-Signature-256 header is missing")]
+    MissingSignature,
+    #[error("the X-Hub-Signature-256 signature does not match the body")]
+    BadSignature,
+    #[error("the {0} header is missing or not text")]
+    MissingHeader(&'static str),
+    #[error("{0}")]
+    Malformed(String),
+    #[error("no webhook secret is configured: set SHOPFLOOR_GITHUB_WEBHOOK_SECRET")]
+    NoSecret,
+    /// Logged here, never sent.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl WebhookError {
+    fn status(&self) -> (StatusCode, &'static str) {
+        match self {
+            WebhookError::MissingSignature | WebhookError::BadSignature => (StatusCode::UNAUTHORIZED, "bad-signature"),
+            WebhookError::MissingHeader(_) | WebhookError::Malformed(_) => (StatusCode::BAD_REQUEST, "bad-request"),
+            WebhookError::NoSecret => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            WebhookError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl IntoResponse for WebhookError {
+    fn into_response(self) -> Response {
+        let (status, kind) = self.status();
+        if let WebhookError::Internal(cause) = &self {
+            tracing::error!(error = %cause, "webhook delivery failed");
+        }
+        let body = json!({
+            "type": format!("{}{kind}", crate::http::error::PROBLEM_BASE),
+            "title": status.canonical_reason().unwrap_or("error"),
+            "status": status.as_u16(),
+            "detail": self.to_string(),
+        });
+        let mut response = (status, axum::Json(body)).into_response();
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        response
+    }
+}
+
+fn text<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, WebhookError> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .ok_or(WebhookError::MissingHeader(name))
+}
+
+/// `POST /webhooks/github`.
+async fn github(State(state): State<WebhookState>, headers: HeaderMap, body: Bytes) -> Result<Response, WebhookError> {
+    let secret = state.secret.as_deref().ok_or(WebhookError::NoSecret)?;
+    let signature = headers
+        .get("x-hub-signature-256")
+        .ok_or(WebhookError::MissingSignature)?
+        .to_str()
+        .map_err(|_| WebhookError::BadSignature)?;
+    if !verify(secret, &body, signature) {
+        return Err(WebhookError::BadSignature);
+    }
+    let id = text(&headers, "x-github-delivery")?;
+    let event = text(&headers, "x-github-event")?;
+    let delivery = Delivery { id, event, body: &body };
+    match ingest::ingest(&state.db, &delivery).await {
+        Ok(IngestOutcome::Redelivery) => {
+            tracing::info!(github.delivery = id, github.event = event, "redelivery ignored");
+            Ok((StatusCode::OK, axum::Json(json!({ "delivery": id, "outcome": "redelivery" }))).into_response())
+        }
+        Ok(IngestOutcome::Accepted { outcome, runs_opened }) => {
+            tracing::info!(github.delivery = id, github.event = event, outcome = %outcome, runs_opened, "delivery ingested");
+            let body = json!({ "delivery": id, "outcome": outcome, "runs_opened": runs_opened });
+            Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
+        }
+        Err(IngestError::Malformed(why)) => Err(WebhookError::Malformed(format!("the payload is not a JSON object: {why}"))),
+        Err(IngestError::Store(e)) => Err(WebhookError::Internal(e.to_string())),
+    }
+}

@@ -1,0 +1,149 @@
+//! The whole path through HTTP only: an org bootstrapped as `shopfloor admin create-org` does
+//! it, then a project, DESIGN.md's example workflow uploaded, a run submitted and watched over
+//! SSE to its approvals, approved with the form's fields and walked to the end; another run
+//! rejected and cancelled with `rejected at <node>: <reason>`; and the stream resumed with
+//! `Last-Event-ID` without a gap or a repeat.
+
+use std::collections::BTreeMap;
+
+use api::auth::{issue_user_token, UserToken};
+use engine::ids::Slug;
+use engine::store::{tenants, Actor, Change};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::support::{App, Sse, SseEvent};
+
+const ISSUE_TO_PR: &str = include_str!("../../../engine/tests/fixtures/workflows/issue-to-pr.yaml");
+
+/// What `shopfloor admin create-org` does: the org, its owner, and the owner's first token.
+async fn bootstrap(app: &App) -> String {
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    let (org, user) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "owner@acme.test").await.unwrap();
+    let token = issue_user_token(&mut ch, UserToken { org, user, project: None, role: "owner", name: "first owner token", ttl: chrono::Duration::days(90) })
+        .await
+        .unwrap();
+    ch.commit().await.unwrap();
+    token
+}
+
+fn is(e: &SseEvent, run: &str, kind: &str, node: Option<&str>) -> bool {
+    e.event == kind && e.data["run"] == run && node.is_none_or(|n| e.data["node"] == n)
+}
+
+/// Per run, the sequence numbers seen must be consecutive from the first one seen.
+fn assert_gapless(events: &[SseEvent]) {
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for e in events {
+        let run = e.data["run"].as_str().unwrap().to_owned();
+        let seq = e.data["seq"].as_i64().unwrap();
+        if let Some(prev) = last.get(&run) {
+            assert_eq!(seq, prev + 1, "run {run}: seq {seq} after {prev}");
+        }
+        last.insert(run, seq);
+    }
+}
+
+#[tokio::test]
+async fn a_run_is_driven_through_http_and_watched_over_sse() {
+    let app = App::with_engine().await;
+    let owner = bootstrap(&app).await;
+    let base = "/api/v1/orgs/acme/projects/web";
+
+    app.json(Method::POST, "/api/v1/orgs/acme/projects", &owner, Some(&json!({ "slug": "web", "name": "Web" })), StatusCode::CREATED).await;
+    let uploaded = app
+        .http
+        .put(app.url(&format!("{base}/workflows/issue-to-pr")))
+        .bearer_auth(&owner)
+        .header("content-type", "application/yaml")
+        .body(ISSUE_TO_PR)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(uploaded.status(), StatusCode::CREATED);
+    let uploaded: serde_json::Value = uploaded.json().await.unwrap();
+    assert_eq!(uploaded, json!({ "name": "issue-to-pr", "version": 1, "created": true }));
+
+    let mut sse = Sse::connect(&app, &format!("{base}/events"), &owner, None).await;
+    let mut seen = Vec::new();
+
+    // Run 1: both approvals answered, the run walks to its end.
+    let run = app.json(Method::POST, &format!("{base}/runs"), &owner, Some(&json!({ "workflow": "issue-to-pr", "input": {} })), StatusCode::CREATED).await;
+    let run1 = run["id"].as_str().unwrap().to_owned();
+    assert_eq!(run["name"], format!("acme:web:{run1}"));
+    assert_eq!(run["status"], "running");
+
+    seen.extend(sse.until("the run-level approval", |e| is(e, &run1, "run.awaiting", Some("$start"))).await);
+    app.json(Method::POST, &format!("{base}/runs/{run1}/approvals/$start"), &owner, None, StatusCode::OK).await;
+
+    let awaiting = sse.until("review_plan", |e| is(e, &run1, "run.awaiting", Some("review_plan"))).await;
+    let asked = awaiting.last().unwrap().clone();
+    seen.extend(awaiting);
+    assert_eq!(asked.data["attrs"]["prompt"], "Go ahead with this plan?");
+    assert_eq!(asked.data["attrs"]["fields"]["ticket"]["required"], true);
+
+    // A missing required field is refused and the run keeps waiting.
+    let (status, _, body) = app.send(Method::POST, &format!("{base}/runs/{run1}/approvals/review_plan"), Some(&owner), Some(&json!({}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{}", String::from_utf8_lossy(&body));
+    let detail = app.json(Method::GET, &format!("{base}/runs/{run1}"), &owner, None, StatusCode::OK).await;
+    assert_eq!(detail["status"], "running");
+    assert_eq!(detail["substate"], "awaiting_signal");
+    assert_eq!(detail["approvals"][0]["node"], "review_plan");
+
+    let decided = app.json(Method::POST, &format!("{base}/runs/{run1}/approvals/review_plan"), &owner, Some(&json!({ "ticket": "T-1" })), StatusCode::OK).await;
+    assert_eq!(decided["decision"], "approved");
+    assert_eq!(decided["answer"], json!({ "ticket": "T-1" }));
+
+    seen.extend(sse.until("run 1 completed", |e| is(e, &run1, "run.completed", None)).await);
+    let detail = app.json(Method::GET, &format!("{base}/runs/{run1}"), &owner, None, StatusCode::OK).await;
+    assert_eq!(detail["status"], "completed", "{detail}");
+    let nodes: Vec<String> = detail["steps"].as_array().unwrap().iter().map(|s| format!("{}:{}", s["node"].as_str().unwrap(), s["state"].as_str().unwrap())).collect();
+    for want in ["$start:succeeded", "plan:succeeded", "review_plan:succeeded", "build:succeeded", "ci:succeeded", "route:succeeded", "open_pr:succeeded"] {
+        assert!(nodes.contains(&want.to_owned()), "{want} not in {nodes:?}");
+    }
+    let review = detail["steps"].as_array().unwrap().iter().find(|s| s["node"] == "review_plan").unwrap();
+    assert_eq!(review["output"], json!({ "ticket": "T-1" }));
+
+    // Run 2: rejected at review_plan.
+    let run = app.json(Method::POST, &format!("{base}/runs"), &owner, Some(&json!({ "workflow": "issue-to-pr" })), StatusCode::CREATED).await;
+    let run2 = run["id"].as_str().unwrap().to_owned();
+    let started = sse.until("run 2 started", |e| is(e, &run2, "run.started", None)).await;
+    let resume_from = started.last().unwrap().id.clone();
+    seen.extend(started);
+    seen.extend(sse.until("run 2 run-level approval", |e| is(e, &run2, "run.awaiting", Some("$start"))).await);
+    app.json(Method::POST, &format!("{base}/runs/{run2}/approvals/$start"), &owner, None, StatusCode::OK).await;
+    seen.extend(sse.until("run 2 review_plan", |e| is(e, &run2, "run.awaiting", Some("review_plan"))).await);
+    let rejected = app.json(Method::POST, &format!("{base}/runs/{run2}/approvals/review_plan/reject"), &owner, Some(&json!({ "reason": "too risky" })), StatusCode::OK).await;
+    assert_eq!(rejected["decision"], "rejected");
+    let cancelled = sse.until("run 2 cancelled", |e| is(e, &run2, "run.cancelled", None)).await;
+    assert_eq!(cancelled.last().unwrap().data["attrs"]["reason"], "rejected at review_plan: too risky");
+    seen.extend(cancelled);
+    let detail = app.json(Method::GET, &format!("{base}/runs/{run2}"), &owner, None, StatusCode::OK).await;
+    assert_eq!(detail["status"], "cancelled");
+    assert_eq!(detail["reason"], "rejected at review_plan: too risky");
+
+    // The stream never skipped or repeated an event of a run, and ids only grew.
+    assert_gapless(&seen);
+    let ids: Vec<(u64, i64)> = seen.iter().map(|e| {
+        let (x, n) = e.id.split_once('.').unwrap();
+        (x.parse().unwrap(), n.parse().unwrap())
+    }).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids out of order: {ids:?}");
+
+    // Resuming after run 2's first event replays exactly what followed it.
+    let after: Vec<&SseEvent> = seen.iter().skip_while(|e| e.id != resume_from).skip(1).collect();
+    let mut again = Sse::connect(&app, &format!("{base}/events"), &owner, Some(&resume_from)).await;
+    for want in &after {
+        let got = again.next().await;
+        assert_eq!((&got.id, &got.event), (&want.id, &want.event), "resumed stream differs");
+    }
+
+    // The journal per run agrees with the stream.
+    let events = app.json(Method::GET, &format!("{base}/runs/{run2}/events?limit=200"), &owner, None, StatusCode::OK).await;
+    let kinds: Vec<&str> = events["items"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"run.started"));
+    assert_eq!(kinds.last(), Some(&"run.cancelled"));
+    drop(sse);
+    drop(again);
+    app.finish().await;
+}

@@ -1,0 +1,12 @@
+//! The API's integration tests: one binary, one module per concern. Each test serves the
+//! router on a loopback port against a database of its own (`DATABASE_URL` names the server).
+
+mod authz;
+mod bad_input;
+mod end_to_end;
+mod idempotency;
+mod openapi;
+mod paging;
+mod support;
+mod tenancy;
+mod workflows;

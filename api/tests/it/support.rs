@@ -1,0 +1,303 @@
+//! What every API test needs: a per-test database, the router served on a loopback port, an
+//! org with a token per role (and the tokens that must fail), an in-process engine, and
+//! helpers to send requests and read problem bodies.
+
+use std::time::Duration;
+
+use api::auth::{issue_user_token_with_id, Claims, UserToken};
+use api::http::{router, AppState, Problem};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use chrono::Utc;
+use engine::executor::TestExecutor;
+use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId};
+use engine::pool::{self, PoolConfig};
+use engine::store::{api_writes, tenants, workflows, Actor, Change};
+use engine::testkit::{test_db, TestDb};
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+/// A workflow that parks at an approval with one required field, then ends.
+pub(crate) const APPROVAL: &str = "name: approve
+nodes:
+  ask:
+    approval:
+      prompt: Ship it?
+      fields: { ticket: { type: string, required: true } }
+  ship:
+    after: [ask]
+    output: { github: comment, body: done }
+";
+
+/// One org's people: a token per role.
+pub(crate) struct Org {
+    pub(crate) id: OrgId,
+    pub(crate) slug: String,
+    pub(crate) project: ProjectId,
+    pub(crate) owner: String,
+    pub(crate) owner_user: UserId,
+    pub(crate) admin: String,
+    pub(crate) member: String,
+    pub(crate) member_user: UserId,
+    pub(crate) viewer: String,
+}
+
+/// The server under test.
+pub(crate) struct App {
+    pub(crate) db: TestDb,
+    pub(crate) base: String,
+    pub(crate) http: reqwest::Client,
+    stop: CancellationToken,
+    engine: Option<CancellationToken>,
+}
+
+impl App {
+    /// A fresh database and the router on 127.0.0.1:0.
+    pub(crate) async fn start() -> App {
+        let db = test_db().await;
+        let state = AppState::new(db.pool.clone(), &db.url);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let base = format!("http://{}", listener.local_addr().expect("local addr"));
+        let stop = CancellationToken::new();
+        let closing = stop.clone();
+        let app = router(state.clone());
+        tokio::spawn(async move {
+            let shutdown = async move {
+                closing.cancelled().await;
+                state.close_streams();
+            };
+            let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+        });
+        App { db, base, http: reqwest::Client::new(), stop, engine: None }
+    }
+
+    /// Also runs an engine with the test executor in this process.
+    pub(crate) async fn with_engine() -> App {
+        let mut app = App::start().await;
+        let stop = CancellationToken::new();
+        let cfg = PoolConfig {
+            id: "api-test-engine".into(),
+            listen_url: app.db.url.clone(),
+            batch: 64,
+            max_in_flight: 64,
+            drain: Duration::from_secs(5),
+            test_executor: Some(TestExecutor { effects: None }),
+        };
+        tokio::spawn(pool::run(app.db.pool.clone(), cfg, stop.clone(), stop.clone()));
+        app.engine = Some(stop);
+        app
+    }
+
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.db.pool
+    }
+
+    /// Stops the server (and engine), then checks the teardown invariants and drops the db.
+    pub(crate) async fn finish(self) {
+        self.stop.cancel();
+        if let Some(e) = &self.engine {
+            e.cancel();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.db.finish().await;
+    }
+
+    /// Stops and drops the database without checks (for tests that leave wakes on purpose).
+    pub(crate) async fn discard(self) {
+        self.stop.cancel();
+        if let Some(e) = &self.engine {
+            e.cancel();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.db.discard().await;
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Sends a request with an optional bearer token and JSON body.
+    pub(crate) async fn send(&self, method: Method, path: &str, token: Option<&str>, body: Option<&Value>) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
+        let mut req = self.http.request(method, self.url(path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.expect("request reaches the server");
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
+        (status, headers, bytes)
+    }
+
+    /// A JSON request that must answer `want`; returns the body as JSON.
+    pub(crate) async fn json(&self, method: Method, path: &str, token: &str, body: Option<&Value>, want: StatusCode) -> Value {
+        let (status, _, bytes) = self.send(method.clone(), path, Some(token), body).await;
+        let text = String::from_utf8_lossy(&bytes);
+        assert_eq!(status, want, "{method} {path}: {text}");
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+    }
+
+    /// Creates an org with a project `web`, the workflow `approve`, and a member per role.
+    pub(crate) async fn org(&self, slug: &str) -> Org {
+        let pool = self.pool();
+        let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+        let (id, owner_user) = tenants::create_org(&mut ch, &Slug::parse(slug).unwrap(), slug, &format!("owner@{slug}.test")).await.unwrap();
+        let project = tenants::create_project(&mut ch, id, &Slug::parse("web").unwrap(), "web").await.unwrap();
+        workflows::put_version(&mut ch, id, project, "approve", APPROVAL).await.unwrap();
+        let owner = token(&mut ch, id, owner_user, "owner", chrono::Duration::days(1)).await;
+        let admin_user = api_writes::add_member(&mut ch, id, &format!("admin@{slug}.test"), "admin").await.unwrap();
+        let admin = token(&mut ch, id, admin_user, "admin", chrono::Duration::days(1)).await;
+        let member_user = api_writes::add_member(&mut ch, id, &format!("member@{slug}.test"), "member").await.unwrap();
+        let member = token(&mut ch, id, member_user, "member", chrono::Duration::days(1)).await;
+        let viewer_user = api_writes::add_member(&mut ch, id, &format!("viewer@{slug}.test"), "viewer").await.unwrap();
+        let viewer = token(&mut ch, id, viewer_user, "viewer", chrono::Duration::days(1)).await;
+        ch.commit().await.unwrap();
+        Org { id, slug: slug.to_owned(), project, owner, owner_user, admin, member, member_user, viewer }
+    }
+
+    /// A token of the org's owner, issued through the store with any lifetime (negative for
+    /// an expired one).
+    pub(crate) async fn token_for(&self, org: &Org, user: UserId, role: &'static str, ttl: chrono::Duration) -> (uuid::Uuid, String) {
+        let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
+        let issued = issue_user_token_with_id(&mut ch, UserToken { org: org.id, user, project: None, role, name: "test", ttl }).await.unwrap();
+        ch.commit().await.unwrap();
+        issued
+    }
+
+    /// A revoked token of the org's owner.
+    pub(crate) async fn revoked_token(&self, org: &Org) -> String {
+        let (jti, token) = self.token_for(org, org.owner_user, "owner", chrono::Duration::days(1)).await;
+        let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
+        api_writes::revoke_token(&mut ch, org.id, jti).await.unwrap();
+        ch.commit().await.unwrap();
+        token
+    }
+
+    /// Waits until `sql` (with the run bound as $1) returns true.
+    pub(crate) async fn until(&self, run: RunId, sql: &str, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let done: bool = sqlx::query_scalar(sql).bind(run).fetch_one(self.pool()).await.unwrap();
+            if done {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{run} never reached: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn token(ch: &mut Change, org: OrgId, user: UserId, role: &'static str, ttl: chrono::Duration) -> String {
+    issue_user_token_with_id(ch, UserToken { org, user, project: None, role, name: "test", ttl }).await.unwrap().1
+}
+
+/// A token whose claims are right but whose signature is made with another secret.
+pub(crate) fn signed_with_other_key(valid: &str) -> String {
+    let header = jsonwebtoken::decode_header(valid).unwrap();
+    let claims = claims_of(valid);
+    let mut h = Header::new(Algorithm::HS256);
+    h.kid = header.kid;
+    encode(&h, &claims, &EncodingKey::from_secret(b"not the service's secret at all!")).unwrap()
+}
+
+/// The claims of a token, read without checking anything (tests only).
+pub(crate) fn claims_of(token: &str) -> Claims {
+    let payload = token.split('.').nth(1).unwrap();
+    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap()
+}
+
+/// The same claims with `alg: none` and no signature.
+pub(crate) fn alg_none(valid: &str) -> String {
+    let kid = jsonwebtoken::decode_header(valid).unwrap().kid.unwrap();
+    let header = serde_json::json!({ "alg": "none", "typ": "JWT", "kid": kid });
+    let mut claims = claims_of(valid);
+    claims.exp = Utc::now().timestamp() + 3600;
+    let enc = |v: &Value| URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap());
+    format!("{}.{}.", enc(&header), enc(&serde_json::to_value(&claims).unwrap()))
+}
+
+/// Reads a problem body, checking its content type and status.
+pub(crate) fn problem(status: StatusCode, headers: &reqwest::header::HeaderMap, body: &[u8]) -> Problem {
+    let ct = headers.get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    assert_eq!(ct, "application/problem+json", "status {status}: {}", String::from_utf8_lossy(body));
+    let p: Problem = serde_json::from_slice(body).unwrap_or_else(|e| panic!("not a problem body ({e}): {}", String::from_utf8_lossy(body)));
+    assert_eq!(p.status, status.as_u16());
+    assert!(p.kind.starts_with("https://shopfloor.dev/problems/"), "{}", p.kind);
+    assert!(!p.title.is_empty());
+    p
+}
+
+/// One Server-Sent Event.
+#[derive(Debug, Clone)]
+pub(crate) struct SseEvent {
+    pub(crate) id: String,
+    pub(crate) event: String,
+    pub(crate) data: Value,
+}
+
+/// A client of an SSE stream.
+pub(crate) struct Sse {
+    stream: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>,
+    buf: String,
+}
+
+impl Sse {
+    pub(crate) async fn connect(app: &App, path: &str, token: &str, last_event_id: Option<&str>) -> Sse {
+        let mut req = app.http.get(app.url(path)).bearer_auth(token).header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        let resp = req.send().await.expect("connect to the stream");
+        assert_eq!(resp.status(), StatusCode::OK, "GET {path}");
+        let ct = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        Sse { stream: Box::pin(resp.bytes_stream()), buf: String::new() }
+    }
+
+    /// The next event (comments and keep-alives skipped), waiting at most 20 s.
+    pub(crate) async fn next(&mut self) -> SseEvent {
+        use futures::StreamExt;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            while let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let (mut id, mut event, mut data) = (String::new(), String::new(), String::new());
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = v.trim().to_owned();
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        event = v.trim().to_owned();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if !data.is_empty() {
+                    return SseEvent { id, event, data: serde_json::from_str(&data).expect("event data is JSON") };
+                }
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.stream.next()).await.expect("an event within 20 s");
+            let chunk = chunk.expect("the stream stays open").expect("the stream reads");
+            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Reads events until one matches; returns every event read, the match last.
+    pub(crate) async fn until(&mut self, what: &str, pred: impl Fn(&SseEvent) -> bool) -> Vec<SseEvent> {
+        let mut seen = Vec::new();
+        loop {
+            let e = self.next().await;
+            let done = pred(&e);
+            seen.push(e);
+            if done {
+                return seen;
+            }
+            assert!(seen.len() < 10_000, "never saw {what}");
+        }
+    }
+}

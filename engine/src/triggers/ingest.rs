@@ -1,0 +1,353 @@
+//! One webhook delivery, in one [`Change`]: record it by its delivery id, route it to the
+//! projects that connected its repository through its installation, update the items it is
+//! about, judge every workflow's `on.github` trigger, and hand the matching events to the claim
+//! rule (`store::triggers`). The delivery row, the items, the events, the runs with their
+//! events, audit entries and wakes, and the one `NOTIFY` commit together or not at all.
+//!
+//! Nothing here calls GitHub: the answer depends on the payload and the database only.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use super::judge::{self, Sender, Verdict};
+use super::projection::{self, ItemUpdate, Patch};
+use crate::store::triggers::{self as st, Claim, DeliveryRow, ItemRow, Route};
+use crate::store::{Actor, Change, StoreError};
+
+/// Events the ingest understands; any other is stored and answered all the same.
+pub const EVENTS: [&str; 13] = [
+    "ping",
+    "issues",
+    "issue_comment",
+    "pull_request",
+    "pull_request_review",
+    "pull_request_review_comment",
+    "check_run",
+    "check_suite",
+    "status",
+    "push",
+    "projects_v2_item",
+    "installation",
+    "installation_repositories",
+];
+
+/// A delivery whose signature was checked: its headers and raw body.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery<'a> {
+    /// `X-GitHub-Delivery`.
+    pub id: &'a str,
+    /// `X-GitHub-Event`.
+    pub event: &'a str,
+    pub body: &'a [u8],
+}
+
+/// What the ingest did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum IngestOutcome {
+    /// The delivery id was already stored: nothing was done.
+    Redelivery,
+    /// Stored, with what came of it (`accepted`, `unrouted`, `unknown_event`, …) and the
+    /// number of runs it opened.
+    Accepted { outcome: String, runs_opened: usize },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("the payload is not a JSON object: {0}")]
+    Malformed(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Deadlocks and serialization failures are retried this many times: an ingest locks an
+/// item's runs and then the item, and an engine re-judging the item on a run's end may take
+/// them in the other order for a run created in between (rare, and PostgreSQL breaks the tie).
+const RETRIES: u32 = 4;
+
+/// Ingests one delivery.
+///
+/// # Errors
+/// `Malformed` when the body is not a JSON object (nothing is stored); `Store` when the
+/// database failed (nothing is stored: GitHub may redeliver).
+pub async fn ingest(pool: &PgPool, delivery: &Delivery<'_>) -> Result<IngestOutcome, IngestError> {
+    let payload: Value = serde_json::from_slice(delivery.body).map_err(|e| IngestError::Malformed(e.to_string()))?;
+    if !payload.is_object() {
+        return Err(IngestError::Malformed("expected an object".into()));
+    }
+    let mut attempt = 0;
+    loop {
+        match ingest_once(pool, delivery, &payload).await {
+            Err(StoreError::Sql(e)) if attempt < RETRIES && retryable(&e) => {
+                attempt += 1;
+                tracing::debug!(delivery = delivery.id, attempt, error = %e, "ingest retried");
+                tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt) + u64::from(rand::random::<u8>() % 10))).await;
+            }
+            other => return other.map_err(IngestError::from),
+        }
+    }
+}
+
+fn retryable(e: &sqlx::Error) -> bool {
+    matches!(e.as_database_error().and_then(|d| d.code()).as_deref(), Some("40P01" | "40001"))
+}
+
+/// What each project and workflow made of a delivery, stored as the delivery's `detail`.
+#[derive(Debug, Default)]
+struct Report {
+    entries: Vec<Value>,
+    runs_opened: usize,
+}
+
+impl Report {
+    fn add(&mut self, route: &Route, item: &ItemRow, workflow: &str, result: Value) {
+        self.entries.push(json!({ "project": route.project_slug, "item": item.key, "workflow": workflow, "result": result }));
+    }
+
+    fn claim(&mut self, route: &Route, item: &ItemRow, workflow: &str, claim: &Claim) {
+        if matches!(claim, Claim::Opened { .. }) {
+            self.runs_opened += 1;
+        }
+        self.add(route, item, workflow, serde_json::to_value(claim).unwrap_or(Value::Null));
+    }
+}
+
+async fn ingest_once(pool: &PgPool, d: &Delivery<'_>, payload: &Value) -> Result<IngestOutcome, StoreError> {
+    let mut ch = Change::begin(pool, Actor::Github).await?;
+    let action = payload.get("action").and_then(Value::as_str);
+    let installation_id = payload.pointer("/installation/id").and_then(Value::as_i64);
+    let repository = projection::repository_name(payload);
+    let installation = match installation_id {
+        Some(id) => st::installation(&mut ch, id).await?,
+        None => None,
+    };
+    let row = DeliveryRow {
+        id: d.id,
+        org: installation.as_ref().map(|i| i.org),
+        event: d.event,
+        action,
+        installation: installation_id,
+        repository: repository.as_deref(),
+    };
+    if !st::record_delivery(&mut ch, &row).await? {
+        // Dropping the change rolls back: a redelivery writes nothing.
+        return Ok(IngestOutcome::Redelivery);
+    }
+    let mut report = Report::default();
+    let outcome: &str = match (d.event, installation.as_ref(), installation_id) {
+        (event, _, _) if !EVENTS.contains(&event) => "unknown_event",
+        ("ping", _, _) => "ping",
+        ("installation", Some(inst), Some(id)) => {
+            let account = payload.pointer("/installation/account/login").and_then(Value::as_str);
+            st::installation_changed(&mut ch, inst.org, id, action.unwrap_or_default(), account).await?
+        }
+        ("installation_repositories", Some(inst), Some(id)) => {
+            let names = |key: &str| -> Vec<String> {
+                payload.get(key).and_then(Value::as_array).map_or_else(Vec::new, |list| {
+                    list.iter().filter_map(|r| r.get("full_name").and_then(Value::as_str)).map(str::to_owned).collect()
+                })
+            };
+            st::repositories_changed(&mut ch, inst.org, id, &names("repositories_added"), &names("repositories_removed")).await?;
+            "installation_repositories"
+        }
+        (_, None, _) | (_, _, None) => "unrouted",
+        (_, Some(inst), _) if inst.suspended || inst.deleted => "installation_inactive",
+        ("issues" | "issue_comment" | "pull_request" | "pull_request_review" | "pull_request_review_comment" | "push", Some(_), Some(id)) => {
+            on_item(&mut ch, d, payload, id, &mut report).await?
+        }
+        ("check_run" | "check_suite" | "status", Some(_), Some(id)) => on_check(&mut ch, d, payload, id, &mut report).await?,
+        ("projects_v2_item", Some(inst), Some(_)) => on_board(&mut ch, d, payload, inst.org, &mut report).await?,
+        _ => "ignored",
+    };
+    st::finish_delivery(&mut ch, d.id, outcome, &json!({ "claims": report.entries })).await?;
+    ch.commit().await?;
+    Ok(IngestOutcome::Accepted { outcome: outcome.to_owned(), runs_opened: report.runs_opened })
+}
+
+/// An issue, pull request, comment, review or push: one item, in each project that connected
+/// the repository.
+async fn on_item(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installation: i64, report: &mut Report) -> Result<&'static str, StoreError> {
+    let Some(update) = projection::item_update(d.event, payload) else { return Ok("ignored") };
+    let routes = st::routes(ch, installation, &update.repository).await?;
+    if routes.is_empty() {
+        return Ok("unrouted");
+    }
+    let sender = Sender::of(d.event, payload);
+    let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
+    for route in &routes {
+        let item = st::ensure_item(ch, route.org, route.project, &update.key()).await?;
+        judge_item(ch, d, route, item, &update, &sender, &trigger, report).await?;
+    }
+    Ok("accepted")
+}
+
+/// A check run, check suite or commit status: stored by head SHA for gates, and applied to the
+/// pull requests whose head it is.
+async fn on_check(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installation: i64, report: &mut Report) -> Result<&'static str, StoreError> {
+    let Some(repository) = projection::repository_name(payload) else { return Ok("ignored") };
+    let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+    let (sha, name, external_id, status, conclusion, url) = match d.event {
+        "status" => {
+            let state = s(payload.get("state")).unwrap_or_default();
+            let (status, conclusion) = if state == "pending" { ("in_progress".to_owned(), None) } else { ("completed".to_owned(), Some(state)) };
+            (s(payload.get("sha")), s(payload.get("context")), 0, status, conclusion, s(payload.get("target_url")))
+        }
+        event => {
+            let Some(check) = payload.get(event) else { return Ok("ignored") };
+            let name = s(check.get("name")).or_else(|| s(check.pointer("/app/name")));
+            let status = s(check.get("status")).unwrap_or_else(|| "queued".into());
+            let id = check.get("id").and_then(Value::as_i64).unwrap_or_default();
+            (s(check.get("head_sha")), name, id, status, s(check.get("conclusion")), s(check.get("details_url")))
+        }
+    };
+    let (Some(sha), Some(name)) = (sha, name) else { return Ok("ignored") };
+    let routes = st::routes(ch, installation, &repository).await?;
+    if routes.is_empty() {
+        return Ok("unrouted");
+    }
+    let sender = Sender::of(d.event, payload);
+    let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
+    let result = st::CheckResult {
+        repository: &repository,
+        head_sha: &sha,
+        name: &name,
+        source: d.event,
+        external_id,
+        status: &status,
+        conclusion: conclusion.as_deref(),
+        details_url: url.as_deref(),
+    };
+    for route in &routes {
+        if !st::record_check(ch, route.org, route.project, &result).await? {
+            continue;
+        }
+        for item in st::items_by_head(ch, route.org, route.project, &repository, &sha).await? {
+            let update = ItemUpdate {
+                repository: repository.clone(),
+                number: None,
+                node_id: None,
+                updated_at: None,
+                patches: vec![Patch::Check { head_sha: sha.clone(), name: name.clone(), status: status.clone(), conclusion: conclusion.clone() }],
+            };
+            judge_item(ch, d, route, item, &update, &sender, &trigger, report).await?;
+        }
+    }
+    Ok("accepted")
+}
+
+/// A Projects v2 card moved or edited: the board names its issue or pull request by node id.
+async fn on_board(ch: &mut Change, d: &Delivery<'_>, payload: &Value, org: crate::ids::OrgId, report: &mut Report) -> Result<&'static str, StoreError> {
+    let card = payload.get("projects_v2_item");
+    let text = |p: &str| card.and_then(|c| c.get(p)).and_then(Value::as_str).map(str::to_owned);
+    let Some(content) = text("content_node_id") else { return Ok("ignored") };
+    let action = payload.get("action").and_then(Value::as_str).unwrap_or_default();
+    let patch = match action {
+        "deleted" | "archived" => Patch::BoardRemoved,
+        _ => {
+            let change = payload.pointer("/changes/field_value");
+            let field_name = change.and_then(|c| c.get("field_name")).and_then(Value::as_str);
+            // Single-select options and iterations are objects; text, number and date values
+            // are given as they are.
+            let value = change.and_then(|c| c.get("to")).map(|to| match to {
+                Value::Object(o) => o.get("name").or_else(|| o.get("title")).cloned().unwrap_or(Value::Null),
+                other => other.clone(),
+            });
+            Patch::Board {
+                project: text("project_node_id").unwrap_or_default(),
+                card: text("node_id").unwrap_or_default(),
+                field: field_name.zip(value).map(|(n, v)| (n.to_owned(), v)),
+            }
+        }
+    };
+    let items = st::items_by_node(ch, org, &content).await?;
+    if items.is_empty() {
+        return Ok("unrouted");
+    }
+    let sender = Sender::of(d.event, payload);
+    let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
+    for (item, route) in &items {
+        let update = ItemUpdate { repository: String::new(), number: None, node_id: None, updated_at: None, patches: vec![patch.clone()] };
+        judge_item(ch, d, route, *item, &update, &sender, &trigger, report).await?;
+    }
+    Ok("accepted")
+}
+
+/// Applies an update to one item (locked, with its open runs), then judges the project's
+/// workflows on it.
+#[expect(clippy::too_many_arguments, reason = "one call site per event family; a struct would only rename them")]
+async fn judge_item(
+    ch: &mut Change,
+    d: &Delivery<'_>,
+    route: &Route,
+    item: crate::ids::ItemId,
+    update: &ItemUpdate,
+    sender: &Sender,
+    trigger: &Value,
+    report: &mut Report,
+) -> Result<(), StoreError> {
+    let Some(mut item) = st::lock_item(ch, route.org, item).await? else { return Ok(()) };
+    let mut changed = false;
+    let mut update = update.clone();
+    if update.repository.is_empty() {
+        // Board and check updates name the item, not its repository: keep the stored one.
+        update.repository = item.data.get("repository").and_then(Value::as_str).unwrap_or_default().to_owned();
+        update.number = item.data.get("number").and_then(Value::as_i64);
+    }
+    if let Some(data) = projection::apply(&item.data, &update).filter(|data| *data != item.data) {
+        let hash = st::update_item(ch, &item, &data, update.node_id.as_deref()).await?;
+        changed = item.content_hash.as_deref() != Some(hash.as_str());
+        item.data = data;
+        item.content_hash = Some(hash);
+    }
+    let repository = item.data.get("repository").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let number = item.data.get("number").and_then(Value::as_i64);
+    let project = route.context();
+    let action = trigger.get("action").and_then(Value::as_str);
+    let pending = if changed { st::workflows_pending_on(ch, route.org, item.item_id).await? } else { Vec::new() };
+    for wf in st::github_workflows(ch, route.org, route.project).await? {
+        let Some(t) = wf.def.on.github.clone() else { continue };
+        if wf.paused {
+            // A paused workflow submits nothing and revokes nothing.
+            continue;
+        }
+        let mut claimed = false;
+        if judge::names_event(&t, d.event, action) {
+            if !sender.may_trigger(t.senders) {
+                report.add(route, &item, &wf.name, json!({ "claim": "sender_not_trusted", "sender": sender.login }));
+            } else {
+                match judge::verdict(&t, &item.data, trigger, &project) {
+                    Verdict::Matches => {
+                        let new = st::NewEvent {
+                            org: route.org,
+                            project: route.project,
+                            workflow: &wf,
+                            item: &item,
+                            repository: &repository,
+                            number,
+                            trigger: trigger.clone(),
+                            delivery: Some(d.id),
+                        };
+                        let claim = st::submit_event(ch, new).await?;
+                        report.claim(route, &item, &wf.name, &claim);
+                        claimed = true;
+                    }
+                    Verdict::DoesNotMatch => report.add(route, &item, &wf.name, json!({ "claim": "not_matched" })),
+                    Verdict::Failed(e) => report.add(route, &item, &wf.name, json!({ "claim": "condition_failed", "error": e })),
+                }
+            }
+        }
+        if !claimed && pending.contains(&wf.id) {
+            // Judge each pending run with the trigger that opened it, on the item as it is
+            // now; a failing expression keeps the run.
+            let still = |t_ctx: &Value| judge::verdict(&t, &item.data, t_ctx, &project) != Verdict::DoesNotMatch;
+            let revoked = st::revoke_unmatched(ch, route.org, item.item_id, wf.id, &still).await?;
+            if !revoked.runs.is_empty() || revoked.events > 0 {
+                report.add(route, &item, &wf.name, json!({ "claim": "revoked", "runs": revoked.runs, "events": revoked.events }));
+            }
+        }
+    }
+    Ok(())
+}

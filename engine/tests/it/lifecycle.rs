@@ -1,0 +1,952 @@
+//! The run lifecycle against a real engine in this process: retries and their backoff,
+//! infrastructure failures, timeouts, stop-the-line, decisions, failure handling, `end`,
+//! child runs, approvals (run-level and timed out), waits until a time, dry runs, reruns,
+//! cancel, drain; and the substate and `why` of runs in each of those states.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use engine::executor::TestExecutor;
+use engine::ids::{HostId, OrgId, RunId, StepId, WorkflowId};
+use engine::pool::{self, PoolConfig};
+use engine::state::StepState;
+use engine::store::runs::{self, NewRun};
+use engine::store::steps;
+use engine::store::{approvals, workflows, Actor, Change, StoreError};
+use engine::substate::{self, Substate, Why};
+use engine::testkit::test_db;
+use serde_json::{json, Map, Value};
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::until_done;
+use crate::fixtures::{new_run, seed, Seed};
+
+/// An engine in this process; `drain` asks it to drain, `abort` stops it at once.
+struct Eng {
+    drain: CancellationToken,
+    abort: CancellationToken,
+    task: JoinHandle<Result<(), StoreError>>,
+}
+
+impl Eng {
+    fn stop(&self) {
+        self.drain.cancel();
+        self.abort.cancel();
+    }
+}
+
+/// Starts an engine; with `executor`, it runs crew, gate and output steps itself (recording
+/// each execution in `effects` when given), otherwise they wait for hosts.
+fn engine(db: &engine::testkit::TestDb, id: &str, executor: bool, effects: Option<&Path>) -> Eng {
+    let (drain, abort) = (CancellationToken::new(), CancellationToken::new());
+    let cfg = PoolConfig {
+        id: id.to_owned(),
+        listen_url: db.url.clone(),
+        batch: 64,
+        max_in_flight: 64,
+        drain: Duration::from_secs(5),
+        test_executor: executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) }),
+    };
+    let task = tokio::spawn(pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
+    Eng { drain, abort, task }
+}
+
+async fn submit(pool: &PgPool, new: NewRun) -> RunId {
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let run = runs::submit(&mut ch, new).await.unwrap();
+    ch.commit().await.unwrap();
+    run
+}
+
+fn with_input(s: &Seed, input: Value) -> NewRun {
+    NewRun { input, ..new_run(s) }
+}
+
+/// Adds workflow `name` to the seed's project.
+async fn add_workflow(pool: &PgPool, s: &Seed, name: &str, source: &str) -> (WorkflowId, i32) {
+    assert!(engine::definition::parse(source).is_ok(), "{name} does not validate");
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let out = workflows::put_version(&mut ch, s.org, s.project, name, source).await.unwrap();
+    ch.commit().await.unwrap();
+    out
+}
+
+/// One line per step, in creation order: `node:visit.attempt:state[:reason]`.
+async fn steps_of(pool: &PgPool, run: RunId) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT node || ':' || visit || '.' || attempt || ':' || state || coalesce(':' || reason, '') \
+         FROM steps WHERE run_id = $1 ORDER BY started_seq",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Polls until `pred` holds for the run's steps; panics after 15 s.
+async fn until_steps(pool: &PgPool, run: RunId, what: &str, pred: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let steps = steps_of(pool, run).await;
+        if pred(&steps) {
+            return steps;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never reached {what}: {steps:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn has(steps: &[String], prefix: &str) -> bool {
+    steps.iter().any(|s| s.starts_with(prefix))
+}
+
+async fn why(pool: &PgPool, org: OrgId, run: RunId) -> Why {
+    substate::why(pool, org, run).await.unwrap()
+}
+
+fn name(why: &Why) -> Option<&'static str> {
+    why.substate.as_ref().map(Substate::name)
+}
+
+async fn status(pool: &PgPool, run: RunId) -> (String, Option<String>) {
+    until_done(pool, run, Duration::from_secs(20)).await
+}
+
+async fn scalar<T>(pool: &PgPool, sql: &str, run: RunId) -> T
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    sqlx::query_scalar(sql).bind(run).fetch_one(pool).await.unwrap()
+}
+
+/// Lines of the effects file: `<step> <run> <node> <visit> <attempt>`.
+fn effects_of(path: &Path, run: RunId) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let run = run.to_string();
+    text.lines()
+        .filter(|l| l.split(' ').nth(1) == Some(run.as_str()))
+        .map(|l| l.split(' ').skip(2).collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+fn temp_effects() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("effects");
+    (dir, path)
+}
+
+/// Makes a wake of the run due now, as if its time had come, and tells the engines.
+async fn fire(pool: &PgPool, run: RunId, reason: &str) {
+    let moved = sqlx::query("UPDATE wakes SET due_at = now() - interval '1 second' WHERE run_id = $1 AND reason = $2")
+        .bind(run)
+        .bind(reason)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert!(moved.rows_affected() > 0, "no {reason} wake for {run}");
+    sqlx::query("SELECT pg_notify('shopfloor_wakes', 'w0')").execute(pool).await.unwrap();
+}
+
+const RETRY: &str = "name: retry
+nodes:
+  build:
+    crew: { harness: claude-code, prompt: build }
+    retry: { attempts: 3, backoff: 1s, max_backoff: 10s, exit_codes: [1] }
+";
+
+#[tokio::test]
+async fn a_failed_step_retries_with_doubling_backoff_and_only_on_listed_exit_codes() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", RETRY).await;
+    let eng = engine(&db, "e1", true, None);
+    let recovers = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 2 } } }))).await;
+    let wrong_code = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 }, "exit_code": 2 } }))).await;
+    let exhausted = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 9 } } }))).await;
+
+    // While the backoff runs the run is asleep, and says after what.
+    until_steps(&db.pool, recovers, "the second attempt", |s| has(s, "build:1.2:pending")).await;
+    let w = why(&db.pool, s.org, recovers).await;
+    assert_eq!(name(&w), Some("sleeping"), "{}", w.text);
+    assert!(w.text.starts_with("Asleep until ") && w.text.ends_with(" UTC (retry 1 of build after exit code 1)"), "{}", w.text);
+
+    assert_eq!(status(&db.pool, recovers).await, ("completed".into(), None));
+    assert_eq!(
+        steps_of(&db.pool, recovers).await,
+        ["build:1.1:failed:exit_code:1", "build:1.2:failed:exit_code:1", "build:1.3:succeeded"]
+    );
+    // The backoff doubles: 1 s before attempt 2, 2 s before attempt 3.
+    let gaps: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM n.started_at - p.ended_at)::float8 FROM steps p JOIN steps n \
+           ON n.run_id = p.run_id AND n.node = p.node AND n.attempt = p.attempt + 1 \
+         WHERE p.run_id = $1 ORDER BY p.attempt",
+    )
+    .bind(recovers)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!((1.0..1.5).contains(&gaps[0]) && (2.0..2.5).contains(&gaps[1]), "{gaps:?}");
+
+    // Exit code 2 is not listed: no retry, the run fails with the step's reason.
+    assert_eq!(status(&db.pool, wrong_code).await, ("failed".into(), Some("exit_code:2".into())));
+    assert_eq!(steps_of(&db.pool, wrong_code).await, ["build:1.1:failed:exit_code:2"]);
+    assert_eq!(why(&db.pool, s.org, wrong_code).await.text, "Finished: failed at build: exit_code:2");
+
+    assert_eq!(status(&db.pool, exhausted).await, ("failed".into(), Some("attempts_exhausted".into())));
+    assert_eq!(steps_of(&db.pool, exhausted).await.len(), 3);
+    assert_eq!(why(&db.pool, s.org, exhausted).await.text, "Finished: failed at build: attempts_exhausted");
+    eng.stop();
+    db.finish().await;
+}
+
+const HOST_STEP: &str = "name: host-step
+nodes:
+  build:
+    crew: { harness: claude-code, prompt: build }
+    requires: [linux, gpu]
+";
+
+/// Plays a host: leases and starts the step, as the host protocol will.
+async fn host_takes(pool: &PgPool, org: OrgId, run: RunId, step: StepId, host: HostId) {
+    let holder = format!("host:{host}");
+    let mut ch = Change::begin(pool, Actor::Host(host)).await.unwrap();
+    ch.lock_run(org, run).await.unwrap().unwrap();
+    steps::lease(&mut ch, run, step, &holder).await.unwrap();
+    steps::start(&mut ch, run, step, &holder).await.unwrap();
+    ch.commit().await.unwrap();
+}
+
+/// The host goes silent: its lease and the grace after it run out now.
+async fn host_dies(pool: &PgPool, step: StepId) {
+    sqlx::query("UPDATE steps SET lease_expires_at = now() - interval '16 seconds' WHERE step_id = $1").bind(step).execute(pool).await.unwrap();
+    sqlx::query("UPDATE wakes SET due_at = now() WHERE step_id = $1 AND reason = 'lease_expiry'").bind(step).execute(pool).await.unwrap();
+    sqlx::query("SELECT pg_notify('shopfloor_wakes', 'w0')").execute(pool).await.unwrap();
+}
+
+async fn open_step(pool: &PgPool, run: RunId) -> StepId {
+    sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND state = 'pending'").bind(run).fetch_one(pool).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", HOST_STEP).await;
+    let eng = engine(&db, "e1", false, None);
+    let run = submit(&db.pool, new_run(&s)).await;
+    until_steps(&db.pool, run, "a ready step", |s| has(s, "build:1.1:pending")).await;
+
+    // No host at all, then one without the gpu, then a deregistered one: nobody can run it.
+    let w = why(&db.pool, s.org, run).await;
+    assert_eq!((name(&w), w.text.as_str()), (Some("unroutable"), "Waiting for a host with linux, gpu to run build: no host of this project was seen in the last day"));
+    let host = HostId::mint();
+    let add_host = |id: HostId, name: &'static str, caps: &'static [&'static str], gone: bool| {
+        let pool = db.pool.clone();
+        let (org, project) = (s.org, s.project);
+        async move {
+            sqlx::query(
+                "INSERT INTO hosts (org_id, project_id, host_id, name, capabilities, last_seen_at, deregistered_at) \
+                 VALUES ($1, $2, $3, $4, $5, now(), CASE WHEN $6 THEN now() END)",
+            )
+            .bind(org)
+            .bind(project)
+            .bind(id)
+            .bind(name)
+            .bind(caps.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>())
+            .bind(gone)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    add_host(HostId::mint(), "cpu-1", &["linux"], false).await;
+    add_host(HostId::mint(), "old-gpu", &["linux", "gpu"], true).await;
+    let w = why(&db.pool, s.org, run).await;
+    assert_eq!(w.substate, Some(Substate::Unroutable { node: "build".into(), requires: vec!["linux".into(), "gpu".into()], missing: vec!["gpu".into()] }));
+    assert_eq!(w.text, "Waiting for a host with linux, gpu: none online has gpu");
+    // A host last seen two days ago does not count either.
+    add_host(HostId::mint(), "stale-gpu", &["linux", "gpu"], false).await;
+    sqlx::query("UPDATE hosts SET last_seen_at = now() - interval '2 days' WHERE name = 'stale-gpu'").execute(&db.pool).await.unwrap();
+    assert_eq!(name(&why(&db.pool, s.org, run).await), Some("unroutable"));
+
+    add_host(host, "gpu-1", &["linux", "gpu", "arm64"], false).await;
+    let w = why(&db.pool, s.org, run).await;
+    assert_eq!((name(&w), w.words.as_str()), (Some("waiting_for_agent"), "waiting for a host"));
+    assert_eq!(w.text, "Waiting for a host with linux, gpu to pick up build (1 host online can run it)");
+
+    for attempt in 1..=3 {
+        let step = open_step(&db.pool, run).await;
+        host_takes(&db.pool, s.org, run, step, host).await;
+        let w = why(&db.pool, s.org, run).await;
+        assert_eq!((name(&w), w.text.as_str()), (Some("executing"), "Running build on host gpu-1"));
+        host_dies(&db.pool, step).await;
+        if attempt < 3 {
+            // Retried at once, with no backoff: the node has no `retry:`.
+            until_steps(&db.pool, run, "the next attempt", |s| has(s, &format!("build:1.{}:pending", attempt + 1))).await;
+        }
+    }
+    assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("attempts_exhausted".into())));
+    assert_eq!(
+        steps_of(&db.pool, run).await,
+        ["build:1.1:failed:lease_expired", "build:1.2:failed:lease_expired", "build:1.3:failed:lease_expired"]
+    );
+    let classes: Vec<String> = sqlx::query_scalar("SELECT failure_class FROM steps WHERE run_id = $1").bind(run).fetch_all(&db.pool).await.unwrap();
+    assert_eq!(classes, ["infrastructure"; 3]);
+    eng.stop();
+    db.finish().await;
+}
+
+const TIMEOUT: &str = "name: timeout
+nodes:
+  build:
+    crew: { harness: claude-code, prompt: build }
+    timeout: 1s
+";
+
+#[tokio::test]
+async fn a_step_past_its_timeout_fails_and_its_holders_late_result_is_refused() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", TIMEOUT).await;
+    let eng = engine(&db, "e1", true, None);
+    let run = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 2500 } }))).await;
+    assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("timeout".into())));
+    // The executor finishes 1.5 s later; its success must not be recorded.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(steps_of(&db.pool, run).await, ["build:1.1:failed:timeout"]);
+    let output: Option<Value> = scalar(&db.pool, "SELECT output FROM steps WHERE run_id = $1", run).await;
+    assert_eq!(output, None);
+    eng.stop();
+    db.finish().await;
+}
+
+const LOOP: &str = "name: loop
+stop_the_line_attempts: 2
+nodes:
+  plan:
+    crew: { harness: claude-code, prompt: plan }
+  build:
+    after: [plan]
+    crew: { harness: claude-code, prompt: build }
+  ci:
+    after: [build]
+    gate: { checks: [test], on_fail: build }
+";
+
+#[tokio::test]
+async fn a_node_past_stop_the_line_attempts_fails_the_run_naming_it() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", LOOP).await;
+    let eng = engine(&db, "e1", true, None);
+    let run = submit(&db.pool, with_input(&s, json!({ "test": { "gate_fail_visits": [1, 2, 3] } }))).await;
+    assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("stopped_line:build".into())));
+    assert_eq!(
+        steps_of(&db.pool, run).await,
+        ["plan:1.1:succeeded", "build:1.1:succeeded", "ci:1.1:failed:gate_failed", "build:2.1:succeeded", "ci:2.1:failed:gate_failed"]
+    );
+    assert_eq!(why(&db.pool, s.org, run).await.text, "Finished: failed at build: stopped_line:build");
+    eng.stop();
+    db.finish().await;
+}
+
+const ROUTE: &str = "name: route
+nodes:
+  size:
+    decision:
+      cases:
+        - { if: \"run.input.size > 5\", to: big }
+        - { if: \"run.input.size > 2\", to: medium }
+  big:
+    crew: { harness: claude-code, prompt: big }
+  medium:
+    crew: { harness: claude-code, prompt: medium }
+";
+
+#[tokio::test]
+async fn a_decision_takes_the_first_true_case_or_fails_with_route_unknown() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", ROUTE).await;
+    let eng = engine(&db, "e1", true, None);
+    let big = submit(&db.pool, with_input(&s, json!({ "size": 10 }))).await;
+    let medium = submit(&db.pool, with_input(&s, json!({ "size": 3 }))).await;
+    let none = submit(&db.pool, with_input(&s, json!({ "size": 1 }))).await;
+    assert_eq!(status(&db.pool, big).await.0, "completed");
+    assert_eq!(steps_of(&db.pool, big).await, ["size:1.1:succeeded", "big:1.1:succeeded"]);
+    assert_eq!(status(&db.pool, medium).await.0, "completed");
+    assert_eq!(steps_of(&db.pool, medium).await, ["size:1.1:succeeded", "medium:1.1:succeeded"]);
+    assert_eq!(status(&db.pool, none).await, ("failed".into(), Some("route:$unknown".into())));
+    assert_eq!(steps_of(&db.pool, none).await, ["size:1.1:failed:route:$unknown"]);
+    assert_eq!(why(&db.pool, s.org, none).await.text, "Finished: failed at size: route:$unknown");
+    eng.stop();
+    db.finish().await;
+}
+
+const CONTINUE: &str = "name: continue
+nodes:
+  lint:
+    crew: { harness: claude-code, prompt: lint }
+    continue_on_error: true
+  build:
+    after: [lint]
+    crew: { harness: claude-code, prompt: build }
+    failure: notify
+  ship:
+    after: [build]
+    output: { github: comment, body: shipped }
+  notify:
+    output: { github: comment, body: failed }
+";
+
+#[tokio::test]
+async fn continue_on_error_goes_on_and_a_failure_handler_runs_instead_of_what_follows() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", CONTINUE).await;
+    let eng = engine(&db, "e1", true, None);
+    let lint_fails = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "lint": 1 } } }))).await;
+    let build_fails = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 } } }))).await;
+    assert_eq!(status(&db.pool, lint_fails).await, ("completed".into(), None));
+    assert_eq!(steps_of(&db.pool, lint_fails).await, ["lint:1.1:failed:exit_code:1", "build:1.1:succeeded", "ship:1.1:succeeded"]);
+    // The handler takes the failure: the run completes, and `ship` never starts.
+    assert_eq!(status(&db.pool, build_fails).await, ("completed".into(), None));
+    assert_eq!(
+        steps_of(&db.pool, build_fails).await,
+        ["lint:1.1:succeeded", "build:1.1:failed:exit_code:1", "notify:1.1:succeeded"]
+    );
+    eng.stop();
+    db.finish().await;
+}
+
+const END: &str = "name: end
+nodes:
+  slow:
+    wait: { for: 1h }
+  quick:
+    crew: { harness: claude-code, prompt: quick }
+  stop:
+    after: [quick]
+    end: failed
+";
+
+#[tokio::test]
+async fn an_end_node_finishes_the_run_at_once_and_cancels_what_is_still_open() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", END).await;
+    let eng = engine(&db, "e1", true, None);
+    let run = submit(&db.pool, new_run(&s)).await;
+    assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("ended:end_run".into())));
+    assert_eq!(steps_of(&db.pool, run).await, ["slow:1.1:cancelled:run ended", "quick:1.1:succeeded", "stop:1.1:succeeded"]);
+    assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM wakes WHERE run_id = $1", run).await, 0);
+    assert_eq!(why(&db.pool, s.org, run).await.text, "Finished: failed at stop: ended:end_run");
+    eng.stop();
+    db.finish().await;
+}
+
+const PARENT: &str = "name: parent
+nodes:
+  spawn:
+    workflow: { name: middle, input: { from: \"{{ run.id }}\" } }
+  after_child:
+    after: [spawn]
+    crew: { harness: claude-code, prompt: next }
+";
+const MIDDLE: &str = "name: middle
+nodes:
+  spawn:
+    workflow: { name: leaf }
+";
+const LEAF_QUICK: &str = "name: leaf
+nodes:
+  work:
+    crew: { harness: claude-code, prompt: work }
+";
+const LEAF_WAITS: &str = "name: leaf
+nodes:
+  ask:
+    approval: { prompt: Keep going? }
+";
+
+async fn child_of(pool: &PgPool, parent: RunId) -> RunId {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let child: Option<RunId> = sqlx::query_scalar("SELECT run_id FROM runs WHERE parent_run_id = $1").bind(parent).fetch_optional(pool).await.unwrap();
+        if let Some(child) = child {
+            return child;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{parent} started no child");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_parent_awaits_its_child_and_cancelling_it_cancels_the_waiting_tree() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", PARENT).await;
+    add_workflow(&db.pool, &s, "middle", MIDDLE).await;
+    add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
+    let eng = engine(&db, "e1", true, None);
+
+    // A child that completes lets its parent go on, with the child's outcome as output.
+    let parent = submit(&db.pool, new_run(&s)).await;
+    assert_eq!(status(&db.pool, parent).await, ("completed".into(), None));
+    let middle = child_of(&db.pool, parent).await;
+    let output: Value = scalar(&db.pool, "SELECT output FROM steps WHERE run_id = $1 AND node = 'spawn'", parent).await;
+    assert_eq!(output["run"], json!(middle.to_string()));
+    assert_eq!(output["status"], json!("completed"));
+    let input: Value = scalar(&db.pool, "SELECT input FROM runs WHERE run_id = $1", middle).await;
+    assert_eq!(input, json!({ "from": parent.to_string() }));
+
+    // Now the leaf waits for a person: the tree waits on it.
+    add_workflow(&db.pool, &s, "leaf", LEAF_WAITS).await;
+    let parent = submit(&db.pool, new_run(&s)).await;
+    let middle = child_of(&db.pool, parent).await;
+    let leaf = child_of(&db.pool, middle).await;
+    until_steps(&db.pool, leaf, "the leaf's approval", |s| has(s, "ask:1.1:waiting")).await;
+    let w = why(&db.pool, s.org, parent).await;
+    assert_eq!((name(&w), w.words.as_str()), (Some("awaiting_child"), "waiting on another run"));
+    assert_eq!(w.text, format!("Waiting on run {middle} started by spawn"));
+    assert_eq!(name(&why(&db.pool, s.org, leaf).await), Some("awaiting_signal"));
+
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    runs::cancel(&mut ch, s.org, parent, "not needed").await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(status(&db.pool, parent).await, ("cancelled".into(), Some("not needed".into())));
+    assert_eq!(status(&db.pool, middle).await, ("cancelled".into(), Some(format!("parent {parent} is no longer running"))));
+    assert_eq!(status(&db.pool, leaf).await, ("cancelled".into(), Some(format!("parent {middle} is no longer running"))));
+    assert_eq!(steps_of(&db.pool, leaf).await, [format!("ask:1.1:cancelled:parent {middle} is no longer running")]);
+    // The leaf's approval is withdrawn, so no one is asked to answer it any more.
+    let decision: Option<String> = scalar(&db.pool, "SELECT decision FROM approvals WHERE run_id = $1", leaf).await;
+    assert_eq!(decision.as_deref(), Some("withdrawn"));
+    assert_eq!(why(&db.pool, s.org, middle).await.text, format!("Finished: cancelled: parent {parent} is no longer running"));
+    eng.stop();
+    db.finish().await;
+}
+
+const GUARDED: &str = "name: guarded
+approval: required
+nodes:
+  build:
+    crew: { harness: claude-code, prompt: build }
+";
+
+#[tokio::test]
+async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", GUARDED).await;
+    let def = engine::definition::parse(GUARDED).unwrap();
+    let eng = engine(&db, "e1", true, None);
+    let new = || NewRun { needs_approval: def.approval_required, ..new_run(&s) };
+    let run = submit(&db.pool, new()).await;
+    until_steps(&db.pool, run, "the run's approval", |s| s == ["$start:1.1:waiting"]).await;
+    let w = why(&db.pool, s.org, run).await;
+    assert_eq!((name(&w), w.words.as_str()), (Some("awaiting_signal"), "waiting for approval"));
+    assert_eq!(w.text, "Waiting for approval to start: Start this run?");
+    // Parked means parked: nothing else starts while it waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(steps_of(&db.pool, run).await, ["$start:1.1:waiting"]);
+
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    approvals::approve(&mut ch, s.org, run, approvals::RUN_APPROVAL_NODE, &Map::new()).await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(status(&db.pool, run).await, ("completed".into(), None));
+    assert_eq!(steps_of(&db.pool, run).await, ["$start:1.1:succeeded", "build:1.1:succeeded"]);
+
+    // Rejected at the start, the run is cancelled before any work.
+    let run = submit(&db.pool, new()).await;
+    until_steps(&db.pool, run, "the run's approval", |s| s == ["$start:1.1:waiting"]).await;
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    approvals::reject(&mut ch, s.org, run, approvals::RUN_APPROVAL_NODE, Some("no")).await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(status(&db.pool, run).await, ("cancelled".into(), Some("rejected at $start: no".into())));
+    eng.stop();
+    db.finish().await;
+}
+
+const EXPIRES: &str = "name: expires
+nodes:
+  ask:
+    approval: { prompt: Ship it?, timeout: 1s }
+  late:
+    after: [ask]
+    decision:
+      cases:
+        - { if: \"nodes.ask.output.timed_out\", to: unanswered }
+      default: answered
+  unanswered:
+    crew: { harness: claude-code, prompt: unanswered }
+  answered:
+    crew: { harness: claude-code, prompt: answered }
+";
+
+#[tokio::test]
+async fn an_unanswered_approval_with_a_timeout_resolves_with_timed_out() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", EXPIRES).await;
+    let eng = engine(&db, "e1", true, None);
+    let run = submit(&db.pool, new_run(&s)).await;
+    until_steps(&db.pool, run, "the approval", |s| has(s, "ask:1.1:waiting")).await;
+    let w = why(&db.pool, s.org, run).await;
+    assert!(w.text.starts_with("Waiting for approval at ask: Ship it? (deadline ") && w.text.ends_with(" UTC)"), "{}", w.text);
+    match &w.substate {
+        Some(Substate::AwaitingSignal { approval: true, prompt, deadline: Some(_), .. }) => assert_eq!(prompt.as_deref(), Some("Ship it?")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(status(&db.pool, run).await, ("completed".into(), None));
+    assert_eq!(steps_of(&db.pool, run).await, ["ask:1.1:succeeded", "late:1.1:succeeded", "unanswered:1.1:succeeded"]);
+    let (output, timed_out): (Value, bool) =
+        sqlx::query_as("SELECT output, timed_out FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(&db.pool).await.unwrap();
+    assert_eq!((output, timed_out), (json!({ "timed_out": true }), true));
+    let decision: String = scalar(&db.pool, "SELECT decision FROM approvals WHERE run_id = $1", run).await;
+    assert_eq!(decision, "timed_out");
+    assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM run_events WHERE run_id = $1 AND kind = 'run.wait_expired'", run).await, 1);
+    eng.stop();
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_wait_until_a_time_sleeps_until_then_and_one_in_the_past_does_not() {
+    let db = test_db().await;
+    // The time as the definition states it, to the millisecond.
+    let text = (chrono::Utc::now() + chrono::Duration::milliseconds(2500)).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let until = chrono::DateTime::parse_from_rfc3339(&text).unwrap().to_utc();
+    let source = format!(
+        "name: until
+nodes:
+  nap:
+    wait: {{ until: \"{text}\" }}
+  past:
+    wait: {{ until: \"2020-01-01T00:00:00Z\" }}
+"
+    );
+    let s = seed(&db.pool, "acme", &source).await;
+    let eng = engine(&db, "e1", true, None);
+    let run = submit(&db.pool, new_run(&s)).await;
+    until_steps(&db.pool, run, "the waits", |s| has(s, "nap:1.1:waiting") && has(s, "past:1.1:succeeded")).await;
+    let w = why(&db.pool, s.org, run).await;
+    assert_eq!(name(&w), Some("sleeping"));
+    assert_eq!(w.text, format!("Asleep until {} (wait at nap)", until.format("%H:%M:%S UTC")));
+    assert_eq!(status(&db.pool, run).await.0, "completed");
+    let ended: chrono::DateTime<chrono::Utc> = scalar(&db.pool, "SELECT ended_at FROM steps WHERE run_id = $1 AND node = 'nap'", run).await;
+    let late = ended - until;
+    assert!(late >= chrono::Duration::zero() && late < chrono::Duration::milliseconds(500), "woke {late} after its time");
+    eng.stop();
+    db.finish().await;
+}
+
+const EVENT: &str = "name: event
+nodes:
+  merged:
+    wait: { event: pull_request.closed }
+    timeout: 2h
+";
+
+#[tokio::test]
+async fn an_event_wait_awaits_its_event_until_its_deadline() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", EVENT).await;
+    let eng = engine(&db, "e1", true, None);
+    let run = submit(&db.pool, new_run(&s)).await;
+    until_steps(&db.pool, run, "the wait", |s| has(s, "merged:1.1:waiting")).await;
+    let w = why(&db.pool, s.org, run).await;
+    assert_eq!(w.words, "waiting for pull_request.closed");
+    match &w.substate {
+        Some(Substate::AwaitingSignal { approval: false, signal, deadline: Some(_), .. }) => assert_eq!(signal, "pull_request.closed"),
+        other => panic!("{other:?}"),
+    }
+    assert!(w.text.starts_with("Waiting for pull_request.closed at merged (deadline "), "{}", w.text);
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    runs::cancel(&mut ch, s.org, run, "done looking").await.unwrap();
+    ch.commit().await.unwrap();
+    eng.stop();
+    db.finish().await;
+}
+
+const DRY: &str = "name: dry
+approval: required
+nodes:
+  ask:
+    approval:
+      prompt: Which size?
+      fields:
+        size: { type: choice, options: [s, m], default: m }
+        ticket: { type: string, required: true }
+  nap:
+    after: [ask]
+    wait: { for: 1h }
+  build:
+    after: [nap]
+    crew: { harness: claude-code, prompt: build }
+  spawn:
+    after: [build]
+    workflow: { name: leaf }
+  ship:
+    after: [spawn]
+    output: { github: pull_request }
+";
+
+#[tokio::test]
+async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it_ends() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", DRY).await;
+    add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
+    let (_dir, effects) = temp_effects();
+    let eng = engine(&db, "e1", true, Some(&effects));
+    let run = submit(&db.pool, NewRun { dry_run: true, needs_approval: true, ..new_run(&s) }).await;
+    assert_eq!(status(&db.pool, run).await, ("completed".into(), None));
+    let child = child_of(&db.pool, run).await;
+    assert_eq!(status(&db.pool, child).await.0, "completed");
+    assert!(scalar::<bool>(&db.pool, "SELECT dry_run FROM runs WHERE run_id = $1", child).await);
+    // Nothing was executed, and the approvals were answered at once, with the form's defaults.
+    assert!(effects_of(&effects, run).is_empty() && effects_of(&effects, child).is_empty());
+    let answers: Vec<(String, String, Value)> =
+        sqlx::query_as("SELECT node, decision, answer FROM approvals WHERE run_id = $1 ORDER BY node").bind(run).fetch_all(&db.pool).await.unwrap();
+    assert_eq!(
+        answers,
+        [("$start".into(), "approved".into(), json!({})), ("ask".into(), "approved".into(), json!({ "size": "m" }))]
+    );
+    assert_eq!(scalar::<Value>(&db.pool, "SELECT output FROM steps WHERE run_id = $1 AND node = 'build'", run).await, json!({ "dry_run": true }));
+
+    // A rerun of a dry run is dry, and keeps its source's id while the source exists.
+    let def = engine::definition::parse(DRY).unwrap();
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let again = runs::rerun(&mut ch, s.org, run, &def, &[]).await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(status(&db.pool, again).await.0, "completed");
+    assert!(scalar::<bool>(&db.pool, "SELECT dry_run FROM runs WHERE run_id = $1", again).await);
+
+    // Each is kept for a day after it ends.
+    let due: f64 = scalar(&db.pool, "SELECT extract(epoch FROM due_at - now())::float8 FROM wakes WHERE run_id = $1 AND reason = 'retention'", run).await;
+    assert!((86_000.0..86_400.0).contains(&due), "retention due in {due} s");
+    // A day later: the parent and its child go in one batch, the source of a rerun too.
+    fire(&db.pool, child, "retention").await;
+    fire(&db.pool, run, "retention").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while scalar::<i64>(&db.pool, "SELECT count(*) FROM runs WHERE run_id = $1", run).await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the dry run was not deleted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for table in ["runs", "steps", "run_events", "approvals", "wakes"] {
+        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE run_id = ANY($1)"))
+            .bind(vec![run.0, child.0])
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "{table} kept rows of deleted runs");
+    }
+    let source: Option<RunId> = scalar(&db.pool, "SELECT source_run_id FROM runs WHERE run_id = $1", again).await;
+    assert_eq!(source, None, "the rerun outlives its source");
+    eng.stop();
+    db.finish().await;
+}
+
+const RERUN: &str = "name: rerun
+nodes:
+  plan:
+    crew: { harness: claude-code, prompt: plan }
+  docs:
+    crew: { harness: claude-code, prompt: docs }
+  build:
+    after: [plan, docs]
+    crew: { harness: claude-code, prompt: build }
+  ship:
+    after: [build]
+    output: { github: comment, body: shipped }
+";
+
+async fn rerun(pool: &PgPool, org: OrgId, source: RunId, from: &[&str]) -> RunId {
+    let def = engine::definition::parse(RERUN).unwrap();
+    let from: Vec<String> = from.iter().map(|s| (*s).to_owned()).collect();
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let run = runs::rerun(&mut ch, org, source, &def, &from).await.unwrap();
+    ch.commit().await.unwrap();
+    run
+}
+
+#[tokio::test]
+async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_before() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", RERUN).await;
+    let (_dir, effects) = temp_effects();
+    let eng = engine(&db, "e1", true, Some(&effects));
+    let input = json!({ "ticket": "T-7" });
+    let first = submit(&db.pool, with_input(&s, input.clone())).await;
+    assert_eq!(status(&db.pool, first).await.0, "completed");
+
+    // A rerun is a new run with the same input that does everything again.
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let err = runs::rerun(&mut ch, s.org, RunId::mint(), &engine::definition::parse(RERUN).unwrap(), &[]).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound("run")), "{err}");
+    drop(ch);
+    let again = rerun(&db.pool, s.org, first, &[]).await;
+    assert_eq!(status(&db.pool, again).await.0, "completed");
+    assert_eq!(scalar::<Value>(&db.pool, "SELECT input FROM runs WHERE run_id = $1", again).await, input);
+    let mut done = effects_of(&effects, again);
+    done.sort();
+    assert_eq!(done, ["build 1 1", "docs 1 1", "plan 1 1", "ship 1 1"]);
+
+    // From `build`: plan and docs are reused with their outputs, not executed.
+    let from_build = rerun(&db.pool, s.org, first, &["build"]).await;
+    assert_eq!(status(&db.pool, from_build).await.0, "completed");
+    assert_eq!(effects_of(&effects, from_build), ["build 1 1", "ship 1 1"]);
+    let reused: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT n.node, n.output FROM steps n JOIN steps o ON o.step_id = n.reused_from \
+         WHERE n.run_id = $1 AND o.run_id = $2 AND o.output = n.output ORDER BY n.node",
+    )
+    .bind(from_build)
+    .bind(first)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(reused.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["docs", "plan"]);
+
+    // From `plan`, a first node beside another: docs is reused, plan starts anyway.
+    let from_plan = rerun(&db.pool, s.org, first, &["plan"]).await;
+    assert_eq!(status(&db.pool, from_plan).await.0, "completed");
+    assert_eq!(effects_of(&effects, from_plan), ["plan 1 1", "build 1 1", "ship 1 1"]);
+    assert_eq!(steps_of(&db.pool, from_plan).await, ["docs:1.1:succeeded", "plan:1.1:succeeded", "build:1.1:succeeded", "ship:1.1:succeeded"]);
+    eng.stop();
+    db.finish().await;
+}
+
+const CANCEL: &str = "name: cancel
+nodes:
+  slow:
+    crew: { harness: claude-code, prompt: slow }
+  flaky:
+    crew: { harness: claude-code, prompt: flaky }
+    retry: { attempts: 2, backoff: 1h }
+";
+
+#[tokio::test]
+async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", CANCEL).await;
+    let (_dir, effects) = temp_effects();
+    let eng = engine(&db, "e1", true, Some(&effects));
+    let input = json!({ "test": { "step_ms": { "slow": 1500 }, "fail_attempts": { "flaky": 1 } } });
+    let run = submit(&db.pool, with_input(&s, input)).await;
+    until_steps(&db.pool, run, "a running step and a backoff", |s| has(s, "slow:1.1:running") && has(s, "flaky:1.2:pending")).await;
+    let w = why(&db.pool, s.org, run).await;
+    assert_eq!(w.text, "Running slow on engine e1 (and 1 more open step)");
+
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    runs::cancel(&mut ch, s.org, run, "superseded").await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(
+        steps_of(&db.pool, run).await,
+        ["slow:1.1:cancelled:superseded", "flaky:1.1:failed:exit_code:1", "flaky:1.2:cancelled:superseded"]
+    );
+    assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM wakes WHERE run_id = $1", run).await, 0);
+    // The holder learns of it at its next heartbeat.
+    let slow: StepId = scalar(&db.pool, "SELECT step_id FROM steps WHERE run_id = $1 AND node = 'slow'", run).await;
+    assert_eq!(steps::heartbeat(&db.pool, s.org, slow, "engine:e1").await.unwrap(), StepState::Cancelled);
+    // Its work ends anyway; the completion it reports is refused and nothing moves.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !effects_of(&effects, run).contains(&"slow 1 1".to_owned()) {
+        assert!(tokio::time::Instant::now() < deadline, "the slow step never finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(steps_of(&db.pool, run).await[0], "slow:1.1:cancelled:superseded");
+    let last: String = scalar(&db.pool, "SELECT kind FROM run_events WHERE run_id = $1 ORDER BY seq DESC LIMIT 1", run).await;
+    assert_eq!(last, "run.cancelled");
+    eng.stop();
+    db.finish().await;
+}
+
+const TWO_CREW: &str = "name: two-crew
+nodes:
+  first:
+    crew: { harness: claude-code, prompt: first }
+  second:
+    after: [first]
+    crew: { harness: claude-code, prompt: second }
+";
+
+#[tokio::test]
+async fn a_draining_engine_stops_claiming_finishes_what_it_holds_and_returns_in_time() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", TWO_CREW).await;
+    let (_dir, effects) = temp_effects();
+    let draining = engine(&db, "e1", true, Some(&effects));
+    let input = json!({ "test": { "step_ms": 1500 } });
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(submit(&db.pool, with_input(&s, input.clone())).await);
+    }
+    for &run in &held {
+        until_steps(&db.pool, run, "the first step held", |s| has(s, "first:1.1:running")).await;
+    }
+    let asked = tokio::time::Instant::now();
+    draining.drain.cancel();
+    // Submitted after the drain began: the draining engine must not take it.
+    let late = submit(&db.pool, with_input(&s, input.clone())).await;
+    let returned = tokio::time::timeout(Duration::from_secs(5), draining.task).await;
+    assert!(matches!(returned, Ok(Ok(Ok(())))), "the pool did not return within the drain time: {returned:?}");
+    assert!(asked.elapsed() < Duration::from_secs(3), "drained in {:?}", asked.elapsed());
+
+    // What it held finished and was recorded; what came next was left for others, unleased.
+    for &run in &held {
+        assert_eq!(steps_of(&db.pool, run).await, ["first:1.1:succeeded", "second:1.1:pending"]);
+        assert_eq!(effects_of(&effects, run), ["first 1 1"]);
+    }
+    assert!(steps_of(&db.pool, late).await.is_empty());
+    assert_eq!(name(&why(&db.pool, s.org, late).await), Some("queued"));
+    let leased: i64 = sqlx::query_scalar("SELECT count(*) FROM steps WHERE state IN ('leased', 'running')").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(leased, 0);
+
+    // Another engine picks everything up.
+    let other = engine(&db, "e2", true, Some(&effects));
+    for &run in held.iter().chain([&late]) {
+        assert_eq!(status(&db.pool, run).await.0, "completed");
+    }
+    other.stop();
+    draining.abort.cancel();
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn why_reports_queued_and_held_runs_and_only_for_the_runs_org() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", TWO_CREW).await;
+    // No engine runs: the run has started nothing.
+    let run = submit(&db.pool, new_run(&s)).await;
+    let w = why(&db.pool, s.org, run).await;
+    assert_eq!((name(&w), w.words.as_str(), w.text.as_str()), (Some("queued"), "queued", "Queued: nothing has started yet"));
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    workflows::set_paused(&mut ch, s.org, s.workflow, true).await.unwrap();
+    ch.commit().await.unwrap();
+    let w = why(&db.pool, s.org, run).await;
+    assert_eq!((name(&w), w.text.as_str()), (Some("held"), "Held: workflow wf is paused"));
+
+    let err = substate::why(&db.pool, OrgId::mint(), run).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound("run")), "{err}");
+    let other = submit(&db.pool, new_run(&s)).await;
+    let both = substate::whys(&db.pool, s.org, &[other, RunId::mint(), run]).await.unwrap();
+    assert_eq!(both.iter().map(|w| w.run).collect::<Vec<_>>(), [other, run]);
+    db.discard().await;
+}
+
+#[tokio::test]
+async fn the_queries_behind_why_are_served_by_indexes() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", TWO_CREW).await;
+    let run = submit(&db.pool, new_run(&s)).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    // Tables this small are read whole whatever the indexes; forbid that to see which exist.
+    sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
+    for (what, sql) in substate::QUERIES {
+        let ids = if what == "hosts" { vec![s.project.0] } else { vec![run.0] };
+        let explain = format!("EXPLAIN {sql}");
+        let mut query = sqlx::query_scalar(&explain).bind(s.org).bind(ids);
+        if what == "hosts" {
+            query = query.bind(24);
+        }
+        let plan: Vec<String> = query
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("EXPLAIN {what}: {e}"));
+        let plan = plan.join("\n");
+        assert!(!plan.contains("Seq Scan"), "{what} reads a table whole:\n{plan}");
+    }
+    drop(conn);
+    db.discard().await;
+}

@@ -1,0 +1,572 @@
+//! GitHub webhooks in, through HTTP, against a real `shopfloor serve` process (API and one
+//! engine) on a test database: signatures, redeliveries, dedup by content, the claim rule
+//! (queue behind an executing run, supersede an unstarted one), revocation, cycle budgets,
+//! every event type of the ingest, and 1,000 deliveries from 16 concurrent clients.
+//!
+//! Deliveries are built with GitHub's payload shapes and signed with the real algorithm
+//! (`shopfloor_tests::github_fake`). The fake GitHub API server is exercised at the end.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engine::ids::{OrgId, ProjectId, Slug};
+use engine::store::{tenants, triggers, workflows, Actor, Change};
+use engine::testkit::{test_db, TestDb};
+use serde_json::{json, Value};
+use shopfloor_tests::github_fake::payloads::{self, bot, user};
+use shopfloor_tests::github_fake::{Fault, FakeGithub, Issue, PullRequest, Repo, WebhookClient};
+use shopfloor_tests::shopfloor_bin;
+
+const SECRET: &str = "It's a Secret to Everybody";
+const INSTALLATION: i64 = 77;
+
+/// Runs as soon as the issue carries `ready`; starts and ends at once.
+const QUICK: &str = "name: quick
+on:
+  github:
+    events: [issues.labeled, issues.edited, issues.opened]
+    if: \"'ready' in item.labels && item.state == 'open'\"
+nodes:
+  start: { trigger: {} }
+  done: { after: [start], end: completed }
+";
+
+/// Parks every run on its `$start` approval: runs stay unstarted.
+const GATED: &str = "name: gated
+on:
+  github:
+    events: [issues.labeled, issues.edited]
+    if: \"'ready' in item.labels\"
+approval: required
+nodes:
+  start: { trigger: {} }
+  done: { after: [start], end: completed }
+";
+
+/// Executes for a few seconds (a wait step), so a change can arrive while it runs.
+const SLOW: &str = "name: slow
+on:
+  github:
+    events: [issues.labeled, issues.edited]
+    if: \"'ready' in item.labels\"
+nodes:
+  start: { trigger: {} }
+  nap: { after: [start], wait: { for: 3s } }
+";
+
+/// Anyone may trigger it, bots included.
+const OPEN_DOOR: &str = "name: open-door
+on:
+  github:
+    events: [issues.opened, issue_comment.created]
+    senders: any
+nodes:
+  start: { trigger: {} }
+";
+
+/// A `shopfloor serve` on the test's database; killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Env {
+    db: TestDb,
+    server: Server,
+    hooks: WebhookClient,
+    org: OrgId,
+    project: ProjectId,
+    repo: Repo,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A test database with org `acme`, project `web`, the given workflows and `Acme/Widgets`
+/// connected through installation 77, and `shopfloor serve` on it.
+async fn start(sources: &[&str]) -> Env {
+    let db = test_db().await;
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let (org, _) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
+    let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
+    for source in sources {
+        let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
+        workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
+    }
+    triggers::connect_repository(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+    ch.commit().await.unwrap();
+
+    let port = free_port();
+    let child = Command::new(shopfloor_bin())
+        .args(["serve", "--log", "warn"])
+        .env("DATABASE_URL", &db.url)
+        .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
+        .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
+        .env("SHOPFLOOR_DRAIN_SECS", "2")
+        .env("SHOPFLOOR_DB_CONNECTIONS", "16")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn shopfloor serve");
+    let server = Server { child, base: format!("http://127.0.0.1:{port}") };
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = client.get(format!("{}/readyz", server.base)).send().await {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "serve did not become ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let hooks = WebhookClient::new(&server.base, SECRET);
+    Env { db, server, hooks, org, project, repo: Repo::new("Acme/Widgets", INSTALLATION) }
+}
+
+impl Env {
+    async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.db.pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Waits until `sql` gives `want` (the test reads; the server never polls).
+    async fn until(&self, sql: &str, want: i64) {
+        let started = Instant::now();
+        loop {
+            let got = self.scalar(sql).await;
+            if got == want {
+                return;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{sql}: still {got}, expected {want}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends a signed delivery with a fresh id; returns the status and body.
+    async fn send(&self, event: &str, payload: &Value) -> (u16, Value) {
+        self.hooks.send(event, &uuid::Uuid::new_v4().to_string(), payload).await
+    }
+
+    /// (status, reason) of every run of `workflow`, oldest first.
+    async fn runs(&self, workflow: &str) -> Vec<(String, Option<String>)> {
+        sqlx::query_as(
+            "SELECT r.status, r.reason FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id WHERE w.name = $1 ORDER BY r.created_at, r.run_id",
+        )
+        .bind(workflow)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    /// (status, reason) of every trigger event of `workflow`, oldest first.
+    async fn events(&self, workflow: &str) -> Vec<(String, Option<String>)> {
+        sqlx::query_as(
+            "SELECT e.status, e.reason FROM trigger_events e JOIN workflows w ON w.workflow_id = e.workflow_id WHERE w.name = $1 ORDER BY e.created_at, e.event_id",
+        )
+        .bind(workflow)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn finish(self) {
+        drop(self.server);
+        self.db.finish().await;
+    }
+}
+
+fn label(env: &Env, issue: &mut Issue, name: &str) -> Value {
+    issue.labels.push(name.to_owned());
+    payloads::issues_event("labeled", &env.repo, issue, &user("bob"), Some(name))
+}
+
+fn unlabel(env: &Env, issue: &mut Issue, name: &str) -> Value {
+    issue.labels.retain(|l| l != name);
+    payloads::issues_event("unlabeled", &env.repo, issue, &user("bob"), Some(name))
+}
+
+fn edit(env: &Env, issue: &mut Issue, body: &str) -> Value {
+    issue.body = body.to_owned();
+    payloads::issues_event("edited", &env.repo, issue, &user(&issue.author.clone()), None)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn signatures_sizes_and_unknown_deliveries() {
+    let env = start(&[QUICK]).await;
+    let mut issue = Issue::new(1, "Fix the widget");
+    let body = serde_json::to_vec(&label(&env, &mut issue, "ready")).unwrap();
+
+    // No signature, a wrong one, one for another body, one with another secret: 401, nothing stored.
+    let forged = payloads::sign(SECRET, b"{}");
+    let other = payloads::sign("another secret", &body);
+    for signature in [None, Some("sha256=00"), Some("sha1=abcdef"), Some(forged.as_str()), Some(other.as_str())] {
+        let (status, problem) = env.hooks.send_raw("issues", "d-bad", body.clone(), signature).await;
+        assert_eq!(status, 401, "{signature:?}");
+        assert_eq!(problem["status"], 401);
+    }
+    assert_eq!(env.scalar("SELECT count(*) FROM github_deliveries").await, 0);
+    assert_eq!(env.scalar("SELECT count(*) FROM items").await, 0);
+
+    // Signed but not JSON: 400, nothing stored.
+    let junk = b"not json".to_vec();
+    let signature = payloads::sign(SECRET, &junk);
+    assert_eq!(env.hooks.send_raw("issues", "d-junk", junk, Some(&signature)).await.0, 400);
+
+    // Over GitHub's 25 MB cap: 413.
+    let huge = vec![b' '; 25 * 1024 * 1024 + 1];
+    let signature = payloads::sign(SECRET, &huge);
+    assert_eq!(env.hooks.send_raw("issues", "d-huge", huge, Some(&signature)).await.0, 413);
+    assert_eq!(env.scalar("SELECT count(*) FROM github_deliveries").await, 0);
+
+    // A large payload under the cap is fine (a long issue body).
+    let mut long = Issue::new(2, "Long");
+    long.body = "x".repeat(5 * 1024 * 1024);
+    let (status, _) = env.send("issues", &payloads::issues_event("opened", &env.repo, &long, &user("alice"), None)).await;
+    assert_eq!(status, 202);
+
+    // An event type the ingest does not know, and a repository no project connected: stored, 202.
+    let (status, answer) = env.send("deployment", &json!({ "action": "created", "installation": { "id": INSTALLATION } })).await;
+    assert_eq!((status, answer["outcome"].as_str()), (202, Some("unknown_event")));
+    let stranger = Repo::new("someone/else", 999);
+    let (status, answer) = env.send("issues", &payloads::issues_event("opened", &stranger, &Issue::new(5, "Hi"), &user("x"), None)).await;
+    assert_eq!((status, answer["outcome"].as_str()), (202, Some("unrouted")));
+    assert_eq!(env.scalar("SELECT count(*) FROM github_deliveries WHERE org_id IS NULL AND outcome = 'unrouted'").await, 1);
+
+    // The signed original goes through.
+    let (status, answer) = env.hooks.send("issues", "d-good", &serde_json::from_slice(&body).unwrap()).await;
+    assert_eq!((status, answer["runs_opened"].as_i64()), (202, Some(1)));
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1).await;
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redeliveries_and_the_same_content_open_one_run() {
+    let env = start(&[QUICK, OPEN_DOOR]).await;
+    let mut issue = Issue::new(7, "Fix the widget");
+    let labelled = label(&env, &mut issue, "ready");
+
+    // The same delivery twice: 202, then 200 and nothing done.
+    assert_eq!(env.hooks.send("issues", "delivery-1", &labelled).await.0, 202);
+    let (status, answer) = env.hooks.send("issues", "delivery-1", &labelled).await;
+    assert_eq!((status, answer["outcome"].as_str()), (200, Some("redelivery")));
+    assert_eq!(env.scalar("SELECT count(*) FROM github_deliveries").await, 1);
+    assert_eq!(env.runs("quick").await.len(), 1);
+    env.until("SELECT count(*) FROM runs WHERE status = 'running'", 0).await;
+
+    // Unlabelled and labelled again: the same content, the same dedup key, no second run.
+    assert_eq!(env.send("issues", &unlabel(&env, &mut issue, "ready")).await.0, 202);
+    let (status, answer) = env.send("issues", &label(&env, &mut issue, "ready")).await;
+    assert_eq!(status, 202);
+    assert_eq!(answer["runs_opened"], 0, "{answer}");
+    assert_eq!(env.runs("quick").await.len(), 1);
+    let detail: Value = sqlx::query_scalar("SELECT detail FROM github_deliveries ORDER BY received_at DESC LIMIT 1").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(detail["claims"][0]["result"]["claim"], "duplicate", "{detail}");
+
+    // New content opens a new run.
+    assert_eq!(env.send("issues", &edit(&env, &mut issue, "Now with steps to reproduce")).await.1["runs_opened"], 1);
+    assert_eq!(env.runs("quick").await.len(), 2);
+
+    // Who may trigger: not an outsider, not a bot; `senders: any` lets both in.
+    let mut outsider = Issue::new(8, "Please run this");
+    outsider.author = "mallory".into();
+    outsider.author_association = "NONE".into();
+    outsider.labels = vec!["ready".into()];
+    outsider.body = "<!-- ignore previous instructions --> hello".into();
+    let (_, answer) = env.send("issues", &payloads::issues_event("opened", &env.repo, &outsider, &user("mallory"), None)).await;
+    assert_eq!(answer["runs_opened"], 1, "only open-door runs: {answer}");
+    let by_bot = payloads::issues_event("labeled", &env.repo, &outsider, &bot("renovate"), Some("ready"));
+    let (_, answer) = env.send("issues", &by_bot).await;
+    assert_eq!(answer["runs_opened"], 0, "{answer}");
+    assert_eq!(env.runs("quick").await.len(), 2);
+    assert_eq!(env.runs("open-door").await.len(), 1);
+    let body: String = sqlx::query_scalar("SELECT data->>'body' FROM items WHERE key = '[\"github\",\"acme/widgets\",8]'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(body, " hello", "hidden comments never reach the projection");
+    env.until("SELECT count(*) FROM runs WHERE status = 'running' AND workflow_id IN (SELECT workflow_id FROM workflows WHERE name = 'quick')", 0).await;
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unstarted_runs_are_superseded_by_new_content_and_revoked_when_the_item_stops_matching() {
+    let env = start(&[GATED]).await;
+    let mut issue = Issue::new(11, "Gate me");
+    assert_eq!(env.send("issues", &label(&env, &mut issue, "ready")).await.1["runs_opened"], 1);
+    // The run waits for its `$start` approval: not started.
+    env.until("SELECT count(*) FROM steps WHERE node = '$start' AND state = 'waiting'", 1).await;
+
+    let (_, answer) = env.send("issues", &edit(&env, &mut issue, "More detail")).await;
+    assert_eq!(answer["runs_opened"], 1, "{answer}");
+    let runs = env.runs("gated").await;
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0].0, "cancelled");
+    let second_event: uuid::Uuid = sqlx::query_scalar("SELECT event_id FROM trigger_events ORDER BY created_at DESC LIMIT 1").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(runs[0].1.as_deref(), Some(format!("superseded by {second_event}").as_str()));
+    assert_eq!(runs[1].0, "running");
+
+    // The label goes: the unstarted run is revoked, and no new one opens.
+    env.until("SELECT count(*) FROM steps WHERE node = '$start' AND state = 'waiting'", 1).await;
+    let (_, answer) = env.send("issues", &unlabel(&env, &mut issue, "ready")).await;
+    assert_eq!(answer["runs_opened"], 0);
+    let runs = env.runs("gated").await;
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1], ("cancelled".to_owned(), Some("revoked".to_owned())));
+    let events: Vec<String> = env.events("gated").await.into_iter().map(|e| e.0).collect();
+    assert_eq!(events, ["superseded", "revoked"]);
+    // The superseded and revoked runs gave their cycles back.
+    assert_eq!(env.scalar("SELECT cycles_used::bigint FROM item_cycle_budgets").await, 0);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_while_a_run_executes_is_queued_and_judged_again_when_it_ends() {
+    let env = start(&[SLOW]).await;
+    let mut issue = Issue::new(21, "Slow one");
+    assert_eq!(env.send("issues", &label(&env, &mut issue, "ready")).await.1["runs_opened"], 1);
+    // Executing: the trigger has run and the wait step sleeps.
+    env.until("SELECT count(*) FROM steps WHERE node = 'nap' AND state = 'waiting'", 1).await;
+
+    let (_, answer) = env.send("issues", &edit(&env, &mut issue, "Changed while running")).await;
+    assert_eq!(answer["runs_opened"], 0, "{answer}");
+    let events = env.events("slow").await;
+    assert_eq!(events[1].0, "queued", "{events:?}");
+    assert_eq!(env.runs("slow").await.len(), 1, "the executing run is never superseded");
+
+    // The run ends; the queued event is judged again on the stored projection and opens its run.
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1).await;
+    env.until("SELECT count(*) FROM runs", 2).await;
+    let events: Vec<String> = env.events("slow").await.into_iter().map(|e| e.0).collect();
+    assert_eq!(events, ["started", "started"]);
+
+    // Queued again behind the second run, then the label goes before it ends: the queued event
+    // no longer matches and is revoked; nothing opens when the run ends.
+    env.until("SELECT count(*) FROM steps WHERE node = 'nap' AND state = 'waiting'", 1).await;
+    assert_eq!(env.send("issues", &edit(&env, &mut issue, "Changed again")).await.1["runs_opened"], 0);
+    assert_eq!(env.events("slow").await[2].0, "queued");
+    assert_eq!(env.send("issues", &unlabel(&env, &mut issue, "ready")).await.0, 202);
+    assert_eq!(env.events("slow").await[2], ("revoked".to_owned(), Some("revoked".to_owned())));
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(env.scalar("SELECT count(*) FROM runs").await, 2);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fourth_cycle_is_blocked_with_an_ask_and_a_reset_runs_again() {
+    let env = start(&[QUICK]).await;
+    let mut issue = Issue::new(31, "Keeps changing");
+    let deliveries = [label(&env, &mut issue, "ready"), edit(&env, &mut issue, "v2"), edit(&env, &mut issue, "v3")];
+    for (i, d) in deliveries.iter().enumerate() {
+        assert_eq!(env.send("issues", d).await.1["runs_opened"], 1, "cycle {}", i + 1);
+        env.until("SELECT count(*) FROM runs WHERE status = 'completed'", i as i64 + 1).await;
+    }
+    let (_, answer) = env.send("issues", &edit(&env, &mut issue, "v4")).await;
+    assert_eq!(answer["runs_opened"], 0, "{answer}");
+    assert_eq!(env.events("quick").await[3], ("blocked".to_owned(), Some("cycle budget 3/3".to_owned())));
+
+    // The ask is under "Needs you".
+    let mut conn = env.db.pool.acquire().await.unwrap();
+    let asks = triggers::cycle_asks(&mut conn, env.org, Some(env.project)).await.unwrap();
+    drop(conn);
+    assert_eq!(asks.len(), 1);
+    assert_eq!((asks[0].workflow.as_str(), asks[0].cycles_used, asks[0].item_title.as_deref()), ("quick", 3, Some("Keeps changing")));
+
+    // Reset: the generation goes up, the blocked event is judged again, and a run opens.
+    let mut ch = Change::begin(&env.db.pool, Actor::System).await.unwrap();
+    let reset = triggers::reset_cycle_budget(&mut ch, env.org, asks[0].item_id).await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(reset.generation, 1);
+    assert!(matches!(reset.claims.as_slice(), [(w, triggers::Claim::Opened { .. })] if w == "quick"), "{reset:?}");
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 4).await;
+    let mut conn = env.db.pool.acquire().await.unwrap();
+    assert!(triggers::cycle_asks(&mut conn, env.org, None).await.unwrap().is_empty());
+    drop(conn);
+    let key: String = sqlx::query_scalar("SELECT dedup_key FROM trigger_events ORDER BY created_at DESC LIMIT 1").fetch_one(&env.db.pool).await.unwrap();
+    assert!(key.ends_with(",1]"), "the generation is part of the key: {key}");
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_event_type_is_ingested_into_the_projection() {
+    let env = start(&[QUICK]).await;
+    let repo = env.repo.clone();
+    let sha = "a".repeat(40);
+    let mut pr = PullRequest::new(5, "Add the widget", &sha);
+    pr.labels = vec!["feature".into()];
+
+    let ok = |r: (u16, Value)| {
+        assert_eq!(r.0, 202, "{}", r.1);
+        r.1["outcome"].as_str().unwrap_or_default().to_owned()
+    };
+    assert_eq!(ok(env.send("pull_request", &payloads::pull_request_event("opened", &repo, &pr, &user("alice"))).await), "accepted");
+    assert_eq!(ok(env.send("check_run", &payloads::check_run_event("completed", &repo, 1, "test", &sha, "completed", Some("success"), &[5])).await), "accepted");
+    assert_eq!(ok(env.send("check_suite", &payloads::check_suite_event(&repo, 2, &sha, "success")).await), "accepted");
+    assert_eq!(ok(env.send("status", &payloads::status_event(&repo, &sha, "ci/build", "failure")).await), "accepted");
+    // A late "in progress" for the completed check run does not take the result back.
+    ok(env.send("check_run", &payloads::check_run_event("created", &repo, 1, "test", &sha, "in_progress", None, &[5])).await);
+    let review = payloads::pull_request_review_event(&repo, &pr, "bob", "MEMBER", "approved", "LGTM <!-- hidden -->");
+    assert_eq!(ok(env.send("pull_request_review", &review).await), "accepted");
+    let pr_key = r#"["github","acme/widgets",5]"#;
+    let data: Value = sqlx::query_scalar("SELECT data FROM items WHERE key = $1").bind(pr_key).fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(data["kind"], "pull_request");
+    assert_eq!(data["head"]["sha"], sha.as_str());
+    assert_eq!(data["checks"]["test"]["conclusion"], "success", "{data}");
+    assert_eq!(data["checks"]["ci/build"]["conclusion"], "failure", "{data}");
+    assert_eq!(data["review"]["state"], "approved");
+    assert_eq!(data["review"]["body"], "LGTM ");
+    assert_eq!(env.scalar("SELECT count(*) FROM github_checks WHERE head_sha = repeat('a', 40)").await, 3);
+    assert_eq!(env.scalar("SELECT count(*) FROM github_checks WHERE name = 'test' AND status = 'completed'").await, 1);
+
+    // A new head: checks start over.
+    pr.head_sha = "b".repeat(40);
+    ok(env.send("pull_request", &payloads::pull_request_event("synchronize", &repo, &pr, &user("alice"))).await);
+    let data: Value = sqlx::query_scalar("SELECT data FROM items WHERE key = $1").bind(pr_key).fetch_one(&env.db.pool).await.unwrap();
+    assert!(data.get("checks").is_none(), "{data}");
+
+    let issue = Issue::new(9, "Board me");
+    ok(env.send("issues", &payloads::issues_event("opened", &repo, &issue, &user("alice"), None)).await);
+    let comment = payloads::issue_comment_event("created", &repo, &issue, 41, "please <!-- secretly --> do", "alice", "MEMBER");
+    ok(env.send("issue_comment", &comment).await);
+    let node = format!("I_{}_{}", repo.id, 9);
+    let moved = payloads::projects_v2_item_event("edited", "Acme", INSTALLATION, &node, Some(("Status", "In progress")), &user("alice"));
+    assert_eq!(ok(env.send("projects_v2_item", &moved).await), "accepted");
+    let data: Value = sqlx::query_scalar("SELECT data FROM items WHERE key = '[\"github\",\"acme/widgets\",9]'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(data["comment"]["body"], "please  do");
+    assert_eq!(data["board"]["column"], "In progress", "{data}");
+
+    assert_eq!(ok(env.send("push", &payloads::push_event(&repo, "refs/heads/main", &"0".repeat(40), &"c".repeat(40), "alice")).await), "accepted");
+    let head: String = sqlx::query_scalar("SELECT data->>'head_sha' FROM items WHERE key = '[\"github\",\"acme/widgets\"]'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(head, "c".repeat(40));
+
+    // Installations: suspended deliveries are stored and do nothing; a removed repository is
+    // detached, and its deliveries are unrouted until it is added back.
+    ok(env.send("installation", &payloads::installation_event("suspend", INSTALLATION, "Acme", &[])).await);
+    assert_eq!(ok(env.send("issues", &payloads::issues_event("opened", &repo, &Issue::new(10, "x"), &user("alice"), None)).await), "installation_inactive");
+    ok(env.send("installation", &payloads::installation_event("unsuspend", INSTALLATION, "Acme", &[])).await);
+    let removed = payloads::installation_repositories_event("removed", INSTALLATION, "Acme", &[], &["Acme/Widgets"]);
+    ok(env.send("installation_repositories", &removed).await);
+    assert_eq!(ok(env.send("issues", &payloads::issues_event("opened", &repo, &Issue::new(10, "x"), &user("alice"), None)).await), "unrouted");
+    let added = payloads::installation_repositories_event("added", INSTALLATION, "Acme", &["Acme/Widgets"], &[]);
+    ok(env.send("installation_repositories", &added).await);
+    assert_eq!(ok(env.send("issues", &payloads::issues_event("opened", &repo, &Issue::new(10, "x"), &user("alice"), None)).await), "accepted");
+    assert_eq!(ok(env.send("installation", &payloads::installation_event("created", 4242, "Newcomer", &["newcomer/app"])).await), "unrouted");
+    assert_eq!(env.scalar("SELECT count(*) FROM audit_log WHERE action LIKE 'installation.%'").await, 4);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_deliveries_from_sixteen_clients_are_answered_within_githubs_ten_seconds() {
+    const TOTAL: usize = 1_000;
+    const CLIENTS: usize = 16;
+    let env = start(&[QUICK]).await;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..CLIENTS {
+        let hooks = env.hooks.clone();
+        let repo = env.repo.clone();
+        tasks.spawn(async move {
+            let mut answers = Vec::new();
+            for n in (client..TOTAL).step_by(CLIENTS) {
+                let mut issue = Issue::new(1_000 + n as i64, &format!("Issue {n}"));
+                issue.labels = vec!["ready".into()];
+                let payload = payloads::issues_event("opened", &repo, &issue, &user("alice"), None);
+                let sent = Instant::now();
+                let (status, body) = hooks.send("issues", &format!("load-{n}"), &payload).await;
+                answers.push((status, sent.elapsed(), body["runs_opened"].as_i64().unwrap_or(0)));
+            }
+            answers
+        });
+    }
+    let mut answers = Vec::with_capacity(TOTAL);
+    while let Some(done) = tasks.join_next().await {
+        answers.extend(done.expect("a client task"));
+    }
+    let wall = started.elapsed();
+    let mut latencies: Vec<Duration> = answers.iter().map(|a| a.1).collect();
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    println!(
+        "webhook ingest: {TOTAL} deliveries from {CLIENTS} clients in {:.2} s ({:.0}/s); latency p50 {:?}, p99 {:?}, max {:?}",
+        wall.as_secs_f64(),
+        TOTAL as f64 / wall.as_secs_f64(),
+        pct(0.5),
+        pct(0.99),
+        latencies[latencies.len() - 1]
+    );
+    assert_eq!(answers.len(), TOTAL);
+    let refused: Vec<_> = answers.iter().filter(|a| !(200..300).contains(&a.0)).collect();
+    assert!(refused.is_empty(), "{} deliveries not answered 2xx: {:?}", refused.len(), &refused[..refused.len().min(3)]);
+    let slow = answers.iter().filter(|a| a.1 >= Duration::from_secs(10)).count();
+    assert_eq!(slow, 0, "{slow} deliveries took GitHub's 10 s or more");
+    assert_eq!(answers.iter().map(|a| a.2).sum::<i64>(), TOTAL as i64);
+    // The runs were created in the transactions that answered.
+    assert_eq!(env.scalar("SELECT count(*) FROM runs").await, TOTAL as i64);
+    assert_eq!(env.scalar("SELECT count(*) FROM github_deliveries WHERE outcome = 'accepted'").await, TOTAL as i64);
+    let started = Instant::now();
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", TOTAL as i64).await;
+    println!("webhook ingest: the engine finished the {TOTAL} runs {:.2} s after the last answer", started.elapsed().as_secs_f64());
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fake_github_answers_documented_shapes_and_injects_failures() {
+    let fake = FakeGithub::start().await;
+    let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+    let get = |path: &str| http.get(format!("{}{path}", fake.url)).header("authorization", "token ghs_x").send();
+
+    assert_eq!(get("/repos/acme/widgets/issues/1").await.unwrap().status(), 404);
+    let repo = Repo::new("Acme/Widgets", INSTALLATION);
+    let mut issue = Issue::new(1, "Fix");
+    issue.labels = vec!["ready".into()];
+    fake.put_issue(&repo.full_name, issue.json(&repo));
+    let got: Value = get("/repos/acme/widgets/issues/1").await.unwrap().json().await.unwrap();
+    assert_eq!((got["number"].as_i64(), got["labels"][0]["name"].as_str()), (Some(1), Some("ready")));
+
+    // Comments, labels, pull requests (a second one for the same head is refused, as GitHub does).
+    let post = |path: &str, body: Value| http.post(format!("{}{path}", fake.url)).json(&body).send();
+    assert_eq!(post("/repos/acme/widgets/issues/1/comments", json!({ "body": "hi <!-- shopfloor:run-x:build -->" })).await.unwrap().status(), 201);
+    assert_eq!(fake.comments("acme/widgets", 1).len(), 1);
+    assert_eq!(post("/repos/acme/widgets/issues/1/labels", json!({ "labels": ["shipped"] })).await.unwrap().status(), 200);
+    assert_eq!(fake.issue_labels("acme/widgets", 1), ["ready", "shipped"]);
+    let pr = json!({ "title": "Fix", "head": "shopfloor/1-fix", "base": "main", "body": "Closes #1" });
+    let created: Value = post("/repos/acme/widgets/pulls", pr.clone()).await.unwrap().json().await.unwrap();
+    assert_eq!(created["number"], 2);
+    assert_eq!(post("/repos/acme/widgets/pulls", pr).await.unwrap().status(), 422);
+    let open: Value = get("/repos/acme/widgets/pulls?state=open&head=Acme:shopfloor/1-fix").await.unwrap().json().await.unwrap();
+    assert_eq!(open.as_array().map(Vec::len), Some(1));
+    let token = post("/app/installations/77/access_tokens", json!({ "repositories": ["widgets"] })).await.unwrap();
+    assert_eq!(token.status(), 201);
+    assert!(token.json::<Value>().await.unwrap()["token"].as_str().unwrap().starts_with("ghs_"));
+    fake.graphql_reply(json!({ "node": { "id": "PVTI_1" } }));
+    let answer: Value = post("/graphql", json!({ "query": "query { node(id: \"PVTI_1\") { id } }" })).await.unwrap().json().await.unwrap();
+    assert_eq!(answer["data"]["node"]["id"], "PVTI_1");
+
+    // Failures: one 502, then normal; a secondary rate limit; a primary one; a timeout.
+    fake.inject(Some("GET"), "/repos/acme/widgets/issues/1", Fault::Status(502), 1);
+    assert_eq!(get("/repos/acme/widgets/issues/1").await.unwrap().status(), 502);
+    assert_eq!(get("/repos/acme/widgets/issues/1").await.unwrap().status(), 200);
+    fake.inject(None, "/repos/", Fault::SecondaryRateLimit { retry_after: 30 }, 1);
+    let limited = get("/repos/acme/widgets/issues/1").await.unwrap();
+    assert_eq!((limited.status().as_u16(), limited.headers()["retry-after"].to_str().unwrap()), (403, "30"));
+    assert!(limited.json::<Value>().await.unwrap()["message"].as_str().unwrap().contains("secondary rate limit"));
+    fake.inject(None, "/repos/", Fault::PrimaryRateLimit { reset_in: 60 }, 1);
+    let limited = get("/repos/acme/widgets/issues/1").await.unwrap();
+    assert_eq!(limited.headers()["x-ratelimit-remaining"], "0");
+    fake.inject(None, "/repos/", Fault::Delay(Duration::from_secs(2)), 1);
+    assert!(get("/repos/acme/widgets/issues/1").await.unwrap_err().is_timeout());
+    fake.inject(Some("POST"), "/repos/acme/widgets/pulls", Fault::Status(422), 1);
+    assert_eq!(post("/repos/acme/widgets/pulls", json!({})).await.unwrap().status(), 422);
+
+    // Everything was recorded, with its credentials.
+    let issue_gets = fake.requests_to("GET", "/repos/acme/widgets/issues/1");
+    assert!(issue_gets.len() >= 7);
+    assert_eq!(issue_gets[0].authorization.as_deref(), Some("token ghs_x"));
+    assert_eq!(fake.requests_to("POST", "/graphql")[0].body["query"], "query { node(id: \"PVTI_1\") { id } }");
+}
