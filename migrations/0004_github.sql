@@ -49,8 +49,7 @@ ALTER TABLE trigger_events
 -- blocked ones a reset looks at again.
 CREATE INDEX trigger_events_waiting ON trigger_events (item_id, workflow_id, created_at)
     WHERE status IN ('queued', 'blocked');
--- The claim looks for the open runs of one workflow on one item.
-CREATE INDEX runs_open_by_item ON runs (item_id, workflow_id, run_id) WHERE status = 'running' AND item_id IS NOT NULL;
+-- The claim's look for the open runs of one workflow on one item uses `runs_by_item` (0001).
 
 -- The ask under "Needs you": set when a workflow reached max_cycles on an item, cleared by a
 -- reset. `ask` holds the blocked event and the counts shown to the person deciding.

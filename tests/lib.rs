@@ -125,10 +125,7 @@ pub async fn until_all_done(pool: &PgPool, limit: Duration) -> i64 {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         // The test process reads; the engines never poll.
-        let left = match sqlx::query_scalar::<_, i64>("SELECT count(*) FROM runs WHERE status = 'running'").fetch_one(pool).await {
-            Ok(n) => n,
-            Err(_) => i64::MAX,
-        };
+        let left = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM runs WHERE status = 'running'").fetch_one(pool).await.unwrap_or(i64::MAX);
         if left == 0 || tokio::time::Instant::now() > deadline {
             return left;
         }

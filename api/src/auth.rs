@@ -40,6 +40,35 @@ pub async fn issue_user_token(ch: &mut Change, t: UserToken<'_>) -> Result<Strin
 
 /// As [`issue_user_token`], with the token's `jti` (its id in `api_tokens`).
 pub async fn issue_user_token_with_id(ch: &mut Change, t: UserToken<'_>) -> Result<(uuid::Uuid, String), StoreError> {
+    let spec = Spec { org: t.org, kind: "user", user: Some(t.user), project: t.project, role: t.role, name: t.name, ttl: t.ttl, sub: t.user.to_string() };
+    issue(ch, spec).await.map(|(jti, token, _)| (jti, token))
+}
+
+/// A token that registers one host in a project (kind `registration`, role `host`): it can
+/// only call the registration route. Returns its `jti`, the signed text and its expiry.
+pub async fn issue_registration_token(
+    ch: &mut Change,
+    org: OrgId,
+    project: ProjectId,
+    name: &str,
+    ttl: Duration,
+) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
+    issue(ch, Spec { org, kind: "registration", user: None, project: Some(project), role: "host", name, ttl, sub: format!("project:{project}") }).await
+}
+
+struct Spec<'a> {
+    org: OrgId,
+    kind: &'static str,
+    user: Option<UserId>,
+    project: Option<ProjectId>,
+    role: &'static str,
+    name: &'a str,
+    ttl: Duration,
+    sub: String,
+}
+
+/// Records a token's row and signs its claims with the current key.
+async fn issue(ch: &mut Change, t: Spec<'_>) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
     let (kid, secret) = tenants::current_signing_key(ch).await?;
     let jti = uuid::Uuid::now_v7();
     let now = Utc::now();
@@ -49,8 +78,8 @@ pub async fn issue_user_token_with_id(ch: &mut Change, t: UserToken<'_>) -> Resu
         &TokenRecord {
             jti,
             org: t.org,
-            kind: "user",
-            user: Some(t.user),
+            kind: t.kind,
+            user: t.user,
             host: None,
             project: t.project,
             role: t.role,
@@ -62,16 +91,16 @@ pub async fn issue_user_token_with_id(ch: &mut Change, t: UserToken<'_>) -> Resu
     .await?;
     let claims = Claims {
         jti: jti.to_string(),
-        sub: t.user.to_string(),
+        sub: t.sub,
         org: t.org.to_string(),
         project: t.project.map(|p| p.to_string()),
         role: t.role.to_owned(),
-        kind: "user".to_owned(),
+        kind: t.kind.to_owned(),
         iat: now.timestamp(),
         exp: expires_at.timestamp(),
     };
     let mut header = Header::new(Algorithm::HS256);
     header.kid = Some(kid);
     let token = encode(&header, &claims, &EncodingKey::from_secret(&secret)).map_err(|e| StoreError::Invalid(format!("cannot sign token: {e}")))?;
-    Ok((jti, token))
+    Ok((jti, token, expires_at))
 }

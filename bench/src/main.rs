@@ -43,9 +43,15 @@ async fn main() -> Result<()> {
     let b = Bench { admin_url: pg.url.clone(), shopfloor };
     let mut r = Report { lines: Vec::new() };
 
-    let result = measure(&b, &bindir, runs, &mut r).await;
+    // BENCH_ONLY=engine measures the engine's throughput alone, for quick iterations; such a
+    // partial run is printed but not recorded.
+    let only_engine = std::env::var("BENCH_ONLY").as_deref() == Ok("engine");
+    let result = if only_engine { measure_engine(&b, &bindir, runs, &mut r).await } else { measure(&b, &bindir, runs, &mut r).await };
     let _ = pg.stop();
     result?;
+    if only_engine {
+        return Ok(());
+    }
 
     let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
     let dirty = git(&["status", "--porcelain"]).is_some_and(|s| !s.is_empty());
@@ -70,13 +76,18 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-async fn measure(b: &Bench, bindir: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
+async fn measure_engine(b: &Bench, bindir: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
     let tps = measures::pgbench_tps(b, bindir, 20).await?;
     r.add("pgbench_tps", format!("{tps:.0}"));
     let t = measures::engine_throughput(b, runs).await?;
     r.add("engine_runs_per_s", format!("{:.0}", t.runs_per_s));
     r.add("engine_steps_per_s", format!("{:.0}", t.steps_per_s));
     r.add("engine_runs_per_s_vs_pgbench_tps", format!("{:.3}", t.runs_per_s / tps));
+    Ok(())
+}
+
+async fn measure(b: &Bench, bindir: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
+    measure_engine(b, bindir, runs, r).await?;
     r.add("host_steps_per_s", "not built (the host agent does not exist yet)");
     let w = measures::wake_latency_and_idle(b, 60).await?;
     r.add("wake_p50_ms", format!("{:.1}", w.p50_ms));

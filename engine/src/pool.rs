@@ -94,6 +94,7 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
     let mut drain_deadline: Option<Instant> = None;
 
     loop {
+        while pool.tasks.try_join_next().is_some() {}
         let draining = drain_deadline.is_some();
         if listener.is_none() && !draining {
             // Subscribe before looking for work, so nothing committed meanwhile is missed.
@@ -212,6 +213,8 @@ impl Pool {
     /// want of slots (so more may be due).
     async fn claim_due(&mut self) -> Result<(Option<Duration>, bool), StoreError> {
         loop {
+            // Finished executions stay in the set until reaped; they hold no slot.
+            while self.tasks.try_join_next().is_some() {}
             let room = (self.cfg.max_in_flight.saturating_sub(self.tasks.len())).max(1) as i64;
             let limit = self.cfg.batch.min(room);
             let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;

@@ -69,6 +69,8 @@ const SUCCEEDED: [(&str, i32); 8] = [("plan", 1), ("left", 1), ("right", 1), ("l
 /// The leased nodes, each given its own random duration per run.
 const LEASED: [&str; 5] = ["plan", "left", "right", "ci", "ship"];
 
+/// The engine behind the proxy, `c`.
+const PROXIED: usize = 2;
 const DEFAULT_RUNS: usize = 300;
 const DEFAULT_SEED: u64 = 20_240_611;
 /// The driver's pace: runs are submitted, approvals answered and dead engines noticed this often.
@@ -218,6 +220,16 @@ impl Driver {
         self.start(i);
     }
 
+    /// The holder name of engine `i`'s current incarnation (steps held by the killed ones
+    /// only wait for recovery).
+    fn holder(&self, i: usize) -> String {
+        format!("engine:{}", self.slots[i].process.as_ref().map_or("-", |p| p.id.as_str()))
+    }
+
+    fn holders(&self) -> Vec<String> {
+        (0..self.slots.len()).map(|i| self.holder(i)).collect()
+    }
+
     /// Stops engine `i` (SIGSTOP) for `d`; returns its id.
     fn stall(&mut self, i: usize, d: Duration) -> String {
         let slot = &mut self.slots[i];
@@ -330,10 +342,10 @@ async fn running(pool: &PgPool) -> Option<i64> {
     sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'running'").fetch_one(pool).await.ok()
 }
 
-/// Steps leased or running under holders like `pattern`; 0 while the database is away.
-async fn held(pool: &PgPool, pattern: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM steps WHERE state IN ('leased', 'running') AND holder LIKE $1")
-        .bind(pattern)
+/// Steps leased or running under these holders; 0 while the database is away.
+async fn held(pool: &PgPool, holders: &[String]) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM steps WHERE state IN ('leased', 'running') AND holder = ANY($1)")
+        .bind(holders)
         .fetch_one(pool)
         .await
         .unwrap_or(0)
@@ -458,10 +470,10 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
         // since a fault that finds nothing in flight proves little; past the window they go
         // ahead regardless.
         let late = now - start >= window;
-        if !restarted && now >= restart_at && (late || held(&pool, "engine:%").await > 0) {
+        if !restarted && now >= restart_at && (late || held(&pool, &d.holders()).await > 0) {
             restarted = true;
             d.figures.running_at_restart = running(&pool).await.unwrap_or(-1);
-            d.figures.held_at_restart = held(&pool, "engine:%").await;
+            d.figures.held_at_restart = held(&pool, &d.holders()).await;
             println!(
                 "chaos: restarting PostgreSQL at {:.1} s: {} runs running, {} steps held",
                 (now - start).as_secs_f64(),
@@ -476,10 +488,10 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
             pg = Some(again);
             d.faults.push(Fault { from, to: Instant::now(), all: true });
         }
-        if !cut && now >= cut_at && (late || held(&pool, "engine:c%").await > 0) {
+        if !cut && now >= cut_at && (late || held(&pool, &[d.holder(PROXIED)]).await > 0) {
             cut = true;
             d.figures.running_at_cut = running(&pool).await.unwrap_or(-1);
-            d.figures.held_at_cut = held(&pool, "engine:c%").await;
+            d.figures.held_at_cut = held(&pool, &[d.holder(PROXIED)]).await;
             println!(
                 "chaos: cutting engine c's database link for {} s at {:.1} s: {} runs running, {} steps held by c",
                 CUT.as_secs(),
@@ -490,10 +502,9 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
             proxy.cut_for(CUT);
             d.faults.push(Fault { from: now, to: now + CUT, all: false });
         }
-        let pattern = format!("engine:{}%", d.slots[stalled_slot].name);
-        if !stalled && now >= stall_at && d.slots[stalled_slot].process.is_some() && (late || held(&pool, &pattern).await > 0) {
+        if !stalled && now >= stall_at && d.slots[stalled_slot].process.is_some() && (late || held(&pool, &[d.holder(stalled_slot)]).await > 0) {
             stalled = true;
-            d.figures.held_at_stall = held(&pool, &format!("engine:{}", d.slots[stalled_slot].process.as_ref().map_or("", |p| &p.id))).await;
+            d.figures.held_at_stall = held(&pool, &[d.holder(stalled_slot)]).await;
             d.figures.stalled = d.stall(stalled_slot, STALL);
             println!(
                 "chaos: stalling engine {} (SIGSTOP) for {} s at {:.1} s: it holds {} steps",
@@ -543,7 +554,7 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
     let inv = check_invariants(&pool, &d.effects).await;
     let wrong = wrong_outcomes(&pool).await;
     let twice = attempts_run_twice(&d.effects);
-    let runs_lost = inv.runs_lost + wrong;
+    let runs_lost = inv.runs_lost + wrong.len() as i64;
     let effects_doubled = inv.effects_doubled + twice;
     let steps = scalar(&pool, "SELECT count(*) FROM steps").await;
     let recovered = scalar(&pool, "SELECT count(*) FROM steps WHERE reason = 'lease_expired'").await;
@@ -588,7 +599,7 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
 
     let broken = runs_lost != 0 || effects_doubled != 0 || inv.event_gaps != 0 || inv.audit_missing != 0 || inv.steps_held != 0;
     if broken {
-        report_lost(&pool).await;
+        report_lost(&pool, &wrong).await;
         // Keep the engines' logs and the effects file for whoever reads the failure.
         let kept = dir.keep();
         println!("chaos: engine logs and effects kept in {}", kept.display());
@@ -607,21 +618,20 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
 
 /// Completed runs whose succeeded steps are not exactly [`SUCCEEDED`]: terminal, but with a
 /// wrong outcome.
-async fn wrong_outcomes(pool: &PgPool) -> i64 {
+async fn wrong_outcomes(pool: &PgPool) -> Vec<uuid::Uuid> {
+    let completed: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT run_id FROM runs WHERE status = 'completed'").fetch_all(pool).await.unwrap();
     let rows: Vec<(uuid::Uuid, String, i32)> = sqlx::query_as(
         "SELECT s.run_id, s.node, s.visit FROM steps s JOIN runs r USING (run_id) WHERE r.status = 'completed' AND s.state = 'succeeded'",
     )
     .fetch_all(pool)
     .await
     .unwrap();
-    let completed = scalar(pool, "SELECT count(*) FROM runs WHERE status = 'completed'").await;
     let mut by_run: HashMap<uuid::Uuid, BTreeSet<(String, i32)>> = HashMap::new();
     for (run, node, visit) in rows {
         by_run.entry(run).or_default().insert((node, visit));
     }
     let expected: BTreeSet<(String, i32)> = SUCCEEDED.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect();
-    let right = by_run.values().filter(|got| **got == expected).count() as i64;
-    completed - right
+    completed.into_iter().filter(|run| by_run.get(run) != Some(&expected)).collect()
 }
 
 /// The steps the stalled engine held that were recovered from it, and how many of those it
@@ -667,12 +677,14 @@ fn log_lines(dir: &Path, needle: &str) -> Vec<String> {
     out
 }
 
-/// Prints a few of the runs that did not end as they should, with their steps, to start the
-/// search for the cause.
-async fn report_lost(pool: &PgPool) {
+/// Prints a few of the runs that did not end, or ended otherwise than they should, with their
+/// steps, to start the search for the cause.
+async fn report_lost(pool: &PgPool, wrong: &[uuid::Uuid]) {
     let lost: Vec<(uuid::Uuid, String, Option<String>)> = sqlx::query_as(
-        "SELECT run_id, status, reason FROM runs WHERE status <> 'completed' ORDER BY run_id LIMIT 5",
+        "(SELECT run_id, status, reason FROM runs WHERE status <> 'completed' ORDER BY run_id LIMIT 5) \
+         UNION ALL (SELECT run_id, status, reason FROM runs WHERE run_id = ANY($1) ORDER BY run_id LIMIT 5)",
     )
+    .bind(wrong)
     .fetch_all(pool)
     .await
     .unwrap_or_default();

@@ -570,3 +570,28 @@ async fn the_fake_github_answers_documented_shapes_and_injects_failures() {
     assert_eq!(issue_gets[0].authorization.as_deref(), Some("token ghs_x"));
     assert_eq!(fake.requests_to("POST", "/graphql")[0].body["query"], "query { node(id: \"PVTI_1\") { id } }");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ingest_and_rejudge_lookups_use_indexes() {
+    let db = test_db().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    // Tables are empty here, so the planner would scan them: forbid that, and check that an
+    // index can serve each lookup a delivery or a run's end makes.
+    sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
+    let lookups = [
+        ("trigger_events_waiting", "SELECT event_id FROM trigger_events WHERE item_id = gen_random_uuid() AND workflow_id = gen_random_uuid() AND org_id = gen_random_uuid() AND status = 'queued'"),
+        ("runs_by_item", "SELECT run_id FROM runs WHERE item_id = gen_random_uuid() AND workflow_id = gen_random_uuid() AND status = 'running' AND org_id = gen_random_uuid()"),
+        ("items_by_head", "SELECT item_id FROM items WHERE project_id = gen_random_uuid() AND head_sha = 'abc' AND org_id = gen_random_uuid()"),
+        ("items_by_node", "SELECT item_id FROM items WHERE org_id = gen_random_uuid() AND node_id = 'I_1'"),
+        ("items_project_id_key_key", "SELECT item_id FROM items WHERE project_id = gen_random_uuid() AND key = 'k'"),
+        ("repositories_by_name", "SELECT project_id FROM repositories WHERE full_name = 'a/b' AND installation_id = 1"),
+        ("item_cycle_budgets_asks", "SELECT item_id FROM item_cycle_budgets WHERE org_id = gen_random_uuid() AND asked_at IS NOT NULL"),
+    ];
+    for (index, sql) in lookups {
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}")).fetch_all(&mut *conn).await.unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains(index), "{sql}\nshould use {index}:\n{plan}");
+    }
+    drop(conn);
+    db.finish().await;
+}

@@ -77,6 +77,10 @@ pub enum ApiError {
     IdempotencyKeyReused,
     #[error("{0}")]
     Unavailable(String),
+    /// A transient database refusal (deadlock, serialization failure): nothing was written,
+    /// and the same request may be sent again.
+    #[error("the change collided with another one and was rolled back; send it again")]
+    Busy,
     /// The cause is logged, never sent.
     #[error("internal error")]
     Internal(String),
@@ -106,6 +110,7 @@ impl ApiError {
             ApiError::InvalidWorkflow(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-workflow", "Invalid workflow"),
             ApiError::IdempotencyKeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency key reused"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
+            ApiError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy", "Busy, retry"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
         }
     }
@@ -137,6 +142,10 @@ impl IntoResponse for ApiError {
             ApiError::Unauthorized(_) => {
                 response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
+            ApiError::Busy => {
+                tracing::warn!("a change was rolled back by a deadlock or serialization failure");
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
             _ => {}
         }
         response
@@ -162,6 +171,7 @@ impl From<sqlx::Error> for ApiError {
             match db.code().as_deref() {
                 Some("23505") => return ApiError::Conflict("it already exists".into()),
                 Some("23503") => return ApiError::Conflict("it refers to something that no longer exists".into()),
+                Some("40P01" | "40001" | "55P03") => return ApiError::Busy,
                 _ => {}
             }
         }
@@ -195,4 +205,31 @@ pub async fn method_not_allowed() -> ApiError {
 /// Answers a path that names no route.
 pub async fn not_found() -> ApiError {
     ApiError::NotFound("no such route".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_5xx_never_shows_its_cause_but_carries_it_to_the_log() {
+        let response = ApiError::Internal("connection to 10.0.0.7 refused; password=hunter2".into()).into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let cause = response.extensions().get::<InternalCause>().map(|c| c.0.clone());
+        assert_eq!(cause.as_deref(), Some("connection to 10.0.0.7 refused; password=hunter2"));
+        let body = axum::body::to_bytes(response.into_body(), 4096).await.unwrap();
+        let text = String::from_utf8_lossy(&body);
+        assert!(!text.contains("hunter2") && !text.contains("10.0.0.7"), "{text}");
+        let p: Problem = serde_json::from_slice(&body).unwrap();
+        assert_eq!((p.kind.as_str(), p.detail.as_str()), ("https://shopfloor.dev/problems/internal", "internal error"));
+    }
+
+    #[test]
+    fn store_errors_map_to_client_statuses() {
+        assert_eq!(ApiError::from(StoreError::NotFound("run")).status(), StatusCode::NOT_FOUND);
+        assert_eq!(ApiError::from(StoreError::Conflict("x".into())).status(), StatusCode::CONFLICT);
+        assert_eq!(ApiError::from(StoreError::Stale("x".into())).status(), StatusCode::CONFLICT);
+        assert_eq!(ApiError::from(StoreError::Invalid("x".into())).status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(ApiError::from(StoreError::Sql(sqlx::Error::PoolTimedOut)).status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
 }

@@ -64,7 +64,7 @@ impl std::fmt::Display for Position {
 }
 
 /// One event of a run's journal.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct RunEvent {
     #[schema(value_type = String, example = "run-aaaaaaaaaaaaaaaaaaaaaaaaaa")]
     pub run: RunId,
@@ -109,7 +109,10 @@ impl EventRow {
     fn settled(self) -> Option<StreamEvent> {
         let xid: u64 = self.xid.parse().ok()?;
         let horizon: u64 = self.horizon.parse().ok()?;
-        (xid < horizon).then(|| StreamEvent {
+        if xid >= horizon {
+            return None;
+        }
+        Some(StreamEvent {
             org: self.org_id,
             project: self.project_id,
             pos: Position { xid, event: self.event_id },

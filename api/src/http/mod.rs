@@ -11,7 +11,7 @@
 //! - `extract` — JSON, YAML, path, query and `Idempotency-Key` extractors.
 //! - `page` — keyset cursors; `idempotency` — replaying create-POSTs.
 //! - `events` — the replica's event hub (one `LISTEN`) and the SSE stream.
-//! - `members`, `tokens`, `projects`, `workflows`, `runs`, `audit` — the resources.
+//! - `members`, `tokens`, `projects`, `workflows`, `runs`, `hosts`, `audit` — the resources.
 //! - `openapi` — the document's header, security scheme and shared problem responses.
 
 pub mod audit;
@@ -20,6 +20,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod health;
+pub mod hosts;
 pub mod idempotency;
 pub mod members;
 pub mod openapi;
@@ -101,12 +102,17 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(workflows::unpause))
         .routes(routes!(runs::list, runs::submit))
         .routes(routes!(runs::get))
+        .routes(routes!(runs::why))
         .routes(routes!(runs::cancel))
         .routes(routes!(runs::retry))
         .routes(routes!(runs::rerun))
         .routes(routes!(runs::events))
         .routes(routes!(runs::approve))
         .routes(routes!(runs::reject))
+        .routes(routes!(runs::step_logs))
+        .routes(routes!(hosts::list))
+        .routes(routes!(hosts::register))
+        .routes(routes!(hosts::deregister))
         .routes(routes!(events::stream));
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(health::healthz))

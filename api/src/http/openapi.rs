@@ -28,6 +28,7 @@ use super::error::Problem;
         (name = "runs", description = "Runs: submit, list, inspect, cancel, retry, rerun"),
         (name = "approvals", description = "Answers to approval steps"),
         (name = "events", description = "Run events: per run, and the project stream (SSE)"),
+        (name = "hosts", description = "Hosts of a project: list, registration tokens, deregistration"),
         (name = "audit", description = "Who did what, when"),
     ),
 )]
@@ -44,7 +45,7 @@ const PROBLEMS: [(&str, &str, &str); 10] = [
     ("415", "UnsupportedMediaType", "Request body of the wrong content type"),
     ("422", "Unprocessable", "Well-formed request that cannot be carried out"),
     ("500", "Internal", "Internal error (its cause is logged, never shown)"),
-    ("503", "Unavailable", "Not ready to serve"),
+    ("503", "Unavailable", "Not ready, or the change collided with another and was rolled back: send it again (see Retry-After)"),
 ];
 
 /// Completes the document once every route is in it: the bearer scheme, the shared problem
@@ -63,15 +64,17 @@ pub fn finish(doc: &mut utoipa::openapi::OpenApi) {
         components.responses.insert(name.to_owned(), RefOr::T(response));
     }
     for item in doc.paths.paths.values_mut() {
-        for op in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch].into_iter().flatten() {
-            add_problems(op);
+        add_problems(item.get.as_mut(), false);
+        for op in [&mut item.put, &mut item.post, &mut item.delete, &mut item.patch] {
+            add_problems(op.as_mut(), true);
         }
     }
 }
 
 /// Every authenticated operation can answer 400, 401, 403, 404 and 500; one with a body also
-/// 413, 415 and 422.
-fn add_problems(op: &mut Operation) {
+/// 413, 415 and 422; one that writes also 503 (a collision to retry).
+fn add_problems(op: Option<&mut Operation>, writes: bool) {
+    let Some(op) = op else { return };
     let public = op.security.as_ref().is_some_and(|s| s.iter().all(|r| r == &Default::default()));
     let mut statuses: Vec<&str> = vec!["500"];
     if !public {
@@ -79,6 +82,9 @@ fn add_problems(op: &mut Operation) {
     }
     if op.request_body.is_some() {
         statuses.extend(["413", "415", "422"]);
+    }
+    if writes {
+        statuses.push("503");
     }
     for status in statuses {
         if op.responses.responses.contains_key(status) {

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use engine::ids::{OrgId, ProjectId, RunId, StepId, WorkflowId};
 use engine::store::runs::{self as store, NewRun};
 use engine::store::{approvals, cap, Change};
+use engine::substate;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sqlx::{PgConnection, Postgres, QueryBuilder};
@@ -34,9 +35,11 @@ pub struct Run {
     pub version: i32,
     /// `running`, `completed`, `failed` or `cancelled`.
     pub status: String,
-    /// While running: `queued`, `executing`, `waiting_for_agent`, `sleeping`,
-    /// `awaiting_signal`, `awaiting_child`.
+    /// While running: `queued`, `executing`, `waiting_for_agent`, `unroutable`, `sleeping`,
+    /// `awaiting_signal`, `awaiting_child`, `awaiting_lease` or `held`.
     pub substate: Option<String>,
+    /// The console's words for the substate ("waiting for approval"), or the status.
+    pub words: String,
     /// Why the run ended, as a short machine string (`rejected at review: too big`).
     pub reason: Option<String>,
     pub input: Value,
@@ -153,6 +156,9 @@ pub struct Decision {
 pub struct ListQuery {
     /// `running`, `completed`, `failed` or `cancelled`.
     pub status: Option<String>,
+    /// A running run's substate: `queued`, `executing`, `waiting_for_agent`, `unroutable`,
+    /// `sleeping`, `awaiting_signal`, `awaiting_child`, `awaiting_lease` or `held`.
+    pub substate: Option<String>,
     /// A workflow's name.
     pub workflow: Option<String>,
     /// An item's key, e.g. `["github","owner/name",12]`.
@@ -194,6 +200,12 @@ pub struct RunPath {
 }
 
 #[derive(Debug, Deserialize)]
+pub struct StepPath {
+    run: String,
+    step: String,
+}
+
+#[derive(Debug, Deserialize)]
 pub struct ApprovalPath {
     run: String,
     node: String,
@@ -205,7 +217,6 @@ struct RunRow {
     workflow: String,
     workflow_version: i32,
     status: String,
-    substate: Option<String>,
     reason: Option<String>,
     input: Value,
     dry_run: bool,
@@ -219,40 +230,32 @@ struct RunRow {
     ended_at: Option<DateTime<Utc>>,
 }
 
-/// The substate of a running run, from its open steps (DESIGN.md "Run lifecycle").
-const SUBSTATE: &str = "CASE WHEN r.status <> 'running' THEN NULL ELSE (
-    SELECT CASE
-        WHEN bool_or(s.state IN ('leased', 'running')) THEN 'executing'
-        WHEN bool_or(s.state = 'waiting' AND s.kind = 'approval') THEN 'awaiting_signal'
-        WHEN bool_or(s.state = 'waiting' AND s.kind = 'workflow') THEN 'awaiting_child'
-        WHEN bool_or(s.state = 'waiting') THEN 'sleeping'
-        WHEN bool_or(s.state = 'pending' AND s.not_before > now()) THEN 'sleeping'
-        WHEN bool_or(s.state = 'pending' AND s.requires <> '{}') THEN 'waiting_for_agent'
-        ELSE 'queued' END
-    FROM steps s WHERE s.run_id = r.run_id AND s.state IN ('pending', 'leased', 'running', 'waiting')) END";
+const SUBSTATES: [&str; 9] = ["queued", "executing", "waiting_for_agent", "unroutable", "sleeping", "awaiting_signal", "awaiting_child", "awaiting_lease", "held"];
 
 /// `SELECT … WHERE r.org_id = <org> AND r.project_id = <project>`, to which filters are added.
 fn select_runs(org: OrgId, project: ProjectId) -> QueryBuilder<'static, Postgres> {
-    let mut qb = QueryBuilder::new(format!(
-        "SELECT r.run_id, w.name AS workflow, r.workflow_version, r.status, {SUBSTATE} AS substate, r.reason, r.input, \
+    let mut qb = QueryBuilder::new(
+        "SELECT r.run_id, w.name AS workflow, r.workflow_version, r.status, r.reason, r.input, \
                 r.dry_run, i.key AS item, r.source_run_id, r.source_from_node, r.parent_run_id, r.created_by, \
                 r.created_at, r.started_at, r.ended_at \
          FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id LEFT JOIN items i ON i.item_id = r.item_id \
          WHERE r.org_id = "
-    ));
+    );
     qb.push_bind(org).push(" AND r.project_id = ").push_bind(project);
     qb
 }
 
 impl Run {
+    /// The run of a row; its substate is filled in by `with_substates` (or `fresh`).
     fn from_row(scope: &ProjectScope, r: RunRow) -> Run {
         Run {
             id: r.run_id,
             name: format!("{}:{}:{}", scope.org.slug, scope.slug, r.run_id),
             workflow: r.workflow,
             version: r.workflow_version,
+            words: r.status.clone(),
             status: r.status,
-            substate: r.substate,
+            substate: None,
             reason: r.reason,
             input: r.input,
             dry_run: r.dry_run,
@@ -275,6 +278,34 @@ async fn load(conn: &mut PgConnection, scope: &ProjectScope, run: RunId) -> Resu
     row.map(|r| Run::from_row(scope, r)).ok_or_else(run_not_found)
 }
 
+/// A run read inside the change that just made or ended it: a new run has started nothing
+/// yet, so it is queued; an ended one has no substate.
+async fn load_fresh(conn: &mut PgConnection, scope: &ProjectScope, run: RunId) -> Result<Run, ApiError> {
+    let mut run = load(conn, scope, run).await?;
+    if run.status == "running" {
+        run.substate = Some("queued".into());
+        run.words = "queued".into();
+    }
+    Ok(run)
+}
+
+/// Fills in each running run's substate and words (`engine::substate`, a few queries for the
+/// whole list).
+async fn with_substates(state: &AppState, scope: &ProjectScope, runs: &mut [Run]) -> Result<(), ApiError> {
+    let running: Vec<RunId> = runs.iter().filter(|r| r.status == "running").map(|r| r.id).collect();
+    if running.is_empty() {
+        return Ok(());
+    }
+    let whys = substate::whys(&state.db, scope.org.org, &running).await?;
+    for why in whys {
+        if let Some(run) = runs.iter_mut().find(|r| r.id == why.run) {
+            run.substate = why.substate.as_ref().map(|s| s.name().to_owned());
+            run.words = why.words;
+        }
+    }
+    Ok(())
+}
+
 fn run_not_found() -> ApiError {
     ApiError::NotFound("run not found".into())
 }
@@ -295,6 +326,38 @@ async fn in_project(ch: &mut Change, scope: &ProjectScope, run: RunId) -> Result
     found.map(|_| ()).ok_or_else(run_not_found)
 }
 
+/// Rows examined at most for one page filtered by substate (which is derived, not stored):
+/// past this, the page ends short with a cursor, and the client reads on.
+const SUBSTATE_SCAN: i64 = 2_000;
+
+/// The answer recorded for an approval step, read inside the change that recorded it.
+async fn recorded_answer(ch: &mut Change, scope: &ProjectScope, step: StepId) -> Result<Value, ApiError> {
+    let answer: Option<Value> =
+        sqlx::query_scalar("SELECT answer FROM approvals WHERE step_id = $1 AND org_id = $2").bind(step).bind(scope.org.org).fetch_one(ch.conn()).await?;
+    Ok(answer.unwrap_or(Value::Null))
+}
+
+/// Runs a change again (three tries in all) when the database rolled it back as a deadlock
+/// victim or a serialization failure: nothing of it was written. Ending a run deletes its
+/// wakes while an engine may hold one of them and wait for the run, so a cancel or an answer
+/// racing an engine's claim can be that victim.
+async fn retry_busy<T, F, Fut>(mut attempt: F) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let mut tries = 1;
+    loop {
+        match attempt().await {
+            Err(ApiError::Busy) if tries < 3 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(10 * tries)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The project's runs, newest first.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs", operation_id = "list_runs", tag = "runs",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ListQuery),
@@ -302,28 +365,64 @@ async fn in_project(ch: &mut Change, scope: &ProjectScope, run: RunId) -> Result
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<RunList>, ApiError> {
     scope.require(Role::Viewer)?;
     let limit = page::limit(q.limit)?;
-    let after: Option<(i64, RunId)> = page::decode(q.cursor.as_deref())?;
-    let mut qb = select_runs(scope.org.org, scope.project);
-    if let Some(status) = q.status {
+    let mut after: Option<(i64, RunId)> = page::decode(q.cursor.as_deref())?;
+    if let Some(status) = &q.status {
         if !["running", "completed", "failed", "cancelled"].contains(&status.as_str()) {
             return Err(ApiError::BadRequest("status must be running, completed, failed or cancelled".into()));
         }
-        qb.push(" AND r.status = ").push_bind(status);
     }
-    if let Some(workflow) = q.workflow {
-        qb.push(" AND w.name = ").push_bind(workflow);
+    if let Some(substate) = &q.substate {
+        if !SUBSTATES.contains(&substate.as_str()) {
+            return Err(ApiError::BadRequest(format!("substate must be one of {}", SUBSTATES.join(", "))));
+        }
     }
-    if let Some(item) = q.item {
-        qb.push(" AND i.key = ").push_bind(item);
+    let mut items: Vec<Run> = Vec::new();
+    let mut scanned = 0;
+    loop {
+        let mut qb = select_runs(scope.org.org, scope.project);
+        // A substate belongs to running runs only.
+        match (&q.status, &q.substate) {
+            (_, Some(_)) => qb.push(" AND r.status = 'running'"),
+            (Some(status), None) => qb.push(" AND r.status = ").push_bind(status.clone()),
+            (None, None) => &mut qb,
+        };
+        if let Some(workflow) = &q.workflow {
+            qb.push(" AND w.name = ").push_bind(workflow.clone());
+        }
+        if let Some(item) = &q.item {
+            qb.push(" AND i.key = ").push_bind(item.clone());
+        }
+        if let Some((micros, run)) = after {
+            let at = DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))?;
+            qb.push(" AND (r.created_at, r.run_id) < (").push_bind(at).push(", ").push_bind(run).push(")");
+        }
+        let want = limit + 1 - items.len() as i64;
+        let batch = if q.substate.is_some() { want.max(50) } else { want };
+        qb.push(" ORDER BY r.created_at DESC, r.run_id DESC LIMIT ").push_bind(batch);
+        let rows: Vec<RunRow> = qb.build_query_as().fetch_all(&state.db).await?;
+        let exhausted = (rows.len() as i64) < batch;
+        scanned += rows.len() as i64;
+        let mut runs: Vec<Run> = rows.into_iter().map(|r| Run::from_row(&scope, r)).collect();
+        with_substates(&state, &scope, &mut runs).await?;
+        for run in runs {
+            after = Some((run.created_at.timestamp_micros(), run.id));
+            if q.substate.is_none() || run.substate == q.substate {
+                items.push(run);
+                if items.len() as i64 > limit {
+                    break;
+                }
+            }
+        }
+        if items.len() as i64 > limit || exhausted {
+            break;
+        }
+        if scanned >= SUBSTATE_SCAN {
+            // A short page: its cursor is the last run examined.
+            let next_cursor = after.map(|k| page::encode(&k));
+            return Ok(Json(RunList { items, next_cursor }));
+        }
     }
-    if let Some((micros, run)) = after {
-        let at = DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))?;
-        qb.push(" AND (r.created_at, r.run_id) < (").push_bind(at).push(", ").push_bind(run).push(")");
-    }
-    qb.push(" ORDER BY r.created_at DESC, r.run_id DESC LIMIT ").push_bind(limit + 1);
-    let rows: Vec<RunRow> = qb.build_query_as().fetch_all(&state.db).await?;
-    let runs: Vec<Run> = rows.into_iter().map(|r| Run::from_row(&scope, r)).collect();
-    let (items, next_cursor) = page::finish(runs, limit, |r| (r.created_at.timestamp_micros(), r.id));
+    let (items, next_cursor) = page::finish(items, limit, |r| (r.created_at.timestamp_micros(), r.id));
     Ok(Json(RunList { items, next_cursor }))
 }
 
@@ -376,7 +475,7 @@ pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: Ide
         },
     )
     .await?;
-    let created = load(ch.conn(), &scope, run).await?;
+    let created = load_fresh(ch.conn(), &scope, run).await?;
     let response = idempotency::answer(&mut ch, scope.org.org, &key, StatusCode::CREATED, &created).await?;
     ch.commit().await?;
     Ok(response)
@@ -390,7 +489,7 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     scope.require(Role::Viewer)?;
     let id = run_id(&p.run)?;
     let mut conn = state.db.acquire().await?;
-    let run = load(&mut conn, &scope, id).await?;
+    let mut run = load(&mut conn, &scope, id).await?;
     let steps: Vec<Step> = sqlx::query_as(
         "SELECT step_id, node, kind, visit, attempt, state, reason, exit_code, output, timed_out, reused_from IS NOT NULL AS reused, \
                 created_at, started_at, ended_at FROM steps WHERE run_id = $1 AND org_id = $2 ORDER BY started_seq, created_at",
@@ -407,6 +506,8 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     .bind(scope.org.org)
     .fetch_all(&mut *conn)
     .await?;
+    drop(conn);
+    with_substates(&state, &scope, std::slice::from_mut(&mut run)).await?;
     Ok(Json(RunDetail { run, steps, approvals }))
 }
 
@@ -422,11 +523,16 @@ pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p):
         Some(why) => format!("cancelled: {}", why.chars().take(200).collect::<String>()),
         None => "cancelled".to_owned(),
     };
-    let mut ch = scope.change(&state).await?;
-    in_project(&mut ch, &scope, id).await?;
-    store::cancel(&mut ch, scope.org.org, id, &reason).await?;
-    let run = load(ch.conn(), &scope, id).await?;
-    ch.commit().await?;
+    let (state, scope, reason) = (&state, &scope, &reason);
+    let run = retry_busy(move || async move {
+        let mut ch = scope.change(state).await?;
+        in_project(&mut ch, scope, id).await?;
+        store::cancel(&mut ch, scope.org.org, id, reason).await?;
+        let run = load_fresh(ch.conn(), scope, id).await?;
+        ch.commit().await?;
+        Ok(run)
+    })
+    .await?;
     Ok(Json(run))
 }
 
@@ -454,7 +560,7 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
     };
     let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
     let run = store::rerun(&mut ch, scope.org.org, source, &def, &nodes).await?;
-    let created = load(ch.conn(), scope, run).await?;
+    let created = load_fresh(ch.conn(), scope, run).await?;
     let response = idempotency::answer(&mut ch, scope.org.org, key, StatusCode::CREATED, &created).await?;
     ch.commit().await?;
     Ok(response)
@@ -499,8 +605,9 @@ pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p):
         .fetch_optional(&state.db)
         .await?;
     found.ok_or_else(run_not_found)?;
-    let rows: Vec<(RunId, i64, String, Option<String>, Option<StepId>, DateTime<Utc>, Value)> = sqlx::query_as(
-        "SELECT run_id, seq, kind, node, step_id, at, attrs FROM run_events WHERE run_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+    let mut items: Vec<RunEvent> = sqlx::query_as(
+        "SELECT run_id AS run, seq, kind, node, step_id AS step, at, attrs FROM run_events \
+         WHERE run_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
     )
     .bind(id)
     .bind(scope.org.org)
@@ -508,8 +615,6 @@ pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p):
     .bind(limit + 1)
     .fetch_all(&state.db)
     .await?;
-    let mut items: Vec<RunEvent> =
-        rows.into_iter().map(|(run, seq, kind, node, step, at, attrs)| RunEvent { run, seq, kind, node, step, at, attrs }).collect();
     let next_after = if items.len() as i64 > limit {
         items.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         items.last().map(|e| e.seq)
@@ -530,12 +635,17 @@ pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p):
 pub async fn approve(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(fields): JsonOrEmpty<Map<String, Value>>) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
-    let mut ch = scope.change(&state).await?;
-    in_project(&mut ch, &scope, id).await?;
-    let step = approvals::approve(&mut ch, scope.org.org, id, &p.node, &fields).await?;
-    let answer: Option<Value> = sqlx::query_scalar("SELECT answer FROM approvals WHERE step_id = $1 AND org_id = $2").bind(step).bind(scope.org.org).fetch_one(ch.conn()).await?;
-    ch.commit().await?;
-    Ok(Json(Decision { run: id, node: p.node, step, decision: "approved".into(), answer: answer.unwrap_or(Value::Null) }))
+    let (state, scope, node, fields) = (&state, &scope, &p.node, &fields);
+    let (step, answer) = retry_busy(move || async move {
+        let mut ch = scope.change(state).await?;
+        in_project(&mut ch, scope, id).await?;
+        let step = approvals::approve(&mut ch, scope.org.org, id, node, fields).await?;
+        let answer = recorded_answer(&mut ch, scope, step).await?;
+        ch.commit().await?;
+        Ok((step, answer))
+    })
+    .await?;
+    Ok(Json(Decision { run: id, node: p.node, step, decision: "approved".into(), answer }))
 }
 
 /// Rejects the approval waiting at `{node}` (member): the run is cancelled with
@@ -548,10 +658,111 @@ pub async fn reject(State(state): State<AppState>, scope: ProjectScope, Path(p):
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
     let reason = body.reason.map(|r| r.chars().take(200).collect::<String>());
-    let mut ch = scope.change(&state).await?;
-    in_project(&mut ch, &scope, id).await?;
-    let step = approvals::reject(&mut ch, scope.org.org, id, &p.node, reason.as_deref()).await?;
-    let answer: Option<Value> = sqlx::query_scalar("SELECT answer FROM approvals WHERE step_id = $1 AND org_id = $2").bind(step).bind(scope.org.org).fetch_one(ch.conn()).await?;
-    ch.commit().await?;
-    Ok(Json(Decision { run: id, node: p.node, step, decision: "rejected".into(), answer: answer.unwrap_or(Value::Null) }))
+    let (state, scope, node, reason) = (&state, &scope, &p.node, reason.as_deref());
+    let (step, answer) = retry_busy(move || async move {
+        let mut ch = scope.change(state).await?;
+        in_project(&mut ch, scope, id).await?;
+        let step = approvals::reject(&mut ch, scope.org.org, id, node, reason).await?;
+        let answer = recorded_answer(&mut ch, scope, step).await?;
+        ch.commit().await?;
+        Ok((step, answer))
+    })
+    .await?;
+    Ok(Json(Decision { run: id, node: p.node, step, decision: "rejected".into(), answer }))
+}
+
+/// What holds a run, in words.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Why {
+    pub status: String,
+    pub reason: Option<String>,
+    /// The substate's name while running.
+    pub substate: Option<String>,
+    /// The console's words: "waiting for approval", "asleep", or the status once finished.
+    pub words: String,
+    /// What holds the run, in a sentence.
+    pub text: String,
+    /// The substate with its particulars (node, prompt, deadline, wake time, missing
+    /// capabilities, …), tagged by `substate`.
+    pub detail: Option<Value>,
+}
+
+/// What the run is doing or waiting for, in words.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/why", operation_id = "why_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`")),
+    responses((status = 200, body = Why)))]
+pub async fn why(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>) -> Result<Json<Why>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let id = run_id(&p.run)?;
+    // The run must be in this project; `substate::why` checks the org.
+    let mut conn = state.db.acquire().await?;
+    load(&mut conn, &scope, id).await?;
+    drop(conn);
+    let why = substate::why(&state.db, scope.org.org, id).await?;
+    let detail = why.substate.as_ref().map(serde_json::to_value).transpose().map_err(ApiError::internal)?;
+    Ok(Json(Why {
+        status: why.status,
+        reason: why.reason,
+        substate: why.substate.as_ref().map(|s| s.name().to_owned()),
+        words: why.words,
+        text: why.text,
+        detail,
+    }))
+}
+
+/// One line a step's executor logged.
+#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct LogLine {
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    /// `stdout`, `stderr`, `session`, …
+    pub stream: String,
+    pub line: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogPage {
+    pub items: Vec<LogLine>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// A step's log lines, by sequence number.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/steps/{step}/logs", operation_id = "list_step_logs", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"),
+           ("step" = String, Path, description = "Step id, `step-…`"), EventsQuery),
+    responses((status = 200, body = LogPage)))]
+pub async fn step_logs(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Query(q): Query<EventsQuery>) -> Result<Json<LogPage>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let run = run_id(&p.run)?;
+    let not_found = || ApiError::NotFound("step not found".into());
+    let step: StepId = p.step.parse().map_err(|_| not_found())?;
+    let limit = page::limit(q.limit)?;
+    let found: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM steps s JOIN runs r ON r.run_id = s.run_id \
+         WHERE s.step_id = $1 AND s.run_id = $2 AND s.org_id = $3 AND r.org_id = $3 AND r.project_id = $4",
+    )
+    .bind(step)
+    .bind(run)
+    .bind(scope.org.org)
+    .bind(scope.project)
+    .fetch_optional(&state.db)
+    .await?;
+    found.ok_or_else(not_found)?;
+    let mut items: Vec<LogLine> = sqlx::query_as(
+        "SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+    )
+    .bind(step)
+    .bind(scope.org.org)
+    .bind(q.after.unwrap_or(0))
+    .bind(limit + 1)
+    .fetch_all(&state.db)
+    .await?;
+    let next_after = if items.len() as i64 > limit {
+        items.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        items.last().map(|l| l.seq)
+    } else {
+        None
+    };
+    Ok(Json(LogPage { items, next_after }))
 }

@@ -1,1 +1,133 @@
-//! TODO
+//! Bad input never yields a 5xx: malformed JSON, wrong types, unknown fields, huge numbers,
+//! invalid UTF-8, path traversal in ids, wrong content types, oversized bodies, unknown routes
+//! and methods — each is answered with its exact 4xx and a problem+json body.
+
+use reqwest::{Method, StatusCode};
+
+use crate::support::{problem, App};
+
+struct Bad {
+    method: Method,
+    path: String,
+    content_type: Option<&'static str>,
+    body: Vec<u8>,
+    want: u16,
+    kind: &'static str,
+}
+
+fn bad(method: Method, path: &str, content_type: Option<&'static str>, body: &[u8], want: u16, kind: &'static str) -> Bad {
+    Bad { method, path: path.to_owned(), content_type, body: body.to_vec(), want, kind }
+}
+
+#[tokio::test]
+async fn bad_input_is_a_4xx_problem_never_a_5xx() {
+    let app = App::with_engine().await;
+    let org = app.org("acme").await;
+    let p = "/api/v1/orgs/acme/projects/web";
+    let run = app.json(Method::POST, &format!("{p}/runs"), &org.member, Some(&serde_json::json!({ "workflow": "approve" })), StatusCode::CREATED).await;
+    let run = run["id"].as_str().unwrap().to_owned();
+    let json = Some("application/json");
+    let (post, get, patch, delete) = (Method::POST, Method::GET, Method::PATCH, Method::DELETE);
+    let runs = format!("{p}/runs");
+    let deep = format!("{{\"workflow\":\"approve\",\"input\":{{\"x\":{}1{}}}}}", "[".repeat(5000), "]".repeat(5000));
+    let cases = vec![
+        // Malformed JSON, wrong types, unknown fields.
+        bad(post.clone(), &runs, json, b"{\"workflow\": ", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": 5}", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"input\": [1]}", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"extra\": 1}", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"[\"approve\"]", 400, "bad-request"),
+        bad(post.clone(), &runs, json, deep.as_bytes(), 400, "bad-request"),
+        bad(post.clone(), "/api/v1/orgs/acme/members", json, b"{\"email\": \"a@b.c\", \"role\": \"superuser\"}", 400, "bad-request"),
+        bad(patch.clone(), &format!("/api/v1/orgs/acme/members/{}", org.member_user), json, b"null", 400, "bad-request"),
+        // Huge numbers.
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"version\": 1e400}", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"version\": 99999999999999999999}", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"version\": -2147483649}", 400, "bad-request"),
+        bad(post.clone(), "/api/v1/orgs/acme/tokens", json, b"{\"name\": \"t\", \"expires_in_days\": 4294967296}", 400, "bad-request"),
+        bad(post.clone(), "/api/v1/orgs/acme/tokens", json, b"{\"name\": \"t\", \"expires_in_days\": 100000}", 422, "unprocessable"),
+        bad(post.clone(), &format!("{runs}/{run}/approvals/ask"), json, b"{\"ticket\": 1e999}", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}?limit=99999999999999999999"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}?limit=-1"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}/{run}/events?after=1e999"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}/{run}/events?after=99999999999999999999"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{p}/workflows/approve/versions/99999999999999999999"), None, b"", 404, "not-found"),
+        // Invalid UTF-8: in a JSON body, a YAML body, and a path.
+        bad(post.clone(), &runs, json, b"\xff\xfe{", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"\xff\"}", 400, "bad-request"),
+        bad(post.clone(), &format!("{p}/workflows"), Some("application/yaml"), b"name: \xff\xfe\nnodes: {}\n", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/%FF%FE/projects", None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}/%FF%FE"), None, b"", 400, "bad-request"),
+        // Path traversal and ids that cannot be ids.
+        bad(get.clone(), &format!("{runs}/..%2F..%2Fetc%2Fpasswd"), None, b"", 404, "not-found"),
+        bad(get.clone(), &format!("{runs}/run-..%2F..%2F"), None, b"", 404, "not-found"),
+        bad(get.clone(), &format!("{p}/workflows/..%2F..%2Fsecret"), None, b"", 404, "not-found"),
+        bad(get.clone(), "/api/v1/orgs/..%2Fother/projects", None, b"", 404, "not-found"),
+        bad(get.clone(), "/api/v1/orgs/acme/projects/..%2F..%2Fetc", None, b"", 404, "not-found"),
+        bad(delete.clone(), "/api/v1/orgs/acme/tokens/..%2Fall", None, b"", 404, "not-found"),
+        bad(patch.clone(), "/api/v1/orgs/acme/members/..%2F1", json, b"{\"role\": \"admin\"}", 404, "not-found"),
+        bad(post.clone(), "/api/v1/orgs/acme/projects", json, b"{\"slug\": \"../etc\"}", 422, "unprocessable"),
+        // Wrong content types.
+        bad(post.clone(), &runs, Some("text/plain"), b"{\"workflow\": \"approve\"}", 415, "unsupported-media-type"),
+        bad(post.clone(), &runs, None, b"{\"workflow\": \"approve\"}", 415, "unsupported-media-type"),
+        bad(post.clone(), &format!("{p}/workflows"), Some("image/png"), b"name: x", 415, "unsupported-media-type"),
+        // Bad query parameters and cursors.
+        bad(get.clone(), &format!("{runs}?colour=blue"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}?cursor=%00%01"), None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/audit?since=yesterday", None, b"", 400, "bad-request"),
+        // Domain refusals of well-formed input.
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"nope\"}", 422, "unprocessable"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"version\": 7}", 422, "unprocessable"),
+        bad(post.clone(), &format!("{runs}/{run}/rerun?from=nowhere"), None, b"", 409, "conflict"),
+        // Unknown routes and methods.
+        bad(get.clone(), "/api/v1/nowhere", None, b"", 404, "not-found"),
+        bad(delete.clone(), "/api/v1/orgs/acme/projects", None, b"", 405, "method-not-allowed"),
+    ];
+    for case in &cases {
+        let mut req = app.http.request(case.method.clone(), app.url(&case.path)).bearer_auth(&org.owner).body(case.body.clone());
+        if let Some(ct) = case.content_type {
+            req = req.header("content-type", ct);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.unwrap();
+        let what = format!("{} {} {:?}", case.method, case.path, String::from_utf8_lossy(&case.body).chars().take(60).collect::<String>());
+        assert_eq!(status.as_u16(), case.want, "{what}: {}", String::from_utf8_lossy(&body));
+        let answer = problem(status, &headers, &body);
+        assert_eq!(answer.kind, format!("https://shopfloor.dev/problems/{}", case.kind), "{what}");
+    }
+
+    // A body over 1 MiB is refused with 413, whether its length is announced or streamed.
+    let big = format!("{{\"workflow\": \"approve\", \"input\": {{\"x\": \"{}\"}}}}", "a".repeat(2 << 20));
+    let resp = app.http.post(app.url(&runs)).bearer_auth(&org.member).header("content-type", "application/json").body(big.clone()).send().await.unwrap();
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    let too_large = problem(status, &headers, &resp.bytes().await.unwrap());
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(too_large.kind, "https://shopfloor.dev/problems/payload-too-large");
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = big.into_bytes().chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let streamed = reqwest::Body::wrap_stream(futures::stream::iter(chunks));
+    let resp = app.http.put(app.url(&format!("{p}/workflows/big"))).bearer_auth(&org.member).header("content-type", "application/yaml").body(streamed).send().await.unwrap();
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    problem(status, &headers, &resp.bytes().await.unwrap());
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+
+    // Bad credentials and stream positions.
+    for auth in ["Bearer", "Bearer not.a.jwt", "Basic dXNlcjpwYXNz", &format!("Bearer {}", "x".repeat(10_000))] {
+        let resp = app.http.get(app.url(&runs)).header("authorization", auth).send().await.unwrap();
+        let (status, headers) = (resp.status(), resp.headers().clone());
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{auth:.30}");
+        assert_eq!(headers.get("www-authenticate").unwrap(), "Bearer");
+        problem(status, &headers, &resp.bytes().await.unwrap());
+    }
+    let resp = app.http.get(app.url(&format!("{p}/events"))).bearer_auth(&org.owner).header("last-event-id", "../../x").send().await.unwrap();
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    problem(status, &headers, &resp.bytes().await.unwrap());
+
+    // Nothing above was carried out.
+    let runs_made: i64 = sqlx::query_scalar("SELECT count(*) FROM runs").fetch_one(app.pool()).await.unwrap();
+    assert_eq!(runs_made, 1);
+    app.finish().await;
+}

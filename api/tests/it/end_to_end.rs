@@ -89,6 +89,12 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
     assert_eq!(detail["status"], "running");
     assert_eq!(detail["substate"], "awaiting_signal");
     assert_eq!(detail["approvals"][0]["node"], "review_plan");
+    let why = app.json(Method::GET, &format!("{base}/runs/{run1}/why"), &owner, None, StatusCode::OK).await;
+    assert_eq!((why["substate"].as_str(), why["words"].as_str()), (Some("awaiting_signal"), Some("waiting for approval")));
+    assert!(why["text"].as_str().unwrap().starts_with("Waiting for approval at review_plan: Go ahead with this plan?"), "{why}");
+    assert_eq!(why["detail"]["node"], "review_plan");
+    let waiting = app.json(Method::GET, &format!("{base}/runs?substate=awaiting_signal"), &owner, None, StatusCode::OK).await;
+    assert_eq!(waiting["items"][0]["id"], run1.as_str());
 
     let decided = app.json(Method::POST, &format!("{base}/runs/{run1}/approvals/review_plan"), &owner, Some(&json!({ "ticket": "T-1" })), StatusCode::OK).await;
     assert_eq!(decided["decision"], "approved");
@@ -121,6 +127,13 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
     let detail = app.json(Method::GET, &format!("{base}/runs/{run2}"), &owner, None, StatusCode::OK).await;
     assert_eq!(detail["status"], "cancelled");
     assert_eq!(detail["reason"], "rejected at review_plan: too risky");
+    let why = app.json(Method::GET, &format!("{base}/runs/{run2}/why"), &owner, None, StatusCode::OK).await;
+    assert_eq!(why["text"], "Finished: cancelled: rejected at review_plan: too risky");
+    assert!(why["substate"].is_null());
+
+    // The document the server serves is the one the code generates.
+    let served = app.json(Method::GET, "/api/v1/openapi.json", &owner, None, StatusCode::OK).await;
+    assert_eq!(served, serde_json::to_value(api::http::openapi()).unwrap());
 
     // The stream never skipped or repeated an event of a run, and ids only grew.
     assert_gapless(&seen);

@@ -4,6 +4,7 @@
 mod authz;
 mod bad_input;
 mod end_to_end;
+mod events;
 mod idempotency;
 mod openapi;
 mod paging;

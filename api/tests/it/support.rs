@@ -35,7 +35,6 @@ nodes:
 /// One org's people: a token per role.
 pub(crate) struct Org {
     pub(crate) id: OrgId,
-    pub(crate) slug: String,
     pub(crate) project: ProjectId,
     pub(crate) owner: String,
     pub(crate) owner_user: UserId,
@@ -131,7 +130,9 @@ impl App {
         let resp = req.send().await.expect("request reaches the server");
         let status = resp.status();
         let headers = resp.headers().clone();
-        let bytes = resp.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
+        // An event stream never ends: its status and headers are the answer.
+        let streaming = headers.get(reqwest::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let bytes = if streaming { Vec::new() } else { resp.bytes().await.map(|b| b.to_vec()).unwrap_or_default() };
         (status, headers, bytes)
     }
 
@@ -158,7 +159,7 @@ impl App {
         let viewer_user = api_writes::add_member(&mut ch, id, &format!("viewer@{slug}.test"), "viewer").await.unwrap();
         let viewer = token(&mut ch, id, viewer_user, "viewer", chrono::Duration::days(1)).await;
         ch.commit().await.unwrap();
-        Org { id, slug: slug.to_owned(), project, owner, owner_user, admin, member, member_user, viewer }
+        Org { id, project, owner, owner_user, admin, member, member_user, viewer }
     }
 
     /// A token of the org's owner, issued through the store with any lifetime (negative for
@@ -285,6 +286,11 @@ impl Sse {
             let chunk = chunk.expect("the stream stays open").expect("the stream reads");
             self.buf.push_str(&String::from_utf8_lossy(&chunk));
         }
+    }
+
+    /// The next event if one comes within `wait`.
+    pub(crate) async fn next_within(&mut self, wait: Duration) -> Option<SseEvent> {
+        tokio::time::timeout(wait, self.next()).await.ok()
     }
 
     /// Reads events until one matches; returns every event read, the match last.

@@ -188,3 +188,29 @@ pub async fn record_answer(ch: &mut Change, org: OrgId, key: &str, status: u16, 
         .await?;
     Ok(())
 }
+
+/// Deregisters a host of a project: it takes no more steps, and its credentials are revoked
+/// in the same change. Deregistering twice changes nothing.
+pub async fn deregister_host(ch: &mut Change, org: OrgId, project: crate::ids::ProjectId, host: crate::ids::HostId) -> Result<()> {
+    let row: Option<Option<chrono::DateTime<chrono::Utc>>> =
+        sqlx::query_scalar("SELECT deregistered_at FROM hosts WHERE org_id = $1 AND project_id = $2 AND host_id = $3 FOR UPDATE")
+            .bind(org)
+            .bind(project)
+            .bind(host)
+            .fetch_optional(&mut *ch.tx)
+            .await?;
+    match row {
+        None => Err(StoreError::NotFound("host")),
+        Some(Some(_)) => Ok(()),
+        Some(None) => {
+            sqlx::query("UPDATE hosts SET deregistered_at = now() WHERE org_id = $1 AND host_id = $2").bind(org).bind(host).execute(&mut *ch.tx).await?;
+            let revoked = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND host_id = $2 AND revoked_at IS NULL")
+                .bind(org)
+                .bind(host)
+                .execute(&mut *ch.tx)
+                .await?;
+            ch.audit(org, Some(project), "host.deregister", ("host", host.to_string()), json!({ "tokens_revoked": revoked.rows_affected() }))?;
+            Ok(())
+        }
+    }
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 
+use super::runs::RunRow;
 use super::{Result, StoreError};
 use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
 
@@ -91,6 +92,8 @@ pub struct Change {
     wrote_events: bool,
     events: Vec<PendingEvent>,
     audits: Vec<PendingAudit>,
+    /// Rows of runs locked by `lock_runs`, until this change writes them.
+    rows: HashMap<RunId, RunRow>,
 }
 
 struct PendingEvent {
@@ -123,6 +126,7 @@ impl Change {
             wrote_events: false,
             events: Vec::new(),
             audits: Vec::new(),
+            rows: HashMap::new(),
         })
     }
 
@@ -151,17 +155,26 @@ impl Change {
     /// unknown ids are left out.
     pub async fn lock_runs(&mut self, runs: &[RunId]) -> Result<Vec<RunCtx>> {
         let ids: Vec<uuid::Uuid> = runs.iter().filter(|r| !self.runs.contains_key(r)).map(|r| r.0).collect();
-        let rows: Vec<(RunId, OrgId, ProjectId)> =
-            sqlx::query_as("SELECT run_id, org_id, project_id FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE")
-                .bind(&ids)
-                .fetch_all(&mut *self.tx)
-                .await?;
-        let locked: Vec<RunId> = rows.iter().map(|r| r.0).collect();
-        for (run, org, project) in rows {
-            self.runs.insert(run, RunCtx { org, project, run, next_seq: 1 });
+        let sql = format!("SELECT {} FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE", super::runs::RUN_COLUMNS);
+        let rows: Vec<RunRow> = sqlx::query_as(&sql).bind(&ids).fetch_all(&mut *self.tx).await?;
+        let locked: Vec<RunId> = rows.iter().map(|r| r.run_id).collect();
+        for row in rows {
+            let run = row.run_id;
+            self.runs.insert(run, RunCtx { org: row.org_id, project: row.project_id, run, next_seq: 1 });
+            self.rows.insert(run, row);
         }
         self.read_next_seqs(&locked).await?;
         Ok(runs.iter().filter_map(|r| self.runs.get(r).cloned()).collect())
+    }
+
+    /// The row of a run as `lock_runs` read it, while no write of this change has changed it.
+    pub(super) fn run_row(&self, run: RunId) -> Option<&RunRow> {
+        self.rows.get(&run)
+    }
+
+    /// Called by every write to a run's row, so `run_row` never answers with a stale copy.
+    pub(super) fn forget_run_row(&mut self, run: RunId) {
+        self.rows.remove(&run);
     }
 
     /// Reads where each locked run's event sequence stands. Every writer of a run's events
@@ -307,6 +320,11 @@ impl Change {
         Ok(())
     }
 
+    /// Records that a statement of the store wrote a wake another process must learn of.
+    pub(super) fn note_wake(&mut self, delay: Duration) {
+        self.notify_delay = Some(self.notify_delay.map_or(delay, |d| d.min(delay)));
+    }
+
     /// Writes a wake for a run this change has not locked (a parent or child run), which is
     /// always for another process to act on.
     pub(super) async fn wake_other(&mut self, org: OrgId, run: RunId, reason: &str) -> Result<()> {
@@ -317,12 +335,6 @@ impl Change {
             .execute(&mut *self.tx)
             .await?;
         self.notify_delay = Some(Duration::ZERO);
-        Ok(())
-    }
-
-    /// Deletes the wakes still pending for a step that has finished.
-    pub(super) async fn drop_step_wakes(&mut self, step: StepId) -> Result<()> {
-        sqlx::query("DELETE FROM wakes WHERE step_id = $1").bind(step).execute(&mut *self.tx).await?;
         Ok(())
     }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use sqlx::FromRow;
+use sqlx::{FromRow, Row};
 
 use super::steps::{self, StepRow};
 use super::{approvals, cap, Change, Result, StoreError};
@@ -110,6 +110,9 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
 
 /// Reads a run inside the change.
 pub async fn get(ch: &mut Change, run: RunId) -> Result<Option<RunRow>> {
+    if let Some(row) = ch.run_row(run) {
+        return Ok(Some(row.clone()));
+    }
     let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1");
     Ok(sqlx::query_as(&sql).bind(run).fetch_optional(&mut *ch.tx).await?)
 }
@@ -121,16 +124,25 @@ where
     run::Running: MoveTo<T>,
 {
     let ctx = ch.locked(run_id)?.clone();
+    // One statement: the status, and (only if it was running) the run's wakes and
+    // concurrency leases dropped, and the children still running listed.
     let sql = format!(
-        "UPDATE runs SET status = $2, reason = $3, ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING {RUN_COLUMNS}"
+        "WITH was AS (SELECT 1 FROM runs WHERE run_id = $1 AND status = 'running'), \
+              w AS (DELETE FROM wakes WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was)), \
+              l AS (DELETE FROM concurrency_leases WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was)), \
+              u AS (UPDATE runs SET status = $2, reason = $3, ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING {RUN_COLUMNS}) \
+         SELECT u.*, ARRAY(SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running') AS children FROM u"
     );
-    let row: RunRow = sqlx::query_as(&sql)
+    let found = sqlx::query(&sql)
         .bind(run_id)
         .bind(T::NAME)
         .bind(reason.map(cap))
         .fetch_optional(&mut *ch.tx)
         .await?
         .ok_or_else(|| StoreError::Conflict(format!("{run_id} is not running")))?;
+    let row = RunRow::from_row(&found)?;
+    let children: Vec<uuid::Uuid> = found.try_get("children")?;
+    ch.forget_run_row(run_id);
     let step_reason = match T::NAME {
         "cancelled" => reason.unwrap_or("cancelled").to_owned(),
         _ => "run ended".to_owned(),
@@ -140,18 +152,11 @@ where
     if steps::cancel_open(ch, run_id, &step_reason).await? > 0 {
         approvals::withdraw_open(ch, run_id).await?;
     }
-    sqlx::query("DELETE FROM wakes WHERE run_id = $1").bind(run_id).execute(&mut *ch.tx).await?;
-    sqlx::query("DELETE FROM concurrency_leases WHERE run_id = $1").bind(run_id).execute(&mut *ch.tx).await?;
     if let Some(parent) = row.parent_run_id {
         ch.wake_other(ctx.org, parent, "child_done").await?;
     }
-    let children: Vec<RunId> =
-        sqlx::query_scalar("SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running'")
-            .bind(run_id)
-            .fetch_all(&mut *ch.tx)
-            .await?;
     for child in children {
-        ch.wake_other(ctx.org, child, "parent_gone").await?;
+        ch.wake_other(ctx.org, RunId(child), "parent_gone").await?;
     }
     if row.dry_run {
         ch.wake(run_id, None, DRY_RUN_RETENTION, "retention", true).await?;
@@ -238,6 +243,7 @@ pub async fn failed_nodes(ch: &mut Change, org: OrgId, run: RunId) -> Result<Vec
 
 /// Deletes a finished dry run and its history (events, steps, wakes cascade).
 pub async fn delete_dry(ch: &mut Change, run: RunId) -> Result<bool> {
+    ch.forget_run_row(run);
     let done = sqlx::query("DELETE FROM runs WHERE run_id = $1 AND dry_run AND status <> 'running'")
         .bind(run)
         .execute(&mut *ch.tx)
@@ -249,6 +255,7 @@ pub async fn delete_dry(ch: &mut Change, run: RunId) -> Result<bool> {
 pub(crate) async fn clear_needs_approval(ch: &mut Change, run: RunId) -> Result<()> {
     ch.locked(run)?;
     sqlx::query("UPDATE runs SET needs_approval = false WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
+    ch.forget_run_row(run);
     Ok(())
 }
 

@@ -203,7 +203,8 @@ async fn apply<F: MoveTo<T>, T: State>(
 ) -> Result<StepRow> {
     let finished_seq = if set.finished { Some(ch.peek_seq(run)?) } else { None };
     let sql = format!(
-        "UPDATE steps SET state = $3, \
+        "WITH gone AS (DELETE FROM wakes WHERE step_id = $1 AND $8::bigint IS NOT NULL) \
+         UPDATE steps SET state = $3, \
            holder = CASE WHEN $4 THEN $5 ELSE holder END, \
            lease_expires_at = CASE WHEN $6 THEN now() + interval '{lease} seconds' WHEN $8::bigint IS NOT NULL THEN NULL ELSE lease_expires_at END, \
            started_at = CASE WHEN $7 THEN now() ELSE started_at END, \
@@ -254,9 +255,6 @@ async fn apply<F: MoveTo<T>, T: State>(
     ch.event(run, &format!("step.{}", T::NAME), Some((step, &row.node)), attrs.clone())?;
     let project = ch.locked(run)?.project;
     ch.audit(row.org_id, Some(project), &format!("step.{}", T::NAME), ("step", step.to_string()), attrs)?;
-    if set.finished {
-        ch.drop_step_wakes(step).await?;
-    }
     Ok(row)
 }
 
@@ -276,8 +274,15 @@ pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: 
     let from = <step::Pending as MoveTo<step::Leased>>::sources();
     let _checked = <step::Leased as MoveTo<step::Running>>::sources();
     let (leased, running) = (step::Leased::NAME, step::Running::NAME);
+    // The wake that watches the held step is written by the same statement. Its condition
+    // reads the step as the UPDATE does; no one else writes this run's steps meanwhile, since
+    // the run is locked.
+    let watch = (LEASE + LEASE_GRACE).min(timeout);
     let sql = format!(
-        "UPDATE steps SET state = $3, holder = $4, lease_expires_at = now() + interval '{} seconds', started_at = now() \
+        "WITH w AS (INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
+                    SELECT org_id, run_id, step_id, now() + $6 * interval '1 millisecond', 'lease_expiry' FROM steps \
+                    WHERE step_id = $1 AND run_id = $2 AND state = ANY($5)) \
+         UPDATE steps SET state = $3, holder = $4, lease_expires_at = now() + interval '{} seconds', started_at = now() \
          WHERE step_id = $1 AND run_id = $2 AND state = ANY($5) RETURNING {STEP_COLUMNS}",
         LEASE.as_secs()
     );
@@ -287,6 +292,7 @@ pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: 
         .bind(running)
         .bind(holder)
         .bind(&from)
+        .bind(watch.as_millis() as f64)
         .fetch_optional(&mut *ch.tx)
         .await?
         .ok_or_else(|| StoreError::Stale(format!("{step} is no longer pending")))?;
@@ -295,7 +301,7 @@ pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: 
         ch.event(run, &format!("step.{state}"), Some((step, &row.node)), attrs.clone())?;
         ch.audit(row.org_id, Some(project), &format!("step.{state}"), ("step", step.to_string()), attrs)?;
     }
-    ch.wake(run, Some(step), (LEASE + LEASE_GRACE).min(timeout), "lease_expiry", true).await?;
+    ch.note_wake(watch);
     Ok(row)
 }
 
@@ -332,20 +338,40 @@ pub async fn fail<F: MoveTo<step::Failed>>(ch: &mut Change, run: RunId, step: St
 
 /// Cancels every open step of a run; returns how many.
 pub async fn cancel_open(ch: &mut Change, run: RunId, reason: &str) -> Result<usize> {
-    let open: Vec<StepId> = sqlx::query_scalar(
-        "SELECT step_id FROM steps WHERE run_id = $1 AND state IN ('pending','leased','running','waiting') ORDER BY started_seq",
+    // One statement for all of them: each cancelled step takes the sequence number of its
+    // event, in creation order.
+    let sources = <(step::Pending, step::Leased, step::Running, step::Waiting) as MoveTo<step::Cancelled>>::sources();
+    let first_seq = ch.peek_seq(run)?;
+    let reason = cap(reason);
+    let cancelled: Vec<(StepId, String, i32, i32, i64)> = sqlx::query_as(
+        "WITH open AS (SELECT step_id, row_number() OVER (ORDER BY started_seq) - 1 AS i FROM steps \
+                       WHERE run_id = $1 AND state = ANY($2)) \
+         UPDATE steps s SET state = $3, reason = $4, failure_class = 'final', finished_seq = $5 + open.i, \
+                ended_at = now(), lease_expires_at = NULL \
+         FROM open WHERE s.step_id = open.step_id \
+         RETURNING s.step_id, s.node, s.visit, s.attempt, open.i",
     )
     .bind(run)
+    .bind(&sources)
+    .bind(step::Cancelled::NAME)
+    .bind(&reason)
+    .bind(first_seq)
     .fetch_all(&mut *ch.tx)
     .await?;
-    let failure = Failure::new(reason, FailureClass::Final);
-    for &step in &open {
-        apply::<(step::Pending, step::Leased, step::Running, step::Waiting), step::Cancelled>(
-            ch, run, step, None, Set { finished: true, failure: Some(&failure), ..Set::default() },
-        )
-        .await?;
+    if cancelled.is_empty() {
+        return Ok(0);
     }
-    Ok(open.len())
+    let mut cancelled = cancelled;
+    cancelled.sort_by_key(|c| c.4);
+    let (org, project) = (ch.locked(run)?.org, ch.locked(run)?.project);
+    for (step, node, visit, attempt, _) in &cancelled {
+        let attrs = json!({ "visit": visit, "attempt": attempt, "reason": reason, "class": "final" });
+        ch.event(run, "step.cancelled", Some((*step, node)), attrs.clone())?;
+        ch.audit(org, Some(project), "step.cancelled", ("step", step.to_string()), attrs)?;
+    }
+    let ids: Vec<uuid::Uuid> = cancelled.iter().map(|c| c.0 .0).collect();
+    sqlx::query("DELETE FROM wakes WHERE step_id = ANY($1)").bind(&ids).execute(&mut *ch.tx).await?;
+    Ok(cancelled.len())
 }
 
 /// Renews a holder's lease; returns the step's state, so a holder learns at once that its

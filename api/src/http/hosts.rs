@@ -1,0 +1,135 @@
+//! Hosts of a project: list (viewer), registration tokens (admin: a token, shown once, that
+//! registers one host through the host protocol), and deregistration (admin: the host takes
+//! no more steps and its credentials are revoked).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Duration, Utc};
+use engine::ids::HostId;
+use engine::store::api_writes;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::auth::Role;
+use super::error::ApiError;
+use super::extract::{Json, JsonOrEmpty, Path, Query};
+use super::tenant::ProjectScope;
+use super::{page, AppState};
+use crate::auth::issue_registration_token;
+
+/// Lifetime of a registration token when none is asked for, and the longest allowed.
+const DEFAULT_HOURS: u32 = 24;
+const MAX_HOURS: u32 = 7 * 24;
+
+#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct Host {
+    #[sqlx(rename = "host_id")]
+    pub id: uuid::Uuid,
+    pub name: String,
+    /// What it advertises: `linux`, `arm64`, `harness:claude-code`, …
+    pub capabilities: Vec<String>,
+    pub max_concurrent: i32,
+    pub last_seen_at: Option<DateTime<Utc>>,
+    pub deregistered_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HostList {
+    pub items: Vec<Host>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRegistration {
+    /// What the token is for (`build-box-3`); `host registration` by default.
+    pub name: Option<String>,
+    /// 1 to 168 hours (24 by default).
+    pub expires_in_hours: Option<u32>,
+}
+
+/// A registration token: `token` is shown this once.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Registration {
+    pub id: uuid::Uuid,
+    pub token: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Also list deregistered hosts.
+    #[serde(default)]
+    pub include_deregistered: bool,
+    /// Page size, 1 to 200 (50 by default).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HostPath {
+    host: String,
+}
+
+/// The project's hosts, by name.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/hosts", operation_id = "list_hosts", tag = "hosts",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ListQuery),
+    responses((status = 200, body = HostList)))]
+pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<HostList>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let limit = page::limit(q.limit)?;
+    let after: Option<(String, uuid::Uuid)> = page::decode(q.cursor.as_deref())?;
+    let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(
+        "SELECT host_id, name, capabilities, max_concurrent, last_seen_at, deregistered_at, created_at FROM hosts WHERE org_id = ",
+    );
+    qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
+    if !q.include_deregistered {
+        qb.push(" AND deregistered_at IS NULL");
+    }
+    if let Some((name, id)) = after {
+        qb.push(" AND (name, host_id) > (").push_bind(name).push(", ").push_bind(id).push(")");
+    }
+    qb.push(" ORDER BY name, host_id LIMIT ").push_bind(limit + 1);
+    let rows: Vec<Host> = qb.build_query_as().fetch_all(&state.db).await?;
+    let (items, next_cursor) = page::finish(rows, limit, |h| (h.name.clone(), h.id));
+    Ok(Json(HostList { items, next_cursor }))
+}
+
+/// Creates a token that registers one host in this project (admin).
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/host-registrations", operation_id = "create_host_registration", tag = "hosts",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    request_body(content = Option<CreateRegistration>, description = "Optional name and lifetime"),
+    responses((status = 201, body = Registration)))]
+pub async fn register(State(state): State<AppState>, scope: ProjectScope, JsonOrEmpty(body): JsonOrEmpty<CreateRegistration>) -> Result<Response, ApiError> {
+    scope.require(Role::Admin)?;
+    let hours = body.expires_in_hours.unwrap_or(DEFAULT_HOURS);
+    if !(1..=MAX_HOURS).contains(&hours) {
+        return Err(ApiError::Unprocessable(format!("expires_in_hours must be between 1 and {MAX_HOURS}")));
+    }
+    let name = body.name.as_deref().map(str::trim).filter(|n| !n.is_empty()).unwrap_or("host registration").to_owned();
+    if name.chars().count() > 100 || name.chars().any(char::is_control) {
+        return Err(ApiError::Unprocessable("name must be at most 100 printable characters".into()));
+    }
+    let mut ch = scope.change(&state).await?;
+    let (id, token, expires_at) = issue_registration_token(&mut ch, scope.org.org, scope.project, &name, Duration::hours(i64::from(hours))).await?;
+    ch.commit().await?;
+    Ok((StatusCode::CREATED, Json(Registration { id, token, expires_at })).into_response())
+}
+
+/// Deregisters a host (admin): it takes no more steps and its credentials are revoked.
+#[utoipa::path(delete, path = "/orgs/{org}/projects/{project}/hosts/{host}", operation_id = "deregister_host", tag = "hosts",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("host" = String, Path, description = "The host's id")),
+    responses((status = 204, description = "Deregistered")))]
+pub async fn deregister(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<HostPath>) -> Result<Response, ApiError> {
+    scope.require(Role::Admin)?;
+    let host = HostId(p.host.parse().map_err(|_| ApiError::NotFound("host not found".into()))?);
+    let mut ch = scope.change(&state).await?;
+    api_writes::deregister_host(&mut ch, scope.org.org, scope.project, host).await?;
+    ch.commit().await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,56 @@
+//! The project stream's ordering: an event committed later than another, by a transaction
+//! that started writing earlier, is held until it can no longer appear behind a client's
+//! position, then delivered in `(xid, event_id)` order; a stream resumed from any position
+//! reads what followed it.
+
+use std::time::Duration;
+
+use engine::store::runs::{self, NewRun};
+use engine::store::{Actor, Change};
+use serde_json::json;
+
+use crate::support::{App, Org, Sse};
+
+async fn new_run(app: &App, org: &Org) -> NewRun {
+    let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(app.pool()).await.unwrap();
+    NewRun { org: org.id, project: org.project, workflow, version: 1, input: json!({}), item: None, trigger_event: None, parent: None, dry_run: false, needs_approval: false, source: None }
+}
+
+#[tokio::test]
+async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
+    let app = App::with_engine().await;
+    let org = app.org("acme").await;
+    let mut sse = Sse::connect(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, None).await;
+
+    // A writes its event first but commits last.
+    let mut slow = Change::begin(app.pool(), Actor::System).await.unwrap();
+    let a = runs::submit(&mut slow, new_run(&app, &org).await).await.unwrap();
+    let mut fast = Change::begin(app.pool(), Actor::System).await.unwrap();
+    let b = runs::submit(&mut fast, new_run(&app, &org).await).await.unwrap();
+    fast.commit().await.unwrap();
+
+    // B's events wait behind A's open transaction: a client that saw them and then A's would
+    // have A's appear behind its position.
+    assert!(sse.next_within(Duration::from_millis(500)).await.is_none(), "an event passed an open older transaction");
+    slow.commit().await.unwrap();
+
+    let first = sse.next().await;
+    assert_eq!((first.event.as_str(), first.data["run"].as_str().unwrap()), ("run.started", a.to_string().as_str()));
+    let rest = sse.until("run B waiting at its approval", |e| e.data["run"] == b.to_string() && e.event == "run.awaiting").await;
+    assert!(rest.iter().any(|e| e.data["run"] == b.to_string() && e.event == "run.started"));
+    let rest_a = sse.until("run A waiting at its approval", |e| e.data["run"] == a.to_string() && e.event == "run.awaiting").await;
+
+    // Resuming from the first event replays the rest in the same order.
+    let all: Vec<_> = std::iter::once(first.clone()).chain(rest).chain(rest_a).collect();
+    let mut again = Sse::connect(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, Some(&first.id)).await;
+    for want in &all[1..] {
+        let got = again.next().await;
+        assert_eq!(got.id, want.id);
+    }
+    // Another project's stream (and org) sees none of it.
+    let other = app.org("other").await;
+    let mut theirs = Sse::connect(&app, "/api/v1/orgs/other/projects/web/events", &other.owner, Some("0.0")).await;
+    assert!(theirs.next_within(Duration::from_millis(300)).await.is_none());
+    drop((sse, again, theirs));
+    app.finish().await;
+}
