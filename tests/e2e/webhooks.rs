@@ -584,13 +584,13 @@ async fn the_ingest_and_rejudge_lookups_use_indexes() {
         ("items_by_head", "SELECT item_id FROM items WHERE project_id = gen_random_uuid() AND head_sha = 'abc' AND org_id = gen_random_uuid()"),
         ("items_by_node", "SELECT item_id FROM items WHERE org_id = gen_random_uuid() AND node_id = 'I_1'"),
         ("items_project_id_key_key", "SELECT item_id FROM items WHERE project_id = gen_random_uuid() AND key = 'k'"),
-        ("repositories_by_name", "SELECT project_id FROM repositories WHERE full_name = 'a/b' AND installation_id = 1"),
+        ("repositories_by_name|repositories_by_installation", "SELECT project_id FROM repositories WHERE full_name = 'a/b' AND installation_id = 1"),
         ("item_cycle_budgets_asks", "SELECT item_id FROM item_cycle_budgets WHERE org_id = gen_random_uuid() AND asked_at IS NOT NULL"),
     ];
     for (index, sql) in lookups {
         let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}")).fetch_all(&mut *conn).await.unwrap();
         let plan = plan.join("\n");
-        assert!(plan.contains(index), "{sql}\nshould use {index}:\n{plan}");
+        assert!(index.split('|').any(|i| plan.contains(i)) && !plan.contains("Seq Scan"), "{sql}\nshould use {index}:\n{plan}");
     }
     drop(conn);
     db.finish().await;

@@ -117,6 +117,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
+        .routes(routes!(health::openapi_json))
         .nest("/api/v1", v1)
 }
 
@@ -128,14 +129,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 pub fn router(state: AppState) -> Router {
-    let (routes, mut doc) = api_router().split_for_parts();
-    openapi::finish(&mut doc);
-    let doc = Arc::new(doc);
+    let (routes, _) = api_router().split_for_parts();
     routes
-        .route("/api/v1/openapi.json", axum::routing::get(move || {
-            let doc = doc.clone();
-            async move { axum::Json(doc.as_ref().clone()) }
-        }))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))

@@ -20,7 +20,7 @@ use super::error::Problem;
     security(("bearer" = [])),
     components(schemas(Problem)),
     tags(
-        (name = "health", description = "Liveness and readiness"),
+        (name = "health", description = "Liveness, readiness and this document"),
         (name = "members", description = "People of an org and their roles"),
         (name = "tokens", description = "API tokens: created, listed, revoked"),
         (name = "projects", description = "Projects of an org"),

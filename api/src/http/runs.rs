@@ -1,7 +1,8 @@
 //! Runs of a project: submit (with `Idempotency-Key`), list with filters and a keyset cursor,
 //! get with steps and open approvals, cancel, retry (rerun from the failed nodes), rerun (from
-//! the start or `?from=<node>`), the run's events paged by sequence number, and the answers to
-//! approvals: approve with the form's fields, or reject with an optional reason.
+//! the start or `?from=<node>`), `why` (what holds it, from `engine::substate`), the run's
+//! events and a step's log lines paged by sequence number, and the answers to approvals:
+//! approve with the form's fields, or reject with an optional reason.
 
 use axum::extract::State;
 use axum::http::{Method, StatusCode, Uri};

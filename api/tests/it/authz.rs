@@ -75,6 +75,7 @@ fn cases() -> Vec<Case> {
     vec![
         c(get.clone(), "/healthz", None, 200, Nothing, none),
         c(get.clone(), "/readyz", None, 200, Nothing, none),
+        c(get.clone(), "/api/v1/openapi.json", None, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/members", v, 200, Nothing, none),
         c(post.clone(), "/api/v1/orgs/{org}/members", a, 201, Nothing, |n| Some(json!({ "email": format!("new{n}@x.test"), "role": "viewer" }))),
         c(patch.clone(), "/api/v1/orgs/{org}/members/{user}", a, 200, Member, |_| Some(json!({ "role": "member" }))),

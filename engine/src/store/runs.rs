@@ -125,10 +125,14 @@ where
 {
     let ctx = ch.locked(run_id)?.clone();
     // One statement: the status, and (only if it was running) the run's wakes and
-    // concurrency leases dropped, and the children still running listed.
+    // concurrency leases dropped, and the children still running listed. Wakes an engine has
+    // claimed meanwhile are skipped, not waited for: the engine locks wakes before runs, so
+    // waiting here would deadlock, and its commit deletes them anyway (its advance then finds
+    // the run ended).
     let sql = format!(
         "WITH was AS (SELECT 1 FROM runs WHERE run_id = $1 AND status = 'running'), \
-              w AS (DELETE FROM wakes WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was)), \
+              w AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE run_id = $1 FOR UPDATE SKIP LOCKED) \
+                    AND EXISTS (SELECT 1 FROM was)), \
               l AS (DELETE FROM concurrency_leases WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was)), \
               u AS (UPDATE runs SET status = $2, reason = $3, ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING {RUN_COLUMNS}) \
          SELECT u.*, ARRAY(SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running') AS children FROM u"

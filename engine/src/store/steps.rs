@@ -203,7 +203,8 @@ async fn apply<F: MoveTo<T>, T: State>(
 ) -> Result<StepRow> {
     let finished_seq = if set.finished { Some(ch.peek_seq(run)?) } else { None };
     let sql = format!(
-        "WITH gone AS (DELETE FROM wakes WHERE step_id = $1 AND $8::bigint IS NOT NULL) \
+        "WITH gone AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE step_id = $1 AND $8::bigint IS NOT NULL \
+                                                      FOR UPDATE SKIP LOCKED)) \
          UPDATE steps SET state = $3, \
            holder = CASE WHEN $4 THEN $5 ELSE holder END, \
            lease_expires_at = CASE WHEN $6 THEN now() + interval '{lease} seconds' WHEN $8::bigint IS NOT NULL THEN NULL ELSE lease_expires_at END, \
@@ -370,7 +371,11 @@ pub async fn cancel_open(ch: &mut Change, run: RunId, reason: &str) -> Result<us
         ch.audit(org, Some(project), "step.cancelled", ("step", step.to_string()), attrs)?;
     }
     let ids: Vec<uuid::Uuid> = cancelled.iter().map(|c| c.0 .0).collect();
-    sqlx::query("DELETE FROM wakes WHERE step_id = ANY($1)").bind(&ids).execute(&mut *ch.tx).await?;
+    // Skip wakes an engine has claimed: it locks wakes before runs (see `runs::finish`).
+    sqlx::query("DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE step_id = ANY($1) FOR UPDATE SKIP LOCKED)")
+        .bind(&ids)
+        .execute(&mut *ch.tx)
+        .await?;
     Ok(cancelled.len())
 }
 

@@ -76,7 +76,8 @@ pub async fn current_signing_key(ch: &mut Change) -> Result<(String, Vec<u8>)> {
     }
     let mut secret = vec![0u8; 32];
     rand::rng().fill_bytes(&mut secret);
-    let kid = format!("k{}", Utc::now().format("%Y%m%d%H%M%S"));
+    // Time-ordered and unique even for two keys made in the same second.
+    let kid = format!("k{}-{:08x}", Utc::now().format("%Y%m%d%H%M%S"), rand::random::<u32>());
     sqlx::query("INSERT INTO signing_keys (kid, secret) VALUES ($1, $2)").bind(&kid).bind(&secret).execute(&mut *ch.tx).await?;
     Ok((kid, secret))
 }

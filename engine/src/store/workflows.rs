@@ -58,17 +58,18 @@ pub async fn put_version(ch: &mut Change, org: OrgId, project: ProjectId, name: 
 
 /// Pauses or unpauses a workflow: new runs of a paused workflow are held.
 pub async fn set_paused(ch: &mut Change, org: OrgId, workflow: WorkflowId, paused: bool) -> Result<bool> {
-    let done = sqlx::query("UPDATE workflows SET paused = $3 WHERE workflow_id = $1 AND org_id = $2")
-        .bind(workflow)
-        .bind(org)
-        .bind(paused)
-        .execute(&mut *ch.tx)
-        .await?;
-    if done.rows_affected() == 1 {
+    let project: Option<ProjectId> =
+        sqlx::query_scalar("UPDATE workflows SET paused = $3 WHERE workflow_id = $1 AND org_id = $2 RETURNING project_id")
+            .bind(workflow)
+            .bind(org)
+            .bind(paused)
+            .fetch_optional(&mut *ch.tx)
+            .await?;
+    if let Some(project) = project {
         let action = if paused { "workflow.pause" } else { "workflow.unpause" };
-        ch.audit(org, None, action, ("workflow", workflow.to_string()), json!({}))?;
+        ch.audit(org, Some(project), action, ("workflow", workflow.to_string()), json!({}))?;
     }
-    Ok(done.rows_affected() == 1)
+    Ok(project.is_some())
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
