@@ -123,7 +123,7 @@ pub(crate) async fn submit_many(db: &Db, s: &Seed, n: usize, per_tx: usize, inpu
 }
 
 pub(crate) async fn scalar_i64(pool: &PgPool, sql: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar(sql).fetch_one(pool).await.with_context(|| sql.to_owned())?)
+    sqlx::query_scalar(sql).fetch_one(pool).await.with_context(|| sql.to_owned())
 }
 
 pub(crate) async fn scalar_f64(pool: &PgPool, sql: &str) -> Result<f64> {
