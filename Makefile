@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build run test bench chaos lint fmt openapi
+.PHONY: build run test bench chaos lint fmt openapi helm-check
 
 build: ## build every crate of the workspace (debug)
 	$(CARGO) build --workspace
@@ -27,3 +27,6 @@ fmt: ## format the workspace
 
 openapi: ## regenerate openapi/openapi.json from the code (the drift test checks it)
 	SHOPFLOOR_OPENAPI_WRITE=1 $(CARGO) test -p shopfloor-api --test it -- openapi::the_committed_document_is_the_generated_one
+
+helm-check: ## render the Helm chart and validate it against the Kubernetes schemas (when helm and kubeconform exist)
+	scripts/helm-check.sh

@@ -93,3 +93,4 @@ fi
 
 cargo nextest run --workspace --no-fail-fast
 cargo test --workspace --doc
+scripts/helm-check.sh
