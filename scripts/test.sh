@@ -54,6 +54,26 @@ if [[ -z ${DATABASE_URL:-} ]] && ! have_pg_server; then
     install_pg_server
 fi
 
+# --- The console's browser tests (tests/console/browser.rs) need Chromium and chromedriver. ---
+# Installed with apt-get when missing and possible; otherwise the browser test fails and says
+# how to install them.
+have_browser() {
+    { command -v chromium >/dev/null || command -v chromium-browser >/dev/null; } &&
+        { command -v chromedriver >/dev/null || [[ -x /usr/lib/chromium/chromedriver ]]; }
+}
+if ! have_browser; then
+    if command -v apt-get >/dev/null && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; then
+        say "installing chromium and chromium-driver with apt-get (the console's browser tests)"
+        as_root=(); [[ $(id -u) -eq 0 ]] || as_root=(sudo -n)
+        "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+        "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver ||
+            say "could not install chromium and chromium-driver; the browser tests will fail and say how to install them"
+    else
+        say "chromium and chromium-driver are missing and cannot be installed here; the browser tests will fail and say how to install them"
+    fi
+fi
+# --- end of the browser tests' setup ---
+
 say "building"
 cargo build --workspace --bins
 cargo nextest run --workspace --no-run

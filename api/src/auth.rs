@@ -3,7 +3,7 @@
 //! without invalidating live tokens.
 
 use chrono::{Duration, Utc};
-use engine::ids::{OrgId, ProjectId, UserId};
+use engine::ids::{HostId, OrgId, ProjectId, UserId};
 use engine::store::tenants::{self, TokenRecord};
 use engine::store::{Change, StoreError};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
@@ -40,7 +40,7 @@ pub async fn issue_user_token(ch: &mut Change, t: UserToken<'_>) -> Result<Strin
 
 /// As [`issue_user_token`], with the token's `jti` (its id in `api_tokens`).
 pub async fn issue_user_token_with_id(ch: &mut Change, t: UserToken<'_>) -> Result<(uuid::Uuid, String), StoreError> {
-    let spec = Spec { org: t.org, kind: "user", user: Some(t.user), project: t.project, role: t.role, name: t.name, ttl: t.ttl, sub: t.user.to_string() };
+    let spec = Spec { org: t.org, kind: "user", user: Some(t.user), host: None, project: t.project, role: t.role, name: t.name, ttl: t.ttl, sub: t.user.to_string() };
     issue(ch, spec).await.map(|(jti, token, _)| (jti, token))
 }
 
@@ -53,13 +53,28 @@ pub async fn issue_registration_token(
     name: &str,
     ttl: Duration,
 ) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
-    issue(ch, Spec { org, kind: "registration", user: None, project: Some(project), role: "host", name, ttl, sub: format!("project:{project}") }).await
+    issue(ch, Spec { org, kind: "registration", user: None, host: None, project: Some(project), role: "host", name, ttl, sub: format!("project:{project}") }).await
+}
+
+/// A host's credential (kind `host`, role `host`), made when a registration token registers
+/// it: it can only call the host protocol, as that host. Returns its `jti`, the signed text and
+/// its expiry. Deregistering the host revokes it.
+pub async fn issue_host_credential(
+    ch: &mut Change,
+    org: OrgId,
+    project: ProjectId,
+    host: HostId,
+    name: &str,
+    ttl: Duration,
+) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
+    issue(ch, Spec { org, kind: "host", user: None, host: Some(host), project: Some(project), role: "host", name, ttl, sub: format!("host:{host}") }).await
 }
 
 struct Spec<'a> {
     org: OrgId,
     kind: &'static str,
     user: Option<UserId>,
+    host: Option<HostId>,
     project: Option<ProjectId>,
     role: &'static str,
     name: &'a str,
@@ -80,7 +95,7 @@ async fn issue(ch: &mut Change, t: Spec<'_>) -> Result<(uuid::Uuid, String, chro
             org: t.org,
             kind: t.kind,
             user: t.user,
-            host: None,
+            host: t.host,
             project: t.project,
             role: t.role,
             name: t.name.to_owned(),

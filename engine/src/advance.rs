@@ -16,7 +16,7 @@ use crate::definition::{self, Definition, Node, NodeKind, Wait};
 use crate::ids::{RunId, StepId, WorkflowId};
 use crate::state::{run, step, StepState};
 use crate::store::steps::{self, Failure, FailureClass, Initial, NewStep, StepRow, LEASE_GRACE};
-use crate::store::{approvals, runs, Change, Result, StoreError};
+use crate::store::{admission, approvals, budgets, runs, Change, Result, StoreError};
 use crate::walk::{self, Outcome, StepRecord};
 
 /// Default step timeouts (DESIGN.md "Safety defaults").
@@ -51,6 +51,9 @@ pub struct Engine<'a> {
     /// Whether this engine executes crew, gate and output steps itself (the test executor);
     /// otherwise they wait for hosts and integrations.
     pub executes_leased_steps: bool,
+    /// Whether this engine executes output steps itself, through the GitHub App
+    /// (`github::outputs`); otherwise they go to the test executor or wait.
+    pub executes_outputs: bool,
     /// A draining engine takes no new work: a step it would execute itself is left pending
     /// with an `execute` wake, for another engine to take.
     pub draining: bool,
@@ -106,6 +109,11 @@ pub async fn advance(ch: &mut Change, engine: &Engine<'_>, run_id: RunId, wakes:
             Some(s) if s.state() != StepState::Succeeded => return Ok(out),
             Some(_) => {}
         }
+    }
+    // Admission (`store::admission`): a run that has not started is admitted before its first
+    // step (in this change, so a throttle counts real starts), or stays in line.
+    if run.admitted_at.is_none() && history.iter().all(|s| s.node == approvals::RUN_APPROVAL_NODE) && !admission::admit(ch, &run, &def).await? {
+        return Ok(out);
     }
 
     // Each pass resolves what the engine can resolve itself; a bound keeps a bad definition
@@ -254,6 +262,10 @@ async fn start_node(
             if let Some(due) = due {
                 ch_wake(ch, run_id, step, due, "timeout").await?;
             }
+            if let Wait::Event(event) = wait {
+                // Woken by the webhook of the pull request or issue it watches.
+                return crate::github::watch::start_event_wait(ch, run, step, event, history).await;
+            }
             Ok(false)
         }
         NodeKind::Approval(a) => {
@@ -305,10 +317,28 @@ async fn start_node(
             Ok(false)
         }
         NodeKind::Crew(_) | NodeKind::Gate(_) | NodeKind::Output(_) => {
+            if let NodeKind::Gate(gate) = &node.kind {
+                // A gate on checks waits for the webhooks of its commit (`github::watch`).
+                if !run.dry_run {
+                    let watched = crate::github::watch::start_gate(ch, run, node, gate, start, history, engine.executes_leased_steps).await?;
+                    if let Some(resolved) = watched {
+                        return Ok(resolved);
+                    }
+                }
+            }
             let step = steps::create(ch, run_id, new(Initial::Pending)).await?;
             if run.dry_run {
                 steps::succeed::<step::Pending>(ch, run_id, step, &json!({ "dry_run": true }), false).await?;
                 return Ok(true);
+            }
+            if matches!(node.kind, NodeKind::Crew(_)) {
+                // A spent hard budget stops every crew step before it starts; never retried.
+                let def = engine.catalog.get(ch.conn(), run.workflow_id, run.workflow_version).await?;
+                let per_run = def.budget.usd_per_run.filter(|_| def.budget.hard);
+                if budgets::hard_stop(ch.conn(), run.org_id, run.project_id, run_id, per_run).await? {
+                    steps::fail::<step::Pending>(ch, run_id, step, &Failure::new(budgets::HARD_STOP, FailureClass::Final), None).await?;
+                    return Ok(true);
+                }
             }
             if start.delay.is_zero() {
                 take_or_offer(ch, engine, run, node, step, out).await?;
@@ -334,7 +364,11 @@ async fn until(ch: &mut Change, t: chrono::DateTime<chrono::Utc>) -> Result<Dura
 /// A step that is ready now: this engine executes it, or, draining, leaves it to another
 /// engine; without an executor it is offered to the hosts.
 async fn take_or_offer(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow, node: &Node, step: StepId, out: &mut Vec<ToExecute>) -> Result<()> {
-    match (engine.executes_leased_steps, engine.draining) {
+    let executes = match node.kind {
+        NodeKind::Output(_) => engine.executes_outputs || engine.executes_leased_steps,
+        _ => engine.executes_leased_steps,
+    };
+    match (executes, engine.draining) {
         (true, false) => lease_to_self(ch, engine, run, node, step, out).await,
         (true, true) => ch_wake(ch, run.run_id, step, Duration::ZERO, "execute").await,
         (false, _) => {
@@ -360,7 +394,7 @@ async fn lease_to_self(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow,
     Ok(())
 }
 
-fn step_timeout(node: &Node) -> Duration {
+pub(crate) fn step_timeout(node: &Node) -> Duration {
     node.timeout.unwrap_or(match &node.kind {
         NodeKind::Crew(c) => c.caps.timeout.unwrap_or(CREW_TIMEOUT),
         NodeKind::Gate(g) => g.timeout.unwrap_or(GATE_TIMEOUT),
@@ -383,8 +417,11 @@ async fn on_step_wake(
     let state = step.state();
     match (reason, state) {
         ("lease_expiry", StepState::Leased | StepState::Running) => {
-            // One wake watches a held step for both its lease and its timeout.
-            let timeout = def.node(&step.node).map_or(OUTPUT_TIMEOUT, step_timeout);
+            // One wake watches a held step for both its lease and its timeout. A host stops
+            // its harness at the timeout itself and needs its interrupt grace to collect the
+            // result line (cost, tokens): the server's clock only backs it up.
+            let timeout = def.node(&step.node).map_or(OUTPUT_TIMEOUT, step_timeout)
+                + if step.holder.as_deref().is_some_and(|h| h.starts_with("host:")) { crate::store::hosts::HOST_STOP_GRACE } else { Duration::ZERO };
             let (lapsed_for, ran_for): (Option<f64>, Option<f64>) = sqlx::query_as(
                 "SELECT extract(epoch FROM now() - lease_expires_at)::float8, extract(epoch FROM now() - started_at)::float8 FROM steps WHERE step_id = $1",
             )
@@ -408,13 +445,19 @@ async fn on_step_wake(
                 Some(NodeKind::Approval(_)) => approvals::expire(ch, run_id, step_id).await?,
                 Some(NodeKind::Wait(Wait::Event(_))) => {
                     steps::succeed::<step::Waiting>(ch, run_id, step_id, &json!({ "timed_out": true }), true).await?;
+                    crate::store::github::forget(ch, step_id).await?;
                 }
+                Some(NodeKind::Gate(_)) => crate::github::watch::gate_timed_out(ch, run, &step).await?,
                 Some(NodeKind::Wait(_)) => {
                     steps::succeed::<step::Waiting>(ch, run_id, step_id, &json!({ "timed_out": false }), false).await?;
                 }
                 _ => {}
             }
         }
+        (r, StepState::Waiting) if r.starts_with(crate::store::github::WAKE_PREFIX) => {
+            crate::github::watch::on_wake(ch, run, def.node(&step.node), &step, r).await?;
+        }
+        (r, _) if r.starts_with(crate::store::github::WAKE_PREFIX) => crate::store::github::forget(ch, step_id).await?,
         ("execute", StepState::Pending) => {
             if let Some(node) = def.node(&step.node) {
                 take_or_offer(ch, engine, run, node, step_id, out).await?;
@@ -448,7 +491,8 @@ async fn settle_children(ch: &mut Change, run_id: RunId) -> Result<()> {
 }
 
 /// The variables expressions and templates see: `run`, `input`, `item`, `nodes.<id>.output`.
-async fn context(ch: &mut Change, run: &runs::RunRow, history: &[StepRow]) -> Result<Value> {
+/// Also what a host's prompt is rendered over (`store::hosts::claim`).
+pub(crate) async fn context(ch: &mut Change, run: &runs::RunRow, history: &[StepRow]) -> Result<Value> {
     let mut nodes = Map::new();
     for s in history.iter().filter(|s| s.state() == StepState::Succeeded) {
         nodes.insert(s.node.clone(), json!({ "output": s.output.clone().unwrap_or(Value::Null) }));

@@ -7,8 +7,11 @@
 //! (`input.test.fail_attempts: { <node>: <n> }` fails attempts 1 to n of each visit with exit
 //! code `input.test.exit_code`, 1 by default, so `retry:` and its `exit_codes` can be
 //! exercised), and appends one line per execution to an effects file, so a test can prove that
-//! no attempt ran twice. Engines only use it when started with `--test-executor`; without it,
-//! these steps wait for their real executors.
+//! no attempt ran twice. A crew step reports a session's cost as a host would,
+//! `input.test.cost_usd` (a number for every crew step, or an object from node to dollars)
+//! with `input.test.tokens`, in a change of its own while it runs, so budgets can be exercised.
+//! Engines only use it when started with `--test-executor`; without it, these steps wait for
+//! their real executors.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -18,6 +21,7 @@ use serde_json::{json, Value};
 
 use crate::advance::ToExecute;
 use crate::store::steps::{Failure, FailureClass};
+use crate::store::{budgets, Actor, Change, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct TestExecutor {
@@ -26,11 +30,24 @@ pub struct TestExecutor {
 }
 
 impl TestExecutor {
-    pub async fn execute(&self, job: &ToExecute, holder: &str) -> Result<Value, Failure> {
+    pub async fn execute(&self, db: &sqlx::PgPool, job: &ToExecute, holder: &str) -> Result<Value, Failure> {
         let test = job.input.get("test").cloned().unwrap_or(Value::Null);
         let ms = step_ms(&test, &job.node);
         if ms > 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if job.kind == "crew" {
+            let usd = match test.get("cost_usd") {
+                Some(Value::Object(per_node)) => per_node.get(&job.node).and_then(Value::as_f64).unwrap_or(0.0),
+                Some(v) => v.as_f64().unwrap_or(0.0),
+                None => 0.0,
+            };
+            let tokens = test.get("tokens").and_then(Value::as_i64).unwrap_or(0);
+            if usd > 0.0 || tokens > 0 {
+                report_cost(db, job, holder, usd, tokens)
+                    .await
+                    .map_err(|e| Failure::new(format!("test executor cannot report its cost: {e}"), FailureClass::Infrastructure))?;
+            }
         }
         if let Some(path) = &self.effects {
             let line = format!("{} {} {} {} {}\n", job.step, job.run, job.node, job.visit, job.attempt);
@@ -56,6 +73,14 @@ impl TestExecutor {
             "files_changed": test.get("files_changed").cloned().unwrap_or(json!(1)),
         }))
     }
+}
+
+/// A session report with a cost, in its own change (as a host's report arrives).
+async fn report_cost(db: &sqlx::PgPool, job: &ToExecute, holder: &str, usd: f64, tokens: i64) -> Result<(), StoreError> {
+    let mut ch = Change::begin(db, Actor::Engine(holder.trim_start_matches("engine:").to_owned())).await?;
+    ch.lock_run(job.org, job.run).await?.ok_or(StoreError::NotFound("run"))?;
+    budgets::record_run_spend(&mut ch, job.run, usd, tokens).await?;
+    ch.commit().await
 }
 
 /// How long the step pretends to work: `step_ms` for every node, or `step_ms.<node>`.

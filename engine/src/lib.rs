@@ -1,14 +1,19 @@
 //! shopfloor's core: the domain model, workflow definitions, the graph walker, the store (the
 //! one write path) and the engine pool.
 
+pub mod admission;
 pub mod advance;
 pub mod catalog;
 pub mod cluster;
 pub mod db;
 pub mod definition;
 pub mod executor;
+pub mod github;
+pub mod hosts;
 pub mod ids;
+pub mod jobs;
 pub mod pool;
+pub mod schedule;
 pub mod state;
 pub mod store;
 pub mod substate;

@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use sqlx::postgres::{PgListener, PgNotification};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
@@ -25,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::advance::{self, Engine, ToExecute, Wake};
 use crate::catalog::Catalog;
 use crate::executor::TestExecutor;
+use crate::github::{Executed, OutputExecutor};
 use crate::ids::{RunId, StepId};
 use crate::state::{run, StepState};
 use crate::store::steps::{self, Failure};
@@ -46,12 +46,14 @@ pub struct PoolConfig {
     /// How long the first SIGTERM waits for held work before exiting.
     pub drain: Duration,
     pub test_executor: Option<TestExecutor>,
+    /// Executes output steps on GitHub (the GitHub App is configured).
+    pub outputs: Option<OutputExecutor>,
 }
 
 /// A step execution that ended, to be recorded.
 struct Done {
     job: ToExecute,
-    result: Result<Value, Failure>,
+    result: Executed,
 }
 
 /// What a recording transaction came back with: the steps it leased to this engine, or the
@@ -205,13 +207,27 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
 
 impl Pool {
     fn engine(&self) -> Engine<'_> {
-        Engine { holder: &self.holder, catalog: &self.catalog, executes_leased_steps: self.cfg.test_executor.is_some(), draining: self.draining }
+        Engine {
+            holder: &self.holder,
+            catalog: &self.catalog,
+            executes_leased_steps: self.cfg.test_executor.is_some(),
+            executes_outputs: self.cfg.outputs.is_some(),
+            draining: self.draining,
+        }
     }
 
     /// Claims and handles due wakes until a batch comes back short or every execution slot is
     /// taken; returns the delay until the earliest future wake, and whether it stopped for
     /// want of slots (so more may be due).
     async fn claim_due(&mut self) -> Result<(Option<Duration>, bool), StoreError> {
+        // Schedule ticks first: the runs they open are wakes this same claim then takes.
+        loop {
+            let fired = crate::store::schedules::fire_due(&self.db, Actor::Engine(self.cfg.id.clone()), self.cfg.batch).await?;
+            if fired.schedules < self.cfg.batch as usize {
+                break;
+            }
+        }
+        self.claim_jobs().await?;
         loop {
             // Finished executions stay in the set until reaped; they hold no slot.
             while self.tasks.try_join_next().is_some() {}
@@ -291,23 +307,48 @@ impl Pool {
         Ok(jobs)
     }
 
+    /// Claims due jobs (webhook deliveries, retention sweeps: `crate::jobs`) and runs them
+    /// beside the steps, outside any transaction.
+    async fn claim_jobs(&mut self) -> Result<(), StoreError> {
+        for job in crate::store::jobs::claim_due(&self.db, self.cfg.batch).await? {
+            let (db, id) = (self.db.clone(), self.cfg.id.clone());
+            self.tasks.spawn(async move { crate::jobs::run(&db, &id, job).await });
+        }
+        Ok(())
+    }
+
     async fn next_due(&self) -> Result<Option<Duration>, StoreError> {
         let ms: Option<f64> = sqlx::query_scalar("SELECT (extract(epoch FROM min(due_at) - now()) * 1000)::float8 FROM wakes")
             .fetch_one(&self.db)
             .await?;
-        Ok(ms.map(|ms| Duration::from_millis(ms.max(0.0) as u64)))
+        let wake = ms.map(|ms| Duration::from_millis(ms.max(0.0) as u64));
+        let tick = crate::store::schedules::next_due(&self.db).await?;
+        let job = crate::store::jobs::next_due(&self.db).await?;
+        Ok([wake, tick, job].into_iter().flatten().min())
     }
 
     /// Runs each leased step outside any transaction, renewing its lease while it runs.
     fn spawn(&mut self, jobs: Vec<ToExecute>) {
-        let Some(exec) = self.cfg.test_executor.clone() else { return };
         for job in jobs {
             let (db, holder, tx) = (self.db.clone(), self.holder.clone(), self.done_tx.clone());
-            let exec = exec.clone();
+            // Outputs go to GitHub when the App is configured; everything else (and outputs
+            // without it) to the test executor. A step neither can run was not leased.
+            let outputs = self.cfg.outputs.clone().filter(|_| job.kind == "output");
+            let test = self.cfg.test_executor.clone();
+            let catalog = self.catalog.clone();
+            if outputs.is_none() && test.is_none() {
+                continue;
+            }
             self.tasks.spawn(async move {
                 let work = {
-                    let (job, holder) = (job.clone(), holder.clone());
-                    async move { exec.execute(&job, &holder).await }
+                    let (job, holder, db) = (job.clone(), holder.clone(), db.clone());
+                    async move {
+                        match (outputs, test) {
+                            (Some(out), _) => out.execute(&db, &catalog, &job).await,
+                            (None, Some(test)) => Executed::from(test.execute(&db, &job, &holder).await),
+                            (None, None) => Executed::Failed(Failure::new("no executor", steps::FailureClass::Infrastructure)),
+                        }
+                    }
                 };
                 tokio::pin!(work);
                 let mut beat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
@@ -340,6 +381,7 @@ impl Pool {
             holder: self.holder.clone(),
             catalog: self.catalog.clone(),
             executes: self.cfg.test_executor.is_some(),
+            outputs: self.cfg.outputs.is_some(),
             draining: self.draining,
         };
         self.recorders.spawn(async move {
@@ -356,6 +398,7 @@ struct RecordCtx {
     holder: String,
     catalog: Arc<Catalog>,
     executes: bool,
+    outputs: bool,
     draining: bool,
 }
 
@@ -369,8 +412,9 @@ async fn record(ctx: &RecordCtx, batch: &[Done]) -> Result<Vec<ToExecute>, Store
     for done in batch {
         let (run, step) = (done.job.run, done.job.step);
         let written = match &done.result {
-            Ok(output) => steps::succeed_held(&mut ch, run, step, &ctx.holder, output).await.map(|_| ()),
-            Err(failure) => steps::fail_held(&mut ch, run, step, &ctx.holder, failure, None).await.map(|_| ()),
+            Executed::Succeeded(output) => steps::succeed_held(&mut ch, run, step, &ctx.holder, output).await.map(|_| ()),
+            Executed::Failed(failure) => steps::fail_held(&mut ch, run, step, &ctx.holder, failure, None).await.map(|_| ()),
+            Executed::Deferred { reason, delay } => steps::defer_held(&mut ch, run, step, &ctx.holder, reason, *delay).await.map(|_| ()),
         };
         match written {
             Ok(()) => touched.push(run),
@@ -381,7 +425,13 @@ async fn record(ctx: &RecordCtx, batch: &[Done]) -> Result<Vec<ToExecute>, Store
     }
     touched.sort();
     touched.dedup();
-    let engine = Engine { holder: &ctx.holder, catalog: &ctx.catalog, executes_leased_steps: ctx.executes, draining: ctx.draining };
+    let engine = Engine {
+        holder: &ctx.holder,
+        catalog: &ctx.catalog,
+        executes_leased_steps: ctx.executes,
+        executes_outputs: ctx.outputs,
+        draining: ctx.draining,
+    };
     let mut jobs = Vec::new();
     for run in touched {
         jobs.extend(advance::advance(&mut ch, &engine, run, &[]).await?);

@@ -75,7 +75,9 @@ macro_rules! states {
 states!(step, StepState, STEP_MOVES, {
     Pending = "pending" => [Leased, Waiting, Succeeded, Failed, Cancelled],
     Leased = "leased" => [Running, Failed, Cancelled],
-    Running = "running" => [Succeeded, Failed, Cancelled],
+    // Back to pending: an output deferred by a GitHub rate limit or outage (`deferred:<why>`),
+    // retried at the same attempt once the wake it leaves falls due.
+    Running = "running" => [Pending, Succeeded, Failed, Cancelled],
     Waiting = "waiting" => [Succeeded, Failed, Cancelled],
     Succeeded = "succeeded" => [],
     Failed = "failed" => [],
@@ -185,7 +187,7 @@ mod tests {
                 legal += usize::from(listed);
             }
         }
-        assert_eq!(legal, 14);
+        assert_eq!(legal, 15);
     }
 
     #[test]

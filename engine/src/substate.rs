@@ -26,9 +26,9 @@
 //! whose steps all finished but that the engine has not advanced yet is `queued` too, for the
 //! moment it takes.
 //!
-//! Admission (concurrency groups, throttles, the org's cap, budgets) is not built yet: the
-//! only hold the loader can see today is a paused workflow, and [`Hold`] is the input the
-//! other holds will come through.
+//! What holds a run that has not started comes from admission (`store::admission`): its place
+//! in a line (`admission_waits`), with the runs ahead of it; a run not yet looked at by the
+//! engine whose project or workflow is paused is shown held, as admission will hold it.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -54,8 +54,9 @@ const HOST_KINDS: [&str; 1] = ["crew"];
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "substate", rename_all = "snake_case")]
 pub enum Substate {
-    /// Admitted but nothing started, or held back by admission (`held_by` says by what).
-    Queued { held_by: Option<String> },
+    /// Admitted but nothing started, or held back by admission (`held_by` says by what, and
+    /// `ahead` how many runs are in line before it).
+    Queued { held_by: Option<String>, ahead: Option<i64> },
     /// A step runs on an engine or a host (`holder`, in words), or is ready for the engine or an
     /// integration (`holder` is `None`).
     Executing { node: String, holder: Option<String> },
@@ -76,8 +77,8 @@ pub enum Substate {
     },
     /// A `workflow` step waits for its child run.
     AwaitingChild { node: String, child: Option<RunId> },
-    /// A concurrency group held by another run.
-    AwaitingLease { group: String },
+    /// A concurrency group held by other runs; `ahead` runs are in line before it.
+    AwaitingLease { group: String, ahead: i64 },
     /// A paused workflow, a budget.
     Held { by: String },
 }
@@ -91,23 +92,26 @@ pub enum SleepCause {
     /// A retry's backoff before `attempt`, after the previous attempt failed with `after`
     /// (`exit code 1`, `lease_expired`, …).
     Retry { attempt: i32, after: String },
-    /// The workflow's throttle has no room yet.
-    Throttle,
+    /// The workflow's throttle has no room yet; `ahead` runs are in line before it.
+    Throttle { ahead: i64 },
 }
 
-/// What admission holds a run back by, before it starts.
+/// What admission holds a run back by, before it starts, with its place in line (`ahead`: runs
+/// in line before it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hold {
     /// Its workflow is paused.
     Paused { workflow: String },
-    /// A budget holds new runs.
+    /// Its project is paused.
+    ProjectPaused,
+    /// A spent budget holds new runs (`scope` names it in words).
     Budget { scope: String },
     /// Its concurrency group is full.
-    Lease { group: String },
+    Lease { group: String, ahead: i64 },
     /// The org is at its cap on running runs.
-    OrgCap { cap: i32 },
+    OrgCap { cap: i32, ahead: i64 },
     /// The throttle has room again at `until`.
-    Throttle { until: DateTime<Utc> },
+    Throttle { until: DateTime<Utc>, ahead: i64 },
 }
 
 impl Substate {
@@ -230,12 +234,13 @@ fn wakes_first(a: &Substate, b: &Substate) -> std::cmp::Ordering {
 
 fn of_hold(hold: Option<&Hold>) -> Substate {
     match hold {
-        None => Substate::Queued { held_by: None },
+        None => Substate::Queued { held_by: None, ahead: None },
         Some(Hold::Paused { workflow }) => Substate::Held { by: format!("workflow {workflow} is paused") },
-        Some(Hold::Budget { scope }) => Substate::Held { by: format!("the {scope} budget") },
-        Some(Hold::Lease { group }) => Substate::AwaitingLease { group: group.clone() },
-        Some(Hold::OrgCap { cap }) => Substate::Queued { held_by: Some(format!("the org's cap of {cap} running runs")) },
-        Some(Hold::Throttle { until }) => Substate::Sleeping { node: None, until: *until, cause: SleepCause::Throttle },
+        Some(Hold::ProjectPaused) => Substate::Held { by: "the project is paused".into() },
+        Some(Hold::Budget { scope }) => Substate::Held { by: format!("{scope} is spent") },
+        Some(Hold::Lease { group, ahead }) => Substate::AwaitingLease { group: group.clone(), ahead: *ahead },
+        Some(Hold::OrgCap { cap, ahead }) => Substate::Queued { held_by: Some(format!("the org's cap of {cap} running runs")), ahead: Some(*ahead) },
+        Some(Hold::Throttle { until, ahead }) => Substate::Sleeping { node: None, until: *until, cause: SleepCause::Throttle { ahead: *ahead } },
     }
 }
 
@@ -326,9 +331,9 @@ pub fn answer(facts: &RunFacts, now: DateTime<Utc>) -> Why {
 pub fn explain(facts: &RunFacts, substate: &Substate, now: DateTime<Utc>) -> String {
     let more = more_open(facts, substate);
     let text = match substate {
-        Substate::Queued { held_by: Some(by) } => format!("Queued: held by {by}"),
-        Substate::Queued { held_by: None } if !facts.started => "Queued: nothing has started yet".into(),
-        Substate::Queued { held_by: None } => "Queued: the engine has yet to take the next step".into(),
+        Substate::Queued { held_by: Some(by), ahead } => format!("Queued: held by {by}{}", in_line(*ahead)),
+        Substate::Queued { held_by: None, .. } if !facts.started => "Queued: nothing has started yet".into(),
+        Substate::Queued { held_by: None, .. } => "Queued: the engine has yet to take the next step".into(),
         Substate::Executing { node, holder: Some(h) } => format!("Running {node} on {h}"),
         Substate::Executing { node, holder: None } => format!("Running {node}: ready, not picked up yet"),
         Substate::WaitingForAgent { node, requires, capable_hosts } => {
@@ -347,7 +352,7 @@ pub fn explain(facts: &RunFacts, substate: &Substate, now: DateTime<Utc>) -> Str
         }
         Substate::AwaitingChild { node, child: Some(c) } => format!("Waiting on run {c} started by {node}"),
         Substate::AwaitingChild { node, child: None } => format!("Waiting on the child run of {node}"),
-        Substate::AwaitingLease { group } => format!("Waiting for the lock of concurrency group {group}"),
+        Substate::AwaitingLease { group, ahead } => format!("Waiting for the lock of concurrency group {group}{}", in_line(Some(*ahead))),
         Substate::Held { by } => format!("Held: {by}"),
     };
     match more {
@@ -366,6 +371,15 @@ fn more_open(facts: &RunFacts, substate: &Substate) -> usize {
         _ => 1,
     };
     open.saturating_sub(named)
+}
+
+/// A place in line, in words: ` (next in line)`, ` (3 ahead in line)`.
+fn in_line(ahead: Option<i64>) -> String {
+    match ahead {
+        None => String::new(),
+        Some(0) => " (next in line)".into(),
+        Some(n) => format!(" ({n} ahead in line)"),
+    }
 }
 
 fn with(requires: &[String]) -> String {
@@ -387,7 +401,8 @@ fn asleep(node: Option<&str>, until: DateTime<Utc>, cause: &SleepCause, now: Dat
     let what = match cause {
         SleepCause::Wait => format!("wait at {node}"),
         SleepCause::Retry { attempt, after } => format!("retry {} of {node} after {after}", attempt - 1),
-        SleepCause::Throttle => "held by the workflow's throttle".into(),
+        SleepCause::Throttle { ahead: 0 } => "held by the workflow's throttle".into(),
+        SleepCause::Throttle { ahead } => format!("held by the workflow's throttle, {ahead} ahead in line"),
     };
     format!("Asleep until {} ({what})", clock(until, now))
 }
@@ -459,9 +474,16 @@ pub async fn whys(pool: &PgPool, org: OrgId, runs: &[RunId]) -> Result<Vec<Why>>
 
 /// The runs asked about ($1 org, $2 run ids), with the database's clock.
 const RUNS_SQL: &str = "SELECT r.run_id, r.project_id, r.workflow_id, r.workflow_version, r.status, r.reason, \
-            w.name AS workflow_name, w.paused, \
-            EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id) AS started, now() AS now \
-     FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id \
+            w.name AS workflow_name, w.paused, p.paused AS project_paused, r.admitted_at IS NOT NULL AS admitted, \
+            EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id) AS started, now() AS now, \
+            aw.hold, aw.detail AS hold_detail, aw.queue AS hold_queue, \
+            (SELECT count(*) FROM admission_waits a WHERE a.org_id = aw.org_id AND a.queue = aw.queue AND a.seq < aw.seq) AS ahead, \
+            CASE WHEN aw.hold = 'throttle' THEN \
+                (SELECT min(s.at) + q.window_ms * interval '1 millisecond' FROM admission_starts s \
+                  WHERE s.org_id = aw.org_id AND s.queue = aw.queue AND s.at > now() - q.window_ms * interval '1 millisecond') END AS hold_until \
+     FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id JOIN projects p ON p.project_id = r.project_id \
+     LEFT JOIN admission_waits aw ON aw.run_id = r.run_id \
+     LEFT JOIN admission_queues q ON q.org_id = aw.org_id AND q.queue = aw.queue \
      WHERE r.org_id = $1 AND r.run_id = ANY($2)";
 
 /// Their open, failed and `end` steps ($1 org, $2 run ids), with what each waits on and who
@@ -498,8 +520,15 @@ struct RunLine {
     reason: Option<String>,
     workflow_name: String,
     paused: bool,
+    project_paused: bool,
+    admitted: bool,
     started: bool,
     now: DateTime<Utc>,
+    hold: Option<String>,
+    hold_detail: Option<String>,
+    hold_queue: Option<String>,
+    ahead: Option<i64>,
+    hold_until: Option<DateTime<Utc>>,
 }
 
 #[derive(FromRow)]
@@ -612,11 +641,29 @@ fn run_facts(line: &RunLine, steps: Vec<StepLine>, def: Option<&Definition>, hos
         run: line.run_id,
         status: RunStatus::parse(&line.status).unwrap_or(RunStatus::Failed),
         reason: line.reason.clone(),
-        // A pause holds only runs that have not started: the ones already going carry on.
-        hold: (line.paused && !line.started).then(|| Hold::Paused { workflow: line.workflow_name.clone() }),
+        hold: hold_of(line),
         started: line.started,
         steps: steps.into_iter().map(|s| step_facts(s, def)).collect(),
         hosts,
+    }
+}
+
+/// What admission holds the run by: its place in line, or, for a run the engine has not
+/// looked at yet, the pause admission will hold it by. A pause holds only runs that have not
+/// started: the ones already going carry on.
+fn hold_of(line: &RunLine) -> Option<Hold> {
+    let ahead = line.ahead.unwrap_or(0);
+    match line.hold.as_deref() {
+        Some("paused") if line.hold_queue.as_deref().is_some_and(|q| q.starts_with("paused:project:")) => Some(Hold::ProjectPaused),
+        Some("paused") => Some(Hold::Paused { workflow: line.workflow_name.clone() }),
+        Some("budget") => Some(Hold::Budget { scope: line.hold_detail.clone().unwrap_or_default() }),
+        Some("lease") => Some(Hold::Lease { group: line.hold_detail.clone().unwrap_or_default(), ahead }),
+        Some("org_cap") => Some(Hold::OrgCap { cap: line.hold_detail.as_deref().and_then(|c| c.parse().ok()).unwrap_or(0), ahead }),
+        Some(_) => Some(Hold::Throttle { until: line.hold_until.unwrap_or(line.now), ahead }),
+        None if line.admitted || line.started => None,
+        None if line.project_paused => Some(Hold::ProjectPaused),
+        None if line.paused => Some(Hold::Paused { workflow: line.workflow_name.clone() }),
+        None => None,
     }
 }
 
@@ -707,12 +754,19 @@ mod tests {
         f.hold = Some(Hold::Paused { workflow: "wf".into() });
         let why = answer(&f, now());
         assert_eq!((why.substate.as_ref().map(Substate::name), why.text.as_str()), (Some("held"), "Held: workflow wf is paused"));
-        f.hold = Some(Hold::Lease { group: "item".into() });
-        assert_eq!(answer(&f, now()).words, "waiting for a lock");
-        f.hold = Some(Hold::OrgCap { cap: 50 });
-        assert_eq!(answer(&f, now()).text, "Queued: held by the org's cap of 50 running runs");
-        f.hold = Some(Hold::Throttle { until: now() + chrono::Duration::seconds(65) });
+        f.hold = Some(Hold::ProjectPaused);
+        assert_eq!(answer(&f, now()).text, "Held: the project is paused");
+        f.hold = Some(Hold::Budget { scope: "the project's daily budget of $10.00 (hard)".into() });
+        assert_eq!(answer(&f, now()).text, "Held: the project's daily budget of $10.00 (hard) is spent");
+        f.hold = Some(Hold::Lease { group: "item".into(), ahead: 2 });
+        let why = answer(&f, now());
+        assert_eq!((why.words.as_str(), why.text.as_str()), ("waiting for a lock", "Waiting for the lock of concurrency group item (2 ahead in line)"));
+        f.hold = Some(Hold::OrgCap { cap: 50, ahead: 0 });
+        assert_eq!(answer(&f, now()).text, "Queued: held by the org's cap of 50 running runs (next in line)");
+        f.hold = Some(Hold::Throttle { until: now() + chrono::Duration::seconds(65), ahead: 0 });
         assert_eq!(answer(&f, now()).text, "Asleep until 13:01:05 UTC (held by the workflow's throttle)");
+        f.hold = Some(Hold::Throttle { until: now() + chrono::Duration::seconds(65), ahead: 3 });
+        assert_eq!(answer(&f, now()).text, "Asleep until 13:01:05 UTC (held by the workflow's throttle, 3 ahead in line)");
     }
 
     #[test]

@@ -414,8 +414,9 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
         d.start(i);
     }
 
-    // The schedule: the stall at once (it lasts most of the short window), the restart in the
-    // first half of the window, the cut in the second, so the restart and the cut never overlap.
+    // The schedule: the stall early, so that it ends within the window (it takes most of the
+    // short one), the restart in the first half of the window and the cut in the second, so
+    // those two never overlap; kills throughout.
     let start = Instant::now();
     let stall_at = start + rng.duration((Duration::from_secs(2), window.saturating_sub(STALL).max(Duration::from_secs(3))));
     let stalled_slot = rng.between(0, 1) as usize;
@@ -431,7 +432,7 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
     let mut submitted = 0usize;
     let mut pending_inputs: Vec<Value> = Vec::new();
 
-    // The chaos: until the window is over and every run is submitted.
+    // The chaos: until the window is over, every run is submitted and every fault has happened.
     loop {
         let now = Instant::now();
         if now >= next_burst {
@@ -600,6 +601,7 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
     let broken = runs_lost != 0 || effects_doubled != 0 || inv.event_gaps != 0 || inv.audit_missing != 0 || inv.steps_held != 0;
     if broken {
         report_lost(&pool, &wrong).await;
+        report_doubled(&pool).await;
         // Keep the engines' logs and the effects file for whoever reads the failure.
         let kept = dir.keep();
         println!("chaos: engine logs and effects kept in {}", kept.display());
@@ -675,6 +677,20 @@ fn log_lines(dir: &Path, needle: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// Prints a few of the visits that succeeded more than once, with each attempt's holder.
+async fn report_doubled(pool: &PgPool) {
+    let doubled: Vec<String> = sqlx::query_scalar(
+        "SELECT format('doubled: run %s node %s visit %s: %s', run_id, node, visit, string_agg(format('attempt %s by %s', attempt, holder), ', ')) \
+         FROM steps WHERE state = 'succeeded' GROUP BY run_id, node, visit HAVING count(*) > 1 LIMIT 5",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    for line in doubled {
+        println!("{line}");
+    }
 }
 
 /// Prints a few of the runs that did not end, or ended otherwise than they should, with their

@@ -2,5 +2,10 @@
 
 mod chaos;
 mod engine_pool;
+mod github_env;
+mod github_gates;
+mod github_outputs;
+mod github_schedule;
+mod hosts;
 mod serve;
 mod webhooks;

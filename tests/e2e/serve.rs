@@ -117,8 +117,11 @@ fn bad_configuration_ends_with_one_clear_line() {
     let (code, err) = run(&["api"], &[("DATABASE_URL", &url), ("SHOPFLOOR_LISTEN", &addr)]);
     assert_one_clear_line(code, &err, "the address is in use; stop the other server or set SHOPFLOOR_LISTEN");
 
-    let (code, err) = run(&["host"], &[]);
-    assert_one_clear_line(code, &err, "`shopfloor host` is not built yet");
+    // A host with no credential yet and no registration token says what to pass.
+    let work = tempfile::tempdir().unwrap();
+    let work_dir = work.path().to_string_lossy().into_owned();
+    let (code, err) = run(&["host", "--server", "http://127.0.0.1:9", "--work-dir", &work_dir], &[]);
+    assert_one_clear_line(code, &err, "no credential yet: pass --token with a registration token");
 }
 
 #[test]

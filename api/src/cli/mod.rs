@@ -5,6 +5,7 @@
 //! scripts and the Helm chart rely on them.
 
 mod admin;
+mod client;
 mod database;
 mod processes;
 
@@ -34,8 +35,8 @@ pub enum Command {
     Api(ApiArgs),
     /// One engine process of the pool.
     Engine(EngineArgs),
-    /// The host agent (not built yet).
-    Host,
+    /// The host agent: claims crew steps and runs coding agents in git worktrees.
+    Host(host::HostArgs),
     /// Apply migrations; refuses a database whose schema is newer than this binary.
     Migrate(DbArgs),
     /// Bootstrap: orgs, projects, their first tokens; the embedded cluster.
@@ -49,6 +50,9 @@ pub enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// The operator's commands, which talk to a server over its REST API (`client/`).
+    #[command(flatten)]
+    Client(client::ClientCommand),
 }
 
 /// Where the database is.
@@ -109,6 +113,38 @@ pub struct GithubArgs {
     pub webhook_secret: Option<secrecy::SecretString>,
 }
 
+/// The GitHub App the engines act as for output steps (pull requests, comments, labels, board
+/// moves): `SHOPFLOOR_GITHUB_APP_ID` and its private key, PEM, from
+/// `SHOPFLOOR_GITHUB_APP_KEY_FILE` or `SHOPFLOOR_GITHUB_APP_KEY`; `SHOPFLOOR_GITHUB_API_URL`
+/// (default `https://api.github.com`; a GitHub Enterprise `https://HOST/api/v3`);
+/// `SHOPFLOOR_GITHUB_GRAPHQL_URL` (default `<api url>/graphql`); `SHOPFLOOR_GITHUB_TIMEOUT_SECS`
+/// (10). Without an App id and key, output steps wait (or go to the test executor).
+#[derive(Debug, Clone, Args)]
+pub struct GithubAppArgs {
+    /// The GitHub App's id.
+    #[arg(long = "github-app-id", env = "SHOPFLOOR_GITHUB_APP_ID")]
+    pub app_id: Option<u64>,
+    /// A file holding the App's private key (PEM).
+    #[arg(long = "github-app-key-file", env = "SHOPFLOOR_GITHUB_APP_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The App's private key itself (PEM), when no key file is given.
+    #[arg(long = "github-app-key", env = "SHOPFLOOR_GITHUB_APP_KEY", hide_env_values = true)]
+    pub key: Option<secrecy::SecretString>,
+    /// GitHub's REST API base URL.
+    #[arg(long = "github-api-url", env = "SHOPFLOOR_GITHUB_API_URL", default_value = engine::github::client::PUBLIC_API)]
+    pub api_url: String,
+    /// GitHub's GraphQL endpoint (Projects v2 board moves).
+    #[arg(long = "github-graphql-url", env = "SHOPFLOOR_GITHUB_GRAPHQL_URL")]
+    pub graphql_url: Option<String>,
+    /// Seconds one GitHub request may take.
+    #[arg(long = "github-timeout-secs", env = "SHOPFLOOR_GITHUB_TIMEOUT_SECS", default_value_t = 10)]
+    pub timeout_secs: u64,
+    /// Test hook: abort the process right after an output's effect on GitHub, before the step
+    /// is recorded (`pr_opened`, `comment_posted`). Never set it in production.
+    #[arg(long = "test-crash-after", env = "SHOPFLOOR_TEST_CRASH_AFTER", hide = true)]
+    pub test_crash_after: Option<String>,
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -119,6 +155,10 @@ pub struct ServeArgs {
     pub pool: PoolArgs,
     #[command(flatten)]
     pub github: GithubArgs,
+    #[command(flatten)]
+    pub github_app: GithubAppArgs,
+    #[command(flatten)]
+    pub console: crate::console::ConsoleConfig,
 }
 
 #[derive(Debug, Args)]
@@ -129,6 +169,11 @@ pub struct ApiArgs {
     pub listen: ListenArgs,
     #[command(flatten)]
     pub github: GithubArgs,
+    /// The App mints the installation tokens hosts' assignments carry.
+    #[command(flatten)]
+    pub github_app: GithubAppArgs,
+    #[command(flatten)]
+    pub console: crate::console::ConsoleConfig,
 }
 
 #[derive(Debug, Args)]
@@ -137,6 +182,8 @@ pub struct EngineArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub pool: PoolArgs,
+    #[command(flatten)]
+    pub github_app: GithubAppArgs,
 }
 
 /// A failure of a command, printed as one line.
@@ -167,7 +214,8 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             let ok = engine::definition::report::validate_files(&files, &mut std::io::stdout());
             Ok(if ok { 0 } else { 1 })
         }
-        Command::Host => Err(CliError::NotBuilt("host")),
+        Command::Host(args) => host::run(args).await.map(|()| 0).map_err(CliError::msg),
         Command::Check => Err(CliError::NotBuilt("check")),
+        Command::Client(cmd) => Ok(client::run(cmd).await),
     }
 }

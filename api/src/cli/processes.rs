@@ -7,7 +7,7 @@ use engine::pool::PoolConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{ApiArgs, CliError, Database, DbArgs, EngineArgs, PoolArgs, ServeArgs};
+use super::{ApiArgs, CliError, Database, DbArgs, EngineArgs, GithubAppArgs, PoolArgs, ServeArgs};
 use crate::http::{self, AppState};
 
 pub(super) async fn migrate(args: DbArgs) -> Result<(), CliError> {
@@ -27,10 +27,18 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         db.close().await;
         return Err(CliError::msg(e));
     }
+    let app = match github_app(&args.github_app) {
+        Ok(a) => a,
+        Err(e) => {
+            db.close().await;
+            return Err(e);
+        }
+    };
+    let outputs = app.clone().map(|a| engine::github::OutputExecutor::new(a, args.github_app.test_crash_after.clone()));
     let (drain, abort) = signals();
     let listen_url = args.pool.listen_database_url.clone().unwrap_or_else(|| db.url.clone());
-    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone()));
-    let pool = tokio::spawn(engine::pool::run(db.pool.clone(), pool_config(&args.pool, &db.url), drain.clone(), abort.clone()));
+    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app));
+    let pool = tokio::spawn(engine::pool::run(db.pool.clone(), pool_config(&args.pool, &db.url, outputs), drain.clone(), abort.clone()));
     tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
     let (served, pooled) = tokio::join!(server, pool);
     db.close().await;
@@ -45,8 +53,15 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
         db.close().await;
         return Err(CliError::msg(e));
     }
+    let app = match github_app(&args.github_app) {
+        Ok(a) => a,
+        Err(e) => {
+            db.close().await;
+            return Err(e);
+        }
+    };
     let (drain, _abort) = signals();
-    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone()).await;
+    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app).await;
     db.close().await;
     served
 }
@@ -57,8 +72,15 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
         db.close().await;
         return Err(CliError::msg(e));
     }
+    let outputs = match github_outputs(&args.github_app) {
+        Ok(o) => o,
+        Err(e) => {
+            db.close().await;
+            return Err(e);
+        }
+    };
     let (drain, abort) = signals();
-    let cfg = pool_config(&args.pool, &db.url);
+    let cfg = pool_config(&args.pool, &db.url, outputs);
     tracing::info!(engine.id = %cfg.id, test_executor = cfg.test_executor.is_some(), "engine started");
     if cfg.test_executor.is_none() {
         tracing::info!("crew, gate and output steps wait for hosts and integrations, which are not built yet");
@@ -68,7 +90,36 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
     result.map_err(CliError::msg)
 }
 
-fn pool_config(args: &PoolArgs, url: &str) -> PoolConfig {
+/// The output executor, when the GitHub App is configured. An App id without a key, or a key
+/// that does not load, stops the process: outputs would otherwise wait forever unexplained.
+fn github_outputs(args: &GithubAppArgs) -> Result<Option<engine::github::OutputExecutor>, CliError> {
+    Ok(github_app(args)?.map(|app| engine::github::OutputExecutor::new(app, args.test_crash_after.clone())))
+}
+
+/// The GitHub App, when configured (outputs; installation tokens for hosts' assignments).
+fn github_app(args: &GithubAppArgs) -> Result<Option<std::sync::Arc<engine::github::GithubApp>>, CliError> {
+    let Some(app_id) = args.app_id else { return Ok(None) };
+    let key = match (&args.key_file, &args.key) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map(secrecy::SecretString::from)
+            .map_err(|e| CliError::Failed(format!("cannot read SHOPFLOOR_GITHUB_APP_KEY_FILE {}: {e}", path.display())))?,
+        (None, Some(key)) => key.clone(),
+        (None, None) => return Err(CliError::Failed("SHOPFLOOR_GITHUB_APP_ID is set but no key: set SHOPFLOOR_GITHUB_APP_KEY_FILE (or SHOPFLOOR_GITHUB_APP_KEY) to the App's private key, PEM".into())),
+    };
+    let settings = engine::github::AppSettings {
+        app_id,
+        private_key: key,
+        api_url: args.api_url.clone(),
+        graphql_url: args.graphql_url.clone(),
+        timeout: Duration::from_secs(args.timeout_secs.max(1)),
+        backoff: Duration::from_secs(1),
+    };
+    let app = engine::github::GithubApp::new(settings).map_err(CliError::msg)?;
+    tracing::info!(github.app_id = app_id, github.api = %args.api_url, "GitHub App configured");
+    Ok(Some(std::sync::Arc::new(app)))
+}
+
+fn pool_config(args: &PoolArgs, url: &str, outputs: Option<engine::github::OutputExecutor>) -> PoolConfig {
     let id = args.engine_id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "engine".into());
         format!("{host}-{}", std::process::id())
@@ -80,6 +131,7 @@ fn pool_config(args: &PoolArgs, url: &str) -> PoolConfig {
         max_in_flight: args.max_in_flight.max(1),
         drain: Duration::from_secs(args.drain_secs),
         test_executor: args.test_executor.then(|| TestExecutor { effects: args.test_effects.clone() }),
+        outputs,
     }
 }
 
@@ -101,10 +153,17 @@ async fn serve_http(
     listen_url: String,
     drain: CancellationToken,
     webhook_secret: Option<secrecy::SecretString>,
+    console: crate::console::ConsoleConfig,
+    github: Option<std::sync::Arc<engine::github::GithubApp>>,
 ) -> Result<(), CliError> {
     let state = AppState::new(db, &listen_url);
+    if let Some(app) = github {
+        state.use_github_app(app);
+    }
     // The webhooks need the App's secret, which the REST router's state does not carry.
-    let app = http::router(state.clone()).merge(crate::webhooks::router(crate::webhooks::WebhookState::new(state.db.clone(), webhook_secret)));
+    let app = http::router(state.clone())
+        .merge(crate::webhooks::router(crate::webhooks::WebhookState::new(state.db.clone(), webhook_secret)))
+        .merge(crate::console::router(state.clone(), console));
     // Event streams never end by themselves: close them, or the shutdown would wait forever.
     let shutdown = async move {
         drain.cancelled().await;

@@ -75,6 +75,9 @@ pub enum ApiError {
     InvalidWorkflow(Vec<WorkflowProblem>),
     #[error("this Idempotency-Key was used with another request")]
     IdempotencyKeyReused,
+    /// Admission's line is full (the org's cap, with 1,000 runs waiting).
+    #[error("{0}")]
+    TooManyRequests(String),
     #[error("{0}")]
     Unavailable(String),
     /// A transient database refusal (deadlock, serialization failure): nothing was written,
@@ -109,6 +112,7 @@ impl ApiError {
             ApiError::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", "Unprocessable request"),
             ApiError::InvalidWorkflow(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-workflow", "Invalid workflow"),
             ApiError::IdempotencyKeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency key reused"),
+            ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "too-many-requests", "Too many requests"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
             ApiError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy", "Busy, retry"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
@@ -156,7 +160,8 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
-            StoreError::Stale(m) | StoreError::Conflict(m) => ApiError::Conflict(m),
+            StoreError::Stale(m) | StoreError::Conflict(m) | StoreError::Refused(m) => ApiError::Conflict(m),
+            StoreError::Full(m) => ApiError::TooManyRequests(m),
             StoreError::Invalid(m) => ApiError::Unprocessable(m),
             StoreError::Sql(e) => e.into(),
         }

@@ -5,8 +5,10 @@
 //! reads the new events once, for every client of every org, and fans them out through a
 //! `tokio::sync::broadcast`; a client costs no query per event, only the read that resumes it.
 //!
-//! Ordering: events are read by `(xid, event_id)` and only below the oldest running
-//! transaction (`pg_snapshot_xmin`). An event committed later always has a larger position
+//! Ordering: events are read by `(xid, event_id)` and only below the oldest transaction of
+//! this database still running (`shopfloor_event_horizon()`, migration 0009: like
+//! `pg_snapshot_xmin`, without letting other databases' transactions hold the streams back).
+//! An event committed later always has a larger position
 //! than every event already handed out, so a client's position (its `Last-Event-ID`, the
 //! text `<xid>.<event_id>`) never has an event appear behind it. While committed events wait
 //! for an older transaction to end, the hub looks again after a short, doubling delay (10 ms
@@ -22,13 +24,13 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use chrono::{DateTime, Utc};
 use engine::ids::{OrgId, ProjectId, RunId, StepId};
-use engine::store::NOTIFY_CHANNEL;
+use engine::store::{Notice, NOTIFY_CHANNEL};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use utoipa::{IntoParams, ToSchema};
 
@@ -98,10 +100,10 @@ struct EventRow {
 /// An event as the hub hands it out.
 #[derive(Debug)]
 pub struct StreamEvent {
-    org: OrgId,
+    pub(crate) org: OrgId,
     project: ProjectId,
     pos: Position,
-    event: RunEvent,
+    pub(crate) event: RunEvent,
 }
 
 impl EventRow {
@@ -122,17 +124,24 @@ impl EventRow {
 }
 
 const COLUMNS: &str = "org_id, project_id, run_id, seq, event_id, xid::text AS xid, \
-     pg_snapshot_xmin(pg_current_snapshot())::text AS horizon, at, kind, step_id, node, attrs";
+     (SELECT shopfloor_event_horizon())::text AS horizon, at, kind, step_id, node, attrs";
 
 /// The position before every event not yet settled: a new client starts there.
 async fn horizon(db: &PgPool) -> Result<Position, sqlx::Error> {
-    let xmin: String = sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetch_one(db).await?;
+    let xmin: String = sqlx::query_scalar("SELECT shopfloor_event_horizon()::text").fetch_one(db).await?;
     Ok(Position { xid: xmin.parse().unwrap_or(0), event: 0 })
 }
 
 /// The replica's event hub. Dropping the last `AppState` stops its task.
 pub struct EventHub {
     tx: broadcast::Sender<Arc<StreamEvent>>,
+    /// Bumped on each notification that a wake is due now (a step may have become ready for a
+    /// host) and after each (re)connect: hosts' claims wait on it (`host_protocol`), on this
+    /// same `LISTEN` connection.
+    ready: watch::Sender<u64>,
+    /// Runs whose transcript grew (`l<run>` notifications from session reports), for the
+    /// console's live transcripts.
+    logs: broadcast::Sender<RunId>,
     _stop: DropGuard,
 }
 
@@ -140,17 +149,42 @@ impl EventHub {
     /// Starts following `run_events`, with a `LISTEN` connection of its own to `listen_url`.
     pub fn start(db: PgPool, listen_url: String) -> EventHub {
         let (tx, _) = broadcast::channel(CHANNEL);
+        let (ready, _) = watch::channel(0);
+        let (logs, _) = broadcast::channel(CHANNEL);
         let stop = CancellationToken::new();
-        tokio::spawn(follow(db, listen_url, tx.clone(), stop.clone()));
-        EventHub { tx, _stop: stop.drop_guard() }
+        tokio::spawn(follow(db, listen_url, tx.clone(), ready.clone(), logs.clone(), stop.clone()));
+        EventHub { tx, ready, logs, _stop: stop.drop_guard() }
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<Arc<StreamEvent>> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<StreamEvent>> {
         self.tx.subscribe()
+    }
+
+    /// Changes when a step may have become ready for a host.
+    pub(crate) fn ready(&self) -> watch::Receiver<u64> {
+        self.ready.subscribe()
     }
 }
 
-async fn follow(db: PgPool, url: String, tx: broadcast::Sender<Arc<StreamEvent>>, stop: CancellationToken) {
+/// The console's live transcripts: the runs whose step logs grew, and the signal that the
+/// replica shuts down (a transcript stream ends then, like the event streams).
+pub fn log_feed(state: &AppState) -> (broadcast::Receiver<RunId>, tokio_util::sync::WaitForCancellationFutureOwned) {
+    (state.shared.events.logs.subscribe(), state.shared.closing.clone().cancelled_owned())
+}
+
+/// Whether a notification may mean a step became ready now (`w0`; an unknown payload too).
+fn may_be_ready(payload: &str) -> bool {
+    matches!(Notice::parse(payload), Notice::Wake(d) if d.is_zero())
+}
+
+async fn follow(
+    db: PgPool,
+    url: String,
+    tx: broadcast::Sender<Arc<StreamEvent>>,
+    ready: watch::Sender<u64>,
+    logs: broadcast::Sender<RunId>,
+    stop: CancellationToken,
+) {
     let mut backoff = Duration::from_secs(1);
     let mut pos: Option<Position> = None;
     loop {
@@ -174,6 +208,7 @@ async fn follow(db: PgPool, url: String, tx: broadcast::Sender<Arc<StreamEvent>>
         };
         // Subscribed before reading, so nothing committed from now on goes unnoticed; and
         // read once after each (re)connect, since notifications may have been missed.
+        ready.send_modify(|n| *n += 1);
         let mut wait: Option<Duration> = None;
         loop {
             wait = match read(&db, &mut pos, &tx).await {
@@ -190,7 +225,15 @@ async fn follow(db: PgPool, url: String, tx: broadcast::Sender<Arc<StreamEvent>>
                 n = listener.try_recv() => match n {
                     // A notification, or the connection was lost and sqlx reconnected (and
                     // listens again): read either way.
-                    Ok(_) => {}
+                    Ok(n) => {
+                        if n.as_ref().is_none_or(|n| may_be_ready(n.payload())) {
+                            ready.send_modify(|n| *n += 1);
+                        }
+                        if let Some(run) = n.as_ref().and_then(|n| n.payload().strip_prefix('l')).and_then(|r| r.parse::<RunId>().ok()) {
+                            // No receiver is not an error: no transcript is watched here now.
+                            let _ = logs.send(run);
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "event hub lost its LISTEN connection");
                         break;
@@ -246,7 +289,7 @@ async fn read(db: &PgPool, pos: &mut Option<Position>, tx: &broadcast::Sender<Ar
 async fn backlog(db: &PgPool, org: OrgId, project: ProjectId, pos: Position) -> Result<Vec<StreamEvent>, sqlx::Error> {
     let sql = format!(
         "SELECT {COLUMNS} FROM run_events WHERE org_id = $1 AND project_id = $2 AND (xid, event_id) > ($3::text::xid8, $4) \
-           AND xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY xid, event_id LIMIT $5"
+           AND xid < (SELECT shopfloor_event_horizon()) ORDER BY xid, event_id LIMIT $5"
     );
     let rows: Vec<EventRow> = sqlx::query_as(&sql).bind(org).bind(project).bind(pos.xid.to_string()).bind(pos.event).bind(BATCH).fetch_all(db).await?;
     Ok(rows.into_iter().filter_map(EventRow::settled).collect())

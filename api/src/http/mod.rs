@@ -11,24 +11,33 @@
 //! - `extract` — JSON, YAML, path, query and `Idempotency-Key` extractors.
 //! - `page` — keyset cursors; `idempotency` — replaying create-POSTs.
 //! - `events` — the replica's event hub (one `LISTEN`) and the SSE stream.
-//! - `members`, `tokens`, `projects`, `workflows`, `runs`, `hosts`, `audit` — the resources.
+//! - `members`, `tokens`, `projects`, `repositories`, `workflows`, `runs`, `hosts`, `audit` — the resources.
+//! - `host_protocol` — what `shopfloor host` calls: register, claim (a long poll), start,
+//!   heartbeat, session reports, complete.
+//! - `admission`, `budgets`, `webhooks_out` — the org's cap, project pause and retention;
+//!   budgets and spend; outgoing webhooks with their delivery log and replay.
 //! - `openapi` — the document's header, security scheme and shared problem responses.
 
+pub mod admission;
 pub mod audit;
 pub mod auth;
+pub mod budgets;
 pub mod error;
 pub mod events;
 pub mod extract;
 pub mod health;
+pub mod host_protocol;
 pub mod hosts;
 pub mod idempotency;
 pub mod members;
 pub mod openapi;
 pub mod page;
 pub mod projects;
+pub mod repositories;
 pub mod runs;
 pub mod tenant;
 pub mod tokens;
+pub mod webhooks_out;
 pub mod workflows;
 
 use std::sync::Arc;
@@ -59,6 +68,8 @@ pub(crate) struct Shared {
     events: events::EventHub,
     /// Cancelled at shutdown: event streams end so that connections can drain.
     closing: tokio_util::sync::CancellationToken,
+    /// The GitHub App, when configured: hosts' assignments get installation tokens from it.
+    github: std::sync::OnceLock<Arc<engine::github::GithubApp>>,
 }
 
 impl AppState {
@@ -72,8 +83,15 @@ impl AppState {
             keys: auth::KeyCache::default(),
             events,
             closing: tokio_util::sync::CancellationToken::new(),
+            github: std::sync::OnceLock::new(),
         };
         AppState { db, shared: Arc::new(shared) }
+    }
+
+    /// Mints installation tokens for hosts' assignments with this App (set once, at start).
+    pub fn use_github_app(&self, app: Arc<engine::github::GithubApp>) {
+        // Set once by the process that builds the state; a second call changes nothing.
+        let _ = self.shared.github.set(app);
     }
 
     /// Ends every open event stream (at shutdown).
@@ -91,6 +109,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(tokens::revoke))
         .routes(routes!(projects::list, projects::create))
         .routes(routes!(projects::get))
+        .routes(routes!(repositories::list, repositories::connect))
         .routes(routes!(audit::org_log))
         .routes(routes!(audit::project_log))
         .routes(routes!(workflows::list, workflows::create))
@@ -113,7 +132,28 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(hosts::list))
         .routes(routes!(hosts::register))
         .routes(routes!(hosts::deregister))
-        .routes(routes!(events::stream));
+        .routes(routes!(events::stream))
+        .routes(routes!(admission::get_limits, admission::set_limits))
+        .routes(routes!(admission::get_settings))
+        .routes(routes!(admission::set_retention))
+        .routes(routes!(admission::pause))
+        .routes(routes!(admission::unpause))
+        .routes(routes!(budgets::list))
+        .routes(routes!(budgets::set_org, budgets::remove_org))
+        .routes(routes!(budgets::list_project))
+        .routes(routes!(budgets::set_project, budgets::remove_project))
+        .routes(routes!(budgets::spend))
+        .routes(routes!(webhooks_out::list, webhooks_out::create))
+        .routes(routes!(webhooks_out::delete))
+        .routes(routes!(webhooks_out::deliveries))
+        .routes(routes!(webhooks_out::delivery))
+        .routes(routes!(webhooks_out::replay))
+        .routes(routes!(host_protocol::register))
+        .routes(routes!(host_protocol::claim))
+        .routes(routes!(host_protocol::start))
+        .routes(routes!(host_protocol::heartbeat))
+        .routes(routes!(host_protocol::session))
+        .routes(routes!(host_protocol::complete));
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))

@@ -29,6 +29,7 @@ use super::error::Problem;
         (name = "approvals", description = "Answers to approval steps"),
         (name = "events", description = "Run events: per run, and the project stream (SSE)"),
         (name = "hosts", description = "Hosts of a project: list, registration tokens, deregistration"),
+        (name = "host-protocol", description = "What `shopfloor host` calls with its host credential: register, claim, start, heartbeat, session, complete"),
         (name = "audit", description = "Who did what, when"),
     ),
 )]

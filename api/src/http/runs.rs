@@ -428,12 +428,15 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
 }
 
 /// Submits a run of a workflow (member). `approval: required` workflows park it at `$start`
-/// until a person approves.
+/// until a person approves. Admission may hold it (`queued`, `awaiting_lease`, `sleeping`,
+/// `held`: `why` says by what) or refuse it.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs", operation_id = "submit_run", tag = "runs",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried submit safe")),
     request_body = SubmitRun,
-    responses((status = 201, body = Run)))]
+    responses((status = 201, body = Run),
+              (status = 409, description = "Refused by its concurrency group (policy `skip`, the group is full)", body = Problem, content_type = "application/problem+json"),
+              (status = 429, description = "1,000 runs already wait for the org's cap on running runs", body = Problem, content_type = "application/problem+json")))]
 pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<SubmitRun>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let mut ch = scope.change(&state).await?;

@@ -26,6 +26,8 @@ enum Who {
     OtherOrg,
     /// A host registration token of the org: host routes only.
     HostToken,
+    /// A host credential of the org (a registered host): the host protocol only.
+    HostCredential,
 }
 
 /// What a call needs to exist before it is made.
@@ -44,6 +46,15 @@ enum Needs {
     Host,
     /// A run with a step (its waiting `ask`).
     Step,
+    /// A step no host holds (of a cancelled run), the same for every call: the host protocol's
+    /// calls leave it as it is, so one run serves them all.
+    SharedStep,
+    /// The org's daily budget, and the project's, set.
+    Budgets,
+    /// An outgoing webhook of the project.
+    Webhook,
+    /// A delivery of an outgoing webhook.
+    Delivery,
 }
 
 struct Case {
@@ -88,6 +99,8 @@ fn cases() -> Vec<Case> {
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}", v, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/audit", a, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/audit", a, 200, Nothing, none),
+        c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/repositories", v, 200, Nothing, none),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/repositories", a, 201, Nothing, |n| Some(json!({ "installation_id": 77, "repository": format!("acme/repo{n}") }))),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/events", v, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/workflows", v, 200, Nothing, none),
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/workflows", m, 201, Nothing, |n| Some(json!({ "source": workflow(&format!("w{n}")) }))),
@@ -112,6 +125,35 @@ fn cases() -> Vec<Case> {
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/hosts", v, 200, Nothing, none),
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/host-registrations", a, 201, Nothing, |_| Some(json!({ "name": "box" }))),
         c(delete.clone(), "/api/v1/orgs/{org}/projects/{project}/hosts/{host}", a, 204, Host, none),
+        // The host protocol: host credentials only (registration tokens only to register). A
+        // step the host does not hold answers `stop` to a heartbeat or a report, and 409 to a
+        // start or a completion: authorized, and refused by the step's state.
+        c(post.clone(), "/api/v1/host/claim", None, 200, Nothing, |_| Some(json!({ "max": 0, "wait_secs": 0 }))),
+        c(post.clone(), "/api/v1/host/steps/{step}/start", None, 409, SharedStep, none),
+        c(post.clone(), "/api/v1/host/steps/{step}/heartbeat", None, 200, SharedStep, none),
+        c(post.clone(), "/api/v1/host/steps/{step}/session", None, 200, SharedStep, |_| Some(json!({ "lines": [{ "seq": 1, "stream": "stdout", "line": "x" }] }))),
+        c(post.clone(), "/api/v1/host/steps/{step}/complete", None, 409, SharedStep, |_| Some(json!({ "outcome": "succeeded" }))),
+        c(post.clone(), "/api/v1/host/register", None, 201, Nothing, |n| Some(json!({ "name": format!("box-{n}"), "capabilities": ["linux"] }))),
+        // Admission, budgets and outgoing webhooks. Limits stay high enough for the runs above.
+        c(get.clone(), "/api/v1/orgs/{org}/limits", v, 200, Nothing, none),
+        c(put.clone(), "/api/v1/orgs/{org}/limits", a, 200, Nothing, |_| Some(json!({ "running_cap": 10_000 }))),
+        c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/settings", v, 200, Nothing, none),
+        c(put.clone(), "/api/v1/orgs/{org}/projects/{project}/retention", a, 200, Nothing, |_| Some(json!({ "retention_days": 90 }))),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/pause", a, 200, Nothing, none),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/unpause", a, 200, Nothing, none),
+        c(get.clone(), "/api/v1/orgs/{org}/budgets", v, 200, Nothing, none),
+        c(put.clone(), "/api/v1/orgs/{org}/budgets/{period}", a, 200, Nothing, |_| Some(json!({ "usd_limit": 1000 }))),
+        c(delete.clone(), "/api/v1/orgs/{org}/budgets/{period}", a, 204, Budgets, none),
+        c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/budgets", v, 200, Nothing, none),
+        c(put.clone(), "/api/v1/orgs/{org}/projects/{project}/budgets/{period}", a, 200, Nothing, |_| Some(json!({ "usd_limit": 1000, "hard": false }))),
+        c(delete.clone(), "/api/v1/orgs/{org}/projects/{project}/budgets/{period}", a, 204, Budgets, none),
+        c(get.clone(), "/api/v1/orgs/{org}/spend", v, 200, Nothing, none),
+        c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks", a, 200, Nothing, none),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks", a, 201, Nothing, |_| Some(json!({ "url": "http://127.0.0.1:9/hook", "events": ["x.never"] }))),
+        c(delete.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}", a, 204, Webhook, none),
+        c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries", a, 200, Webhook, none),
+        c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}", a, 200, Delivery, none),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}/replay", a, 201, Delivery, none),
     ]
 }
 
@@ -121,11 +163,20 @@ fn workflow(name: &str) -> String {
 }
 
 fn expected(case: &Case, who: Who) -> StatusCode {
+    if case.route.starts_with("/api/v1/host/") {
+        let registers = case.route == "/api/v1/host/register";
+        return match who {
+            Who::NoToken | Who::Expired | Who::Revoked | Who::OtherKey | Who::AlgNone => StatusCode::UNAUTHORIZED,
+            Who::HostToken if registers => case.ok,
+            Who::HostCredential if !registers => case.ok,
+            _ => StatusCode::FORBIDDEN,
+        };
+    }
     let Some(min) = case.min else { return case.ok };
     match who {
         Who::NoToken | Who::Expired | Who::Revoked | Who::OtherKey | Who::AlgNone => StatusCode::UNAUTHORIZED,
         Who::OtherOrg => StatusCode::NOT_FOUND,
-        Who::HostToken => StatusCode::FORBIDDEN,
+        Who::HostToken | Who::HostCredential => StatusCode::FORBIDDEN,
         Who::Role(r) if r >= min => case.ok,
         Who::Role(_) => StatusCode::FORBIDDEN,
     }
@@ -150,7 +201,15 @@ async fn registration_token(app: &App, org: &Org) -> String {
     made["token"].as_str().unwrap().to_owned()
 }
 
-/// A host as the host protocol will register it (not built yet: written here directly).
+/// A host registered through the host protocol; answers its credential.
+async fn host_credential(app: &App, org: &Org) -> String {
+    let registration = registration_token(app, org).await;
+    let body = json!({ "name": "credentialed", "capabilities": ["linux"], "max_concurrent": 2 });
+    let made = app.json(Method::POST, "/api/v1/host/register", &registration, Some(&body), StatusCode::CREATED).await;
+    made["token"].as_str().unwrap().to_owned()
+}
+
+/// A host written directly (the list and deregistration need one without its credential).
 async fn add_host(app: &App, org: &Org, name: &str) -> uuid::Uuid {
     let id = uuid::Uuid::now_v7();
     sqlx::query("INSERT INTO hosts (org_id, project_id, host_id, name, capabilities) VALUES ($1, $2, $3, $4, '{linux}')")
@@ -181,6 +240,10 @@ async fn cancel(app: &App, org: &Org, run: RunId) {
 async fn every_route_answers_each_caller_exactly() {
     let app = App::with_engine().await;
     let org = app.org("acme").await;
+    // Every waiting run this table makes holds one of the org's slots: room for all of them.
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    engine::store::admission::set_running_cap(&mut ch, org.id, 10_000).await.unwrap();
+    ch.commit().await.unwrap();
     let other = app.org("other").await;
     let expired = app.token_for(&org, org.owner_user, "owner", chrono::Duration::hours(-1)).await.1;
     let revoked = app.revoked_token(&org).await;
@@ -196,8 +259,17 @@ async fn every_route_answers_each_caller_exactly() {
         (Who::AlgNone, Some(alg_none(&org.owner))),
         (Who::OtherOrg, Some(other.owner.clone())),
         (Who::HostToken, Some(registration_token(&app, &org).await)),
+        (Who::HostCredential, Some(host_credential(&app, &org).await)),
     ];
     let users = [(Role::Owner, org.owner_user), (Role::Member, org.member_user)];
+    let shared_step = {
+        let run = submit(&app, &org).await;
+        app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
+        let step: engine::ids::StepId = sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
+        // Ended, so it holds no place under the org's cap on running runs.
+        cancel(&app, &org, run).await;
+        step.to_string()
+    };
 
     // The table covers every documented operation, and nothing else.
     let doc = api::http::openapi();
@@ -220,9 +292,38 @@ async fn every_route_answers_each_caller_exactly() {
             n += 1;
             // A PUT uploads a new workflow, named as its body names it.
             let name = if case.method == Method::PUT { format!("put{n}") } else { "approve".to_owned() };
-            let mut path = case.route.replace("{org}", "acme").replace("{project}", "web").replace("{name}", &name).replace("{version}", "1").replace("{node}", "ask");
+            let mut path = case.route.replace("{org}", "acme").replace("{project}", "web").replace("{name}", &name).replace("{version}", "1").replace("{node}", "ask").replace("{period}", "day");
             match case.needs {
                 Needs::Nothing => {}
+                Needs::SharedStep => path = path.replace("{step}", &shared_step),
+                Needs::Budgets => {
+                    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+                    engine::store::budgets::set(&mut ch, org.id, None, "day", 1000.0, true).await.unwrap();
+                    engine::store::budgets::set(&mut ch, org.id, Some(org.project), "day", 1000.0, true).await.unwrap();
+                    ch.commit().await.unwrap();
+                }
+                Needs::Webhook | Needs::Delivery => {
+                    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+                    let (webhook, _) = engine::store::webhooks_out::create(&mut ch, org.id, org.project, "http://127.0.0.1:9/hook", None, &["x.never".to_owned()]).await.unwrap();
+                    ch.commit().await.unwrap();
+                    path = path.replace("{webhook}", &webhook.to_string());
+                    if matches!(case.needs, Needs::Delivery) {
+                        // A delivered one, so that only a replay sends it again.
+                        let delivery = uuid::Uuid::now_v7();
+                        sqlx::query(
+                            "INSERT INTO webhook_deliveries (org_id, project_id, delivery_id, subscription_id, event, body, state, attempts) \
+                             VALUES ($1, $2, $3, $4, 'x.never', '{}', 'delivered', 1)",
+                        )
+                        .bind(org.id)
+                        .bind(org.project)
+                        .bind(delivery)
+                        .bind(webhook)
+                        .execute(app.pool())
+                        .await
+                        .unwrap();
+                        path = path.replace("{delivery}", &delivery.to_string());
+                    }
+                }
                 Needs::Host => {
                     let host = add_host(&app, &org, &format!("box-{n}")).await;
                     path = path.replace("{host}", &host.to_string());
@@ -273,7 +374,13 @@ async fn every_route_answers_each_caller_exactly() {
                 }
             }
             let want = expected(case, *who);
-            let (status, headers, body) = app.send(case.method.clone(), &path, token.as_deref(), (case.body)(n).as_ref()).await;
+            // A registration token registers one host: each registration gets a fresh one.
+            let fresh = match (case.route, who) {
+                ("/api/v1/host/register", Who::HostToken) => Some(registration_token(&app, &org).await),
+                _ => None,
+            };
+            let token = fresh.as_ref().or(token.as_ref());
+            let (status, headers, body) = app.send(case.method.clone(), &path, token.map(String::as_str), (case.body)(n).as_ref()).await;
             if status != want {
                 failures.push(format!("{who:?} {} {path}: want {want}, got {status}: {}", case.method, String::from_utf8_lossy(&body)));
             } else if !status.is_success() {

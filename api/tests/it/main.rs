@@ -3,11 +3,14 @@
 
 mod authz;
 mod bad_input;
+mod cli;
 mod end_to_end;
 mod events;
 mod idempotency;
 mod openapi;
+mod operator;
 mod paging;
 mod support;
 mod tenancy;
+mod webhooks_out;
 mod workflows;

@@ -84,6 +84,7 @@ impl App {
             max_in_flight: 64,
             drain: Duration::from_secs(5),
             test_executor: Some(TestExecutor { effects: None }),
+            outputs: None,
         };
         tokio::spawn(pool::run(app.db.pool.clone(), cfg, stop.clone(), stop.clone()));
         app.engine = Some(stop);

@@ -243,6 +243,8 @@ pub struct Output {
     pub body: Option<String>,
     /// Labels to add (`label`), or the board column to move to (`board_move`).
     pub labels: Vec<String>,
+    /// Labels to remove (`label`, key `remove`).
+    pub remove_labels: Vec<String>,
     pub column: Option<String>,
 }
 

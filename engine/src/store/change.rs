@@ -13,7 +13,8 @@ use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
 
 /// The channel engines and API replicas `LISTEN` on. The payload is `w<ms>`, the delay until
 /// the earliest wake the transaction wrote for another process (`w0` when due now), or `e`
-/// when it only wrote run events (for the event streams; engines ignore it).
+/// when it only wrote run events (for the event streams; engines ignore it), or `l<run>` when a
+/// session report added transcript lines to a run (for live transcripts; engines ignore it).
 pub const NOTIFY_CHANNEL: &str = "shopfloor_wakes";
 
 /// What a notification says, parsed from its payload.
@@ -29,7 +30,8 @@ impl Notice {
     pub fn parse(payload: &str) -> Notice {
         match payload.strip_prefix('w').and_then(|ms| ms.parse().ok()) {
             Some(ms) => Notice::Wake(Duration::from_millis(ms)),
-            None if payload == "e" => Notice::Events,
+            // `l<run>`: a session report grew the run's transcript (for the console).
+            None if payload == "e" || payload.starts_with('l') => Notice::Events,
             // An unknown payload: look, rather than miss a wake.
             None => Notice::Wake(Duration::ZERO),
         }
@@ -136,11 +138,16 @@ impl Change {
 
     /// Locks the run's row for the rest of the transaction. Returns `None` when it does not
     /// exist in `org` (tenancy: a run of another org is simply not found).
+    ///
+    /// Run locks are `FOR NO KEY UPDATE`: they exclude every other writer of the run, but not
+    /// the key-share lock a foreign key takes, so a change may write a wake for a run another
+    /// change holds (a parent, a child, the head of an admission line) without waiting for it,
+    /// and a change holding a queue's lock never waits on a run's (`store::admission`).
     pub async fn lock_run(&mut self, org: OrgId, run: RunId) -> Result<Option<RunCtx>> {
         if let Some(ctx) = self.runs.get(&run) {
             return Ok(Some(ctx.clone()));
         }
-        let project: Option<ProjectId> = sqlx::query_scalar("SELECT project_id FROM runs WHERE run_id = $1 AND org_id = $2 FOR UPDATE")
+        let project: Option<ProjectId> = sqlx::query_scalar("SELECT project_id FROM runs WHERE run_id = $1 AND org_id = $2 FOR NO KEY UPDATE")
             .bind(run)
             .bind(org)
             .fetch_optional(&mut *self.tx)
@@ -154,8 +161,18 @@ impl Change {
     /// Locks many runs at once, in id order so that two batches never deadlock. Runs of
     /// unknown ids are left out.
     pub async fn lock_runs(&mut self, runs: &[RunId]) -> Result<Vec<RunCtx>> {
+        self.lock_runs_with(runs, "FOR NO KEY UPDATE").await
+    }
+
+    /// As [`Change::lock_runs`], but skips runs another transaction holds (an engine advancing
+    /// them): a host's claim takes what it can now rather than queue behind an engine.
+    pub async fn try_lock_runs(&mut self, runs: &[RunId]) -> Result<Vec<RunCtx>> {
+        self.lock_runs_with(runs, "FOR NO KEY UPDATE SKIP LOCKED").await
+    }
+
+    async fn lock_runs_with(&mut self, runs: &[RunId], lock: &str) -> Result<Vec<RunCtx>> {
         let ids: Vec<uuid::Uuid> = runs.iter().filter(|r| !self.runs.contains_key(r)).map(|r| r.0).collect();
-        let sql = format!("SELECT {} FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE", super::runs::RUN_COLUMNS);
+        let sql = format!("SELECT {} FROM runs WHERE run_id = ANY($1) ORDER BY run_id {lock}", super::runs::RUN_COLUMNS);
         let rows: Vec<RunRow> = sqlx::query_as(&sql).bind(&ids).fetch_all(&mut *self.tx).await?;
         let locked: Vec<RunId> = rows.iter().map(|r| r.run_id).collect();
         for row in rows {
@@ -254,10 +271,14 @@ impl Change {
     async fn flush(&mut self) -> Result<()> {
         if !self.events.is_empty() {
             let e = std::mem::take(&mut self.events);
-            sqlx::query(
-                "INSERT INTO run_events (org_id, project_id, run_id, seq, kind, step_id, node, attrs) \
-                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[])",
-            )
+            // With the events, the outgoing webhook deliveries they make, in the same statement.
+            let sql = format!(
+                "WITH e AS (INSERT INTO run_events (org_id, project_id, run_id, seq, kind, step_id, node, attrs) \
+                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) \
+                 RETURNING org_id, project_id, run_id, kind, event_id) {}",
+                super::webhooks_out::DELIVERIES_CTE
+            );
+            let deliveries: i64 = sqlx::query_scalar(&sql)
             .bind(e.iter().map(|x| x.org.0).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.project.0).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.run.0).collect::<Vec<_>>())
@@ -266,8 +287,11 @@ impl Change {
             .bind(e.iter().map(|x| x.step.map(|s| s.0)).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.node.as_deref()).collect::<Vec<_>>())
             .bind(e.iter().map(|x| &x.attrs).collect::<Vec<_>>())
-            .execute(&mut *self.tx)
+            .fetch_one(&mut *self.tx)
             .await?;
+            if deliveries > 0 {
+                self.notify_delay = Some(Duration::ZERO);
+            }
             self.wrote_events = true;
         }
         if !self.audits.is_empty() {

@@ -10,13 +10,21 @@
 //! `Change` (`Change::lock_run`), so two writers never interleave on one run and event
 //! sequence numbers cannot skip or repeat.
 
+pub mod admission;
 pub mod api_writes;
 pub mod approvals;
+pub mod budgets;
 mod change;
+pub mod github;
+pub mod hosts;
+pub mod jobs;
+pub mod retention;
 pub mod runs;
+pub mod schedules;
 pub mod steps;
 pub mod tenants;
 pub mod triggers;
+pub mod webhooks_out;
 pub mod workflows;
 
 pub use change::{Actor, Change, Notice, RunCtx, NOTIFY_CHANNEL};
@@ -33,6 +41,12 @@ pub enum StoreError {
     Conflict(String),
     #[error("invalid: {0}")]
     Invalid(String),
+    /// Admission refused a new run: its concurrency group is full and its policy is `skip`.
+    #[error("{0}")]
+    Refused(String),
+    /// Admission refused a new run: too many already wait for the org's cap.
+    #[error("{0}")]
+    Full(String),
     #[error(transparent)]
     Sql(#[from] sqlx::Error),
 }

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use sqlx::{FromRow, Row};
 
 use super::steps::{self, StepRow};
-use super::{approvals, cap, Change, Result, StoreError};
+use super::{admission, approvals, cap, Change, Result, StoreError};
 use crate::definition::Definition;
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, StepId, WorkflowId};
 use crate::state::{run, MoveTo, RunStatus, State};
@@ -37,6 +37,9 @@ pub struct RunRow {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub ended_at: Option<DateTime<Utc>>,
+    /// When admission let it start (`store::admission`); `None` while it is held or not yet
+    /// looked at by the engine.
+    pub admitted_at: Option<DateTime<Utc>>,
 }
 
 impl RunRow {
@@ -47,7 +50,7 @@ impl RunRow {
 
 pub(crate) const RUN_COLUMNS: &str = "org_id, project_id, run_id, workflow_id, workflow_version, item_id, \
      parent_run_id, parent_step_id, source_run_id, source_from_node, status, reason, needs_approval, input, \
-     dry_run, created_by, created_at, started_at, ended_at";
+     dry_run, created_by, created_at, started_at, ended_at, admitted_at";
 
 /// What a new run is made of.
 #[derive(Debug, Clone)]
@@ -68,15 +71,36 @@ pub struct NewRun {
     pub source: Option<(RunId, Vec<String>)>,
 }
 
-/// Creates a run and the wake that starts it.
+/// Creates a run and the wake that starts it. Admission (`store::admission`) decides first,
+/// under the locks of the queues it reads: the run is admitted, put in line (no wake: what
+/// frees room wakes it), or refused (`StoreError::Refused` for a `skip` group that is full,
+/// `StoreError::Full` when the org's line is full), in which case nothing is written.
 pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     let run = RunId::mint();
+    let admission = if crate::admission::applies(new.parent.is_some(), new.dry_run) {
+        let def = admission::definition(ch, new.workflow, new.version).await?;
+        let candidate = admission::Candidate {
+            org: new.org,
+            project: new.project,
+            run,
+            workflow: new.workflow,
+            item: new.item,
+            def,
+            needs_approval: new.needs_approval,
+            at_submit: true,
+        };
+        let plan = admission::plan_submit(ch, &candidate).await?;
+        Some((candidate, plan))
+    } else {
+        None
+    };
+    let (admitted, starts) = admission.as_ref().map_or((true, true), |(_, plan)| (plan.admitted(), plan.starts()));
     let created_by = format!("{:?}", ch.actor);
     sqlx::query(
         "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, item_id, trigger_event_id, \
                            parent_run_id, parent_step_id, source_run_id, source_from_node, needs_approval, input, \
-                           dry_run, created_by, started_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now())",
+                           dry_run, created_by, started_at, admitted_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now(), CASE WHEN $16 THEN now() END)",
     )
     .bind(new.org)
     .bind(new.project)
@@ -93,6 +117,7 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     .bind(&new.input)
     .bind(new.dry_run)
     .bind(cap(&created_by))
+    .bind(admitted)
     .execute(&mut *ch.tx)
     .await?;
     ch.adopt_new_run(new.org, new.project, run);
@@ -104,7 +129,12 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     });
     ch.event(run, "run.started", None, attrs.clone())?;
     ch.audit(new.org, Some(new.project), "run.submit", ("run", run.to_string()), attrs)?;
-    ch.wake(run, None, Duration::ZERO, "advance", true).await?;
+    if let Some((candidate, plan)) = admission {
+        admission::apply_submit(ch, &candidate, plan).await?;
+    }
+    if starts {
+        ch.wake(run, None, Duration::ZERO, "advance", true).await?;
+    }
     Ok(run)
 }
 
@@ -133,9 +163,11 @@ where
         "WITH was AS (SELECT 1 FROM runs WHERE run_id = $1 AND status = 'running'), \
               w AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE run_id = $1 FOR UPDATE SKIP LOCKED) \
                     AND EXISTS (SELECT 1 FROM was)), \
-              l AS (DELETE FROM concurrency_leases WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was)), \
+              l AS (DELETE FROM concurrency_leases WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was) RETURNING group_key), \
+              q AS (DELETE FROM admission_waits WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was) RETURNING queue), \
               u AS (UPDATE runs SET status = $2, reason = $3, ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING {RUN_COLUMNS}) \
-         SELECT u.*, ARRAY(SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running') AS children FROM u"
+         SELECT u.*, ARRAY(SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running') AS children, \
+                ARRAY(SELECT group_key FROM l) AS leases, (SELECT queue FROM q) AS left_queue FROM u"
     );
     let found = sqlx::query(&sql)
         .bind(run_id)
@@ -146,7 +178,13 @@ where
         .ok_or_else(|| StoreError::Conflict(format!("{run_id} is not running")))?;
     let row = RunRow::from_row(&found)?;
     let children: Vec<uuid::Uuid> = found.try_get("children")?;
+    let leases: Vec<String> = found.try_get("leases")?;
+    let left_queue: Option<String> = found.try_get("left_queue")?;
     ch.forget_run_row(run_id);
+    // The room it held, or its place in line, goes to the runs waiting.
+    if !leases.is_empty() || left_queue.is_some() {
+        admission::on_finish(ch, ctx.org, &leases, left_queue.as_deref()).await?;
+    }
     let step_reason = match T::NAME {
         "cancelled" => reason.unwrap_or("cancelled").to_owned(),
         _ => "run ended".to_owned(),

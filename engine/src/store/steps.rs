@@ -283,7 +283,7 @@ pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: 
         "WITH w AS (INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
                     SELECT org_id, run_id, step_id, now() + $6 * interval '1 millisecond', 'lease_expiry' FROM steps \
                     WHERE step_id = $1 AND run_id = $2 AND state = ANY($5)) \
-         UPDATE steps SET state = $3, holder = $4, lease_expires_at = now() + interval '{} seconds', started_at = now() \
+         UPDATE steps SET state = $3, holder = $4, lease_expires_at = now() + interval '{} seconds', started_at = now(), reason = NULL \
          WHERE step_id = $1 AND run_id = $2 AND state = ANY($5) RETURNING {STEP_COLUMNS}",
         LEASE.as_secs()
     );
@@ -319,6 +319,38 @@ pub async fn succeed_held(ch: &mut Change, run: RunId, step: StepId, holder: &st
 /// A fenced failure reported by the holder.
 pub async fn fail_held(ch: &mut Change, run: RunId, step: StepId, holder: &str, failure: &Failure, output: Option<&Value>) -> Result<StepRow> {
     apply::<(step::Leased, step::Running), step::Failed>(ch, run, step, Some(holder), Set { finished: true, failure: Some(failure), output, ..Set::default() }).await
+}
+
+/// The holder gives a running step back for later (GitHub rate-limited it or could not serve
+/// it): it returns to `pending` at the same attempt, with `reason` (`deferred:<why>`), its
+/// lease and the wake watching it gone, and an `execute` wake after `delay` offers it again.
+/// Fenced like a completion.
+pub async fn defer_held(ch: &mut Change, run: RunId, step: StepId, holder: &str, reason: &str, delay: Duration) -> Result<StepRow> {
+    let from = <step::Running as MoveTo<step::Pending>>::sources();
+    let sql = format!(
+        "WITH gone AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE step_id = $1 FOR UPDATE SKIP LOCKED)) \
+         UPDATE steps SET state = $3, holder = NULL, lease_expires_at = NULL, reason = $4, \
+           not_before = now() + $5 * interval '1 millisecond' \
+         WHERE step_id = $1 AND run_id = $2 AND state = ANY($6) AND holder = $7 RETURNING {STEP_COLUMNS}"
+    );
+    let reason = cap(reason);
+    let row: StepRow = sqlx::query_as(&sql)
+        .bind(step)
+        .bind(run)
+        .bind(step::Pending::NAME)
+        .bind(&reason)
+        .bind(delay.as_millis() as f64)
+        .bind(&from)
+        .bind(holder)
+        .fetch_optional(&mut *ch.tx)
+        .await?
+        .ok_or_else(|| StoreError::Stale(format!("{step} is no longer running under {holder}")))?;
+    let attrs = json!({ "visit": row.visit, "attempt": row.attempt, "reason": reason, "delay_ms": delay.as_millis() as u64 });
+    ch.event(run, "step.deferred", Some((step, &row.node)), attrs.clone())?;
+    let project = ch.locked(run)?.project;
+    ch.audit(row.org_id, Some(project), "step.deferred", ("step", step.to_string()), attrs)?;
+    ch.wake(run, Some(step), delay, "execute", true).await?;
+    Ok(row)
 }
 
 /// Recovery takes a step back from a holder that went silent, or the engine fails one past

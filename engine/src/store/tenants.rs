@@ -59,6 +59,7 @@ pub async fn create_project(ch: &mut Change, org: OrgId, slug: &Slug, name: &str
         return Err(StoreError::Conflict(format!("a project with slug `{slug}` already exists in this org")));
     }
     ch.audit(org, Some(project), "project.create", ("project", slug.to_string()), json!({}))?;
+    super::retention::start(ch, org, project).await?;
     Ok(project)
 }
 

@@ -458,6 +458,9 @@ pub enum Claim {
     Blocked { event: Uuid, superseded: Vec<RunId>, cycles: i32 },
     /// Judged again when the run it waited behind ended, and no longer matching.
     Revoked { event: Uuid },
+    /// Admission refused the run: its concurrency group is full with policy `skip`, or the
+    /// org's line is full. Its cycle is given back.
+    Skipped { event: Uuid, reason: String },
 }
 
 /// A trigger event to record and claim.
@@ -570,7 +573,7 @@ async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Clai
         )?;
         return Ok(Claim::Blocked { event: ev.id, superseded, cycles });
     }
-    let run = runs::submit(
+    let submitted = runs::submit(
         ch,
         NewRun {
             org: ev.org,
@@ -586,7 +589,20 @@ async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Clai
             source: None,
         },
     )
-    .await?;
+    .await;
+    let run = match submitted {
+        Ok(run) => run,
+        Err(StoreError::Refused(reason) | StoreError::Full(reason)) => {
+            sqlx::query("UPDATE item_cycle_budgets SET cycles_used = greatest(cycles_used - 1, 0) WHERE item_id = $1 AND workflow_id = $2")
+                .bind(ev.item)
+                .bind(wf.id)
+                .execute(&mut *ch.tx)
+                .await?;
+            set_event(ch, ev.id, "skipped", Some(&reason), None).await?;
+            return Ok(Claim::Skipped { event: ev.id, reason });
+        }
+        Err(e) => return Err(e),
+    };
     set_event(ch, ev.id, "started", None, Some(run)).await?;
     Ok(Claim::Opened { event: ev.id, run, superseded })
 }

@@ -53,6 +53,11 @@ pub async fn put_version(ch: &mut Change, org: OrgId, project: ProjectId, name: 
         .execute(&mut *ch.tx)
         .await?;
     ch.audit(org, Some(project), "workflow.version", ("workflow", workflow.to_string()), json!({ "name": name, "version": version, "sha256": sha }))?;
+    // The schedule follows the latest version (callers validated the source; one that does
+    // not parse has no schedule to keep).
+    if let Ok(def) = crate::definition::parse(source) {
+        super::schedules::sync(ch, org, project, workflow, &def).await?;
+    }
     Ok((workflow, version))
 }
 
@@ -68,6 +73,10 @@ pub async fn set_paused(ch: &mut Change, org: OrgId, workflow: WorkflowId, pause
     if let Some(project) = project {
         let action = if paused { "workflow.pause" } else { "workflow.unpause" };
         ch.audit(org, Some(project), action, ("workflow", workflow.to_string()), json!({}))?;
+        if !paused {
+            // The runs it held are admitted again (`store::admission`).
+            super::admission::workflow_unpaused(ch, org, workflow).await?;
+        }
     }
     Ok(project.is_some())
 }

@@ -177,9 +177,18 @@ async fn on_item(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installatio
     }
     let sender = Sender::of(d.event, payload);
     let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
+    let event = match payload.get("action").and_then(Value::as_str) {
+        Some(action) => format!("{}.{action}", d.event),
+        None => d.event.to_owned(),
+    };
     for route in &routes {
         let item = st::ensure_item(ch, route.org, route.project, &update.key()).await?;
         judge_item(ch, d, route, item, &update, &sender, &trigger, report).await?;
+        if let Some(number) = update.number {
+            // Steps waiting on this pull request or issue (a gate following its head, a wait
+            // for `pull_request.closed`) look again, after the projection is updated.
+            crate::store::github::wake_item(ch, route.org, route.project, &update.repository, number, &event).await?;
+        }
     }
     Ok("accepted")
 }
@@ -224,6 +233,8 @@ async fn on_check(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installati
         if !st::record_check(ch, route.org, route.project, &result).await? {
             continue;
         }
+        // Gates watching this commit look at their checks again.
+        crate::store::github::wake_checks(ch, route.org, route.project, &repository, &sha).await?;
         for item in st::items_by_head(ch, route.org, route.project, &repository, &sha).await? {
             let update = ItemUpdate {
                 repository: repository.clone(),

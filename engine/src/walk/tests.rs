@@ -79,6 +79,7 @@ fn output(id: &str, after: &[&str]) -> Node {
             draft: false,
             body: None,
             labels: Vec::new(),
+            remove_labels: Vec::new(),
             column: None,
         }),
     )

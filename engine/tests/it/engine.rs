@@ -42,6 +42,7 @@ pub(crate) fn start_engine(db: &PgPool, url: &str, id: &str) -> CancellationToke
         max_in_flight: 64,
         drain: Duration::from_secs(5),
         test_executor: Some(TestExecutor { effects: None }),
+        outputs: None,
     };
     tokio::spawn(pool::run(db.clone(), cfg, stop.clone(), stop.clone()));
     stop

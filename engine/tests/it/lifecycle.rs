@@ -48,6 +48,7 @@ fn engine(db: &engine::testkit::TestDb, id: &str, executor: bool, effects: Optio
         max_in_flight: 64,
         drain: Duration::from_secs(5),
         test_executor: executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) }),
+        outputs: None,
     };
     let task = tokio::spawn(pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     Eng { drain, abort, task }
@@ -911,11 +912,14 @@ async fn why_reports_queued_and_held_runs_and_only_for_the_runs_org() {
     let run = submit(&db.pool, new_run(&s)).await;
     let w = why(&db.pool, s.org, run).await;
     assert_eq!((name(&w), w.words.as_str(), w.text.as_str()), (Some("queued"), "queued", "Queued: nothing has started yet"));
+    // A pause holds the runs submitted after it (admission); the one admitted before goes on.
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     workflows::set_paused(&mut ch, s.org, s.workflow, true).await.unwrap();
     ch.commit().await.unwrap();
-    let w = why(&db.pool, s.org, run).await;
+    let held = submit(&db.pool, new_run(&s)).await;
+    let w = why(&db.pool, s.org, held).await;
     assert_eq!((name(&w), w.text.as_str()), (Some("held"), "Held: workflow wf is paused"));
+    assert_eq!(why(&db.pool, s.org, run).await.text, "Queued: nothing has started yet");
 
     let err = substate::why(&db.pool, OrgId::mint(), run).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound("run")), "{err}");

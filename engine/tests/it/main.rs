@@ -6,3 +6,5 @@ mod fixtures;
 mod store;
 mod engine;
 mod lifecycle;
+mod admission;
+mod hosts;

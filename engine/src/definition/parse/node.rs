@@ -573,7 +573,7 @@ fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
         cx,
         node,
         path,
-        &["github", "draft", "body", "labels", "column"],
+        &["github", "draft", "body", "labels", "remove", "column"],
     )?;
     let kind = f.must(cx, "github", |cx, n, p| {
         one_of(
@@ -591,6 +591,7 @@ fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
     let draft = f.optional(cx, "draft", boolean);
     let body = f.optional(cx, "body", template_text);
     let labels = f.optional(cx, "labels", string_list);
+    let remove = f.optional(cx, "remove", string_list);
     let column = f.optional(cx, "column", nonempty_string);
 
     let kind = kind?;
@@ -598,11 +599,12 @@ fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
     let (allowed, needed): (&[&str], &[&str]) = match kind {
         OutputKind::PullRequest => (&["draft", "body"], &[]),
         OutputKind::Comment => (&["body"], &["body"]),
-        OutputKind::Label => (&["labels"], &["labels"]),
+        // Labels to add, to remove, or both.
+        OutputKind::Label => (&["labels", "remove"], &[]),
         OutputKind::BoardMove => (&["column"], &["column"]),
     };
     let mut ok = true;
-    for key in ["draft", "body", "labels", "column"] {
+    for key in ["draft", "body", "labels", "remove", "column"] {
         if let Some(n) = f.get(key).filter(|_| !allowed.contains(&key)) {
             cx.report(
                 n.pos,
@@ -619,8 +621,14 @@ fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
         }
     }
     let labels = labels?.unwrap_or_default();
-    if kind == OutputKind::Label && labels.is_empty() && f.get("labels").is_some() {
-        cx.report(f.pos, &f.path("labels"), "name at least one label");
+    let remove_labels = remove?.unwrap_or_default();
+    if kind == OutputKind::Label && labels.is_empty() && remove_labels.is_empty() {
+        // `remove` alone is enough; with neither, `labels` is what is missing.
+        if f.get("labels").is_none() && f.get("remove").is_none() {
+            missing(cx, f.pos, path, "labels");
+        } else {
+            cx.report(f.pos, &f.path("labels"), "name at least one label");
+        }
         ok = false;
     }
     if !ok {
@@ -631,6 +639,7 @@ fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
         draft: draft?.unwrap_or(false),
         body: body?,
         labels,
+        remove_labels,
         column: column?,
     })
 }

@@ -1,0 +1,100 @@
+//! The operator's command line: subcommands that talk to a shopfloor server over its REST API,
+//! and never to the database (`login`, `context`, `runs …`, `approve`, `reject`,
+//! `workflows …`, `hosts list`, `audit list`, `tokens …`, `budgets show`).
+//!
+//! Where the server and token come from: `SHOPFLOOR_SERVER` and `SHOPFLOOR_TOKEN`, else the file
+//! `shopfloor login` wrote (`config.rs`); the org and project from `--org`/`--project`
+//! (`SHOPFLOOR_ORG`, `SHOPFLOOR_PROJECT`), else that file. Output is a table by default and the
+//! API's own JSON, byte for byte, with `--json`. A refused request prints the problem's title
+//! and detail on one line and exits 1; a usage mistake exits 2.
+//!
+//! `http.rs` is the HTTP client, `sse.rs` reads the project's event stream, `table.rs` renders
+//! tables and colour, `form.rs` asks an approval's fields, `follow.rs` is `runs follow`, and
+//! `session.rs`, `runs.rs` and `resources.rs` hold the commands.
+
+mod config;
+mod follow;
+mod form;
+mod http;
+mod resources;
+mod runs;
+mod session;
+mod sse;
+mod table;
+
+use clap::{Args, Subcommand};
+
+/// The client's subcommands, flattened into `shopfloor`'s own.
+#[derive(Debug, Subcommand)]
+pub enum ClientCommand {
+    /// Store a server and a token in your config directory (file mode 0600).
+    Login(session::LoginArgs),
+    /// Show where commands go, or switch the org and project they use.
+    Context(session::ContextArgs),
+    /// Runs: list, show, why, follow, submit, cancel, retry, rerun.
+    Runs(runs::RunsArgs),
+    /// Answer an approval a run waits on with the form's fields (asked in turn on a terminal).
+    Approve(runs::ApproveArgs),
+    /// Reject an approval: the run is cancelled with `rejected at <node>: <reason>`.
+    Reject(runs::RejectArgs),
+    /// Workflows: list, push, validate (on the server), pause, unpause.
+    Workflows(resources::WorkflowsArgs),
+    /// Hosts of the project.
+    Hosts(resources::HostsArgs),
+    /// The audit log.
+    Audit(resources::AuditArgs),
+    /// API tokens: create, list, revoke.
+    Tokens(resources::TokensArgs),
+    /// Budgets and spend.
+    Budgets(resources::BudgetsArgs),
+}
+
+/// Where a command goes and how it prints; accepted after any subcommand.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Conn {
+    /// The server's URL, instead of the one `shopfloor login` stored.
+    #[arg(long, env = "SHOPFLOOR_SERVER", global = true)]
+    pub(crate) server: Option<String>,
+    /// The org's slug, instead of the current context's.
+    #[arg(long, env = "SHOPFLOOR_ORG", global = true)]
+    pub(crate) org: Option<String>,
+    /// The project's slug, instead of the current context's.
+    #[arg(long, env = "SHOPFLOOR_PROJECT", global = true)]
+    pub(crate) project: Option<String>,
+    /// Print the API's JSON exactly as it answered, instead of a table.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// Runs a client command; returns the exit code. Errors are printed here, as one line: the
+/// caller has nothing left to add.
+pub(crate) async fn run(cmd: ClientCommand) -> u8 {
+    let result = match cmd {
+        ClientCommand::Login(args) => session::login(args).await,
+        ClientCommand::Context(args) => session::context(args).await,
+        ClientCommand::Runs(args) => runs::run(args).await,
+        ClientCommand::Approve(args) => runs::approve(args).await,
+        ClientCommand::Reject(args) => runs::reject(args).await,
+        ClientCommand::Workflows(args) => resources::workflows(args).await,
+        ClientCommand::Hosts(args) => resources::hosts(args).await,
+        ClientCommand::Audit(args) => resources::audit(args).await,
+        ClientCommand::Tokens(args) => resources::tokens(args).await,
+        ClientCommand::Budgets(args) => resources::budgets(args).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// Writes a line to standard output; a closed pipe (`| head`) is not an error worth a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+pub(crate) use say;

@@ -1,0 +1,194 @@
+//! The web console: server-rendered HTML pages served by the API at `/`, with small plain
+//! scripts that make them live through the project event stream (SSE). Every page works with
+//! scripts off, except for live updates.
+//!
+//! The console holds no state and writes nothing itself. It reads with SQL filtered by org,
+//! like the REST handlers, and **acts by calling the REST API in-process**: a form post becomes
+//! a request to the documented route, dispatched through the same router with the signed-in
+//! caller attached (`internal`), so the console's approve, reject, cancel, retry, rerun,
+//! pause, upload and token forms run exactly the checks and the `engine::store` writes of the
+//! REST handlers, and a console user can do nothing a token of theirs could not.
+//!
+//! - `session` — sign-in state: the session cookie holds one console token per org (API
+//!   tokens named `console session`, revoked at sign-out), CSRF tokens derived from it.
+//! - `oauth` — sign-in with GitHub (authorize, code exchange, `/user`), and with a token.
+//! - `internal` — calls to the REST router; `error` — the console's error pages.
+//! - `pages/` — Today, runs, the run page, hosts, workflows, audit log, tokens.
+//! - `svg` — the run page's waterfall and graph; `view` — templates and formatting.
+//!
+//! **Architecture Invariant:** no handler here writes to the database; every change goes
+//! through a REST handler (and so through `engine::store`), or through `crate::auth` for the
+//! session tokens themselves.
+
+/// A template context whose values are serialized (minijinja's `context!` wants `Value`s).
+macro_rules! ctx {
+    ($($key:ident => $value:expr),* $(,)?) => {
+        minijinja::context! { $($key => minijinja::Value::from(minijinja::value::Serde(&$value))),* }
+    };
+}
+
+mod error;
+mod internal;
+mod oauth;
+mod pages;
+mod session;
+mod svg;
+mod view;
+
+use std::sync::Arc;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use secrecy::SecretString;
+
+use crate::http::AppState;
+
+pub use error::ConsoleError;
+pub use view::templates;
+
+/// The console's settings: `SHOPFLOOR_PUBLIC_URL` (the address people use, e.g.
+/// `https://shopfloor.example.com`; it makes the OAuth callback URL and, when `https`, marks
+/// cookies `Secure`; by default the request's `Host` over plain HTTP, or HTTPS when a proxy
+/// says `X-Forwarded-Proto: https`), `SHOPFLOOR_GITHUB_CLIENT_ID` and
+/// `SHOPFLOOR_GITHUB_CLIENT_SECRET` (a GitHub OAuth App's; without them only token sign-in is
+/// offered), `SHOPFLOOR_GITHUB_OAUTH_URL` (default `https://github.com`),
+/// `SHOPFLOOR_GITHUB_OAUTH_API_URL` (default `https://api.github.com`; both point at a fake in
+/// tests, or at a GitHub Enterprise server), `SHOPFLOOR_CONSOLE_SESSION_HOURS` (12).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConsoleConfig {
+    /// The console's public base URL.
+    #[arg(long = "public-url", env = "SHOPFLOOR_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// The GitHub OAuth App's client id.
+    #[arg(long = "github-client-id", env = "SHOPFLOOR_GITHUB_CLIENT_ID")]
+    pub github_client_id: Option<String>,
+    /// The GitHub OAuth App's client secret.
+    #[arg(long = "github-client-secret", env = "SHOPFLOOR_GITHUB_CLIENT_SECRET", hide_env_values = true)]
+    pub github_client_secret: Option<SecretString>,
+    /// Where GitHub's OAuth pages are (`/login/oauth/authorize`, `/login/oauth/access_token`).
+    #[arg(long = "github-oauth-url", env = "SHOPFLOOR_GITHUB_OAUTH_URL", default_value = "https://github.com")]
+    pub github_oauth_url: String,
+    /// GitHub's REST API, for `/user` during sign-in.
+    #[arg(long = "github-oauth-api-url", env = "SHOPFLOOR_GITHUB_OAUTH_API_URL", default_value = "https://api.github.com")]
+    pub github_oauth_api_url: String,
+    /// How long a console session lasts.
+    #[arg(long = "console-session-hours", env = "SHOPFLOOR_CONSOLE_SESSION_HOURS", default_value_t = 12)]
+    pub session_hours: u32,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            public_url: None,
+            github_client_id: None,
+            github_client_secret: None,
+            github_oauth_url: "https://github.com".into(),
+            github_oauth_api_url: "https://api.github.com".into(),
+            session_hours: 12,
+        }
+    }
+}
+
+impl ConsoleConfig {
+    fn github_enabled(&self) -> bool {
+        self.github_client_id.is_some() && self.github_client_secret.is_some()
+    }
+}
+
+/// What the console's handlers share.
+#[derive(Clone)]
+pub struct Console {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    app: AppState,
+    /// The REST API's routes, served in-process for the console's actions and reads.
+    api: Router,
+    env: minijinja::Environment<'static>,
+    cfg: ConsoleConfig,
+    http: reqwest::Client,
+    /// Parsed workflow versions, for the run page's graph.
+    catalog: engine::catalog::Catalog,
+}
+
+impl Console {
+    fn state(&self) -> &AppState {
+        &self.inner.app
+    }
+
+    fn db(&self) -> &sqlx::PgPool {
+        &self.inner.app.db
+    }
+
+    fn cfg(&self) -> &ConsoleConfig {
+        &self.inner.cfg
+    }
+}
+
+/// The console's routes, to merge into the app beside the REST API. Panics only if a template
+/// does not compile, which the tests catch.
+pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
+    let (api, _) = crate::http::api_router().split_for_parts();
+    let api = api.with_state(state.clone());
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .user_agent(concat!("shopfloor/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .unwrap_or_default();
+    let console = Console {
+        inner: Arc::new(Inner { app: state, api, env: templates().expect("the console's templates compile"), cfg, http, catalog: Default::default() }),
+    };
+    let project = "/orgs/{org}/projects/{project}";
+    let run = "/orgs/{org}/projects/{project}/runs/{run}";
+    Router::new()
+        .route("/", get(pages::home))
+        .route("/static/console.css", get(stylesheet))
+        .route("/static/console.js", get(script))
+        .route("/signin", get(oauth::signin_page))
+        .route("/signin/token", post(oauth::signin_token))
+        .route("/auth/github", get(oauth::github_start))
+        .route("/auth/github/callback", get(oauth::github_callback))
+        .route("/signout", post(oauth::signout))
+        .route("/orgs/{org}", get(pages::today::page))
+        .route("/orgs/{org}/audit", get(pages::audit::page))
+        .route("/orgs/{org}/tokens", get(pages::tokens::page).post(pages::tokens::create))
+        .route("/orgs/{org}/tokens/{token}/revoke", post(pages::tokens::revoke))
+        .route(&format!("{project}/live"), get(pages::live))
+        .route(&format!("{project}/runs"), get(pages::runs::page))
+        .route(&format!("{project}/hosts"), get(pages::hosts::page))
+        .route(&format!("{project}/workflows"), get(pages::workflows::list).post(pages::workflows::upload))
+        .route(&format!("{project}/workflows/validate"), post(pages::workflows::validate))
+        .route(&format!("{project}/workflows/{{name}}"), get(pages::workflows::detail))
+        .route(&format!("{project}/workflows/{{name}}/pause"), post(pages::workflows::pause))
+        .route(&format!("{project}/workflows/{{name}}/unpause"), post(pages::workflows::unpause))
+        .route(run, get(pages::run::page))
+        .route(&format!("{run}/approve/{{node}}"), post(pages::run::approve))
+        .route(&format!("{run}/reject/{{node}}"), post(pages::run::reject))
+        .route(&format!("{run}/cancel"), post(pages::run::cancel))
+        .route(&format!("{run}/retry"), post(pages::run::retry))
+        .route(&format!("{run}/rerun"), post(pages::run::rerun))
+        .route(&format!("{run}/steps/{{step}}/transcript"), get(pages::run::transcript))
+        .with_state(console)
+}
+
+const CSS: &str = include_str!("../../templates/static/console.css");
+const JS: &str = include_str!("../../templates/static/console.js");
+
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    let mut response = (StatusCode::OK, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=300"));
+    response
+}
+
+async fn stylesheet() -> Response {
+    asset(CSS, "text/css; charset=utf-8")
+}
+
+async fn script() -> Response {
+    asset(JS, "text/javascript; charset=utf-8")
+}

@@ -1,0 +1,66 @@
+//! The console's pages. Each handler reads the session of the org in its path, reads what it
+//! shows (its own SQL filtered by org, or the REST API in-process), and renders a template.
+//! Forms post back here; the handlers check the CSRF field, then act through the REST API.
+
+pub(super) mod audit;
+pub(super) mod hosts;
+pub(super) mod run;
+pub(super) mod runs;
+pub(super) mod today;
+pub(super) mod tokens;
+pub(super) mod workflows;
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Redirect, Response};
+use serde::Deserialize;
+
+use super::session::entries;
+use super::{Console, ConsoleError};
+
+/// `/`: the first org's Today, or the sign-in page.
+pub(super) async fn home(headers: HeaderMap) -> Response {
+    match entries(&headers).first() {
+        Some((slug, _)) => Redirect::to(&format!("/orgs/{slug}")).into_response(),
+        None => Redirect::to("/signin").into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct ProjectPath {
+    pub org: String,
+    pub project: String,
+}
+
+/// Where a request wants to come back to after signing in.
+pub(super) fn here(uri: &Uri) -> String {
+    uri.path_and_query().map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned())
+}
+
+/// The project's event stream for the page's live updates: the REST stream, as the signed-in
+/// person (an `EventSource` cannot send a bearer token, but it sends the cookie).
+pub(super) async fn live(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &p.org, &here(&uri)).await?;
+    let last = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let mut extra: Vec<(&str, &str)> = Vec::new();
+    if let Some(last) = &last {
+        extra.push(("last-event-id", last.as_str()));
+    }
+    let path = format!("/orgs/{}/projects/{}/events", p.org, p.project);
+    let response = c.dispatch(&s.caller, Method::GET, &path, None, &extra).await?;
+    match response.status() {
+        StatusCode::OK => Ok(response),
+        StatusCode::NOT_FOUND => Err(ConsoleError::NotFound("project not found".into())),
+        status => Err(ConsoleError::BadRequest(format!("the event stream answered {status}"))),
+    }
+}
+
+/// A posted form as name → value (the last value of a repeated name wins).
+pub(super) type FormMap = HashMap<String, String>;
+
+/// A redirect after a post (303, so the browser reloads with GET).
+pub(super) fn see_other(to: &str) -> Response {
+    Redirect::to(to).into_response()
+}

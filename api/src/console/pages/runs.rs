@@ -1,0 +1,140 @@
+//! The runs of a project, newest first, with filters (status, substate, workflow, item, a
+//! time window) and keyset paging. The list is the REST API's (`GET …/runs`), so its filters,
+//! cursors and substates are the API's own; the time window maps onto it: "started before" is
+//! a cursor at that instant, "started after" ends the list there.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Uri};
+use axum::response::Response;
+use chrono::{DateTime, NaiveDateTime, Utc};
+use engine::ids::RunId;
+use serde::Deserialize;
+
+use super::super::view::{urlencode, Page};
+use super::super::{Console, ConsoleError};
+use super::{here, ProjectPath};
+use crate::http::page;
+use crate::http::runs::RunList;
+
+#[derive(Debug, Deserialize, Default, serde::Serialize)]
+pub(in super::super) struct Filters {
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    substate: String,
+    #[serde(default)]
+    workflow: String,
+    #[serde(default)]
+    item: String,
+    /// `YYYY-MM-DDTHH:MM` (UTC), as a `datetime-local` field sends it.
+    #[serde(default)]
+    since: String,
+    #[serde(default)]
+    until: String,
+    #[serde(default)]
+    cursor: String,
+}
+
+pub(in super::super) const STATUSES: [&str; 4] = ["running", "completed", "failed", "cancelled"];
+pub(in super::super) const SUBSTATES: [(&str, &str); 9] = [
+    ("queued", "queued"),
+    ("executing", "running"),
+    ("waiting_for_agent", "waiting for a host"),
+    ("unroutable", "no host can run this"),
+    ("sleeping", "asleep"),
+    ("awaiting_signal", "waiting for approval or a signal"),
+    ("awaiting_child", "waiting on another run"),
+    ("awaiting_lease", "waiting for a lock"),
+    ("held", "held"),
+];
+
+/// A `datetime-local` value (or RFC 3339), read as UTC.
+fn instant(text: &str) -> Option<DateTime<Utc>> {
+    let t = text.trim();
+    if t.is_empty() {
+        return None;
+    }
+    DateTime::parse_from_rfc3339(t)
+        .map(|d| d.with_timezone(&Utc))
+        .ok()
+        .or_else(|| NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M").ok().map(|n| n.and_utc()))
+        .or_else(|| NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S").ok().map(|n| n.and_utc()))
+}
+
+pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Query(f): Query<Filters>) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &p.org, &here(&uri)).await?;
+    let mut problems: Vec<String> = Vec::new();
+    let mut q: Vec<String> = vec!["limit=50".into()];
+    if STATUSES.contains(&f.status.as_str()) {
+        q.push(format!("status={}", f.status));
+    }
+    if SUBSTATES.iter().any(|(k, _)| *k == f.substate) {
+        q.push(format!("substate={}", f.substate));
+    }
+    if !f.workflow.trim().is_empty() {
+        q.push(format!("workflow={}", urlencode(f.workflow.trim())));
+    }
+    if !f.item.trim().is_empty() {
+        q.push(format!("item={}", urlencode(f.item.trim())));
+    }
+    let since = instant(&f.since);
+    if !f.since.trim().is_empty() && since.is_none() {
+        problems.push("\"Started after\" is not a date and time".into());
+    }
+    let until = instant(&f.until);
+    if !f.until.trim().is_empty() && until.is_none() {
+        problems.push("\"Started before\" is not a date and time".into());
+    }
+    if !f.cursor.is_empty() {
+        q.push(format!("cursor={}", urlencode(&f.cursor)));
+    } else if let Some(until) = until {
+        // The list's keyset is (created_at, run id) descending: start just before `until`.
+        q.push(format!("cursor={}", page::encode(&(until.timestamp_micros(), RunId(uuid::Uuid::nil())))));
+    }
+    let path = format!("/orgs/{}/projects/{}/runs?{}", p.org, p.project, q.join("&"));
+    let mut list: RunList = c.read(&s.caller, &path).await?;
+    if let Some(since) = since {
+        let before = list.items.len();
+        list.items.retain(|r| r.created_at >= since);
+        if list.items.len() < before {
+            list.next_cursor = None;
+        }
+    }
+    // The next page keeps the filters.
+    let next = list.next_cursor.as_ref().map(|cursor| {
+        let mut keep: Vec<String> = Vec::new();
+        for (k, v) in [("status", &f.status), ("substate", &f.substate), ("workflow", &f.workflow), ("item", &f.item), ("since", &f.since), ("until", &f.until)] {
+            if !v.trim().is_empty() {
+                keep.push(format!("{k}={}", urlencode(v.trim())));
+            }
+        }
+        keep.push(format!("cursor={}", urlencode(cursor)));
+        format!("?{}", keep.join("&"))
+    });
+    let workflows: Vec<String> = sqlx::query_scalar(
+        "SELECT w.name FROM workflows w JOIN projects p ON p.project_id = w.project_id \
+         WHERE w.org_id = $1 AND p.org_id = $1 AND p.slug = $2 ORDER BY w.name LIMIT 200",
+    )
+    .bind(s.caller.org)
+    .bind(&p.project)
+    .fetch_all(c.db())
+    .await?;
+    let projects = c.projects(&s).await?;
+    let page = Page::of(&s, format!("Runs · {}", p.project), "runs").project(&p.project, projects);
+    let filtered = !(f.status.is_empty() && f.substate.is_empty() && f.workflow.is_empty() && f.item.is_empty() && f.since.is_empty() && f.until.is_empty());
+    c.page(
+        "runs.html",
+        ctx! {
+            page => page,
+            runs => list.items,
+            next => next,
+            paged => !f.cursor.is_empty(),
+            filters => f,
+            filtered => filtered,
+            problems => problems,
+            statuses => STATUSES,
+            substates => SUBSTATES,
+            workflows => workflows,
+        },
+    )
+}

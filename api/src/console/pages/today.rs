@@ -1,0 +1,147 @@
+//! Today, per org: what needs the person (approvals waiting, with their prompt and deadline;
+//! cycle-budget asks; failures no retry or rerun has answered yet), what is running (with its
+//! substate in words), and what finished lately. Across every project of the org, each list by
+//! its own index (`approvals_open`, `item_cycle_budgets_asks`, `runs_failed_by_org`,
+//! `runs_running_by_org`, `runs_ended_by_org`), the substates in `engine::substate`'s three
+//! queries for the whole page.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Uri};
+use axum::response::Response;
+use chrono::{DateTime, Utc};
+use engine::ids::RunId;
+use engine::substate;
+use serde::Serialize;
+
+use super::super::view::Page;
+use super::super::{Console, ConsoleError};
+use super::here;
+
+/// Approvals waiting in the org ($1 org, $2 a project or NULL).
+pub(crate) const APPROVALS_SQL: &str = "SELECT a.run_id, a.node, a.prompt, a.deadline, s.created_at AS asked_at, p.slug AS project, w.name AS workflow \
+     FROM approvals a JOIN steps s ON s.step_id = a.step_id JOIN runs r ON r.run_id = a.run_id \
+     JOIN projects p ON p.project_id = r.project_id JOIN workflows w ON w.workflow_id = r.workflow_id \
+     WHERE a.org_id = $1 AND a.decision IS NULL AND s.state = 'waiting' AND r.status = 'running' \
+       AND ($2::uuid IS NULL OR r.project_id = $2) \
+     ORDER BY a.deadline ASC NULLS LAST, s.created_at LIMIT 50";
+
+/// Cycle budgets used up, asking for a reset ($1 org, $2 a project or NULL).
+pub(crate) const ASKS_SQL: &str = "SELECT i.key AS item, i.title, w.name AS workflow, p.slug AS project, b.cycles_used, b.asked_at \
+     FROM item_cycle_budgets b JOIN items i ON i.item_id = b.item_id JOIN workflows w ON w.workflow_id = b.workflow_id \
+     JOIN projects p ON p.project_id = w.project_id \
+     WHERE b.org_id = $1 AND b.asked_at IS NOT NULL AND ($2::uuid IS NULL OR w.project_id = $2) \
+     ORDER BY b.asked_at DESC LIMIT 20";
+
+/// Failures of the last week that no retry or rerun answers ($1 org, $2 a project or NULL).
+pub(crate) const FAILURES_SQL: &str = "SELECT r.run_id, r.reason, r.ended_at, p.slug AS project, w.name AS workflow \
+     FROM runs r JOIN projects p ON p.project_id = r.project_id JOIN workflows w ON w.workflow_id = r.workflow_id \
+     WHERE r.org_id = $1 AND r.status = 'failed' AND r.ended_at > now() - interval '7 days' \
+       AND ($2::uuid IS NULL OR r.project_id = $2) \
+       AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.source_run_id = r.run_id) \
+     ORDER BY r.ended_at DESC, r.run_id DESC LIMIT 20";
+
+/// Running runs, newest first ($1 org, $2 a project or NULL).
+pub(crate) const RUNNING_SQL: &str = "SELECT r.run_id, r.created_at, r.started_at, p.slug AS project, w.name AS workflow, i.key AS item \
+     FROM runs r JOIN projects p ON p.project_id = r.project_id JOIN workflows w ON w.workflow_id = r.workflow_id \
+     LEFT JOIN items i ON i.item_id = r.item_id \
+     WHERE r.org_id = $1 AND r.status = 'running' AND ($2::uuid IS NULL OR r.project_id = $2) \
+     ORDER BY r.created_at DESC, r.run_id DESC LIMIT 50";
+
+/// Finished lately, latest first ($1 org, $2 a project or NULL).
+pub(crate) const RECENT_SQL: &str = "SELECT r.run_id, r.status, r.reason, r.created_at, r.ended_at, p.slug AS project, w.name AS workflow \
+     FROM runs r JOIN projects p ON p.project_id = r.project_id JOIN workflows w ON w.workflow_id = r.workflow_id \
+     WHERE r.org_id = $1 AND r.status <> 'running' AND ($2::uuid IS NULL OR r.project_id = $2) \
+     ORDER BY r.ended_at DESC, r.run_id DESC LIMIT 20";
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+struct Approval {
+    run_id: RunId,
+    node: String,
+    prompt: String,
+    deadline: Option<DateTime<Utc>>,
+    asked_at: DateTime<Utc>,
+    project: String,
+    workflow: String,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+struct Ask {
+    item: String,
+    title: Option<String>,
+    workflow: String,
+    project: String,
+    cycles_used: i32,
+    asked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+struct Failure {
+    run_id: RunId,
+    reason: Option<String>,
+    ended_at: Option<DateTime<Utc>>,
+    project: String,
+    workflow: String,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+struct Running {
+    run_id: RunId,
+    created_at: DateTime<Utc>,
+    started_at: Option<DateTime<Utc>>,
+    project: String,
+    workflow: String,
+    item: Option<String>,
+    #[sqlx(skip)]
+    words: String,
+    #[sqlx(skip)]
+    substate: String,
+    #[sqlx(skip)]
+    why: String,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+struct Recent {
+    run_id: RunId,
+    status: String,
+    reason: Option<String>,
+    created_at: DateTime<Utc>,
+    ended_at: Option<DateTime<Utc>>,
+    project: String,
+    workflow: String,
+}
+
+pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &org, &here(&uri)).await?;
+    let (org_id, only) = (s.caller.org, s.caller.project.map(|p| p.0));
+    let db = c.db();
+    let approvals: Vec<Approval> = sqlx::query_as(APPROVALS_SQL).bind(org_id).bind(only).fetch_all(db).await?;
+    let asks: Vec<Ask> = sqlx::query_as(ASKS_SQL).bind(org_id).bind(only).fetch_all(db).await?;
+    let failures: Vec<Failure> = sqlx::query_as(FAILURES_SQL).bind(org_id).bind(only).fetch_all(db).await?;
+    let mut running: Vec<Running> = sqlx::query_as(RUNNING_SQL).bind(org_id).bind(only).fetch_all(db).await?;
+    let recent: Vec<Recent> = sqlx::query_as(RECENT_SQL).bind(org_id).bind(only).fetch_all(db).await?;
+    let ids: Vec<RunId> = running.iter().map(|r| r.run_id).collect();
+    if !ids.is_empty() {
+        for why in substate::whys(db, org_id, &ids).await? {
+            if let Some(r) = running.iter_mut().find(|r| r.run_id == why.run) {
+                r.words = why.words;
+                r.substate = why.substate.as_ref().map(|s| s.name().to_owned()).unwrap_or_default();
+                r.why = why.text;
+            }
+        }
+    }
+    let projects = c.projects(&s).await?;
+    let mut page = Page::of(&s, format!("Today · {org}"), "today");
+    page.streams = projects.iter().map(|p| format!("/orgs/{org}/projects/{p}/live")).collect();
+    page.projects = projects;
+    c.page(
+        "today.html",
+        ctx! {
+            page => page,
+            approvals => approvals,
+            asks => asks,
+            failures => failures,
+            running => running,
+            recent => recent,
+        },
+    )
+}

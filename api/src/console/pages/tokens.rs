@@ -1,0 +1,58 @@
+//! API tokens: the person's own (everyone's for an admin), a form to make one (shown once),
+//! and revoking. Console sessions are tokens too, named `console session`.
+
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::Response;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::super::session::OrgSession;
+use super::super::view::{self, Page};
+use super::super::{Console, ConsoleError};
+use super::{here, see_other, FormMap};
+use crate::http::tokens::TokenList;
+
+async fn render(c: &Console, s: &OrgSession, created: Option<Value>, error: Option<String>, status: StatusCode) -> Result<Response, ConsoleError> {
+    let list: TokenList = c.read(&s.caller, &format!("/orgs/{}/tokens?limit=200", s.org)).await?;
+    let mut page = Page::of(s, format!("Tokens · {}", s.org), "tokens");
+    page.projects = c.projects(s).await?;
+    let roles: Vec<&str> = ["viewer", "member", "admin", "owner"].into_iter().filter(|r| crate::http::auth::Role::parse(r).is_some_and(|r| r <= s.role())).collect();
+    let html = c.render(
+        "tokens.html",
+        ctx! { page => page, tokens => list.items, created => created, error => error, roles => roles, me => s.caller.jti.to_string() },
+    )?;
+    Ok(view::html(status, html))
+}
+
+pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &org, &here(&uri)).await?;
+    render(&c, &s, None, None, StatusCode::OK).await
+}
+
+pub(in super::super) async fn create(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &org, &here(&uri)).await?;
+    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let days = f.get("days").and_then(|d| d.trim().parse::<u32>().ok());
+    let body = json!({ "name": f.get("name").map(|n| n.trim()).unwrap_or_default(), "role": f.get("role").filter(|r| !r.is_empty()), "expires_in_days": days });
+    match c.call(&s.caller, Method::POST, &format!("/orgs/{org}/tokens"), Some(body)).await? {
+        // The token's text is shown once, on this answer; a reload does not show it again.
+        Ok(created) => render(&c, &s, Some(created), None, StatusCode::CREATED).await,
+        Err(r) => render(&c, &s, None, Some(r.detail().to_owned()), StatusCode::UNPROCESSABLE_ENTITY).await,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(in super::super) struct TokenPath {
+    org: String,
+    token: String,
+}
+
+pub(in super::super) async fn revoke(State(c): State<Console>, Path(p): Path<TokenPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &p.org, &here(&uri)).await?;
+    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    match c.call(&s.caller, Method::DELETE, &format!("/orgs/{}/tokens/{}", p.org, view::urlencode(&p.token)), None).await? {
+        Ok(_) => Ok(see_other(&format!("/orgs/{}/tokens", p.org))),
+        Err(r) => render(&c, &s, None, Some(r.detail().to_owned()), StatusCode::UNPROCESSABLE_ENTITY).await,
+    }
+}

@@ -1,0 +1,171 @@
+//! Workflows of a project: the list (with pause and unpause), one workflow's versions and
+//! definition, and a form that validates or uploads a definition, showing each problem at its
+//! line. All of it is the REST API's: `validate-workflow` answers the problems, an upload that
+//! does not validate is refused with them.
+
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::super::session::OrgSession;
+use super::super::view::{self, Page};
+use super::super::{Console, ConsoleError};
+use super::{here, see_other, FormMap, ProjectPath};
+use crate::http::error::WorkflowProblem;
+use crate::http::workflows::{Validation, VersionList, WorkflowDetail, WorkflowList};
+
+#[derive(Debug, Deserialize)]
+pub(in super::super) struct NamePath {
+    org: String,
+    project: String,
+    name: String,
+}
+
+#[derive(Debug, Serialize)]
+struct SourceLine {
+    n: usize,
+    text: String,
+    problems: Vec<String>,
+}
+
+/// The definition's lines, each with the problems found on it.
+fn annotate(source: &str, problems: &[WorkflowProblem]) -> Vec<SourceLine> {
+    source
+        .lines()
+        .enumerate()
+        .map(|(i, text)| SourceLine {
+            n: i + 1,
+            text: text.to_owned(),
+            problems: problems.iter().filter(|p| p.line == i + 1).map(|p| format!("{}:{}: {} ({})", p.line, p.col, p.message, p.path)).collect(),
+        })
+        .collect()
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Check {
+    source: String,
+    ran: bool,
+    valid: bool,
+    name: Option<String>,
+    lines: Vec<SourceLine>,
+    /// Problems about the whole file (line 0).
+    general: Vec<String>,
+    error: Option<String>,
+    uploaded: Option<String>,
+}
+
+async fn render_list(c: &Console, s: &OrgSession, project: &str, check: Check, status: StatusCode) -> Result<Response, ConsoleError> {
+    let list: WorkflowList = c.read(&s.caller, &format!("/orgs/{}/projects/{project}/workflows?limit=200", s.org)).await?;
+    let projects = c.projects(s).await?;
+    let page = Page::of(s, format!("Workflows · {project}"), "workflows").project(project, projects);
+    let can_edit = s.can(crate::http::auth::Role::Member);
+    let html = c.render("workflows.html", ctx! { page => page, workflows => list.items, check => check, can_edit => can_edit })?;
+    Ok(view::html(status, html))
+}
+
+pub(in super::super) async fn list(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &p.org, &here(&uri)).await?;
+    render_list(&c, &s, &p.project, Check::default(), StatusCode::OK).await
+}
+
+fn checked(source: String, problems: Vec<WorkflowProblem>, name: Option<String>) -> Check {
+    let general = problems.iter().filter(|p| p.line == 0).map(|p| format!("{} ({})", p.message, p.path)).collect();
+    Check { lines: annotate(&source, &problems), valid: problems.is_empty(), ran: true, name, general, source, ..Check::default() }
+}
+
+/// Validates a definition without storing it.
+pub(in super::super) async fn validate(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &p.org, &here(&uri)).await?;
+    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let source = f.get("source").cloned().unwrap_or_default();
+    let path = format!("/orgs/{}/projects/{}/validate-workflow", p.org, p.project);
+    let check = match c.call(&s.caller, Method::POST, &path, Some(json!({ "source": source }))).await? {
+        Ok(v) => {
+            let v: Validation = serde_json::from_value(v).map_err(ConsoleError::internal)?;
+            checked(source, v.problems, v.name)
+        }
+        Err(r) => Check { source, error: Some(r.detail().to_owned()), ran: true, ..Check::default() },
+    };
+    let status = if check.valid { StatusCode::OK } else { StatusCode::UNPROCESSABLE_ENTITY };
+    render_list(&c, &s, &p.project, check, status).await
+}
+
+/// Uploads a definition as the next version of the workflow it names.
+pub(in super::super) async fn upload(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &p.org, &here(&uri)).await?;
+    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let source = f.get("source").cloned().unwrap_or_default();
+    let path = format!("/orgs/{}/projects/{}/workflows", p.org, p.project);
+    match c.call(&s.caller, Method::POST, &path, Some(json!({ "source": source }))).await? {
+        Ok(v) => {
+            let name = v.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+            Ok(see_other(&format!("/orgs/{}/projects/{}/workflows/{}", p.org, p.project, view::urlencode(name))))
+        }
+        Err(r) => {
+            let check = match r.problem.problems.clone() {
+                Some(problems) => checked(source, problems, None),
+                None => Check { source, error: Some(r.detail().to_owned()), ran: true, ..Check::default() },
+            };
+            render_list(&c, &s, &p.project, check, StatusCode::UNPROCESSABLE_ENTITY).await
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub(in super::super) struct VersionQuery {
+    version: Option<i32>,
+}
+
+pub(in super::super) async fn detail(State(c): State<Console>, Path(p): Path<NamePath>, headers: HeaderMap, uri: Uri, Query(q): Query<VersionQuery>) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &p.org, &here(&uri)).await?;
+    let base = format!("/orgs/{}/projects/{}/workflows/{}", p.org, p.project, view::urlencode(&p.name));
+    let detail: WorkflowDetail = c.read(&s.caller, &base).await?;
+    let versions: VersionList = c.read(&s.caller, &format!("{base}/versions?limit=200")).await?;
+    let shown = match q.version {
+        Some(v) if Some(v) != detail.latest.as_ref().map(|l| l.version) => Some(c.read::<crate::http::workflows::Version>(&s.caller, &format!("{base}/versions/{v}")).await?),
+        _ => detail.latest,
+    };
+    let source = shown.as_ref().and_then(|v| v.source.clone()).unwrap_or_default();
+    // Stored versions validated when they were uploaded; a parser that changed since may
+    // disagree, and the page says so at the line.
+    let problems: Vec<WorkflowProblem> = match engine::definition::parse(&source) {
+        Ok(_) => Vec::new(),
+        Err(problems) => problems.iter().map(WorkflowProblem::from).collect(),
+    };
+    let projects = c.projects(&s).await?;
+    let page = Page::of(&s, format!("{} · workflows", p.name), "workflows").project(&p.project, projects);
+    let can_edit = s.can(crate::http::auth::Role::Member);
+    c.page(
+        "workflow.html",
+        ctx! {
+            page => page,
+            workflow => detail.workflow,
+            version => shown.as_ref().map(|v| v.version),
+            versions => versions.items,
+            lines => annotate(&source, &problems),
+            valid => problems.is_empty(),
+            can_edit => can_edit,
+            source => source,
+        },
+    )
+}
+
+async fn set_paused(c: &Console, p: &NamePath, headers: &HeaderMap, uri: &Uri, f: &FormMap, what: &str) -> Result<Response, ConsoleError> {
+    let s = c.session(headers, &p.org, &here(uri)).await?;
+    s.check(headers, f.get("_csrf").map(String::as_str))?;
+    let path = format!("/orgs/{}/projects/{}/workflows/{}/{what}", p.org, p.project, view::urlencode(&p.name));
+    match c.call(&s.caller, Method::POST, &path, None).await? {
+        Ok(_) => Ok(see_other(&format!("/orgs/{}/projects/{}/workflows", p.org, p.project))),
+        Err(r) => Err(ConsoleError::BadRequest(r.detail().to_owned())),
+    }
+}
+
+pub(in super::super) async fn pause(State(c): State<Console>, Path(p): Path<NamePath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+    set_paused(&c, &p, &headers, &uri, &f, "pause").await
+}
+
+pub(in super::super) async fn unpause(State(c): State<Console>, Path(p): Path<NamePath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+    set_paused(&c, &p, &headers, &uri, &f, "unpause").await
+}

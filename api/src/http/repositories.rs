@@ -1,0 +1,134 @@
+//! Repositories of a project: list (viewer) and connect (admin).
+//!
+//! A repository is connected to a project through an installation of the GitHub App. The
+//! `installation` and `installation_repositories` webhooks keep the connection current
+//! afterwards (an uninstalled App or a removed repository detaches it; added back, it is
+//! attached again), but only a person connects a repository to a project: a webhook alone never
+//! routes a repository's events to a project no one chose.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use engine::store::triggers;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::auth::Role;
+use super::error::ApiError;
+use super::extract::{Json, Query};
+use super::tenant::ProjectScope;
+use super::{page, AppState};
+
+#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct Repository {
+    /// `owner/name`, lowercased.
+    pub full_name: String,
+    /// The App installation it is reached through; null when the App lost access to it.
+    pub installation_id: Option<i64>,
+    /// The branch pull requests are opened against.
+    pub default_branch: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RepositoryList {
+    pub items: Vec<Repository>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectRepository {
+    /// The GitHub App installation that can reach the repository.
+    pub installation_id: i64,
+    /// `owner/name`.
+    pub repository: String,
+    /// The installation's account (the repository's owner by default).
+    pub account: Option<String>,
+    /// The branch pull requests are opened against (`main` by default).
+    pub default_branch: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Page size, 1 to 200 (50 by default).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// The project's repositories, by name.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/repositories", operation_id = "list_repositories", tag = "repositories",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ListQuery),
+    responses((status = 200, body = RepositoryList)))]
+pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<RepositoryList>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let limit = page::limit(q.limit)?;
+    let after: Option<String> = page::decode(q.cursor.as_deref())?;
+    let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT full_name, installation_id, default_branch, created_at FROM repositories WHERE org_id = ");
+    qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
+    if let Some(name) = after {
+        qb.push(" AND full_name > ").push_bind(name);
+    }
+    qb.push(" ORDER BY full_name LIMIT ").push_bind(limit + 1);
+    let rows: Vec<Repository> = qb.build_query_as().fetch_all(&state.db).await?;
+    let (items, next_cursor) = page::finish(rows, limit, |r| r.full_name.clone());
+    Ok(Json(RepositoryList { items, next_cursor }))
+}
+
+/// `owner/name` with GitHub's characters only.
+fn valid_name(name: &str) -> bool {
+    let ok = |part: &str| !part.is_empty() && part.len() <= 100 && part.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    matches!(name.split_once('/'), Some((owner, repo)) if ok(owner) && ok(repo) && !repo.contains('/'))
+}
+
+/// Connects a repository to the project through an App installation (admin). Connecting it
+/// again updates the installation and default branch. An installation of another org is not
+/// found.
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/repositories", operation_id = "connect_repository", tag = "repositories",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    request_body = ConnectRepository,
+    responses((status = 201, body = Repository), (status = 404, description = "The installation belongs to another org", body = super::Problem, content_type = "application/problem+json")))]
+pub async fn connect(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<ConnectRepository>) -> Result<Response, ApiError> {
+    scope.require(Role::Admin)?;
+    if !valid_name(&body.repository) {
+        return Err(ApiError::Unprocessable("repository must be owner/name".into()));
+    }
+    if body.installation_id <= 0 {
+        return Err(ApiError::Unprocessable("installation_id must be a GitHub installation id".into()));
+    }
+    let branch = body.default_branch.as_deref().unwrap_or("main");
+    if branch.is_empty() || branch.len() > 250 || branch.chars().any(|c| c.is_control() || c == ' ') {
+        return Err(ApiError::Unprocessable("default_branch is not a branch name".into()));
+    }
+    let owner = body.repository.split('/').next().unwrap_or_default();
+    let account = body.account.as_deref().unwrap_or(owner);
+    let mut ch = scope.change(&state).await?;
+    triggers::connect_repository(&mut ch, scope.org.org, scope.project, body.installation_id, account, &body.repository).await?;
+    engine::store::github::set_default_branch(&mut ch, scope.org.org, scope.project, &body.repository, branch).await?;
+    let row: Repository = sqlx::query_as(
+        "SELECT full_name, installation_id, default_branch, created_at FROM repositories WHERE org_id = $1 AND project_id = $2 AND full_name = $3",
+    )
+    .bind(scope.org.org)
+    .bind(scope.project)
+    .bind(body.repository.to_lowercase())
+    .fetch_one(ch.conn())
+    .await?;
+    ch.commit().await?;
+    Ok((StatusCode::CREATED, Json(row)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn repository_names_are_owner_slash_name() {
+        assert!(super::valid_name("Acme/widgets.rs"));
+        assert!(!super::valid_name("acme"));
+        assert!(!super::valid_name("acme/"));
+        assert!(!super::valid_name("a/b/c"));
+        assert!(!super::valid_name("acme/wid gets"));
+    }
+}

@@ -1,0 +1,294 @@
+//! Outgoing webhooks of a project (admin): subscriptions (a URL, a secret, event filters),
+//! their delivery log with each attempt's answer, and replaying a delivery. Deliveries are
+//! signed with `X-Shopfloor-Signature-256: sha256=<HMAC-SHA256 of the body>` and retried with
+//! backoff (`engine::jobs`). The secret is shown once, when the subscription is made.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use engine::ids::RunId;
+use engine::store::webhooks_out::{self as store, Attempt, Delivery};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use super::auth::Role;
+use super::error::ApiError;
+use super::extract::{Json, Path, Query};
+use super::tenant::ProjectScope;
+use super::{page, AppState};
+
+/// A subscription, without its secret.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Webhook {
+    pub id: Uuid,
+    pub url: String,
+    /// Event types it receives: `run.completed`, `run.*`, `step.failed`, `*`.
+    pub events: Vec<String>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A new subscription, with its secret (shown only now).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CreatedWebhook {
+    #[serde(flatten)]
+    pub webhook: Webhook,
+    /// Signs every delivery: `X-Shopfloor-Signature-256: sha256=<hex HMAC-SHA256 of the body>`.
+    pub secret: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WebhookList {
+    pub items: Vec<Webhook>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWebhook {
+    /// An `http://` or `https://` URL that receives a `POST` per event.
+    pub url: String,
+    /// Event filters (`run.*` by default): lifecycle events `run.started`, `run.awaiting`,
+    /// `run.wait_expired`, `run.wait_withdrawn`, `run.held`, `run.admitted`, `run.completed`,
+    /// `run.failed`, `run.cancelled`, and `step.*`.
+    pub events: Option<Vec<String>>,
+    /// 16 to 256 characters; one is made when absent.
+    pub secret: Option<String>,
+}
+
+/// A delivery in the log.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WebhookDelivery {
+    pub id: Uuid,
+    pub event: String,
+    #[schema(value_type = Option<String>)]
+    pub run: Option<RunId>,
+    /// `pending` (due, or waiting for its next attempt), `delivered`, or `failed` (given up).
+    pub state: String,
+    pub attempts: i32,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    /// When the next attempt is due, while pending.
+    pub next_at: Option<DateTime<Utc>>,
+    /// The delivery this one replays.
+    pub replay_of: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub delivered_at: Option<DateTime<Utc>>,
+}
+
+/// One attempt: the receiver's answer, or why there was none.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeliveryAttempt {
+    pub attempt: i32,
+    pub at: DateTime<Utc>,
+    pub status: Option<i32>,
+    /// The first 1000 characters of the receiver's answer.
+    pub response: Option<String>,
+    pub error: Option<String>,
+    pub duration_ms: i32,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeliveryDetail {
+    #[serde(flatten)]
+    pub delivery: WebhookDelivery,
+    /// The body sent (rendered at the first attempt).
+    pub body: Option<serde_json::Value>,
+    pub attempts_log: Vec<DeliveryAttempt>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeliveryList {
+    pub items: Vec<WebhookDelivery>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveryQuery {
+    /// Page size, 1 to 200 (50 by default).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WebhookPath {
+    webhook: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DeliveryPath {
+    webhook: String,
+    delivery: String,
+}
+
+fn not_found(what: &str) -> ApiError {
+    ApiError::NotFound(format!("{what} not found"))
+}
+
+fn delivery_of(d: Delivery) -> WebhookDelivery {
+    WebhookDelivery {
+        id: d.delivery_id,
+        event: d.event,
+        run: d.run_id,
+        state: d.state,
+        attempts: d.attempts,
+        last_status: d.last_status,
+        last_error: d.last_error,
+        next_at: d.next_at,
+        replay_of: d.replay_of,
+        created_at: d.created_at,
+        delivered_at: d.delivered_at,
+    }
+}
+
+/// The subscription named by the path, in this project.
+async fn subscription(state: &AppState, scope: &ProjectScope, id: &str) -> Result<Webhook, ApiError> {
+    let id: Uuid = id.parse().map_err(|_| not_found("webhook"))?;
+    let row: Option<store::Subscription> = sqlx::query_as(
+        "SELECT subscription_id, url, events, created_by, created_at FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 AND subscription_id = $3",
+    )
+    .bind(scope.org.org)
+    .bind(scope.project)
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await?;
+    row.map(webhook_of).ok_or_else(|| not_found("webhook"))
+}
+
+fn webhook_of(s: store::Subscription) -> Webhook {
+    Webhook { id: s.subscription_id, url: s.url, events: s.events, created_by: s.created_by, created_at: s.created_at }
+}
+
+/// The project's outgoing webhooks (admin).
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks", operation_id = "list_webhooks", tag = "webhooks",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    responses((status = 200, body = WebhookList)))]
+pub async fn list(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<WebhookList>, ApiError> {
+    scope.require(Role::Admin)?;
+    let rows: Vec<store::Subscription> = sqlx::query_as(
+        "SELECT subscription_id, url, events, created_by, created_at FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 \
+         ORDER BY created_at, subscription_id LIMIT 200",
+    )
+    .bind(scope.org.org)
+    .bind(scope.project)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(Json(WebhookList { items: rows.into_iter().map(webhook_of).collect() }))
+}
+
+/// Subscribes a URL to the project's events (admin). The answer carries the secret that signs
+/// deliveries; it is not shown again.
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/webhooks", operation_id = "create_webhook", tag = "webhooks",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    request_body = CreateWebhook,
+    responses((status = 201, body = CreatedWebhook)))]
+pub async fn create(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<CreateWebhook>) -> Result<(StatusCode, Json<CreatedWebhook>), ApiError> {
+    scope.require(Role::Admin)?;
+    let events = body.events.unwrap_or_else(|| vec!["run.*".to_owned()]);
+    let mut ch = scope.change(&state).await?;
+    let (id, secret) = store::create(&mut ch, scope.org.org, scope.project, body.url.trim(), body.secret.as_deref(), &events).await?;
+    ch.commit().await?;
+    let webhook = subscription(&state, &scope, &id.to_string()).await?;
+    Ok((StatusCode::CREATED, Json(CreatedWebhook { webhook, secret })))
+}
+
+/// Removes a subscription and its delivery log (admin).
+#[utoipa::path(delete, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}", operation_id = "delete_webhook", tag = "webhooks",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id")),
+    responses((status = 204, description = "Removed")))]
+pub async fn delete(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<WebhookPath>) -> Result<StatusCode, ApiError> {
+    scope.require(Role::Admin)?;
+    let webhook = subscription(&state, &scope, &p.webhook).await?;
+    let mut ch = scope.change(&state).await?;
+    store::delete(&mut ch, scope.org.org, scope.project, webhook.id).await?;
+    ch.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The subscription's deliveries, newest first (admin).
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries", operation_id = "list_webhook_deliveries", tag = "webhooks",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id"), DeliveryQuery),
+    responses((status = 200, body = DeliveryList)))]
+pub async fn deliveries(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<WebhookPath>, Query(q): Query<DeliveryQuery>) -> Result<Json<DeliveryList>, ApiError> {
+    scope.require(Role::Admin)?;
+    let webhook = subscription(&state, &scope, &p.webhook).await?;
+    let limit = page::limit(q.limit)?;
+    let after: Option<(i64, Uuid)> = page::decode(q.cursor.as_deref())?;
+    let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!("SELECT {} FROM webhook_deliveries WHERE org_id = ", store::DELIVERY_COLUMNS));
+    qb.push_bind(scope.org.org).push(" AND subscription_id = ").push_bind(webhook.id);
+    if let Some((micros, id)) = after {
+        let at = DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))?;
+        qb.push(" AND (created_at, delivery_id) < (").push_bind(at).push(", ").push_bind(id).push(")");
+    }
+    qb.push(" ORDER BY created_at DESC, delivery_id DESC LIMIT ").push_bind(limit + 1);
+    let rows: Vec<Delivery> = qb.build_query_as().fetch_all(&state.db).await?;
+    let (rows, next_cursor) = page::finish(rows, limit, |d| (d.created_at.timestamp_micros(), d.delivery_id));
+    Ok(Json(DeliveryList { items: rows.into_iter().map(delivery_of).collect(), next_cursor }))
+}
+
+async fn find_delivery(state: &AppState, scope: &ProjectScope, p: &DeliveryPath) -> Result<(Webhook, Delivery, Option<serde_json::Value>), ApiError> {
+    let webhook = subscription(state, scope, &p.webhook).await?;
+    let id: Uuid = p.delivery.parse().map_err(|_| not_found("delivery"))?;
+    let row: Option<(Delivery, Option<serde_json::Value>)> = sqlx::query_as::<_, DeliveryWithBody>(&format!(
+        "SELECT {}, body FROM webhook_deliveries WHERE org_id = $1 AND subscription_id = $2 AND delivery_id = $3",
+        store::DELIVERY_COLUMNS
+    ))
+    .bind(scope.org.org)
+    .bind(webhook.id)
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await?
+    .map(|d| (d.delivery, d.body));
+    let (delivery, body) = row.ok_or_else(|| not_found("delivery"))?;
+    Ok((webhook, delivery, body))
+}
+
+#[derive(sqlx::FromRow)]
+struct DeliveryWithBody {
+    #[sqlx(flatten)]
+    delivery: Delivery,
+    body: Option<serde_json::Value>,
+}
+
+/// One delivery with its body and every attempt (admin).
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}", operation_id = "get_webhook_delivery", tag = "webhooks",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id"),
+           ("delivery" = String, Path, description = "Delivery id")),
+    responses((status = 200, body = DeliveryDetail)))]
+pub async fn delivery(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<DeliveryPath>) -> Result<Json<DeliveryDetail>, ApiError> {
+    scope.require(Role::Admin)?;
+    let (_, delivery, body) = find_delivery(&state, &scope, &p).await?;
+    let attempts: Vec<Attempt> = sqlx::query_as(
+        "SELECT attempt, at, status, response, error, duration_ms FROM webhook_attempts WHERE org_id = $1 AND delivery_id = $2 ORDER BY attempt",
+    )
+    .bind(scope.org.org)
+    .bind(delivery.delivery_id)
+    .fetch_all(&state.db)
+    .await?;
+    let attempts_log = attempts
+        .into_iter()
+        .map(|a| DeliveryAttempt { attempt: a.attempt, at: a.at, status: a.status, response: a.response, error: a.error, duration_ms: a.duration_ms })
+        .collect();
+    Ok(Json(DeliveryDetail { delivery: delivery_of(delivery), body, attempts_log }))
+}
+
+/// Sends a delivery's body again, as a new delivery (admin).
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}/replay", operation_id = "replay_webhook_delivery", tag = "webhooks",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id"),
+           ("delivery" = String, Path, description = "Delivery id")),
+    responses((status = 201, body = WebhookDelivery)))]
+pub async fn replay(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<DeliveryPath>) -> Result<(StatusCode, Json<WebhookDelivery>), ApiError> {
+    scope.require(Role::Admin)?;
+    let (_, delivery, _) = find_delivery(&state, &scope, &p).await?;
+    let mut ch = scope.change(&state).await?;
+    let id = store::replay(&mut ch, scope.org.org, scope.project, delivery.delivery_id).await?;
+    let made: Delivery = sqlx::query_as(&format!("SELECT {} FROM webhook_deliveries WHERE delivery_id = $1", store::DELIVERY_COLUMNS))
+        .bind(id)
+        .fetch_one(ch.conn())
+        .await?;
+    ch.commit().await?;
+    Ok((StatusCode::CREATED, Json(delivery_of(made))))
+}

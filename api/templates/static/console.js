@@ -1,0 +1,109 @@
+// shopfloor console: live updates. Pages are complete without this script; with it, a page
+// listens to its project's event stream (Server-Sent Events) and, when something it shows
+// changed, fetches itself again and swaps the regions marked `data-live` in place, leaving a
+// region alone while the person is typing in it. A running crew step's transcript streams its
+// lines as they are reported.
+(function () {
+  'use strict';
+  var body = document.body;
+  var streams = (body.dataset.streams || '').split(' ').filter(Boolean);
+  var run = body.dataset.run || '';
+  var status = document.getElementById('live-status');
+  var say = function (text) { if (status) status.textContent = text; };
+  var timer = null, busy = false, again = false;
+
+  function schedule() {
+    if (timer) return;
+    timer = setTimeout(refresh, 120);
+  }
+
+  function refresh() {
+    timer = null;
+    if (busy) { again = true; return; }
+    busy = true;
+    fetch(location.href, { headers: { Accept: 'text/html' }, credentials: 'same-origin' })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) { if (html) apply(html); })
+      .catch(function () {})
+      .then(function () {
+        busy = false;
+        if (again) { again = false; schedule(); }
+      });
+  }
+
+  function busyIn(region) {
+    var active = document.activeElement;
+    return active && active !== document.body && region.contains(active);
+  }
+
+  function apply(html) {
+    var doc = new DOMParser().parseFromString(html, 'text/html');
+    document.querySelectorAll('[data-live]').forEach(function (old) {
+      var fresh = doc.getElementById(old.id);
+      if (!fresh || busyIn(old)) return;
+      if (old.dataset.liveKey && old.dataset.liveKey === fresh.dataset.liveKey) return;
+      old.replaceWith(document.adoptNode(fresh));
+    });
+    var title = doc.querySelector('title');
+    if (title) document.title = title.textContent;
+    body.dataset.refreshes = String(Number(body.dataset.refreshes || 0) + 1);
+    tail();
+  }
+
+  var kinds = ['run.started', 'run.admitted', 'run.held', 'run.awaiting', 'run.wait_expired', 'run.wait_withdrawn',
+    'run.completed', 'run.failed', 'run.cancelled', 'step.created', 'step.pending', 'step.leased', 'step.running',
+    'step.waiting', 'step.succeeded', 'step.failed', 'step.cancelled', 'step.deferred', 'step.session', 'step.reused'];
+  function onEvent(e) {
+    if (run) {
+      try { if (JSON.parse(e.data).run !== run) return; } catch (err) { /* refresh anyway */ }
+    }
+    schedule();
+  }
+  if (streams.length && window.EventSource) {
+    say('Connecting…');
+    streams.forEach(function (url) {
+      var es = new EventSource(url);
+      kinds.forEach(function (k) { es.addEventListener(k, onEvent); });
+      es.onmessage = onEvent;
+      es.onopen = function () { say('Live'); body.dataset.live = 'on'; };
+      es.onerror = function () { say('Reconnecting…'); };
+    });
+  }
+
+  // The transcript of a running crew step.
+  var source = null, sourceUrl = '';
+  function tail() {
+    var box = document.getElementById('transcript');
+    var url = box && box.dataset.stream;
+    if (url === sourceUrl) return;
+    if (source) { source.close(); source = null; }
+    sourceUrl = url || '';
+    if (!url || !window.EventSource) return;
+    var list = document.getElementById('transcript-lines');
+    var last = Number(box.dataset.last || 0);
+    source = new EventSource(url);
+    source.addEventListener('line', function (e) {
+      var l;
+      try { l = JSON.parse(e.data); } catch (err) { return; }
+      if (l.seq <= last) return;
+      last = l.seq;
+      var list = document.getElementById('transcript-lines');
+      if (!list) return;
+      var near = list.scrollTop + list.clientHeight >= list.scrollHeight - 30;
+      var li = document.createElement('li');
+      li.dataset.seq = String(l.seq);
+      li.className = l.stream;
+      var s = document.createElement('span');
+      s.className = 'stream';
+      s.textContent = l.stream;
+      li.appendChild(s);
+      li.appendChild(document.createTextNode(' ' + l.line));
+      list.appendChild(li);
+      var empty = document.getElementById('transcript-empty');
+      if (empty) empty.remove();
+      if (near) list.scrollTop = list.scrollHeight;
+    });
+    if (!list) return;
+  }
+  tail();
+})();

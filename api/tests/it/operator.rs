@@ -1,0 +1,215 @@
+//! Every operator action through HTTP, each checked three ways: the state it changed, the
+//! audit entry naming the acting user, and the run event it wrote. Cancel, approve, reject,
+//! retry, rerun, pause and unpause a workflow and a project, set a budget and the org's cap;
+//! and admission's refusals answered as problems (409 for a full `skip` group, 429 for a full
+//! line).
+
+use engine::ids::{OrgId, RunId, UserId};
+use engine::store::{admission, runs, Actor, Change};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::support::{problem, App, Org};
+
+const BASE: &str = "/api/v1/orgs/acme/projects/web";
+
+/// The audit entries of `action` whose actor is `user`, on `target`.
+async fn audited(pool: &PgPool, org: OrgId, action: &str, user: UserId, target: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE org_id = $1 AND action = $2 AND actor_kind = 'user' AND actor_id = $3 AND target_id = $4",
+    )
+    .bind(org)
+    .bind(action)
+    .bind(user.to_string())
+    .bind(target)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn events(pool: &PgPool, run: &str) -> Vec<String> {
+    let run: RunId = run.parse().unwrap();
+    sqlx::query_scalar("SELECT kind || coalesce(':' || node, '') FROM run_events WHERE run_id = $1 ORDER BY seq").bind(run).fetch_all(pool).await.unwrap()
+}
+
+async fn user_of(pool: &PgPool, org: OrgId, role: &str) -> UserId {
+    sqlx::query_scalar("SELECT user_id FROM memberships WHERE org_id = $1 AND role = $2").bind(org).bind(role).fetch_one(pool).await.unwrap()
+}
+
+async fn submit(app: &App, org: &Org, workflow: &str) -> String {
+    let run = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": workflow })), StatusCode::CREATED).await;
+    run["id"].as_str().unwrap().to_owned()
+}
+
+async fn waiting_at_ask(app: &App, run: &str) {
+    app.until(run.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
+}
+
+async fn status(app: &App, org: &Org, run: &str) -> Value {
+    app.json(Method::GET, &format!("{BASE}/runs/{run}"), &org.viewer, None, StatusCode::OK).await
+}
+
+async fn upload(app: &App, org: &Org, name: &str, source: &str) {
+    let path = format!("{BASE}/workflows/{name}");
+    let (status, _, body) = app.send(Method::PUT, &path, Some(&org.member), Some(&json!({ "source": source }))).await;
+    assert!(status.is_success(), "{}", String::from_utf8_lossy(&body));
+}
+
+#[tokio::test]
+async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_its_event() {
+    let app = App::with_engine().await;
+    let org = app.org("acme").await;
+    let pool = app.pool().clone();
+    let member = org.member_user;
+    let admin = user_of(&pool, org.id, "admin").await;
+
+    // Cancel.
+    let run = submit(&app, &org, "approve").await;
+    waiting_at_ask(&app, &run).await;
+    let cancelled = app.json(Method::POST, &format!("{BASE}/runs/{run}/cancel"), &org.member, Some(&json!({ "reason": "not needed" })), StatusCode::OK).await;
+    assert_eq!((cancelled["status"].as_str(), cancelled["reason"].as_str()), (Some("cancelled"), Some("cancelled: not needed")));
+    assert_eq!(audited(&pool, org.id, "run.cancelled", member, &run).await, 1);
+    assert!(events(&pool, &run).await.ends_with(&["step.cancelled:ask".to_owned(), "run.wait_withdrawn:ask".to_owned(), "run.cancelled".to_owned()]));
+
+    // Retry of the cancelled run: a new run that starts again from what did not finish.
+    let retried = app.json(Method::POST, &format!("{BASE}/runs/{run}/retry"), &org.member, None, StatusCode::CREATED).await;
+    let retry = retried["id"].as_str().unwrap().to_owned();
+    assert_eq!(retried["source_run"], run);
+    assert_eq!(audited(&pool, org.id, "run.submit", member, &retry).await, 1);
+    assert_eq!(events(&pool, &retry).await.first().map(String::as_str), Some("run.started"));
+
+    // Approve, with the form's field: the step succeeds with the answer, the run goes on.
+    waiting_at_ask(&app, &retry).await;
+    app.json(Method::POST, &format!("{BASE}/runs/{retry}/approvals/ask"), &org.member, Some(&json!({ "ticket": "T-7" })), StatusCode::OK).await;
+    let step: Value = sqlx::query_scalar("SELECT output FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'succeeded'")
+        .bind(retry.parse::<RunId>().unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(step, json!({ "ticket": "T-7" }));
+    assert_eq!(audited(&pool, org.id, "approval.approve", member, &retry).await, 1);
+    assert!(events(&pool, &retry).await.contains(&"step.succeeded:ask".to_owned()));
+
+    // Reject: the run is cancelled with the reason.
+    let rejected = submit(&app, &org, "approve").await;
+    waiting_at_ask(&app, &rejected).await;
+    app.json(Method::POST, &format!("{BASE}/runs/{rejected}/approvals/ask/reject"), &org.member, Some(&json!({ "reason": "too big" })), StatusCode::OK).await;
+    let now = status(&app, &org, &rejected).await;
+    assert_eq!((now["status"].as_str(), now["reason"].as_str()), (Some("cancelled"), Some("rejected at ask: too big")));
+    assert_eq!(audited(&pool, org.id, "approval.reject", member, &rejected).await, 1);
+    assert!(events(&pool, &rejected).await.ends_with(&["step.failed:ask".to_owned(), "run.cancelled".to_owned()]));
+
+    // Rerun: the same input again, as a new run.
+    let rerun = app.json(Method::POST, &format!("{BASE}/runs/{rejected}/rerun"), &org.member, None, StatusCode::CREATED).await;
+    let rerun = rerun["id"].as_str().unwrap().to_owned();
+    assert_eq!(audited(&pool, org.id, "run.submit", member, &rerun).await, 1);
+    waiting_at_ask(&app, &rerun).await;
+    assert!(events(&pool, &rerun).await.contains(&"run.awaiting:ask".to_owned()));
+
+    // Pause a workflow: a new run is held; unpause releases it.
+    app.json(Method::POST, &format!("{BASE}/workflows/approve/pause"), &org.member, None, StatusCode::OK).await;
+    let wf: String = sqlx::query_scalar("SELECT workflow_id::text FROM workflows WHERE name = 'approve'").fetch_one(&pool).await.unwrap();
+    let wf_target = engine::ids::WorkflowId(wf.parse().unwrap()).to_string();
+    assert_eq!(audited(&pool, org.id, "workflow.pause", member, &wf_target).await, 1);
+    let held = submit(&app, &org, "approve").await;
+    let why = app.json(Method::GET, &format!("{BASE}/runs/{held}/why"), &org.viewer, None, StatusCode::OK).await;
+    assert_eq!((why["substate"].as_str(), why["text"].as_str()), (Some("held"), Some("Held: workflow approve is paused")));
+    app.json(Method::POST, &format!("{BASE}/workflows/approve/unpause"), &org.member, None, StatusCode::OK).await;
+    assert_eq!(audited(&pool, org.id, "workflow.unpause", member, &wf_target).await, 1);
+    waiting_at_ask(&app, &held).await;
+    assert_eq!(&events(&pool, &held).await[..3], ["run.started", "run.held", "run.admitted"]);
+
+    // Pause a project (admin): the same, for every workflow of it.
+    let settings = app.json(Method::POST, &format!("{BASE}/pause"), &org.admin, None, StatusCode::OK).await;
+    assert_eq!(settings["paused"], true);
+    assert_eq!(audited(&pool, org.id, "project.pause", admin, &org.project.to_string()).await, 1);
+    let held = submit(&app, &org, "approve").await;
+    let why = app.json(Method::GET, &format!("{BASE}/runs/{held}/why"), &org.viewer, None, StatusCode::OK).await;
+    assert_eq!(why["text"], "Held: the project is paused");
+    app.json(Method::POST, &format!("{BASE}/unpause"), &org.admin, None, StatusCode::OK).await;
+    assert_eq!(audited(&pool, org.id, "project.unpause", admin, &org.project.to_string()).await, 1);
+    waiting_at_ask(&app, &held).await;
+    assert_eq!(&events(&pool, &held).await[..3], ["run.started", "run.held", "run.admitted"]);
+
+    // A spent budget holds new runs; raising it (admin) releases them.
+    upload(&app, &org, "costly", "name: costly\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    app.json(Method::PUT, &format!("{BASE}/budgets/day"), &org.admin, Some(&json!({ "usd_limit": 1, "hard": false })), StatusCode::OK).await;
+    let spender = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "costly", "input": { "test": { "cost_usd": 3 } } })), StatusCode::CREATED).await;
+    let spender = spender["id"].as_str().unwrap().to_owned();
+    app.until(spender.parse().unwrap(), "SELECT status = 'completed' FROM runs WHERE run_id = $1", "completed").await;
+    let budgets = app.json(Method::GET, &format!("{BASE}/budgets"), &org.viewer, None, StatusCode::OK).await;
+    assert_eq!((budgets["items"][0]["project"].as_str(), budgets["items"][0]["spent_usd"].as_f64()), (Some("web"), Some(3.0)));
+    let held = submit(&app, &org, "approve").await;
+    let why = app.json(Method::GET, &format!("{BASE}/runs/{held}/why"), &org.viewer, None, StatusCode::OK).await;
+    assert_eq!(why["text"], "Held: the project's daily budget of $1.00 (soft) is spent");
+    app.json(Method::PUT, &format!("{BASE}/budgets/day"), &org.admin, Some(&json!({ "usd_limit": 50, "hard": false })), StatusCode::OK).await;
+    let target = format!("{}:day", org.project);
+    assert_eq!(audited(&pool, org.id, "budget.set", admin, &target).await, 2);
+    waiting_at_ask(&app, &held).await;
+    assert_eq!(&events(&pool, &held).await[..3], ["run.started", "run.held", "run.admitted"]);
+    let spend = app.json(Method::GET, "/api/v1/orgs/acme/spend", &org.viewer, None, StatusCode::OK).await;
+    assert_eq!((spend["total_usd"].as_f64(), spend["items"][0]["project"].as_str()), (Some(3.0), Some("web")));
+
+    // The org's cap (admin): at 1, with a run waiting at its approval, a new run is queued;
+    // raising the cap releases it.
+    let limits = app.json(Method::PUT, "/api/v1/orgs/acme/limits", &org.admin, Some(&json!({ "running_cap": 1 })), StatusCode::OK).await;
+    assert!(limits["running"].as_i64().unwrap() >= 1, "{limits}");
+    assert_eq!(audited(&pool, org.id, "org.running_cap", admin, &org.id.to_string()).await, 1);
+    let queued = submit(&app, &org, "approve").await;
+    let why = app.json(Method::GET, &format!("{BASE}/runs/{queued}/why"), &org.viewer, None, StatusCode::OK).await;
+    assert!(why["text"].as_str().unwrap().starts_with("Queued: held by the org's cap of 1 running runs"), "{why}");
+    assert_eq!(app.json(Method::GET, "/api/v1/orgs/acme/limits", &org.viewer, None, StatusCode::OK).await["waiting"], 1);
+    app.json(Method::PUT, "/api/v1/orgs/acme/limits", &org.admin, Some(&json!({ "running_cap": 50 })), StatusCode::OK).await;
+    waiting_at_ask(&app, &queued).await;
+    assert_eq!(&events(&pool, &queued).await[..3], ["run.started", "run.held", "run.admitted"]);
+
+    // Retention (admin).
+    let set = app.json(Method::PUT, &format!("{BASE}/retention"), &org.admin, Some(&json!({ "retention_days": 30 })), StatusCode::OK).await;
+    assert_eq!(set["retention_days"], 30);
+    assert_eq!(audited(&pool, org.id, "project.retention", admin, &org.project.to_string()).await, 1);
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn admission_refusals_are_problems_409_and_429() {
+    let app = App::start().await;
+    let org = app.org("acme").await;
+    upload(&app, &org, "single", "name: single\nconcurrency: { group: deploy, limit: 1, policy: skip }\nnodes:\n  ask:\n    approval: { prompt: ok? }\n").await;
+    submit(&app, &org, "single").await;
+    let (status, headers, body) = app.send(Method::POST, &format!("{BASE}/runs"), Some(&org.member), Some(&json!({ "workflow": "single" }))).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let p = problem(status, &headers, &body);
+    assert_eq!(p.detail, "skipped: concurrency group deploy is full (1 running)");
+
+    // The org's line is full: 1,000 wait for a cap of 1 (no engine: nothing moves).
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    admission::set_running_cap(&mut ch, org.id, 1).await.unwrap();
+    ch.commit().await.unwrap();
+    let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE name = 'approve'").fetch_one(app.pool()).await.unwrap();
+    for _ in 0..10 {
+        let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+        for _ in 0..100 {
+            let new = runs::NewRun {
+                org: org.id,
+                project: org.project,
+                workflow,
+                version: 1,
+                input: json!({}),
+                item: None,
+                trigger_event: None,
+                parent: None,
+                dry_run: false,
+                needs_approval: false,
+                source: None,
+            };
+            runs::submit(&mut ch, new).await.unwrap();
+        }
+        ch.commit().await.unwrap();
+    }
+    let (status, headers, body) = app.send(Method::POST, &format!("{BASE}/runs"), Some(&org.member), Some(&json!({ "workflow": "approve" }))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let p = problem(status, &headers, &body);
+    assert_eq!((p.kind.as_str(), p.detail.as_str()), ("https://shopfloor.dev/problems/too-many-requests", "1000 runs already wait for the org's cap of 1 running runs"));
+    app.discard().await;
+}

@@ -1,0 +1,330 @@
+//! The GitHub App client: octocrab authenticated as the App (an RS256 JWT), installation tokens
+//! scoped to one repository and cached until five minutes before they expire, and calls whose
+//! failures are classified for the output executor.
+//!
+//! Requests go through octocrab's raw methods (`_get`, `_post`, `_delete`) so that the status
+//! and the rate-limit headers can be read: a secondary rate limit (403/429 with `Retry-After`,
+//! or GitHub's "secondary rate limit" message) and an exhausted primary limit
+//! (`x-ratelimit-remaining: 0`, until `x-ratelimit-reset`) are deferrals, not failures. 5xx
+//! answers, timeouts and connection errors are retried here with a doubling backoff, and then
+//! reported as an outage, which the executor also defers. Any other 4xx is the caller's
+//! mistake and final.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use octocrab::Octocrab;
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{json, Value};
+
+/// GitHub's public API, the default of `SHOPFLOOR_GITHUB_API_URL`.
+pub const PUBLIC_API: &str = "https://api.github.com";
+
+/// An installation token is used until this long before it expires, then minted again.
+pub const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
+
+/// How a failed call is retried before it counts as an outage: waits of 1 s, 2 s, 4 s.
+const RETRIES: u32 = 3;
+
+/// The GitHub App's settings (`SHOPFLOOR_GITHUB_APP_ID`, `SHOPFLOOR_GITHUB_APP_KEY[_FILE]`,
+/// `SHOPFLOOR_GITHUB_API_URL`, `SHOPFLOOR_GITHUB_GRAPHQL_URL`).
+#[derive(Clone)]
+pub struct AppSettings {
+    pub app_id: u64,
+    /// The App's private key, PEM.
+    pub private_key: SecretString,
+    /// The REST base URL: GitHub's public API, a GitHub Enterprise `…/api/v3`, or a test fake.
+    pub api_url: String,
+    /// The GraphQL endpoint; `<api_url>/graphql` when unset.
+    pub graphql_url: Option<String>,
+    /// How long one request may take.
+    pub timeout: Duration,
+    /// The first wait of the retry backoff (1 s; tests shorten it).
+    pub backoff: Duration,
+}
+
+impl std::fmt::Debug for AppSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("AppSettings").field("app_id", &self.app_id).field("api_url", &self.api_url).field("graphql_url", &self.graphql_url).finish_non_exhaustive()
+    }
+}
+
+/// Why a call did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// A 4xx other than a rate limit: retrying cannot help.
+    #[error("github {status}: {message}")]
+    Client { status: u16, message: String },
+    /// A secondary or exhausted primary rate limit: try again after this long.
+    #[error("rate limited for {0:?}")]
+    RateLimited(Duration),
+    /// 5xx, timeouts, connection errors, still failing after the retries.
+    #[error("github unavailable: {0}")]
+    Unavailable(String),
+    /// The App's settings are unusable (a key that does not load, a bad URL).
+    #[error("github app: {0}")]
+    Config(String),
+}
+
+/// An answer with a 2xx status.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+#[derive(Clone)]
+struct Token {
+    value: SecretString,
+    expires_at: DateTime<Utc>,
+}
+
+/// The App: its JWT-authenticated clients and the installation tokens it minted.
+pub struct GithubApp {
+    settings: AppSettings,
+    rest: Octocrab,
+    /// Based at the GraphQL endpoint's origin, so that a GitHub Enterprise REST path prefix
+    /// (`/api/v3`) is not put before `/api/graphql`.
+    graphql: Octocrab,
+    graphql_path: String,
+    tokens: tokio::sync::Mutex<HashMap<(i64, String), Token>>,
+}
+
+impl std::fmt::Debug for GithubApp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GithubApp").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+/// Clients authenticated with one repository's installation token.
+#[derive(Debug, Clone)]
+pub struct RepoClient {
+    rest: Octocrab,
+    graphql: Octocrab,
+    graphql_path: String,
+    backoff: Duration,
+}
+
+/// `https://host:port` and the path of a URL.
+fn split_url(url: &str) -> Result<(String, String), CallError> {
+    let scheme_end = url.find("://").ok_or_else(|| CallError::Config(format!("`{url}` is not an http(s) URL")))? + 3;
+    match url[scheme_end..].find('/') {
+        Some(i) => Ok((url[..scheme_end + i].to_owned(), url[scheme_end + i..].to_owned())),
+        None => Ok((url.to_owned(), "/".to_owned())),
+    }
+}
+
+impl GithubApp {
+    /// Builds the App's clients. Nothing is sent yet.
+    ///
+    /// # Errors
+    /// `Config` when the key is not an RSA private key in PEM or a URL does not parse.
+    pub fn new(settings: AppSettings) -> Result<GithubApp, CallError> {
+        let key = octocrab::jsonwebtoken::EncodingKey::from_rsa_pem(settings.private_key.expose_secret().as_bytes())
+            .map_err(|e| CallError::Config(format!("the App key is not an RSA private key in PEM: {e}")))?;
+        let graphql_url = settings.graphql_url.clone().unwrap_or_else(|| format!("{}/graphql", settings.api_url.trim_end_matches('/')));
+        let (graphql_origin, graphql_path) = split_url(&graphql_url)?;
+        let build = |base: &str| -> Result<Octocrab, CallError> {
+            Octocrab::builder()
+                .base_uri(base)
+                .map_err(|e| CallError::Config(format!("`{base}`: {e}")))?
+                .app(octocrab::models::AppId(settings.app_id), key.clone())
+                .set_connect_timeout(Some(settings.timeout))
+                .set_read_timeout(Some(settings.timeout))
+                .set_write_timeout(Some(settings.timeout))
+                .build()
+                .map_err(|e| CallError::Config(e.to_string()))
+        };
+        let rest = build(settings.api_url.trim_end_matches('/'))?;
+        let graphql = build(&graphql_origin)?;
+        Ok(GithubApp { settings, rest, graphql, graphql_path, tokens: tokio::sync::Mutex::new(HashMap::new()) })
+    }
+
+    /// Clients for `repository` (`owner/name`) through `installation`, with a token scoped to
+    /// that repository alone. A cached token is used until five minutes before it expires.
+    ///
+    /// # Errors
+    /// As for any call: the token request may be refused, limited or fail.
+    pub async fn for_repository(&self, installation: i64, repository: &str) -> Result<RepoClient, CallError> {
+        let token = self.installation_token(installation, repository).await?;
+        let as_installation = |crab: &Octocrab| crab.user_access_token(token.clone()).map_err(|e| CallError::Config(e.to_string()));
+        Ok(RepoClient {
+            rest: as_installation(&self.rest)?,
+            graphql: as_installation(&self.graphql)?,
+            graphql_path: self.graphql_path.clone(),
+            backoff: self.settings.backoff,
+        })
+    }
+
+    /// The token of `installation` for `repository` alone, from the cache or minted now
+    /// (`POST /app/installations/{id}/access_tokens` as the App).
+    ///
+    /// # Errors
+    /// As for any call.
+    pub async fn installation_token(&self, installation: i64, repository: &str) -> Result<SecretString, CallError> {
+        let key = (installation, repository.to_lowercase());
+        // Held across the mint, so that concurrent steps of one repository mint one token.
+        let mut tokens = self.tokens.lock().await;
+        if let Some(t) = tokens.get(&key) {
+            if t.expires_at - chrono::Duration::from_std(TOKEN_MARGIN).unwrap_or_default() > Utc::now() {
+                return Ok(t.value.clone());
+            }
+        }
+        let name = repository.rsplit('/').next().unwrap_or(repository);
+        let body = json!({ "repositories": [name] });
+        let answer = call(&self.rest, Verb::Post, &format!("/app/installations/{installation}/access_tokens"), Some(&body), self.settings.backoff).await?;
+        let value = answer.body.get("token").and_then(Value::as_str).ok_or_else(|| CallError::Unavailable("the token answer has no token".into()))?;
+        let expires_at = answer
+            .body
+            .get("expires_at")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<DateTime<Utc>>().ok())
+            // GitHub's tokens last an hour; without a date, assume the least.
+            .unwrap_or_else(|| Utc::now() + chrono::Duration::minutes(10));
+        let token = Token { value: SecretString::from(value.to_owned()), expires_at };
+        tokens.insert(key, token.clone());
+        Ok(token.value)
+    }
+}
+
+/// The HTTP methods the outputs use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Post,
+    Patch,
+    Delete,
+}
+
+impl RepoClient {
+    /// A REST call (`path` from the API root, with its query).
+    ///
+    /// # Errors
+    /// Classified: `Client` (4xx), `RateLimited`, `Unavailable` (after the retries).
+    pub async fn rest(&self, verb: Verb, path: &str, body: Option<&Value>) -> Result<Answer, CallError> {
+        call(&self.rest, verb, path, body, self.backoff).await
+    }
+
+    /// A GraphQL call; GraphQL errors in a 200 answer are classified too (`RATE_LIMITED` is a
+    /// rate limit, anything else a client error).
+    ///
+    /// # Errors
+    /// As for `rest`.
+    pub async fn graphql(&self, query: &str, variables: &Value) -> Result<Value, CallError> {
+        let body = json!({ "query": query, "variables": variables });
+        let answer = call(&self.graphql, Verb::Post, &self.graphql_path, Some(&body), self.backoff).await?;
+        if let Some(errors) = answer.body.get("errors").and_then(Value::as_array).filter(|e| !e.is_empty()) {
+            if errors.iter().any(|e| e.get("type").and_then(Value::as_str) == Some("RATE_LIMITED")) {
+                return Err(CallError::RateLimited(Duration::from_secs(60)));
+            }
+            let message = errors.iter().filter_map(|e| e.get("message").and_then(Value::as_str)).collect::<Vec<_>>().join("; ");
+            return Err(CallError::Client { status: 200, message: crate::store::cap(&message) });
+        }
+        Ok(answer.body.get("data").cloned().unwrap_or(Value::Null))
+    }
+}
+
+/// One call with its retries: 5xx and transport errors are tried again after `backoff`,
+/// doubling, [`RETRIES`] times.
+async fn call(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>, backoff: Duration) -> Result<Answer, CallError> {
+    let mut wait = backoff;
+    let mut tries = 0;
+    loop {
+        match once(crab, verb, path, body).await {
+            Err(CallError::Unavailable(why)) if tries < RETRIES => {
+                tracing::info!(github.path = path, why, retry_in_ms = wait.as_millis() as u64, "github call failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn once(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>) -> Result<Answer, CallError> {
+    let sent = match verb {
+        Verb::Get => crab._get(path).await,
+        Verb::Post => crab._post(path, body).await,
+        Verb::Patch => crab._patch(path, body).await,
+        Verb::Delete => crab._delete(path, body).await,
+    };
+    let response = sent.map_err(|e| CallError::Unavailable(crate::store::cap(&transport(&e))))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = crab.body_to_string(response).await.map_err(|e| CallError::Unavailable(crate::store::cap(&e.to_string())))?;
+    let body: Value = if text.trim().is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+    classify(status, &|name| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned), body)
+}
+
+/// A transport error in words, with its sources (octocrab's own display says only "Service
+/// Error").
+fn transport(e: &octocrab::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Sorts an answer into success, rate limit, outage or client error.
+pub fn classify(status: u16, header: &dyn Fn(&str) -> Option<String>, body: Value) -> Result<Answer, CallError> {
+    if (200..300).contains(&status) {
+        return Ok(Answer { status, body });
+    }
+    let message = body.get("message").and_then(Value::as_str).unwrap_or_default().to_owned();
+    if status == 403 || status == 429 {
+        if let Some(secs) = header("retry-after").and_then(|v| v.trim().parse::<u64>().ok()) {
+            return Err(CallError::RateLimited(Duration::from_secs(secs)));
+        }
+        if header("x-ratelimit-remaining").as_deref() == Some("0") {
+            let reset = header("x-ratelimit-reset").and_then(|v| v.trim().parse::<i64>().ok());
+            let wait = reset.map_or(60, |r| (r - Utc::now().timestamp()).clamp(1, 3600));
+            return Err(CallError::RateLimited(Duration::from_secs(wait.unsigned_abs())));
+        }
+        if message.to_lowercase().contains("secondary rate limit") || status == 429 {
+            // GitHub asks for at least a minute when it gives no time.
+            return Err(CallError::RateLimited(Duration::from_secs(60)));
+        }
+    }
+    if status >= 500 {
+        return Err(CallError::Unavailable(format!("{status} {message}")));
+    }
+    Err(CallError::Client { status, message: crate::store::cap(&message) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(list: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| list.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned())
+    }
+
+    #[test]
+    fn answers_are_classified() {
+        assert!(classify(201, &headers(&[]), json!({})).is_ok());
+        assert_eq!(classify(403, &headers(&[("retry-after", "30")]), json!({})).unwrap_err(), CallError::RateLimited(Duration::from_secs(30)));
+        let secondary = json!({ "message": "You have exceeded a secondary rate limit. Please wait." });
+        assert_eq!(classify(403, &headers(&[]), secondary).unwrap_err(), CallError::RateLimited(Duration::from_secs(60)));
+        assert!(matches!(classify(403, &headers(&[("x-ratelimit-remaining", "0")]), json!({})), Err(CallError::RateLimited(_))));
+        assert!(matches!(classify(502, &headers(&[]), json!({})), Err(CallError::Unavailable(_))));
+        assert_eq!(
+            classify(422, &headers(&[]), json!({ "message": "Validation Failed" })).unwrap_err(),
+            CallError::Client { status: 422, message: "Validation Failed".into() }
+        );
+        assert!(matches!(classify(403, &headers(&[]), json!({ "message": "Resource not accessible by integration" })), Err(CallError::Client { status: 403, .. })));
+    }
+
+    #[test]
+    fn graphql_urls_split_into_origin_and_path() {
+        assert_eq!(split_url("https://ghe.example.com/api/graphql").unwrap(), ("https://ghe.example.com".into(), "/api/graphql".into()));
+        assert_eq!(split_url("http://127.0.0.1:9/graphql").unwrap(), ("http://127.0.0.1:9".into(), "/graphql".into()));
+        assert!(split_url("nope").is_err());
+    }
+}

@@ -1,0 +1,189 @@
+//! The host protocol's model: what a host advertises (capabilities), what it is handed when it
+//! claims a crew step (an [`Assignment`]), what its session reports carry ([`Usage`]), and the
+//! branch a crew step works on. Pure data and functions; the writes are in `store::hosts`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{RunId, StepId};
+
+/// A capability a host advertises and a node `requires`: `linux`, `arm64`, `gpu`,
+/// `harness:claude-code`. Lowercase letters, digits and `:._-`, 1 to 64 characters.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Capability(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a capability: use 1-64 lowercase letters, digits and `:._-`, starting with a letter or digit")]
+pub struct BadCapability(pub String);
+
+impl Capability {
+    pub fn parse(s: &str) -> Result<Capability, BadCapability> {
+        let ok = !s.is_empty()
+            && s.len() <= 64
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b":._-".contains(&b))
+            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric());
+        if ok { Ok(Capability(s.to_owned())) } else { Err(BadCapability(s.chars().take(80).collect())) }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The longest slug of an issue title in a branch name.
+const SLUG_MAX: usize = 40;
+
+/// An issue title as a branch name's slug: lowercase, each run of characters other than
+/// `a-z0-9` one hyphen, hyphens trimmed, cut at 40 characters, a hyphen left at the end by the
+/// cut dropped.
+pub fn slug(title: &str) -> String {
+    let mut out = String::new();
+    for c in title.to_lowercase().chars() {
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            out.push(c);
+        } else if !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    let trimmed = out.trim_matches('-');
+    let cut: String = trimmed.chars().take(SLUG_MAX).collect();
+    cut.trim_end_matches('-').to_owned()
+}
+
+/// The branch a crew step works on: `shopfloor/<issue>-<slug>` for an issue, so that a later
+/// run on the same issue goes on from the earlier run's commits; `shopfloor/<run>` when the run
+/// is about no issue.
+pub fn branch_name(number: Option<i64>, title: Option<&str>, run: RunId) -> String {
+    match number {
+        Some(n) => {
+            let s = title.map(slug).unwrap_or_default();
+            if s.is_empty() { format!("shopfloor/{n}") } else { format!("shopfloor/{n}-{s}") }
+        }
+        None => format!("shopfloor/{run}"),
+    }
+}
+
+/// A step handed to a host by `claim`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub step: StepId,
+    pub run: RunId,
+    pub node: String,
+    pub visit: i32,
+    pub attempt: i32,
+    /// `claude-code`, `codex` or `command`.
+    pub harness: String,
+    pub model: Option<String>,
+    /// The node's prompt, rendered over the run's context.
+    pub prompt: String,
+    /// For the `command` harness: the program and its arguments.
+    pub command: Vec<String>,
+    pub caps: Caps,
+    /// The repository to work in; none for a run about no connected repository (the step
+    /// runs in a scratch directory).
+    pub repository: Option<RepositoryRef>,
+    /// The branch to commit to and push (never forced), when there is a repository.
+    pub branch: Option<String>,
+    /// The issue or pull request the run is about.
+    pub item: Option<ItemRef>,
+    /// A pull request is opened from this step's work later in the run: the agent is asked to
+    /// write its description.
+    pub pr_body: bool,
+    /// `expect: changes`: a step that changed no file fails with `no_changes`.
+    pub expect_changes: bool,
+    /// How long the lease lasts without a heartbeat or a session report.
+    pub lease_secs: u64,
+}
+
+/// The caps a host enforces (the server enforces them too, through heartbeats).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Caps {
+    pub turns: Option<u32>,
+    pub usd: Option<f64>,
+    /// The step's timeout: SIGINT at this point, the process group killed after the host's
+    /// grace.
+    pub timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RepositoryRef {
+    /// `owner/name`, lowercased.
+    pub full_name: String,
+    pub clone_url: String,
+    pub default_branch: String,
+    /// A short-lived installation token for this repository only, used for fetch and push;
+    /// none when the GitHub App is not configured (the host's own git credentials apply).
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemRef {
+    pub number: Option<i64>,
+    pub title: Option<String>,
+}
+
+/// A session's running totals, as a host reports them: cumulative, so a report sent twice
+/// changes nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Usage {
+    #[serde(default)]
+    pub input_tokens: i64,
+    #[serde(default)]
+    pub output_tokens: i64,
+    /// Null while unknown (a harness killed before its result line reports no cost).
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    #[serde(default)]
+    pub turns: i32,
+    #[serde(default)]
+    pub tool_calls: i32,
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+/// A cost rounded to a millionth of a dollar: harnesses report float noise past the sixth
+/// digit (`0.36616580000000004`), and cents would be too coarse for one call.
+pub fn round_cost(usd: f64) -> f64 {
+    (usd * 1_000_000.0).round() / 1_000_000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_follow_the_branch_rules() {
+        assert_eq!(slug("Add a state core!"), "add-a-state-core");
+        assert_eq!(slug("  --Fix: crash on  start--  "), "fix-crash-on-start");
+        assert_eq!(slug("Ünïcode tïtle"), "n-code-t-tle");
+        // Cut at 40, and a hyphen the cut leaves at the end is dropped.
+        let long = "abcdefghij abcdefghij abcdefghij abcdefgh xyz";
+        assert_eq!(slug(long), "abcdefghij-abcdefghij-abcdefghij-abcdefg");
+        let cut_at_hyphen = "abcdefghij abcdefghij abcdefghij abcdef ghi";
+        assert_eq!(slug(cut_at_hyphen), "abcdefghij-abcdefghij-abcdefghij-abcdef");
+        assert_eq!(slug("!!!"), "");
+    }
+
+    #[test]
+    fn branches_name_the_issue_or_the_run() {
+        let run = RunId::mint();
+        assert_eq!(branch_name(Some(42), Some("Add state core"), run), "shopfloor/42-add-state-core");
+        assert_eq!(branch_name(Some(42), Some("???"), run), "shopfloor/42");
+        assert_eq!(branch_name(None, Some("x"), run), format!("shopfloor/{run}"));
+    }
+
+    #[test]
+    fn capabilities_are_parsed() {
+        for ok in ["linux", "harness:claude-code", "gpu.a100", "arm64"] {
+            assert!(Capability::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Linux", "-x", "a b", &"x".repeat(65)] {
+            assert!(Capability::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn costs_are_rounded_to_a_millionth() {
+        assert_eq!(round_cost(0.366_165_800_000_000_04), 0.366_166);
+        assert_eq!(round_cost(1.0), 1.0);
+    }
+}

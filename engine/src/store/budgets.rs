@@ -1,0 +1,277 @@
+//! Budgets and spend: what sessions cost, summed per org and project per UTC day (a month is
+//! its days), against the limits that hold new runs and stop crew steps.
+//!
+//! A project or org limit (`budgets`, per `day` or `month`) that spend has reached holds new
+//! runs at admission (the `budget` gate), hard or soft alike; a hard one also fails every crew
+//! step that would start, with `budget_hard_stop` (a final failure, never retried), and is
+//! what a host's heartbeat checks to stop a running session ([`hard_stop`]). A workflow's
+//! `budget.usd_per_run` with `hard: true` stops the crew steps of a run that spent it. Raising
+//! or removing a limit releases the runs it held; a new day or month releases them by the wake
+//! each held run has at the period's end.
+
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::Serialize;
+use serde_json::json;
+
+use super::{admission, Change, Result, StoreError};
+use crate::admission as rules;
+use crate::ids::{OrgId, ProjectId, RunId};
+
+/// The reason of a crew step stopped by a hard limit (DESIGN.md Rule 2).
+pub const HARD_STOP: &str = "budget_hard_stop";
+
+/// Today and the current month, in UTC, as SQL over `now()`.
+const TODAY: &str = "(now() AT TIME ZONE 'UTC')::date";
+const MONTH_START: &str = "date_trunc('month', now() AT TIME ZONE 'UTC')::date";
+
+/// Records cost and tokens a session reported against today's spend of the project (and so of
+/// the org). The hosts' session reports call this (or [`record_run_spend`] when the run is
+/// known); `usd` is what this report adds, not a running total.
+pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: f64, tokens: i64) -> Result<()> {
+    if !usd.is_finite() || usd < 0.0 || tokens < 0 {
+        return Err(StoreError::Invalid("spend must be a non-negative amount".into()));
+    }
+    if usd == 0.0 && tokens == 0 {
+        return Ok(());
+    }
+    sqlx::query(&format!(
+        "INSERT INTO spend (org_id, project_id, day, usd, tokens) VALUES ($1, $2, {TODAY}, $3::numeric, $4) \
+         ON CONFLICT (org_id, project_id, day) DO UPDATE SET usd = spend.usd + EXCLUDED.usd, tokens = spend.tokens + EXCLUDED.tokens"
+    ))
+    .bind(org)
+    .bind(project)
+    .bind(usd)
+    .bind(tokens)
+    .execute(&mut *ch.tx)
+    .await?;
+    Ok(())
+}
+
+/// Records a session's cost against its run's total (for `budget.usd_per_run`) and the
+/// project's day. The run must be locked in this change.
+pub async fn record_run_spend(ch: &mut Change, run: RunId, usd: f64, tokens: i64) -> Result<()> {
+    let ctx = ch.locked(run)?.clone();
+    record_spend(ch, ctx.org, ctx.project, usd, tokens).await?;
+    sqlx::query("UPDATE runs SET spent_usd = spent_usd + $2::numeric, spent_tokens = spent_tokens + $3 WHERE run_id = $1")
+        .bind(run)
+        .bind(usd)
+        .bind(tokens)
+        .execute(&mut *ch.tx)
+        .await?;
+    ch.forget_run_row(run);
+    Ok(())
+}
+
+/// A limit that spend has reached.
+#[derive(Debug, Clone)]
+pub(crate) struct Spent {
+    /// In words: `the project's daily budget of $10.00`.
+    pub scope: String,
+    /// Until its period ends (a new UTC day or month).
+    pub until: Duration,
+}
+
+#[derive(sqlx::FromRow)]
+struct Limit {
+    project_id: Option<ProjectId>,
+    period: String,
+    usd_limit: f64,
+    hard: bool,
+}
+
+#[derive(sqlx::FromRow)]
+struct Sums {
+    org_day: f64,
+    org_month: f64,
+    project_day: f64,
+    project_month: f64,
+    to_tomorrow_ms: f64,
+    to_next_month_ms: f64,
+}
+
+/// The first limit of the org or the project whose spend has reached it, if any. The limits'
+/// rows are locked FOR SHARE, so a change that raises one is ordered with this admission.
+pub(crate) async fn holding(ch: &mut Change, org: OrgId, project: ProjectId) -> Result<Option<Spent>> {
+    let limits: Vec<Limit> = sqlx::query_as(
+        "SELECT project_id, period, usd_limit::float8 AS usd_limit, hard FROM budgets \
+         WHERE org_id = $1 AND (project_id IS NULL OR project_id = $2) ORDER BY project_id NULLS LAST, period FOR SHARE",
+    )
+    .bind(org)
+    .bind(project)
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    if limits.is_empty() {
+        return Ok(None);
+    }
+    let sums = sums(ch.conn(), org, project).await?;
+    for l in limits {
+        let spent = match (l.project_id.is_some(), l.period.as_str()) {
+            (true, "day") => sums.project_day,
+            (true, _) => sums.project_month,
+            (false, "day") => sums.org_day,
+            (false, _) => sums.org_month,
+        };
+        if spent >= l.usd_limit {
+            let until = if l.period == "day" { sums.to_tomorrow_ms } else { sums.to_next_month_ms };
+            return Ok(Some(Spent { scope: words(l.project_id.is_some(), &l.period, l.usd_limit, l.hard), until: Duration::from_millis(until.max(0.0) as u64) }));
+        }
+    }
+    Ok(None)
+}
+
+fn words(project: bool, period: &str, limit: f64, hard: bool) -> String {
+    let whose = if project { "project" } else { "org" };
+    let period = if period == "day" { "daily" } else { "monthly" };
+    let kind = if hard { "hard" } else { "soft" };
+    format!("the {whose}'s {period} budget of ${limit:.2} ({kind})")
+}
+
+async fn sums(conn: &mut sqlx::PgConnection, org: OrgId, project: ProjectId) -> Result<Sums> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT coalesce(sum(usd) FILTER (WHERE day = {TODAY}), 0)::float8 AS org_day, \
+                coalesce(sum(usd), 0)::float8 AS org_month, \
+                coalesce(sum(usd) FILTER (WHERE day = {TODAY} AND project_id = $2), 0)::float8 AS project_day, \
+                coalesce(sum(usd) FILTER (WHERE project_id = $2), 0)::float8 AS project_month, \
+                ceil(extract(epoch FROM ({TODAY} + 1)::timestamp AT TIME ZONE 'UTC' - now()) * 1000)::float8 AS to_tomorrow_ms, \
+                ceil(extract(epoch FROM ({MONTH_START} + interval '1 month') AT TIME ZONE 'UTC' - now()) * 1000)::float8 AS to_next_month_ms \
+         FROM spend WHERE org_id = $1 AND day >= {MONTH_START}"
+    ))
+    .bind(org)
+    .bind(project)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Whether a hard limit stops the crew steps of `run`: its own `usd_per_run` (when the
+/// workflow's budget is hard), or a hard limit of its project or org that spend has reached.
+/// The engine asks before it starts a crew step; a host's heartbeat may ask the same to stop
+/// a running one.
+pub async fn hard_stop(conn: &mut sqlx::PgConnection, org: OrgId, project: ProjectId, run: RunId, usd_per_run: Option<f64>) -> Result<bool> {
+    let stop: Option<bool> = sqlx::query_scalar(&format!(
+        "SELECT coalesce((SELECT spent_usd >= $4::numeric FROM runs WHERE run_id = $3), false) \
+             OR EXISTS (SELECT 1 FROM budgets b WHERE b.org_id = $1 AND (b.project_id IS NULL OR b.project_id = $2) AND b.hard \
+                          AND b.usd_limit <= (SELECT coalesce(sum(s.usd), 0) FROM spend s \
+                                              WHERE s.org_id = $1 AND (b.project_id IS NULL OR s.project_id = b.project_id) \
+                                                AND s.day >= CASE b.period WHEN 'day' THEN {TODAY} ELSE {MONTH_START} END))"
+    ))
+    .bind(org)
+    .bind(project)
+    .bind(run)
+    .bind(usd_per_run)
+    .fetch_one(conn)
+    .await?;
+    Ok(stop.unwrap_or(false))
+}
+
+/// A limit with its spend in the current period.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct BudgetView {
+    /// `None`: the org's limit.
+    pub project_id: Option<ProjectId>,
+    /// `day` or `month` (UTC).
+    pub period: String,
+    pub usd_limit: f64,
+    pub hard: bool,
+    /// Spent in the current day or month.
+    pub spent_usd: f64,
+    /// When the period ends and its spend starts again from zero.
+    pub resets_at: DateTime<Utc>,
+}
+
+/// The org's limits, or one project's and the org's.
+pub async fn list(conn: &mut sqlx::PgConnection, org: OrgId, project: Option<ProjectId>) -> Result<Vec<BudgetView>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT b.project_id, b.period, b.usd_limit::float8 AS usd_limit, b.hard, \
+                (SELECT coalesce(sum(s.usd), 0)::float8 FROM spend s WHERE s.org_id = b.org_id \
+                   AND (b.project_id IS NULL OR s.project_id = b.project_id) \
+                   AND s.day >= CASE b.period WHEN 'day' THEN {TODAY} ELSE {MONTH_START} END) AS spent_usd, \
+                CASE b.period WHEN 'day' THEN ({TODAY} + 1)::timestamp ELSE ({MONTH_START} + interval '1 month') END AT TIME ZONE 'UTC' AS resets_at \
+         FROM budgets b WHERE b.org_id = $1 AND ($2::uuid IS NULL OR b.project_id IS NULL OR b.project_id = $2) \
+         ORDER BY b.project_id NULLS FIRST, b.period"
+    ))
+    .bind(org)
+    .bind(project)
+    .fetch_all(conn)
+    .await?)
+}
+
+fn check_period(period: &str) -> Result<()> {
+    if period == "day" || period == "month" { Ok(()) } else { Err(StoreError::Invalid("period must be day or month".into())) }
+}
+
+/// Sets a limit of the org (`project: None`) or a project. Raising one releases the runs it
+/// held: they are admitted again, and those no other limit holds start.
+pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period: &str, usd_limit: f64, hard: bool) -> Result<()> {
+    check_period(period)?;
+    if !usd_limit.is_finite() || !(0.0..=1e8).contains(&usd_limit) {
+        return Err(StoreError::Invalid("usd_limit must be between 0 and 100000000".into()));
+    }
+    // The old limit, locked: admissions read it FOR SHARE.
+    let before: Option<f64> = sqlx::query_scalar(
+        "SELECT usd_limit::float8 FROM budgets WHERE org_id = $1 AND project_id IS NOT DISTINCT FROM $2 AND period = $3 FOR UPDATE",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(period)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO budgets (org_id, budget_id, project_id, period, usd_limit, hard) VALUES ($1, $2, $3, $4, $5::numeric, $6) \
+         ON CONFLICT (org_id, project_id, period) DO UPDATE SET usd_limit = EXCLUDED.usd_limit, hard = EXCLUDED.hard",
+    )
+    .bind(org)
+    .bind(uuid::Uuid::now_v7())
+    .bind(project)
+    .bind(period)
+    .bind(usd_limit)
+    .bind(hard)
+    .execute(&mut *ch.tx)
+    .await?;
+    ch.audit(org, project, "budget.set", ("budget", format!("{}:{period}", project.map_or("org".into(), |p| p.to_string()))), json!({ "usd_limit": usd_limit, "hard": hard, "before": before }))?;
+    if before.is_some_and(|b| usd_limit > b) {
+        admission::release_gate(ch, org, rules::BUDGET_QUEUE).await?;
+    }
+    Ok(())
+}
+
+/// Removes a limit; the runs it held are released. Removing one that is not set is not found.
+pub async fn remove(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period: &str) -> Result<()> {
+    check_period(period)?;
+    let gone = sqlx::query("DELETE FROM budgets WHERE org_id = $1 AND project_id IS NOT DISTINCT FROM $2 AND period = $3")
+        .bind(org)
+        .bind(project)
+        .bind(period)
+        .execute(&mut *ch.tx)
+        .await?;
+    if gone.rows_affected() == 0 {
+        return Err(StoreError::NotFound("budget"));
+    }
+    ch.audit(org, project, "budget.remove", ("budget", format!("{}:{period}", project.map_or("org".into(), |p| p.to_string()))), json!({}))?;
+    admission::release_gate(ch, org, rules::BUDGET_QUEUE).await
+}
+
+/// One project's spend on one UTC day.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct SpendDay {
+    pub project_id: ProjectId,
+    pub day: NaiveDate,
+    pub usd: f64,
+    pub tokens: i64,
+}
+
+/// Spend per project and day, newest day first, from `from` to `to` (inclusive).
+pub async fn spend(conn: &mut sqlx::PgConnection, org: OrgId, project: Option<ProjectId>, from: NaiveDate, to: NaiveDate) -> Result<Vec<SpendDay>> {
+    Ok(sqlx::query_as(
+        "SELECT project_id, day, usd::float8 AS usd, tokens FROM spend \
+         WHERE org_id = $1 AND ($2::uuid IS NULL OR project_id = $2) AND day BETWEEN $3 AND $4 \
+         ORDER BY day DESC, project_id LIMIT 5000",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(from)
+    .bind(to)
+    .fetch_all(conn)
+    .await?)
+}

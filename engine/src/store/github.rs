@@ -1,0 +1,130 @@
+//! GitHub watches: what a waiting gate or `wait: { event }` step watches on GitHub, and the
+//! wakes a webhook writes for the steps it may decide.
+//!
+//! A gate with `checks:` waits on the check runs and statuses of one commit (the head of the
+//! pull request it follows); a wait on an event waits for that event on one pull request or
+//! issue. Each such step has one row in `github_watches`. The ingest, in the transaction that
+//! stores a check result or an item's new state, writes a `github:<event>.<action>` wake for
+//! every step watching it, so the engine looks again exactly when something changed: there is
+//! no poll. Rows go with their step's resolution.
+
+use std::time::Duration;
+
+use super::{Change, Result};
+use crate::ids::{OrgId, ProjectId, RunId, StepId};
+
+/// What a step watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watch<'a> {
+    pub repository: &'a str,
+    pub number: Option<i64>,
+    pub head_sha: Option<&'a str>,
+    /// `checks`, or an event such as `pull_request.closed`.
+    pub watch: &'a str,
+}
+
+/// The reason of a wake written by a webhook: `github:` and what happened.
+pub const WAKE_PREFIX: &str = "github:";
+
+/// Records what a waiting step of a locked run watches.
+pub async fn watch(ch: &mut Change, run: RunId, step: StepId, w: &Watch<'_>) -> Result<()> {
+    let ctx = ch.locked(run)?.clone();
+    sqlx::query(
+        "INSERT INTO github_watches (org_id, project_id, step_id, run_id, repository, number, head_sha, watch) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         ON CONFLICT (step_id) DO UPDATE SET repository = EXCLUDED.repository, number = EXCLUDED.number, \
+           head_sha = EXCLUDED.head_sha, watch = EXCLUDED.watch",
+    )
+    .bind(ctx.org)
+    .bind(ctx.project)
+    .bind(step)
+    .bind(run)
+    .bind(w.repository.to_lowercase())
+    .bind(w.number)
+    .bind(w.head_sha)
+    .bind(w.watch)
+    .execute(&mut *ch.tx)
+    .await?;
+    Ok(())
+}
+
+/// The watch of a step, if any: (repository, number, head_sha, watch).
+pub async fn watch_of(ch: &mut Change, step: StepId) -> Result<Option<(String, Option<i64>, Option<String>, String)>> {
+    Ok(sqlx::query_as("SELECT repository, number, head_sha, watch FROM github_watches WHERE step_id = $1")
+        .bind(step)
+        .fetch_optional(&mut *ch.tx)
+        .await?)
+}
+
+/// Moves a gate's watch to a new head commit (a push to the pull request's branch).
+pub async fn follow_head(ch: &mut Change, step: StepId, head_sha: &str) -> Result<()> {
+    sqlx::query("UPDATE github_watches SET head_sha = $2 WHERE step_id = $1")
+        .bind(step)
+        .bind(head_sha)
+        .execute(&mut *ch.tx)
+        .await?;
+    Ok(())
+}
+
+/// Forgets a step's watch (it was resolved).
+pub async fn forget(ch: &mut Change, step: StepId) -> Result<()> {
+    sqlx::query("DELETE FROM github_watches WHERE step_id = $1").bind(step).execute(&mut *ch.tx).await?;
+    Ok(())
+}
+
+/// A check run or status was stored for `sha`: wakes the gates watching that commit. Returns
+/// how many steps were woken.
+pub async fn wake_checks(ch: &mut Change, org: OrgId, project: ProjectId, repository: &str, sha: &str) -> Result<u64> {
+    let woken = sqlx::query(
+        "INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
+         SELECT org_id, run_id, step_id, now(), $5 FROM github_watches \
+         WHERE project_id = $2 AND repository = $3 AND head_sha = $4 AND org_id = $1 AND watch = 'checks'",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(repository.to_lowercase())
+    .bind(sha)
+    .bind(format!("{WAKE_PREFIX}checks"))
+    .execute(&mut *ch.tx)
+    .await?
+    .rows_affected();
+    if woken > 0 {
+        ch.note_wake(Duration::ZERO);
+    }
+    Ok(woken)
+}
+
+/// An event arrived about a pull request or issue: wakes every step watching it, with the
+/// event as the wake's reason (`github:pull_request.closed`). A gate re-reads the head commit
+/// and its checks; a wait resolves when the event is the one it waits for.
+pub async fn wake_item(ch: &mut Change, org: OrgId, project: ProjectId, repository: &str, number: i64, event: &str) -> Result<u64> {
+    let woken = sqlx::query(
+        "INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
+         SELECT org_id, run_id, step_id, now(), $5 FROM github_watches \
+         WHERE project_id = $2 AND repository = $3 AND number = $4 AND org_id = $1",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(repository.to_lowercase())
+    .bind(number)
+    .bind(crate::store::cap(&format!("{WAKE_PREFIX}{event}")))
+    .execute(&mut *ch.tx)
+    .await?
+    .rows_affected();
+    if woken > 0 {
+        ch.note_wake(Duration::ZERO);
+    }
+    Ok(woken)
+}
+
+/// Sets the branch pull requests of a connected repository are opened against.
+pub async fn set_default_branch(ch: &mut Change, org: OrgId, project: ProjectId, repository: &str, branch: &str) -> Result<()> {
+    sqlx::query("UPDATE repositories SET default_branch = $4 WHERE org_id = $1 AND project_id = $2 AND full_name = $3")
+        .bind(org)
+        .bind(project)
+        .bind(repository.to_lowercase())
+        .bind(branch)
+        .execute(&mut *ch.tx)
+        .await?;
+    Ok(())
+}

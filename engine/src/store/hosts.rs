@@ -1,0 +1,636 @@
+//! The host protocol's writes: registering a host, claiming ready crew steps for it, starting
+//! them, session reports (transcript lines and running usage, which also renew the lease), and
+//! completions.
+//!
+//! A claim is one `Change`: the host's row is locked (so one host's claims never overlap and its
+//! `max_concurrent` slots are counted under that lock), ready crew steps whose `requires` the
+//! host's capabilities satisfy are picked oldest first, their runs are locked with `FOR UPDATE
+//! SKIP LOCKED` (a run an engine is advancing right now is skipped, not waited for, and two
+//! replicas' claims never take one step), and each step is leased (`pending → leased`, fenced
+//! by the `pending` source state) with the wake that recovers it if the host goes silent.
+//!
+//! Session reports are like heartbeats: frequent and not moves of the step, so they write no run
+//! event and no audit entry; they append log lines (numbered by the host, so a report sent twice
+//! stores each line once) under a per-run size cap, and keep the session's cumulative totals.
+//! A completion is a fenced move (`running → succeeded | failed`, holder = this host) with a
+//! `step.session` event carrying the figures, and a wake so that an engine advances the run.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sqlx::{FromRow, PgPool};
+
+use super::steps::{self, Failure, FailureClass, StepRow, LEASE};
+use super::{cap, runs, Actor, Change, Result, StoreError};
+use crate::catalog::Catalog;
+use crate::definition::{self, Harness, NodeKind, OutputKind};
+use crate::hosts::{self as model, Assignment, Capability, Caps, ItemRef, RepositoryRef, Usage};
+use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId};
+use crate::state::StepState;
+
+/// Beyond its timeout, how long the server lets a host-held step run before it fails it: the
+/// host interrupts its harness at the timeout itself and needs its interrupt grace (30 s by
+/// default) to collect the result line and report.
+pub const HOST_STOP_GRACE: Duration = Duration::from_secs(60);
+
+/// Transcript bytes stored per run; beyond, lines are counted and dropped, with one note.
+pub const RUN_LOG_CAP_BYTES: i64 = 8 << 20;
+
+/// The longest line stored; a longer one is cut (a tool result with a whole file in it).
+pub const LINE_CAP_BYTES: usize = 64 << 10;
+
+/// A host's `last_seen_at` is written at most this often.
+const SEEN_EVERY_SECS: i32 = 10;
+
+/// The holder string of a host's leases.
+pub fn holder(host: HostId) -> String {
+    format!("host:{host}")
+}
+
+/// A registered host, as its credential names it.
+#[derive(Debug, Clone, FromRow)]
+pub struct HostRow {
+    pub org_id: OrgId,
+    pub project_id: ProjectId,
+    pub host_id: HostId,
+    pub name: String,
+    pub capabilities: Vec<String>,
+    pub max_concurrent: i32,
+}
+
+/// What a registration says about the host.
+#[derive(Debug, Clone)]
+pub struct NewHost<'a> {
+    pub org: OrgId,
+    pub project: ProjectId,
+    pub name: &'a str,
+    pub capabilities: &'a [Capability],
+    pub max_concurrent: u32,
+    /// The registration token's `jti`: it registers one host and is revoked by doing so.
+    pub registration: uuid::Uuid,
+}
+
+/// The most slots a host may ask for.
+pub const MAX_SLOTS: u32 = 64;
+
+/// Registers a host with its registration token, which is revoked in the same change.
+pub async fn register(ch: &mut Change, new: &NewHost<'_>) -> Result<HostId> {
+    let name = new.name.trim();
+    if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
+        return Err(StoreError::Invalid("a host's name is 1 to 100 printable characters".into()));
+    }
+    if !(1..=MAX_SLOTS).contains(&new.max_concurrent) {
+        return Err(StoreError::Invalid(format!("max_concurrent must be between 1 and {MAX_SLOTS}")));
+    }
+    let token: Option<(bool, Option<ProjectId>)> = sqlx::query_as(
+        "SELECT revoked_at IS NOT NULL OR expires_at <= now(), project_id FROM api_tokens \
+         WHERE org_id = $1 AND jti = $2 AND kind = 'registration' FOR UPDATE",
+    )
+    .bind(new.org)
+    .bind(new.registration)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    match token {
+        None => return Err(StoreError::NotFound("registration token")),
+        Some((true, _)) => return Err(StoreError::Conflict("this registration token was already used or has expired".into())),
+        Some((false, project)) if project != Some(new.project) => {
+            return Err(StoreError::Invalid("the registration token is for another project".into()));
+        }
+        Some(_) => {}
+    }
+    let host = HostId::mint();
+    let caps: Vec<&str> = new.capabilities.iter().map(Capability::as_str).collect();
+    sqlx::query(
+        "INSERT INTO hosts (org_id, project_id, host_id, name, capabilities, max_concurrent, last_seen_at, registered_with) \
+         VALUES ($1, $2, $3, $4, $5, $6, now(), $7)",
+    )
+    .bind(new.org)
+    .bind(new.project)
+    .bind(host)
+    .bind(name)
+    .bind(&caps)
+    .bind(new.max_concurrent as i32)
+    .bind(new.registration)
+    .execute(&mut *ch.tx)
+    .await?;
+    sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti = $2")
+        .bind(new.org)
+        .bind(new.registration)
+        .execute(&mut *ch.tx)
+        .await?;
+    ch.audit(
+        new.org,
+        Some(new.project),
+        "host.register",
+        ("host", host.to_string()),
+        json!({ "name": cap(name), "capabilities": caps, "max_concurrent": new.max_concurrent, "registration": new.registration.to_string() }),
+    )?;
+    Ok(host)
+}
+
+/// The host a host credential belongs to, unless it was deregistered.
+pub async fn by_token(pool: &PgPool, org: OrgId, jti: uuid::Uuid) -> Result<Option<HostRow>> {
+    Ok(sqlx::query_as(
+        "SELECT h.org_id, h.project_id, h.host_id, h.name, h.capabilities, h.max_concurrent \
+         FROM api_tokens t JOIN hosts h ON h.host_id = t.host_id AND h.org_id = t.org_id \
+         WHERE t.jti = $1 AND t.org_id = $2 AND t.kind = 'host' AND h.deregistered_at IS NULL",
+    )
+    .bind(jti)
+    .bind(org)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Records that the host called in (for routing: `unroutable` looks at hosts seen in the last
+/// day). Written at most every 10 s per host.
+pub async fn seen(pool: &PgPool, host: &HostRow) -> Result<()> {
+    sqlx::query(
+        "UPDATE hosts SET last_seen_at = now() WHERE host_id = $1 AND org_id = $2 \
+           AND (last_seen_at IS NULL OR last_seen_at < now() - make_interval(secs => $3))",
+    )
+    .bind(host.host_id)
+    .bind(host.org_id)
+    .bind(f64::from(SEEN_EVERY_SECS))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// What a claim took.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    pub assignments: Vec<Assignment>,
+    /// A ready step was passed over because an engine held its run at that moment: look again
+    /// shortly rather than wait for the next notification.
+    pub contended: bool,
+    /// Slots the host had free.
+    pub room: u32,
+}
+
+/// Leases up to `want` ready crew steps (within the host's free slots) to `host`.
+pub async fn claim(pool: &PgPool, catalog: &Catalog, host: &HostRow, want: u32) -> Result<Claimed> {
+    let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
+    // One claim of a host at a time: its slots are counted under its row lock.
+    let fresh: Option<(Vec<String>, i32)> =
+        sqlx::query_as("SELECT capabilities, max_concurrent FROM hosts WHERE host_id = $1 AND org_id = $2 AND deregistered_at IS NULL FOR UPDATE")
+            .bind(host.host_id)
+            .bind(host.org_id)
+            .fetch_optional(&mut *ch.tx)
+            .await?;
+    let (capabilities, max) = fresh.ok_or(StoreError::NotFound("host"))?;
+    let me = holder(host.host_id);
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM steps WHERE holder = $1 AND state IN ('leased', 'running')")
+        .bind(&me)
+        .fetch_one(&mut *ch.tx)
+        .await?;
+    let room = (i64::from(max) - held).clamp(0, i64::from(want));
+    let mut claimed = Claimed { room: room as u32, ..Claimed::default() };
+    if room == 0 {
+        return Ok(claimed);
+    }
+    // A few more than there is room for, so that steps of runs an engine holds have stand-ins.
+    let candidates: Vec<(StepId, RunId)> = sqlx::query_as(
+        "SELECT s.step_id, s.run_id FROM steps s JOIN runs r ON r.run_id = s.run_id \
+         WHERE s.org_id = $1 AND s.state = 'pending' AND s.kind = 'crew' AND s.requires <@ $3::text[] \
+           AND (s.not_before IS NULL OR s.not_before <= now()) \
+           AND r.project_id = $2 AND r.status = 'running' AND NOT r.dry_run \
+         ORDER BY s.created_at, s.step_id LIMIT $4",
+    )
+    .bind(host.org_id)
+    .bind(host.project_id)
+    .bind(&capabilities)
+    .bind(room * 4)
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    if candidates.is_empty() {
+        return Ok(claimed);
+    }
+    let mut wanted: Vec<RunId> = candidates.iter().map(|c| c.1).collect();
+    wanted.sort();
+    wanted.dedup();
+    let locked: HashSet<RunId> = ch.try_lock_runs(&wanted).await?.into_iter().map(|c| c.run).collect();
+    claimed.contended = wanted.iter().any(|r| !locked.contains(r));
+    for (step, run) in candidates {
+        if claimed.assignments.len() as i64 >= room {
+            break;
+        }
+        if !locked.contains(&run) {
+            continue;
+        }
+        let row = match steps::lease(&mut ch, run, step, &me).await {
+            Ok(row) => row,
+            // Leased by another claim, or cancelled, since the candidates were read.
+            Err(StoreError::Stale(_)) => continue,
+            Err(e) => return Err(e),
+        };
+        match assignment(&mut ch, catalog, run, &row).await? {
+            Ok(a) => claimed.assignments.push(a),
+            Err(problem) => {
+                // A prompt that cannot be rendered will not render on another host either.
+                let failure = Failure::new(cap(&problem), FailureClass::Final);
+                steps::fail_held(&mut ch, run, step, &me, &failure, None).await?;
+                ch.wake(run, None, Duration::ZERO, "advance", true).await?;
+            }
+        }
+    }
+    sqlx::query("UPDATE hosts SET last_seen_at = now() WHERE host_id = $1").bind(host.host_id).execute(&mut *ch.tx).await?;
+    ch.commit().await?;
+    Ok(claimed)
+}
+
+fn harness_name(h: Harness) -> &'static str {
+    match h {
+        Harness::ClaudeCode => "claude-code",
+        Harness::Codex => "codex",
+        Harness::Command => "command",
+    }
+}
+
+/// What a host needs to run a leased crew step; `Err` with a reason when the step cannot run
+/// anywhere (its node is gone from the definition, its prompt does not render).
+async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &StepRow) -> Result<std::result::Result<Assignment, String>> {
+    let run = runs::get(ch, run_id).await?.ok_or(StoreError::NotFound("run"))?;
+    let def = catalog.get(ch.conn(), run.workflow_id, run.workflow_version).await?;
+    let Some(node) = def.node(&step.node) else { return Ok(Err(format!("node `{}` is not in the workflow", step.node))) };
+    let NodeKind::Crew(crew) = &node.kind else { return Ok(Err(format!("node `{}` is not a crew node", step.node))) };
+    let history = steps::of_run(ch, run_id).await?;
+    let ctx = crate::advance::context(ch, &run, &history).await?;
+    let prompt = match definition::template::render(&crew.prompt, &ctx) {
+        Ok(p) => p,
+        Err(e) => return Ok(Err(format!("prompt_error: {e}"))),
+    };
+    // The item says which repository and issue; a run about no item may name them in its
+    // input (a person's submit), but only a repository connected to the project is used.
+    let item = &ctx["item"];
+    let input = &run.input;
+    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    let repo_name = text(item, "repository").or_else(|| text(input, "repository"));
+    let number = item.get("number").and_then(Value::as_i64).or_else(|| input.get("issue").and_then(Value::as_i64));
+    let title = text(item, "title").or_else(|| text(input, "title"));
+    let repository = match repo_name {
+        Some(name) => {
+            let found: Option<(String, String)> = sqlx::query_as(
+                "SELECT full_name, default_branch FROM repositories WHERE org_id = $1 AND project_id = $2 AND full_name = lower($3)",
+            )
+            .bind(run.org_id)
+            .bind(run.project_id)
+            .bind(&name)
+            .fetch_optional(ch.conn())
+            .await?;
+            found.map(|(full_name, default_branch)| RepositoryRef {
+                clone_url: format!("https://github.com/{full_name}.git"),
+                full_name,
+                default_branch,
+                // Minted by the API after this claim commits (no transaction waits on GitHub).
+                token: None,
+            })
+        }
+        None => None,
+    };
+    let branch = repository.as_ref().map(|_| model::branch_name(number, title.as_deref(), run_id));
+    let pr_body = feeds_pull_request(&def, &node.id);
+    Ok(Ok(Assignment {
+        step: step.step_id,
+        run: run_id,
+        node: step.node.clone(),
+        visit: step.visit,
+        attempt: step.attempt,
+        harness: harness_name(crew.harness).to_owned(),
+        model: crew.model.clone(),
+        prompt,
+        command: crew.command.clone(),
+        caps: Caps { turns: crew.caps.turns, usd: crew.caps.usd, timeout_secs: crate::advance::step_timeout(node).as_secs().max(1) },
+        repository,
+        branch,
+        item: (number.is_some() || title.is_some()).then_some(ItemRef { number, title }),
+        pr_body,
+        expect_changes: crew.expect_changes,
+        lease_secs: LEASE.as_secs(),
+    }))
+}
+
+/// Whether a pull request is opened from this crew node's work: a `pull_request` output is
+/// reachable from it without passing another crew node (whose work would come later and be the
+/// one described).
+fn feeds_pull_request(def: &definition::Definition, node: &str) -> bool {
+    let mut seen = HashSet::new();
+    let mut todo: Vec<&str> = def.successors(node);
+    while let Some(n) = todo.pop() {
+        if !seen.insert(n) {
+            continue;
+        }
+        match def.node(n).map(|n| &n.kind) {
+            Some(NodeKind::Output(o)) if o.kind == OutputKind::PullRequest => return true,
+            Some(NodeKind::Crew(_)) | None => {}
+            Some(_) => todo.extend(def.successors(n)),
+        }
+    }
+    false
+}
+
+/// The run a step of `org` belongs to.
+async fn run_of(pool: &PgPool, org: OrgId, step: StepId) -> Result<RunId> {
+    sqlx::query_scalar("SELECT run_id FROM steps WHERE step_id = $1 AND org_id = $2")
+        .bind(step)
+        .bind(org)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(StoreError::NotFound("step"))
+}
+
+/// The host starts the harness on a step it leased: `leased → running`, fenced by holder.
+pub async fn start(pool: &PgPool, host: &HostRow, step: StepId, harness: &str) -> Result<StepRow> {
+    let run = run_of(pool, host.org_id, step).await?;
+    let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
+    ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
+    let row = steps::start(&mut ch, run, step, &holder(host.host_id)).await?;
+    sqlx::query(
+        "INSERT INTO step_sessions (org_id, run_id, step_id, host_id, harness) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (step_id) DO NOTHING",
+    )
+    .bind(host.org_id)
+    .bind(run)
+    .bind(step)
+    .bind(host.host_id)
+    .bind(harness)
+    .execute(&mut *ch.tx)
+    .await?;
+    ch.commit().await?;
+    Ok(row)
+}
+
+/// One transcript line as a host numbers it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+pub struct LogLine {
+    /// The host's number for the line within the step, from 1; a line sent again with the
+    /// same number is stored once.
+    pub seq: i64,
+    /// `assistant`, `tool_result`, `result`, `stdout`, `stderr`, …
+    pub stream: String,
+    pub line: String,
+}
+
+/// What a session report did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reported {
+    /// The step's state: anything but leased or running tells the host to stop.
+    pub state: StepState,
+    pub stored: usize,
+    /// Lines not stored because the run reached its transcript cap.
+    pub dropped: usize,
+}
+
+/// Cuts a line to [`LINE_CAP_BYTES`] on a character boundary.
+fn cut_line(line: &str) -> String {
+    if line.len() <= LINE_CAP_BYTES {
+        return line.to_owned();
+    }
+    let mut end = LINE_CAP_BYTES;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} bytes cut]", &line[..end], line.len() - end)
+}
+
+/// The cumulative totals of a session, kept per step (never lowered by a late report).
+async fn record_usage(conn: &mut sqlx::PgConnection, host: &HostRow, run: RunId, step: StepId, harness: Option<&str>, usage: &Usage, lines: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO step_sessions (org_id, run_id, step_id, host_id, harness, model, input_tokens, output_tokens, cost_usd, turns, tool_calls, lines) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::float8::numeric(14, 6), $10, $11, $12) \
+         ON CONFLICT (step_id) DO UPDATE SET \
+           harness = coalesce(EXCLUDED.harness, step_sessions.harness), \
+           model = coalesce(EXCLUDED.model, step_sessions.model), \
+           input_tokens = greatest(step_sessions.input_tokens, EXCLUDED.input_tokens), \
+           output_tokens = greatest(step_sessions.output_tokens, EXCLUDED.output_tokens), \
+           cost_usd = CASE WHEN EXCLUDED.cost_usd IS NULL THEN step_sessions.cost_usd \
+                           ELSE greatest(coalesce(step_sessions.cost_usd, 0), EXCLUDED.cost_usd) END, \
+           turns = greatest(step_sessions.turns, EXCLUDED.turns), \
+           tool_calls = greatest(step_sessions.tool_calls, EXCLUDED.tool_calls), \
+           lines = step_sessions.lines + EXCLUDED.lines, \
+           last_report_at = now()",
+    )
+    .bind(host.org_id)
+    .bind(run)
+    .bind(step)
+    .bind(host.host_id)
+    .bind(harness)
+    .bind(usage.model.as_deref().map(cap))
+    .bind(usage.input_tokens.max(0))
+    .bind(usage.output_tokens.max(0))
+    .bind(usage.cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(model::round_cost))
+    .bind(usage.turns.max(0))
+    .bind(usage.tool_calls.max(0))
+    .bind(lines)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The state of a step a host no longer holds.
+async fn state_of(pool: &PgPool, org: OrgId, step: StepId) -> Result<StepState> {
+    let state: Option<String> = sqlx::query_scalar("SELECT state FROM steps WHERE step_id = $1 AND org_id = $2").bind(step).bind(org).fetch_optional(pool).await?;
+    state.as_deref().and_then(StepState::parse).ok_or(StoreError::NotFound("step"))
+}
+
+/// A session report: renews the lease, keeps the totals, and appends the lines the run's
+/// transcript cap (`cap_bytes`) still has room for. When the cap is first reached a note says
+/// so in the step's log. A host that no longer holds the step stores nothing and learns the
+/// step's state.
+pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option<&str>, lines: &[LogLine], usage: &Usage, cap_bytes: i64) -> Result<Reported> {
+    let mut tx = pool.begin().await?;
+    let renewed: Option<(RunId, String)> = sqlx::query_as(&format!(
+        "UPDATE steps SET lease_expires_at = now() + interval '{} seconds' \
+         WHERE step_id = $1 AND org_id = $2 AND holder = $3 AND state IN ('leased', 'running') RETURNING run_id, state",
+        LEASE.as_secs()
+    ))
+    .bind(step)
+    .bind(host.org_id)
+    .bind(holder(host.host_id))
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((run, state)) = renewed else {
+        drop(tx);
+        return Ok(Reported { state: state_of(pool, host.org_id, step).await?, stored: 0, dropped: lines.len() });
+    };
+    let state = StepState::parse(&state).unwrap_or(StepState::Running);
+    let mut stored = 0;
+    let mut dropped = 0;
+    if !lines.is_empty() {
+        sqlx::query("INSERT INTO run_log_sizes (org_id, run_id) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING")
+            .bind(host.org_id)
+            .bind(run)
+            .execute(&mut *tx)
+            .await?;
+        let (used, capped): (i64, bool) = sqlx::query_as("SELECT bytes, capped_at IS NOT NULL FROM run_log_sizes WHERE run_id = $1 FOR UPDATE")
+            .bind(run)
+            .fetch_one(&mut *tx)
+            .await?;
+        let mut room = if capped { 0 } else { (cap_bytes - used).max(0) };
+        let (mut seqs, mut streams, mut texts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut over: Vec<i64> = Vec::new();
+        for l in lines {
+            let text = cut_line(&l.line);
+            let size = text.len() as i64;
+            if over.is_empty() && size <= room {
+                room -= size;
+                seqs.push(l.seq);
+                streams.push(cap(&l.stream).chars().take(32).collect::<String>());
+                texts.push(text);
+            } else {
+                over.push(l.seq);
+            }
+        }
+        // Lines over the cap that were stored before (a report sent again) are not dropped.
+        let first_dropped = over.first().copied();
+        if !over.is_empty() {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM UNNEST($2::bigint[]) AS o(seq) WHERE NOT EXISTS (SELECT 1 FROM step_logs l WHERE l.step_id = $1 AND l.seq = o.seq)",
+            )
+            .bind(step)
+            .bind(&over)
+            .fetch_one(&mut *tx)
+            .await?;
+            dropped = n as usize;
+        }
+        let sizes: Vec<i32> = sqlx::query_scalar(
+            "INSERT INTO step_logs (org_id, run_id, step_id, seq, stream, line) \
+             SELECT $1, $2, $3, u.seq, u.stream, u.line FROM UNNEST($4::bigint[], $5::text[], $6::text[]) AS u(seq, stream, line) \
+             ON CONFLICT (step_id, seq) DO NOTHING RETURNING octet_length(line)",
+        )
+        .bind(host.org_id)
+        .bind(run)
+        .bind(step)
+        .bind(&seqs)
+        .bind(&streams)
+        .bind(&texts)
+        .fetch_all(&mut *tx)
+        .await?;
+        stored = sizes.len();
+        let added: i64 = sizes.iter().map(|s| i64::from(*s)).sum();
+        let newly_capped = !capped && first_dropped.is_some();
+        if let (true, Some(seq)) = (newly_capped, first_dropped) {
+            // The first dropped line's number is never stored, so the note cannot collide.
+            let note = format!("transcript cap of {cap_bytes} bytes for this run reached: later lines are not stored");
+            sqlx::query("INSERT INTO step_logs (org_id, run_id, step_id, seq, stream, line) VALUES ($1, $2, $3, $4, 'note', $5) ON CONFLICT DO NOTHING")
+                .bind(host.org_id)
+                .bind(run)
+                .bind(step)
+                .bind(seq)
+                .bind(note)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "UPDATE run_log_sizes SET bytes = bytes + $2, dropped = dropped + $3, \
+                    capped_at = CASE WHEN $4 THEN coalesce(capped_at, now()) ELSE capped_at END WHERE run_id = $1",
+        )
+        .bind(run)
+        .bind(added)
+        .bind(dropped as i64)
+        .bind(newly_capped)
+        .execute(&mut *tx)
+        .await?;
+    }
+    record_usage(&mut tx, host, run, step, harness, usage, stored as i64).await?;
+    if stored > 0 {
+        // Live transcripts (the console) follow `l<run>`; engines ignore it.
+        sqlx::query("SELECT pg_notify($1, $2)").bind(super::NOTIFY_CHANNEL).bind(format!("l{run}")).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(Reported { state, stored, dropped })
+}
+
+/// How a host's step ended.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The step's output: the answer text, files changed, branch, head SHA, commits, the pull
+    /// request body, the figures.
+    pub output: Value,
+    /// `None` for a success.
+    pub failure: Option<Failure>,
+    pub usage: Usage,
+    pub harness: Option<String>,
+}
+
+/// Records a host's result for a step it holds (fenced: a step recovered or cancelled meanwhile
+/// answers `Stale`), with a `step.session` event carrying the figures, and a wake so that an
+/// engine advances the run.
+pub async fn complete(pool: &PgPool, host: &HostRow, step: StepId, c: &Completion) -> Result<StepRow> {
+    let run = run_of(pool, host.org_id, step).await?;
+    let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
+    ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
+    let me = holder(host.host_id);
+    let row = match &c.failure {
+        None => steps::succeed_held(&mut ch, run, step, &me, &c.output).await?,
+        Some(f) => steps::fail_held(&mut ch, run, step, &me, f, Some(&c.output)).await?,
+    };
+    record_usage(&mut ch.tx, host, run, step, c.harness.as_deref(), &c.usage, 0).await?;
+    let figures = json!({
+        "host": host.host_id.to_string(),
+        "harness": c.harness,
+        "model": c.usage.model.as_deref().map(cap),
+        "cost_usd": c.usage.cost_usd.map(model::round_cost),
+        "input_tokens": c.usage.input_tokens,
+        "output_tokens": c.usage.output_tokens,
+        "turns": c.usage.turns,
+        "tool_calls": c.usage.tool_calls,
+    });
+    ch.event(run, "step.session", Some((step, &row.node)), figures.clone())?;
+    ch.audit(host.org_id, Some(host.project_id), "step.session", ("step", step.to_string()), figures)?;
+    ch.wake(run, None, Duration::ZERO, "advance", true).await?;
+    ch.commit().await?;
+    Ok(row)
+}
+
+/// Of the steps a host believes it runs, those it should stop, with their state (`gone` for a
+/// step that no longer exists): no longer leased or running under this host.
+pub async fn to_stop(pool: &PgPool, host: &HostRow, held: &[StepId]) -> Result<Vec<(StepId, String)>> {
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<uuid::Uuid> = held.iter().map(|s| s.0).collect();
+    let rows: Vec<(StepId, String, Option<String>)> = sqlx::query_as("SELECT step_id, state, holder FROM steps WHERE org_id = $1 AND step_id = ANY($2)")
+        .bind(host.org_id)
+        .bind(&ids)
+        .fetch_all(pool)
+        .await?;
+    let me = holder(host.host_id);
+    let mut stop: Vec<(StepId, String)> = rows
+        .iter()
+        .filter(|(_, state, h)| !(matches!(state.as_str(), "leased" | "running") && h.as_deref() == Some(me.as_str())))
+        .map(|(s, state, _)| (*s, state.clone()))
+        .collect();
+    for s in held {
+        if !rows.iter().any(|r| r.0 == *s) {
+            stop.push((*s, "gone".into()));
+        }
+    }
+    Ok(stop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_crew_node_before_a_pull_request_describes_it() {
+        let def = definition::parse(
+            "name: t\nnodes:\n  plan: { crew: { harness: claude-code, prompt: p } }\n  \
+             build: { after: [plan], crew: { harness: claude-code, prompt: b } }\n  \
+             ci: { after: [build], gate: { checks: [test] } }\n  \
+             pr: { after: [ci], output: { github: pull_request } }\n",
+        )
+        .unwrap();
+        assert!(feeds_pull_request(&def, "build"));
+        assert!(!feeds_pull_request(&def, "plan"));
+    }
+
+    #[test]
+    fn long_lines_are_cut_on_a_character_boundary() {
+        let line = "é".repeat(LINE_CAP_BYTES);
+        let cut = cut_line(&line);
+        assert!(cut.len() < line.len() && cut.contains("bytes cut"), "{}", cut.len());
+        assert_eq!(cut_line("short"), "short");
+    }
+}

@@ -1,0 +1,319 @@
+//! Outgoing webhooks: per-project subscriptions, their deliveries and the log of attempts.
+//!
+//! A delivery is written in the change that writes its event (`Change::commit` inserts the
+//! run events, and with them, in the same statement, a delivery and a job for each
+//! subscription of the project whose filters name the event; dry runs announce nothing). An
+//! engine claims the job, sends the delivery outside any transaction (`crate::jobs`), and
+//! records the attempt here: delivered on a 2xx, otherwise due again after a backoff (1 s,
+//! 4 s, 16 s, … an hour) until it is given up after [`rules::WEBHOOK_ATTEMPTS`] attempts.
+//! A replay sends a delivery's body again as a new delivery.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::RngCore;
+use serde::Serialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::{cap, jobs, Change, Result, StoreError};
+use crate::admission as rules;
+use crate::ids::{OrgId, ProjectId, RunId, StepId};
+
+/// The job kind of a delivery.
+pub const JOB: &str = "webhook";
+
+/// What `Change::commit` adds to its insert of run events (`e`, returning `org_id`,
+/// `project_id`, `run_id`, `kind`, `event_id`): the deliveries and their jobs. The statement
+/// answers with the number of deliveries, so that the commit notifies the engines.
+pub(super) const DELIVERIES_CTE: &str = ", d AS (INSERT INTO webhook_deliveries (org_id, project_id, delivery_id, subscription_id, event, run_id, event_id) \
+        SELECT e.org_id, e.project_id, gen_random_uuid(), s.subscription_id, e.kind, e.run_id, e.event_id \
+        FROM e JOIN webhook_subscriptions s ON s.project_id = e.project_id AND s.org_id = e.org_id \
+        WHERE EXISTS (SELECT 1 FROM unnest(s.events) f WHERE f = e.kind OR (right(f, 1) = '*' AND starts_with(e.kind, left(f, -1)))) \
+          AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = e.run_id AND r.dry_run) \
+        RETURNING org_id, delivery_id), \
+      j AS (INSERT INTO jobs (org_id, kind, subject, due_at) SELECT org_id, 'webhook', delivery_id, now() FROM d) \
+     SELECT count(*) FROM d";
+
+/// A subscription as the API shows it (never its secret, after creation).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Subscription {
+    pub subscription_id: Uuid,
+    pub url: String,
+    pub events: Vec<String>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+fn check(url: &str, events: &[String]) -> Result<()> {
+    let scheme_ok = url.starts_with("https://") || url.starts_with("http://");
+    if !scheme_ok || url.len() > 2048 || url.chars().any(|c| c.is_whitespace() || c.is_control()) || url.split("://").nth(1).is_none_or(str::is_empty) {
+        return Err(StoreError::Invalid("url must be an http:// or https:// URL".into()));
+    }
+    if events.is_empty() || events.len() > 50 {
+        return Err(StoreError::Invalid("events must name 1 to 50 event types (`run.*`, `run.failed`, `*`)".into()));
+    }
+    for e in events {
+        let body = e.strip_suffix('*').unwrap_or(e);
+        if e.len() > 100 || !body.chars().all(|c| c.is_ascii_lowercase() || c == '.' || c == '_') || (body.is_empty() && e != "*") {
+            return Err(StoreError::Invalid(format!("`{}` is not an event filter (`run.*`, `run.failed`, `*`)", cap(e))));
+        }
+    }
+    Ok(())
+}
+
+/// Subscribes a URL to a project's events. Without a secret one is made; it is returned here
+/// and never shown again.
+pub async fn create(ch: &mut Change, org: OrgId, project: ProjectId, url: &str, secret: Option<&str>, events: &[String]) -> Result<(Uuid, String)> {
+    check(url, events)?;
+    let secret = match secret {
+        Some(s) if (16..=256).contains(&s.chars().count()) => s.to_owned(),
+        Some(_) => return Err(StoreError::Invalid("secret must be 16 to 256 characters".into())),
+        None => {
+            let mut bytes = [0u8; 32];
+            rand::rng().fill_bytes(&mut bytes);
+            super::workflows::hex(&bytes)
+        }
+    };
+    let id = Uuid::now_v7();
+    let by = cap(&format!("{:?}", ch.actor()));
+    sqlx::query(
+        "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(id)
+    .bind(url)
+    .bind(&secret)
+    .bind(events)
+    .bind(by)
+    .execute(&mut *ch.tx)
+    .await?;
+    ch.audit(org, Some(project), "webhook.create", ("webhook", id.to_string()), json!({ "url": cap(url), "events": events }))?;
+    Ok((id, secret))
+}
+
+/// Removes a subscription and its deliveries.
+pub async fn delete(ch: &mut Change, org: OrgId, project: ProjectId, id: Uuid) -> Result<()> {
+    let gone = sqlx::query("DELETE FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 AND subscription_id = $3")
+        .bind(org)
+        .bind(project)
+        .bind(id)
+        .execute(&mut *ch.tx)
+        .await?;
+    if gone.rows_affected() == 0 {
+        return Err(StoreError::NotFound("webhook"));
+    }
+    ch.audit(org, Some(project), "webhook.delete", ("webhook", id.to_string()), json!({}))?;
+    Ok(())
+}
+
+/// Sends a delivery's body again, as a new delivery due now.
+pub async fn replay(ch: &mut Change, org: OrgId, project: ProjectId, delivery: Uuid) -> Result<Uuid> {
+    let id = Uuid::now_v7();
+    let made: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO webhook_deliveries (org_id, project_id, delivery_id, subscription_id, event, run_id, event_id, body, replay_of) \
+         SELECT org_id, project_id, $4, subscription_id, event, run_id, event_id, body, delivery_id FROM webhook_deliveries \
+         WHERE org_id = $1 AND project_id = $2 AND delivery_id = $3 RETURNING subscription_id",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(delivery)
+    .bind(id)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    let subscription = made.ok_or(StoreError::NotFound("delivery"))?;
+    jobs::schedule(ch, org, JOB, id, Duration::ZERO).await?;
+    ch.audit(org, Some(project), "webhook.replay", ("webhook", subscription.to_string()), json!({ "delivery": delivery, "replay": id }))?;
+    Ok(id)
+}
+
+/// A delivery ready to send.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub delivery: Uuid,
+    pub url: String,
+    pub secret: String,
+    pub event: String,
+    /// The exact bytes sent and signed.
+    pub body: Vec<u8>,
+    /// This attempt's number (1 for the first).
+    pub attempt: i32,
+}
+
+#[derive(sqlx::FromRow)]
+struct Pending {
+    url: String,
+    secret: String,
+    event: String,
+    body: Option<Value>,
+    attempts: i32,
+    run_id: Option<RunId>,
+    event_id: Option<i64>,
+}
+
+#[derive(sqlx::FromRow)]
+struct EventLine {
+    seq: i64,
+    at: DateTime<Utc>,
+    node: Option<String>,
+    step_id: Option<StepId>,
+    attrs: Value,
+    org: String,
+    project: String,
+    workflow: String,
+    version: i32,
+}
+
+/// Reads a pending delivery to send; its body is rendered from its event the first time and
+/// kept, so every attempt and replay sends the same bytes. `None` when it is no longer pending
+/// (delivered, given up, its subscription removed).
+pub async fn prepare(pool: &sqlx::PgPool, org: OrgId, delivery: Uuid) -> Result<Option<Outgoing>> {
+    let row: Option<Pending> = sqlx::query_as(
+        "SELECT s.url, s.secret, d.event, d.body, d.attempts, d.run_id, d.event_id FROM webhook_deliveries d \
+         JOIN webhook_subscriptions s ON s.subscription_id = d.subscription_id \
+         WHERE d.org_id = $1 AND d.delivery_id = $2 AND d.state = 'pending'",
+    )
+    .bind(org)
+    .bind(delivery)
+    .fetch_optional(pool)
+    .await?;
+    let Some(p) = row else { return Ok(None) };
+    let body = match p.body {
+        Some(body) => body,
+        None => {
+            let line: Option<EventLine> = sqlx::query_as(
+                "SELECT e.seq, e.at, e.node, e.step_id, e.attrs, o.slug AS org, p.slug AS project, w.name AS workflow, r.workflow_version AS version \
+                 FROM run_events e JOIN runs r ON r.run_id = e.run_id JOIN workflows w ON w.workflow_id = r.workflow_id \
+                 JOIN orgs o ON o.org_id = e.org_id JOIN projects p ON p.project_id = e.project_id \
+                 WHERE e.run_id = $1 AND e.event_id = $2 AND e.org_id = $3",
+            )
+            .bind(p.run_id)
+            .bind(p.event_id)
+            .bind(org)
+            .fetch_optional(pool)
+            .await?;
+            let body = match (line, p.run_id) {
+                (Some(l), Some(run)) => json!({
+                    "type": p.event,
+                    "at": l.at,
+                    "org": l.org,
+                    "project": l.project,
+                    "workflow": l.workflow,
+                    "version": l.version,
+                    "run": run.to_string(),
+                    "run_name": format!("{}:{}:{run}", l.org, l.project),
+                    "seq": l.seq,
+                    "node": l.node,
+                    "step": l.step_id.map(|s| s.to_string()),
+                    "data": l.attrs,
+                }),
+                // The run was deleted before its event could be sent: say what is known.
+                _ => json!({ "type": p.event, "run": p.run_id.map(|r| r.to_string()), "data": {} }),
+            };
+            sqlx::query("UPDATE webhook_deliveries SET body = $3 WHERE org_id = $1 AND delivery_id = $2 AND body IS NULL")
+                .bind(org)
+                .bind(delivery)
+                .bind(&body)
+                .execute(pool)
+                .await?;
+            body
+        }
+    };
+    let body = serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(format!("delivery body: {e}")))?;
+    Ok(Some(Outgoing { delivery, url: p.url, secret: p.secret, event: p.event, body, attempt: p.attempts + 1 }))
+}
+
+/// How an attempt went.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// The receiver answered with this status and body (the first 1000 characters).
+    Status(u16, String),
+    /// It did not answer: refused, timed out, a TLS or DNS failure.
+    Error(String),
+}
+
+/// Records an attempt; returns the delay until the next one, when there is one. Fenced by the
+/// attempt number: a second record of the same attempt changes nothing.
+pub async fn record(ch: &mut Change, org: OrgId, delivery: Uuid, attempt: i32, answer: &Answer, took: Duration) -> Result<Option<Duration>> {
+    let (status, response, error) = match answer {
+        Answer::Status(s, body) => (Some(i32::from(*s)), Some(body.chars().take(1000).collect::<String>()), None),
+        Answer::Error(e) => (None, None, Some(cap(e))),
+    };
+    let delivered = status.is_some_and(|s| (200..300).contains(&s));
+    let next = (!delivered && attempt < rules::WEBHOOK_ATTEMPTS).then(|| rules::webhook_backoff(attempt));
+    let state = match (delivered, next) {
+        (true, _) => "delivered",
+        (false, Some(_)) => "pending",
+        (false, None) => "failed",
+    };
+    let updated = sqlx::query(
+        "UPDATE webhook_deliveries SET attempts = $3, state = $4, last_status = $5, last_error = $6, \
+                next_at = now() + $7 * interval '1 millisecond', delivered_at = CASE WHEN $4 = 'delivered' THEN now() END \
+         WHERE org_id = $1 AND delivery_id = $2 AND attempts = $3 - 1 AND state = 'pending'",
+    )
+    .bind(org)
+    .bind(delivery)
+    .bind(attempt)
+    .bind(state)
+    .bind(status)
+    .bind(error.as_deref().or(response.as_deref().filter(|_| !delivered)).map(cap))
+    .bind(next.map(|d| d.as_millis() as f64))
+    .execute(&mut *ch.tx)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Ok(None);
+    }
+    sqlx::query(
+        "INSERT INTO webhook_attempts (org_id, delivery_id, attempt, status, response, error, duration_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(org)
+    .bind(delivery)
+    .bind(attempt)
+    .bind(status)
+    .bind(response)
+    .bind(error)
+    .bind(i32::try_from(took.as_millis()).unwrap_or(i32::MAX))
+    .execute(&mut *ch.tx)
+    .await?;
+    match next {
+        Some(delay) => jobs::schedule(ch, org, JOB, delivery, delay).await?,
+        None => jobs::done(ch, JOB, delivery).await?,
+    }
+    Ok(next)
+}
+
+/// A delivery job whose delivery is gone or no longer pending: nothing more to do.
+pub async fn forget(ch: &mut Change, delivery: Uuid) -> Result<()> {
+    jobs::done(ch, JOB, delivery).await
+}
+
+/// A delivery in the log.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Delivery {
+    pub delivery_id: Uuid,
+    pub event: String,
+    pub run_id: Option<RunId>,
+    pub state: String,
+    pub attempts: i32,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    pub next_at: Option<DateTime<Utc>>,
+    pub replay_of: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub delivered_at: Option<DateTime<Utc>>,
+}
+
+/// One attempt of a delivery.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Attempt {
+    pub attempt: i32,
+    pub at: DateTime<Utc>,
+    pub status: Option<i32>,
+    pub response: Option<String>,
+    pub error: Option<String>,
+    pub duration_ms: i32,
+}
+
+pub const DELIVERY_COLUMNS: &str =
+    "delivery_id, event, run_id, state, attempts, last_status, last_error, next_at, replay_of, created_at, delivered_at";

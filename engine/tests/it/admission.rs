@@ -1,0 +1,514 @@
+//! Admission, budgets and retention against a real engine in this process: each concurrency
+//! policy, the throttle and the org's cap under 50 concurrent submits (never more running
+//! than allowed at any instant, read from the step history; none lost; released in the order
+//! they were put in line), pauses, a hard budget stopping crew steps and holding new runs until
+//! it is raised, and a retention sweep of 10,000 runs while runs are being created.
+
+use std::time::Duration;
+
+use engine::ids::{OrgId, ProjectId, RunId, WorkflowId};
+use engine::store::runs::{self, NewRun};
+use engine::store::{admission, budgets, retention, workflows, Actor, Change, StoreError};
+use engine::substate;
+use engine::testkit::test_db;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+use crate::engine::{start_engine, until_done};
+use crate::fixtures::{new_run, seed, Seed};
+
+fn with_input(s: &Seed, input: Value) -> NewRun {
+    NewRun { input, ..new_run(s) }
+}
+
+/// Submits `n` runs at once, each in its own change on its own connection.
+async fn submit_concurrently(pool: &PgPool, s: &Seed, n: usize, input: Value) -> Vec<Result<RunId, StoreError>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (pool, new) = (pool.clone(), with_input(s, input.clone()));
+        tasks.spawn(async move {
+            let mut ch = Change::begin(&pool, Actor::System).await?;
+            let run = runs::submit(&mut ch, new).await?;
+            ch.commit().await?;
+            Ok::<_, StoreError>((i, run))
+        });
+    }
+    let mut out: Vec<(usize, Result<RunId, StoreError>)> = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined.unwrap() {
+            Ok((i, run)) => out.push((i, Ok(run))),
+            Err(e) => out.push((usize::MAX, Err(e))),
+        }
+    }
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
+async fn submit(pool: &PgPool, new: NewRun) -> Result<RunId, StoreError> {
+    let mut ch = Change::begin(pool, Actor::System).await?;
+    let run = runs::submit(&mut ch, new).await?;
+    ch.commit().await?;
+    Ok(run)
+}
+
+/// The most runs of `workflow` running at any instant, from the step history: a run runs from
+/// its first step's start to its end (half-open, so one that ends as another starts does not
+/// overlap it).
+async fn max_running(pool: &PgPool, workflow: WorkflowId) -> i64 {
+    sqlx::query_scalar(
+        "WITH r AS (SELECT r.run_id, (SELECT min(s.started_at) FROM steps s WHERE s.run_id = r.run_id) AS s, r.ended_at AS e \
+                    FROM runs r WHERE r.workflow_id = $1), \
+              ev AS (SELECT s AS t, 1 AS d FROM r WHERE s IS NOT NULL UNION ALL SELECT e, -1 FROM r WHERE s IS NOT NULL) \
+         SELECT coalesce(max(n), 0)::bigint FROM (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS n FROM ev) x",
+    )
+    .bind(workflow)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Runs put in line, by their ticket (`run.held`'s `line`), with when each first started.
+async fn released(pool: &PgPool, workflow: WorkflowId) -> Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)> {
+    sqlx::query_as(
+        "SELECT (e.attrs->>'line')::bigint, (SELECT min(s.started_at) FROM steps s WHERE s.run_id = e.run_id) \
+         FROM run_events e JOIN runs r ON r.run_id = e.run_id WHERE r.workflow_id = $1 AND e.kind = 'run.held' ORDER BY 1",
+    )
+    .bind(workflow)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+fn assert_in_order(lines: &[(i64, Option<chrono::DateTime<chrono::Utc>>)]) {
+    let started: Vec<_> = lines.iter().filter_map(|(_, s)| *s).collect();
+    assert!(started.windows(2).all(|w| w[0] <= w[1]), "runs were not released in the order they were put in line: {lines:?}");
+}
+
+async fn statuses(pool: &PgPool, runs: &[RunId]) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    for run in runs {
+        out.push(until_done(pool, *run, Duration::from_secs(60)).await);
+    }
+    out
+}
+
+fn group(name: &str, limit: u32, policy: &str) -> String {
+    format!(
+        "name: grouped
+concurrency: {{ group: {name}, limit: {limit}, policy: {policy} }}
+nodes:
+  work:
+    crew: {{ harness: claude-code, prompt: work }}
+"
+    )
+}
+
+#[tokio::test]
+async fn queue_runs_at_most_the_limit_at_once_and_releases_in_line_order() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", &group("deploy", 3, "queue")).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let results = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 150 } })).await;
+    let runs: Vec<RunId> = results.into_iter().map(|r| r.expect("queue accepts every submit")).collect();
+    // While they run, one in line says where it waits.
+    let held: Vec<RunId> = sqlx::query_scalar("SELECT run_id FROM admission_waits ORDER BY seq DESC LIMIT 1").fetch_all(&db.pool).await.unwrap();
+    if let Some(last) = held.first() {
+        let w = substate::why(&db.pool, s.org, *last).await.unwrap();
+        assert_eq!(w.words, "waiting for a lock", "{}", w.text);
+        assert!(w.text.starts_with("Waiting for the lock of concurrency group deploy ("), "{}", w.text);
+    }
+    for st in statuses(&db.pool, &runs).await {
+        assert_eq!(st, ("completed".to_owned(), None));
+    }
+    assert_eq!(max_running(&db.pool, s.workflow).await, 3);
+    let lines = released(&db.pool, s.workflow).await;
+    assert!(lines.len() >= 40, "most runs waited in line: {}", lines.len());
+    assert_in_order(&lines);
+    stop.cancel();
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn skip_refuses_new_runs_while_the_group_is_full() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", &group("deploy", 3, "skip")).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let results = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 3000 } })).await;
+    let accepted: Vec<RunId> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+    let refused: Vec<String> = results.iter().filter_map(|r| r.as_ref().err()).map(|e| e.to_string()).collect();
+    assert_eq!((accepted.len(), refused.len()), (3, 47), "{refused:?}");
+    assert!(refused.iter().all(|e| e.starts_with("skipped: concurrency group deploy is full")), "{refused:?}");
+    // Nothing of a refused submit was written.
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs").await, 3);
+    for st in statuses(&db.pool, &accepted).await {
+        assert_eq!(st.0, "completed");
+    }
+    // Once the group has room again, a submit is accepted.
+    let again = submit(&db.pool, with_input(&s, json!({}))).await.unwrap();
+    assert_eq!(statuses(&db.pool, &[again]).await[0].0, "completed");
+    assert_eq!(max_running(&db.pool, s.workflow).await, 3);
+    stop.cancel();
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn drop_cancels_the_oldest_run_in_line_for_the_newest() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", &group("deploy", 2, "drop")).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let results = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 3000 } })).await;
+    let runs: Vec<RunId> = results.into_iter().map(|r| r.expect("drop accepts every submit")).collect();
+    let ended = statuses(&db.pool, &runs).await;
+    let completed = ended.iter().filter(|e| e.0 == "completed").count();
+    let dropped = ended.iter().filter(|e| e.0 == "cancelled" && e.1.as_deref().is_some_and(|r| r.starts_with("dropped: "))).count();
+    // Two ran at once; each newer run took the place of the one in line; the last one ran.
+    assert_eq!((completed, dropped), (3, 47), "{ended:?}");
+    let dropped_with_steps: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM runs r WHERE r.status = 'cancelled' AND EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(dropped_with_steps, 0, "a dropped run never started");
+    assert_eq!(max_running(&db.pool, s.workflow).await, 2);
+    stop.cancel();
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_throttle_admits_at_most_its_limit_per_window_from_a_wake_at_the_windows_end() {
+    let db = test_db().await;
+    let source = "name: throttled
+throttle: { per: 1s, limit: 10 }
+nodes:
+  work:
+    crew: { harness: claude-code, prompt: work }
+";
+    let s = seed(&db.pool, "acme", source).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let started = Instant::now();
+    let runs: Vec<RunId> = submit_concurrently(&db.pool, &s, 50, json!({})).await.into_iter().map(Result::unwrap).collect();
+    // Some are asleep until the window has room.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asleep: i64 = crate::fixtures::count(&db.pool, "SELECT count(*) FROM admission_waits WHERE hold = 'throttle'").await;
+    assert!(asleep > 0, "runs beyond the throttle wait");
+    let one: RunId = sqlx::query_scalar("SELECT run_id FROM admission_waits ORDER BY seq LIMIT 1").fetch_one(&db.pool).await.unwrap();
+    let w = substate::why(&db.pool, s.org, one).await.unwrap();
+    assert_eq!(w.words, "asleep", "{}", w.text);
+    assert!(w.text.contains("held by the workflow's throttle"), "{}", w.text);
+    for st in statuses(&db.pool, &runs).await {
+        assert_eq!(st.0, "completed");
+    }
+    let took = started.elapsed();
+    // 50 runs at 10 a second: the fifth ten starts 4 s after the first.
+    assert!(took >= Duration::from_secs(4) && took < Duration::from_secs(20), "took {took:?}");
+    let starts: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM min(s.started_at))::float8 FROM steps s JOIN runs r ON r.run_id = s.run_id \
+         WHERE r.workflow_id = $1 GROUP BY s.run_id ORDER BY 1",
+    )
+    .bind(s.workflow)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(starts.len(), 50);
+    for i in 0..starts.len() - 10 {
+        assert!(starts[i + 10] - starts[i] >= 1.0 - 1e-6, "11 starts within a second: {} and {}", starts[i], starts[i + 10]);
+    }
+    assert_in_order(&released(&db.pool, s.workflow).await);
+    stop.cancel();
+    db.finish().await;
+}
+
+async fn set_cap(pool: &PgPool, org: OrgId, cap: i32) {
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    admission::set_running_cap(&mut ch, org, cap).await.unwrap();
+    ch.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    set_cap(&db.pool, s.org, 5).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let runs: Vec<RunId> = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 100 } })).await.into_iter().map(Result::unwrap).collect();
+    let queued: Vec<RunId> = sqlx::query_scalar("SELECT run_id FROM admission_waits WHERE hold = 'org_cap' ORDER BY seq LIMIT 1").fetch_all(&db.pool).await.unwrap();
+    if let Some(q) = queued.first() {
+        let w = substate::why(&db.pool, s.org, *q).await.unwrap();
+        assert!(w.text.starts_with("Queued: held by the org's cap of 5 running runs"), "{}", w.text);
+    }
+    for st in statuses(&db.pool, &runs).await {
+        assert_eq!(st.0, "completed");
+    }
+    assert_eq!(max_running(&db.pool, s.workflow).await, 5);
+    assert_in_order(&released(&db.pool, s.workflow).await);
+
+    // A parent at the cap still gets its child: child runs never wait on it.
+    set_cap(&db.pool, s.org, 1).await;
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let (parent_wf, version) = workflows::put_version(&mut ch, s.org, s.project, "parent", "name: parent\nnodes:\n  spawn:\n    workflow: { name: wf }\n").await.unwrap();
+    ch.commit().await.unwrap();
+    let parent = submit(&db.pool, NewRun { workflow: parent_wf, version, ..new_run(&s) }).await.unwrap();
+    assert_eq!(statuses(&db.pool, &[parent]).await[0].0, "completed");
+    stop.cancel();
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn a_submit_is_refused_once_a_thousand_runs_wait_for_the_cap() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    set_cap(&db.pool, s.org, 1).await;
+    // No engine: the first run holds the only slot, the next 1,000 wait.
+    for _ in 0..10 {
+        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+        for _ in 0..100 {
+            runs::submit(&mut ch, new_run(&s)).await.unwrap();
+        }
+        ch.commit().await.unwrap();
+    }
+    submit(&db.pool, new_run(&s)).await.unwrap();
+    let err = submit(&db.pool, new_run(&s)).await.unwrap_err();
+    assert!(matches!(&err, StoreError::Full(m) if m.starts_with("1000 runs already wait")), "{err}");
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs").await, 1001);
+    // A dry run is not admitted through the line.
+    submit(&db.pool, NewRun { dry_run: true, ..new_run(&s) }).await.unwrap();
+    db.discard().await;
+}
+
+#[tokio::test]
+async fn a_paused_workflow_or_project_holds_new_runs_until_unpaused() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    workflows::set_paused(&mut ch, s.org, s.workflow, true).await.unwrap();
+    ch.commit().await.unwrap();
+    let held = submit(&db.pool, new_run(&s)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let w = substate::why(&db.pool, s.org, held).await.unwrap();
+    assert_eq!((w.words.as_str(), w.text.as_str()), ("held", "Held: workflow wf is paused"));
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    workflows::set_paused(&mut ch, s.org, s.workflow, false).await.unwrap();
+    admission::set_project_paused(&mut ch, s.org, s.project, true).await.unwrap();
+    ch.commit().await.unwrap();
+    let w = substate::why(&db.pool, s.org, held).await.unwrap();
+    // Unpausing the workflow woke it; the project's pause now holds it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let w2 = substate::why(&db.pool, s.org, held).await.unwrap();
+    assert_eq!(w2.text, "Held: the project is paused", "{} then {}", w.text, w2.text);
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    admission::set_project_paused(&mut ch, s.org, s.project, false).await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(statuses(&db.pool, &[held]).await[0].0, "completed");
+    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 AND kind LIKE 'run.%' ORDER BY seq")
+        .bind(held)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(kinds, ["run.started", "run.held", "run.held", "run.admitted", "run.completed"]);
+    stop.cancel();
+    db.finish().await;
+}
+
+async fn set_budget(pool: &PgPool, org: OrgId, project: Option<ProjectId>, usd: f64, hard: bool) {
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    budgets::set(&mut ch, org, project, "day", usd, hard).await.unwrap();
+    ch.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hard_budget_stops_the_next_crew_step_holds_new_runs_and_raising_it_releases_them() {
+    let db = test_db().await;
+    let source = "name: costly
+nodes:
+  a:
+    crew: { harness: claude-code, prompt: a }
+  b:
+    after: [a]
+    crew: { harness: claude-code, prompt: b }
+    retry: { attempts: 3, backoff: 1s }
+  c:
+    after: [b]
+    crew: { harness: claude-code, prompt: c }
+  d:
+    after: [c]
+    crew: { harness: claude-code, prompt: d }
+";
+    let s = seed(&db.pool, "acme", source).await;
+    set_budget(&db.pool, s.org, Some(s.project), 10.0, true).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let costly = json!({ "test": { "cost_usd": 4, "tokens": 1000 } });
+    let first = submit(&db.pool, with_input(&s, costly.clone())).await.unwrap();
+    assert_eq!(statuses(&db.pool, &[first]).await[0], ("failed".to_owned(), Some(budgets::HARD_STOP.to_owned())));
+    let steps: Vec<String> = sqlx::query_scalar(
+        "SELECT node || ':' || state || coalesce(':' || reason, '') || coalesce(':' || failure_class, '') FROM steps WHERE run_id = $1 ORDER BY started_seq",
+    )
+    .bind(first)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    // a, b and c report 4 each (12 ≥ 10): d fails before it starts, final, never retried.
+    assert_eq!(steps, ["a:succeeded", "b:succeeded", "c:succeeded", "d:failed:budget_hard_stop:final"]);
+    let (usd, tokens): (f64, i64) = sqlx::query_as("SELECT usd::float8, tokens FROM spend WHERE project_id = $1").bind(s.project).fetch_one(&db.pool).await.unwrap();
+    assert_eq!((usd, tokens), (12.0, 3000));
+    let spent: f64 = sqlx::query_scalar("SELECT spent_usd::float8 FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(spent, 12.0);
+
+    // New runs are held by the spent budget.
+    let held = submit(&db.pool, with_input(&s, costly)).await.unwrap();
+    let w = substate::why(&db.pool, s.org, held).await.unwrap();
+    assert_eq!(w.text, "Held: the project's daily budget of $10.00 (hard) is spent");
+    // It wakes by itself at the end of the UTC day.
+    let due: f64 = sqlx::query_scalar("SELECT extract(epoch FROM due_at - now())::float8 FROM wakes WHERE run_id = $1 AND reason = 'admit'")
+        .bind(held)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!((0.0..=86_400.0).contains(&due), "wakes at midnight UTC, in {due} s");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(crate::fixtures::count(&db.pool, &format!("SELECT count(*) FROM steps WHERE run_id = '{}'", held.0)).await, 0);
+
+    // Raising the limit releases it; it runs to the end.
+    set_budget(&db.pool, s.org, Some(s.project), 100.0, true).await;
+    assert_eq!(statuses(&db.pool, &[held]).await[0], ("completed".to_owned(), None));
+    stop.cancel();
+    db.discard().await;
+}
+
+#[tokio::test]
+async fn a_soft_budget_holds_new_runs_but_lets_crew_steps_run() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n  more:\n    after: [work]\n    crew: { harness: claude-code, prompt: more }\n").await;
+    set_budget(&db.pool, s.org, None, 1.0, false).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let first = submit(&db.pool, with_input(&s, json!({ "test": { "cost_usd": 2 } }))).await.unwrap();
+    assert_eq!(statuses(&db.pool, &[first]).await[0].0, "completed");
+    let held = submit(&db.pool, new_run(&s)).await.unwrap();
+    let w = substate::why(&db.pool, s.org, held).await.unwrap();
+    assert_eq!(w.text, "Held: the org's daily budget of $1.00 (soft) is spent");
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    budgets::remove(&mut ch, s.org, None, "day").await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(statuses(&db.pool, &[held]).await[0].0, "completed");
+    stop.cancel();
+    db.discard().await;
+}
+
+/// Inserts `n` finished runs of the seed's workflow that ended `days` ago, each with two steps
+/// and four events (what a run's history holds), in one statement per table.
+async fn old_runs(pool: &PgPool, s: &Seed, n: i64, days: i32) {
+    let ids: Vec<uuid::Uuid> = (0..n).map(|_| uuid::Uuid::now_v7()).collect();
+    sqlx::query(
+        "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, status, created_by, created_at, started_at, ended_at, admitted_at) \
+         SELECT $1, $2, id, $3, $4, 'completed', 'test', now() - make_interval(days => $6), now() - make_interval(days => $6), \
+                now() - make_interval(days => $6), now() - make_interval(days => $6) FROM unnest($5::uuid[]) AS id",
+    )
+    .bind(s.org)
+    .bind(s.project)
+    .bind(s.workflow)
+    .bind(s.version)
+    .bind(&ids)
+    .bind(days)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO steps (org_id, run_id, step_id, node, kind, visit, attempt, state, started_seq, finished_seq) \
+         SELECT $1, id, gen_random_uuid(), n, 'crew', 1, 1, 'succeeded', k, k + 1 FROM unnest($2::uuid[]) AS id, \
+                (VALUES ('a', 2), ('b', 4)) AS v(n, k)",
+    )
+    .bind(s.org)
+    .bind(&ids)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO run_events (org_id, project_id, run_id, seq, kind) \
+         SELECT $1, $2, id, k, 'step.x' FROM unnest($3::uuid[]) AS id, generate_series(1, 4) AS k",
+    )
+    .bind(s.org)
+    .bind(s.project)
+    .bind(&ids)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new_runs() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    set_cap(&db.pool, s.org, 100_000).await;
+    old_runs(&db.pool, &s, 10_000, 40).await;
+    old_runs(&db.pool, &s, 50, 20).await;
+    // A run still running, started long ago, is never deleted.
+    let running = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 600_000 } }))).await.unwrap();
+    sqlx::query("UPDATE runs SET created_at = now() - interval '400 days' WHERE run_id = $1").bind(running).execute(&db.pool).await.unwrap();
+    let before = crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs").await;
+    assert_eq!(before, 10_051);
+
+    // Runs are created, one change each, all through the sweep.
+    let creating = tokio::sync::watch::channel(true);
+    let (pool, seed_again) = (db.pool.clone(), s_copy(&s));
+    let mut keep_going = creating.1.clone();
+    let creator = tokio::spawn(async move {
+        let mut latencies = Vec::new();
+        let mut made = Vec::new();
+        while *keep_going.borrow_and_update() {
+            let t = Instant::now();
+            made.push(submit(&pool, new_run(&seed_again)).await.unwrap());
+            latencies.push(t.elapsed());
+        }
+        (latencies, made)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A retention of 30 days: the sweep is due now, an engine takes it.
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let started = Instant::now();
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    retention::set_days(&mut ch, s.org, s.project, 30).await.unwrap();
+    ch.commit().await.unwrap();
+    let sweep_ended = loop {
+        let old = crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs WHERE ended_at < now() - interval '30 days'").await;
+        if old == 0 {
+            break started.elapsed();
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "{old} old runs left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    creating.0.send(false).unwrap();
+    let (latencies, made) = creator.await.unwrap();
+    let during = latencies.len();
+    let slowest = latencies.iter().max().copied().unwrap_or_default();
+    let mut sorted = latencies.clone();
+    sorted.sort();
+    let p99 = sorted.get(sorted.len() * 99 / 100).copied().unwrap_or_default();
+    eprintln!(
+        "retention: 10000 runs deleted in {sweep_ended:?}; {during} runs created meanwhile, p99 {p99:?}, slowest {slowest:?}"
+    );
+    assert!(during >= 20, "run creation went on during the sweep: {during}");
+    assert!(slowest < Duration::from_secs(2), "no submit waited on the sweep: slowest {slowest:?}");
+
+    // Exactly the old finished runs went, with their steps and events.
+    let left = crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs").await;
+    assert_eq!(left, 51 + made.len() as i64);
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM steps WHERE node IN ('a', 'b')").await, 100);
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x'").await, 200);
+    let still: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE run_id = $1").bind(running).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(still, 1, "a running run is never deleted");
+    // The next sweep is due when the oldest run left comes of age (in about 10 days).
+    let next: f64 = sqlx::query_scalar("SELECT extract(epoch FROM due_at - now())::float8 / 86400 FROM jobs WHERE kind = 'retention' AND subject = $1")
+        .bind(s.project.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!((9.9..10.1).contains(&next), "next sweep in {next} days");
+    stop.cancel();
+    db.discard().await;
+}
+
+fn s_copy(s: &Seed) -> Seed {
+    Seed { org: s.org, project: s.project, workflow: s.workflow, version: s.version }
+}

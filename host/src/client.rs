@@ -1,0 +1,272 @@
+//! The host protocol as the host calls it (`/api/v1/host/…` on the server): register, claim,
+//! start, heartbeat, session, complete. The types mirror the server's OpenAPI document; unknown
+//! fields in answers are ignored, so a newer server does not break an older host.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server refuses because the host no longer holds the step (409).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The credential is not (or no longer) valid: revoked by deregistration, expired (401/403).
+    #[error("refused ({status}): {detail}")]
+    Refused { status: u16, detail: String },
+    #[error("the server answered {status}: {detail}")]
+    Status { status: u16, detail: String },
+    /// The server could not be reached or did not answer in time.
+    #[error("cannot reach the server: {0}")]
+    Unreachable(String),
+}
+
+impl ClientError {
+    /// Whether the step this call was about is gone from the server (404).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ClientError::Status { status: 404, .. })
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RegisterHost<'a> {
+    pub name: &'a str,
+    pub capabilities: &'a [String],
+    pub max_concurrent: u32,
+}
+
+/// The credential registration answers, as kept in `<work-dir>/credential.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Credential {
+    pub host_id: String,
+    pub token: String,
+    pub org: String,
+    /// The server it is for: a credential is not sent to another server.
+    #[serde(default)]
+    pub server: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub step: String,
+    pub run: String,
+    pub node: String,
+    #[serde(default)]
+    pub visit: i32,
+    #[serde(default)]
+    pub attempt: i32,
+    pub harness: String,
+    #[serde(default)]
+    pub model: Option<String>,
+    pub prompt: String,
+    #[serde(default)]
+    pub command: Vec<String>,
+    pub caps: Caps,
+    #[serde(default)]
+    pub repository: Option<Repository>,
+    #[serde(default)]
+    pub branch: Option<String>,
+    #[serde(default)]
+    pub item: Option<Item>,
+    #[serde(default)]
+    pub pr_body: bool,
+    #[serde(default)]
+    pub expect_changes: bool,
+    #[serde(default)]
+    pub lease_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Caps {
+    #[serde(default)]
+    pub turns: Option<u32>,
+    #[serde(default)]
+    pub usd: Option<f64>,
+    pub timeout_secs: u64,
+}
+
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct Repository {
+    pub full_name: String,
+    pub clone_url: String,
+    pub default_branch: String,
+    /// Used for fetch and push only, never written to disk: the journal leaves it out.
+    #[serde(default, skip_serializing)]
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for Repository {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Repository")
+            .field("full_name", &self.full_name)
+            .field("clone_url", &self.clone_url)
+            .field("default_branch", &self.default_branch)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Item {
+    #[serde(default)]
+    pub number: Option<i64>,
+    #[serde(default)]
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct StopStep {
+    pub step: String,
+    pub state: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClaimAnswer {
+    #[serde(default)]
+    pub assignments: Vec<Assignment>,
+    #[serde(default)]
+    pub stop: Vec<StopStep>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Standing {
+    pub state: String,
+    pub stop: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Line {
+    pub seq: i64,
+    pub stream: &'static str,
+    pub line: String,
+}
+
+/// A session's running totals (cumulative).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cost_usd: Option<f64>,
+    pub turns: i32,
+    pub tool_calls: i32,
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionReport<'a> {
+    pub harness: &'a str,
+    pub lines: &'a [Line],
+    pub usage: &'a Usage,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SessionAnswer {
+    pub state: String,
+    pub stop: bool,
+}
+
+/// How a step ended, as reported (and journalled before it is reported).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Complete {
+    /// `succeeded` or `failed`.
+    pub outcome: String,
+    pub reason: Option<String>,
+    pub class: Option<String>,
+    pub exit_code: Option<i32>,
+    pub output: Value,
+    pub usage: Usage,
+    pub harness: String,
+}
+
+/// The protocol's client, with the host's credential.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("base", &self.base).finish_non_exhaustive()
+    }
+}
+
+/// The time limit of each call but `claim`, which waits up to its own wait plus this.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn http() -> Result<reqwest::Client, ClientError> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .user_agent(concat!("shopfloor-host/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| ClientError::Unreachable(e.to_string()))
+}
+
+async fn answer<T: for<'de> Deserialize<'de>>(sent: Result<reqwest::Response, reqwest::Error>) -> Result<T, ClientError> {
+    let response = sent.map_err(|e| ClientError::Unreachable(e.to_string()))?;
+    let status = response.status().as_u16();
+    if (200..300).contains(&status) {
+        return response.json::<T>().await.map_err(|e| ClientError::Unreachable(format!("unreadable answer: {e}")));
+    }
+    // A problem+json body: its `detail` says what went wrong.
+    let text = response.text().await.unwrap_or_default();
+    let detail = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v.get("detail").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| text.chars().take(200).collect());
+    Err(match status {
+        409 => ClientError::Conflict(detail),
+        401 | 403 => ClientError::Refused { status, detail },
+        // Busy (a rolled-back change), or the server is restarting: try again later.
+        502..=504 => ClientError::Unreachable(format!("{status}: {detail}")),
+        _ => ClientError::Status { status, detail },
+    })
+}
+
+impl Client {
+    pub fn new(base: &str, token: &str) -> Result<Client, ClientError> {
+        Ok(Client { http: http()?, base: base.trim_end_matches('/').to_owned(), token: token.to_owned() })
+    }
+
+    /// Registers with a registration token; answers the credential.
+    pub async fn register(base: &str, registration: &str, body: &RegisterHost<'_>) -> Result<Credential, ClientError> {
+        let url = format!("{}/api/v1/host/register", base.trim_end_matches('/'));
+        let sent = http()?.post(url).bearer_auth(registration).json(body).timeout(CALL_TIMEOUT).send().await;
+        let mut credential: Credential = answer(sent).await?;
+        credential.server = base.trim_end_matches('/').to_owned();
+        Ok(credential)
+    }
+
+    fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.post(format!("{}/api/v1/host/{path}", self.base)).bearer_auth(&self.token).timeout(CALL_TIMEOUT)
+    }
+
+    /// Claims up to `max` steps, waiting up to `wait` for one; says which `held` steps to stop.
+    pub async fn claim(&self, max: u32, held: &[String], wait: Duration) -> Result<ClaimAnswer, ClientError> {
+        let body = serde_json::json!({ "max": max, "held": held, "wait_secs": wait.as_secs() });
+        let sent = self.post("claim").timeout(wait + Duration::from_secs(15)).json(&body).send().await;
+        answer(sent).await
+    }
+
+    pub async fn start(&self, step: &str, harness: &str) -> Result<Standing, ClientError> {
+        let sent = self.post(&format!("steps/{step}/start")).json(&serde_json::json!({ "harness": harness })).send().await;
+        answer(sent).await
+    }
+
+    pub async fn heartbeat(&self, step: &str) -> Result<Standing, ClientError> {
+        let sent = self.post(&format!("steps/{step}/heartbeat")).send().await;
+        answer(sent).await
+    }
+
+    pub async fn session(&self, step: &str, report: &SessionReport<'_>) -> Result<SessionAnswer, ClientError> {
+        let sent = self.post(&format!("steps/{step}/session")).json(report).send().await;
+        answer(sent).await
+    }
+
+    pub async fn complete(&self, step: &str, c: &Complete) -> Result<Standing, ClientError> {
+        let sent = self.post(&format!("steps/{step}/complete")).json(c).send().await;
+        answer(sent).await
+    }
+}

@@ -1,0 +1,217 @@
+//! Git: one cached clone per repository, one worktree per attempt, commits and pushes.
+//!
+//! The cache is a bare clone under `<work-dir>/repos/<owner>/<name>.git` whose fetch maps the
+//! remote's branches to `refs/remotes/origin/*`. An attempt's worktree is detached at the tip of
+//! its branch on the remote (`shopfloor/<issue>-<slug>`, so a later run on the same issue goes
+//! on from the earlier run's commits) or, when the branch does not exist yet, at the remote's
+//! default branch. Working detached means no local branch is ever checked out twice; the work
+//! reaches the branch by `git push origin HEAD:refs/heads/<branch>`, which never forces: a push
+//! that would drop a commit on the remote fails.
+//!
+//! Every call has a time limit and `GIT_TERMINAL_PROMPT=0` (git never waits for a password);
+//! past its limit its process group is killed (`process::call`). The installation token, when
+//! the assignment carries one, reaches git through `GIT_CONFIG_*` variables of the fetch and
+//! push calls only: it is never written to disk or put on a command line.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use tokio::process::Command;
+
+use crate::process::{self, CallError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GitError {
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error("git {what} failed: {stderr}")]
+    Failed { what: String, stderr: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// How git is called for one repository.
+#[derive(Clone)]
+pub struct Git {
+    pub timeout: Duration,
+    /// The installation token for fetch and push, if any.
+    pub token: Option<String>,
+    pub author_name: String,
+    pub author_email: String,
+}
+
+impl std::fmt::Debug for Git {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Git").field("timeout", &self.timeout).field("token", &self.token.as_ref().map(|_| "<redacted>")).finish_non_exhaustive()
+    }
+}
+
+impl Git {
+    /// Runs `git <args>` in `dir`; `auth` adds the token (fetch, push, clone).
+    async fn run(&self, dir: &Path, args: &[&str], auth: bool) -> Result<String, GitError> {
+        let mut cmd = Command::new("git");
+        cmd.args(args).current_dir(dir).env("GIT_ASKPASS", "true").env("GCM_INTERACTIVE", "never").env("LC_ALL", "C");
+        if let (true, Some(token)) = (auth, &self.token) {
+            let basic = base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{token}"));
+            cmd.env("GIT_CONFIG_COUNT", "1").env("GIT_CONFIG_KEY_0", "http.extraHeader").env("GIT_CONFIG_VALUE_0", format!("AUTHORIZATION: basic {basic}"));
+        }
+        let what = args.first().copied().unwrap_or("git").to_owned();
+        let out = process::call(cmd, &format!("git {what}"), self.timeout).await?;
+        if out.status == Some(0) {
+            Ok(out.stdout)
+        } else {
+            Err(GitError::Failed { what: args.join(" ").chars().take(120).collect(), stderr: out.stderr.trim().chars().take(500).collect() })
+        }
+    }
+
+    /// Clones `url` into the cache at `cache` the first time, then fetches.
+    pub async fn ensure_cache(&self, cache: &Path, url: &str) -> Result<(), GitError> {
+        if !cache.join("HEAD").exists() {
+            let parent = cache.parent().ok_or_else(|| GitError::Other("cache path has no parent".into()))?;
+            std::fs::create_dir_all(parent).map_err(|e| GitError::Other(format!("cannot create {}: {e}", parent.display())))?;
+            // Cloned aside and renamed, so a clone cut short never looks like a cache.
+            let partial = cache.with_extension("partial");
+            let _ = std::fs::remove_dir_all(&partial);
+            let target = partial.to_string_lossy().into_owned();
+            self.run(parent, &["clone", "--bare", "--quiet", url, &target], true).await?;
+            self.run(&partial, &["config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*"], false).await?;
+            std::fs::rename(&partial, cache).map_err(|e| GitError::Other(format!("cannot move the clone into place: {e}")))?;
+        }
+        self.run(cache, &["fetch", "--prune", "--quiet", "origin"], true).await?;
+        Ok(())
+    }
+
+    /// The commit a ref names, if it exists.
+    async fn resolve(&self, dir: &Path, rev: &str) -> Result<Option<String>, GitError> {
+        match self.run(dir, &["rev-parse", "--verify", "--quiet", &format!("{rev}^{{commit}}")], false).await {
+            Ok(sha) => Ok(Some(sha.trim().to_owned())),
+            Err(GitError::Failed { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Adds a detached worktree at `path`: at the branch's tip on the remote when it exists,
+    /// else at the default branch's. Returns the commit it starts from.
+    pub async fn add_worktree(&self, cache: &Path, path: &Path, branch: &str, base: &str) -> Result<String, GitError> {
+        let start = match self.resolve(cache, &format!("refs/remotes/origin/{branch}")).await? {
+            Some(sha) => sha,
+            None => self
+                .resolve(cache, &format!("refs/remotes/origin/{base}"))
+                .await?
+                .ok_or_else(|| GitError::Other(format!("the remote has neither `{branch}` nor `{base}`")))?,
+        };
+        // A worktree left by an attempt that died is forgotten first.
+        self.run(cache, &["worktree", "prune"], false).await?;
+        let target = path.to_string_lossy().into_owned();
+        self.run(cache, &["worktree", "add", "--detach", "--force", "--quiet", &target, &start], false).await?;
+        Ok(start)
+    }
+
+    /// Removes a worktree (and what the attempt left in it).
+    pub async fn remove_worktree(&self, cache: &Path, path: &Path) {
+        let target = path.to_string_lossy().into_owned();
+        if let Err(e) = self.run(cache, &["worktree", "remove", "--force", &target], false).await {
+            tracing::debug!(error = %e, "git worktree remove failed; removing the directory");
+        }
+        let _ = std::fs::remove_dir_all(path);
+        let _ = self.run(cache, &["worktree", "prune"], false).await;
+    }
+
+    /// Commits whatever the harness left uncommitted in the worktree; returns the work done
+    /// since `start`.
+    pub async fn commit_all(&self, wt: &Path, message: &str, start: &str) -> Result<Work, GitError> {
+        self.run(wt, &["add", "--all"], false).await?;
+        let dirty = !self.run(wt, &["status", "--porcelain"], false).await?.trim().is_empty();
+        if dirty {
+            let (name, email) = (format!("user.name={}", self.author_name), format!("user.email={}", self.author_email));
+            // No hooks: a repository's hook could wait for input or run for long.
+            self.run(wt, &["-c", &name, "-c", &email, "commit", "--quiet", "--no-verify", "-m", message], false).await?;
+        }
+        let head = self.run(wt, &["rev-parse", "HEAD"], false).await?.trim().to_owned();
+        let range = format!("{start}..{head}");
+        let log = self.run(wt, &["log", "--reverse", "--format=%H%x09%s", &range], false).await?;
+        let commits = log
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .map(|(sha, subject)| Commit { sha: sha.to_owned(), subject: subject.chars().take(200).collect() })
+            .collect();
+        let files = self.run(wt, &["diff", "--name-only", start, &head], false).await?.lines().map(str::to_owned).collect();
+        Ok(Work { head, commits, files })
+    }
+
+    /// Pushes the worktree's HEAD to `branch` on the remote, never forced.
+    pub async fn push(&self, wt: &Path, branch: &str) -> Result<(), GitError> {
+        self.run(wt, &["push", "--quiet", "origin", &format!("HEAD:refs/heads/{branch}")], true).await.map(|_| ())
+    }
+}
+
+/// A commit the step made.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Commit {
+    pub sha: String,
+    pub subject: String,
+}
+
+/// What a step did in its worktree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Work {
+    pub head: String,
+    pub commits: Vec<Commit>,
+    pub files: Vec<String>,
+}
+
+/// Where the cache of `owner/name` lives.
+pub fn cache_path(work_dir: &Path, full_name: &str) -> PathBuf {
+    let safe: String = full_name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-/".contains(c) { c } else { '_' }).collect();
+    let safe = safe.replace("..", "_");
+    work_dir.join("repos").join(format!("{safe}.git"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(dir: &Path, script: &str) {
+        let ok = std::process::Command::new("sh").arg("-c").arg(script).current_dir(dir).status().unwrap().success();
+        assert!(ok, "{script}");
+    }
+
+    fn git() -> Git {
+        Git { timeout: Duration::from_secs(30), token: None, author_name: "t".into(), author_email: "t@example.com".into() }
+    }
+
+    #[tokio::test]
+    async fn a_worktree_starts_from_the_branch_when_it_exists_and_pushes_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        sh(d, "git init -q --bare -b main remote.git && git clone -q remote.git seed 2>/dev/null && cd seed && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m init && git push -q origin HEAD:main");
+        let g = git();
+        let cache = cache_path(d, "acme/widgets");
+        let url = d.join("remote.git").to_string_lossy().into_owned();
+        g.ensure_cache(&cache, &url).await.unwrap();
+
+        let wt = d.join("wt1");
+        let start = g.add_worktree(&cache, &wt, "shopfloor/1-x", "main").await.unwrap();
+        std::fs::write(wt.join("a.txt"), "a").unwrap();
+        let work = g.commit_all(&wt, "first", &start).await.unwrap();
+        assert_eq!((work.commits.len(), work.files.clone()), (1, vec!["a.txt".to_owned()]));
+        g.push(&wt, "shopfloor/1-x").await.unwrap();
+        g.remove_worktree(&cache, &wt).await;
+        assert!(!wt.exists());
+
+        // A later attempt goes on from the branch.
+        g.ensure_cache(&cache, &url).await.unwrap();
+        let wt2 = d.join("wt2");
+        let start2 = g.add_worktree(&cache, &wt2, "shopfloor/1-x", "main").await.unwrap();
+        assert_eq!(start2, work.head);
+        assert!(wt2.join("a.txt").exists());
+
+        // A push that would drop a commit on the remote is refused.
+        let wt3 = d.join("wt3");
+        let start3 = g.add_worktree(&cache, &wt3, "other", "main").await.unwrap();
+        std::fs::write(wt3.join("b.txt"), "b").unwrap();
+        g.commit_all(&wt3, "elsewhere", &start3).await.unwrap();
+        assert!(g.push(&wt3, "shopfloor/1-x").await.is_err());
+    }
+}

@@ -1,0 +1,10 @@
+//! The web console's tests: pages and forms over HTTP (`pages`), tenancy across orgs
+//! (`tenancy`), statements and index use per page on 10,000 seeded runs (`scale`), and the
+//! browser tests in headless Chromium (`browser`). Each test serves the API with the console on
+//! a loopback port against a database of its own (`DATABASE_URL` names the server).
+
+mod browser;
+mod pages;
+mod scale;
+mod support;
+mod tenancy;

@@ -1,0 +1,249 @@
+//! The console over plain HTTP, as a browser with scripts off uses it: sign-in (token and
+//! GitHub), the session cookie's attributes, CSRF on every form, each page's one h1 and
+//! labelled fields, approving with validation messages, cancel, sign-out.
+
+use reqwest::StatusCode;
+
+use crate::support::{count, field, page_csrf, App, Browser};
+
+/// Every `<input>`, `<select>` and `<textarea>` that is not hidden has a `<label for>` naming
+/// its id, and the page has one `<h1>`.
+fn accessible(html: &str, page: &str) {
+    assert_eq!(count(html, "<h1"), 1, "{page}: one h1");
+    for tag in ["<input", "<select", "<textarea"] {
+        for (at, _) in html.match_indices(tag) {
+            let rest = &html[at..];
+            let end = rest.find('>').unwrap_or(rest.len());
+            let element = &rest[..end];
+            if element.contains("type=\"hidden\"") {
+                continue;
+            }
+            let id = element.split("id=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or_else(|| panic!("{page}: a field without an id: {element}"));
+            assert!(html.contains(&format!("for=\"{id}\"")), "{page}: field #{id} has no label");
+        }
+    }
+}
+
+#[tokio::test]
+async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
+    let app = App::start(true).await;
+    let org = app.org("acme").await;
+    let run = app.submit(&org, org.approve).await;
+    app.until(run, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
+    let mut b = Browser::new(&app.base);
+
+    // Not signed in: to the sign-in page, and back afterwards.
+    let first = b.get("/orgs/acme").await;
+    assert_eq!(first.status, StatusCode::SEE_OTHER);
+    assert!(first.location().starts_with("/signin?next="), "{}", first.location());
+
+    let signin = b.get("/signin").await;
+    accessible(&signin.body, "sign-in");
+    let pre = signin.headers.get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_owned()).collect::<Vec<_>>().join("\n");
+    assert!(pre.contains("HttpOnly") && pre.contains("SameSite=Lax") && !pre.contains("Secure"), "{pre}");
+
+    // A wrong token stays signed out.
+    let csrf = page_csrf(&signin.body);
+    let bad = b.post("/signin/token", &[("_csrf", &csrf), ("token", "nope"), ("next", "/")]).await;
+    assert!(bad.location().contains("error=token"), "{}", bad.location());
+
+    let today = b.sign_in_with_token(&org.owner_token).await;
+    assert_eq!(today.status, StatusCode::OK, "{}", today.body);
+    assert!(today.body.contains("Today in acme"));
+    let cookie = b.cookies.get("shopfloor_session").cloned().expect("a session cookie");
+    assert!(cookie.starts_with("acme.") && !cookie.contains(&org.owner_token), "the pasted token is never the session");
+    assert!(today.body.contains("Ship the release?"), "the approval is under Needs you");
+    accessible(&today.body, "today");
+
+    let base = "/orgs/acme/projects/web";
+    for path in [
+        format!("{base}/runs"),
+        format!("{base}/runs?status=running&workflow=approve"),
+        format!("{base}/runs/{run}"),
+        format!("{base}/hosts"),
+        format!("{base}/workflows"),
+        format!("{base}/workflows/approve"),
+        "/orgs/acme/audit".to_owned(),
+        "/orgs/acme/audit?action=run.*".to_owned(),
+        "/orgs/acme/tokens".to_owned(),
+    ] {
+        let page = b.get(&path).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+        accessible(&page.body, &path);
+        assert!(page.headers.get("content-security-policy").is_some(), "{path}");
+    }
+    let run_page = b.get(&format!("{base}/runs/{run}")).await;
+    assert!(run_page.body.contains("Waiting for approval at review"), "the headline says what it does");
+    assert!(run_page.body.contains("<svg class=\"graph\"") && run_page.body.contains("‖ approval · waiting"), "the graph shows node states in words");
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
+    let app = App::start(true).await;
+    let org = app.org("acme").await;
+    let run = app.submit(&org, org.approve).await;
+    app.until(run, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let path = format!("/orgs/acme/projects/web/runs/{run}");
+    let page = b.get(&path).await;
+    let csrf = page_csrf(&page.body);
+
+    // Without the field, or with another session's, nothing happens.
+    let forged = b.post(&format!("{path}/approve/review"), &[("ticket", "T-1")]).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let forged = b.post(&format!("{path}/cancel"), &[("_csrf", "x")]).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
+    assert_eq!(status, "running");
+
+    // A required field left empty and a number that is not one: both messages, nothing decided.
+    let refused = b.post(&format!("{path}/approve/review"), &[("_csrf", &csrf), ("ticket", " "), ("risk", "high")]).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(refused.body.contains("ticket is required"), "{}", refused.body);
+    assert!(refused.body.contains("risk must be a number"), "{}", refused.body);
+    assert!(refused.body.contains("aria-invalid=\"true\""));
+    let open: bool = sqlx::query_scalar("SELECT decision IS NULL FROM approvals WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
+    assert!(open, "the run keeps waiting");
+
+    let approved = b.post(&format!("{path}/approve/review"), &[("_csrf", &csrf), ("ticket", "T-42"), ("risk", "2")]).await;
+    assert_eq!(approved.status, StatusCode::SEE_OTHER, "{}", approved.body);
+    let answer: serde_json::Value = sqlx::query_scalar("SELECT answer FROM approvals WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
+    assert_eq!(answer, serde_json::json!({ "ticket": "T-42", "risk": 2 }));
+    let approver: String = sqlx::query_scalar("SELECT decided_by FROM approvals WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
+    assert!(approver.contains(&org.owner.to_string()), "decided by the signed-in person: {approver}");
+
+    // Cancel another run.
+    let slow = app.submit(&org, org.slow).await;
+    let cancelled = b.post(&format!("/orgs/acme/projects/web/runs/{slow}/cancel"), &[("_csrf", &csrf), ("reason", "not today")]).await;
+    assert_eq!(cancelled.status, StatusCode::SEE_OTHER);
+    let (status, reason): (String, Option<String>) = sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(slow).fetch_one(app.pool()).await.unwrap();
+    assert_eq!((status.as_str(), reason.as_deref()), ("cancelled", Some("cancelled: not today")));
+
+    // A viewer reads, and has no forms to act with; a post is refused by the REST API's role check.
+    let mut v = Browser::new(&app.base);
+    v.sign_in_with_token(&org.viewer_token).await;
+    let page = v.get(&format!("/orgs/acme/projects/web/runs/{slow}")).await;
+    assert!(!page.body.contains("/rerun\""), "no rerun form for a viewer");
+    // The tokens page has a form for everyone; its CSRF field is the session's.
+    let vcsrf = page_csrf(&v.get("/orgs/acme/tokens").await.body);
+    let refused = v.post(&format!("/orgs/acme/projects/web/runs/{slow}/rerun"), &[("_csrf", &vcsrf)]).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(refused.body.contains("needs the member role"), "{}", refused.body);
+
+    // Sign-out revokes the console token: the old cookie no longer works.
+    let old = b.cookies.clone();
+    let today = b.get("/orgs/acme").await;
+    let out_csrf = field(&today.body[today.body.find("/signout").unwrap()..], "_csrf").unwrap();
+    let out = b.post("/signout", &[("_csrf", &out_csrf)]).await;
+    assert_eq!(out.location(), "/signin");
+    assert!(!b.cookies.contains_key("shopfloor_session"));
+    b.cookies = old;
+    let after = b.get("/orgs/acme").await;
+    assert_eq!(after.status, StatusCode::SEE_OTHER, "a revoked session signs in again");
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn github_sign_in_finds_the_person_by_login_or_verified_email() {
+    use shopfloor_tests::github_fake::oauth::Account;
+    let app = App::start(false).await;
+    let _acme = app.org("acme").await;
+    let _other = app.org("other").await;
+    let oauth = app.oauth.as_ref().unwrap();
+    let mut b = Browser::new(&app.base);
+
+    // By login: the owner of acme.
+    oauth.sign_in_as(Account { login: "ACME-owner".into(), id: 7, emails: vec![("someone@else.test".into(), true)] });
+    let signin = b.get("/signin?next=/orgs/acme/audit").await;
+    assert!(signin.body.contains("Sign in with GitHub"));
+    let start = b.get("/auth/github?next=/orgs/acme/audit").await;
+    let authorize = start.location();
+    assert!(authorize.starts_with(&oauth.url) && authorize.contains("state="), "{authorize}");
+    let back = b.get(&authorize).await; // the fake approves at once
+    assert!(back.location().contains("/auth/github/callback?code="), "{}", back.location());
+    let landed = b.get(&back.location()).await;
+    assert_eq!(landed.location(), "/orgs/acme/audit");
+    let audit = b.follow(landed).await;
+    assert_eq!(audit.status, StatusCode::OK, "{}", audit.body);
+    assert!(b.cookies["shopfloor_session"].starts_with("acme."));
+    assert_eq!(oauth.seen().iter().filter(|s| s.as_str() == "POST /login/oauth/access_token").count(), 1);
+
+    // A replayed callback (same code, same state) is refused: the state was spent.
+    let replay = b.get(&back.location()).await;
+    assert!(replay.location().contains("error="), "{}", replay.location());
+
+    // By verified email, for a person with no login recorded: the viewer of `other`.
+    let mut c = Browser::new(&app.base);
+    oauth.sign_in_as(Account { login: "stranger".into(), id: 8, emails: vec![("viewer@other.test".into(), true)] });
+    let start = c.get("/auth/github").await;
+    let back = c.get(&start.location()).await;
+    let callback = c.get(&back.location()).await;
+    let landed = c.follow(callback).await;
+    assert!(landed.body.contains("Today in other"), "{}", landed.body);
+
+    // An unverified email is not enough, and a stranger gets no session.
+    let mut d = Browser::new(&app.base);
+    oauth.sign_in_as(Account { login: "mallory".into(), id: 9, emails: vec![("owner@acme.test".into(), false)] });
+    let start = d.get("/auth/github").await;
+    let back = d.get(&start.location()).await;
+    let landed = d.get(&back.location()).await;
+    assert!(landed.location().contains("error=nomember"), "{}", landed.location());
+    assert!(!d.cookies.contains_key("shopfloor_session"));
+
+    // A callback whose state does not match the browser's is refused.
+    let mut e = Browser::new(&app.base);
+    let forged = e.get("/auth/github/callback?code=code1&state=guess").await;
+    assert!(forged.location().contains("error=state"), "{}", forged.location());
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn workflows_page_shows_problems_at_their_lines() {
+    let app = App::start(false).await;
+    let org = app.org("acme").await;
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let page = b.get("/orgs/acme/projects/web/workflows").await;
+    let csrf = page_csrf(&page.body);
+    let broken = "name: broken\nnodes:\n  a:\n    crew: { harness: nope }\n  b:\n    after: [missing]\n    wait: { for: 1m }\n";
+    let checked = b.post("/orgs/acme/projects/web/workflows/validate", &[("_csrf", &csrf), ("source", broken)]).await;
+    assert_eq!(checked.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(checked.body.contains("class=\"problem\""), "{}", checked.body);
+    assert!(checked.body.contains("Not valid"));
+    let uploaded = b.post("/orgs/acme/projects/web/workflows", &[("_csrf", &csrf), ("source", broken)]).await;
+    assert_eq!(uploaded.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let good = "name: tiny\nnodes:\n  nap:\n    wait: { for: 1m }\n";
+    let uploaded = b.post("/orgs/acme/projects/web/workflows", &[("_csrf", &csrf), ("source", good)]).await;
+    assert_eq!(uploaded.location(), "/orgs/acme/projects/web/workflows/tiny");
+    let paused = b.post("/orgs/acme/projects/web/workflows/tiny/pause", &[("_csrf", &csrf)]).await;
+    assert_eq!(paused.status, StatusCode::SEE_OTHER);
+    let is_paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE name = 'tiny'").fetch_one(app.pool()).await.unwrap();
+    assert!(is_paused);
+    // Tokens: made once, shown once.
+    let made = b.post("/orgs/acme/tokens", &[("_csrf", &csrf), ("name", "ci"), ("role", "member"), ("days", "7")]).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    assert!(made.body.contains("not shown again"));
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn the_live_stream_carries_the_projects_run_events() {
+    let app = App::start(true).await;
+    let org = app.org("acme").await;
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let cookie = b.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ");
+    let mut resp = b.http.get(app.url("/orgs/acme/projects/web/live")).header("cookie", cookie).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let run = app.submit(&org, org.approve).await;
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !seen.contains("run.awaiting") {
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk()).await.expect("an event within 10 s").unwrap().expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains(&run.to_string()), "{seen}");
+    app.discard().await;
+}

@@ -1,0 +1,212 @@
+//! Every page on a project with 10,000 runs (and as many in a second org): the statements it
+//! sends are few and do not grow with the data (no N+1), the large tables are read through
+//! indexes only (no sequential scan, from `pg_stat_user_tables`), and the server time is
+//! printed. The pages are served in-process on this test's one thread, so a tracing layer can
+//! count the statements sqlx sends for each.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use api::http::AppState;
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use engine::ids::RunId;
+use tower::ServiceExt as _;
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::Layer;
+
+use crate::support::{app as console_app, App};
+
+thread_local! {
+    static STATEMENTS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Counts sqlx's statement events on the thread that sends them.
+pub(crate) struct CountStatements;
+
+impl<S: tracing::Subscriber> Layer<S> for CountStatements {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if event.metadata().target() == "sqlx::query" {
+            STATEMENTS.with(|c| c.set(c.get() + 1));
+        }
+    }
+}
+
+/// Tables large enough that a sequential scan of them on a page is a missing index.
+const LARGE: &[&str] = &["runs", "steps", "run_events", "approvals", "audit_log", "step_logs", "wakes", "step_sessions"];
+
+async fn seq_scans(pool: &sqlx::PgPool) -> Vec<(String, i64)> {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await.unwrap();
+    sqlx::query_as("SELECT relname::text, coalesce(seq_scan, 0) FROM pg_stat_user_tables WHERE relname = ANY($1) ORDER BY relname")
+        .bind(LARGE)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap()
+}
+
+/// Seeds `n` runs of every status in the org's project, with their steps, events, approvals
+/// (a few open), audit entries, sessions and transcripts, as the engine would have written
+/// them. Test data only: production writes go through the store.
+async fn seed(pool: &sqlx::PgPool, org: &crate::support::Org, n: i64) {
+    let sql = [
+        "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, status, reason, created_by, created_at, started_at, ended_at) \
+         SELECT $1, $2, gen_random_uuid(), CASE WHEN g % 2 = 0 THEN $3 ELSE $4 END, 1, \
+                CASE WHEN g % 10 = 0 THEN 'running' WHEN g % 10 IN (1, 2) THEN 'failed' WHEN g % 10 = 3 THEN 'cancelled' ELSE 'completed' END, \
+                CASE WHEN g % 10 IN (1, 2) THEN 'gate_failed' END, 'seed', \
+                now() - make_interval(secs => g * 30), now() - make_interval(secs => g * 30 - 1), \
+                CASE WHEN g % 10 <> 0 THEN now() - make_interval(secs => g * 30 - 20) END \
+         FROM generate_series(1, $5::int) g",
+        "INSERT INTO steps (org_id, run_id, step_id, node, kind, visit, attempt, state, started_seq, finished_seq, created_at, started_at, ended_at) \
+         SELECT r.org_id, r.run_id, gen_random_uuid(), n.node, n.kind, 1, 1, \
+                CASE WHEN r.status = 'running' AND n.node = 'review' THEN 'waiting' WHEN r.status = 'running' THEN 'pending' \
+                     WHEN r.status = 'failed' AND n.node = 'settle' THEN 'failed' ELSE 'succeeded' END, \
+                n.i, n.i + 1, r.created_at + make_interval(secs => n.i), r.created_at + make_interval(secs => n.i), \
+                CASE WHEN r.status <> 'running' THEN r.created_at + make_interval(secs => n.i * 5) END \
+         FROM runs r CROSS JOIN (VALUES (1, 'review', 'approval'), (2, 'settle', 'wait')) n(i, node, kind) \
+         WHERE r.org_id = $1 AND (r.status <> 'running' OR n.node = 'review')",
+        "INSERT INTO approvals (org_id, step_id, run_id, node, prompt, fields, deadline, decision, answer) \
+         SELECT s.org_id, s.step_id, s.run_id, 'review', 'Ship the release?', '{\"ticket\": {\"type\": \"string\", \"required\": true}}', now() + interval '1 day', \
+                CASE WHEN s.state = 'waiting' THEN NULL ELSE 'approved' END, CASE WHEN s.state = 'waiting' THEN NULL ELSE '{\"ticket\": \"T\"}'::jsonb END \
+         FROM steps s WHERE s.org_id = $1 AND s.node = 'review'",
+        "INSERT INTO run_events (org_id, project_id, run_id, seq, kind, node, attrs) \
+         SELECT r.org_id, r.project_id, r.run_id, k.seq, k.kind, k.node, '{}' FROM runs r \
+         CROSS JOIN (VALUES (1, 'run.started', NULL), (2, 'step.created', 'review'), (3, 'step.succeeded', 'review'), (4, 'run.completed', NULL)) k(seq, kind, node) \
+         WHERE r.org_id = $1",
+        "INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, at) \
+         SELECT $1, $2, 'engine', 'e1', 'run.completed', 'run', r.run_id::text, coalesce(r.ended_at, r.created_at) FROM runs r WHERE r.org_id = $1",
+        "INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
+         SELECT s.org_id, s.run_id, s.step_id, now() + interval '1 day', 'timeout' FROM steps s WHERE s.org_id = $1 AND s.state = 'waiting'",
+        "INSERT INTO hosts (org_id, project_id, host_id, name, capabilities, max_concurrent, last_seen_at) \
+         VALUES ($1, $2, gen_random_uuid(), 'seed-host', '{linux}', 4, now())",
+        "INSERT INTO step_sessions (org_id, run_id, step_id, host_id, harness, input_tokens, output_tokens, cost_usd, turns) \
+         SELECT s.org_id, s.run_id, s.step_id, (SELECT host_id FROM hosts WHERE org_id = $1 LIMIT 1), 'command', 1000, 100, 0.01, 3 \
+         FROM steps s WHERE s.org_id = $1 AND s.node = 'settle'",
+        "INSERT INTO step_logs (org_id, run_id, step_id, seq, stream, line) \
+         SELECT s.org_id, s.run_id, s.step_id, g, 'stdout', 'line ' || g FROM (SELECT * FROM steps WHERE org_id = $1 AND state = 'succeeded' LIMIT 200) s \
+         CROSS JOIN generate_series(1, 50) g",
+    ];
+    for s in sql {
+        // Each statement names a prefix of these binds; bind only those.
+        let q = match (1..=5).filter(|i| s.contains(&format!("${i}"))).count() {
+            1 => sqlx::query(s).bind(org.id),
+            2 => sqlx::query(s).bind(org.id).bind(org.project),
+            _ => sqlx::query(s).bind(org.id).bind(org.project).bind(org.approve).bind(org.slow).bind(n as i32),
+        };
+        q.execute(pool).await.unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+    // Open approvals are few in real life: all but 30 of the waiting ones are answered.
+    sqlx::query(
+        "UPDATE approvals SET decision = 'approved' WHERE org_id = $1 AND decision IS NULL \
+         AND step_id NOT IN (SELECT step_id FROM approvals WHERE org_id = $1 AND decision IS NULL LIMIT 30)",
+    )
+    .bind(org.id)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+struct Measured {
+    status: StatusCode,
+    statements: usize,
+    millis: f64,
+    body: String,
+}
+
+async fn measure(router: &axum::Router, cookie: &str, path: &str) -> Measured {
+    let req = Request::get(path).header(header::COOKIE, cookie).header(header::HOST, "console.test").body(Body::empty()).unwrap();
+    STATEMENTS.with(|c| c.set(0));
+    let started = Instant::now();
+    let response = router.clone().oneshot(req).await.unwrap();
+    let millis = started.elapsed().as_secs_f64() * 1000.0;
+    let statements = STATEMENTS.with(Cell::get);
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), 64 << 20).await.unwrap();
+    Measured { status, statements, millis, body: String::from_utf8_lossy(&bytes).into_owned() }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
+    let app = App::start(false).await;
+    let acme = app.org("acme").await;
+    let noise = app.org("noise").await;
+    let started = Instant::now();
+    // Seeded through a pool of its own, closed afterwards: its backends report their table
+    // statistics as they exit, so none arrive late during a page's count.
+    let seeding = engine::db::connect(&app.db.url, 2).await.unwrap();
+    seed(&seeding, &acme, 10_000).await;
+    seed(&seeding, &noise, 10_000).await;
+    sqlx::query("ANALYZE").execute(&seeding).await.unwrap();
+    seeding.close().await;
+    eprintln!("seeded 2 x 10,000 runs in {:.1} s", started.elapsed().as_secs_f64());
+    let completed: RunId = sqlx::query_scalar("SELECT run_id FROM runs WHERE org_id = $1 AND status = 'failed' ORDER BY created_at DESC LIMIT 1")
+        .bind(acme.id)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
+    let waiting: RunId = sqlx::query_scalar(
+        "SELECT a.run_id FROM approvals a WHERE a.org_id = $1 AND a.decision IS NULL LIMIT 1",
+    )
+    .bind(acme.id)
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+
+    // A console session of the owner, as sign-in makes it.
+    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System).await.unwrap();
+    let token = api::auth::issue_user_token(
+        &mut ch,
+        api::auth::UserToken { org: acme.id, user: acme.owner, project: None, role: "owner", name: "console session", ttl: chrono::Duration::hours(1) },
+    )
+    .await
+    .unwrap();
+    ch.commit().await.unwrap();
+    let cookie = format!("shopfloor_session=acme.{token}");
+
+    let base = "/orgs/acme/projects/web";
+    let pages = [
+        ("today", "/orgs/acme".to_owned()),
+        ("runs", format!("{base}/runs")),
+        ("runs filtered", format!("{base}/runs?status=failed&workflow=approve")),
+        ("runs by substate", format!("{base}/runs?substate=awaiting_signal")),
+        ("runs in a window", format!("{base}/runs?since=2020-01-01T00:00&until=2100-01-01T00:00")),
+        ("run, failed", format!("{base}/runs/{completed}")),
+        ("run, waiting", format!("{base}/runs/{waiting}")),
+        ("hosts", format!("{base}/hosts")),
+        ("workflows", format!("{base}/workflows")),
+        ("workflow", format!("{base}/workflows/approve")),
+        ("audit log", "/orgs/acme/audit".to_owned()),
+        ("tokens", "/orgs/acme/tokens".to_owned()),
+    ];
+    let mut report = Vec::new();
+    for (name, path) in &pages {
+        // A state and pool of their own per page: closing the pool makes its backends report
+        // their table statistics at once.
+        let pool = engine::db::connect(&app.db.url, 4).await.unwrap();
+        let state = AppState::new(pool.clone(), &app.db.url);
+        let router = console_app(state.clone(), Default::default());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let warm = measure(&router, &cookie, path).await;
+        assert_eq!(warm.status, StatusCode::OK, "{name}: {}", warm.body);
+        let before = seq_scans(app.pool()).await;
+        let mut runs: Vec<Measured> = Vec::new();
+        for _ in 0..3 {
+            runs.push(measure(&router, &cookie, path).await);
+        }
+        drop(router);
+        drop(state);
+        pool.close().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after = seq_scans(app.pool()).await;
+        let scanned: Vec<String> = before.iter().zip(&after).filter(|(b, a)| a.1 > b.1).map(|(b, a)| format!("{} (+{})", b.0, a.1 - b.1)).collect();
+        assert!(scanned.is_empty(), "{name} ({path}) read large tables without an index: {scanned:?}");
+        let statements = runs.iter().map(|m| m.statements).max().unwrap_or(0);
+        assert!(statements <= 20, "{name}: {statements} statements for one page (N+1?)");
+        assert!(runs.iter().all(|m| m.statements == runs[0].statements), "{name}: the statement count varies between identical requests");
+        let mut times: Vec<f64> = runs.iter().map(|m| m.millis).collect();
+        times.sort_by(f64::total_cmp);
+        report.push(format!("{name:<18} {statements:>3} statements  {:>7.1} ms (median of 3)", times[1]));
+    }
+    eprintln!("console pages at 10,000 runs (debug build):\n{}", report.join("\n"));
+    app.discard().await;
+}

@@ -1,0 +1,322 @@
+//! What the console's tests share: the API with the console served on a loopback port against
+//! a database of the test's own, the fake GitHub OAuth, an in-process engine (without the test
+//! executor: crew steps wait for a host, as in production), two orgs with their people, and an
+//! HTTP client that keeps the session cookie by hand.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use api::console::ConsoleConfig;
+use api::http::AppState;
+use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId, WorkflowId};
+use engine::pool::{self, PoolConfig};
+use engine::store::runs::{self as store_runs, NewRun};
+use engine::store::{api_writes, tenants, workflows, Actor, Change};
+use engine::testkit::{test_db, TestDb};
+use reqwest::header::{HeaderMap, COOKIE, LOCATION, SET_COOKIE};
+use reqwest::StatusCode;
+use shopfloor_tests::github_fake::oauth::{FakeOauth, CLIENT_ID, CLIENT_SECRET};
+use tokio_util::sync::CancellationToken;
+
+/// Parks at an approval with a required field and an optional number, sleeps 3 s, then ends:
+/// the sleep lets a test see the run move on live after the answer.
+pub(crate) const APPROVAL: &str = "name: approve
+nodes:
+  review:
+    approval:
+      prompt: Ship the release?
+      fields:
+        ticket: { type: string, required: true, description: The change ticket }
+        risk: { type: number }
+      timeout: 24h
+  settle:
+    after: [review]
+    wait: { for: 3s }
+";
+
+/// A crew step a host runs: its transcript is what the run page streams.
+pub(crate) const AGENT: &str = "name: agent
+nodes:
+  build:
+    crew: { harness: command, command: [make, build], prompt: Build it }
+    requires: [linux]
+";
+
+/// A run that waits a long time: something to cancel.
+pub(crate) const SLOW: &str = "name: slow
+nodes:
+  nap:
+    wait: { for: 1h }
+";
+
+pub(crate) struct Org {
+    pub(crate) id: OrgId,
+    pub(crate) project: ProjectId,
+    pub(crate) owner: UserId,
+    pub(crate) owner_token: String,
+    pub(crate) viewer_token: String,
+    pub(crate) approve: WorkflowId,
+    pub(crate) agent: WorkflowId,
+    pub(crate) slow: WorkflowId,
+}
+
+pub(crate) struct App {
+    pub(crate) db: TestDb,
+    pub(crate) base: String,
+    pub(crate) oauth: Option<FakeOauth>,
+    stop: CancellationToken,
+    engine: Option<CancellationToken>,
+}
+
+/// The console's settings pointing at the fake GitHub.
+pub(crate) fn console_config(oauth: &FakeOauth) -> ConsoleConfig {
+    ConsoleConfig {
+        github_client_id: Some(CLIENT_ID.into()),
+        github_client_secret: Some(CLIENT_SECRET.to_owned().into()),
+        github_oauth_url: oauth.url.clone(),
+        github_oauth_api_url: oauth.url.clone(),
+        ..ConsoleConfig::default()
+    }
+}
+
+/// The whole app as `shopfloor api` serves it: REST, then the console beside it.
+pub(crate) fn app(state: AppState, cfg: ConsoleConfig) -> axum::Router {
+    api::http::router(state.clone()).merge(api::console::router(state, cfg))
+}
+
+impl App {
+    pub(crate) async fn start(with_engine: bool) -> App {
+        init_tracing();
+        let db = test_db().await;
+        let oauth = FakeOauth::start().await;
+        let state = AppState::new(db.pool.clone(), &db.url);
+        let router = app(state.clone(), console_config(&oauth));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let base = format!("http://{}", listener.local_addr().expect("local addr"));
+        let stop = CancellationToken::new();
+        let closing = stop.clone();
+        let serving = state.clone();
+        tokio::spawn(async move {
+            let shutdown = async move {
+                closing.cancelled().await;
+                serving.close_streams();
+            };
+            let _ = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+        });
+        let engine = if with_engine {
+            let stop = CancellationToken::new();
+            let cfg = PoolConfig {
+                id: "console-test-engine".into(),
+                listen_url: db.url.clone(),
+                batch: 64,
+                max_in_flight: 16,
+                drain: Duration::from_secs(2),
+                test_executor: None,
+                outputs: None,
+            };
+            tokio::spawn(pool::run(db.pool.clone(), cfg, stop.clone(), stop.clone()));
+            Some(stop)
+        } else {
+            None
+        };
+        App { db, base, oauth: Some(oauth), stop, engine }
+    }
+
+    pub(crate) fn pool(&self) -> &sqlx::PgPool {
+        &self.db.pool
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Stops everything and drops the database (tests leave waiting runs on purpose).
+    pub(crate) async fn discard(mut self) {
+        self.stop.cancel();
+        if let Some(e) = &self.engine {
+            e.cancel();
+        }
+        if let Some(o) = self.oauth.take() {
+            o.stop();
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        self.db.discard().await;
+    }
+
+    /// An org with a project `web`, the three workflows, an owner (GitHub login `<slug>-owner`)
+    /// and a viewer, with a token each.
+    pub(crate) async fn org(&self, slug: &str) -> Org {
+        let pool = self.pool();
+        let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+        let (id, owner) = tenants::create_org(&mut ch, &Slug::parse(slug).unwrap(), slug, &format!("owner@{slug}.test")).await.unwrap();
+        let project = tenants::create_project(&mut ch, id, &Slug::parse("web").unwrap(), "web").await.unwrap();
+        let (approve, _) = workflows::put_version(&mut ch, id, project, "approve", APPROVAL).await.unwrap();
+        let (agent, _) = workflows::put_version(&mut ch, id, project, "agent", AGENT).await.unwrap();
+        let (slow, _) = workflows::put_version(&mut ch, id, project, "slow", SLOW).await.unwrap();
+        let viewer = api_writes::add_member(&mut ch, id, &format!("viewer@{slug}.test"), "viewer").await.unwrap();
+        let issue = |user, role| api::auth::UserToken { org: id, user, project: None, role, name: "test", ttl: chrono::Duration::days(1) };
+        let owner_token = api::auth::issue_user_token(&mut ch, issue(owner, "owner")).await.unwrap();
+        let viewer_token = api::auth::issue_user_token(&mut ch, issue(viewer, "viewer")).await.unwrap();
+        ch.commit().await.unwrap();
+        // Test setup: people's GitHub logins are recorded by whoever adds them (not yet an API).
+        sqlx::query("UPDATE users SET github_login = $2 WHERE user_id = $1").bind(owner).bind(format!("{slug}-owner")).execute(pool).await.unwrap();
+        Org { id, project, owner, owner_token, viewer_token, approve, agent, slow }
+    }
+
+    /// Submits a run of `workflow` through the store, as the REST submit does.
+    pub(crate) async fn submit(&self, org: &Org, workflow: WorkflowId) -> RunId {
+        let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
+        let run = store_runs::submit(
+            &mut ch,
+            NewRun {
+                org: org.id,
+                project: org.project,
+                workflow,
+                version: 1,
+                input: serde_json::json!({}),
+                item: None,
+                trigger_event: None,
+                parent: None,
+                dry_run: false,
+                needs_approval: false,
+                source: None,
+            },
+        )
+        .await
+        .unwrap();
+        ch.commit().await.unwrap();
+        run
+    }
+
+    /// Waits until `sql` (the run bound as $1) is true.
+    pub(crate) async fn until(&self, run: RunId, sql: &str, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let done: bool = sqlx::query_scalar(sql).bind(run).fetch_one(self.pool()).await.unwrap();
+            if done {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{run} never reached: {what}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+/// A browser-like HTTP client: no automatic redirects, cookies kept by hand.
+pub(crate) struct Browser {
+    pub(crate) http: reqwest::Client,
+    pub(crate) cookies: HashMap<String, String>,
+    pub(crate) base: String,
+}
+
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: String,
+}
+
+impl Answer {
+    pub(crate) fn location(&self) -> String {
+        self.headers.get(LOCATION).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+    }
+}
+
+impl Browser {
+    pub(crate) fn new(base: &str) -> Browser {
+        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        Browser { http, cookies: HashMap::new(), base: base.to_owned() }
+    }
+
+    fn cookie_header(&self) -> String {
+        self.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ")
+    }
+
+    fn keep(&mut self, headers: &HeaderMap) {
+        for v in headers.get_all(SET_COOKIE) {
+            let text = v.to_str().unwrap_or_default();
+            let pair = text.split(';').next().unwrap_or_default();
+            let Some((k, v)) = pair.split_once('=') else { continue };
+            if text.contains("Max-Age=0") || v.is_empty() {
+                self.cookies.remove(k);
+            } else {
+                self.cookies.insert(k.to_owned(), v.to_owned());
+            }
+        }
+    }
+
+    fn absolute(&self, path: &str) -> String {
+        if path.starts_with("http") { path.to_owned() } else { format!("{}{path}", self.base) }
+    }
+
+    pub(crate) async fn get(&mut self, path: &str) -> Answer {
+        let resp = self.http.get(self.absolute(path)).header(COOKIE, self.cookie_header()).send().await.expect("request");
+        self.answer(resp).await
+    }
+
+    pub(crate) async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Answer {
+        let resp = self.http.post(self.absolute(path)).header(COOKIE, self.cookie_header()).form(form).send().await.expect("request");
+        self.answer(resp).await
+    }
+
+    async fn answer(&mut self, resp: reqwest::Response) -> Answer {
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        self.keep(&headers);
+        let streaming = headers.get(reqwest::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let body = if streaming { String::new() } else { resp.text().await.unwrap_or_default() };
+        Answer { status, headers, body }
+    }
+
+    /// Follows redirects (by hand, so cookies set on the way are kept) up to a page.
+    pub(crate) async fn follow(&mut self, mut answer: Answer) -> Answer {
+        for _ in 0..10 {
+            if !answer.status.is_redirection() {
+                return answer;
+            }
+            let to = answer.location();
+            answer = self.get(&to).await;
+        }
+        panic!("too many redirects");
+    }
+
+    /// Signs in with an API token through the sign-in form.
+    pub(crate) async fn sign_in_with_token(&mut self, token: &str) -> Answer {
+        let page = self.get("/signin").await;
+        let csrf = page_csrf(&page.body);
+        let answer = self.post("/signin/token", &[("_csrf", &csrf), ("token", token), ("next", "/")]).await;
+        self.follow(answer).await
+    }
+}
+
+/// The value of the first `<input name="NAME" value="…">` of a page.
+pub(crate) fn field(html: &str, name: &str) -> Option<String> {
+    let at = html.find(&format!("name=\"{name}\""))?;
+    let rest = &html[at..];
+    let v = rest.find("value=\"")?;
+    let rest = &rest[v + 7..];
+    Some(rest[..rest.find('"')?].replace("&amp;", "&").replace("&#x2f;", "/").replace("&#x2F;", "/"))
+}
+
+/// The CSRF field of the page's own forms (the header's sign-out form has another).
+pub(crate) fn page_csrf(html: &str) -> String {
+    let main = html.find("<main").expect("a main element");
+    field(&html[main..], "_csrf").expect("a form with a CSRF field")
+}
+
+/// Installs, once per test binary, the tracing subscriber: errors to the test's output, and the
+/// count of statements sqlx sends on each thread (for `scale`).
+pub(crate) fn init_tracing() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::Layer as _;
+    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let errors = tracing_subscriber::fmt::layer().with_test_writer().with_filter(tracing_subscriber::filter::LevelFilter::WARN);
+        let subscriber = tracing_subscriber::registry().with(errors).with(crate::scale::CountStatements.with_filter(tracing_subscriber::filter::filter_fn(|m| m.target() == "sqlx::query")));
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    });
+}
+
+/// How many times `needle` occurs in `html`.
+pub(crate) fn count(html: &str, needle: &str) -> usize {
+    html.matches(needle).count()
+}

@@ -1,0 +1,130 @@
+//! What the GitHub effect tests share: a test database with org `acme`, project `web` and
+//! `Acme/Widgets` connected through installation 77, the fake GitHub on loopback, webhooks
+//! ingested in-process (signatures are the webhook tests' business), and `shopfloor engine`
+//! processes acting as the GitHub App (`tests/github_fake/test_app_key.pem`, a key made for
+//! these tests only) against the fake.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engine::ids::Slug;
+use engine::store::{tenants, triggers, workflows, Actor, Change};
+use engine::testkit::{test_db, TestDb};
+use engine::triggers::{ingest, Delivery, IngestOutcome};
+use serde_json::Value;
+use shopfloor_tests::github_fake::{FakeGithub, Repo};
+use shopfloor_tests::shopfloor_bin;
+
+pub(crate) const INSTALLATION: i64 = 77;
+
+pub(crate) struct GhEnv {
+    pub(crate) db: TestDb,
+    pub(crate) fake: FakeGithub,
+    pub(crate) repo: Repo,
+}
+
+/// A `shopfloor engine` process; killed when dropped.
+pub(crate) struct Engine {
+    pub(crate) child: Child,
+}
+
+impl Engine {
+    /// Waits up to `limit` for the process to exit by itself (a crash hook); true if it did.
+    pub(crate) async fn exits_within(&mut self, limit: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub(crate) fn app_key() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake").join("test_app_key.pem")
+}
+
+impl GhEnv {
+    pub(crate) async fn start(sources: &[&str]) -> GhEnv {
+        let db = test_db().await;
+        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+        let (org, _) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
+        let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
+        for source in sources {
+            let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
+            workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
+        }
+        triggers::connect_repository(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+        ch.commit().await.unwrap();
+        let fake = FakeGithub::start().await;
+        GhEnv { db, fake, repo: Repo::new("Acme/Widgets", INSTALLATION) }
+    }
+
+    /// An engine acting as the App against the fake, with the test executor for crew steps.
+    /// `crash_after` sets the output executor's test hook.
+    pub(crate) fn engine(&self, id: &str, crash_after: Option<&str>) -> Engine {
+        let mut cmd = Command::new(shopfloor_bin());
+        cmd.args(["engine", "--test-executor", "--engine-id", id, "--log", "warn"])
+            .env("DATABASE_URL", &self.db.url)
+            .env("SHOPFLOOR_DRAIN_SECS", "2")
+            .env("SHOPFLOOR_GITHUB_APP_ID", "1")
+            .env("SHOPFLOOR_GITHUB_APP_KEY_FILE", app_key())
+            .env("SHOPFLOOR_GITHUB_API_URL", &self.fake.url)
+            .env("SHOPFLOOR_GITHUB_GRAPHQL_URL", format!("{}/graphql", self.fake.url))
+            .env("SHOPFLOOR_GITHUB_TIMEOUT_SECS", "2")
+            .env_remove("SHOPFLOOR_TEST_CRASH_AFTER")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if let Some(point) = crash_after {
+            cmd.env("SHOPFLOOR_TEST_CRASH_AFTER", point);
+        }
+        Engine { child: cmd.spawn().expect("spawn shopfloor engine") }
+    }
+
+    /// Ingests a delivery as `POST /webhooks/github` would, after its signature check.
+    pub(crate) async fn deliver(&self, event: &str, payload: &Value) -> IngestOutcome {
+        let body = serde_json::to_vec(payload).unwrap();
+        let id = uuid::Uuid::new_v4().to_string();
+        ingest(&self.db.pool, &Delivery { id: &id, event, body: &body }).await.unwrap_or_else(|e| panic!("ingest {event}: {e}"))
+    }
+
+    pub(crate) async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.db.pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    pub(crate) async fn text(&self, sql: &str) -> Option<String> {
+        sqlx::query_scalar(sql).fetch_optional(&self.db.pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Waits until `sql` gives `want`, up to `limit` (the test reads; engines never poll).
+    pub(crate) async fn until(&self, sql: &str, want: i64, limit: Duration) {
+        let started = Instant::now();
+        loop {
+            let got = self.scalar(sql).await;
+            if got == want {
+                return;
+            }
+            assert!(started.elapsed() < limit, "{sql}: still {got}, expected {want} after {limit:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(crate) async fn finish(self) {
+        drop(self.fake);
+        self.db.finish().await;
+    }
+}

@@ -1,0 +1,243 @@
+//! Outputs on GitHub, executed by real `shopfloor engine` processes acting as the GitHub App
+//! against the fake: installation tokens minted with the App's JWT and scoped to the
+//! repository; a crash between "GitHub acted" and "step recorded" leaves exactly one pull
+//! request or comment after recovery; 4xx fails for good, 5xx is retried, a secondary rate
+//! limit defers the step until GitHub's `Retry-After`, an outage defers it; labels and board
+//! moves.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use shopfloor_tests::github_fake::payloads::{self, user};
+use shopfloor_tests::github_fake::{Fault, Issue};
+
+use crate::github_env::GhEnv;
+
+/// A crew step (the test executor's text) then a pull request.
+const SHIP: &str = "name: ship
+on:
+  github:
+    events: [issues.labeled]
+    if: \"'ship' in item.labels\"
+nodes:
+  start: { trigger: {} }
+  build: { after: [start], crew: { harness: command, command: [make], prompt: build it } }
+  open_pr: { after: [build], output: { github: pull_request } }
+";
+
+/// One comment.
+const SAY: &str = "name: say
+on:
+  github:
+    events: [issues.labeled]
+    if: \"'say' in item.labels\"
+nodes:
+  start: { trigger: {} }
+  note: { after: [start], output: { github: comment, body: \"Working on {{ item.title }}\" } }
+";
+
+/// Labels, then a board move.
+const TRIAGE: &str = "name: triage
+on:
+  github:
+    events: [issues.labeled]
+    if: \"'triage' in item.labels\"
+nodes:
+  start: { trigger: {} }
+  tag: { after: [start], output: { github: label, labels: [in-progress], remove: [triage] } }
+  move: { after: [tag], output: { github: board_move, column: In progress } }
+";
+
+const LONG: Duration = Duration::from_secs(90);
+
+async fn label(env: &GhEnv, number: i64, title: &str, name: &str) -> Issue {
+    let mut issue = Issue::new(number, title);
+    issue.labels.push(name.to_owned());
+    env.fake.put_issue(&env.repo.full_name, issue.json(&env.repo));
+    let outcome = env.deliver("issues", &payloads::issues_event("labeled", &env.repo, &issue, &user("bob"), Some(name))).await;
+    assert!(format!("{outcome:?}").contains("runs_opened: 1"), "{outcome:?}");
+    issue
+}
+
+/// (state, reason, attempt, output) of the steps of `node`, oldest first.
+async fn steps_of(env: &GhEnv, node: &str) -> Vec<(String, Option<String>, i32, Option<Value>)> {
+    sqlx::query_as("SELECT state, reason, attempt, output FROM steps WHERE node = $1 ORDER BY started_seq, created_at")
+        .bind(node)
+        .fetch_all(&env.db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_after_the_pull_request_opened_leaves_exactly_one_after_recovery() {
+    let env = GhEnv::start(&[SHIP]).await;
+    label(&env, 1, "Fix the widget", "ship").await;
+
+    // The first engine opens the pull request and dies before recording it.
+    let mut first = env.engine("gh-a", Some("pr_opened"));
+    assert!(first.exits_within(Duration::from_secs(60)).await, "the crash hook did not fire");
+    assert_eq!(env.fake.pulls("acme/widgets").len(), 1);
+    assert_eq!(env.scalar("SELECT count(*) FROM steps WHERE node = 'open_pr' AND state = 'running'").await, 1);
+
+    // Another engine recovers the step when its lease lapses, finds the open pull request on
+    // the branch, and records it instead of opening a second one.
+    let started = Instant::now();
+    let _second = env.engine("gh-b", None);
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    println!("github outputs: the crashed pull request step was recovered in {:.1} s", started.elapsed().as_secs_f64());
+    let pulls = env.fake.pulls("acme/widgets");
+    assert_eq!(pulls.len(), 1, "exactly one pull request: {pulls:?}");
+    assert_eq!(env.fake.requests_to("POST", "/repos/acme/widgets/pulls").len(), 1);
+    let pr = &pulls[0];
+    assert_eq!(pr["head"]["ref"], "shopfloor/1-fix-the-widget");
+    assert_eq!(pr["base"]["ref"], "main");
+    let body = pr["body"].as_str().unwrap_or_default();
+    assert_eq!(body.lines().next(), Some("Closes #1"), "{body}");
+    assert!(body.contains("build done"), "the crew step's text: {body}");
+
+    let steps = steps_of(&env, "open_pr").await;
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    assert_eq!((steps[0].0.as_str(), steps[0].1.as_deref()), ("failed", Some("lease_expired")));
+    assert_eq!(steps[1].0, "succeeded");
+    let output = steps[1].3.clone().unwrap_or_default();
+    assert_eq!(output["created"], false, "{output}");
+    assert_eq!(output["pull_request"]["number"], pr["number"]);
+
+    // The App minted installation tokens with its JWT, scoped to the one repository, and used
+    // them; the second engine minted its own (tokens are cached per process).
+    let mints = env.fake.requests_to("POST", "/app/installations/77/access_tokens");
+    assert_eq!(mints.len(), 2, "{mints:?}");
+    for mint in &mints {
+        let auth = mint.authorization.clone().unwrap_or_default();
+        let jwt = auth.strip_prefix("Bearer ").unwrap_or_default();
+        assert_eq!(jwt.split('.').count(), 3, "an RS256 JWT: {auth}");
+        assert_eq!(mint.body, json!({ "repositories": ["widgets"] }));
+    }
+    for call in env.fake.requests().iter().filter(|r| r.path.starts_with("/repos/")) {
+        assert!(call.authorization.as_deref().unwrap_or_default().starts_with("Bearer ghs_"), "{call:?}");
+    }
+    drop(_second);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_after_the_comment_posted_leaves_exactly_one_after_recovery() {
+    let env = GhEnv::start(&[SAY]).await;
+    label(&env, 4, "Say hello", "say").await;
+
+    let mut first = env.engine("gh-a", Some("comment_posted"));
+    assert!(first.exits_within(Duration::from_secs(60)).await, "the crash hook did not fire");
+    assert_eq!(env.fake.comments("acme/widgets", 4).len(), 1);
+
+    let _second = env.engine("gh-b", None);
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    let comments = env.fake.comments("acme/widgets", 4);
+    assert_eq!(comments.len(), 1, "exactly one comment: {comments:?}");
+    let run: String = env.text("SELECT 'run-' || run_id FROM runs LIMIT 1").await.unwrap_or_default();
+    let body = comments[0]["body"].as_str().unwrap_or_default();
+    assert!(body.starts_with("Working on Say hello"), "{body}");
+    let run_id: uuid::Uuid = sqlx::query_scalar("SELECT run_id FROM runs").fetch_one(&env.db.pool).await.unwrap();
+    let marker = format!("<!-- shopfloor:{}:note -->", engine::ids::RunId(run_id));
+    assert!(body.ends_with(&marker), "{body} should end with {marker} ({run})");
+    assert_eq!(env.fake.requests_to("POST", "/repos/acme/widgets/issues/4/comments").len(), 1);
+    let steps = steps_of(&env, "note").await;
+    assert_eq!(steps.last().and_then(|s| s.3.clone()).unwrap_or_default()["created"], false);
+    drop(_second);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defer() {
+    let env = GhEnv::start(&[SAY]).await;
+    let path = |n: i64| format!("/repos/acme/widgets/issues/{n}/comments");
+    // #10: a 422, final. #11: one 502, retried. #12: a secondary rate limit for 2 s, deferred.
+    // #13: 502 four times (the call and its three retries), an outage, deferred.
+    env.fake.inject(Some("POST"), &path(10), Fault::Status(422), 1);
+    env.fake.inject(Some("POST"), &path(11), Fault::Status(502), 1);
+    env.fake.inject(Some("POST"), &path(12), Fault::SecondaryRateLimit { retry_after: 2 }, 1);
+    env.fake.inject(Some("POST"), &path(13), Fault::Status(503), 4);
+    let started = Instant::now();
+    let _engine = env.engine("gh-a", None);
+    for n in 10..=13 {
+        label(&env, n, &format!("Issue {n}"), "say").await;
+    }
+
+    // 4xx: the step fails for good at once, without a retry; the run fails.
+    env.until("SELECT count(*) FROM runs WHERE status = 'failed'", 1, LONG).await;
+    let failed: (String, String) = sqlx::query_as("SELECT s.reason, s.failure_class FROM steps s WHERE s.state = 'failed'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(failed, ("github:422".to_owned(), "final".to_owned()));
+    assert_eq!(env.fake.requests_to("POST", &path(10)).len(), 1, "a 4xx is never retried");
+    assert!(env.fake.comments("acme/widgets", 10).is_empty());
+
+    // 5xx once: retried after a second, one comment.
+    // Rate limited: the step went back to pending (`deferred:rate_limited`) and ran again
+    // after GitHub's Retry-After.
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 2, LONG).await;
+    assert_eq!(env.fake.requests_to("POST", &path(11)).len(), 2);
+    assert_eq!(env.fake.comments("acme/widgets", 11).len(), 1);
+    assert_eq!(env.fake.comments("acme/widgets", 12).len(), 1);
+    let deferred: Vec<(Value, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT attrs, at FROM run_events WHERE kind = 'step.deferred' ORDER BY at").fetch_all(&env.db.pool).await.unwrap();
+    assert!(!deferred.is_empty());
+    assert_eq!(deferred[0].0["reason"], "deferred:rate_limited", "{deferred:?}");
+    assert_eq!(deferred[0].0["delay_ms"], 2000);
+    let limited = env.fake.requests_to("POST", &path(12));
+    assert_eq!(limited.len(), 2, "once limited, once after the wait");
+    let (attempt, succeeded_after): (i32, f64) = sqlx::query_as(
+        "SELECT s.attempt, extract(epoch FROM s.ended_at - e.at)::float8 FROM steps s JOIN run_events e ON e.step_id = s.step_id AND e.kind = 'step.deferred' \
+         JOIN items i ON i.item_id = (SELECT item_id FROM runs WHERE run_id = s.run_id) WHERE i.key = '[\"github\",\"acme/widgets\",12]'",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(attempt, 1, "a deferral is not an attempt");
+    assert!(succeeded_after >= 1.9, "ran again only after Retry-After: {succeeded_after:.2} s");
+
+    // The outage: the call and its retries failed, and the step waits for GitHub to come back
+    // (deferred, not failed).
+    env.until(
+        "SELECT count(*) FROM steps s JOIN runs r ON r.run_id = s.run_id JOIN items i ON i.item_id = r.item_id \
+         WHERE i.key = '[\"github\",\"acme/widgets\",13]' AND s.state = 'pending' AND s.reason = 'deferred:github_unavailable'",
+        1,
+        LONG,
+    )
+    .await;
+    assert_eq!(env.fake.requests_to("POST", &path(13)).len(), 4);
+    assert_eq!(env.scalar("SELECT count(*) FROM runs WHERE status = 'running'").await, 1);
+    println!("github outputs: 4xx, 5xx, rate limit and outage handled in {:.1} s", started.elapsed().as_secs_f64());
+    drop(_engine);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn labels_are_added_and_removed_and_the_card_moves_on_the_board() {
+    let env = GhEnv::start(&[TRIAGE]).await;
+    // The narrow queries' answers: the issue's card with the board's Status options, then the
+    // mutation's.
+    env.fake.graphql_reply(json!({ "node": { "projectItems": { "nodes": [{
+        "id": "PVTI_card7",
+        "project": { "id": "PVT_board", "field": { "id": "PVTSSF_status", "options": [
+            { "id": "opt_ready", "name": "Ready" }, { "id": "opt_progress", "name": "In progress" }, { "id": "opt_done", "name": "Done" } ] } }
+    }] } } }));
+    env.fake.graphql_reply(json!({ "updateProjectV2ItemFieldValue": { "projectV2Item": { "id": "PVTI_card7" } } }));
+    let _engine = env.engine("gh-a", None);
+    label(&env, 7, "Sort me", "triage").await;
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+
+    assert_eq!(env.fake.issue_labels("acme/widgets", 7), ["in-progress"]);
+    let graphql = env.fake.requests_to("POST", "/graphql");
+    assert_eq!(graphql.len(), 2, "{graphql:?}");
+    assert_eq!(graphql[0].body["variables"]["id"], format!("I_{}_7", env.repo.id));
+    assert_eq!(
+        graphql[1].body["variables"],
+        json!({ "project": "PVT_board", "item": "PVTI_card7", "field": "PVTSSF_status", "option": "opt_progress" })
+    );
+    assert!(graphql[1].body["query"].as_str().unwrap_or_default().contains("updateProjectV2ItemFieldValue"));
+    assert!(graphql[0].authorization.as_deref().unwrap_or_default().starts_with("Bearer ghs_"));
+    let output: Value = sqlx::query_scalar("SELECT output FROM steps WHERE node = 'move'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(output["board"]["column"], "In progress");
+    // One token served both steps: minted once, cached until five minutes before expiry.
+    assert_eq!(env.fake.requests_to("POST", "/app/installations/77/access_tokens").len(), 1);
+    drop(_engine);
+    env.finish().await;
+}

@@ -1,0 +1,761 @@
+//! Hosts as real processes: `shopfloor serve` (API and one engine, which leaves crew steps to
+//! hosts) on a test database, `shopfloor host` processes registered with registration tokens,
+//! a fake `claude` that prints real-format stream-json and edits a file, and a local bare git
+//! repository as the remote.
+//!
+//! - An issue becomes a pull request: a signed webhook, a plan on the host, an approval over
+//!   the API, a build that pushes the issue's branch, the pull request on the fake GitHub with
+//!   the agent's description, a gate on its checks; everything readable over the API after.
+//! - A crew step runs in a worktree, its session (transcript, tokens, cost) reaches the server,
+//!   and its commit is pushed to `shopfloor/<issue>-<slug>`; the next run on the issue goes on
+//!   from that branch.
+//! - A host killed with SIGKILL mid-step: the lease lapses, a second host takes the step and
+//!   completes it, and the first attempt is recorded `lease_expired`; the killed host, started
+//!   again, terminates the harness it left behind (from its journal).
+//! - A harness past its timeout is interrupted, then killed with its children.
+//! - A cancel through the API reaches a running harness within 5 s.
+//! - A draining host (SIGTERM) hands its steps back after the drain time and exits.
+//! - 200 steps across 4 hosts with 2 slots each run exactly once each.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
+use engine::store::runs::{self, NewRun};
+use engine::store::{tenants, triggers, workflows, Actor, Change};
+use engine::testkit::{test_db, TestDb};
+use serde_json::{json, Value};
+use shopfloor_tests::github_fake::payloads::{self, user};
+use shopfloor_tests::github_fake::{FakeGithub, Issue, Repo, WebhookClient};
+use shopfloor_tests::shopfloor_bin;
+
+const SECRET: &str = "host tests' webhook secret";
+
+/// A stand-in for Claude Code: reads the prompt on stdin and prints what `claude -p
+/// --output-format stream-json --verbose` prints (an init line, assistant lines with their
+/// usage, a tool result, a result line with cost, turns, tokens and modelUsage), editing
+/// CHANGES.md on the way. Words in the prompt change what it does:
+/// `@SLOW@` prints a line a second for two minutes first (on the first attempt only, unless
+/// `@ALWAYS@`); `@HANG@` ignores SIGINT and starts a child that ignores it too, then waits.
+/// It writes its pid to `$MARKS/<step>.pid` and a line per run to `$MARKS/<step>.count`.
+const FAKE_CLAUDE: &str = r#"#!/usr/bin/env bash
+set -u
+prompt=$(cat)
+sid="sess-$$"
+model="claude-sonnet-4-5-20250929"
+marks="${MARKS:?}"
+step="${SHOPFLOOR_STEP_ID:?}"
+echo "$$" > "$marks/$step.pid"
+echo "run" >> "$marks/$step.count"
+say() { printf '%s\n' "$1"; }
+assistant() {
+  say '{"type":"assistant","message":{"id":"'"$1"'","type":"message","role":"assistant","model":"'"$model"'","content":['"$2"'],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":'"$3"',"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":'"$4"',"service_tier":"standard"}},"parent_tool_use_id":null,"session_id":"'"$sid"'"}'
+}
+say '{"type":"system","subtype":"init","cwd":"'"$PWD"'","session_id":"'"$sid"'","tools":["Bash","Edit","Read"],"mcp_servers":[],"model":"'"$model"'","permissionMode":"acceptEdits","apiKeySource":"none"}'
+case "$prompt" in
+  *@HANG@*)
+    trap '' INT
+    sleep 600 &
+    echo "$!" > "$marks/$step.child"
+    assistant msg_h '{"type":"text","text":"Working on it."}' 5 3
+    wait
+    ;;
+  *@SLOW@*)
+    if [ "${SHOPFLOOR_ATTEMPT:-1}" = 1 ] || [[ "$prompt" == *@ALWAYS@* ]]; then
+      for i in $(seq 1 120); do
+        assistant "msg_s$i" '{"type":"text","text":"thinking '"$i"'"}' 1 1
+        sleep 1
+      done
+    fi
+    ;;
+esac
+assistant msg_1 '{"type":"tool_use","id":"toolu_1","name":"Edit","input":{"file_path":"CHANGES.md"}}' 12 20
+echo "- $SHOPFLOOR_NODE of $SHOPFLOOR_RUN_ID, attempt $SHOPFLOOR_ATTEMPT" >> CHANGES.md
+say '{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_1","type":"tool_result","content":"The file CHANGES.md has been updated."}]},"parent_tool_use_id":null,"session_id":"'"$sid"'"}'
+answer="Added a line to CHANGES.md.\n\nPULL REQUEST\nAdd a line to CHANGES.md\n\nSo that the change shows."
+assistant msg_2 '{"type":"text","text":"'"$answer"'"}' 30 15
+say '{"type":"result","subtype":"success","is_error":false,"duration_ms":1234,"duration_api_ms":1100,"num_turns":2,"result":"'"$answer"'","session_id":"'"$sid"'","total_cost_usd":0.012345678,"usage":{"input_tokens":42,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":35,"service_tier":"standard"},"modelUsage":{"'"$model"'":{"inputTokens":42,"outputTokens":35,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"webSearchRequests":0,"costUSD":0.012345678,"contextWindow":200000}},"permission_denials":[],"uuid":"u-1"}'
+"#;
+
+/// Two crew steps on the issue's repository; a pull request is opened from `build`'s work
+/// later, so `build` is asked for its description.
+const PLAN_BUILD: &str = r#"name: plan-build
+nodes:
+  plan:
+    crew: { harness: claude-code, prompt: "Plan {{ input.title }}" }
+    requires: [linux, "harness:claude-code"]
+  build:
+    after: [plan]
+    crew: { harness: claude-code, prompt: "Build it: {{ nodes.plan.output.text }}" }
+    requires: [linux, "harness:claude-code"]
+  open_pr:
+    after: [build]
+    output: { github: pull_request }
+"#;
+
+/// DESIGN.md's issue-to-PR: a labelled issue, a plan, a person's go-ahead, the build, a pull
+/// request from the build's branch with the description the agent wrote, and CI on it.
+const ISSUE_TO_PR: &str = r#"name: issue-to-pr
+on:
+  github:
+    events: [issues.labeled]
+    if: "'ready-for-agent' in item.labels && item.state == 'open'"
+nodes:
+  plan:
+    crew: { harness: claude-code, model: claude-sonnet-4-5, prompt: "Plan the work for {{ item.title }} (#{{ item.number }})." }
+    requires: [linux, "harness:claude-code"]
+  review_plan:
+    after: [plan]
+    approval: { prompt: "Go ahead with this plan?" }
+  build:
+    after: [review_plan]
+    crew: { harness: claude-code, prompt: "Implement: {{ nodes.plan.output.text }}" }
+    requires: [linux, "harness:claude-code"]
+  open_pr:
+    after: [build]
+    output: { github: pull_request }
+  ci:
+    after: [open_pr]
+    gate: { checks: [test] }
+"#;
+
+const ONE: &str = r#"name: one
+nodes:
+  work:
+    crew: { harness: claude-code, prompt: "{{ input.words }}" }
+    requires: ["harness:claude-code"]
+"#;
+
+const TIMED: &str = r#"name: timed
+nodes:
+  work:
+    crew: { harness: claude-code, prompt: "@HANG@", caps: { timeout: 3s } }
+    requires: ["harness:claude-code"]
+"#;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn sh(dir: &Path, script: &str) {
+    let out = Command::new("sh").arg("-c").arg(script).current_dir(dir).output().unwrap();
+    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn git_out(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git").args(args).current_dir(dir).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Proc {
+    fn sigkill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            self.sigkill();
+        }
+    }
+}
+
+struct Env {
+    db: TestDb,
+    _server: Proc,
+    /// GitHub on loopback, when the server acts as the GitHub App.
+    github: Option<FakeGithub>,
+    base: String,
+    dir: tempfile::TempDir,
+    org: OrgId,
+    project: ProjectId,
+    workflows: Vec<(String, WorkflowId)>,
+    owner_token: String,
+}
+
+impl Env {
+    /// `shopfloor serve` on a test database with org `acme`, project `web`, the workflows,
+    /// `acme/widgets` connected, and a bare repository for it with one commit on `main`.
+    async fn start(sources: &[&str]) -> Env {
+        Env::start_with(sources, false).await
+    }
+
+    /// As `start`; with `github`, the server is the GitHub App against the fake GitHub
+    /// (outputs, installation tokens) and takes signed webhooks.
+    async fn start_with(sources: &[&str], github: bool) -> Env {
+        let db = test_db().await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+        let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
+        let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
+        let mut wfs = Vec::new();
+        for source in sources {
+            let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
+            let (id, _) = workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
+            wfs.push((def.name.clone(), id));
+        }
+        triggers::connect_repository(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
+        let owner_token = api::auth::issue_user_token(
+            &mut ch,
+            api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "test", ttl: chrono::Duration::hours(2) },
+        )
+        .await
+        .unwrap();
+        ch.commit().await.unwrap();
+
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("remotes/acme")).unwrap();
+        std::fs::create_dir_all(d.join("marks")).unwrap();
+        sh(d, "git init -q --bare -b main remotes/acme/widgets.git && git clone -q remotes/acme/widgets.git seed 2>/dev/null \
+               && cd seed && echo '# widgets' > README.md && mkdir -p .github && echo '## What and why' > .github/pull_request_template.md \
+               && git add -A && git -c user.name=t -c user.email=t@example.com commit -q -m init && git push -q origin HEAD:main");
+        let fake = d.join("claude");
+        std::fs::write(&fake, FAKE_CLAUDE).unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+        let port = free_port();
+        let mut cmd = Command::new(shopfloor_bin());
+        cmd.args(["serve", "--log", "warn"])
+            .env("DATABASE_URL", &db.url)
+            .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SHOPFLOOR_DRAIN_SECS", "2")
+            .env("SHOPFLOOR_DB_CONNECTIONS", "16")
+            .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let fake = if github { Some(FakeGithub::start().await) } else { None };
+        if let Some(fake) = &fake {
+            cmd.env("SHOPFLOOR_GITHUB_APP_ID", "1")
+                .env("SHOPFLOOR_GITHUB_APP_KEY_FILE", PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake/test_app_key.pem"))
+                .env("SHOPFLOOR_GITHUB_API_URL", &fake.url)
+                .env("SHOPFLOOR_GITHUB_GRAPHQL_URL", format!("{}/graphql", fake.url))
+                .env("SHOPFLOOR_GITHUB_TIMEOUT_SECS", "2");
+        }
+        let child = cmd.spawn().expect("spawn shopfloor serve");
+        let env = Env { db, _server: Proc(child), github: fake, base: format!("http://127.0.0.1:{port}"), dir, org, project, workflows: wfs, owner_token };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !reqwest::get(format!("{}/readyz", env.base)).await.is_ok_and(|r| r.status().is_success()) {
+            assert!(Instant::now() < deadline, "shopfloor serve never became ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        env
+    }
+
+    /// Stops the server, checks that no due wake was left unclaimed, and drops the database.
+    async fn finish(self) {
+        let Env { db, _server, dir, github, .. } = self;
+        drop(_server);
+        drop(github);
+        db.finish().await;
+        drop(dir);
+    }
+
+    fn marks(&self) -> PathBuf {
+        self.dir.path().join("marks")
+    }
+
+    /// A registration token for one host, made through the API as an admin would.
+    async fn registration(&self) -> String {
+        let made: Value = reqwest::Client::new()
+            .post(format!("{}/api/v1/orgs/acme/projects/web/host-registrations", self.base))
+            .bearer_auth(&self.owner_token)
+            .json(&json!({ "name": "test host" }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        made["token"].as_str().unwrap_or_else(|| panic!("no token in {made}")).to_owned()
+    }
+
+    /// Starts `shopfloor host` with its own work directory (reused when started again).
+    async fn host(&self, name: &str, slots: u32) -> Proc {
+        let work = self.dir.path().join("hosts").join(name);
+        let token = if work.join("credential.json").exists() { String::new() } else { self.registration().await };
+        let child = Command::new(shopfloor_bin())
+            .args(["host", "--log", &std::env::var("HOST_LOG").unwrap_or_else(|_| "warn".into()), "--capabilities", "linux,harness:claude-code"])
+            .arg("--server")
+            .arg(&self.base)
+            .arg("--name")
+            .arg(name)
+            .arg("--max-concurrent")
+            .arg(slots.to_string())
+            .arg("--work-dir")
+            .arg(&work)
+            .arg("--claude-command")
+            .arg(self.dir.path().join("claude"))
+            .arg("--git-url-template")
+            .arg(format!("{}/remotes/{{repo}}.git", self.dir.path().display()))
+            .env("SHOPFLOOR_HOST_TOKEN", token)
+            .env("SHOPFLOOR_HOST_INTERRUPT_GRACE_SECS", "2")
+            .env("SHOPFLOOR_HOST_HEARTBEAT_SECS", "2")
+            .env("SHOPFLOOR_DRAIN_SECS", "2")
+            .env("MARKS", self.marks())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn shopfloor host");
+        Proc(child)
+    }
+
+    fn workflow(&self, name: &str) -> WorkflowId {
+        self.workflows.iter().find(|w| w.0 == name).map(|w| w.1).expect("a test workflow")
+    }
+
+    async fn submit(&self, workflow: &str, inputs: Vec<Value>) -> Vec<RunId> {
+        let mut ids = Vec::new();
+        for chunk in inputs.chunks(100) {
+            let mut ch = Change::begin(&self.db.pool, Actor::System).await.unwrap();
+            for input in chunk {
+                let new = NewRun {
+                    org: self.org,
+                    project: self.project,
+                    workflow: self.workflow(workflow),
+                    version: 1,
+                    input: input.clone(),
+                    item: None,
+                    trigger_event: None,
+                    parent: None,
+                    dry_run: false,
+                    needs_approval: false,
+                    source: None,
+                };
+                ids.push(runs::submit(&mut ch, new).await.unwrap());
+            }
+            ch.commit().await.unwrap();
+        }
+        ids
+    }
+
+    /// Waits until `sql` ($1 = the run) is true.
+    async fn until(&self, run: RunId, sql: &str, limit: Duration, what: &str) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let done: bool = sqlx::query_scalar(sql).bind(run).fetch_one(&self.db.pool).await.unwrap();
+            if done {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let steps: Vec<(String, i32, String, Option<String>)> =
+                    sqlx::query_as("SELECT node, attempt, state, coalesce(reason, holder) FROM steps WHERE run_id = $1 ORDER BY started_seq")
+                        .bind(run)
+                        .fetch_all(&self.db.pool)
+                        .await
+                        .unwrap_or_default();
+                panic!("{run}: never {what}; its steps: {steps:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn status(&self, run: RunId) -> (String, Option<String>) {
+        sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(run).fetch_one(&self.db.pool).await.unwrap()
+    }
+
+    /// The one step of `node` that is running, with the pid its harness wrote down.
+    async fn running_harness(&self, run: RunId, node: &str) -> (String, i32) {
+        self.until(run, &format!("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = '{node}' AND state = 'running')"), Duration::from_secs(30), "ran").await;
+        let step: engine::ids::StepId =
+            sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = $2 AND state = 'running'").bind(run).bind(node).fetch_one(&self.db.pool).await.unwrap();
+        let path = self.marks().join(format!("{step}.pid"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(pid) = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok()) {
+                return (step.to_string(), pid);
+            }
+            assert!(Instant::now() < deadline, "the harness of {step} never started");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Whether a process runs (a zombie does not).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|state| state != "Z"),
+        Err(_) => false,
+    }
+}
+
+/// Live processes of a process group.
+fn group(pgid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(i) = stat.rfind(')') else { continue };
+        let f: Vec<&str> = stat[i + 1..].split_whitespace().collect();
+        if f.first() != Some(&"Z") && f.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_runs_crew_steps_in_worktrees_and_pushes_the_branch() {
+    let env = Env::start(&[PLAN_BUILD]).await;
+    let _host = env.host("solo", 2).await;
+    let run = env.submit("plan-build", vec![json!({ "repository": "acme/widgets", "issue": 7, "title": "Add a widget!" })]).await[0];
+    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'succeeded')", Duration::from_secs(60), "built").await;
+
+    // The branch of the issue holds both steps' commits (build went on from plan's).
+    let remote = env.dir.path().join("remotes/acme/widgets.git");
+    let log = git_out(&remote, &["log", "--format=%s", "shopfloor/7-add-a-widget"]);
+    assert_eq!(log.lines().collect::<Vec<_>>(), ["build: Add a widget!", "plan: Add a widget!", "init"], "{log}");
+    let changes = git_out(&remote, &["show", "shopfloor/7-add-a-widget:CHANGES.md"]);
+    assert_eq!(changes.lines().count(), 2, "{changes}");
+
+    // The output: answer, files, branch, head, commits, the PR body the agent wrote, figures.
+    let (output, holder): (Value, String) =
+        sqlx::query_as("SELECT output, holder FROM steps WHERE run_id = $1 AND node = 'build'").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    assert!(holder.starts_with("host:"), "{holder}");
+    assert_eq!(output["branch"], "shopfloor/7-add-a-widget");
+    assert_eq!(output["files_changed"], 1);
+    assert_eq!(output["files"], json!(["CHANGES.md"]));
+    assert_eq!(output["head_sha"], git_out(&remote, &["rev-parse", "shopfloor/7-add-a-widget"]));
+    assert_eq!(output["commits"].as_array().map(Vec::len), Some(1));
+    assert_eq!(output["pr_body"], "Closes #7\n\nAdd a line to CHANGES.md\n\nSo that the change shows.");
+    assert_eq!(output["usage"]["cost_usd"], 0.012346);
+    assert_eq!((output["usage"]["input_tokens"].as_i64(), output["usage"]["output_tokens"].as_i64(), output["usage"]["turns"].as_i64()), (Some(42), Some(35), Some(2)));
+    assert_eq!(output["usage"]["model"], "claude-sonnet-4-5-20250929");
+    // plan is not followed by a pull request of its own work: no description asked of it.
+    let plan: Value = sqlx::query_scalar("SELECT output FROM steps WHERE run_id = $1 AND node = 'plan'").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    assert!(plan.get("pr_body").is_none() && plan["text"].as_str().is_some_and(|t| t.starts_with("Added a line")), "{plan}");
+
+    // The session: transcript lines in order, the figures, and a step.session event.
+    let streams: Vec<String> = sqlx::query_scalar(
+        "SELECT l.stream FROM step_logs l JOIN steps s USING (step_id) WHERE s.run_id = $1 AND s.node = 'build' ORDER BY l.seq",
+    )
+    .bind(run)
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(streams, ["system", "assistant", "tool_result", "assistant", "result"]);
+    let (cost, tokens): (f64, i64) = sqlx::query_as(
+        "SELECT cost_usd::float8, input_tokens + output_tokens FROM step_sessions JOIN steps s USING (step_id) WHERE s.run_id = $1 AND s.node = 'build'",
+    )
+    .bind(run)
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!((cost, tokens), (0.012346, 77));
+    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 AND node = 'build' ORDER BY seq").bind(run).fetch_all(&env.db.pool).await.unwrap();
+    assert_eq!(kinds, ["step.created", "step.leased", "step.running", "step.succeeded", "step.session"]);
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor_kind = 'host' AND action IN ('step.running', 'step.succeeded', 'step.session')")
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 6, "two steps, three host changes each");
+
+    // Readable over the API: the transcript of the step.
+    let step: String = sqlx::query_scalar::<_, engine::ids::StepId>("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'build'")
+        .bind(run)
+        .fetch_one(&env.db.pool)
+        .await
+        .map(|s| s.to_string())
+        .unwrap();
+    let logs: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}/steps/{step}/logs", env.base))
+        .bearer_auth(&env.owner_token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(logs["items"].as_array().map(Vec::len), Some(5), "{logs}");
+
+    // Nothing left behind on the host: no journal entry, no worktree.
+    let work = env.dir.path().join("hosts/solo");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(work.join("journal")).map(|d| d.count()).unwrap_or(0) > 0 {
+        assert!(Instant::now() < deadline, "journal entries left behind");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(std::fs::read_dir(work.join("attempts")).map(|d| d.count()).unwrap_or(0), 0);
+    drop(_host);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_hosts_step_is_taken_back_and_completed_by_another_host() {
+    let env = Env::start(&[ONE]).await;
+    let mut victim = env.host("victim", 1).await;
+    let run = env.submit("one", vec![json!({ "words": "@SLOW@" })]).await[0];
+    let (first_step, orphan) = env.running_harness(run, "work").await;
+    victim.sigkill();
+    let killed_at = Instant::now();
+    let _survivor = env.host("survivor", 1).await;
+
+    env.until(run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(120), "ended").await;
+    assert_eq!(env.status(run).await, ("completed".to_owned(), None));
+    // Taken back within the lease (30 s) and its grace (15 s), and the second attempt is quick.
+    assert!(killed_at.elapsed() < Duration::from_secs(60), "took {:?}", killed_at.elapsed());
+    let attempts: Vec<(i32, String, Option<String>, String)> =
+        sqlx::query_as("SELECT attempt, state, reason, holder FROM steps WHERE run_id = $1 AND node = 'work' ORDER BY attempt")
+            .bind(run)
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!((attempts[0].1.as_str(), attempts[0].2.as_deref()), ("failed", Some("lease_expired")));
+    assert_eq!(attempts[1].1, "succeeded");
+    assert_ne!(attempts[0].3, attempts[1].3, "another host ran the second attempt");
+
+    // The victim's harness outlived it (its output goes to a file); started again, the victim
+    // finds it in its journal, sees the step moved on, and terminates it.
+    assert!(alive(orphan), "the orphaned harness should still run");
+    let _victim_again = env.host("victim", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while alive(orphan) || !group(orphan).is_empty() {
+        assert!(Instant::now() < deadline, "the restarted host did not terminate the orphaned harness");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let journal = env.dir.path().join("hosts/victim/journal").join(format!("{first_step}.json"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while journal.exists() {
+        assert!(Instant::now() < deadline, "the journal entry was not settled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Nothing more was reported for the first attempt.
+    let (state, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT state, reason FROM steps WHERE run_id = $1 AND attempt = 1").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!((state.as_str(), reason.as_deref()), ("failed", Some("lease_expired")));
+    drop((_survivor, _victim_again));
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_harness_past_its_timeout_is_interrupted_then_killed_with_its_children() {
+    let env = Env::start(&[TIMED]).await;
+    let _host = env.host("timer", 1).await;
+    let run = env.submit("timed", vec![json!({})]).await[0];
+    let (step, harness) = env.running_harness(run, "work").await;
+    let child_path = env.marks().join(format!("{step}.child"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let child: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&child_path).ok().and_then(|t| t.trim().parse().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the harness never started its child");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(alive(harness) && alive(child));
+
+    // 3 s timeout, SIGINT (ignored by both), 2 s grace, then the group is killed.
+    env.until(run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(30), "ended").await;
+    let (state, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT state, reason FROM steps WHERE run_id = $1 AND node = 'work'").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!((state.as_str(), reason.as_deref()), ("failed", Some("timeout")));
+    assert_eq!(env.status(run).await.0, "failed");
+    assert!(!alive(harness) && !alive(child), "harness {harness} or its child {child} still runs");
+    assert!(group(harness).is_empty(), "processes left in the harness's group: {:?}", group(harness));
+    // The session still has the harness's tokens; no result line, so no cost.
+    let (tokens, cost): (i64, Option<f64>) = sqlx::query_as("SELECT input_tokens + output_tokens, cost_usd::float8 FROM step_sessions WHERE run_id = $1")
+        .bind(run)
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!((tokens, cost), (8, None));
+    drop(_host);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_through_the_api_stops_the_harness_within_five_seconds() {
+    let env = Env::start(&[ONE]).await;
+    let _host = env.host("canceller", 1).await;
+    let run = env.submit("one", vec![json!({ "words": "@SLOW@ @ALWAYS@" })]).await[0];
+    let (_, harness) = env.running_harness(run, "work").await;
+    // Let it settle into its long-poll and heartbeats.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked = Instant::now();
+    let answer = reqwest::Client::new()
+        .post(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}/cancel", env.base))
+        .bearer_auth(&env.owner_token)
+        .json(&json!({ "reason": "changed my mind" }))
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{}", answer.text().await.unwrap_or_default());
+    while alive(harness) || !group(harness).is_empty() {
+        assert!(asked.elapsed() < Duration::from_secs(5), "the harness still runs {:?} after the cancel", asked.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("cancel reached the harness in {:?}", asked.elapsed());
+    let (state, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT state, reason FROM steps WHERE run_id = $1 AND node = 'work'").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!((state.as_str(), reason.as_deref()), ("cancelled", Some("cancelled: changed my mind")));
+    drop(_host);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_issue_becomes_a_pull_request_through_a_host() {
+    let env = Env::start_with(&[ISSUE_TO_PR], true).await;
+    let fake = env.github.as_ref().expect("the fake GitHub");
+    let repo = Repo::new("Acme/Widgets", 77);
+    let mut issue = Issue::new(7, "Add a widget");
+    issue.labels.push("ready-for-agent".into());
+    fake.put_issue("acme/widgets", issue.json(&repo));
+    let _host = env.host("solo", 2).await;
+    let api = |path: String| reqwest::Client::new().get(format!("{}/api/v1/orgs/acme/projects/web{path}", env.base)).bearer_auth(&env.owner_token);
+
+    // A signed `issues.labeled` webhook opens the run.
+    let hooks = WebhookClient::new(&env.base, SECRET);
+    let (status, answer) = hooks.send("issues", "delivery-1", &payloads::issues_event("labeled", &repo, &issue, &user("alice"), Some("ready-for-agent"))).await;
+    assert_eq!((status, answer["runs_opened"].as_i64()), (202, Some(1)), "{answer}");
+    let run: RunId = sqlx::query_scalar("SELECT run_id FROM runs").fetch_one(&env.db.pool).await.unwrap();
+
+    // The plan runs on the host; a person approves it over the API.
+    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'review_plan' AND state = 'waiting')", Duration::from_secs(30), "asked for approval").await;
+    let approved = reqwest::Client::new()
+        .post(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/review_plan", env.base))
+        .bearer_auth(&env.owner_token)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert!(approved.status().is_success(), "{}", approved.text().await.unwrap_or_default());
+
+    // The build commits and pushes the issue's branch; the pull request is opened from it.
+    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI").await;
+    let remote = env.dir.path().join("remotes/acme/widgets.git");
+    let pushed = git_out(&remote, &["log", "--format=%s", "shopfloor/7-add-a-widget"]);
+    assert_eq!(pushed.lines().collect::<Vec<_>>(), ["build: Add a widget", "plan: Add a widget", "init"]);
+    let pulls = fake.pulls("acme/widgets");
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    let pr = &pulls[0];
+    assert_eq!(pr["head"]["ref"], "shopfloor/7-add-a-widget");
+    let body = pr["body"].as_str().unwrap_or_default();
+    assert!(body.starts_with("Closes #7") && body.contains("Add a line to CHANGES.md"), "{body}");
+    // The assignments carried installation tokens for the repository, minted by the App.
+    assert!(!fake.requests_to("POST", "/app/installations/77/access_tokens").is_empty());
+
+    // CI reports on the pull request's head: the gate passes and the run completes.
+    let head = pr["head"]["sha"].as_str().unwrap().to_owned();
+    let number = pr["number"].as_i64().unwrap();
+    let (status, _) = hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &head, "completed", Some("success"), &[number])).await;
+    assert_eq!(status, 202);
+    env.until(run, "SELECT status = 'completed' FROM runs WHERE run_id = $1", Duration::from_secs(30), "completed").await;
+
+    // Afterwards, over the API: the run's events, its audit entries, the session transcripts,
+    // cost and tokens.
+    let detail: Value = api(format!("/runs/{run}")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(detail["status"], "completed", "{detail}");
+    let events: Value = api(format!("/runs/{run}/events?limit=200")).send().await.unwrap().json().await.unwrap();
+    let kinds: Vec<&str> = events["items"].as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "step.session").count(), 2, "{kinds:?}");
+    let session = events["items"].as_array().unwrap().iter().find(|e| e["kind"] == "step.session" && e["node"] == "build").unwrap();
+    assert_eq!((session["attrs"]["cost_usd"].as_f64(), session["attrs"]["output_tokens"].as_i64()), (Some(0.012346), Some(35)));
+    let build = detail["steps"].as_array().unwrap().iter().find(|s| s["node"] == "build").unwrap_or_else(|| panic!("{detail}"));
+    let step = build["id"].as_str().or_else(|| build["step"].as_str()).unwrap_or_else(|| panic!("{build}")).to_owned();
+    let logs: Value = api(format!("/runs/{run}/steps/{step}/logs")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(logs["items"].as_array().map(Vec::len), Some(5), "{logs}");
+    let audit: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/orgs/acme/audit?limit=200", env.base))
+        .bearer_auth(&env.owner_token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let by_host = audit["items"].as_array().unwrap().iter().filter(|a| a["actor_kind"] == "host").count();
+    assert!(by_host >= 8, "the host's leases, starts, results and sessions are audited: {by_host}");
+    drop(_host);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_draining_host_hands_its_steps_back_and_exits() {
+    let env = Env::start(&[ONE]).await;
+    let mut leaving = env.host("leaving", 1).await;
+    let run = env.submit("one", vec![json!({ "words": "@SLOW@" })]).await[0];
+    let (_, harness) = env.running_harness(run, "work").await;
+    // SIGTERM: no more claims; the step may go on for the drain time (2 s here, set below),
+    // then it is stopped and handed back, and the host exits.
+    // SAFETY: a signal to our own child.
+    unsafe {
+        libc::kill(leaving.0.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = leaving.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the draining host did not exit");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!alive(harness) && group(harness).is_empty(), "the handed-back harness still runs");
+    let first: (String, Option<String>, Option<String>) =
+        sqlx::query_as("SELECT state, reason, failure_class FROM steps WHERE run_id = $1 AND attempt = 1").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(first, ("failed".to_owned(), Some("host_draining".to_owned()), Some("infrastructure".to_owned())));
+    // Retried by itself, on a host that stays.
+    let _stays = env.host("stays", 1).await;
+    env.until(run, "SELECT status = 'completed' FROM runs WHERE run_id = $1", Duration::from_secs(30), "completed").await;
+    drop(_stays);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_steps_on_four_hosts_with_two_slots_each_run_exactly_once() {
+    let env = Env::start(&[ONE]).await;
+    let mut hosts = Vec::new();
+    for i in 0..4 {
+        hosts.push(env.host(&format!("h{i}"), 2).await);
+    }
+    let started = Instant::now();
+    let runs = env.submit("one", (0..200).map(|i| json!({ "words": format!("quick {i}") })).collect()).await;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'running'").fetch_one(&env.db.pool).await.unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} runs still running");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = started.elapsed();
+    let completed: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'completed'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(completed, runs.len() as i64);
+    let steps: Vec<(engine::ids::StepId, String)> = sqlx::query_as("SELECT step_id, holder FROM steps WHERE node = 'work'").fetch_all(&env.db.pool).await.unwrap();
+    assert_eq!(steps.len(), 200, "one attempt per run: no step was retried");
+    // Each step's harness ran exactly once: one line in its counter file.
+    for (step, _) in &steps {
+        let count = std::fs::read_to_string(env.marks().join(format!("{step}.count"))).unwrap_or_default().lines().count();
+        assert_eq!(count, 1, "{step} ran {count} times");
+    }
+    let counters = std::fs::read_dir(env.marks()).unwrap().flatten().filter(|f| f.file_name().to_string_lossy().ends_with(".count")).count();
+    assert_eq!(counters, 200);
+    let mut by_host: Vec<(String, usize)> = Vec::new();
+    for (_, holder) in &steps {
+        match by_host.iter_mut().find(|h| &h.0 == holder) {
+            Some(h) => h.1 += 1,
+            None => by_host.push((holder.clone(), 1)),
+        }
+    }
+    assert_eq!(by_host.len(), 4, "every host took part: {by_host:?}");
+    // Never more than two at once on one host: the server counts slots under the host's lock.
+    let overlap: i64 = sqlx::query_scalar(
+        "SELECT coalesce(max(n), 0) FROM (SELECT a.step_id, count(*) AS n FROM steps a JOIN steps b ON a.holder = b.holder \
+           AND b.started_at <= a.started_at AND b.ended_at > a.started_at WHERE a.node = 'work' GROUP BY a.step_id) o",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert!(overlap <= 2, "a host ran {overlap} steps at once");
+    eprintln!("200 steps on 4 hosts x 2 slots in {took:?}; per host {by_host:?}");
+    drop(hosts);
+    env.finish().await;
+}
