@@ -73,7 +73,7 @@ impl Ran {
 /// token.
 struct Server {
     db: TestDb,
-    child: Child,
+    child: KillOnDrop,
     base: String,
     token: String,
     home: tempfile::TempDir,
@@ -92,6 +92,7 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
+            .map(KillOnDrop)
             .expect("spawn shopfloor serve");
         let base = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::new();
@@ -189,10 +190,23 @@ impl Server {
     async fn finish(mut self) {
         // SAFETY: signalling our own child by its pid.
         unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+            libc::kill(self.child.0.id() as libc::pid_t, libc::SIGTERM);
         }
-        let _ = self.child.wait();
+        let _ = self.child.0.wait();
         self.db.finish().await;
+    }
+}
+
+/// A child process that a test that panics still stops (`shopfloor serve`, whose database a
+/// later test sweeps; a `--watch` that would otherwise wait for its server forever).
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
@@ -511,9 +525,9 @@ async fn runs_list_watch_prints_each_change_from_the_event_stream() {
     s.cli(&["workflows", "push", quick.to_str().unwrap()]).ok();
     let first = s.cli(&["runs", "submit", "quick"]).ok().stdout.trim().to_owned();
     s.until(&first, "completed", |r| r["status"] == "completed").await;
-    let mut watch = s.with_env(s.command(&["runs", "list", "--watch", "--workflow", "quick"])).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut watch = KillOnDrop(s.with_env(s.command(&["runs", "list", "--watch", "--workflow", "quick"])).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
     let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let out = watch.stdout.take().unwrap();
+    let out = watch.0.stdout.take().unwrap();
     std::thread::spawn(move || {
         use std::io::BufRead as _;
         for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
@@ -536,8 +550,7 @@ async fn runs_list_watch_prints_each_change_from_the_event_stream() {
         }
     }
     assert!(seen.iter().any(|l| l.starts_with(&run) && l.contains("running")), "{seen:#?}");
-    let _ = watch.kill();
-    let _ = watch.wait();
+    drop(watch);
     s.until(&run, "completed", |r| r["status"] == "completed").await;
     s.finish().await;
 }

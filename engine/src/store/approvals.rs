@@ -138,7 +138,7 @@ async fn find_open(ch: &mut Change, run: RunId, node: &str) -> Result<Open> {
 }
 
 async fn record(ch: &mut Change, step: StepId, decision: &str, answer: &Value) -> Result<()> {
-    let by = format!("{:?}", ch.actor);
+    let by = ch.actor.label();
     sqlx::query("UPDATE approvals SET decision = $2, answer = $3, decided_by = $4, decided_at = now() WHERE step_id = $1")
         .bind(step)
         .bind(decision)
@@ -206,7 +206,7 @@ pub async fn answer_dry(ch: &mut Change, run: RunId, step: StepId) -> Result<Val
 /// answer them any more; each writes `run.wait_withdrawn`.
 pub(super) async fn withdraw_open(ch: &mut Change, run: RunId) -> Result<()> {
     ch.locked(run)?;
-    let by = format!("{:?}", ch.actor);
+    let by = ch.actor.label();
     let withdrawn: Vec<(StepId, String)> = sqlx::query_as(
         "UPDATE approvals SET decision = 'withdrawn', decided_by = $2, decided_at = now() \
          WHERE run_id = $1 AND decision IS NULL RETURNING step_id, node",

@@ -52,6 +52,11 @@ pub enum Actor {
 }
 
 impl Actor {
+    /// `kind:id`, as recorded in `created_by`/`decided_by` columns.
+    pub fn label(&self) -> String {
+        format!("{}:{}", self.kind(), self.id())
+    }
+
     fn kind(&self) -> &'static str {
         match self {
             Actor::User(_) => "user",

@@ -168,6 +168,17 @@ pub struct Claimed {
     pub room: u32,
 }
 
+/// A host's held steps ($1 its holder string), against its slots.
+pub const HELD_SQL: &str = "SELECT count(*) FROM steps WHERE holder = $1 AND state IN ('leased', 'running')";
+
+/// Ready crew steps a host may take ($1 org, $2 project, $3 its capabilities, $4 how many),
+/// oldest first.
+pub const CANDIDATES_SQL: &str = "SELECT s.step_id, s.run_id FROM steps s JOIN runs r ON r.run_id = s.run_id \
+     WHERE s.org_id = $1 AND s.state = 'pending' AND s.kind = 'crew' AND s.requires <@ $3::text[] \
+       AND (s.not_before IS NULL OR s.not_before <= now()) \
+       AND r.project_id = $2 AND r.status = 'running' AND NOT r.dry_run \
+     ORDER BY s.created_at, s.step_id LIMIT $4";
+
 /// Leases up to `want` ready crew steps (within the host's free slots) to `host`.
 pub async fn claim(pool: &PgPool, catalog: &Catalog, host: &HostRow, want: u32) -> Result<Claimed> {
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
@@ -180,7 +191,7 @@ pub async fn claim(pool: &PgPool, catalog: &Catalog, host: &HostRow, want: u32) 
             .await?;
     let (capabilities, max) = fresh.ok_or(StoreError::NotFound("host"))?;
     let me = holder(host.host_id);
-    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM steps WHERE holder = $1 AND state IN ('leased', 'running')")
+    let held: i64 = sqlx::query_scalar(HELD_SQL)
         .bind(&me)
         .fetch_one(&mut *ch.tx)
         .await?;
@@ -190,13 +201,7 @@ pub async fn claim(pool: &PgPool, catalog: &Catalog, host: &HostRow, want: u32) 
         return Ok(claimed);
     }
     // A few more than there is room for, so that steps of runs an engine holds have stand-ins.
-    let candidates: Vec<(StepId, RunId)> = sqlx::query_as(
-        "SELECT s.step_id, s.run_id FROM steps s JOIN runs r ON r.run_id = s.run_id \
-         WHERE s.org_id = $1 AND s.state = 'pending' AND s.kind = 'crew' AND s.requires <@ $3::text[] \
-           AND (s.not_before IS NULL OR s.not_before <= now()) \
-           AND r.project_id = $2 AND r.status = 'running' AND NOT r.dry_run \
-         ORDER BY s.created_at, s.step_id LIMIT $4",
-    )
+    let candidates: Vec<(StepId, RunId)> = sqlx::query_as(CANDIDATES_SQL)
     .bind(host.org_id)
     .bind(host.project_id)
     .bind(&capabilities)

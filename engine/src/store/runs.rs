@@ -95,7 +95,7 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
         None
     };
     let (admitted, starts) = admission.as_ref().map_or((true, true), |(_, plan)| (plan.admitted(), plan.starts()));
-    let created_by = format!("{:?}", ch.actor);
+    let created_by = ch.actor.label();
     sqlx::query(
         "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, item_id, trigger_event_id, \
                            parent_run_id, parent_step_id, source_run_id, source_from_node, needs_approval, input, \

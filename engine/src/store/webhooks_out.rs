@@ -76,7 +76,7 @@ pub async fn create(ch: &mut Change, org: OrgId, project: ProjectId, url: &str, 
         }
     };
     let id = Uuid::now_v7();
-    let by = cap(&format!("{:?}", ch.actor()));
+    let by = cap(&ch.actor().label());
     sqlx::query(
         "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )

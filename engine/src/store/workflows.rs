@@ -35,7 +35,7 @@ pub async fn put_version(ch: &mut Change, org: OrgId, project: ProjectId, name: 
         return Ok((workflow, latest.0));
     }
     let version = latest.0 + 1;
-    let by = format!("{:?}", ch.actor);
+    let by = ch.actor.label();
     sqlx::query(
         "INSERT INTO workflow_versions (org_id, workflow_id, version, source, sha256, created_by) VALUES ($1, $2, $3, $4, $5, $6)",
     )

@@ -207,3 +207,24 @@ async fn a_completion_is_fenced_on_the_holder_and_wakes_the_run() {
     assert!(matches!(hosts::complete(&db.pool, &host, step, &done).await, Err(StoreError::Stale(_))));
     db.discard().await;
 }
+
+#[tokio::test]
+async fn the_claims_lookups_use_their_indexes() {
+    let db = test_db().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    // The tables are empty: forbid scans, and check that an index serves each lookup.
+    sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
+    let explain = |sql: &str| format!("EXPLAIN {sql}");
+    let candidates = hosts::CANDIDATES_SQL
+        .replace("$1", "gen_random_uuid()")
+        .replace("$2", "gen_random_uuid()")
+        .replace("$3::text[]", "'{linux}'::text[]")
+        .replace("$4", "8");
+    for (index, sql) in [("steps_claimable", candidates), ("steps_by_holder", hosts::HELD_SQL.replace("$1", "'host:x'"))] {
+        let plan: Vec<String> = sqlx::query_scalar(&explain(&sql)).fetch_all(&mut *conn).await.unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains(index), "{sql}\nshould use {index}:\n{plan}");
+    }
+    drop(conn);
+    db.discard().await;
+}
