@@ -14,8 +14,9 @@
 //! - `members`, `tokens`, `projects`, `repositories`, `workflows`, `runs`, `hosts`, `audit` — the resources.
 //! - `host_protocol` — what `shopfloor host` calls: register, claim (a long poll), start,
 //!   heartbeat, session reports, complete.
-//! - `admission`, `budgets`, `webhooks_out` — the org's cap, project pause and retention;
-//!   budgets and spend; outgoing webhooks with their delivery log and replay.
+//! - `admission`, `budgets`, `webhooks_out`, `operator` — the org's cap, project pause and
+//!   retention; budgets and spend; outgoing webhooks with their delivery log and replay;
+//!   resolving a failed run, cycle-budget asks and their reset.
 //! - `openapi` — the document's header, security scheme and shared problem responses.
 
 pub mod admission;
@@ -31,6 +32,7 @@ pub mod hosts;
 pub mod idempotency;
 pub mod members;
 pub mod openapi;
+pub mod operator;
 pub mod page;
 pub mod projects;
 pub mod repositories;
@@ -148,6 +150,9 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(webhooks_out::deliveries))
         .routes(routes!(webhooks_out::delivery))
         .routes(routes!(webhooks_out::replay))
+        .routes(routes!(operator::resolve))
+        .routes(routes!(operator::cycle_asks))
+        .routes(routes!(operator::reset))
         .routes(routes!(host_protocol::register))
         .routes(routes!(host_protocol::claim))
         .routes(routes!(host_protocol::start))

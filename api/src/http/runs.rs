@@ -58,6 +58,8 @@ pub struct Run {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub ended_at: Option<DateTime<Utc>>,
+    /// When an operator marked this failed run handled (`…/resolve`).
+    pub resolved_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
@@ -229,6 +231,7 @@ struct RunRow {
     created_at: DateTime<Utc>,
     started_at: Option<DateTime<Utc>>,
     ended_at: Option<DateTime<Utc>>,
+    resolved_at: Option<DateTime<Utc>>,
 }
 
 const SUBSTATES: [&str; 9] = ["queued", "executing", "waiting_for_agent", "unroutable", "sleeping", "awaiting_signal", "awaiting_child", "awaiting_lease", "held"];
@@ -238,7 +241,7 @@ fn select_runs(org: OrgId, project: ProjectId) -> QueryBuilder<'static, Postgres
     let mut qb = QueryBuilder::new(
         "SELECT r.run_id, w.name AS workflow, r.workflow_version, r.status, r.reason, r.input, \
                 r.dry_run, i.key AS item, r.source_run_id, r.source_from_node, r.parent_run_id, r.created_by, \
-                r.created_at, r.started_at, r.ended_at \
+                r.created_at, r.started_at, r.ended_at, r.resolved_at \
          FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id LEFT JOIN items i ON i.item_id = r.item_id \
          WHERE r.org_id = "
     );
@@ -268,6 +271,7 @@ impl Run {
             created_at: r.created_at,
             started_at: r.started_at,
             ended_at: r.ended_at,
+            resolved_at: r.resolved_at,
         }
     }
 }

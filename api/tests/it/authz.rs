@@ -55,6 +55,10 @@ enum Needs {
     Webhook,
     /// A delivery of an outgoing webhook.
     Delivery,
+    /// A failed run.
+    FailedRun,
+    /// An item of the project.
+    Item,
 }
 
 struct Case {
@@ -154,6 +158,9 @@ fn cases() -> Vec<Case> {
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries", a, 200, Webhook, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}", a, 200, Delivery, none),
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}/replay", a, 201, Delivery, none),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/runs/{run}/resolve", m, 200, FailedRun, none),
+        c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/cycle-asks", v, 200, Nothing, none),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/cycle-asks/{item}/reset", m, 200, Item, none),
     ]
 }
 
@@ -301,6 +308,28 @@ async fn every_route_answers_each_caller_exactly() {
                     engine::store::budgets::set(&mut ch, org.id, None, "day", 1000.0, true).await.unwrap();
                     engine::store::budgets::set(&mut ch, org.id, Some(org.project), "day", 1000.0, true).await.unwrap();
                     ch.commit().await.unwrap();
+                }
+                Needs::FailedRun => {
+                    let run = submit(&app, &org).await;
+                    for _ in 0..5 {
+                        let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+                        ch.lock_run(org.id, run).await.unwrap().unwrap();
+                        match runs::finish::<engine::state::run::Failed>(&mut ch, run, Some("exit_code:1")).await {
+                            Ok(_) => {
+                                ch.commit().await.unwrap();
+                                break;
+                            }
+                            Err(e) => eprintln!("fail {run}: {e}; again"),
+                        }
+                    }
+                    path = path.replace("{run}", &run.to_string());
+                }
+                Needs::Item => {
+                    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+                    let key = format!(r#"["github","acme/web",{n}]"#);
+                    let item = engine::store::triggers::ensure_item(&mut ch, org.id, org.project, &key).await.unwrap();
+                    ch.commit().await.unwrap();
+                    path = path.replace("{item}", &item.to_string());
                 }
                 Needs::Webhook | Needs::Delivery => {
                     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();

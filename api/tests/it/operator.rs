@@ -1,8 +1,8 @@
 //! Every operator action through HTTP, each checked three ways: the state it changed, the
 //! audit entry naming the acting user, and the run event it wrote. Cancel, approve, reject,
-//! retry, rerun, pause and unpause a workflow and a project, set a budget and the org's cap;
-//! and admission's refusals answered as problems (409 for a full `skip` group, 429 for a full
-//! line).
+//! retry, rerun, pause and unpause a workflow and a project, set a budget and the org's cap,
+//! set retention, resolve a failed run, reset an item's cycle budget; and admission's
+//! refusals answered as problems (409 for a full `skip` group, 429 for a full line).
 
 use engine::ids::{OrgId, RunId, UserId};
 use engine::store::{admission, runs, Actor, Change};
@@ -168,7 +168,78 @@ async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_
     let set = app.json(Method::PUT, &format!("{BASE}/retention"), &org.admin, Some(&json!({ "retention_days": 30 })), StatusCode::OK).await;
     assert_eq!(set["retention_days"], 30);
     assert_eq!(audited(&pool, org.id, "project.retention", admin, &org.project.to_string()).await, 1);
+
+    // Resolve a failed run: marked handled, still failed.
+    upload(&app, &org, "failing", "name: failing\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    let failed = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "failing", "input": { "test": { "fail_attempts": { "work": 1 } } } })), StatusCode::CREATED).await;
+    let failed = failed["id"].as_str().unwrap().to_owned();
+    app.until(failed.parse().unwrap(), "SELECT status = 'failed' FROM runs WHERE run_id = $1", "failed").await;
+    let (status_now, _, _) = app.send(Method::POST, &format!("{BASE}/runs/{held}/resolve"), Some(&org.member), None).await;
+    assert_eq!(status_now, StatusCode::CONFLICT, "only a failed run is resolved");
+    let resolved = app.json(Method::POST, &format!("{BASE}/runs/{failed}/resolve"), &org.member, Some(&json!({ "note": "flaky runner" })), StatusCode::OK).await;
+    assert_eq!(resolved["resolved_by"], format!("user:{member}"));
+    let now = status(&app, &org, &failed).await;
+    assert_eq!((now["status"].as_str(), now["resolved_at"].is_string()), (Some("failed"), true));
+    assert_eq!(audited(&pool, org.id, "run.resolve", member, &failed).await, 1);
+    assert_eq!(events(&pool, &failed).await.last().map(String::as_str), Some("run.resolved"));
+
+    // Reset an item's spent cycle budget: its blocked event opens a run.
+    reset_cycle_budget(&app, &org, &pool, member).await;
     app.discard().await;
+}
+
+/// A workflow triggered by GitHub whose cycle budget on an item is spent, with the event it
+/// blocked; the reset (member) clears the ask and the event opens a run.
+async fn reset_cycle_budget(app: &App, org: &Org, pool: &PgPool, member: UserId) {
+    upload(app, org, "triaged", "name: triaged\non:\n  github: { events: [issues.labeled] }\nbudget: { max_cycles: 1 }\nnodes:\n  ask:\n    approval: { prompt: ok? }\n").await;
+    let key = r#"["github","acme/web",7]"#;
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let item = engine::store::triggers::ensure_item(&mut ch, org.id, org.project, key).await.unwrap();
+    ch.commit().await.unwrap();
+    sqlx::query("UPDATE items SET data = $2 WHERE item_id = $1")
+        .bind(item)
+        .bind(json!({ "repository": "acme/web", "number": 7, "state": "open", "labels": ["ready"] }))
+        .execute(pool)
+        .await
+        .unwrap();
+    let workflow: uuid::Uuid = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE name = 'triaged'").fetch_one(pool).await.unwrap();
+    let event = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO trigger_events (org_id, project_id, event_id, workflow_id, item_id, dedup_key, source, payload, status) \
+         VALUES ($1, $2, $3, $4, $5, 'blocked-one', 'github', $6, 'blocked')",
+    )
+    .bind(org.id)
+    .bind(org.project)
+    .bind(event)
+    .bind(workflow)
+    .bind(item)
+    .bind(json!({ "trigger": { "event": "issues", "action": "labeled" } }))
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used, asked_at, ask) \
+         VALUES ($1, $2, $3, $4, 0, 1, now(), $5)",
+    )
+    .bind(org.id)
+    .bind(org.project)
+    .bind(item)
+    .bind(workflow)
+    .bind(json!({ "event": event, "workflow": "triaged", "cycles_used": 1, "max_cycles": 1 }))
+    .execute(pool)
+    .await
+    .unwrap();
+    let asks = app.json(Method::GET, &format!("{BASE}/cycle-asks"), &org.viewer, None, StatusCode::OK).await;
+    assert_eq!((asks["items"][0]["key"].as_str(), asks["items"][0]["workflow"].as_str()), (Some(key), Some("triaged")));
+    let item_id = asks["items"][0]["item"].as_str().unwrap().to_owned();
+    let reset = app.json(Method::POST, &format!("{BASE}/cycle-asks/{item_id}/reset"), &org.member, None, StatusCode::OK).await;
+    assert_eq!(reset["generation"], 1);
+    assert_eq!(reset["claims"][0]["claim"]["claim"], "opened", "{reset}");
+    let run = reset["claims"][0]["claim"]["run"].as_str().unwrap().to_owned();
+    assert_eq!(events(pool, &run).await.first().map(String::as_str), Some("run.started"));
+    assert_eq!(audited(pool, org.id, "item.cycle_reset", member, &item.to_string()).await, 1);
+    let asks = app.json(Method::GET, &format!("{BASE}/cycle-asks"), &org.viewer, None, StatusCode::OK).await;
+    assert_eq!(asks["items"].as_array().unwrap().len(), 0);
 }
 
 #[tokio::test]

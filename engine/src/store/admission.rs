@@ -4,7 +4,9 @@
 //! **Locks.** Every queue has a row in `admission_queues`. A change that admits a run or puts
 //! one in line locks the rows of the queues it reads `FOR UPDATE`, in stage order (gates,
 //! group, throttle, org), after the run's own row; a change that frees room (a run ending)
-//! locks them `FOR SHARE` in the same order and reads `waiting` from the row it locked. So an
+//! locks them `FOR SHARE` in the same order as it commits (`release`: its last statements, so
+//! it never waits on a run's lock while holding a queue's, nor upgrades a share it took
+//! earlier) and reads `waiting` from the row it locked. So an
 //! admission and a release are ordered: either the release commits first and the admission
 //! counts the room it freed, or the admission commits its place in line first and the release
 //! sees it waiting and wakes it. Finishing runs share the lock, so they do not wait on each
@@ -12,7 +14,7 @@
 //! their own, after the lock is granted, so they see every change committed before it.
 //!
 //! **Nothing polls.** A run in line has no wake until something frees room: a run of its
-//! queue ending (`on_finish`), a window opening (a wake at that time for the head of a
+//! queue ending (`on_finish`, then `release`), a window opening (a wake at that time for the head of a
 //! throttle's line), a gate opening (`release_gate`: unpause, a raised budget, a raised cap),
 //! or the run ahead of it being admitted while room remains (the chain). Only the head of a
 //! line may take room, so runs are released in the order they arrived; a woken run that is
@@ -492,7 +494,9 @@ async fn apply(ch: &mut Change, c: &Candidate, s: &Standing, mut plan: Plan) -> 
             .await?;
             Some((ahead, line))
         };
-        if let Some(delay) = hold.wake {
+        // A budget's period-end wake is written once, when the run joins the line; a throttle's
+        // head needs one each time it finds the window still full.
+        if let Some(delay) = hold.wake.filter(|_| !stays || hold.hold == "throttle") {
             ch.wake(c.run, None, delay, "admit", true).await?;
         }
         if let Some((ahead, line)) = ahead {
@@ -551,20 +555,36 @@ async fn poke(ch: &mut Change, org: OrgId, queue: &str) -> Result<()> {
 }
 
 /// A run ended (`runs::finish`): the room its leases held, and its place in line if it was
-/// waiting, go to the runs in line. Queue rows are locked in stage order: `FOR SHARE` where
-/// it held a lease, `FOR UPDATE` where it was in line (`waiting` changes).
-pub(crate) async fn on_finish(ch: &mut Change, org: OrgId, leases: &[String], left: Option<&str>) -> Result<()> {
-    let mut queues: Vec<(&str, bool)> = leases.iter().map(|l| (l.as_str(), false)).collect();
-    if let Some(q) = left {
-        queues.retain(|(l, _)| *l != q);
-        queues.push((q, true));
+/// waiting, go to the runs in line, at commit (`release`).
+pub(crate) fn on_finish(ch: &mut Change, org: OrgId, leases: &[String], left: Option<&str>) {
+    for lease in leases.iter().filter(|l| Some(l.as_str()) != left) {
+        ch.releases.push((org, lease.clone(), false));
     }
-    queues.sort_by_key(|(q, _)| rules::stage(q));
-    for (queue, was_in_line) in queues {
-        let waiting: Option<i32> = if was_in_line {
-            sqlx::query_scalar("UPDATE admission_queues SET waiting = waiting - 1 WHERE org_id = $1 AND queue = $2 RETURNING waiting")
+    if let Some(q) = left {
+        ch.releases.push((org, q.to_owned(), true));
+    }
+}
+
+/// Hands on what the runs that ended in this change held, as the change commits: its last
+/// statements, so the queue rows are held only for the commit, and a change that admitted a
+/// run earlier (`FOR UPDATE`) never asks for a weaker lock it already has the stronger of,
+/// nor one that admits after a release waits to upgrade its share (the upgrade two changes
+/// would deadlock on). Rows are locked in stage order: `FOR SHARE` where a run held a lease,
+/// `FOR UPDATE` where it was in line (`waiting` changes).
+pub(super) async fn release(ch: &mut Change, queues: Vec<(OrgId, String, bool)>) -> Result<()> {
+    // One statement per queue however many runs ended: how many of them left its line.
+    let mut by_queue: std::collections::BTreeMap<(u8, String, uuid::Uuid), (OrgId, i32)> = std::collections::BTreeMap::new();
+    for (org, queue, was_in_line) in queues {
+        let entry = by_queue.entry((rules::stage(&queue), queue, org.0)).or_insert((org, 0));
+        entry.1 += i32::from(was_in_line);
+    }
+    for ((_, queue, _), (org, left)) in by_queue {
+        let queue = queue.as_str();
+        let waiting: Option<i32> = if left > 0 {
+            sqlx::query_scalar("UPDATE admission_queues SET waiting = waiting - $3 WHERE org_id = $1 AND queue = $2 RETURNING waiting")
                 .bind(org)
                 .bind(queue)
+                .bind(left)
                 .fetch_optional(&mut *ch.tx)
                 .await?
         } else {

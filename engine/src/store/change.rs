@@ -101,6 +101,9 @@ pub struct Change {
     audits: Vec<PendingAudit>,
     /// Rows of runs locked by `lock_runs`, until this change writes them.
     rows: HashMap<RunId, RunRow>,
+    /// Admission lines that runs ended in this change free room in or leave (org, queue,
+    /// whether the run was in that line), handed on at commit (`admission::release`).
+    pub(super) releases: Vec<(OrgId, String, bool)>,
 }
 
 struct PendingEvent {
@@ -134,6 +137,7 @@ impl Change {
             events: Vec::new(),
             audits: Vec::new(),
             rows: HashMap::new(),
+            releases: Vec::new(),
         })
     }
 
@@ -376,6 +380,12 @@ impl Change {
     /// Writes the buffered events and audit entries and commits, with one `NOTIFY` when a wake was
     /// written for another process or events were appended (the streams follow them).
     pub async fn commit(mut self) -> Result<()> {
+        // Queue rows are locked last, so that a change never holds one while it waits for a
+        // run's lock or takes a stronger lock on the same row later.
+        if !self.releases.is_empty() {
+            let releases = std::mem::take(&mut self.releases);
+            super::admission::release(&mut self, releases).await?;
+        }
         self.flush().await?;
         let payload = match self.notify_delay {
             Some(delay) => Some(format!("w{}", delay.as_millis())),

@@ -18,6 +18,7 @@ mod change;
 pub mod github;
 pub mod hosts;
 pub mod jobs;
+pub mod operator;
 pub mod retention;
 pub mod runs;
 pub mod schedules;

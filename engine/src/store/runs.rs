@@ -183,7 +183,7 @@ where
     ch.forget_run_row(run_id);
     // The room it held, or its place in line, goes to the runs waiting.
     if !leases.is_empty() || left_queue.is_some() {
-        admission::on_finish(ch, ctx.org, &leases, left_queue.as_deref()).await?;
+        admission::on_finish(ch, ctx.org, &leases, left_queue.as_deref());
     }
     let step_reason = match T::NAME {
         "cancelled" => reason.unwrap_or("cancelled").to_owned(),
