@@ -115,6 +115,8 @@ async fn a_stale_holder_cannot_complete_a_step_it_lost() {
     ch.lock_run(s.org, run).await.unwrap().unwrap();
     let err = steps::succeed::<(step::Pending, step::Waiting)>(&mut ch, run, step, &json!({}), false).await.unwrap_err();
     assert!(matches!(err, StoreError::Stale(_)), "{err}");
+    // A connection still checked out would keep the pool's close waiting.
+    drop(ch);
     db.discard().await;
 }
 
@@ -145,6 +147,7 @@ async fn another_orgs_run_is_not_found() {
     assert!(ch.lock_run(OrgId::mint(), run).await.unwrap().is_none());
     let err = runs::cancel(&mut ch, OrgId::mint(), run, "x").await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound("run")), "{err}");
+    drop(ch);
     db.discard().await;
 }
 
