@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
 use engine::store::runs::{self, NewRun};
-use engine::store::{tenants, workflows, Actor, Change};
+use engine::store::{admission, tenants, workflows, Actor, Change};
 use sqlx::PgPool;
 
 pub(crate) struct Bench {
@@ -44,6 +44,8 @@ impl Bench {
         let mut ch = Change::begin(&pool, Actor::System).await?;
         let (org, _) = tenants::create_org(&mut ch, &Slug::parse("bench")?, "bench", "bench@example.com").await?;
         let project = tenants::create_project(&mut ch, org, &Slug::parse("bench")?, "bench").await?;
+        // The default cap (50 running runs) would measure admission's line, not the engine.
+        admission::set_running_cap(&mut ch, org, 1_000_000).await?;
         let (workflow, version) = workflows::put_version(&mut ch, org, project, "bench", workflow).await?;
         ch.commit().await?;
         Ok((Db { url, pool, name: name.to_owned() }, Seed { org, project, workflow, version }))
