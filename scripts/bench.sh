@@ -9,4 +9,4 @@ if ! ls /usr/lib/postgresql/*/bin/pgbench >/dev/null 2>&1 && ! command -v pgbenc
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
 fi
 cargo build --release -p shopfloor-api -p shopfloor-bench --bins
-exec target/release/shopfloor-bench
+exec "${CARGO_TARGET_DIR:-target}/release/shopfloor-bench"

@@ -4,12 +4,13 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = api::cli::Cli::parse();
-    let filter = EnvFilter::try_new(&cli.log).unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // The long-running processes export traces and the event log when OTLP is configured; the
+    // short commands only log. Set up before the runtime: the exporters block on threads of
+    // their own, and are shut down (flushed) after it, on every way out.
+    let telemetry = api::telemetry::init(&cli.log, cli.command.exports_telemetry(), cli.command.name());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -17,7 +18,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(api::cli::run(cli)) {
+    let result = runtime.block_on(api::cli::run(cli));
+    drop(runtime);
+    telemetry.shutdown();
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");

@@ -9,9 +9,12 @@
 //! 2. **its concurrency group** (`concurrency:`): a lease per run, at most `limit` at once.
 //!    `queue` waits in line (`awaiting_lease`), `skip` refuses the new run, `drop` cancels the
 //!    oldest run in line and takes its place at the back.
-//! 3. **its throttle** (`throttle:`): at most `limit` runs admitted per window; beyond it a run
+//! 3. **board columns** with a WIP limit (`board_limits`) that its workflow moves cards into
+//!    (a `board_move` output): a lease per run, at most the limit less the items whose card is
+//!    in the column already. A run waits in the column's line while it is full.
+//! 4. **its throttle** (`throttle:`): at most `limit` runs admitted per window; beyond it a run
 //!    sleeps until the window has room.
-//! 4. **the org's cap** on running runs (`orgs.running_cap`, 50 by default): a lease per
+//! 5. **the org's cap** on running runs (`orgs.running_cap`, 50 by default): a lease per
 //!    running run, across the org's projects. Beyond it runs are queued; a submit is refused
 //!    when [`MAX_WAITING`] already wait.
 //!
@@ -80,6 +83,41 @@ impl ItemRef {
     }
 }
 
+/// The line of a board column with a WIP limit (`board:<project>:<column key>`).
+pub fn board_queue(project: &str, column: &str) -> String {
+    format!("board:{project}:{}", column_key(column))
+}
+
+/// A board column as limits and lines name it: trimmed and lowercased, since `board_move`
+/// matches columns without regard to case.
+pub fn column_key(column: &str) -> String {
+    column.trim().to_lowercase()
+}
+
+/// The project and column key of a board line.
+pub fn board_of(queue: &str) -> Option<(&str, &str)> {
+    let rest = queue.strip_prefix("board:")?;
+    rest.split_once(':')
+}
+
+/// The board columns a workflow moves cards into, as keys, sorted (the order their lines are
+/// locked in).
+pub fn board_columns(def: &crate::definition::Definition) -> Vec<String> {
+    use crate::definition::{NodeKind, OutputKind};
+    let mut columns: Vec<String> = def
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.kind {
+            NodeKind::Output(o) if o.kind == OutputKind::BoardMove => o.column.as_deref().map(column_key),
+            _ => None,
+        })
+        .filter(|c| !c.is_empty())
+        .collect();
+    columns.sort();
+    columns.dedup();
+    columns
+}
+
 /// The throttle queue of a workflow.
 pub fn throttle_queue(workflow: &str) -> String {
     format!("throttle:{workflow}")
@@ -99,6 +137,8 @@ pub fn project_paused_queue(project: &str) -> String {
 pub enum QueueKind {
     /// Leases at once: a concurrency group, the org's cap.
     Leases,
+    /// Leases at once, less the items on the board column.
+    Board,
     /// Starts per window.
     Throttle,
     /// Everyone passes once it opens.
@@ -108,6 +148,8 @@ pub enum QueueKind {
 pub fn queue_kind(queue: &str) -> QueueKind {
     if queue == ORG_QUEUE || queue.starts_with("group:") {
         QueueKind::Leases
+    } else if queue.starts_with("board:") {
+        QueueKind::Board
     } else if queue.starts_with("throttle:") {
         QueueKind::Throttle
     } else {
@@ -129,10 +171,12 @@ pub fn stage(queue: &str) -> u8 {
         1
     } else if queue.starts_with("group:") {
         2
-    } else if queue.starts_with("throttle:") {
+    } else if queue.starts_with("board:") {
         3
-    } else {
+    } else if queue.starts_with("throttle:") {
         4
+    } else {
+        5
     }
 }
 
@@ -183,6 +227,20 @@ mod tests {
         assert_eq!(queue_kind(BUDGET_QUEUE), QueueKind::Gate);
         assert_eq!(queue_kind(&paused_queue("w")), QueueKind::Gate);
         assert_eq!(queue_kind(&project_paused_queue("p")), QueueKind::Gate);
+        let board = board_queue("p", " In Progress ");
+        assert_eq!((queue_kind(&board), board_of(&board)), (QueueKind::Board, Some(("p", "in progress"))));
+        assert!(stage("group:p:w:x") < stage(&board) && stage(&board) < stage(&throttle_queue("w")));
+    }
+
+    #[test]
+    fn a_workflow_names_the_columns_it_moves_cards_into() {
+        let def = crate::definition::parse(
+            "name: t\nnodes:\n  a: { output: { github: board_move, column: In Review } }\n  \
+             b: { after: [a], output: { github: board_move, column: in progress } }\n  \
+             c: { after: [b], output: { github: board_move, column: In progress } }\n",
+        )
+        .unwrap();
+        assert_eq!(board_columns(&def), ["in progress", "in review"]);
     }
 
     #[test]

@@ -42,6 +42,21 @@ pub struct ToExecute {
     pub visit: i32,
     pub attempt: i32,
     pub input: Value,
+    /// For a crew step: the harness, model and prompt (as written, not rendered) it runs with,
+    /// after the run's edit-and-retry override of the node (`store::operator::NodeOverride`).
+    pub crew: Option<CrewSpec>,
+    /// The run's trace context: the step's span is its child (`crate::trace::step_span`).
+    pub traceparent: Option<String>,
+}
+
+/// What a crew step runs with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrewSpec {
+    pub harness: String,
+    pub model: Option<String>,
+    pub prompt: String,
+    /// An operator's edit-and-retry replaced something of the node's.
+    pub edited: bool,
 }
 
 /// What an engine process can do itself.
@@ -221,7 +236,10 @@ async fn start_node(
     match &node.kind {
         NodeKind::Trigger | NodeKind::End(_) => {
             let step = steps::create(ch, run_id, new(Initial::Pending)).await?;
+            // Resolved here at once: its span covers the resolution.
+            let span = crate::trace::step_span(run.traceparent.as_deref(), run_id, step, &node.id, node.kind.name(), start.attempt as i32);
             steps::succeed::<step::Pending>(ch, run_id, step, &json!({}), false).await?;
+            crate::trace::record_outcome(&span, "succeeded", None);
             Ok(true)
         }
         NodeKind::Decision(d) => {
@@ -381,6 +399,24 @@ async fn take_or_offer(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow,
 /// Leases a ready step to this engine and starts it.
 async fn lease_to_self(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow, node: &Node, step: StepId, out: &mut Vec<ToExecute>) -> Result<()> {
     let row = steps::lease_and_start(ch, run.run_id, step, engine.holder, step_timeout(node)).await?;
+    let crew = match &node.kind {
+        NodeKind::Crew(c) => {
+            // Only a retry carries overrides: other runs spend no statement on them.
+            let edit = match run.source_run_id {
+                Some(_) => crate::store::operator::node_override(ch, run.run_id, &node.id).await?,
+                None => None,
+            };
+            let edited = edit.is_some();
+            let edit = edit.unwrap_or_default();
+            Some(CrewSpec {
+                harness: edit.harness.unwrap_or_else(|| crate::store::hosts::harness_name(c.harness).to_owned()),
+                model: edit.model.or_else(|| c.model.clone()),
+                prompt: edit.prompt.unwrap_or_else(|| c.prompt.clone()),
+                edited,
+            })
+        }
+        _ => None,
+    };
     out.push(ToExecute {
         org: run.org_id,
         run: run.run_id,
@@ -390,6 +426,8 @@ async fn lease_to_self(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow,
         visit: row.visit,
         attempt: row.attempt,
         input: run.input.clone(),
+        crew,
+        traceparent: run.traceparent.clone(),
     });
     Ok(())
 }

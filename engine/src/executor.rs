@@ -10,6 +10,8 @@
 //! no attempt ran twice. A crew step reports a session's cost as a host would,
 //! `input.test.cost_usd` (a number for every crew step, or an object from node to dollars)
 //! with `input.test.tokens`, in a change of its own while it runs, so budgets can be exercised.
+//! A crew step's output names the harness, model and prompt (as written) it would have run
+//! with, after the run's edit-and-retry override of the node.
 //! Engines only use it when started with `--test-executor`; without it, these steps wait for
 //! their real executors.
 
@@ -67,11 +69,19 @@ impl TestExecutor {
         if job.kind == "gate" && fail_visits.is_some_and(|v| v.iter().any(|x| x.as_i64() == Some(i64::from(job.visit)))) {
             return Err(Failure::new("gate_failed", FailureClass::Ordinary));
         }
-        Ok(json!({
+        let mut output = json!({
             "executed_by": holder,
             "text": format!("{} done", job.node),
             "files_changed": test.get("files_changed").cloned().unwrap_or(json!(1)),
-        }))
+        });
+        // What a host would have run: the harness, model and prompt after an edit-and-retry.
+        if let Some(crew) = &job.crew {
+            output["harness"] = json!(crew.harness);
+            output["model"] = json!(crew.model);
+            output["prompt"] = json!(crew.prompt);
+            output["edited"] = json!(crew.edited);
+        }
+        Ok(output)
     }
 }
 

@@ -92,6 +92,9 @@ pub struct Assignment {
     pub expect_changes: bool,
     /// How long the lease lasts without a heartbeat or a session report.
     pub lease_secs: u64,
+    /// The run's W3C trace context (`crate::trace`): the host's span of the attempt joins the
+    /// run's trace.
+    pub traceparent: Option<String>,
 }
 
 /// The caps a host enforces (the server enforces them too, through heartbeats).

@@ -87,6 +87,12 @@ async fn deliver(db: &PgPool, client: &reqwest::Client, engine_id: &str, job: &J
         Err(e) => Answer::Error(error_words(&e)),
     };
     let took = started.elapsed();
+    let outcome = match &answer {
+        Answer::Status(status, _) if (200..300).contains(status) => "delivered",
+        Answer::Status(..) => "refused",
+        Answer::Error(_) => "unreachable",
+    };
+    crate::metrics::webhook_delivery(&out.event, outcome);
     let mut ch = Change::begin(db, actor).await?;
     let next = webhooks_out::record(&mut ch, job.org_id, out.delivery, out.attempt, &answer, took).await?;
     ch.commit().await?;
@@ -116,8 +122,8 @@ fn error_words(e: &reqwest::Error) -> String {
 
 async fn sweep(db: &PgPool, engine_id: &str, job: &Job) -> Result<(), StoreError> {
     let swept = retention::sweep(db, Actor::Engine(engine_id.to_owned()), job.org_id, ProjectId(job.subject), retention::BATCH).await?;
-    if swept.runs > 0 || swept.deliveries > 0 {
-        tracing::info!(project.id = %job.subject, runs = swept.runs, deliveries = swept.deliveries, batches = swept.batches, "retention sweep");
+    if swept.runs > 0 || swept.deliveries > 0 || swept.events > 0 {
+        tracing::info!(project.id = %job.subject, runs = swept.runs, deliveries = swept.deliveries, events = swept.events, batches = swept.batches, "retention sweep");
     }
     Ok(())
 }

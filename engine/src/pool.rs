@@ -234,21 +234,24 @@ impl Pool {
             let room = (self.cfg.max_in_flight.saturating_sub(self.tasks.len())).max(1) as i64;
             let limit = self.cfg.batch.min(room);
             let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
-            let claimed: Vec<(RunId, Option<StepId>, String)> = sqlx::query_as(
+            // With each wake, how late it is claimed (seconds past its due time), for the metrics.
+            let claimed: Vec<(RunId, Option<StepId>, String, f64)> = sqlx::query_as(
                 "DELETE FROM wakes w USING (SELECT wake_id FROM wakes WHERE due_at <= now() ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED) d \
-                 WHERE w.wake_id = d.wake_id RETURNING w.run_id, w.step_id, w.reason",
+                 WHERE w.wake_id = d.wake_id RETURNING w.run_id, w.step_id, w.reason, extract(epoch FROM clock_timestamp() - w.due_at)::float8",
             )
             .bind(limit)
             .fetch_all(ch.conn())
             .await?;
             let n = claimed.len() as i64;
             let mut by_run: BTreeMap<RunId, Vec<Wake>> = BTreeMap::new();
-            for (run, step, reason) in claimed {
+            let lateness: Vec<f64> = claimed.iter().map(|c| c.3).collect();
+            for (run, step, reason, _) in claimed {
                 by_run.entry(run).or_default().push(Wake { step, reason });
             }
             let jobs = match self.advance_all(&mut ch, &by_run).await {
                 Ok(jobs) => {
                     ch.commit().await?;
+                    crate::metrics::wakes_claimed(&lateness);
                     jobs
                 }
                 Err(e) if is_logic_error(&e) => {
@@ -339,7 +342,10 @@ impl Pool {
             if outputs.is_none() && test.is_none() {
                 continue;
             }
-            self.tasks.spawn(async move {
+            // The execution's span, child of the run's trace (`crate::trace`).
+            let span = crate::trace::step_span(job.traceparent.as_deref(), job.run, job.step, &job.node, &job.kind, job.attempt);
+            let in_span = span.clone();
+            self.tasks.spawn(tracing::Instrument::instrument(async move {
                 let work = {
                     let (job, holder, db) = (job.clone(), holder.clone(), db.clone());
                     async move {
@@ -367,9 +373,15 @@ impl Pool {
                         }
                     }
                 };
+                let (outcome, reason) = match &result {
+                    Executed::Succeeded(_) => ("succeeded", None),
+                    Executed::Failed(f) => ("failed", Some(f.reason.as_str())),
+                    Executed::Deferred { reason, .. } => ("deferred", Some(reason.as_str())),
+                };
+                crate::trace::record_outcome(&span, outcome, reason);
                 // The receiver only goes away when the loop exits; then recovery takes over.
                 let _ = tx.send(Done { job, result });
-            });
+            }, in_span));
         }
     }
 

@@ -112,6 +112,9 @@ pub enum Hold {
     OrgCap { cap: i32, ahead: i64 },
     /// The throttle has room again at `until`.
     Throttle { until: DateTime<Utc>, ahead: i64 },
+    /// A board column it moves cards into is at its WIP limit (`column` names it and the
+    /// limit: `In progress (WIP limit 3)`).
+    Board { column: String, ahead: i64 },
 }
 
 impl Substate {
@@ -240,6 +243,7 @@ fn of_hold(hold: Option<&Hold>) -> Substate {
         Some(Hold::Budget { scope }) => Substate::Held { by: format!("{scope} is spent") },
         Some(Hold::Lease { group, ahead }) => Substate::AwaitingLease { group: group.clone(), ahead: *ahead },
         Some(Hold::OrgCap { cap, ahead }) => Substate::Queued { held_by: Some(format!("the org's cap of {cap} running runs")), ahead: Some(*ahead) },
+        Some(Hold::Board { column, ahead }) => Substate::Queued { held_by: Some(format!("board column {column}, which is full")), ahead: Some(*ahead) },
         Some(Hold::Throttle { until, ahead }) => Substate::Sleeping { node: None, until: *until, cause: SleepCause::Throttle { ahead: *ahead } },
     }
 }
@@ -658,6 +662,7 @@ fn hold_of(line: &RunLine) -> Option<Hold> {
         Some("paused") => Some(Hold::Paused { workflow: line.workflow_name.clone() }),
         Some("budget") => Some(Hold::Budget { scope: line.hold_detail.clone().unwrap_or_default() }),
         Some("lease") => Some(Hold::Lease { group: line.hold_detail.clone().unwrap_or_default(), ahead }),
+        Some("board") => Some(Hold::Board { column: line.hold_detail.clone().unwrap_or_default(), ahead }),
         Some("org_cap") => Some(Hold::OrgCap { cap: line.hold_detail.as_deref().and_then(|c| c.parse().ok()).unwrap_or(0), ahead }),
         Some(_) => Some(Hold::Throttle { until: line.hold_until.unwrap_or(line.now), ahead }),
         None if line.admitted || line.started => None,

@@ -207,7 +207,8 @@ impl Agent {
                                 }
                                 tracing::info!(step.id = %a.step, run.id = %a.run, node = %a.node, harness = %a.harness, "claimed");
                                 let step = a.step.clone();
-                                self.spawn(step, attempt::run(self.shared.clone(), a, stop.clone()), stop);
+                                let span = crate::trace::attempt_span(&a);
+                                self.spawn(step, tracing::Instrument::instrument(attempt::run(self.shared.clone(), a, stop.clone()), span), stop);
                             }
                         }
                         Err(ClientError::Refused { status, detail }) => {

@@ -75,6 +75,9 @@ pub struct Assignment {
     pub expect_changes: bool,
     #[serde(default)]
     pub lease_secs: u64,
+    /// The run's W3C trace context: the attempt's span joins the run's trace.
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

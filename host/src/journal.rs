@@ -176,6 +176,7 @@ mod tests {
             pr_body: false,
             expect_changes: false,
             lease_secs: 30,
+            traceparent: None,
         }
     }
 

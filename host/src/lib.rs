@@ -12,6 +12,7 @@
 //! - `process` — process groups, bounded calls, liveness.
 //! - `journal` — the per-attempt journal, written before each action.
 //! - `recovery` — the decision, after a restart, about each journalled attempt.
+//! - `trace` — the attempt's span, in its run's trace (the assignment's `traceparent`).
 //!
 //! The host is a client of the API and nothing else: it holds no database connection, and it
 //! never writes the installation token or its own credential where a harness can read them.
@@ -25,6 +26,7 @@ pub mod harness;
 pub mod journal;
 pub mod process;
 pub mod recovery;
+pub mod trace;
 
 pub use config::HostArgs;
 

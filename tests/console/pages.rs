@@ -247,3 +247,34 @@ async fn the_live_stream_carries_the_projects_run_events() {
     assert!(seen.contains(&run.to_string()), "{seen}");
     app.discard().await;
 }
+
+#[tokio::test]
+async fn a_resolved_failure_leaves_todays_failures_to_resolve() {
+    use engine::store::{runs, Actor, Change};
+    let app = App::start(false).await;
+    let org = app.org("acme").await;
+    let run = app.submit(&org, org.approve).await;
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    ch.lock_run(org.id, run).await.unwrap().unwrap();
+    runs::finish::<engine::state::run::Failed>(&mut ch, run, Some("exit_code:1")).await.unwrap();
+    ch.commit().await.unwrap();
+    let mut b = Browser::new(&app.base);
+    let today = b.sign_in_with_token(&org.owner_token).await;
+    let section = |html: &str| html.split("Failures to resolve").nth(1).map(|rest| rest.split("</section>").next().unwrap_or_default().to_owned());
+    assert!(section(&today.body).is_some_and(|s| s.contains(&run.to_string())), "the failed run is to resolve: {}", today.body);
+
+    let resolved = reqwest::Client::new()
+        .post(app.url(&format!("/api/v1/orgs/acme/projects/web/runs/{run}/resolve")))
+        .bearer_auth(&org.owner_token)
+        .json(&serde_json::json!({ "note": "known flake" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resolved.status(), StatusCode::OK);
+    let today = b.get("/orgs/acme").await;
+    assert_eq!(today.status, StatusCode::OK);
+    assert!(section(&today.body).is_none(), "a resolved failure is not to resolve any more: {}", today.body);
+    // Still failed, and still listed among the runs that finished.
+    assert!(today.body.contains(&run.to_string()), "it still shows as finished lately");
+    app.discard().await;
+}

@@ -40,7 +40,7 @@ const SECRET: &str = "host tests' webhook secret";
 /// `@SLOW@` prints a line a second for two minutes first (on the first attempt only, unless
 /// `@ALWAYS@`); `@HANG@` ignores SIGINT and starts a child that ignores it too, then waits.
 /// It writes its pid to `$MARKS/<step>.pid` and a line per run to `$MARKS/<step>.count`.
-const FAKE_CLAUDE: &str = r#"#!/usr/bin/env bash
+pub(crate) const FAKE_CLAUDE: &str = r#"#!/usr/bin/env bash
 set -u
 prompt=$(cat)
 sid="sess-$$"
@@ -97,7 +97,7 @@ nodes:
 
 /// DESIGN.md's issue-to-PR: a labelled issue, a plan, a person's go-ahead, the build, a pull
 /// request from the build's branch with the description the agent wrote, and CI on it.
-const ISSUE_TO_PR: &str = r#"name: issue-to-pr
+pub(crate) const ISSUE_TO_PR: &str = r#"name: issue-to-pr
 on:
   github:
     events: [issues.labeled]
@@ -757,5 +757,56 @@ async fn two_hundred_steps_on_four_hosts_with_two_slots_each_run_exactly_once() 
     assert!(overlap <= 2, "a host ran {overlap} steps at once");
     eprintln!("200 steps on 4 hosts x 2 slots in {took:?}; per host {by_host:?}");
     drop(hosts);
+    env.finish().await;
+}
+
+/// DESIGN.md's order build → ci → open_pr: CI runs on the branch the build pushed, before any
+/// pull request exists, so the gate watches the pushed commit.
+const BUILD_CI_PR: &str = r#"name: build-ci-pr
+on:
+  github:
+    events: [issues.labeled]
+    if: "'ready-for-agent' in item.labels"
+nodes:
+  build:
+    crew: { harness: claude-code, prompt: "Implement {{ item.title }}" }
+    requires: ["harness:claude-code"]
+  ci:
+    after: [build]
+    gate: { checks: [test] }
+  open_pr:
+    after: [ci]
+    output: { github: pull_request }
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {
+    let env = Env::start_with(&[BUILD_CI_PR], true).await;
+    let fake = env.github.as_ref().expect("the fake GitHub");
+    let repo = Repo::new("Acme/Widgets", 77);
+    let mut issue = Issue::new(8, "Gate the push");
+    issue.labels.push("ready-for-agent".into());
+    fake.put_issue("acme/widgets", issue.json(&repo));
+    let _host = env.host("solo", 1).await;
+    let hooks = WebhookClient::new(&env.base, SECRET);
+    let (status, _) = hooks.send("issues", "delivery-1", &payloads::issues_event("labeled", &repo, &issue, &user("alice"), Some("ready-for-agent"))).await;
+    assert_eq!(status, 202);
+    let run: RunId = sqlx::query_scalar("SELECT run_id FROM runs").fetch_one(&env.db.pool).await.unwrap();
+
+    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI").await;
+    let remote = env.dir.path().join("remotes/acme/widgets.git");
+    let pushed = git_out(&remote, &["rev-parse", "shopfloor/8-gate-the-push"]).trim().to_owned();
+    let watched: Option<String> = sqlx::query_scalar("SELECT head_sha FROM github_watches WHERE run_id = $1").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(watched.as_deref(), Some(pushed.as_str()), "the gate watches the pushed commit");
+    assert!(fake.pulls("acme/widgets").is_empty(), "no pull request before CI passed");
+
+    // CI on the branch (no pull request yet) passes the gate; then the pull request opens.
+    let (status, _) = hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &pushed, "completed", Some("success"), &[])).await;
+    assert_eq!(status, 202);
+    env.until(run, "SELECT status = 'completed' FROM runs WHERE run_id = $1", Duration::from_secs(60), "completed").await;
+    let pulls = fake.pulls("acme/widgets");
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    assert_eq!(pulls[0]["head"]["ref"], "shopfloor/8-gate-the-push");
+    drop(_host);
     env.finish().await;
 }

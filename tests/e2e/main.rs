@@ -1,11 +1,15 @@
 //! End-to-end tests across processes: real `shopfloor engine` processes on a test database.
 
 mod chaos;
+mod check;
 mod engine_pool;
 mod github_env;
 mod github_gates;
 mod github_outputs;
 mod github_schedule;
 mod hosts;
+mod metrics;
+mod secrets;
 mod serve;
+mod telemetry;
 mod webhooks;

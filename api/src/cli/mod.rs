@@ -5,6 +5,7 @@
 //! scripts and the Helm chart rely on them.
 
 mod admin;
+mod check;
 mod client;
 mod database;
 mod processes;
@@ -42,8 +43,9 @@ pub enum Command {
     /// Bootstrap: orgs, projects, their first tokens; the embedded cluster.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
-    /// Readiness checks with the fix for each failure (not built yet).
-    Check,
+    /// Readiness checks, one line each with the fix for each failure; exit 0 only when all pass.
+    /// `--host` checks a host machine (harnesses, git, the server) instead of a server.
+    Check(check::CheckArgs),
     /// Check workflow files offline; prints `FILE:LINE:COL: message` per problem, exits 1 on any.
     Validate {
         /// Workflow YAML files.
@@ -53,6 +55,25 @@ pub enum Command {
     /// The operator's commands, which talk to a server over its REST API (`client/`).
     #[command(flatten)]
     Client(client::ClientCommand),
+}
+
+impl Command {
+    /// Whether the command is a long-running process, which exports traces and the event log
+    /// when OTLP is configured (`crate::telemetry`).
+    pub fn exports_telemetry(&self) -> bool {
+        matches!(self, Command::Serve(_) | Command::Api(_) | Command::Engine(_) | Command::Host(_))
+    }
+
+    /// The process's name in its telemetry resource.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Serve(_) => "serve",
+            Command::Api(_) => "api",
+            Command::Engine(_) => "engine",
+            Command::Host(_) => "host",
+            _ => "cli",
+        }
+    }
 }
 
 /// Where the database is.
@@ -184,6 +205,10 @@ pub struct EngineArgs {
     pub pool: PoolArgs,
     #[command(flatten)]
     pub github_app: GithubAppArgs,
+    /// Serve `GET /metrics` (Prometheus) on this address; nothing else is served there.
+    /// Unset (the default): the engine listens on no port.
+    #[arg(long = "metrics-addr", env = "SHOPFLOOR_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// A failure of a command, printed as one line.
@@ -215,7 +240,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             Ok(if ok { 0 } else { 1 })
         }
         Command::Host(args) => host::run(args).await.map(|()| 0).map_err(CliError::msg),
-        Command::Check => Err(CliError::NotBuilt("check")),
+        Command::Check(args) => Ok(check::run(args).await),
         Command::Client(cmd) => Ok(client::run(cmd).await),
     }
 }

@@ -21,7 +21,7 @@ pub(super) async fn migrate(args: DbArgs) -> Result<(), CliError> {
 
 pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     // Bind first: a port in use should fail before anything else starts.
-    let listener = bind(&args.listen.listen).await?;
+    let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
     let db = Database::open(&args.db, args.pool.db_connections + 8).await?;
     if let Err(e) = engine::db::migrate(&db.pool).await {
         db.close().await;
@@ -47,7 +47,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
 }
 
 pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
-    let listener = bind(&args.listen.listen).await?;
+    let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
     let db = Database::open(&args.db, 16).await?;
     if let Err(e) = engine::db::check_schema(&db.pool).await {
         db.close().await;
@@ -67,6 +67,11 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
 }
 
 pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
+    // Bind first, like the HTTP server: a port in use fails before anything starts.
+    let metrics = match &args.metrics_addr {
+        Some(addr) => Some(bind(addr, "SHOPFLOOR_METRICS_ADDR").await?),
+        None => None,
+    };
     let db = Database::open(&args.db, args.pool.db_connections).await?;
     if let Err(e) = engine::db::check_schema(&db.pool).await {
         db.close().await;
@@ -80,6 +85,9 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
         }
     };
     let (drain, abort) = signals();
+    if let Some(listener) = metrics {
+        tokio::spawn(serve_metrics(listener, db.pool.clone(), drain.clone()));
+    }
     let cfg = pool_config(&args.pool, &db.url, outputs);
     tracing::info!(engine.id = %cfg.id, test_executor = cfg.test_executor.is_some(), "engine started");
     if cfg.test_executor.is_none() {
@@ -97,7 +105,7 @@ fn github_outputs(args: &GithubAppArgs) -> Result<Option<engine::github::OutputE
 }
 
 /// The GitHub App, when configured (outputs; installation tokens for hosts' assignments).
-fn github_app(args: &GithubAppArgs) -> Result<Option<std::sync::Arc<engine::github::GithubApp>>, CliError> {
+pub(super) fn github_app(args: &GithubAppArgs) -> Result<Option<std::sync::Arc<engine::github::GithubApp>>, CliError> {
     let Some(app_id) = args.app_id else { return Ok(None) };
     let key = match (&args.key_file, &args.key) {
         (Some(path), _) => std::fs::read_to_string(path)
@@ -135,11 +143,12 @@ fn pool_config(args: &PoolArgs, url: &str, outputs: Option<engine::github::Outpu
     }
 }
 
-async fn bind(addr: &std::net::SocketAddr) -> Result<TcpListener, CliError> {
+/// Binds `addr`; a failure names the setting (`var`) to change.
+async fn bind(addr: &std::net::SocketAddr, var: &str) -> Result<TcpListener, CliError> {
     TcpListener::bind(addr).await.map_err(|e| {
         let why = match e.kind() {
-            std::io::ErrorKind::AddrInUse => "the address is in use; stop the other server or set SHOPFLOOR_LISTEN to another address".to_owned(),
-            std::io::ErrorKind::PermissionDenied => "permission denied; use a port above 1023 in SHOPFLOOR_LISTEN".to_owned(),
+            std::io::ErrorKind::AddrInUse => format!("the address is in use; stop the other server or set {var} to another address"),
+            std::io::ErrorKind::PermissionDenied => format!("permission denied; use a port above 1023 in {var}"),
             _ => e.to_string(),
         };
         CliError::Failed(format!("cannot listen on {addr}: {why}"))
@@ -163,13 +172,29 @@ async fn serve_http(
     // The webhooks need the App's secret, which the REST router's state does not carry.
     let app = http::router(state.clone())
         .merge(crate::webhooks::router(crate::webhooks::WebhookState::new(state.db.clone(), webhook_secret)))
-        .merge(crate::console::router(state.clone(), console));
+        .merge(crate::console::router(state.clone(), console))
+        // Around every route (so the matched route is known): requests by route and status.
+        .layer(axum::middleware::from_fn(http::metrics::track));
     // Event streams never end by themselves: close them, or the shutdown would wait forever.
     let shutdown = async move {
         drain.cancelled().await;
         state.close_streams();
     };
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(CliError::msg)
+}
+
+/// An engine's `--metrics-addr` listener: `GET /metrics` and nothing else, until the drain.
+async fn serve_metrics(listener: TcpListener, db: sqlx::PgPool, drain: CancellationToken) {
+    let app = axum::Router::new().route(
+        http::metrics::PATH,
+        axum::routing::get(move || {
+            let db = db.clone();
+            async move { http::metrics::answer(engine::metrics::render(Some(&db)).await) }
+        }),
+    );
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(drain.cancelled_owned()).await {
+        tracing::error!(error = %e, "the metrics listener stopped");
+    }
 }
 
 /// The first SIGTERM or Ctrl-C cancels `drain`; the second cancels `abort`.

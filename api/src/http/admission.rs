@@ -1,6 +1,6 @@
 //! Admission's settings and an operator's hands on them: the org's cap on running runs (with
 //! how many run and wait), pausing a project (its new runs are held; unpausing releases them),
-//! and a project's retention. Writes go through `engine::store::admission` and
+//! a project's retention, and the WIP limits of its board columns. Writes go through `engine::store::admission` and
 //! `engine::store::retention`, audited as the caller.
 
 use axum::extract::State;
@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Role;
-use super::error::ApiError;
+use super::error::{ApiError, Problem};
 use super::extract::Json;
 use super::tenant::{OrgScope, ProjectScope};
 use super::AppState;
@@ -72,12 +72,38 @@ pub async fn set_limits(State(state): State<AppState>, scope: OrgScope, Json(bod
 }
 
 /// A project's admission and retention settings.
-#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ProjectSettings {
     /// New runs of a paused project are held until it is unpaused.
     pub paused: bool,
     /// Finished runs are deleted, with their history, this many days after they end.
     pub retention_days: i32,
+    /// The board columns with a WIP limit, by name.
+    pub board_limits: Vec<BoardLimitDoc>,
+}
+
+/// A board column's WIP limit: while the column is full, new runs of workflows that move
+/// cards into it (a `board_move` output) wait in line.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BoardLimitDoc {
+    /// The column (Projects v2 `Status`), as named when the limit was set; matched without
+    /// regard to case.
+    pub column: String,
+    pub wip_limit: i32,
+    /// Items whose card is in the column, plus admitted runs that will move a card into it.
+    pub occupied: i64,
+    /// Runs waiting for room in the column.
+    pub waiting: i32,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetBoardLimit {
+    /// The board column (`In progress`), 1 to 100 characters.
+    pub column: String,
+    /// 1 to 100,000; `null` removes the column's limit. A raise or a removal releases the runs
+    /// it makes room for, in the order they arrived.
+    pub wip_limit: Option<i32>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -88,11 +114,31 @@ pub struct SetRetention {
 }
 
 async fn settings(state: &AppState, scope: &ProjectScope) -> Result<ProjectSettings, ApiError> {
-    Ok(sqlx::query_as("SELECT paused, retention_days FROM projects WHERE org_id = $1 AND project_id = $2")
+    let (paused, retention_days): (bool, i32) = sqlx::query_as("SELECT paused, retention_days FROM projects WHERE org_id = $1 AND project_id = $2")
         .bind(scope.org.org)
         .bind(scope.project)
         .fetch_one(&state.db)
-        .await?)
+        .await?;
+    let mut conn = state.db.acquire().await?;
+    let board_limits = admission::board_limits(&mut conn, scope.org.org, scope.project)
+        .await?
+        .into_iter()
+        .map(|b| BoardLimitDoc { column: b.column, wip_limit: b.limit, occupied: b.occupied, waiting: b.waiting })
+        .collect();
+    Ok(ProjectSettings { paused, retention_days, board_limits })
+}
+
+/// Sets or removes the WIP limit of one of the project's board columns (admin).
+#[utoipa::path(put, path = "/orgs/{org}/projects/{project}/board-limits", operation_id = "set_board_limit", tag = "admission",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    request_body = SetBoardLimit,
+    responses((status = 200, body = ProjectSettings), (status = 404, description = "Removing a limit that is not set", body = Problem, content_type = "application/problem+json")))]
+pub async fn set_board_limit(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<SetBoardLimit>) -> Result<Json<ProjectSettings>, ApiError> {
+    scope.require(Role::Admin)?;
+    let mut ch = scope.change(&state).await?;
+    admission::set_board_limit(&mut ch, scope.org.org, scope.project, &body.column, body.wip_limit).await?;
+    ch.commit().await?;
+    Ok(Json(settings(&state, &scope).await?))
 }
 
 /// The project's admission and retention settings (viewer).

@@ -25,7 +25,7 @@ use engine::hosts::{Assignment, Capability, Usage};
 use engine::ids::StepId;
 use engine::state::StepState;
 use engine::store::hosts::{self as store, Completion, HostRow, LogLine, NewHost};
-use engine::store::steps::{self, Failure, FailureClass};
+use engine::store::steps::{Failure, FailureClass};
 use engine::store::{cap, Actor, Change, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -175,6 +175,9 @@ pub struct AssignmentDoc {
     pub expect_changes: bool,
     /// The lease lasts this long without a heartbeat or a session report.
     pub lease_secs: u64,
+    /// The run's W3C trace context (`00-<trace id>-<span id>-<flags>`): the host's span of
+    /// the attempt joins the run's trace. Absent when the server exports no traces.
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -221,6 +224,7 @@ impl From<Assignment> for AssignmentDoc {
             pr_body: a.pr_body,
             expect_changes: a.expect_changes,
             lease_secs: a.lease_secs,
+            traceparent: a.traceparent,
         }
     }
 }
@@ -362,13 +366,15 @@ pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<
     Ok(Json(standing(row.state())))
 }
 
-/// Renews the lease of a held step; the answer says when the host must stop it.
+/// Renews the lease of a held step; the answer says when the host must stop it (cancelled,
+/// taken back, or failed `budget_hard_stop` because a hard budget is spent).
 #[utoipa::path(post, path = "/host/steps/{step}/heartbeat", operation_id = "heartbeat_step", tag = "host-protocol",
     params(("step" = String, Path, description = "Step id, `step-…`")),
     responses((status = 200, body = StepStanding)))]
 pub async fn heartbeat(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepStanding>, ApiError> {
     let step = step_id(&p.step)?;
-    let now = steps::heartbeat(&state.db, me.host.org_id, step, &store::holder(me.host.host_id)).await?;
+    // A hard budget spent stops the step here: it fails `budget_hard_stop` and the answer says stop.
+    let now = store::heartbeat(&state.db, &me.host, step).await?;
     Ok(Json(standing(now)))
 }
 

@@ -1,13 +1,14 @@
 //! Hosts of a project: list (viewer), registration tokens (admin: a token, shown once, that
-//! registers one host through the host protocol), and deregistration (admin: the host takes
-//! no more steps and its credentials are revoked).
+//! registers one host through the host protocol), deregistration (admin: the host takes
+//! no more steps and its credentials are revoked), and draining (admin: the host claims
+//! nothing new while the steps it holds run to their end; undrain lets it claim again).
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Duration, Utc};
 use engine::ids::HostId;
-use engine::store::api_writes;
+use engine::store::{api_writes, operator};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -32,6 +33,10 @@ pub struct Host {
     pub max_concurrent: i32,
     pub last_seen_at: Option<DateTime<Utc>>,
     pub deregistered_at: Option<DateTime<Utc>>,
+    /// When an operator drained it: it claims nothing new, and the steps it holds run on.
+    pub drained_at: Option<DateTime<Utc>>,
+    /// Who drained it (`user:<id>`).
+    pub drained_by: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -85,7 +90,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
     let limit = page::limit(q.limit)?;
     let after: Option<(String, uuid::Uuid)> = page::decode(q.cursor.as_deref())?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(
-        "SELECT host_id, name, capabilities, max_concurrent, last_seen_at, deregistered_at, created_at FROM hosts WHERE org_id = ",
+        "SELECT host_id, name, capabilities, max_concurrent, last_seen_at, deregistered_at, drained_at, drained_by, created_at FROM hosts WHERE org_id = ",
     );
     qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
     if !q.include_deregistered {
@@ -132,4 +137,41 @@ pub async fn deregister(State(state): State<AppState>, scope: ProjectScope, Path
     api_writes::deregister_host(&mut ch, scope.org.org, scope.project, host).await?;
     ch.commit().await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn set_drained(state: &AppState, scope: &ProjectScope, host: &str, drained: bool) -> Result<Json<Host>, ApiError> {
+    scope.require(Role::Admin)?;
+    let not_found = || ApiError::NotFound("host not found".into());
+    let host = HostId(host.parse().map_err(|_| not_found())?);
+    let mut ch = scope.change(state).await?;
+    operator::set_host_drained(&mut ch, scope.org.org, scope.project, host, drained).await?;
+    let row: Host = sqlx::query_as(
+        "SELECT host_id, name, capabilities, max_concurrent, last_seen_at, deregistered_at, drained_at, drained_by, created_at FROM hosts \
+         WHERE host_id = $1 AND org_id = $2 AND project_id = $3",
+    )
+    .bind(host)
+    .bind(scope.org.org)
+    .bind(scope.project)
+    .fetch_optional(ch.conn())
+    .await?
+    .ok_or_else(not_found)?;
+    ch.commit().await?;
+    Ok(Json(row))
+}
+
+/// Drains a host (admin): its claims take nothing new; the steps it holds run to their end.
+/// Draining a drained host changes nothing.
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/hosts/{host}/drain", operation_id = "drain_host", tag = "hosts",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("host" = String, Path, description = "The host's id")),
+    responses((status = 200, body = Host)))]
+pub async fn drain(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<HostPath>) -> Result<Json<Host>, ApiError> {
+    set_drained(&state, &scope, &p.host, true).await
+}
+
+/// Lets a drained host claim steps again (admin).
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/hosts/{host}/undrain", operation_id = "undrain_host", tag = "hosts",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("host" = String, Path, description = "The host's id")),
+    responses((status = 200, body = Host)))]
+pub async fn undrain(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<HostPath>) -> Result<Json<Host>, ApiError> {
+    set_drained(&state, &scope, &p.host, false).await
 }

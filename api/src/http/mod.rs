@@ -17,6 +17,8 @@
 //! - `admission`, `budgets`, `webhooks_out`, `operator` — the org's cap, project pause and
 //!   retention; budgets and spend; outgoing webhooks with their delivery log and replay;
 //!   resolving a failed run, cycle-budget asks and their reset.
+//! - `metrics` — `GET /metrics` (unauthenticated, not in the document) and the middleware
+//!   counting requests by route template and status.
 //! - `openapi` — the document's header, security scheme and shared problem responses.
 
 pub mod admission;
@@ -31,6 +33,7 @@ pub mod host_protocol;
 pub mod hosts;
 pub mod idempotency;
 pub mod members;
+pub mod metrics;
 pub mod openapi;
 pub mod operator;
 pub mod page;
@@ -134,12 +137,15 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(hosts::list))
         .routes(routes!(hosts::register))
         .routes(routes!(hosts::deregister))
+        .routes(routes!(hosts::drain))
+        .routes(routes!(hosts::undrain))
         .routes(routes!(events::stream))
         .routes(routes!(admission::get_limits, admission::set_limits))
         .routes(routes!(admission::get_settings))
         .routes(routes!(admission::set_retention))
         .routes(routes!(admission::pause))
         .routes(routes!(admission::unpause))
+        .routes(routes!(admission::set_board_limit))
         .routes(routes!(budgets::list))
         .routes(routes!(budgets::set_org, budgets::remove_org))
         .routes(routes!(budgets::list_project))
@@ -176,6 +182,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn router(state: AppState) -> Router {
     let (routes, _) = api_router().split_for_parts();
     routes
+        // Outside the OpenAPI document, like the console: it is for scrapers (`metrics`).
+        .route(metrics::PATH, axum::routing::get(metrics::scrape))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))

@@ -44,3 +44,16 @@ pub fn finish<R, K: Serialize>(mut rows: Vec<R>, limit: i64, key: impl Fn(&R) ->
         (rows, None)
     }
 }
+
+/// Cuts a page of sequence-numbered rows (a run's events, a step's log) fetched with
+/// `limit + 1` rows to `limit`, with the last row's number to pass as `after` when more follow.
+pub fn finish_after<R>(mut rows: Vec<R>, limit: i64, seq: impl Fn(&R) -> i64) -> (Vec<R>, Option<i64>) {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if rows.len() > limit {
+        rows.truncate(limit);
+        let next = rows.last().map(seq);
+        (rows, next)
+    } else {
+        (rows, None)
+    }
+}

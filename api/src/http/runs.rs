@@ -10,8 +10,9 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 use engine::ids::{OrgId, ProjectId, RunId, StepId, WorkflowId};
 use engine::store::runs::{self as store, NewRun};
-use engine::store::{approvals, cap, Change};
+use engine::store::{approvals, cap, operator, Change};
 use engine::substate;
+use engine::trace::TraceParent;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sqlx::{PgConnection, Postgres, QueryBuilder};
@@ -60,6 +61,10 @@ pub struct Run {
     pub ended_at: Option<DateTime<Utc>>,
     /// When an operator marked this failed run handled (`…/resolve`).
     pub resolved_at: Option<DateTime<Utc>>,
+    /// The run's OpenTelemetry trace (32 hex digits): the webhook delivery or the request that
+    /// created it is the root span, and each step a span in it. Absent when the server
+    /// exports no traces.
+    pub trace_id: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
@@ -131,6 +136,20 @@ pub struct SubmitRun {
 #[serde(deny_unknown_fields)]
 pub struct CancelRun {
     pub reason: Option<String>,
+}
+
+/// Edit-and-retry: the retry runs `node` (a crew node) with a new prompt, model or harness,
+/// kept for every later attempt of that node in the new run (and the retries of it).
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryRun {
+    /// The crew node to edit; the retry also starts again from it if it did not fail.
+    pub node: String,
+    /// The node's prompt template instead of the workflow's.
+    pub prompt: Option<String>,
+    pub model: Option<String>,
+    /// `claude-code`, `codex` or `command`.
+    pub harness: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
@@ -232,6 +251,7 @@ struct RunRow {
     started_at: Option<DateTime<Utc>>,
     ended_at: Option<DateTime<Utc>>,
     resolved_at: Option<DateTime<Utc>>,
+    trace_id: Option<String>,
 }
 
 const SUBSTATES: [&str; 9] = ["queued", "executing", "waiting_for_agent", "unroutable", "sleeping", "awaiting_signal", "awaiting_child", "awaiting_lease", "held"];
@@ -241,7 +261,7 @@ fn select_runs(org: OrgId, project: ProjectId) -> QueryBuilder<'static, Postgres
     let mut qb = QueryBuilder::new(
         "SELECT r.run_id, w.name AS workflow, r.workflow_version, r.status, r.reason, r.input, \
                 r.dry_run, i.key AS item, r.source_run_id, r.source_from_node, r.parent_run_id, r.created_by, \
-                r.created_at, r.started_at, r.ended_at, r.resolved_at \
+                r.created_at, r.started_at, r.ended_at, r.resolved_at, r.trace_id \
          FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id LEFT JOIN items i ON i.item_id = r.item_id \
          WHERE r.org_id = "
     );
@@ -272,6 +292,7 @@ impl Run {
             started_at: r.started_at,
             ended_at: r.ended_at,
             resolved_at: r.resolved_at,
+            trace_id: r.trace_id,
         }
     }
 }
@@ -443,7 +464,10 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
               (status = 429, description = "1,000 runs already wait for the org's cap on running runs", body = Problem, content_type = "application/problem+json")))]
 pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<SubmitRun>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
+    // The request's span is the root of the new run's trace (`engine::trace`).
+    let span = tracing::info_span!(parent: None, "runs.submit", otel.name = "POST runs", otel.kind = "server", shopfloor.workflow = %cap(&body.workflow));
     let mut ch = scope.change(&state).await?;
+    ch.set_trace(TraceParent::of_span(&span));
     if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, &key, &idempotency::fingerprint(method.as_str(), &uri, &body)).await? {
         return Ok(replay);
     }
@@ -545,8 +569,13 @@ pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p):
 }
 
 /// Submits a new run from a finished one: from `from` (or the start), reusing earlier outputs.
-async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, hash: &str, source: RunId, retry: bool, from: Option<String>) -> Result<Response, ApiError> {
+/// A retry keeps the run's edits (`edit` adds one: edit-and-retry).
+#[expect(clippy::too_many_arguments, reason = "the retry and rerun handlers' one helper")]
+async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, hash: &str, source: RunId, retry: bool, from: Option<String>, edit: Option<RetryRun>) -> Result<Response, ApiError> {
+    // The request's span is the root of the new run's trace (`engine::trace`).
+    let span = tracing::info_span!(parent: None, "runs.rerun", otel.name = if retry { "POST runs retry" } else { "POST runs rerun" }, otel.kind = "server", shopfloor.source_run = %source);
     let mut ch = scope.change(state).await?;
+    ch.set_trace(TraceParent::of_span(&span));
     if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, hash).await? {
         return Ok(replay);
     }
@@ -557,7 +586,7 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
             .bind(scope.org.org)
             .fetch_one(ch.conn())
             .await?;
-    let nodes = if retry {
+    let mut nodes = if retry {
         match status.as_str() {
             "running" => return Err(ApiError::Conflict("the run is still running; cancel it first or wait for it to end".into())),
             "completed" => return Err(ApiError::Conflict("the run completed: nothing failed to retry (rerun it instead)".into())),
@@ -567,7 +596,25 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
         from.into_iter().collect()
     };
     let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
+    if let Some(e) = &edit {
+        if def.node(&e.node).is_none() {
+            return Err(ApiError::Unprocessable(format!("node `{}` is not in this run's workflow", cap(&e.node))));
+        }
+        if !nodes.contains(&e.node) {
+            nodes.push(e.node.clone());
+        }
+    }
     let run = store::rerun(&mut ch, scope.org.org, source, &def, &nodes).await?;
+    if retry {
+        let org = scope.org.org;
+        match &edit {
+            Some(e) => {
+                let change = operator::NodeOverride { prompt: e.prompt.clone(), model: e.model.clone(), harness: e.harness.clone() };
+                operator::edit_retry(&mut ch, org, run, source, &def, &e.node, &change).await?;
+            }
+            None => operator::inherit_overrides(&mut ch, org, run, source).await?,
+        }
+    }
     let created = load_fresh(ch.conn(), scope, run).await?;
     let response = idempotency::answer(&mut ch, scope.org.org, key, StatusCode::CREATED, &created).await?;
     ch.commit().await?;
@@ -575,15 +622,23 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
 }
 
 /// Retries a failed or cancelled run: a new run that starts again from the nodes that failed,
-/// reusing the outputs before them (member).
+/// reusing the outputs before them (member). With a body, edit-and-retry: the new run runs
+/// `node` with the prompt, model or harness given, at every attempt of that node (audited as
+/// `run.edit_retry`, with a `run.edited` event). A retry keeps the edits of the run it retries.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/retry", operation_id = "retry_run", tag = "runs",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"),
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe")),
-    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json")))]
-pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>) -> Result<Response, ApiError> {
+    request_body(content = Option<RetryRun>, description = "Optional: a crew node to run with a new prompt, model or harness"),
+    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json"),
+              (status = 422, description = "No such crew node, or an invalid prompt, model or harness", body = Problem, content_type = "application/problem+json")))]
+pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
-    rerun_from(&state, &scope, &key, &idempotency::fingerprint(method.as_str(), &uri, &()), id, true, None).await
+    let hash = match &body {
+        None => idempotency::fingerprint(method.as_str(), &uri, &()),
+        Some(edit) => idempotency::fingerprint(method.as_str(), &uri, edit),
+    };
+    rerun_from(&state, &scope, &key, &hash, id, true, None, body).await
 }
 
 /// Reruns a finished run with the same input, from the start or from `?from=<node>` (member).
@@ -595,7 +650,7 @@ pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: Idem
 pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
-    rerun_from(&state, &scope, &key, &idempotency::fingerprint(method.as_str(), &uri, &()), id, false, q.from).await
+    rerun_from(&state, &scope, &key, &idempotency::fingerprint(method.as_str(), &uri, &()), id, false, q.from, None).await
 }
 
 /// The run's events, by sequence number.
@@ -613,7 +668,7 @@ pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p):
         .fetch_optional(&state.db)
         .await?;
     found.ok_or_else(run_not_found)?;
-    let mut items: Vec<RunEvent> = sqlx::query_as(
+    let items: Vec<RunEvent> = sqlx::query_as(
         "SELECT run_id AS run, seq, kind, node, step_id AS step, at, attrs FROM run_events \
          WHERE run_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
     )
@@ -623,12 +678,7 @@ pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p):
     .bind(limit + 1)
     .fetch_all(&state.db)
     .await?;
-    let next_after = if items.len() as i64 > limit {
-        items.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        items.last().map(|e| e.seq)
-    } else {
-        None
-    };
+    let (items, next_after) = page::finish_after(items, limit, |e| e.seq);
     Ok(Json(RunEventList { items, next_after }))
 }
 
@@ -757,7 +807,7 @@ pub async fn step_logs(State(state): State<AppState>, scope: ProjectScope, Path(
     .fetch_optional(&state.db)
     .await?;
     found.ok_or_else(not_found)?;
-    let mut items: Vec<LogLine> = sqlx::query_as(
+    let items: Vec<LogLine> = sqlx::query_as(
         "SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
     )
     .bind(step)
@@ -766,11 +816,6 @@ pub async fn step_logs(State(state): State<AppState>, scope: ProjectScope, Path(
     .bind(limit + 1)
     .fetch_all(&state.db)
     .await?;
-    let next_after = if items.len() as i64 > limit {
-        items.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        items.last().map(|l| l.seq)
-    } else {
-        None
-    };
+    let (items, next_after) = page::finish_after(items, limit, |l| l.seq);
     Ok(Json(LogPage { items, next_after }))
 }

@@ -109,8 +109,22 @@ fn text<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, Webho
         .ok_or(WebhookError::MissingHeader(name))
 }
 
-/// `POST /webhooks/github`.
-async fn github(State(state): State<WebhookState>, headers: HeaderMap, body: Bytes) -> Result<Response, WebhookError> {
+/// `POST /webhooks/github`, counted by event and outcome. The event is named only once the
+/// signature holds (`unverified` before), so an unsigned request cannot add labels.
+async fn github(state: State<WebhookState>, headers: HeaderMap, body: Bytes) -> Response {
+    let result = handle(state, &headers, body).await;
+    let verified = !matches!(result, Err(WebhookError::MissingSignature | WebhookError::BadSignature | WebhookError::NoSecret));
+    let event = if verified { headers.get("x-github-event").and_then(|v| v.to_str().ok()).unwrap_or("none") } else { "unverified" };
+    let outcome = match &result {
+        Ok(response) if response.status() == StatusCode::OK => "redelivery",
+        Ok(_) => "accepted",
+        Err(e) => e.status().1,
+    };
+    engine::metrics::github_webhook(event, outcome);
+    result.into_response()
+}
+
+async fn handle(State(state): State<WebhookState>, headers: &HeaderMap, body: Bytes) -> Result<Response, WebhookError> {
     let secret = state.secret.as_deref().ok_or(WebhookError::NoSecret)?;
     let signature = headers
         .get("x-hub-signature-256")
@@ -120,10 +134,15 @@ async fn github(State(state): State<WebhookState>, headers: HeaderMap, body: Byt
     if !verify(secret, &body, signature) {
         return Err(WebhookError::BadSignature);
     }
-    let id = text(&headers, "x-github-delivery")?;
-    let event = text(&headers, "x-github-event")?;
+    let id = text(headers, "x-github-delivery")?;
+    let event = text(headers, "x-github-event")?;
     let delivery = Delivery { id, event, body: &body };
-    match ingest::ingest(&state.db, &delivery).await {
+    // The delivery's span is the root of the trace of each run it opens (`engine::trace`).
+    // It carries the delivery's id and event, never a header's secret or the signature.
+    let span = tracing::info_span!(parent: None, "webhook", otel.name = "POST /webhooks/github", otel.kind = "server", github.delivery = id, github.event = event);
+    let ingested = tracing::Instrument::instrument(ingest::ingest(&state.db, &delivery), span.clone()).await;
+    let _in_span = span.enter();
+    match ingested {
         Ok(IngestOutcome::Redelivery) => {
             tracing::info!(github.delivery = id, github.event = event, "redelivery ignored");
             Ok((StatusCode::OK, axum::Json(json!({ "delivery": id, "outcome": "redelivery" }))).into_response())

@@ -91,6 +91,8 @@ fn cases() -> Vec<Case> {
         c(get.clone(), "/healthz", None, 200, Nothing, none),
         c(get.clone(), "/readyz", None, 200, Nothing, none),
         c(get.clone(), "/api/v1/openapi.json", None, 200, Nothing, none),
+        // Outside the OpenAPI document (see `UNDOCUMENTED`): for scrapers, open to every caller.
+        c(get.clone(), "/metrics", None, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/members", v, 200, Nothing, none),
         c(post.clone(), "/api/v1/orgs/{org}/members", a, 201, Nothing, |n| Some(json!({ "email": format!("new{n}@x.test"), "role": "viewer" }))),
         c(patch.clone(), "/api/v1/orgs/{org}/members/{user}", a, 200, Member, |_| Some(json!({ "role": "member" }))),
@@ -129,6 +131,8 @@ fn cases() -> Vec<Case> {
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/hosts", v, 200, Nothing, none),
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/host-registrations", a, 201, Nothing, |_| Some(json!({ "name": "box" }))),
         c(delete.clone(), "/api/v1/orgs/{org}/projects/{project}/hosts/{host}", a, 204, Host, none),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/hosts/{host}/drain", a, 200, Host, none),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/hosts/{host}/undrain", a, 200, Host, none),
         // The host protocol: host credentials only (registration tokens only to register). A
         // step the host does not hold answers `stop` to a heartbeat or a report, and 409 to a
         // start or a completion: authorized, and refused by the step's state.
@@ -145,6 +149,7 @@ fn cases() -> Vec<Case> {
         c(put.clone(), "/api/v1/orgs/{org}/projects/{project}/retention", a, 200, Nothing, |_| Some(json!({ "retention_days": 90 }))),
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/pause", a, 200, Nothing, none),
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/unpause", a, 200, Nothing, none),
+        c(put.clone(), "/api/v1/orgs/{org}/projects/{project}/board-limits", a, 200, Nothing, |_| Some(json!({ "column": "In review", "wip_limit": 1000 }))),
         c(get.clone(), "/api/v1/orgs/{org}/budgets", v, 200, Nothing, none),
         c(put.clone(), "/api/v1/orgs/{org}/budgets/{period}", a, 200, Nothing, |_| Some(json!({ "usd_limit": 1000 }))),
         c(delete.clone(), "/api/v1/orgs/{org}/budgets/{period}", a, 204, Budgets, none),
@@ -163,6 +168,10 @@ fn cases() -> Vec<Case> {
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/cycle-asks/{item}/reset", m, 200, Item, none),
     ]
 }
+
+/// Routes the router serves outside the OpenAPI document (the console's pages and the GitHub
+/// webhook are tested apart).
+const UNDOCUMENTED: [&str; 1] = ["/metrics"];
 
 /// A valid one-node workflow named `name`.
 fn workflow(name: &str) -> String {
@@ -289,7 +298,7 @@ async fn every_route_answers_each_caller_exactly() {
         }
     }
     let table = cases();
-    let covered: BTreeSet<String> = table.iter().map(|c| format!("{} {}", c.method, c.route)).collect();
+    let covered: BTreeSet<String> = table.iter().filter(|c| !UNDOCUMENTED.contains(&c.route)).map(|c| format!("{} {}", c.method, c.route)).collect();
     assert_eq!(covered, documented, "the table and the OpenAPI document list different routes");
 
     let mut n = 0u32;

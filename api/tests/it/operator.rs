@@ -1,8 +1,10 @@
 //! Every operator action through HTTP, each checked three ways: the state it changed, the
 //! audit entry naming the acting user, and the run event it wrote. Cancel, approve, reject,
 //! retry, rerun, pause and unpause a workflow and a project, set a budget and the org's cap,
-//! set retention, resolve a failed run, reset an item's cycle budget; and admission's
-//! refusals answered as problems (409 for a full `skip` group, 429 for a full line).
+//! set retention, resolve a failed run, reset an item's cycle budget, edit-and-retry, drain and
+//! undrain a host, set and remove a board column's WIP limit; and admission's refusals answered
+//! as problems (409 for a full `skip` group, 429 for a full line). The host protocol's side of
+//! draining and budgets is in `host_budget`.
 
 use engine::ids::{OrgId, RunId, UserId};
 use engine::store::{admission, runs, Actor, Change};
@@ -283,4 +285,102 @@ async fn admission_refusals_are_problems_409_and_429() {
     let p = problem(status, &headers, &body);
     assert_eq!((p.kind.as_str(), p.detail.as_str()), ("https://shopfloor.dev/problems/too-many-requests", "1000 runs already wait for the org's cap of 1 running runs"));
     app.discard().await;
+}
+
+#[tokio::test]
+async fn edit_and_retry_draining_a_host_and_wip_limits_are_audited_with_their_user() {
+    let app = App::with_engine().await;
+    let org = app.org("acme").await;
+    let pool = app.pool().clone();
+    let member = org.member_user;
+    let admin = user_of(&pool, org.id, "admin").await;
+
+    // Edit-and-retry: a cancelled run of a crew node, retried with a new prompt and model.
+    upload(&app, &org, "editable", "name: editable\nnodes:\n  work:\n    crew: { harness: claude-code, model: sonnet, prompt: do the work }\n  check:\n    after: [work]\n    approval: { prompt: ok? }\n").await;
+    let first = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "editable", "input": { "test": { "step_ms": { "work": 1500 } } } })), StatusCode::CREATED).await;
+    let first = first["id"].as_str().unwrap().to_owned();
+    app.until(first.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'work' AND state = 'running')", "work running").await;
+    app.json(Method::POST, &format!("{BASE}/runs/{first}/cancel"), &org.member, None, StatusCode::OK).await;
+    // Bad edits are refused as problems, and nothing is created.
+    for (edit, want) in [
+        (json!({ "node": "nope", "prompt": "x" }), StatusCode::UNPROCESSABLE_ENTITY),
+        (json!({ "node": "check", "prompt": "x" }), StatusCode::UNPROCESSABLE_ENTITY),
+        (json!({ "node": "work", "harness": "vim" }), StatusCode::UNPROCESSABLE_ENTITY),
+        (json!({ "node": "work" }), StatusCode::UNPROCESSABLE_ENTITY),
+        (json!({ "node": "work", "prompt": "{{ unclosed" }), StatusCode::UNPROCESSABLE_ENTITY),
+        (json!({ "prompt": "x" }), StatusCode::BAD_REQUEST),
+    ] {
+        let (status, headers, body) = app.send(Method::POST, &format!("{BASE}/runs/{first}/retry"), Some(&org.member), Some(&edit)).await;
+        assert_eq!(status, want, "{edit}: {}", String::from_utf8_lossy(&body));
+        crate::support::problem(status, &headers, &body);
+    }
+    let (status, _, _) = app.send(Method::POST, &format!("/api/v1/orgs/other/projects/web/runs/{first}/retry"), Some(&org.member), Some(&json!({ "node": "work", "prompt": "x" }))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(sqlx::query_scalar::<_, i64>("SELECT count(*) FROM runs WHERE source_run_id IS NOT NULL").fetch_one(&pool).await.unwrap(), 0);
+    let edit = json!({ "node": "work", "prompt": "do less", "model": "haiku" });
+    let retried = app.json(Method::POST, &format!("{BASE}/runs/{first}/retry"), &org.member, Some(&edit), StatusCode::CREATED).await;
+    let retry = retried["id"].as_str().unwrap().to_owned();
+    assert_eq!(retried["source_run"], first);
+    waiting_at(&app, &retry, "check").await;
+    let output: Value = sqlx::query_scalar("SELECT output FROM steps WHERE run_id = $1 AND node = 'work' AND state = 'succeeded'")
+        .bind(retry.parse::<RunId>().unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!((output["prompt"].as_str(), output["model"].as_str(), output["harness"].as_str(), output["edited"].as_bool()), (Some("do less"), Some("haiku"), Some("claude-code"), Some(true)));
+    assert_eq!(audited(&pool, org.id, "run.edit_retry", member, &retry).await, 1);
+    assert!(events(&pool, &retry).await.contains(&"run.edited".to_owned()));
+    // A plain retry of the retry keeps the edit.
+    app.json(Method::POST, &format!("{BASE}/runs/{retry}/cancel"), &org.member, None, StatusCode::OK).await;
+    let again = app.json(Method::POST, &format!("{BASE}/runs/{retry}/retry"), &org.member, None, StatusCode::CREATED).await;
+    let again = again["id"].as_str().unwrap().to_owned();
+    let kept: Option<String> = sqlx::query_scalar("SELECT prompt FROM run_node_overrides WHERE run_id = $1 AND node = 'work'")
+        .bind(again.parse::<RunId>().unwrap())
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kept.as_deref(), Some("do less"));
+    app.json(Method::POST, &format!("{BASE}/runs/{again}/cancel"), &org.member, None, StatusCode::OK).await;
+
+    // Drain and undrain a host (admin): visible in the list, audited.
+    let host = uuid::Uuid::now_v7();
+    sqlx::query("INSERT INTO hosts (org_id, project_id, host_id, name, capabilities) VALUES ($1, $2, $3, 'box-1', '{linux}')")
+        .bind(org.id)
+        .bind(org.project)
+        .bind(host)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (status, _, _) = app.send(Method::POST, &format!("{BASE}/hosts/{host}/drain"), Some(&org.member), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _, _) = app.send(Method::POST, &format!("{BASE}/hosts/not-a-host/drain"), Some(&org.admin), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let drained = app.json(Method::POST, &format!("{BASE}/hosts/{host}/drain"), &org.admin, None, StatusCode::OK).await;
+    assert_eq!(drained["drained_by"], format!("user:{admin}"));
+    let listed = app.json(Method::GET, &format!("{BASE}/hosts"), &org.viewer, None, StatusCode::OK).await;
+    assert!(listed["items"][0]["drained_at"].is_string(), "{listed}");
+    assert_eq!(audited(&pool, org.id, "host.drain", admin, &engine::ids::HostId(host).to_string()).await, 1);
+    let undrained = app.json(Method::POST, &format!("{BASE}/hosts/{host}/undrain"), &org.admin, None, StatusCode::OK).await;
+    assert!(undrained["drained_at"].is_null());
+    assert_eq!(audited(&pool, org.id, "host.undrain", admin, &engine::ids::HostId(host).to_string()).await, 1);
+
+    // A board column's WIP limit (admin): shown in the settings, audited, removable once.
+    let settings = app.json(Method::PUT, &format!("{BASE}/board-limits"), &org.admin, Some(&json!({ "column": "In progress", "wip_limit": 3 })), StatusCode::OK).await;
+    assert_eq!(settings["board_limits"], json!([{ "column": "In progress", "wip_limit": 3, "occupied": 0, "waiting": 0 }]));
+    assert_eq!(audited(&pool, org.id, "board.wip_limit", admin, &org.project.to_string()).await, 1);
+    for bad in [json!({ "column": "", "wip_limit": 3 }), json!({ "column": "x", "wip_limit": 0 }), json!({ "column": "x" , "wip_limit": "3" })] {
+        let (status, _, body) = app.send(Method::PUT, &format!("{BASE}/board-limits"), Some(&org.admin), Some(&bad)).await;
+        assert!(status.is_client_error(), "{bad}: {status} {}", String::from_utf8_lossy(&body));
+    }
+    let settings = app.json(Method::PUT, &format!("{BASE}/board-limits"), &org.admin, Some(&json!({ "column": "in PROGRESS", "wip_limit": null })), StatusCode::OK).await;
+    assert_eq!(settings["board_limits"], json!([]));
+    assert_eq!(audited(&pool, org.id, "board.wip_limit_remove", admin, &org.project.to_string()).await, 1);
+    let (status, _, _) = app.send(Method::PUT, &format!("{BASE}/board-limits"), Some(&org.admin), Some(&json!({ "column": "In progress", "wip_limit": null }))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    app.discard().await;
+}
+
+async fn waiting_at(app: &App, run: &str, node: &str) {
+    let sql = format!("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = '{node}' AND state = 'waiting')");
+    app.until(run.parse().unwrap(), &sql, "waiting").await;
 }

@@ -75,6 +75,15 @@ impl App {
 
     /// Also runs an engine with the test executor in this process.
     pub(crate) async fn with_engine() -> App {
+        App::with_engine_executing(true).await
+    }
+
+    /// Also runs an engine in this process that leaves crew steps to hosts (no test executor).
+    pub(crate) async fn with_host_engine() -> App {
+        App::with_engine_executing(false).await
+    }
+
+    async fn with_engine_executing(test_executor: bool) -> App {
         let mut app = App::start().await;
         let stop = CancellationToken::new();
         let cfg = PoolConfig {
@@ -83,7 +92,7 @@ impl App {
             batch: 64,
             max_in_flight: 64,
             drain: Duration::from_secs(5),
-            test_executor: Some(TestExecutor { effects: None }),
+            test_executor: test_executor.then_some(TestExecutor { effects: None }),
             outputs: None,
         };
         tokio::spawn(pool::run(app.db.pool.clone(), cfg, stop.clone(), stop.clone()));

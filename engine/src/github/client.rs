@@ -189,6 +189,22 @@ impl GithubApp {
     }
 }
 
+impl GithubApp {
+    /// The App as GitHub knows it (`GET /app`, authenticated with the App's JWT): proves the
+    /// App id and its key without an installation (`shopfloor check`).
+    ///
+    /// # Errors
+    /// As for any call.
+    pub async fn about(&self) -> Result<Value, CallError> {
+        Ok(call(&self.rest, Verb::Get, "/app", None, self.settings.backoff).await?.body)
+    }
+
+    /// The REST base URL the App calls.
+    pub fn api_url(&self) -> &str {
+        &self.settings.api_url
+    }
+}
+
 /// The HTTP methods the outputs use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {

@@ -88,7 +88,7 @@ pub async fn start_gate(
     history: &[StepRow],
     has_test_executor: bool,
 ) -> Result<Option<bool>> {
-    let target = target(ch, run, history).await?.filter(|t| t.head_sha.is_some());
+    let target = target(ch, run, history).await?.map(|t| with_pushed_head(t, history)).filter(|t| t.head_sha.is_some());
     if target.is_none() && has_test_executor {
         return Ok(None);
     }
@@ -113,6 +113,19 @@ pub async fn start_gate(
     ch.wake(run.run_id, Some(step), timeout, "timeout", true).await?;
     let sha = target.head_sha.unwrap_or_default();
     decide_gate(ch, run, step, gate, &target.repository, &sha).await.map(Some)
+}
+
+/// A gate before any pull request (build → ci → open_pr) watches the commit the latest crew
+/// step pushed to its branch: CI runs on the push, and there is no pull request head yet.
+fn with_pushed_head(mut t: Target, history: &[StepRow]) -> Target {
+    if t.head_sha.is_none() {
+        t.head_sha = history
+            .iter()
+            .rev()
+            .filter(|s| s.kind == "crew" && s.state() == crate::state::StepState::Succeeded)
+            .find_map(|s| s.output.as_ref()?.get("head_sha")?.as_str().map(str::to_owned));
+    }
+    t
 }
 
 /// Reads the gate's checks on `sha` and resolves the step when they decide it; returns

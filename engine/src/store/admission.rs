@@ -218,6 +218,29 @@ async fn leases_in(ch: &mut Change, org: OrgId, queue: &str) -> Result<i64> {
         .await?)
 }
 
+/// What occupies a board column (`queue` is its line): the runs holding a lease in its line,
+/// and the items of the project whose stored card is in the column, except those a lease
+/// holder is about (counted once) and `except` (the item of the run asking: its card being in
+/// the column already is room it holds, not room it takes).
+async fn board_occupied(ch: &mut Change, org: OrgId, queue: &str, except: Option<ItemId>) -> Result<i64> {
+    let Some((project, column)) = rules::board_of(queue) else { return Ok(0) };
+    let project: uuid::Uuid = project.parse().map_err(|_| StoreError::Invalid(format!("bad board line {queue}")))?;
+    Ok(sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM concurrency_leases WHERE org_id = $1 AND group_key = $2) \
+              + (SELECT count(*) FROM items i WHERE i.project_id = $3 AND i.org_id = $1 \
+                   AND lower(i.data #>> '{board,column}') = $4 AND i.item_id IS DISTINCT FROM $5 \
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_leases l JOIN runs r ON r.run_id = l.run_id \
+                                   WHERE l.org_id = $1 AND l.group_key = $2 AND r.item_id = i.item_id))",
+    )
+    .bind(org)
+    .bind(queue)
+    .bind(project)
+    .bind(column)
+    .bind(except)
+    .fetch_one(&mut *ch.tx)
+    .await?)
+}
+
 /// Whether the run may take room in a line: it is the head, or it is not in line and no one is.
 async fn first_in_line(ch: &mut Change, c: &Candidate, s: &Standing, queue: &str, waiting: i32) -> Result<(bool, i64)> {
     let ahead = match &s.wait {
@@ -310,6 +333,43 @@ async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result<Plan> {
                     _ => {}
                 }
                 plan.hold = Some(Hold { queue, hold: "lease", detail: group, wake: None });
+                return Ok(plan);
+            }
+        }
+    }
+
+    // Board columns with a WIP limit that this workflow moves cards into. A run in line at a
+    // column whose limit was removed since leaves that line (its row is locked to do so).
+    let columns = rules::board_columns(&def);
+    let in_board_line = s.wait.as_ref().filter(|(q, _)| rules::queue_kind(q) == QueueKind::Board).map(|(q, _)| q.clone());
+    if !columns.is_empty() || in_board_line.is_some() {
+        let limits: Vec<(String, String, i32)> = sqlx::query_as(
+            "SELECT column_key, column_name, wip_limit FROM board_limits WHERE org_id = $1 AND project_id = $2 AND column_key = ANY($3) \
+             ORDER BY column_key FOR SHARE",
+        )
+        .bind(c.org)
+        .bind(c.project)
+        .bind(&columns)
+        .fetch_all(&mut *ch.tx)
+        .await?;
+        if let Some(q) = &in_board_line {
+            if !limits.iter().any(|(key, _, _)| rules::board_queue(&project, key) == *q) {
+                lock_queue(ch, c.org, q, None, None).await?;
+            }
+        }
+        for (key, name, limit) in limits {
+            let queue = rules::board_queue(&project, &key);
+            if s.leases.contains(&queue) {
+                continue;
+            }
+            let (_, waiting) = lock_queue(ch, c.org, &queue, Some(limit), None).await?;
+            let room = i64::from(limit) - board_occupied(ch, c.org, &queue, c.item).await?;
+            let (first, _) = first_in_line(ch, c, s, &queue, waiting).await?;
+            if room > 0 && first {
+                take_room(&mut plan, s, &queue, room - 1, waiting);
+                plan.leases.push(queue);
+            } else {
+                plan.hold = Some(Hold { queue, hold: "board", detail: format!("{name} (WIP limit {limit})"), wake: None });
                 return Ok(plan);
             }
         }
@@ -526,6 +586,9 @@ async fn poke(ch: &mut Change, org: OrgId, queue: &str) -> Result<()> {
     let (room, later) = match rules::queue_kind(queue) {
         QueueKind::Gate => (i64::from(waiting), None),
         QueueKind::Leases => (i64::from(cap_now.unwrap_or(0)) - leases_in(ch, org, queue).await?, None),
+        // A column whose limit was removed lets everyone in line go.
+        QueueKind::Board if cap_now.is_none() => (i64::from(waiting), None),
+        QueueKind::Board => (i64::from(cap_now.unwrap_or(0)) - board_occupied(ch, org, queue, None).await?, None),
         QueueKind::Throttle => {
             let (count, opens_in) = window(ch, org, queue, window_ms.unwrap_or(1)).await?;
             (i64::from(cap_now.unwrap_or(0)) - count, opens_in)
@@ -677,3 +740,98 @@ pub const WAITING_SQL: &str = "SELECT w.run_id, w.hold, w.detail, w.queue, \
               WHERE s.org_id = w.org_id AND s.queue = w.queue AND s.at > now() - q.window_ms * interval '1 millisecond') END AS until \
      FROM admission_waits w JOIN admission_queues q ON q.org_id = w.org_id AND q.queue = w.queue \
      WHERE w.org_id = $1 AND w.run_id = ANY($2)";
+
+/// A board column's WIP limit, with what occupies the column now.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct BoardLimit {
+    /// The column as it was named when the limit was set (`In progress`).
+    pub column: String,
+    pub limit: i32,
+    /// Items whose card is in the column, and admitted runs that will move a card into it.
+    pub occupied: i64,
+    /// Runs waiting for room in the column.
+    pub waiting: i32,
+}
+
+/// The WIP limits of a project's board columns.
+pub async fn board_limits(conn: &mut sqlx::PgConnection, org: OrgId, project: ProjectId) -> Result<Vec<BoardLimit>> {
+    let rows: Vec<(String, String, i32, Option<i32>)> = sqlx::query_as(
+        "SELECT b.column_key, b.column_name, b.wip_limit, q.waiting FROM board_limits b \
+         LEFT JOIN admission_queues q ON q.org_id = b.org_id AND q.queue = 'board:' || b.project_id::text || ':' || b.column_key \
+         WHERE b.org_id = $1 AND b.project_id = $2 ORDER BY b.column_key",
+    )
+    .bind(org)
+    .bind(project)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (key, column, limit, waiting) in rows {
+        let queue = rules::board_queue(&project.0.to_string(), &key);
+        let occupied: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM concurrency_leases WHERE org_id = $1 AND group_key = $2) \
+                  + (SELECT count(*) FROM items i WHERE i.project_id = $3 AND i.org_id = $1 AND lower(i.data #>> '{board,column}') = $4 \
+                       AND NOT EXISTS (SELECT 1 FROM concurrency_leases l JOIN runs r ON r.run_id = l.run_id \
+                                       WHERE l.org_id = $1 AND l.group_key = $2 AND r.item_id = i.item_id))",
+        )
+        .bind(org)
+        .bind(&queue)
+        .bind(project)
+        .bind(&key)
+        .fetch_one(&mut *conn)
+        .await?;
+        out.push(BoardLimit { column, limit, occupied, waiting: waiting.unwrap_or(0) });
+    }
+    Ok(out)
+}
+
+/// Sets (`Some`) or removes (`None`) the WIP limit of a project's board column. A raise or a
+/// removal wakes the runs in the column's line it makes room for, in order; removing a limit
+/// that is not set is not found.
+pub async fn set_board_limit(ch: &mut Change, org: OrgId, project: ProjectId, column: &str, limit: Option<i32>) -> Result<()> {
+    let name = column.trim();
+    if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
+        return Err(StoreError::Invalid("a board column is 1 to 100 printable characters".into()));
+    }
+    if limit.is_some_and(|l| !(1..=100_000).contains(&l)) {
+        return Err(StoreError::Invalid("a WIP limit is between 1 and 100000".into()));
+    }
+    let key = rules::column_key(name);
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM projects WHERE org_id = $1 AND project_id = $2").bind(org).bind(project).fetch_optional(&mut *ch.tx).await?;
+    exists.ok_or(StoreError::NotFound("project"))?;
+    // The old limit, locked: admissions read it FOR SHARE.
+    let before: Option<i32> = sqlx::query_scalar("SELECT wip_limit FROM board_limits WHERE org_id = $1 AND project_id = $2 AND column_key = $3 FOR UPDATE")
+        .bind(org)
+        .bind(project)
+        .bind(&key)
+        .fetch_optional(&mut *ch.tx)
+        .await?;
+    match limit {
+        Some(l) => {
+            sqlx::query(
+                "INSERT INTO board_limits (org_id, project_id, column_key, column_name, wip_limit) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (project_id, column_key) DO UPDATE SET column_name = EXCLUDED.column_name, wip_limit = EXCLUDED.wip_limit",
+            )
+            .bind(org)
+            .bind(project)
+            .bind(&key)
+            .bind(cap(name))
+            .bind(l)
+            .execute(&mut *ch.tx)
+            .await?;
+        }
+        None if before.is_none() => return Err(StoreError::NotFound("board limit")),
+        None => {
+            sqlx::query("DELETE FROM board_limits WHERE org_id = $1 AND project_id = $2 AND column_key = $3")
+                .bind(org)
+                .bind(project)
+                .bind(&key)
+                .execute(&mut *ch.tx)
+                .await?;
+        }
+    }
+    let action = if limit.is_some() { "board.wip_limit" } else { "board.wip_limit_remove" };
+    ch.audit(org, Some(project), action, ("project", project.to_string()), json!({ "column": cap(name), "from": before, "to": limit }))?;
+    let queue = rules::board_queue(&project.0.to_string(), &key);
+    lock_queue(ch, org, &queue, limit, None).await?;
+    poke(ch, org, &queue).await
+}

@@ -46,6 +46,7 @@ pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: 
     .bind(tokens)
     .execute(&mut *ch.tx)
     .await?;
+    ch.tally.spend(usd);
     Ok(())
 }
 

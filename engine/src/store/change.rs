@@ -8,6 +8,8 @@ use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::runs::RunRow;
+use crate::event_log::{self, Extra};
+use crate::trace::TraceParent;
 use super::{Result, StoreError};
 use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
 
@@ -87,6 +89,9 @@ pub struct RunCtx {
     pub project: ProjectId,
     pub run: RunId,
     next_seq: i64,
+    /// The run's workflow version and stored trace context, for the event log.
+    version: Option<i32>,
+    traceparent: Option<String>,
 }
 
 /// One transaction of the write path.
@@ -104,6 +109,13 @@ pub struct Change {
     /// Admission lines that runs ended in this change free room in or leave (org, queue,
     /// whether the run was in that line), handed on at commit (`admission::release`).
     pub(super) releases: Vec<(OrgId, String, bool)>,
+    /// The trace context of what makes this change (a webhook delivery, an API request): runs
+    /// it creates store it (`runs::submit`).
+    pub(super) trace: Option<TraceParent>,
+    /// The events written, kept after the insert for the event log (`event_log::emit`).
+    written: Vec<PendingEvent>,
+    /// What metrics count of this change, counted once it has committed.
+    pub(super) tally: crate::metrics::Tally,
 }
 
 struct PendingEvent {
@@ -115,6 +127,9 @@ struct PendingEvent {
     step: Option<StepId>,
     node: Option<String>,
     attrs: Value,
+    version: Option<i32>,
+    traceparent: Option<String>,
+    extra: Extra,
 }
 
 struct PendingAudit {
@@ -138,11 +153,21 @@ impl Change {
             audits: Vec::new(),
             rows: HashMap::new(),
             releases: Vec::new(),
+            trace: None,
+            written: Vec::new(),
+            tally: crate::metrics::Tally::default(),
         })
     }
 
     pub fn actor(&self) -> &Actor {
         &self.actor
+    }
+
+    /// Gives the trace context of what makes this change (the current span of a webhook
+    /// delivery or an API request): the runs it creates store it, and their steps' spans join
+    /// that trace.
+    pub fn set_trace(&mut self, trace: Option<TraceParent>) {
+        self.trace = trace;
     }
 
     /// Locks the run's row for the rest of the transaction. Returns `None` when it does not
@@ -156,13 +181,14 @@ impl Change {
         if let Some(ctx) = self.runs.get(&run) {
             return Ok(Some(ctx.clone()));
         }
-        let project: Option<ProjectId> = sqlx::query_scalar("SELECT project_id FROM runs WHERE run_id = $1 AND org_id = $2 FOR NO KEY UPDATE")
-            .bind(run)
-            .bind(org)
-            .fetch_optional(&mut *self.tx)
-            .await?;
-        let Some(project) = project else { return Ok(None) };
-        self.runs.insert(run, RunCtx { org, project, run, next_seq: 1 });
+        let found: Option<(ProjectId, i32, Option<String>)> =
+            sqlx::query_as("SELECT project_id, workflow_version, traceparent FROM runs WHERE run_id = $1 AND org_id = $2 FOR NO KEY UPDATE")
+                .bind(run)
+                .bind(org)
+                .fetch_optional(&mut *self.tx)
+                .await?;
+        let Some((project, version, traceparent)) = found else { return Ok(None) };
+        self.runs.insert(run, RunCtx { org, project, run, next_seq: 1, version: Some(version), traceparent });
         self.read_next_seqs(&[run]).await?;
         Ok(self.runs.get(&run).cloned())
     }
@@ -186,7 +212,8 @@ impl Change {
         let locked: Vec<RunId> = rows.iter().map(|r| r.run_id).collect();
         for row in rows {
             let run = row.run_id;
-            self.runs.insert(run, RunCtx { org: row.org_id, project: row.project_id, run, next_seq: 1 });
+            let (version, traceparent) = (Some(row.workflow_version), row.traceparent.clone());
+            self.runs.insert(run, RunCtx { org: row.org_id, project: row.project_id, run, next_seq: 1, version, traceparent });
             self.rows.insert(run, row);
         }
         self.read_next_seqs(&locked).await?;
@@ -211,12 +238,15 @@ impl Change {
             return Ok(());
         }
         let ids: Vec<uuid::Uuid> = runs.iter().map(|r| r.0).collect();
-        let last: Vec<(RunId, i64)> =
-            sqlx::query_as("SELECT run_id, max(seq) FROM run_events WHERE run_id = ANY($1) GROUP BY run_id")
-                .bind(&ids)
-                .fetch_all(&mut *self.tx)
-                .await?;
-        for (run, seq) in last {
+        // One primary-key probe per run (its last event), whatever the table's statistics say:
+        // `run_id = ANY($1) GROUP BY run_id` was planned as a scan of every event.
+        let last: Vec<(RunId, Option<i64>)> = sqlx::query_as(
+            "SELECT r, (SELECT seq FROM run_events WHERE run_id = r ORDER BY seq DESC LIMIT 1) FROM unnest($1::uuid[]) AS r",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *self.tx)
+        .await?;
+        for (run, seq) in last.into_iter().filter_map(|(r, s)| Some((r, s?))) {
             if let Some(ctx) = self.runs.get_mut(&run) {
                 ctx.next_seq = seq + 1;
             }
@@ -226,10 +256,15 @@ impl Change {
 
     /// Registers a run created in this transaction as locked (its row is new, so no one else
     /// can see it until commit).
-    pub(super) fn adopt_new_run(&mut self, org: OrgId, project: ProjectId, run: RunId) -> RunCtx {
-        let ctx = RunCtx { org, project, run, next_seq: 1 };
+    pub(super) fn adopt_new_run(&mut self, org: OrgId, project: ProjectId, run: RunId, version: i32, traceparent: Option<String>) -> RunCtx {
+        let ctx = RunCtx { org, project, run, next_seq: 1, version: Some(version), traceparent };
         self.runs.insert(run, ctx.clone());
         ctx
+    }
+
+    /// The stored trace context of a run this change holds.
+    pub(super) fn traceparent_of(&self, run: RunId) -> Option<&str> {
+        self.runs.get(&run).and_then(|c| c.traceparent.as_deref())
     }
 
     pub(super) fn locked(&self, run: RunId) -> Result<&RunCtx> {
@@ -250,6 +285,7 @@ impl Change {
         let seq = ctx.next_seq;
         ctx.next_seq += 1;
         let (org, project) = (ctx.org, ctx.project);
+        let (version, traceparent) = (ctx.version, ctx.traceparent.clone());
         self.events.push(PendingEvent {
             org,
             project,
@@ -259,8 +295,19 @@ impl Change {
             step: step.map(|s| s.0),
             node: step.map(|s| s.1.to_owned()),
             attrs,
+            version,
+            traceparent,
+            extra: Extra::default(),
         });
         Ok(seq)
+    }
+
+    /// Adds facts the event log carries but the stored event does not (a duration, the git refs
+    /// of a step's output) to the event just appended.
+    pub(super) fn event_extra(&mut self, extra: Extra) {
+        if let Some(e) = self.events.last_mut() {
+            e.extra = extra;
+        }
     }
 
     /// Writes an audit entry for this change's actor (at commit, with the others).
@@ -298,6 +345,9 @@ impl Change {
             .bind(e.iter().map(|x| &x.attrs).collect::<Vec<_>>())
             .fetch_one(&mut *self.tx)
             .await?;
+            if event_log::enabled() {
+                self.written.extend(e);
+            }
             if deliveries > 0 {
                 self.notify_delay = Some(Duration::ZERO);
             }
@@ -395,6 +445,19 @@ impl Change {
             sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(payload).execute(&mut *self.tx).await?;
         }
         self.tx.commit().await?;
+        // The event log sees only what committed, and is written outside the transaction.
+        event_log::emit(self.written.iter().map(|e| event_log::Event {
+            org: e.org,
+            project: e.project,
+            run: e.run,
+            kind: &e.kind,
+            node: e.node.as_deref(),
+            attrs: &e.attrs,
+            workflow_version: e.version,
+            traceparent: e.traceparent.as_deref(),
+            extra: &e.extra,
+        }));
+        std::mem::take(&mut self.tally).committed();
         Ok(())
     }
 

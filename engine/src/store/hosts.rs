@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use sqlx::{FromRow, PgPool};
 
 use super::steps::{self, Failure, FailureClass, StepRow, LEASE};
-use super::{cap, runs, Actor, Change, Result, StoreError};
+use super::{budgets, cap, runs, Actor, Change, Result, StoreError};
 use crate::catalog::Catalog;
 use crate::definition::{self, Harness, NodeKind, OutputKind};
 use crate::hosts::{self as model, Assignment, Capability, Caps, ItemRef, RepositoryRef, Usage};
@@ -183,13 +183,15 @@ pub const CANDIDATES_SQL: &str = "SELECT s.step_id, s.run_id FROM steps s JOIN r
 pub async fn claim(pool: &PgPool, catalog: &Catalog, host: &HostRow, want: u32) -> Result<Claimed> {
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     // One claim of a host at a time: its slots are counted under its row lock.
-    let fresh: Option<(Vec<String>, i32)> =
-        sqlx::query_as("SELECT capabilities, max_concurrent FROM hosts WHERE host_id = $1 AND org_id = $2 AND deregistered_at IS NULL FOR UPDATE")
+    let fresh: Option<(Vec<String>, i32, bool)> =
+        sqlx::query_as("SELECT capabilities, max_concurrent, drained_at IS NOT NULL FROM hosts WHERE host_id = $1 AND org_id = $2 AND deregistered_at IS NULL FOR UPDATE")
             .bind(host.host_id)
             .bind(host.org_id)
             .fetch_optional(&mut *ch.tx)
             .await?;
-    let (capabilities, max) = fresh.ok_or(StoreError::NotFound("host"))?;
+    let (capabilities, max, drained) = fresh.ok_or(StoreError::NotFound("host"))?;
+    // A drained host takes nothing new; the steps it holds run on.
+    let max = if drained { 0 } else { max };
     let me = holder(host.host_id);
     let held: i64 = sqlx::query_scalar(HELD_SQL)
         .bind(&me)
@@ -244,7 +246,7 @@ pub async fn claim(pool: &PgPool, catalog: &Catalog, host: &HostRow, want: u32) 
     Ok(claimed)
 }
 
-fn harness_name(h: Harness) -> &'static str {
+pub(crate) fn harness_name(h: Harness) -> &'static str {
     match h {
         Harness::ClaudeCode => "claude-code",
         Harness::Codex => "codex",
@@ -259,9 +261,14 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
     let def = catalog.get(ch.conn(), run.workflow_id, run.workflow_version).await?;
     let Some(node) = def.node(&step.node) else { return Ok(Err(format!("node `{}` is not in the workflow", step.node))) };
     let NodeKind::Crew(crew) = &node.kind else { return Ok(Err(format!("node `{}` is not a crew node", step.node))) };
+    // An operator's edit-and-retry replaces the node's prompt, model or harness in this run.
+    let edit = match run.source_run_id {
+        Some(_) => super::operator::node_override(ch, run_id, &step.node).await?.unwrap_or_default(),
+        None => super::operator::NodeOverride::default(),
+    };
     let history = steps::of_run(ch, run_id).await?;
     let ctx = crate::advance::context(ch, &run, &history).await?;
-    let prompt = match definition::template::render(&crew.prompt, &ctx) {
+    let prompt = match definition::template::render(edit.prompt.as_deref().unwrap_or(&crew.prompt), &ctx) {
         Ok(p) => p,
         Err(e) => return Ok(Err(format!("prompt_error: {e}"))),
     };
@@ -301,8 +308,8 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
         node: step.node.clone(),
         visit: step.visit,
         attempt: step.attempt,
-        harness: harness_name(crew.harness).to_owned(),
-        model: crew.model.clone(),
+        harness: edit.harness.unwrap_or_else(|| harness_name(crew.harness).to_owned()),
+        model: edit.model.or_else(|| crew.model.clone()),
         prompt,
         command: crew.command.clone(),
         caps: Caps { turns: crew.caps.turns, usd: crew.caps.usd, timeout_secs: crate::advance::step_timeout(node).as_secs().max(1) },
@@ -312,6 +319,7 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
         pr_body,
         expect_changes: crew.expect_changes,
         lease_secs: LEASE.as_secs(),
+        traceparent: run.traceparent.clone(),
     }))
 }
 
@@ -443,7 +451,23 @@ async fn state_of(pool: &PgPool, org: OrgId, step: StepId) -> Result<StepState> 
 /// so in the step's log. A host that no longer holds the step stores nothing and learns the
 /// step's state.
 pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option<&str>, lines: &[LogLine], usage: &Usage, cap_bytes: i64) -> Result<Reported> {
-    let mut tx = pool.begin().await?;
+    let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
+    // A report that spent more than the previous one records the difference against the run's
+    // and the project's spend, under the run's lock, taken first (engines lock runs before
+    // steps). Most reports only add lines and tokens of the same cost.
+    let before: Option<(RunId, Option<f64>, i64)> = sqlx::query_as(
+        "SELECT s.run_id, ss.cost_usd::float8, coalesce(ss.input_tokens + ss.output_tokens, 0) FROM steps s \
+         LEFT JOIN step_sessions ss ON ss.step_id = s.step_id WHERE s.step_id = $1 AND s.org_id = $2",
+    )
+    .bind(step)
+    .bind(host.org_id)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    if let Some((run, cost, tokens)) = before {
+        if spends_more(usage, cost, tokens) {
+            ch.lock_run(host.org_id, run).await?;
+        }
+    }
     let renewed: Option<(RunId, String)> = sqlx::query_as(&format!(
         "UPDATE steps SET lease_expires_at = now() + interval '{} seconds' \
          WHERE step_id = $1 AND org_id = $2 AND holder = $3 AND state IN ('leased', 'running') RETURNING run_id, state",
@@ -452,10 +476,10 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
     .bind(step)
     .bind(host.org_id)
     .bind(holder(host.host_id))
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut *ch.tx)
     .await?;
     let Some((run, state)) = renewed else {
-        drop(tx);
+        drop(ch);
         return Ok(Reported { state: state_of(pool, host.org_id, step).await?, stored: 0, dropped: lines.len() });
     };
     let state = StepState::parse(&state).unwrap_or(StepState::Running);
@@ -465,11 +489,11 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
         sqlx::query("INSERT INTO run_log_sizes (org_id, run_id) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING")
             .bind(host.org_id)
             .bind(run)
-            .execute(&mut *tx)
+            .execute(&mut *ch.tx)
             .await?;
         let (used, capped): (i64, bool) = sqlx::query_as("SELECT bytes, capped_at IS NOT NULL FROM run_log_sizes WHERE run_id = $1 FOR UPDATE")
             .bind(run)
-            .fetch_one(&mut *tx)
+            .fetch_one(&mut *ch.tx)
             .await?;
         let mut room = if capped { 0 } else { (cap_bytes - used).max(0) };
         let (mut seqs, mut streams, mut texts) = (Vec::new(), Vec::new(), Vec::new());
@@ -494,7 +518,7 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
             )
             .bind(step)
             .bind(&over)
-            .fetch_one(&mut *tx)
+            .fetch_one(&mut *ch.tx)
             .await?;
             dropped = n as usize;
         }
@@ -509,7 +533,7 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
         .bind(&seqs)
         .bind(&streams)
         .bind(&texts)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *ch.tx)
         .await?;
         stored = sizes.len();
         let added: i64 = sizes.iter().map(|s| i64::from(*s)).sum();
@@ -523,7 +547,7 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
                 .bind(step)
                 .bind(seq)
                 .bind(note)
-                .execute(&mut *tx)
+                .execute(&mut *ch.tx)
                 .await?;
         }
         sqlx::query(
@@ -534,16 +558,99 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
         .bind(added)
         .bind(dropped as i64)
         .bind(newly_capped)
-        .execute(&mut *tx)
+        .execute(&mut *ch.tx)
         .await?;
     }
-    record_usage(&mut tx, host, run, step, harness, usage, stored as i64).await?;
+    let mut state = state;
+    let spent = record_session_spend(&mut ch, host, run, step, usage).await?;
+    record_usage(&mut ch.tx, host, run, step, harness, usage, stored as i64).await?;
     if stored > 0 {
         // Live transcripts (the console) follow `l<run>`; engines ignore it.
-        sqlx::query("SELECT pg_notify($1, $2)").bind(super::NOTIFY_CHANNEL).bind(format!("l{run}")).execute(&mut *tx).await?;
+        sqlx::query("SELECT pg_notify($1, $2)").bind(super::NOTIFY_CHANNEL).bind(format!("l{run}")).execute(&mut *ch.tx).await?;
     }
-    tx.commit().await?;
+    // Spend that crossed a hard limit stops the step now (the answer says so).
+    if spent > 0.0 && over_budget(&mut ch, run).await? {
+        state = stop_for_budget(&mut ch, host, run, step).await?.state();
+    }
+    ch.commit().await?;
     Ok(Reported { state, stored, dropped })
+}
+
+/// Whether a report's cumulative figures are beyond what the session reported before.
+fn spends_more(usage: &Usage, cost: Option<f64>, tokens: i64) -> bool {
+    let reported = usage.cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(model::round_cost);
+    reported.is_some_and(|c| c > cost.unwrap_or(0.0)) || usage.input_tokens.max(0) + usage.output_tokens.max(0) > tokens
+}
+
+/// Records what a session spent since its previous report against the run's total and the
+/// project's day (`budgets::record_run_spend`): reports carry cumulative figures, so the spend
+/// is the difference from the totals stored (read under the session row's lock, so two reports
+/// never count the same dollars). Returns the dollars added. Locks the run if it was not.
+async fn record_session_spend(ch: &mut Change, host: &HostRow, run: RunId, step: StepId, usage: &Usage) -> Result<f64> {
+    let before: Option<(Option<f64>, i64)> =
+        sqlx::query_as("SELECT cost_usd::float8, input_tokens + output_tokens FROM step_sessions WHERE step_id = $1 FOR UPDATE")
+            .bind(step)
+            .fetch_optional(&mut *ch.tx)
+            .await?;
+    let (cost, tokens) = before.unwrap_or((None, 0));
+    if !spends_more(usage, cost, tokens) {
+        return Ok(0.0);
+    }
+    let reported = usage.cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(model::round_cost);
+    let usd = reported.map_or(0.0, |c| model::round_cost((c - cost.unwrap_or(0.0)).max(0.0)));
+    let more_tokens = (usage.input_tokens.max(0) + usage.output_tokens.max(0) - tokens).max(0);
+    if ch.locked(run).is_err() {
+        ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
+    }
+    budgets::record_run_spend(ch, run, usd, more_tokens).await?;
+    Ok(usd)
+}
+
+/// Whether a hard limit stops the crew steps of `run` now: its own `usd_per_run` (a hard
+/// workflow budget), or a hard limit of its project or org that spend has reached.
+async fn over_budget(ch: &mut Change, run: RunId) -> Result<bool> {
+    let Some(row) = runs::get(ch, run).await? else { return Ok(false) };
+    let def = super::admission::definition(ch, row.workflow_id, row.workflow_version).await?;
+    let per_run = def.budget.usd_per_run.filter(|_| def.budget.hard);
+    budgets::hard_stop(ch.conn(), row.org_id, row.project_id, run, per_run).await
+}
+
+/// Fails a step the host holds with `budget_hard_stop` (final, never retried) and wakes its
+/// run: the host learns it from the answer to its next heartbeat or report (or its claim's
+/// feed), as it learns of a cancel, and stops the harness. The run is locked.
+async fn stop_for_budget(ch: &mut Change, host: &HostRow, run: RunId, step: StepId) -> Result<StepRow> {
+    let row = steps::fail_held(ch, run, step, &holder(host.host_id), &Failure::new(budgets::HARD_STOP, FailureClass::Final), None).await?;
+    ch.wake(run, None, Duration::ZERO, "advance", true).await?;
+    Ok(row)
+}
+
+/// A heartbeat of a held step: renews the lease and answers the step's state, as
+/// `steps::heartbeat` does; a running step whose run a hard budget stops is failed with
+/// `budget_hard_stop` first, so the answer tells the host to stop it.
+pub async fn heartbeat(pool: &PgPool, host: &HostRow, step: StepId) -> Result<StepState> {
+    let me = holder(host.host_id);
+    let state = steps::heartbeat(pool, host.org_id, step, &me).await?;
+    if !matches!(state, StepState::Leased | StepState::Running) {
+        return Ok(state);
+    }
+    let run = run_of(pool, host.org_id, step).await?;
+    let mut ch = Change::begin(pool, Actor::System).await?;
+    if !over_budget(&mut ch, run).await? {
+        return Ok(state);
+    }
+    ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
+    match stop_for_budget(&mut ch, host, run, step).await {
+        Ok(row) => {
+            ch.commit().await?;
+            Ok(row.state())
+        }
+        // Completed, cancelled or taken back meanwhile.
+        Err(StoreError::Stale(_)) => {
+            drop(ch);
+            state_of(pool, host.org_id, step).await
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// How a host's step ended.
@@ -570,6 +677,8 @@ pub async fn complete(pool: &PgPool, host: &HostRow, step: StepId, c: &Completio
         None => steps::succeed_held(&mut ch, run, step, &me, &c.output).await?,
         Some(f) => steps::fail_held(&mut ch, run, step, &me, f, Some(&c.output)).await?,
     };
+    // The final figures may carry cost no report did (the result line comes last).
+    record_session_spend(&mut ch, host, run, step, &c.usage).await?;
     record_usage(&mut ch.tx, host, run, step, c.harness.as_deref(), &c.usage, 0).await?;
     let figures = json!({
         "host": host.host_id.to_string(),

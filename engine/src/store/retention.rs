@@ -1,7 +1,9 @@
 //! Retention: a project's finished runs are deleted with their history (steps, logs, events,
 //! approvals, wakes: the foreign keys cascade) once they ended longer ago than the project's
-//! `retention_days` (90 by default); its webhook deliveries after 7 days. Dry runs go a day
-//! after they end, by a wake of their own (`runs::finish`).
+//! `retention_days` (90 by default); its webhook deliveries after 7 days; its lifecycle events
+//! (`run_events`, the project's bus) after 30 days, except those of runs still running, which
+//! are kept until the run ends (a run's event numbers continue from its last one). Dry runs go
+//! a day after they end, by a wake of their own (`runs::finish`).
 //!
 //! Each project has one `retention` job. Its sweep deletes in batches of [`BATCH`] runs, each
 //! batch a transaction of its own that locks only the runs it deletes (`SKIP LOCKED`), so run
@@ -25,11 +27,15 @@ pub const BATCH: i64 = 200;
 /// How long webhook deliveries are kept.
 pub const DELIVERY_DAYS: i32 = 7;
 
+/// How long lifecycle events are kept.
+pub const EVENT_DAYS: i32 = 30;
+
 /// What one sweep deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Swept {
     pub runs: u64,
     pub deliveries: u64,
+    pub events: u64,
     pub batches: u32,
 }
 
@@ -102,18 +108,49 @@ pub async fn sweep(pool: &sqlx::PgPool, actor: Actor, org: OrgId, project: Proje
             break;
         }
     }
-    // The next sweep: when the oldest finished run or delivery left comes of age.
+    loop {
+        // Events of runs still running are skipped (and looked at again by a later sweep); the
+        // runs whose events go are locked, so no change of theirs appends meanwhile.
+        let mut ch = Change::begin(pool, actor.clone()).await?;
+        let deleted = sqlx::query(
+            "DELETE FROM run_events WHERE (run_id, seq) IN ( \
+                SELECT e.run_id, e.seq FROM run_events e JOIN runs r ON r.run_id = e.run_id \
+                WHERE e.project_id = $1 AND e.at < now() - make_interval(days => $2) AND r.status <> 'running' \
+                ORDER BY e.at LIMIT $3 FOR NO KEY UPDATE OF r SKIP LOCKED)",
+        )
+        .bind(project)
+        .bind(EVENT_DAYS)
+        .bind(batch * 5)
+        .execute(ch.conn())
+        .await?
+        .rows_affected();
+        if deleted > 0 {
+            ch.audit(org, Some(project), "retention.delete_events", ("project", project.to_string()), json!({ "events": deleted }))?;
+        }
+        ch.commit().await?;
+        swept.events += deleted;
+        if deleted < u64::try_from(batch * 5).unwrap_or(0) {
+            break;
+        }
+    }
+    // The next sweep: when the oldest finished run, delivery or event left comes of age. Events
+    // already of age that were kept (their run still runs) do not count: the sweep after that
+    // run's end takes them. Events come all the time, so their sweep is at most hourly.
     let mut ch = Change::begin(pool, actor).await?;
     let next_ms: Option<f64> = sqlx::query_scalar(
         "SELECT ceil(extract(epoch FROM least( \
                     coalesce((SELECT min(ended_at) FROM runs WHERE project_id = $1 AND status <> 'running'), now()) \
                         + make_interval(days => p.retention_days), \
                     coalesce((SELECT min(created_at) FROM webhook_deliveries WHERE project_id = $1), now() + interval '3650 days') \
-                        + make_interval(days => $2)) - now()) * 1000)::float8 \
+                        + make_interval(days => $2), \
+                    greatest(coalesce((SELECT min(at) FROM run_events WHERE project_id = $1 AND at >= now() - make_interval(days => $3)), \
+                                      now() + interval '3650 days') + make_interval(days => $3), now() + interval '1 hour')) \
+                    - now()) * 1000)::float8 \
          FROM projects p WHERE p.project_id = $1",
     )
     .bind(project)
     .bind(DELIVERY_DAYS)
+    .bind(EVENT_DAYS)
     .fetch_optional(ch.conn())
     .await?
     .flatten();

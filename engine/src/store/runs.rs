@@ -40,6 +40,10 @@ pub struct RunRow {
     /// When admission let it start (`store::admission`); `None` while it is held or not yet
     /// looked at by the engine.
     pub admitted_at: Option<DateTime<Utc>>,
+    /// The trace of the run (`crate::trace`): its id, and the W3C `traceparent` of the span
+    /// that created it, which its steps' spans take as their parent.
+    pub trace_id: Option<String>,
+    pub traceparent: Option<String>,
 }
 
 impl RunRow {
@@ -50,7 +54,7 @@ impl RunRow {
 
 pub(crate) const RUN_COLUMNS: &str = "org_id, project_id, run_id, workflow_id, workflow_version, item_id, \
      parent_run_id, parent_step_id, source_run_id, source_from_node, status, reason, needs_approval, input, \
-     dry_run, created_by, created_at, started_at, ended_at, admitted_at";
+     dry_run, created_by, created_at, started_at, ended_at, admitted_at, trace_id, traceparent";
 
 /// What a new run is made of.
 #[derive(Debug, Clone)]
@@ -71,7 +75,8 @@ pub struct NewRun {
     pub source: Option<(RunId, Vec<String>)>,
 }
 
-/// Creates a run and the wake that starts it. Admission (`store::admission`) decides first,
+/// Creates a run and the wake that starts it. The run stores the trace context the change was
+/// given (`Change::set_trace`); a child run without one joins its parent's trace. Admission (`store::admission`) decides first,
 /// under the locks of the queues it reads: the run is admitted, put in line (no wake: what
 /// frees room wakes it), or refused (`StoreError::Refused` for a `skip` group that is full,
 /// `StoreError::Full` when the org's line is full), in which case nothing is written.
@@ -96,11 +101,17 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     };
     let (admitted, starts) = admission.as_ref().map_or((true, true), |(_, plan)| (plan.admitted(), plan.starts()));
     let created_by = ch.actor.label();
+    // A child run without a trace of its own joins its parent's, which this change holds.
+    let traceparent = match (&ch.trace, new.parent) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some((parent, _))) => ch.traceparent_of(parent).and_then(crate::trace::TraceParent::parse),
+        (None, None) => None,
+    };
     sqlx::query(
         "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, item_id, trigger_event_id, \
                            parent_run_id, parent_step_id, source_run_id, source_from_node, needs_approval, input, \
-                           dry_run, created_by, started_at, admitted_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now(), CASE WHEN $16 THEN now() END)",
+                           dry_run, created_by, started_at, admitted_at, trace_id, traceparent) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now(), CASE WHEN $16 THEN now() END, $17, $18)",
     )
     .bind(new.org)
     .bind(new.project)
@@ -118,9 +129,11 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     .bind(new.dry_run)
     .bind(cap(&created_by))
     .bind(admitted)
+    .bind(traceparent.as_ref().map(crate::trace::TraceParent::trace_id))
+    .bind(traceparent.as_ref().map(crate::trace::TraceParent::as_str))
     .execute(&mut *ch.tx)
     .await?;
-    ch.adopt_new_run(new.org, new.project, run);
+    ch.adopt_new_run(new.org, new.project, run, new.version, traceparent.map(|t| t.as_str().to_owned()));
     let attrs = json!({
         "workflow": new.workflow.to_string(),
         "version": new.version,
@@ -129,6 +142,7 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     });
     ch.event(run, "run.started", None, attrs.clone())?;
     ch.audit(new.org, Some(new.project), "run.submit", ("run", run.to_string()), attrs)?;
+    ch.tally.run_started();
     if let Some((candidate, plan)) = admission {
         admission::apply_submit(ch, &candidate, plan).await?;
     }
@@ -161,7 +175,7 @@ where
     // the run ended).
     let sql = format!(
         "WITH was AS (SELECT 1 FROM runs WHERE run_id = $1 AND status = 'running'), \
-              w AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE run_id = $1 FOR UPDATE SKIP LOCKED) \
+              w AS (DELETE FROM wakes WHERE wake_id = ANY(ARRAY(SELECT wake_id FROM wakes WHERE run_id = $1 FOR UPDATE SKIP LOCKED)) \
                     AND EXISTS (SELECT 1 FROM was)), \
               l AS (DELETE FROM concurrency_leases WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was) RETURNING group_key), \
               q AS (DELETE FROM admission_waits WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was) RETURNING queue), \
@@ -205,7 +219,11 @@ where
     }
     let attrs = json!({ "reason": reason.map(cap) });
     ch.event(run_id, &format!("run.{}", T::NAME), None, attrs.clone())?;
+    if let (Some(start), Some(end)) = (row.started_at, row.ended_at) {
+        ch.event_extra(crate::event_log::Extra { duration_ms: Some((end - start).num_milliseconds()), ..Default::default() });
+    }
     ch.audit(ctx.org, Some(ctx.project), &format!("run.{}", T::NAME), ("run", run_id.to_string()), attrs)?;
+    ch.tally.run_finished(T::NAME);
     super::triggers::on_run_finished(ch, &row).await?;
     Ok(row)
 }

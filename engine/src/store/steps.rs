@@ -203,8 +203,8 @@ async fn apply<F: MoveTo<T>, T: State>(
 ) -> Result<StepRow> {
     let finished_seq = if set.finished { Some(ch.peek_seq(run)?) } else { None };
     let sql = format!(
-        "WITH gone AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE step_id = $1 AND $8::bigint IS NOT NULL \
-                                                      FOR UPDATE SKIP LOCKED)) \
+        "WITH gone AS (DELETE FROM wakes WHERE wake_id = ANY(ARRAY(SELECT wake_id FROM wakes WHERE step_id = $1 AND $8::bigint IS NOT NULL \
+                                                      FOR UPDATE SKIP LOCKED))) \
          UPDATE steps SET state = $3, \
            holder = CASE WHEN $4 THEN $5 ELSE holder END, \
            lease_expires_at = CASE WHEN $6 THEN now() + interval '{lease} seconds' WHEN $8::bigint IS NOT NULL THEN NULL ELSE lease_expires_at END, \
@@ -254,8 +254,15 @@ async fn apply<F: MoveTo<T>, T: State>(
         attrs["timed_out"] = json!(true);
     }
     ch.event(run, &format!("step.{}", T::NAME), Some((step, &row.node)), attrs.clone())?;
+    if matches!(T::NAME, "succeeded" | "failed" | "cancelled") {
+        // For the event log only: how long the step took, and the git refs its output names.
+        let mut extra = set.output.map(crate::event_log::Extra::from_output).unwrap_or_default();
+        extra.duration_ms = row.started_at.zip(row.ended_at).map(|(s, e)| (e - s).num_milliseconds());
+        ch.event_extra(extra);
+    }
     let project = ch.locked(run)?.project;
     ch.audit(row.org_id, Some(project), &format!("step.{}", T::NAME), ("step", step.to_string()), attrs)?;
+    tally_move(ch, &row, T::NAME, set.failure.map(|f| f.reason.as_str()));
     Ok(row)
 }
 
@@ -303,7 +310,24 @@ pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: 
         ch.audit(row.org_id, Some(project), &format!("step.{state}"), ("step", step.to_string()), attrs)?;
     }
     ch.note_wake(watch);
+    ch.tally.step_started(&row.kind);
     Ok(row)
+}
+
+/// Counts a step's move for the metrics (at commit): a start, or an end with its outcome and
+/// how long the step ran; a failure for a lapsed lease is a lease expiry too.
+fn tally_move(ch: &mut Change, row: &StepRow, to: &'static str, reason: Option<&str>) {
+    match to {
+        "running" => ch.tally.step_started(&row.kind),
+        "succeeded" | "failed" | "cancelled" => {
+            let took = row.started_at.map(|at| (chrono::Utc::now() - at).num_milliseconds() as f64 / 1000.0);
+            ch.tally.step_finished(&row.kind, to, took);
+            if reason == Some("lease_expired") {
+                ch.tally.lease_expired();
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The holder starts work on a leased step.
@@ -328,7 +352,7 @@ pub async fn fail_held(ch: &mut Change, run: RunId, step: StepId, holder: &str, 
 pub async fn defer_held(ch: &mut Change, run: RunId, step: StepId, holder: &str, reason: &str, delay: Duration) -> Result<StepRow> {
     let from = <step::Running as MoveTo<step::Pending>>::sources();
     let sql = format!(
-        "WITH gone AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE step_id = $1 FOR UPDATE SKIP LOCKED)) \
+        "WITH gone AS (DELETE FROM wakes WHERE wake_id = ANY(ARRAY(SELECT wake_id FROM wakes WHERE step_id = $1 FOR UPDATE SKIP LOCKED))) \
          UPDATE steps SET state = $3, holder = NULL, lease_expires_at = NULL, reason = $4, \
            not_before = now() + $5 * interval '1 millisecond' \
          WHERE step_id = $1 AND run_id = $2 AND state = ANY($6) AND holder = $7 RETURNING {STEP_COLUMNS}"
@@ -376,13 +400,15 @@ pub async fn cancel_open(ch: &mut Change, run: RunId, reason: &str) -> Result<us
     let sources = <(step::Pending, step::Leased, step::Running, step::Waiting) as MoveTo<step::Cancelled>>::sources();
     let first_seq = ch.peek_seq(run)?;
     let reason = cap(reason);
-    let cancelled: Vec<(StepId, String, i32, i32, i64)> = sqlx::query_as(
-        "WITH open AS (SELECT step_id, row_number() OVER (ORDER BY started_seq) - 1 AS i FROM steps \
-                       WHERE run_id = $1 AND state = ANY($2)) \
+    let cancelled: Vec<(StepId, String, i32, i32, i64, String)> = sqlx::query_as(
+        // The run's steps are read by run first (a few rows), so that the planner never
+        // combines the org-wide index of open steps into the lookup.
+        "WITH mine AS MATERIALIZED (SELECT step_id, state, started_seq FROM steps WHERE run_id = $1), \
+              open AS (SELECT step_id, row_number() OVER (ORDER BY started_seq) - 1 AS i FROM mine WHERE state = ANY($2)) \
          UPDATE steps s SET state = $3, reason = $4, failure_class = 'final', finished_seq = $5 + open.i, \
                 ended_at = now(), lease_expires_at = NULL \
          FROM open WHERE s.step_id = open.step_id \
-         RETURNING s.step_id, s.node, s.visit, s.attempt, open.i",
+         RETURNING s.step_id, s.node, s.visit, s.attempt, open.i, s.kind",
     )
     .bind(run)
     .bind(&sources)
@@ -397,14 +423,15 @@ pub async fn cancel_open(ch: &mut Change, run: RunId, reason: &str) -> Result<us
     let mut cancelled = cancelled;
     cancelled.sort_by_key(|c| c.4);
     let (org, project) = (ch.locked(run)?.org, ch.locked(run)?.project);
-    for (step, node, visit, attempt, _) in &cancelled {
+    for (step, node, visit, attempt, _, kind) in &cancelled {
+        ch.tally.step_finished(kind, "cancelled", None);
         let attrs = json!({ "visit": visit, "attempt": attempt, "reason": reason, "class": "final" });
         ch.event(run, "step.cancelled", Some((*step, node)), attrs.clone())?;
         ch.audit(org, Some(project), "step.cancelled", ("step", step.to_string()), attrs)?;
     }
     let ids: Vec<uuid::Uuid> = cancelled.iter().map(|c| c.0 .0).collect();
     // Skip wakes an engine has claimed: it locks wakes before runs (see `runs::finish`).
-    sqlx::query("DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE step_id = ANY($1) FOR UPDATE SKIP LOCKED)")
+    sqlx::query("DELETE FROM wakes WHERE wake_id = ANY(ARRAY(SELECT wake_id FROM wakes WHERE step_id = ANY($1) FOR UPDATE SKIP LOCKED))")
         .bind(&ids)
         .execute(&mut *ch.tx)
         .await?;

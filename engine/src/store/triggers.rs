@@ -307,9 +307,9 @@ pub async fn lock_item(ch: &mut Change, org: OrgId, item: ItemId) -> Result<Opti
 pub async fn update_item(ch: &mut Change, item: &ItemRow, data: &Value, node_id: Option<&str>) -> Result<String> {
     let hash = trig::content_hash(data);
     let head_sha = data.pointer("/head/sha").and_then(Value::as_str);
-    sqlx::query(
+    let org: OrgId = sqlx::query_scalar(
         "UPDATE items SET data = $2, title = $3, state = $4, content_hash = $5, head_sha = $6, \
-         node_id = coalesce($7, node_id), updated_at = now() WHERE item_id = $1",
+         node_id = coalesce($7, node_id), updated_at = now() WHERE item_id = $1 RETURNING org_id",
     )
     .bind(item.item_id)
     .bind(data)
@@ -318,8 +318,14 @@ pub async fn update_item(ch: &mut Change, item: &ItemRow, data: &Value, node_id:
     .bind(&hash)
     .bind(head_sha)
     .bind(node_id)
-    .execute(&mut *ch.tx)
+    .fetch_one(&mut *ch.tx)
     .await?;
+    // A card that left a board column makes room in it: the runs waiting for that column's
+    // WIP limit are woken as this change commits (`admission::release`).
+    let column = |d: &Value| d.pointer("/board/column").and_then(Value::as_str).map(crate::admission::column_key);
+    if let Some(left) = column(&item.data).filter(|old| column(data).as_ref() != Some(old)) {
+        ch.releases.push((org, crate::admission::board_queue(&item.project_id.0.to_string(), &left), false));
+    }
     Ok(hash)
 }
 

@@ -117,6 +117,8 @@ impl Report {
 
 async fn ingest_once(pool: &PgPool, d: &Delivery<'_>, payload: &Value) -> Result<IngestOutcome, StoreError> {
     let mut ch = Change::begin(pool, Actor::Github).await?;
+    // The runs this delivery opens join the trace of the caller's span (the webhook's).
+    ch.set_trace(crate::trace::TraceParent::current());
     let action = payload.get("action").and_then(Value::as_str);
     let installation_id = payload.pointer("/installation/id").and_then(Value::as_i64);
     let repository = projection::repository_name(payload);

@@ -521,3 +521,201 @@ async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new
 fn s_copy(s: &Seed) -> Seed {
     Seed { org: s.org, project: s.project, workflow: s.workflow, version: s.version }
 }
+
+/// A workflow that moves its item's card into "In progress" after its work.
+const BOARDED: &str = "name: boarded
+nodes:
+  work:
+    crew: { harness: claude-code, prompt: work }
+  move:
+    after: [work]
+    output: { github: board_move, column: In progress }
+";
+
+async fn set_board_limit(pool: &PgPool, s: &Seed, column: &str, limit: Option<i32>) {
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    admission::set_board_limit(&mut ch, s.org, s.project, column, limit).await.unwrap();
+    ch.commit().await.unwrap();
+}
+
+async fn held_by_board(pool: &PgPool, run: RunId) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1 AND hold = 'board')").bind(run).fetch_one(pool).await.unwrap()
+}
+
+/// Waits until the run was admitted and has started a step.
+async fn until_started(pool: &PgPool, run: RunId) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let started: bool = sqlx::query_scalar("SELECT admitted_at IS NOT NULL AND EXISTS (SELECT 1 FROM steps WHERE run_id = $1) FROM runs WHERE run_id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if started {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{run} was never admitted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_full_board_column_holds_runs_that_move_cards_into_it_and_releases_them_in_order() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", BOARDED).await;
+    set_board_limit(&db.pool, &s, "In progress", Some(2)).await;
+    let results = submit_concurrently(&db.pool, &s, 5, json!({ "test": { "step_ms": 200 } })).await;
+    let runs: Vec<RunId> = results.into_iter().map(|r| r.expect("a full column holds, never refuses")).collect();
+    // Two took the column's room at submit; three wait in its line and say which column.
+    let waiting: Vec<RunId> = sqlx::query_scalar("SELECT run_id FROM admission_waits WHERE hold = 'board' ORDER BY seq").fetch_all(&db.pool).await.unwrap();
+    assert_eq!(waiting.len(), 3);
+    let w = substate::why(&db.pool, s.org, waiting[2]).await.unwrap();
+    assert_eq!((w.substate.as_ref().map(|s| s.name()), w.text.as_str()), (Some("queued"), "Queued: held by board column In progress (WIP limit 2), which is full (2 ahead in line)"));
+    let mut conn = db.pool.acquire().await.unwrap();
+    let limits = admission::board_limits(&mut conn, s.org, s.project).await.unwrap();
+    drop(conn);
+    assert_eq!((limits[0].column.as_str(), limits[0].limit, limits[0].occupied, limits[0].waiting), ("In progress", 2, 2, 3));
+
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    for st in statuses(&db.pool, &runs).await {
+        assert_eq!(st, ("completed".to_owned(), None));
+    }
+    assert_eq!(max_running(&db.pool, s.workflow).await, 2, "never more than the limit occupy the column");
+    let lines = released(&db.pool, s.workflow).await;
+    assert_eq!(lines.len(), 3);
+    assert_in_order(&lines);
+    stop.cancel();
+    db.finish().await;
+}
+
+/// A `projects_v2_item.edited` delivery moving an item's card to `column`.
+async fn move_card(pool: &PgPool, delivery: &str, content_node_id: &str, column: &str) {
+    let body = json!({
+        "action": "edited",
+        "projects_v2_item": { "id": 314, "node_id": format!("PVTI_{content_node_id}"), "project_node_id": "PVT_9", "content_node_id": content_node_id, "content_type": "Issue" },
+        "changes": { "field_value": { "field_node_id": "PVTSSF_1", "field_type": "single_select", "field_name": "Status",
+                                      "from": { "id": "0", "name": "In progress" }, "to": { "id": "1", "name": column } } },
+        "organization": { "login": "acme", "id": 1 },
+        "sender": { "login": "alice", "id": 2, "type": "User" },
+        "installation": { "id": 77 },
+    });
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let outcome = engine::triggers::ingest(pool, &engine::triggers::Delivery { id: delivery, event: "projects_v2_item", body: &bytes }).await.unwrap();
+    assert_eq!(outcome, engine::triggers::IngestOutcome::Accepted { outcome: "accepted".into(), runs_opened: 0 });
+}
+
+#[tokio::test]
+async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run_ending() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", BOARDED).await;
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    engine::store::triggers::connect_repository(&mut ch, s.org, s.project, 77, "acme", "acme/web").await.unwrap();
+    let mut items = Vec::new();
+    for n in [1, 2] {
+        items.push(engine::store::triggers::ensure_item(&mut ch, s.org, s.project, &format!(r#"["github","acme/web",{n}]"#)).await.unwrap());
+    }
+    ch.commit().await.unwrap();
+    // Two cards are in the column already (as the webhooks stored them; the name's case differs).
+    for (n, item) in items.iter().enumerate() {
+        sqlx::query("UPDATE items SET node_id = $2, data = $3 WHERE item_id = $1")
+            .bind(*item)
+            .bind(format!("I_{n}"))
+            .bind(json!({ "repository": "acme/web", "number": n + 1, "board": { "project": "PVT_9", "card": format!("PVTI_I_{n}"), "column": "In Progress", "fields": {} } }))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    set_board_limit(&db.pool, &s, "in progress", Some(2)).await;
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let long = json!({ "test": { "step_ms": 600_000 } });
+
+    // The column is full of cards: a run is held, and says why.
+    let a = submit(&db.pool, with_input(&s, long.clone())).await.unwrap();
+    assert!(held_by_board(&db.pool, a).await);
+    let w = substate::why(&db.pool, s.org, a).await.unwrap();
+    assert_eq!(w.text, "Queued: held by board column in progress (WIP limit 2), which is full (next in line)");
+
+    // A card leaves the column (a webhook): the run is admitted, with no poll.
+    move_card(&db.pool, "d-1", "I_0", "Done").await;
+    until_started(&db.pool, a).await;
+
+    // One card and one admitted run occupy it now: the next is held until the limit is raised.
+    let b = submit(&db.pool, with_input(&s, long.clone())).await.unwrap();
+    assert!(held_by_board(&db.pool, b).await);
+    set_board_limit(&db.pool, &s, "In progress", Some(3)).await;
+    until_started(&db.pool, b).await;
+
+    // Full again; a run ending frees its room.
+    let c = submit(&db.pool, with_input(&s, long.clone())).await.unwrap();
+    assert!(held_by_board(&db.pool, c).await);
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    runs::cancel(&mut ch, s.org, a, "done with it").await.unwrap();
+    ch.commit().await.unwrap();
+    until_started(&db.pool, c).await;
+
+    // A card moving into the column takes room; removing the limit lets everyone in line go.
+    move_card(&db.pool, "d-2", "I_0", "In progress").await;
+    let d = submit(&db.pool, with_input(&s, long.clone())).await.unwrap();
+    assert!(held_by_board(&db.pool, d).await);
+    set_board_limit(&db.pool, &s, "In progress", None).await;
+    until_started(&db.pool, d).await;
+
+    for run in [b, c, d] {
+        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+        runs::cancel(&mut ch, s.org, run, "test over").await.unwrap();
+        ch.commit().await.unwrap();
+    }
+    stop.cancel();
+    db.discard().await;
+}
+
+#[tokio::test]
+async fn the_retention_sweep_deletes_lifecycle_events_after_30_days_but_not_those_of_running_runs() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    // 300 runs that ended 20 days ago (within the 90 days of retention), four events each; the
+    // first two of each are 40 days old.
+    old_runs(&db.pool, &s, 300, 20).await;
+    sqlx::query("UPDATE run_events SET at = now() - interval '40 days' WHERE kind = 'step.x' AND seq <= 2").execute(&db.pool).await.unwrap();
+    // A run still running whose first events are as old.
+    let running = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 600_000 } }))).await.unwrap();
+    sqlx::query("UPDATE run_events SET at = now() - interval '40 days' WHERE run_id = $1").bind(running).execute(&db.pool).await.unwrap();
+    let stop = start_engine(&db.pool, &db.url, "e1");
+
+    // Setting the retention makes the project's sweep due now; an engine takes the job.
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    retention::set_days(&mut ch, s.org, s.project, 90).await.unwrap();
+    ch.commit().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let old = crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x' AND at < now() - interval '30 days'").await;
+        if old == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{old} old events left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Exactly the old events of finished runs went: the runs and their newer events stay.
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x'").await, 600);
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs").await, 301);
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM run_events WHERE run_id = $1 AND at < now() - interval '30 days'").bind(running).fetch_one(&db.pool).await.unwrap();
+    assert!(kept >= 1, "a running run's events are kept");
+    let audited = crate::fixtures::count(&db.pool, "SELECT coalesce(sum((detail->>'events')::bigint), 0)::bigint FROM audit_log WHERE action = 'retention.delete_events'").await;
+    assert_eq!(audited, 600);
+    // The next sweep: when the youngest events come of age (30 days), not sooner.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let next: f64 = sqlx::query_scalar("SELECT extract(epoch FROM due_at - now())::float8 / 86400 FROM jobs WHERE kind = 'retention' AND subject = $1")
+            .bind(s.project.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if (29.9..30.1).contains(&next) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "next sweep in {next} days");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    db.discard().await;
+}

@@ -1,5 +1,5 @@
 //! Today, per org: what needs the person (approvals waiting, with their prompt and deadline;
-//! cycle-budget asks; failures no retry or rerun has answered yet), what is running (with its
+//! cycle-budget asks; failures no retry or rerun has answered and no one resolved yet), what is running (with its
 //! substate in words), and what finished lately. Across every project of the org, each list by
 //! its own index (`approvals_open`, `item_cycle_budgets_asks`, `runs_failed_by_org`,
 //! `runs_running_by_org`, `runs_ended_by_org`), the substates in `engine::substate`'s three
@@ -32,10 +32,11 @@ pub(crate) const ASKS_SQL: &str = "SELECT i.key AS item, i.title, w.name AS work
      WHERE b.org_id = $1 AND b.asked_at IS NOT NULL AND ($2::uuid IS NULL OR w.project_id = $2) \
      ORDER BY b.asked_at DESC LIMIT 20";
 
-/// Failures of the last week that no retry or rerun answers ($1 org, $2 a project or NULL).
+/// Failures of the last week that no retry or rerun answers and no operator resolved ($1 org,
+/// $2 a project or NULL).
 pub(crate) const FAILURES_SQL: &str = "SELECT r.run_id, r.reason, r.ended_at, p.slug AS project, w.name AS workflow \
      FROM runs r JOIN projects p ON p.project_id = r.project_id JOIN workflows w ON w.workflow_id = r.workflow_id \
-     WHERE r.org_id = $1 AND r.status = 'failed' AND r.ended_at > now() - interval '7 days' \
+     WHERE r.org_id = $1 AND r.status = 'failed' AND r.ended_at > now() - interval '7 days' AND r.resolved_at IS NULL \
        AND ($2::uuid IS NULL OR r.project_id = $2) \
        AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.source_run_id = r.run_id) \
      ORDER BY r.ended_at DESC, r.run_id DESC LIMIT 20";

@@ -1,0 +1,298 @@
+//! `shopfloor check`: readiness checks, one line each (`ok`, `FAIL`, or `skip` for what is not
+//! configured), and under each failure the line that says how to fix it. Exit 0 only when
+//! nothing failed.
+//!
+//! On a server: the database is reachable and holds this binary's schema, a JWT signing key
+//! exists, the GitHub App's key parses and mints an installation token at
+//! `SHOPFLOOR_GITHUB_API_URL` (skipped when no App is configured), and the webhook secret is
+//! set. With `--host`, on a host machine instead: the harnesses the host's capabilities name
+//! and `git` are on `PATH`, and the server (`SHOPFLOOR_SERVER`) answers.
+//!
+//! A check prints what it found, never a secret (no key, token or URL password).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use secrecy::ExposeSecret;
+use sqlx::PgPool;
+
+use super::{DbArgs, GithubAppArgs, GithubArgs};
+
+/// `shopfloor check`'s settings: those of the processes it checks.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub github: GithubArgs,
+    #[command(flatten)]
+    pub github_app: GithubAppArgs,
+    /// Check a host machine (harnesses, git, the server) instead of a server.
+    #[arg(long = "host")]
+    pub host: bool,
+    /// With --host: the server's base URL.
+    #[arg(long = "server", env = "SHOPFLOOR_SERVER")]
+    pub server: Option<String>,
+    /// With --host: the host's capabilities; the harnesses they name are checked (both when
+    /// none is named).
+    #[arg(long = "capabilities", env = "SHOPFLOOR_HOST_CAPABILITIES", value_delimiter = ',', default_value = "linux")]
+    pub capabilities: Vec<String>,
+    /// With --host: the Claude Code command.
+    #[arg(long = "claude-command", env = "SHOPFLOOR_CLAUDE_COMMAND", default_value = "claude")]
+    pub claude_command: String,
+    /// With --host: the Codex command.
+    #[arg(long = "codex-command", env = "SHOPFLOOR_CODEX_COMMAND", default_value = "codex")]
+    pub codex_command: String,
+}
+
+/// One check's result.
+struct Outcome {
+    name: &'static str,
+    kind: Kind,
+    detail: String,
+    fix: Option<String>,
+}
+
+#[derive(PartialEq)]
+enum Kind {
+    Ok,
+    Fail,
+    Skip,
+}
+
+impl Outcome {
+    fn ok(name: &'static str, detail: impl Into<String>) -> Outcome {
+        Outcome { name, kind: Kind::Ok, detail: detail.into(), fix: None }
+    }
+
+    fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Outcome {
+        Outcome { name, kind: Kind::Fail, detail: detail.into(), fix: Some(fix.into()) }
+    }
+
+    fn skip(name: &'static str, detail: impl Into<String>) -> Outcome {
+        Outcome { name, kind: Kind::Skip, detail: detail.into(), fix: None }
+    }
+
+    fn print(&self) {
+        let word = match self.kind {
+            Kind::Ok => "ok",
+            Kind::Fail => "FAIL",
+            Kind::Skip => "skip",
+        };
+        println!("{word:<4} {}: {}", self.name, self.detail);
+        if let Some(fix) = &self.fix {
+            println!("     fix: {fix}");
+        }
+    }
+}
+
+/// Runs the checks, printing each as it ends; the exit code is 0 only when none failed.
+pub(super) async fn run(args: CheckArgs) -> u8 {
+    let outcomes = if args.host { host_checks(&args).await } else { server_checks(&args).await };
+    if outcomes.iter().any(|o| o.kind == Kind::Fail) { 1 } else { 0 }
+}
+
+async fn server_checks(args: &CheckArgs) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    let mut done = |o: Outcome| {
+        o.print();
+        outcomes.push(o);
+    };
+    let (db, outcome) = database(&args.db).await;
+    done(outcome);
+    done(match &db {
+        Some(pool) => signing_keys(pool).await,
+        None => Outcome::fail("jwt signing keys", "cannot be read without the database", "fix the database check above first"),
+    });
+    done(github_app(&args.github_app, db.as_ref()).await);
+    done(webhook_secret(&args.github));
+    if let Some(pool) = db {
+        pool.close().await;
+    }
+    outcomes
+}
+
+/// The problem and its fix from an error written as "problem; what to do".
+fn split_fix(message: &str, fallback: &str) -> (String, String) {
+    match message.split_once("; ") {
+        Some((problem, fix)) => (problem.to_owned(), fix.to_owned()),
+        None => (message.to_owned(), fallback.to_owned()),
+    }
+}
+
+async fn database(args: &DbArgs) -> (Option<PgPool>, Outcome) {
+    const NAME: &str = "database";
+    let Some(url) = args.database_url.as_deref().filter(|u| !u.trim().is_empty()) else {
+        return (
+            None,
+            Outcome::fail(NAME, "DATABASE_URL is not set", "set DATABASE_URL to postgres://USER:PASSWORD@HOST:PORT/DATABASE (`shopfloor admin cluster start` prints one for an embedded cluster)"),
+        );
+    };
+    let pool = match engine::db::connect(url, 2).await {
+        Ok(pool) => pool,
+        Err(e) => {
+            let (problem, fix) = split_fix(&e.to_string(), "check DATABASE_URL");
+            return (None, Outcome::fail(NAME, problem, fix));
+        }
+    };
+    match engine::db::check_schema(&pool).await {
+        Ok(()) => {
+            let outcome = Outcome::ok(NAME, format!("reachable, schema at migration {} (this binary's)", engine::db::code_version()));
+            (Some(pool), outcome)
+        }
+        Err(e) => {
+            let (problem, fix) = split_fix(&e.to_string(), "check that DATABASE_URL names shopfloor's database");
+            // Reachable but not ready: the other checks can still read what exists.
+            (Some(pool), Outcome::fail(NAME, problem, fix))
+        }
+    }
+}
+
+async fn signing_keys(pool: &PgPool) -> Outcome {
+    const NAME: &str = "jwt signing keys";
+    let count: Result<i64, sqlx::Error> = sqlx::query_scalar("SELECT count(*) FROM signing_keys WHERE retired_at IS NULL").fetch_one(pool).await;
+    match count {
+        Ok(0) => Outcome::fail(
+            NAME,
+            "no current signing key in the database",
+            "create the first org with `shopfloor admin create-org SLUG --owner-email EMAIL`: its first token makes the key",
+        ),
+        Ok(n) => Outcome::ok(NAME, format!("{n} current key{}", if n == 1 { "" } else { "s" })),
+        Err(e) => Outcome::fail(NAME, format!("cannot read them: {e}"), "run `shopfloor migrate`, then check again"),
+    }
+}
+
+async fn github_app(args: &GithubAppArgs, db: Option<&PgPool>) -> Outcome {
+    const NAME: &str = "github app";
+    if args.app_id.is_none() && args.key.is_none() && args.key_file.is_none() {
+        return Outcome::skip(NAME, "not configured (SHOPFLOOR_GITHUB_APP_ID is unset): output steps wait, hosts use their own git credentials");
+    }
+    if args.app_id.is_none() {
+        return Outcome::fail(NAME, "a key is set but no App id", "set SHOPFLOOR_GITHUB_APP_ID to the App's id (its settings page on GitHub shows it)");
+    }
+    let app = match super::processes::github_app(args) {
+        Ok(Some(app)) => app,
+        Ok(None) => return Outcome::fail(NAME, "not configured", "set SHOPFLOOR_GITHUB_APP_ID"),
+        Err(e) => {
+            return Outcome::fail(
+                NAME,
+                e.to_string(),
+                "set SHOPFLOOR_GITHUB_APP_KEY_FILE to the private key (PEM) generated on the App's settings page",
+            );
+        }
+    };
+    let api = app.api_url().to_owned();
+    // A connected repository's installation mints a token as an output step would.
+    let repository: Option<(i64, String)> = match db {
+        Some(pool) => sqlx::query_as(
+            "SELECT installation_id, full_name FROM repositories WHERE installation_id IS NOT NULL ORDER BY created_at LIMIT 1",
+        )
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten(),
+        None => None,
+    };
+    let fix = |e: &engine::github::client::CallError| match e {
+        engine::github::client::CallError::Client { status: 401, .. } => {
+            "GitHub refused the App's JWT: check that SHOPFLOOR_GITHUB_APP_ID is the id of the App whose key this is".to_owned()
+        }
+        engine::github::client::CallError::Client { status: 404, .. } => {
+            "the installation is gone: install the App on the repository again, and connect it again".to_owned()
+        }
+        engine::github::client::CallError::Unavailable(_) => format!("cannot reach {api}: check SHOPFLOOR_GITHUB_API_URL and the network"),
+        _ => "check the App's settings on GitHub".to_owned(),
+    };
+    match repository {
+        Some((installation, repo)) => match app.installation_token(installation, &repo).await {
+            Ok(_) => Outcome::ok(NAME, format!("key parses; minted an installation token for {repo} at {api}")),
+            Err(e) => Outcome::fail(NAME, format!("cannot mint an installation token for {repo}: {e}"), fix(&e)),
+        },
+        None => match app.about().await {
+            Ok(about) => {
+                let slug = about.get("slug").and_then(serde_json::Value::as_str).unwrap_or("?");
+                Outcome::ok(NAME, format!("key parses; GitHub at {api} knows the App `{slug}` (no repository connected yet: no installation token to mint)"))
+            }
+            Err(e) => Outcome::fail(NAME, format!("GitHub at {api} refuses the App: {e}"), fix(&e)),
+        },
+    }
+}
+
+fn webhook_secret(args: &GithubArgs) -> Outcome {
+    const NAME: &str = "webhook secret";
+    match &args.webhook_secret {
+        Some(s) if !s.expose_secret().trim().is_empty() => Outcome::ok(NAME, "set"),
+        _ => Outcome::fail(
+            NAME,
+            "SHOPFLOOR_GITHUB_WEBHOOK_SECRET is not set: POST /webhooks/github answers 503",
+            "set SHOPFLOOR_GITHUB_WEBHOOK_SECRET to the webhook secret of the GitHub App's settings",
+        ),
+    }
+}
+
+async fn host_checks(args: &CheckArgs) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    let mut done = |o: Outcome| {
+        o.print();
+        outcomes.push(o);
+    };
+    let claude = args.capabilities.iter().any(|c| c == "harness:claude-code");
+    let codex = args.capabilities.iter().any(|c| c == "harness:codex");
+    let (claude, codex) = if claude || codex { (claude, codex) } else { (true, true) };
+    if claude {
+        done(on_path("claude", &args.claude_command, "install Claude Code (`npm install -g @anthropic-ai/claude-code`) or set SHOPFLOOR_CLAUDE_COMMAND to it"));
+    }
+    if codex {
+        done(on_path("codex", &args.codex_command, "install Codex (`npm install -g @openai/codex`) or set SHOPFLOOR_CODEX_COMMAND to it"));
+    }
+    done(on_path("git", "git", "install git (`apt-get install git`)"));
+    done(server(args.server.as_deref()).await);
+    outcomes
+}
+
+/// Where `command` resolves: a path as given, else the first executable of that name on PATH.
+fn find(command: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let executable = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if command.contains('/') {
+        let p = PathBuf::from(command);
+        return executable(&p).then_some(p);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(command)).find(|p| executable(p))
+}
+
+fn on_path(name: &'static str, command: &str, fix: &str) -> Outcome {
+    match find(command) {
+        Some(path) => Outcome::ok(name, format!("{}", path.display())),
+        None => Outcome::fail(name, format!("`{command}` is not on PATH"), fix),
+    }
+}
+
+async fn server(url: Option<&str>) -> Outcome {
+    const NAME: &str = "server";
+    let Some(url) = url.filter(|u| !u.trim().is_empty()) else {
+        return Outcome::fail(NAME, "SHOPFLOOR_SERVER is not set", "set SHOPFLOOR_SERVER to the server's base URL, e.g. https://shopfloor.example.com");
+    };
+    let base = url.trim_end_matches('/');
+    let client = match reqwest::Client::builder().timeout(Duration::from_secs(10)).build() {
+        Ok(c) => c,
+        Err(e) => return Outcome::fail(NAME, format!("cannot make an HTTP client: {e}"), "check the system's TLS setup"),
+    };
+    match client.get(format!("{base}/healthz")).send().await {
+        Ok(r) if r.status().is_success() => Outcome::ok(NAME, format!("{base} answers")),
+        Ok(r) => Outcome::fail(NAME, format!("{base}/healthz answered {}", r.status()), "check that SHOPFLOOR_SERVER is shopfloor's base URL"),
+        Err(e) => Outcome::fail(NAME, format!("cannot reach {base}: {}", without_url(&e)), "check SHOPFLOOR_SERVER and that the server is running"),
+    }
+}
+
+/// A reqwest error without the URL it repeats.
+fn without_url(e: &reqwest::Error) -> String {
+    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    let mut detail = if e.is_timeout() { "no answer within 10 s".to_owned() } else { "connection failed".to_owned() };
+    while let Some(s) = source {
+        detail = s.to_string();
+        source = s.source();
+    }
+    detail
+}

@@ -1,0 +1,112 @@
+//! Budgets and operator actions as a host sees them, through the host protocol: a drained
+//! host's claims take nothing; session reports record the spend since the previous report
+//! (they carry cumulative figures); a heartbeat once a hard budget is spent tells the host to
+//! stop, and the step fails `budget_hard_stop`, never retried; an edit-and-retry's prompt and
+//! model reach the next host's assignment.
+
+use engine::ids::{OrgId, RunId};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::support::{App, Org};
+
+const BASE: &str = "/api/v1/orgs/acme/projects/web";
+
+async fn register_host(app: &App, org: &Org) -> (String, String) {
+    let reg = app.json(Method::POST, &format!("{BASE}/host-registrations"), &org.admin, None, StatusCode::CREATED).await;
+    let body = json!({ "name": "box", "capabilities": ["linux", "harness:claude-code"], "max_concurrent": 2 });
+    let cred = app.json(Method::POST, "/api/v1/host/register", reg["token"].as_str().unwrap(), Some(&body), StatusCode::CREATED).await;
+    (cred["token"].as_str().unwrap().to_owned(), cred["host_id"].as_str().unwrap().to_owned())
+}
+
+async fn claim(app: &App, host: &str, wait: u32) -> Value {
+    app.json(Method::POST, "/api/v1/host/claim", host, Some(&json!({ "max": 1, "wait_secs": wait })), StatusCode::OK).await
+}
+
+async fn spent(pool: &PgPool, org: OrgId, run: &str) -> (f64, f64, i64) {
+    let run: RunId = run.parse().unwrap();
+    sqlx::query_as(
+        "SELECT r.spent_usd::float8, (SELECT coalesce(sum(usd), 0)::float8 FROM spend WHERE org_id = $1), r.spent_tokens FROM runs r WHERE r.run_id = $2",
+    )
+    .bind(org)
+    .bind(run)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn report(app: &App, host: &str, step: &str, cost: f64, tokens: i64) -> Value {
+    let body = json!({ "harness": "claude-code", "lines": [], "usage": { "input_tokens": tokens, "output_tokens": 0, "cost_usd": cost } });
+    app.json(Method::POST, &format!("/api/v1/host/steps/{step}/session"), host, Some(&body), StatusCode::OK).await
+}
+
+#[tokio::test]
+async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
+    let app = App::with_host_engine().await;
+    let org = app.org("acme").await;
+    let pool = app.pool().clone();
+    let source = "name: crewed\nnodes:\n  work:\n    crew: { harness: claude-code, model: sonnet, prompt: do the work }\n";
+    app.json(Method::PUT, &format!("{BASE}/workflows/crewed"), &org.member, Some(&json!({ "source": source })), StatusCode::CREATED).await;
+    let (host, host_id) = register_host(&app, &org).await;
+
+    // Drained, the host claims nothing, though a step waits for it.
+    let drained = app.json(Method::POST, &format!("{BASE}/hosts/{host_id}/drain"), &org.admin, None, StatusCode::OK).await;
+    assert!(drained["drained_at"].is_string(), "{drained}");
+    let run = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "crewed" })), StatusCode::CREATED).await;
+    let run = run["id"].as_str().unwrap().to_owned();
+    app.until(run.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND state = 'pending')", "a ready crew step").await;
+    let nothing = claim(&app, &host, 1).await;
+    assert_eq!(nothing["assignments"], json!([]), "a drained host takes nothing");
+    let listed = app.json(Method::GET, &format!("{BASE}/hosts"), &org.viewer, None, StatusCode::OK).await;
+    assert!(listed["items"][0]["drained_at"].is_string(), "the list shows it drained: {listed}");
+    app.json(Method::POST, &format!("{BASE}/hosts/{host_id}/undrain"), &org.admin, None, StatusCode::OK).await;
+    let got = claim(&app, &host, 5).await;
+    let step = got["assignments"][0]["step"].as_str().expect("undrained, it claims the step").to_owned();
+    assert_eq!((got["assignments"][0]["prompt"].as_str(), got["assignments"][0]["model"].as_str()), (Some("do the work"), Some("sonnet")));
+    app.json(Method::POST, &format!("/api/v1/host/steps/{step}/start"), &host, Some(&json!({ "harness": "claude-code" })), StatusCode::OK).await;
+
+    // Reports carry cumulative figures; the spend is what each adds.
+    let r = report(&app, &host, &step, 0.4, 100).await;
+    assert_eq!(r["stop"], false);
+    assert_eq!(spent(&pool, org.id, &run).await, (0.4, 0.4, 100));
+    report(&app, &host, &step, 0.9, 250).await;
+    report(&app, &host, &step, 0.9, 250).await;
+    assert_eq!(spent(&pool, org.id, &run).await, (0.9, 0.9, 250), "a report sent twice counts once");
+    let beat = app.json(Method::POST, &format!("/api/v1/host/steps/{step}/heartbeat"), &host, None, StatusCode::OK).await;
+    assert_eq!(beat["stop"], false);
+
+    // A hard daily budget the project has spent: the next heartbeat says stop.
+    app.json(Method::PUT, &format!("{BASE}/budgets/day"), &org.admin, Some(&json!({ "usd_limit": 0.5, "hard": true })), StatusCode::OK).await;
+    let beat = app.json(Method::POST, &format!("/api/v1/host/steps/{step}/heartbeat"), &host, None, StatusCode::OK).await;
+    assert_eq!((beat["state"].as_str(), beat["stop"].as_bool()), (Some("failed"), Some(true)), "{beat}");
+    let (reason, class): (String, String) = sqlx::query_as("SELECT reason, failure_class FROM steps WHERE step_id = $1")
+        .bind(step.parse::<engine::ids::StepId>().unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!((reason.as_str(), class.as_str()), ("budget_hard_stop", "final"));
+    app.until(run.parse().unwrap(), "SELECT status = 'failed' FROM runs WHERE run_id = $1", "failed").await;
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM steps WHERE run_id = $1").bind(run.parse::<RunId>().unwrap()).fetch_one(&pool).await.unwrap();
+    assert_eq!(attempts, 1, "budget_hard_stop is never retried");
+    // Its result, when it comes, is dropped.
+    let (status, _, _) = app.send(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), Some(&host), Some(&json!({ "outcome": "succeeded" }))).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    // The budget raised, an edit-and-retry: the host's next assignment has the new prompt and model.
+    app.json(Method::PUT, &format!("{BASE}/budgets/day"), &org.admin, Some(&json!({ "usd_limit": 100, "hard": true })), StatusCode::OK).await;
+    let edit = json!({ "node": "work", "prompt": "do less", "model": "haiku" });
+    let retried = app.json(Method::POST, &format!("{BASE}/runs/{run}/retry"), &org.member, Some(&edit), StatusCode::CREATED).await;
+    let got = claim(&app, &host, 10).await;
+    let a = &got["assignments"][0];
+    assert_eq!((a["run"].as_str(), a["prompt"].as_str(), a["model"].as_str(), a["harness"].as_str()), (retried["id"].as_str(), Some("do less"), Some("haiku"), Some("claude-code")));
+    let step = a["step"].as_str().unwrap().to_owned();
+    app.json(Method::POST, &format!("/api/v1/host/steps/{step}/start"), &host, None, StatusCode::OK).await;
+    // The final figures come with the completion: its cost is recorded too.
+    let body = json!({ "outcome": "succeeded", "usage": { "cost_usd": 0.25, "input_tokens": 10 } });
+    app.json(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), &host, Some(&body), StatusCode::OK).await;
+    let new_run = retried["id"].as_str().unwrap();
+    assert_eq!(spent(&pool, org.id, new_run).await, (0.25, 1.15, 10));
+    app.until(new_run.parse().unwrap(), "SELECT status = 'completed' FROM runs WHERE run_id = $1", "completed").await;
+    app.discard().await;
+}

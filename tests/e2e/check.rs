@@ -1,0 +1,170 @@
+//! `shopfloor check` as an operator runs it: every check passing against a migrated database,
+//! with a signing key, the GitHub App minting a token from the fake GitHub, and the webhook
+//! secret; then failing checks, each with its fix line and a non-zero exit; and `--host` on a
+//! host machine (a harness and git on PATH, the server answering).
+
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::PathBuf;
+use std::process::Command;
+
+use engine::ids::Slug;
+use engine::store::{tenants, triggers, Actor, Change};
+use engine::testkit::test_db;
+use shopfloor_tests::github_fake::FakeGithub;
+use shopfloor_tests::shopfloor_bin;
+
+fn key_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake").join("test_app_key.pem")
+}
+
+/// Runs `shopfloor check ARGS` with only the given settings; answers (exit code, stdout).
+fn check(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(shopfloor_bin());
+    cmd.arg("check").args(args).env("SHOPFLOOR_LOG", "off");
+    for var in [
+        "DATABASE_URL",
+        "SHOPFLOOR_GITHUB_WEBHOOK_SECRET",
+        "SHOPFLOOR_GITHUB_APP_ID",
+        "SHOPFLOOR_GITHUB_APP_KEY",
+        "SHOPFLOOR_GITHUB_APP_KEY_FILE",
+        "SHOPFLOOR_GITHUB_API_URL",
+        "SHOPFLOOR_SERVER",
+        "SHOPFLOOR_HOST_CAPABILITIES",
+        "SHOPFLOOR_CLAUDE_COMMAND",
+        "SHOPFLOOR_CODEX_COMMAND",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("shopfloor check {args:?}:\n{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), stdout)
+}
+
+/// The line of a check, and the one after it.
+fn line_of<'a>(out: &'a str, check: &str) -> (&'a str, Option<&'a str>) {
+    let lines: Vec<&str> = out.lines().collect();
+    let i = lines.iter().position(|l| l.split_once(':').is_some_and(|(head, _)| head.ends_with(check))).unwrap_or_else(|| panic!("no `{check}` line in:\n{out}"));
+    (lines[i], lines.get(i + 1).copied())
+}
+
+fn assert_ok(out: &str, check: &str) {
+    let (line, _) = line_of(out, check);
+    assert!(line.starts_with("ok "), "{line}");
+}
+
+/// A failed check with its fix line, which says `fix_says`.
+fn assert_fails(out: &str, check: &str, fix_says: &str) {
+    let (line, next) = line_of(out, check);
+    assert!(line.starts_with("FAIL "), "{line}");
+    let fix = next.unwrap_or_default().trim();
+    assert!(fix.starts_with("fix: ") && fix.contains(fix_says), "the fix of `{line}` should say `{fix_says}`: {fix}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ready_server_passes_every_check() {
+    let db = test_db().await;
+    let fake = FakeGithub::start().await;
+    let (code, out) = {
+        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+        let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
+        let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
+        triggers::connect_repository(&mut ch, org, project, 77, "Acme", "Acme/Widgets").await.unwrap();
+        // The first token makes the first signing key.
+        let user = api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "first", ttl: chrono::Duration::hours(1) };
+        api::auth::issue_user_token(&mut ch, user).await.unwrap();
+        ch.commit().await.unwrap();
+        let key = key_file();
+        let env = [
+            ("DATABASE_URL", db.url.as_str()),
+            ("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", "a webhook secret"),
+            ("SHOPFLOOR_GITHUB_APP_ID", "1"),
+            ("SHOPFLOOR_GITHUB_APP_KEY_FILE", key.to_str().unwrap()),
+            ("SHOPFLOOR_GITHUB_API_URL", fake.url.as_str()),
+        ];
+        // The fake GitHub answers on the runtime's other threads meanwhile.
+        tokio::task::block_in_place(|| check(&[], &env))
+    };
+    assert_eq!(code, 0, "{out}");
+    for name in ["database", "jwt signing keys", "github app", "webhook secret"] {
+        assert_ok(&out, name);
+    }
+    assert!(line_of(&out, "github app").0.contains("minted an installation token for acme/widgets"), "{out}");
+    assert_eq!(fake.requests_to("POST", "/app/installations/77/access_tokens").len(), 1, "one token minted at the configured URL");
+    assert!(!out.contains("ghs_"), "the token is never printed: {out}");
+    db.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_failing_check_says_its_fix_and_the_exit_is_not_zero() {
+    let db = test_db().await;
+    let fake = FakeGithub::start().await;
+    // A migrated database with no org yet (no signing key), no webhook secret, no App.
+    let (code, out) = tokio::task::block_in_place(|| check(&[], &[("DATABASE_URL", &db.url), ("SHOPFLOOR_GITHUB_API_URL", &fake.url)]));
+    assert_eq!(code, 1, "{out}");
+    assert_ok(&out, "database");
+    assert_fails(&out, "jwt signing keys", "shopfloor admin create-org");
+    assert_fails(&out, "webhook secret", "set SHOPFLOOR_GITHUB_WEBHOOK_SECRET");
+    let (app, _) = line_of(&out, "github app");
+    assert!(app.starts_with("skip ") && app.contains("not configured"), "{app}");
+
+    // An App whose key is not a key.
+    let bad_key = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad_key.path(), "not a pem").unwrap();
+    let key = bad_key.path().to_str().unwrap();
+    let (code, out) = tokio::task::block_in_place(|| {
+        check(&[], &[("DATABASE_URL", &db.url), ("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", "s"), ("SHOPFLOOR_GITHUB_APP_ID", "1"), ("SHOPFLOOR_GITHUB_APP_KEY_FILE", key), ("SHOPFLOOR_GITHUB_API_URL", &fake.url)])
+    });
+    assert_eq!(code, 1, "{out}");
+    assert_fails(&out, "github app", "SHOPFLOOR_GITHUB_APP_KEY_FILE");
+    db.finish().await;
+
+    // No database answers there.
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (code, out) = check(&[], &[("DATABASE_URL", &format!("postgres://nobody@127.0.0.1:{port}/nothing")), ("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", "s")]);
+    assert_eq!(code, 1, "{out}");
+    assert_fails(&out, "database", "check that PostgreSQL is running");
+    assert_ok(&out, "webhook secret");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
+    // The server: something answering /healthz.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "{\"status\":\"ok\"}" }));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    // A PATH with a `claude` of its own and the system's git.
+    let bin = tempfile::tempdir().unwrap();
+    let claude = bin.path().join("claude");
+    std::fs::write(&claude, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&claude, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let git = String::from_utf8(Command::new("sh").args(["-c", "command -v git"]).output().unwrap().stdout).unwrap();
+    let git_dir = PathBuf::from(git.trim()).parent().unwrap().to_owned();
+    let path = format!("{}:{}", bin.path().display(), git_dir.display());
+
+    let (code, out) = tokio::task::block_in_place(|| {
+        check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &server), ("SHOPFLOOR_HOST_CAPABILITIES", "linux,harness:claude-code")])
+    });
+    assert_eq!(code, 0, "{out}");
+    for name in ["claude", "git", "server"] {
+        assert_ok(&out, name);
+    }
+    assert!(!out.contains("codex"), "only the advertised harness is checked: {out}");
+
+    // A harness the host advertises but lacks, and a server that does not answer.
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (code, out) = tokio::task::block_in_place(|| {
+        check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &format!("http://127.0.0.1:{port}")), ("SHOPFLOOR_HOST_CAPABILITIES", "harness:codex")])
+    });
+    assert_eq!(code, 1, "{out}");
+    assert_fails(&out, "codex", "SHOPFLOOR_CODEX_COMMAND");
+    assert_ok(&out, "git");
+    assert_fails(&out, "server", "check SHOPFLOOR_SERVER");
+}
