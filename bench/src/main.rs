@@ -4,7 +4,24 @@
 //! measures every figure in one run, prints each as a `name: value` line, and appends the run
 //! with the machine, the date and the commit to BENCHMARKS.md. Figures are ratios or counts
 //! measured in the same run; nothing here is a pass/fail timing.
+//!
+//! | figure | what |
+//! |---|---|
+//! | `pgbench_tps` | `pgbench -N -c 8 -j 2 -T 20`: the cluster's durable-commit limit |
+//! | `engine_runs_per_s`, `engine_steps_per_s` | `BENCH_RUNS` (20,000) runs of three crew steps in a row on 2 engines with the test executor, first step's start to last run's end |
+//! | `engine_runs_per_s_vs_pgbench_tps` | the two above, as a ratio |
+//! | `host_steps_per_s` | the same workflow's steps run by 4 `shopfloor host` processes (4 slots each, the `command` harness running `true`, no repository) claiming from one `shopfloor api`, 2 engines without the test executor; `BENCH_HOST_RUNS` runs (at most 2,000 by default), first step's lease to last run's end; `host_steps_note` says how many |
+//! | `wake_p50_ms`, `wake_p99_ms` | an idle pool: submit's commit to the first step's start |
+//! | `idle_statements_60s` | statements an idle pool sends in 60 s |
+//! | `recovery_s` | an engine holding steps killed: until another runs them all again |
+//! | `webhook_deliveries_per_s`, `webhook_p99_ms` | `BENCH_WEBHOOKS` (at most 2,000 by default) signed `issues.labeled` deliveries, each a new issue that opens one run, from 16 concurrent clients to one `shopfloor api`: deliveries per wall-clock second and the client-side latency's p99; the bench fails unless each was answered 2xx and made exactly one run; `webhook_note` says how many |
+//! | `soak_drift_pct`, `soak_table_sizes` | with `BENCH_SOAK=1`: ten minutes of steady load, last minute against the first |
+//! | `engine_rss_mb_10k_open` | one engine's resident memory with 10,000 runs asleep |
+//!
+//! `BENCH_ONLY=engine` measures only the engine's throughput, `BENCH_ONLY=fleet` only the host
+//! and webhook figures; such partial runs are printed, not recorded.
 
+mod fleet;
 mod measures;
 mod setup;
 
@@ -43,13 +60,19 @@ async fn main() -> Result<()> {
     let b = Bench { admin_url: pg.url.clone(), shopfloor };
     let mut r = Report { lines: Vec::new() };
 
-    // BENCH_ONLY=engine measures the engine's throughput alone, for quick iterations; such a
-    // partial run is printed but not recorded.
-    let only_engine = std::env::var("BENCH_ONLY").as_deref() == Ok("engine");
-    let result = if only_engine { measure_engine(&b, &bindir, runs, &mut r).await } else { measure(&b, &bindir, runs, &mut r).await };
+    // BENCH_ONLY=engine measures the engine's throughput alone, BENCH_ONLY=fleet the hosts'
+    // and the webhooks' figures alone, for quick iterations; such a partial run is printed but
+    // not recorded.
+    let only = std::env::var("BENCH_ONLY").ok();
+    let result = match only.as_deref() {
+        Some("engine") => measure_engine(&b, &bindir, runs, &mut r).await,
+        Some("fleet") => measure_fleet(&b, &root, runs, &mut r).await,
+        Some(other) => Err(anyhow::anyhow!("BENCH_ONLY={other}: expected `engine` or `fleet`")),
+        None => measure(&b, &bindir, &root, runs, &mut r).await,
+    };
     let _ = pg.stop();
     result?;
-    if only_engine {
+    if only.is_some() {
         return Ok(());
     }
 
@@ -86,16 +109,46 @@ async fn measure_engine(b: &Bench, bindir: &std::path::Path, runs: usize, r: &mu
     Ok(())
 }
 
-async fn measure(b: &Bench, bindir: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
+/// A count from `var`, else `runs` but at most `cap` (the fleet's figures are slower per item
+/// than the engine's, and the whole bench should stay within 20 minutes).
+fn count(var: &str, runs: usize, cap: usize) -> usize {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(runs.min(cap)).max(1)
+}
+
+async fn measure_hosts(b: &Bench, root: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
+    let n = count("BENCH_HOST_RUNS", runs, 2_000);
+    let t = fleet::host_throughput(b, root, n).await?;
+    r.add("host_steps_per_s", format!("{:.0}", t.steps_per_s));
+    r.add(
+        "host_steps_note",
+        format!("{n} runs, {} steps, on {} hosts × {} slots (`command` harness running `true`)", t.steps, fleet::HOSTS, fleet::HOST_SLOTS),
+    );
+    Ok(())
+}
+
+async fn measure_webhooks(b: &Bench, runs: usize, r: &mut Report) -> Result<()> {
+    let n = count("BENCH_WEBHOOKS", runs, 2_000);
+    let w = fleet::webhook_ingest(b, n).await?;
+    r.add("webhook_deliveries_per_s", format!("{:.0}", w.per_s));
+    r.add("webhook_p99_ms", format!("{:.1}", w.p99_ms));
+    r.add("webhook_note", format!("{n} deliveries from {} clients to one `shopfloor api`; p50 {:.1} ms", fleet::WEBHOOK_CLIENTS, w.p50_ms));
+    Ok(())
+}
+
+async fn measure_fleet(b: &Bench, root: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
+    measure_hosts(b, root, runs, r).await?;
+    measure_webhooks(b, runs, r).await
+}
+
+async fn measure(b: &Bench, bindir: &std::path::Path, root: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
     measure_engine(b, bindir, runs, r).await?;
-    r.add("host_steps_per_s", "not built (the host agent does not exist yet)");
+    measure_hosts(b, root, runs, r).await?;
     let w = measures::wake_latency_and_idle(b, 60).await?;
     r.add("wake_p50_ms", format!("{:.1}", w.p50_ms));
     r.add("wake_p99_ms", format!("{:.1}", w.p99_ms));
     r.add("idle_statements_60s", w.idle_statements_60s);
     r.add("recovery_s", format!("{:.1}", measures::recovery(b).await?));
-    r.add("webhook_deliveries_per_s", "not built (GitHub webhooks do not exist yet)");
-    r.add("webhook_p99_ms", "not built (GitHub webhooks do not exist yet)");
+    measure_webhooks(b, runs, r).await?;
     if std::env::var("BENCH_SOAK").as_deref() == Ok("1") {
         let s = measures::soak(b, 10).await?;
         r.add("soak_drift_pct", format!("{:.1}", s.drift_pct));

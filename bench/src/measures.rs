@@ -34,6 +34,26 @@ nodes:
     wait: { for: 24h }
 ";
 
+/// With `BENCH_PROFILE=1`: the statements the engines sent for the runs, by total time, with
+/// their calls per run — what to make cheaper or fewer next.
+async fn print_top_statements(db: &crate::setup::Db, runs: usize) -> Result<()> {
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&db.pool).await?;
+    let top: Vec<(i64, f64, f64, String)> = sqlx::query_as(
+        "SELECT calls, total_exec_time, mean_exec_time, regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1) ORDER BY total_exec_time DESC LIMIT 25",
+    )
+    .bind(&db.name)
+    .fetch_all(&db.pool)
+    .await
+    .context("reading pg_stat_statements (CREATE EXTENSION pg_stat_statements on the bench cluster)")?;
+    eprintln!("{:>9} {:>8} {:>9} {:>7}  statement", "calls", "per run", "total ms", "mean ms");
+    for (calls, total, mean, query) in top {
+        let per_run = calls as f64 / runs as f64;
+        eprintln!("{calls:>9} {per_run:>8.2} {total:>9.0} {mean:>7.3}  {}", query.chars().take(160).collect::<String>());
+    }
+    Ok(())
+}
+
 /// `pgbench -N -c 8 -j 2 -T 20`: the machine's durable-commit limit.
 pub(crate) async fn pgbench_tps(b: &Bench, bindir: &std::path::Path, seconds: u32) -> Result<f64> {
     let admin = engine::db::connect(&b.admin_url, 1).await?;
@@ -69,6 +89,11 @@ pub(crate) struct Throughput {
 pub(crate) async fn engine_throughput(b: &Bench, n: usize) -> Result<Throughput> {
     let (db, seed) = b.database("bench_engine", SEQUENTIAL).await?;
     submit_many(&db, &seed, n, 500, json!({})).await?;
+    if std::env::var("BENCH_PROFILE").as_deref() == Ok("1") {
+        // Plans of the engines' slow statements go to the cluster's log (target/bench-cluster/pg.log).
+        sqlx::query(&format!("ALTER DATABASE {} SET session_preload_libraries = 'auto_explain'", db.name)).execute(&db.pool).await?;
+        sqlx::query(&format!("ALTER DATABASE {} SET auto_explain.log_min_duration = '3ms'", db.name)).execute(&db.pool).await?;
+    }
     let _e1 = b.engine(&db, "e1")?;
     let _e2 = b.engine(&db, "e2")?;
     until_count(&db.pool, "SELECT count(*) FROM runs WHERE status <> 'running'", n as i64, Duration::from_secs(1800)).await?;
@@ -82,6 +107,9 @@ pub(crate) async fn engine_throughput(b: &Bench, n: usize) -> Result<Throughput>
     )
     .await?;
     let steps = scalar_i64(&db.pool, "SELECT count(*) FROM steps").await?;
+    if std::env::var("BENCH_PROFILE").as_deref() == Ok("1") {
+        print_top_statements(&db, n).await?;
+    }
     db.close().await;
     Ok(Throughput { runs_per_s: n as f64 / secs, steps_per_s: steps as f64 / secs })
 }
@@ -100,16 +128,25 @@ pub(crate) async fn wake_latency_and_idle(b: &Bench, idle_secs: u64) -> Result<W
     let _e1 = b.engine(&db, "e1")?;
     let _e2 = b.engine(&db, "e2")?;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // The database's clock as the submit's change starts committing: the run's own
+    // `created_at` is its transaction's start, before admission's statements and the commit.
+    let mut committing = Vec::with_capacity(200);
     for _ in 0..200 {
         let mut ch = Change::begin(&db.pool, Actor::System).await?;
-        runs::submit(&mut ch, crate::setup::new_run(&seed, json!({}))).await?;
+        let run = runs::submit(&mut ch, crate::setup::new_run(&seed, json!({}))).await?;
+        let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(ch.conn()).await?;
         ch.commit().await?;
+        committing.push((run.0, at));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     until_count(&db.pool, "SELECT count(*) FROM runs WHERE status <> 'running'", 200, Duration::from_secs(120)).await?;
+    let (ids, ats): (Vec<uuid::Uuid>, Vec<chrono::DateTime<chrono::Utc>>) = committing.into_iter().unzip();
     let mut lat: Vec<f64> = sqlx::query_scalar(
-        "SELECT (extract(epoch FROM s.started_at - r.created_at) * 1000)::float8 FROM runs r JOIN steps s USING (run_id) WHERE s.node = 'a'",
+        "SELECT (extract(epoch FROM s.started_at - c.at) * 1000)::float8 \
+         FROM unnest($1::uuid[], $2::timestamptz[]) AS c(run_id, at) JOIN steps s USING (run_id) WHERE s.node = 'a'",
     )
+    .bind(&ids)
+    .bind(&ats)
     .fetch_all(&db.pool)
     .await?;
     lat.sort_by(f64::total_cmp);
