@@ -28,5 +28,5 @@ fmt: ## format the workspace
 openapi: ## regenerate openapi/openapi.json from the code (the drift test checks it)
 	SHOPFLOOR_OPENAPI_WRITE=1 $(CARGO) test -p shopfloor-api --test it -- openapi::the_committed_document_is_the_generated_one
 
-helm-check: ## render the Helm chart and validate it against the Kubernetes schemas (when helm and kubeconform exist)
+helm-check: ## render the Helm chart and validate it strictly against the Kubernetes schemas (installs helm and kubernetes-validate under target/tools when missing)
 	scripts/helm-check.sh
