@@ -135,7 +135,9 @@ pub async fn sweep(pool: &sqlx::PgPool, actor: Actor, org: OrgId, project: Proje
     }
     // The next sweep: when the oldest finished run, delivery or event left comes of age. Events
     // already of age that were kept (their run still runs) do not count: the sweep after that
-    // run's end takes them. Events come all the time, so their sweep is at most hourly.
+    // run's end takes them. Events come all the time, so their sweep is at most hourly. The
+    // next event to come of age is the first young one in commit order (`run_events_by_project`),
+    // close enough to the youngest by time for an hourly sweep.
     let mut ch = Change::begin(pool, actor).await?;
     let next_ms: Option<f64> = sqlx::query_scalar(
         "SELECT ceil(extract(epoch FROM least( \
@@ -143,7 +145,8 @@ pub async fn sweep(pool: &sqlx::PgPool, actor: Actor, org: OrgId, project: Proje
                         + make_interval(days => p.retention_days), \
                     coalesce((SELECT min(created_at) FROM webhook_deliveries WHERE project_id = $1), now() + interval '3650 days') \
                         + make_interval(days => $2), \
-                    greatest(coalesce((SELECT min(at) FROM run_events WHERE project_id = $1 AND at >= now() - make_interval(days => $3)), \
+                    greatest(coalesce((SELECT at FROM run_events WHERE org_id = $4 AND project_id = $1 AND at >= now() - make_interval(days => $3) \
+                                       ORDER BY xid, event_id LIMIT 1), \
                                       now() + interval '3650 days') + make_interval(days => $3), now() + interval '1 hour')) \
                     - now()) * 1000)::float8 \
          FROM projects p WHERE p.project_id = $1",
@@ -151,6 +154,7 @@ pub async fn sweep(pool: &sqlx::PgPool, actor: Actor, org: OrgId, project: Proje
     .bind(project)
     .bind(DELIVERY_DAYS)
     .bind(EVENT_DAYS)
+    .bind(org)
     .fetch_optional(ch.conn())
     .await?
     .flatten();
