@@ -51,7 +51,7 @@ async fn driver() -> Driver {
         );
     };
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port");
-    let child = Command::new(&chromedriver)
+    let mut child = Command::new(&chromedriver)
         .arg(format!("--port={port}"))
         .arg("--allowed-ips=127.0.0.1")
         .stdout(Stdio::null())
@@ -66,6 +66,8 @@ async fn driver() -> Driver {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("chromedriver did not answer on {url} within 10 s");
 }
 

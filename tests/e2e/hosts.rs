@@ -190,6 +190,11 @@ impl Env {
     /// As `start`; with `github`, the server is the GitHub App against the fake GitHub
     /// (outputs, installation tokens) and takes signed webhooks.
     async fn start_with(sources: &[&str], github: bool) -> Env {
+        Env::start_stalling_after(sources, github, 600).await
+    }
+
+    /// As `start_with`, with crew steps whose session is silent for `stall_secs` stalled.
+    async fn start_stalling_after(sources: &[&str], github: bool, stall_secs: u64) -> Env {
         let db = test_db().await;
         let dir = tempfile::tempdir().unwrap();
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
@@ -228,6 +233,7 @@ impl Env {
             .env("SHOPFLOOR_DRAIN_SECS", "2")
             .env("SHOPFLOOR_DB_CONNECTIONS", "16")
             .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
+            .env("SHOPFLOOR_STALL_SECS", stall_secs.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let fake = if github { Some(FakeGithub::start().await) } else { None };
@@ -807,6 +813,32 @@ async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {
     let pulls = fake.pulls("acme/widgets");
     assert_eq!(pulls.len(), 1, "{pulls:?}");
     assert_eq!(pulls[0]["head"]["ref"], "shopfloor/8-gate-the-push");
+    drop(_host);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crew_step_whose_session_goes_silent_is_stalled_and_retried() {
+    // The harness prints its first lines, then nothing (it hangs, ignoring SIGINT).
+    let env = Env::start_stalling_after(&[ONE], false, 4).await;
+    let _host = env.host("solo", 1).await;
+    let run = env.submit("one", vec![json!({ "words": "@HANG@" })]).await[0];
+
+    // Each attempt is failed `stalled` by a heartbeat once its session was silent for 4 s,
+    // as an infrastructure failure: retried up to three attempts, then the run fails.
+    env.until(run, "SELECT status = 'failed' FROM runs WHERE run_id = $1", Duration::from_secs(120), "failed after three stalls").await;
+    let attempts: Vec<(i32, String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT attempt, state, reason, failure_class FROM steps WHERE run_id = $1 AND node = 'work' ORDER BY attempt")
+            .bind(run)
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    let expected: Vec<(i32, String, Option<String>, Option<String>)> =
+        (1..=3).map(|a| (a, "failed".to_owned(), Some("stalled".to_owned()), Some("infrastructure".to_owned()))).collect();
+    assert_eq!(attempts, expected);
+    // Each had reported its first lines before it went silent.
+    let reported: i64 = sqlx::query_scalar("SELECT count(*) FROM step_sessions WHERE run_id = $1 AND lines > 0").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(reported, 3);
     drop(_host);
     env.finish().await;
 }

@@ -88,6 +88,15 @@ pub struct DbArgs {
     pub data_dir: PathBuf,
 }
 
+/// What the host protocol enforces on the hosts' steps.
+#[derive(Debug, Clone, Args)]
+pub struct HostsArgs {
+    /// Seconds a crew step's session may stay silent before its next heartbeat fails it
+    /// `stalled` (an infrastructure failure: retried).
+    #[arg(long = "stall-secs", env = "SHOPFLOOR_STALL_SECS", default_value_t = 600)]
+    pub stall_secs: u64,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ListenArgs {
     /// Address the HTTP server listens on.
@@ -180,6 +189,8 @@ pub struct ServeArgs {
     pub github_app: GithubAppArgs,
     #[command(flatten)]
     pub console: crate::console::ConsoleConfig,
+    #[command(flatten)]
+    pub hosts: HostsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -195,6 +206,8 @@ pub struct ApiArgs {
     pub github_app: GithubAppArgs,
     #[command(flatten)]
     pub console: crate::console::ConsoleConfig,
+    #[command(flatten)]
+    pub hosts: HostsArgs,
 }
 
 #[derive(Debug, Args)]

@@ -37,7 +37,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let outputs = app.clone().map(|a| engine::github::OutputExecutor::new(a, args.github_app.test_crash_after.clone()));
     let (drain, abort) = signals();
     let listen_url = args.pool.listen_database_url.clone().unwrap_or_else(|| db.url.clone());
-    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app));
+    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1))));
     let pool = tokio::spawn(engine::pool::run(db.pool.clone(), pool_config(&args.pool, &db.url, outputs), drain.clone(), abort.clone()));
     tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
     let (served, pooled) = tokio::join!(server, pool);
@@ -61,7 +61,7 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
         }
     };
     let (drain, _abort) = signals();
-    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app).await;
+    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1))).await;
     db.close().await;
     served
 }
@@ -156,6 +156,7 @@ async fn bind(addr: &std::net::SocketAddr, var: &str) -> Result<TcpListener, Cli
 }
 
 /// Serves the router; its event hub LISTENs on `listen_url`.
+#[expect(clippy::too_many_arguments, reason = "the settings of `serve` and `api`, passed once")]
 async fn serve_http(
     listener: TcpListener,
     db: sqlx::PgPool,
@@ -164,8 +165,10 @@ async fn serve_http(
     webhook_secret: Option<secrecy::SecretString>,
     console: crate::console::ConsoleConfig,
     github: Option<std::sync::Arc<engine::github::GithubApp>>,
+    stall_after: Duration,
 ) -> Result<(), CliError> {
     let state = AppState::new(db, &listen_url);
+    state.use_stall_after(stall_after);
     if let Some(app) = github {
         state.use_github_app(app);
     }

@@ -367,14 +367,15 @@ pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<
 }
 
 /// Renews the lease of a held step; the answer says when the host must stop it (cancelled,
-/// taken back, or failed `budget_hard_stop` because a hard budget is spent).
+/// taken back, failed `budget_hard_stop` because a hard budget is spent, or failed `stalled`
+/// because the crew step's session reported nothing for 10 minutes).
 #[utoipa::path(post, path = "/host/steps/{step}/heartbeat", operation_id = "heartbeat_step", tag = "host-protocol",
     params(("step" = String, Path, description = "Step id, `step-…`")),
     responses((status = 200, body = StepStanding)))]
 pub async fn heartbeat(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepStanding>, ApiError> {
     let step = step_id(&p.step)?;
-    // A hard budget spent stops the step here: it fails `budget_hard_stop` and the answer says stop.
-    let now = store::heartbeat(&state.db, &me.host, step).await?;
+    // A hard budget spent or a silent session stops the step here; the answer says stop.
+    let now = store::heartbeat(&state.db, &me.host, step, state.stall_after()).await?;
     Ok(Json(standing(now)))
 }
 

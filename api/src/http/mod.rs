@@ -75,6 +75,9 @@ pub(crate) struct Shared {
     closing: tokio_util::sync::CancellationToken,
     /// The GitHub App, when configured: hosts' assignments get installation tokens from it.
     github: std::sync::OnceLock<Arc<engine::github::GithubApp>>,
+    /// How long a crew step's session may stay silent before a heartbeat fails it `stalled`
+    /// (`engine::store::hosts::STALL_AFTER` unless set at start).
+    stall_after: std::sync::OnceLock<std::time::Duration>,
 }
 
 impl AppState {
@@ -89,6 +92,7 @@ impl AppState {
             events,
             closing: tokio_util::sync::CancellationToken::new(),
             github: std::sync::OnceLock::new(),
+            stall_after: std::sync::OnceLock::new(),
         };
         AppState { db, shared: Arc::new(shared) }
     }
@@ -97,6 +101,15 @@ impl AppState {
     pub fn use_github_app(&self, app: Arc<engine::github::GithubApp>) {
         // Set once by the process that builds the state; a second call changes nothing.
         let _ = self.shared.github.set(app);
+    }
+
+    /// Sets how long a crew step's session may stay silent (set once, at start).
+    pub fn use_stall_after(&self, after: std::time::Duration) {
+        let _ = self.shared.stall_after.set(after);
+    }
+
+    pub(crate) fn stall_after(&self) -> std::time::Duration {
+        self.shared.stall_after.get().copied().unwrap_or(engine::store::hosts::STALL_AFTER)
     }
 
     /// Ends every open event stream (at shutdown).

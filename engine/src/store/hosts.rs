@@ -34,6 +34,14 @@ use crate::state::StepState;
 /// default) to collect the result line and report.
 pub const HOST_STOP_GRACE: Duration = Duration::from_secs(60);
 
+/// A crew step whose session reported nothing for this long is stalled (DESIGN.md "Safety
+/// defaults"): failed `stalled`, an infrastructure failure, so it is retried. Hosts send a
+/// report only when the harness printed something, so their heartbeats alone do not count.
+pub const STALL_AFTER: Duration = Duration::from_secs(600);
+
+/// The failure reason of a stalled step.
+pub const STALLED: &str = "stalled";
+
 /// Transcript bytes stored per run; beyond, lines are counted and dropped, with one note.
 pub const RUN_LOG_CAP_BYTES: i64 = 8 << 20;
 
@@ -570,7 +578,7 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
     }
     // Spend that crossed a hard limit stops the step now (the answer says so).
     if spent > 0.0 && over_budget(&mut ch, run).await? {
-        state = stop_for_budget(&mut ch, host, run, step).await?.state();
+        state = stop_held(&mut ch, host, run, step, &Failure::new(budgets::HARD_STOP, FailureClass::Final)).await?.state();
     }
     ch.commit().await?;
     Ok(Reported { state, stored, dropped })
@@ -615,19 +623,34 @@ async fn over_budget(ch: &mut Change, run: RunId) -> Result<bool> {
     budgets::hard_stop(ch.conn(), row.org_id, row.project_id, run, per_run).await
 }
 
-/// Fails a step the host holds with `budget_hard_stop` (final, never retried) and wakes its
-/// run: the host learns it from the answer to its next heartbeat or report (or its claim's
-/// feed), as it learns of a cancel, and stops the harness. The run is locked.
-async fn stop_for_budget(ch: &mut Change, host: &HostRow, run: RunId, step: StepId) -> Result<StepRow> {
-    let row = steps::fail_held(ch, run, step, &holder(host.host_id), &Failure::new(budgets::HARD_STOP, FailureClass::Final), None).await?;
+/// Fails a step the host holds (a spent budget, a stall) and wakes its run: the host learns it
+/// from the answer to its next heartbeat or report (or its claim's feed), as it learns of a
+/// cancel, and stops the harness. The run is locked.
+async fn stop_held(ch: &mut Change, host: &HostRow, run: RunId, step: StepId, failure: &Failure) -> Result<StepRow> {
+    let row = steps::fail_held(ch, run, step, &holder(host.host_id), failure, None).await?;
     ch.wake(run, None, Duration::ZERO, "advance", true).await?;
     Ok(row)
 }
 
+/// Whether a crew step's session has been silent for `after`: nothing reported since it
+/// started, or since its last report.
+async fn stalled(ch: &mut Change, step: StepId, after: Duration) -> Result<bool> {
+    let silent: Option<Option<bool>> = sqlx::query_scalar(
+        "SELECT coalesce(ss.last_report_at, s.started_at) < now() - $2 * interval '1 millisecond' \
+         FROM steps s LEFT JOIN step_sessions ss ON ss.step_id = s.step_id WHERE s.step_id = $1 AND s.kind = 'crew'",
+    )
+    .bind(step)
+    .bind(after.as_millis() as f64)
+    .fetch_optional(ch.conn())
+    .await?;
+    Ok(silent.flatten().unwrap_or(false))
+}
+
 /// A heartbeat of a held step: renews the lease and answers the step's state, as
-/// `steps::heartbeat` does; a running step whose run a hard budget stops is failed with
-/// `budget_hard_stop` first, so the answer tells the host to stop it.
-pub async fn heartbeat(pool: &PgPool, host: &HostRow, step: StepId) -> Result<StepState> {
+/// `steps::heartbeat` does. A running step whose run a hard budget stops is failed with
+/// `budget_hard_stop` (final) first, and a crew step whose session was silent for
+/// `stall_after` with `stalled` (retried), so the answer tells the host to stop it.
+pub async fn heartbeat(pool: &PgPool, host: &HostRow, step: StepId, stall_after: Duration) -> Result<StepState> {
     let me = holder(host.host_id);
     let state = steps::heartbeat(pool, host.org_id, step, &me).await?;
     if !matches!(state, StepState::Leased | StepState::Running) {
@@ -635,11 +658,15 @@ pub async fn heartbeat(pool: &PgPool, host: &HostRow, step: StepId) -> Result<St
     }
     let run = run_of(pool, host.org_id, step).await?;
     let mut ch = Change::begin(pool, Actor::System).await?;
-    if !over_budget(&mut ch, run).await? {
+    let failure = if over_budget(&mut ch, run).await? {
+        Failure::new(budgets::HARD_STOP, FailureClass::Final)
+    } else if stalled(&mut ch, step, stall_after).await? {
+        Failure::new(STALLED, FailureClass::Infrastructure)
+    } else {
         return Ok(state);
-    }
+    };
     ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
-    match stop_for_budget(&mut ch, host, run, step).await {
+    match stop_held(&mut ch, host, run, step, &failure).await {
         Ok(row) => {
             ch.commit().await?;
             Ok(row.state())
