@@ -390,6 +390,15 @@ async fn runs_are_submitted_shown_answered_rejected_cancelled_retried_and_rerun(
     assert!(ran.stderr.contains(&format!("retry of {run3}: {run4}")), "{}", ran.stderr);
     assert_eq!(s.run(&run4).await["source_run"], run3);
     s.cli(&["runs", "retry", &run1]).fails(1, "error: Conflict: the run completed");
+    // Edit-and-retry: the node runs again with the prompt given.
+    let ran = s.cli(&["runs", "retry", &run2, "--node", "build", "--prompt", "build it again"]).ok();
+    let run7 = ran.stdout.trim().to_owned();
+    assert!(ran.stderr.contains(&format!("retry of {run2} with build edited: {run7}")), "{}", ran.stderr);
+    let edited = |r: &Value| r["steps"].as_array().is_some_and(|st| st.iter().any(|x| x["node"] == "build" && x["output"]["edited"] == true));
+    let got = s.until(&run7, "the edited build", edited).await;
+    let build = got["steps"].as_array().unwrap().iter().find(|x| x["node"] == "build").unwrap();
+    assert_eq!(build["output"]["prompt"], "build it again");
+    s.cli(&["runs", "retry", &run2, "--prompt", "x"]).fails(2, "name it with --node");
     let run5 = s.cli(&["runs", "rerun", &run1, "--from", "ask"]).ok().stdout.trim().to_owned();
     let got = s.until(&run5, "its approval", is_waiting).await;
     assert_eq!(got["source_run"], run1);
@@ -492,6 +501,14 @@ async fn tokens_hosts_and_budgets() {
         s.cli(&["hosts", "list", "--all", "--json"]).ok().stdout.trim_end(),
         s.api_bytes("/api/v1/orgs/acme/projects/web/hosts?include_deregistered=true").await
     );
+    // Drained through the CLI: the API's host says so, the list shows it, undrain lifts it.
+    let id = s.api("/api/v1/orgs/acme/projects/web/hosts").await["items"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(s.cli(&["hosts", "drain", &id]).ok().stdout.trim(), "box-1 drained: it claims nothing new");
+    assert!(s.api("/api/v1/orgs/acme/projects/web/hosts").await["items"][0]["drained_at"].is_string());
+    assert!(s.cli(&["hosts", "list"]).ok().stdout.contains("(drained "));
+    assert_eq!(s.cli(&["hosts", "undrain", &id]).ok().stdout.trim(), "box-1 claims again");
+    assert!(s.api("/api/v1/orgs/acme/projects/web/hosts").await["items"][0]["drained_at"].is_null());
+    s.cli(&["hosts", "drain", "host-nope"]).fails(1, "error: ");
 
     // Budgets: shown when the server has the route, else said plainly.
     let doc = s.api("/api/v1/openapi.json").await;

@@ -1,4 +1,4 @@
-//! `shopfloor workflows …`, `hosts list`, `audit list`, `tokens …` and `budgets show`.
+//! `shopfloor workflows …`, `hosts list|drain|undrain`, `audit list`, `tokens …` and `budgets show`.
 
 use std::path::{Path, PathBuf};
 
@@ -203,6 +203,16 @@ enum HostsCommand {
         #[command(flatten)]
         page: PageArgs,
     },
+    /// Stops new claims for a host; the steps it holds run to their end (admin).
+    Drain {
+        /// The host's id (`hosts list` shows it).
+        host: String,
+    },
+    /// Lets a drained host claim again (admin).
+    Undrain {
+        /// The host's id.
+        host: String,
+    },
 }
 
 #[derive(Deserialize)]
@@ -216,11 +226,17 @@ struct Host {
     last_seen_at: Option<DateTime<Utc>>,
     #[serde(default)]
     deregistered_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    drained_at: Option<DateTime<Utc>>,
 }
 
 pub(super) async fn hosts(args: HostsArgs) -> Result<u8, ClientError> {
     let api = connect(&args.conn)?;
-    let HostsCommand::List { all, page } = args.cmd;
+    let (all, page) = match args.cmd {
+        HostsCommand::List { all, page } => (all, page),
+        HostsCommand::Drain { host } => return drain(&api, &host, "drain", args.conn.json).await,
+        HostsCommand::Undrain { host } => return drain(&api, &host, "undrain", args.conn.json).await,
+    };
     let url = with_query(page.url(api.project_url(&["hosts"])?), &[("include_deregistered", all.then_some("true"))]);
     let answer = api.get(url).await?;
     if args.conn.json {
@@ -230,14 +246,28 @@ pub(super) async fn hosts(args: HostsArgs) -> Result<u8, ClientError> {
     let list: Page<Host> = answer.json()?;
     let mut t = Table::new(&["NAME", "ID", "CAPABILITIES", "SLOTS", "LAST SEEN"]);
     for h in &list.items {
-        let seen = match (h.deregistered_at, h.last_seen_at) {
+        let mut seen = match (h.deregistered_at, h.last_seen_at) {
             (Some(d), _) => (format!("deregistered {}", ago(d)), Tint::Dim),
             (None, Some(s)) => plain(ago(s)),
             (None, None) => ("never".to_owned(), Tint::Dim),
         };
+        if let (Some(d), None) = (h.drained_at, h.deregistered_at) {
+            seen.0 = format!("{} (drained {})", seen.0, ago(d));
+        }
         t.row(vec![plain(&h.name), plain(&h.id), plain(h.capabilities.join(",")), plain(h.max_concurrent.to_string()), seen]);
     }
     print_table(&t, Style::detect(), "no hosts", list.next_cursor.as_deref());
+    Ok(0)
+}
+
+async fn drain(api: &Api, host: &str, verb: &str, json: bool) -> Result<u8, ClientError> {
+    let answer = api.post(api.project_url(&["hosts", host, verb])?, Body::None).await?;
+    if json {
+        say!("{}", answer.text());
+    } else {
+        let h: Host = answer.json()?;
+        say!("{} {}", h.name, if h.drained_at.is_some() { "drained: it claims nothing new" } else { "claims again" });
+    }
     Ok(0)
 }
 

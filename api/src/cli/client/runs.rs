@@ -61,9 +61,23 @@ enum RunsCommand {
         reason: Option<String>,
     },
     /// Retry a failed or cancelled run from the nodes that failed; prints the new run's id.
+    /// With `--node` and a new `--prompt`, `--model` or `--harness`: edit-and-retry, the node
+    /// runs with them at every later attempt.
     Retry {
         /// The run: `run-…`, or its full name `<org>:<project>:run-…`.
         run: String,
+        /// The crew node to edit.
+        #[arg(long, requires = "edit")]
+        node: Option<String>,
+        /// The node's new prompt (a template, as in the workflow).
+        #[arg(long, group = "edit")]
+        prompt: Option<String>,
+        /// The node's new model.
+        #[arg(long, group = "edit")]
+        model: Option<String>,
+        /// The node's new harness (`claude-code`, `codex`, `command`).
+        #[arg(long, group = "edit")]
+        harness: Option<String>,
     },
     /// Run a finished run again with the same input, from the start or from a node; prints the
     /// new run's id.
@@ -321,11 +335,21 @@ pub(super) async fn run(args: RunsArgs) -> Result<u8, ClientError> {
             }
             Ok(0)
         }
-        RunsCommand::Retry { run } => {
+        RunsCommand::Retry { run, node, prompt, model, harness } => {
             let id = run_ref(&mut conn, &run)?;
             let api = connect(&conn)?;
-            let answer = api.post(api.project_url(&["runs", &id, "retry"])?, Body::None).await?;
-            new_run(&answer, conn.json, &format!("retry of {id}"))
+            let (body, what) = match node {
+                Some(node) => {
+                    let what = format!("retry of {id} with {node} edited");
+                    (Body::Json(serde_json::json!({ "node": node, "prompt": prompt, "model": model, "harness": harness })), what)
+                }
+                None if prompt.is_some() || model.is_some() || harness.is_some() => {
+                    return Err(ClientError::Usage("--prompt, --model and --harness edit a node: name it with --node".into()));
+                }
+                None => (Body::None, format!("retry of {id}")),
+            };
+            let answer = api.post(api.project_url(&["runs", &id, "retry"])?, body).await?;
+            new_run(&answer, conn.json, &what)
         }
         RunsCommand::Rerun { run, from } => {
             let id = run_ref(&mut conn, &run)?;
