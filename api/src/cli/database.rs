@@ -39,6 +39,30 @@ impl Database {
         }
     }
 
+    /// Opens the database of a process that needs this binary's schema (`api`, `engine`):
+    /// a newer or older schema is refused, and the database closed again.
+    pub async fn open_migrated(args: &DbArgs, connections: u32) -> Result<Database, CliError> {
+        let db = Database::open(args, connections).await?;
+        match engine::db::check_schema(&db.pool).await {
+            Ok(_) => Ok(db),
+            Err(e) => {
+                db.close().await;
+                Err(CliError::msg(e))
+            }
+        }
+    }
+
+    /// Runs `f` (reading more settings); on failure, closes the database before returning.
+    pub async fn or_close<T>(self, f: impl FnOnce() -> Result<T, CliError>) -> Result<(Database, T), CliError> {
+        match f() {
+            Ok(t) => Ok((self, t)),
+            Err(e) => {
+                self.close().await;
+                Err(e)
+            }
+        }
+    }
+
     /// Closes the pool and stops the embedded cluster if this process started it.
     pub async fn close(self) {
         self.pool.close().await;

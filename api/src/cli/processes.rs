@@ -48,18 +48,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
 
 pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
-    let db = Database::open(&args.db, 16).await?;
-    if let Err(e) = engine::db::check_schema(&db.pool).await {
-        db.close().await;
-        return Err(CliError::msg(e));
-    }
-    let app = match github_app(&args.github_app) {
-        Ok(a) => a,
-        Err(e) => {
-            db.close().await;
-            return Err(e);
-        }
-    };
+    let (db, app) = Database::open_migrated(&args.db, 16).await?.or_close(|| github_app(&args.github_app)).await?;
     let (drain, _abort) = signals();
     let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1))).await;
     db.close().await;
@@ -72,26 +61,15 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
         Some(addr) => Some(bind(addr, "SHOPFLOOR_METRICS_ADDR").await?),
         None => None,
     };
-    let db = Database::open(&args.db, args.pool.db_connections).await?;
-    if let Err(e) = engine::db::check_schema(&db.pool).await {
-        db.close().await;
-        return Err(CliError::msg(e));
-    }
-    let outputs = match github_outputs(&args.github_app) {
-        Ok(o) => o,
-        Err(e) => {
-            db.close().await;
-            return Err(e);
-        }
-    };
+    let (db, outputs) = Database::open_migrated(&args.db, args.pool.db_connections).await?.or_close(|| github_outputs(&args.github_app)).await?;
     let (drain, abort) = signals();
     if let Some(listener) = metrics {
         tokio::spawn(serve_metrics(listener, db.pool.clone(), drain.clone()));
     }
     let cfg = pool_config(&args.pool, &db.url, outputs);
     tracing::info!(engine.id = %cfg.id, test_executor = cfg.test_executor.is_some(), "engine started");
-    if cfg.test_executor.is_none() {
-        tracing::info!("crew, gate and output steps wait for hosts and integrations, which are not built yet");
+    if cfg.test_executor.is_none() && cfg.outputs.is_none() {
+        tracing::info!("output steps wait: no GitHub App is configured (SHOPFLOOR_GITHUB_APP_ID and its key)");
     }
     let result = engine::pool::run(db.pool.clone(), cfg, drain, abort).await;
     db.close().await;
