@@ -45,6 +45,21 @@ async fn seq_scans(pool: &sqlx::PgPool) -> Vec<(String, i64)> {
         .unwrap()
 }
 
+/// `seq_scans` once it stopped moving: backends report their counts when they go idle or
+/// exit, up to a second late, so a reading taken at once can still miss the scans of work
+/// done before it (seen under load: a page charged with scans it did not make).
+async fn settled_seq_scans(pool: &sqlx::PgPool) -> Vec<(String, i64)> {
+    let mut last = seq_scans(pool).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let now = seq_scans(pool).await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
 /// Seeds `n` runs of every status in the org's project, with their steps, events, approvals
 /// (a few open), audit entries, sessions and transcripts, as the engine would have written
 /// them. Test data only: production writes go through the store.
@@ -188,7 +203,7 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let warm = measure(&router, &cookie, path).await;
         assert_eq!(warm.status, StatusCode::OK, "{name}: {}", warm.body);
-        let before = seq_scans(app.pool()).await;
+        let before = settled_seq_scans(app.pool()).await;
         let mut runs: Vec<Measured> = Vec::new();
         for _ in 0..3 {
             runs.push(measure(&router, &cookie, path).await);
@@ -196,8 +211,7 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
         drop(router);
         drop(state);
         pool.close().await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let after = seq_scans(app.pool()).await;
+        let after = settled_seq_scans(app.pool()).await;
         let scanned: Vec<String> = before.iter().zip(&after).filter(|(b, a)| a.1 > b.1).map(|(b, a)| format!("{} (+{})", b.0, a.1 - b.1)).collect();
         assert!(scanned.is_empty(), "{name} ({path}) read large tables without an index: {scanned:?}");
         let statements = runs.iter().map(|m| m.statements).max().unwrap_or(0);
