@@ -501,19 +501,7 @@ async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new
     assert_eq!(still, 1, "a running run is never deleted");
     // The next sweep is due when the oldest run left comes of age (in about 10 days), once the
     // sweep has finished (until then its job is due a lease ahead).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let next: f64 = sqlx::query_scalar("SELECT extract(epoch FROM due_at - now())::float8 / 86400 FROM jobs WHERE kind = 'retention' AND subject = $1")
-            .bind(s.project.0)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        if (9.9..10.1).contains(&next) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "next sweep in {next} days");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    next_sweep_in_days(&db.pool, s.project, 10.0).await;
     stop.cancel();
     db.discard().await;
 }
@@ -703,19 +691,25 @@ async fn the_retention_sweep_deletes_lifecycle_events_after_30_days_but_not_thos
     let audited = crate::fixtures::count(&db.pool, "SELECT coalesce(sum((detail->>'events')::bigint), 0)::bigint FROM audit_log WHERE action = 'retention.delete_events'").await;
     assert_eq!(audited, 600);
     // The next sweep: when the youngest events come of age (30 days), not sooner.
+    next_sweep_in_days(&db.pool, s.project, 30.0).await;
+    stop.cancel();
+    db.discard().await;
+}
+
+/// Waits (10 s at most) until the project's next retention sweep is due in `days` (± 0.1):
+/// the job is rescheduled once the running sweep has finished.
+async fn next_sweep_in_days(pool: &PgPool, project: ProjectId, days: f64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let next: f64 = sqlx::query_scalar("SELECT extract(epoch FROM due_at - now())::float8 / 86400 FROM jobs WHERE kind = 'retention' AND subject = $1")
-            .bind(s.project.0)
-            .fetch_one(&db.pool)
+            .bind(project.0)
+            .fetch_one(pool)
             .await
             .unwrap();
-        if (29.9..30.1).contains(&next) {
-            break;
+        if (next - days).abs() < 0.1 {
+            return;
         }
-        assert!(Instant::now() < deadline, "next sweep in {next} days");
+        assert!(Instant::now() < deadline, "next sweep in {next} days, not {days}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    stop.cancel();
-    db.discard().await;
 }
