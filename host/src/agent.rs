@@ -111,7 +111,7 @@ pub async fn run(args: HostArgs) -> Result<(), HostError> {
     let client = Client::new(&settings.server, &credential.token).map_err(|e| HostError::Setup(e.to_string()))?;
     let journal = Journal::open(&settings.work_dir).map_err(|e| HostError::Setup(format!("cannot open the journal: {e}")))?;
     tracing::info!(server = %settings.server, slots = settings.slots, capabilities = ?settings.capabilities, "host started");
-    let (drain, abort) = signals();
+    let (drain, abort) = crate::process::shutdown_signals();
     let mut agent = Agent { shared: Arc::new(Shared::new(client, settings, journal)), running: HashMap::new(), tasks: JoinSet::new(), task_steps: HashMap::new(), waiting: Vec::new() };
     let result = agent.serve(drain, abort).await;
     agent.tasks.shutdown().await;
@@ -381,27 +381,6 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// The first SIGTERM or Ctrl-C cancels `drain`; the second cancels `abort`.
-fn signals() -> (CancellationToken, CancellationToken) {
-    let (drain, abort) = (CancellationToken::new(), CancellationToken::new());
-    let (d, a) = (drain.clone(), abort.clone());
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-            tracing::warn!("cannot install signal handlers");
-            return;
-        };
-        for token in [d, a] {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            token.cancel();
-        }
-    });
-    (drain, abort)
 }
 
 #[cfg(test)]

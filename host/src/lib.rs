@@ -9,7 +9,8 @@
 //!   report, cleanup.
 //! - `harness` — each harness's command line and the reading of its output.
 //! - `git` — the cached clone, worktrees, commits and pushes, every call time-limited.
-//! - `process` — process groups, bounded calls, liveness.
+//! - `process` — process groups, bounded calls, liveness, and the shutdown signals every
+//!   `shopfloor` process uses.
 //! - `journal` — the per-attempt journal, written before each action.
 //! - `recovery` — the decision, after a restart, about each journalled attempt.
 //! - `trace` — the attempt's span, in its run's trace (the assignment's `traceparent`).

@@ -157,6 +157,28 @@ pub async fn call(mut cmd: Command, what: &str, limit: Duration) -> Result<Outpu
     }
 }
 
+/// The first SIGTERM or Ctrl-C cancels `drain`; the second cancels `abort`. Every long-lived
+/// `shopfloor` process (host, serve, api, engine) shuts down this way.
+pub fn shutdown_signals() -> (tokio_util::sync::CancellationToken, tokio_util::sync::CancellationToken) {
+    let (drain, abort) = (tokio_util::sync::CancellationToken::new(), tokio_util::sync::CancellationToken::new());
+    let (d, a) = (drain.clone(), abort.clone());
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            tracing::warn!("cannot install signal handlers");
+            return;
+        };
+        for token in [d, a] {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            token.cancel();
+        }
+    });
+    (drain, abort)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

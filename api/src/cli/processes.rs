@@ -35,7 +35,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
         }
     };
     let outputs = app.clone().map(|a| engine::github::OutputExecutor::new(a, args.github_app.test_crash_after.clone()));
-    let (drain, abort) = signals();
+    let (drain, abort) = host::process::shutdown_signals();
     let listen_url = args.pool.listen_database_url.clone().unwrap_or_else(|| db.url.clone());
     let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1))));
     let pool = tokio::spawn(engine::pool::run(db.pool.clone(), pool_config(&args.pool, &db.url, outputs), drain.clone(), abort.clone()));
@@ -49,7 +49,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
 pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
     let (db, app) = Database::open_migrated(&args.db, 16).await?.or_close(|| github_app(&args.github_app)).await?;
-    let (drain, _abort) = signals();
+    let (drain, _abort) = host::process::shutdown_signals();
     let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1))).await;
     db.close().await;
     served
@@ -62,7 +62,7 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
         None => None,
     };
     let (db, outputs) = Database::open_migrated(&args.db, args.pool.db_connections).await?.or_close(|| github_outputs(&args.github_app)).await?;
-    let (drain, abort) = signals();
+    let (drain, abort) = host::process::shutdown_signals();
     if let Some(listener) = metrics {
         tokio::spawn(serve_metrics(listener, db.pool.clone(), drain.clone()));
     }
@@ -178,23 +178,3 @@ async fn serve_metrics(listener: TcpListener, db: sqlx::PgPool, drain: Cancellat
     }
 }
 
-/// The first SIGTERM or Ctrl-C cancels `drain`; the second cancels `abort`.
-fn signals() -> (CancellationToken, CancellationToken) {
-    let (drain, abort) = (CancellationToken::new(), CancellationToken::new());
-    let (d, a) = (drain.clone(), abort.clone());
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-            tracing::warn!("cannot install signal handlers");
-            return;
-        };
-        for token in [d, a] {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            token.cancel();
-        }
-    });
-    (drain, abort)
-}

@@ -34,25 +34,24 @@ pub fn decode<T: DeserializeOwned>(cursor: Option<&str>) -> Result<Option<T>, Ap
 
 /// Cuts a page fetched with `limit + 1` rows to `limit`, with the cursor of its last row when
 /// more follow.
-pub fn finish<R, K: Serialize>(mut rows: Vec<R>, limit: i64, key: impl Fn(&R) -> K) -> (Vec<R>, Option<String>) {
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    if rows.len() > limit {
-        rows.truncate(limit);
-        let next = rows.last().map(|r| encode(&key(r)));
-        (rows, next)
-    } else {
-        (rows, None)
-    }
+pub fn finish<R, K: Serialize>(rows: Vec<R>, limit: i64, key: impl Fn(&R) -> K) -> (Vec<R>, Option<String>) {
+    let (rows, last) = cut(rows, limit, key);
+    (rows, last.map(|k| encode(&k)))
 }
 
 /// Cuts a page of sequence-numbered rows (a run's events, a step's log) fetched with
 /// `limit + 1` rows to `limit`, with the last row's number to pass as `after` when more follow.
-pub fn finish_after<R>(mut rows: Vec<R>, limit: i64, seq: impl Fn(&R) -> i64) -> (Vec<R>, Option<i64>) {
+pub fn finish_after<R>(rows: Vec<R>, limit: i64, seq: impl Fn(&R) -> i64) -> (Vec<R>, Option<i64>) {
+    cut(rows, limit, seq)
+}
+
+/// `limit` rows of `rows`, and the key of the last one kept when there were more.
+fn cut<R, K>(mut rows: Vec<R>, limit: i64, key: impl Fn(&R) -> K) -> (Vec<R>, Option<K>) {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     if rows.len() > limit {
         rows.truncate(limit);
-        let next = rows.last().map(seq);
-        (rows, next)
+        let last = rows.last().map(key);
+        (rows, last)
     } else {
         (rows, None)
     }
