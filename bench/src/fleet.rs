@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use engine::store::{triggers, Actor, Change};
+use engine::store::{installations, Actor, Change};
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
@@ -272,7 +272,11 @@ fn labeled(number: i64) -> Value {
 pub(crate) async fn webhook_ingest(b: &Bench, n: usize) -> Result<Webhooks> {
     let (db, seed) = b.database("bench_webhooks", ON_LABEL).await?;
     let mut ch = Change::begin(&db.pool, Actor::System).await?;
-    triggers::connect_repository(&mut ch, seed.org, seed.project, INSTALLATION, "Bench", REPOSITORY).await?;
+    // As GitHub's `installation` webhook would announce it, then claimed and connected.
+    let announced = installations::Announced { id: INSTALLATION, account: "Bench".into(), repositories: Some(vec![REPOSITORY.into()]), ..Default::default() };
+    installations::announce(&mut ch, &announced).await?;
+    installations::claim(&mut ch, seed.org, INSTALLATION).await?;
+    installations::connect_repository(&mut ch, seed.org, seed.project, INSTALLATION, REPOSITORY).await?;
     ch.commit().await?;
     let (mut server, base) = api(b, &db, Some(SECRET)).await?;
     let url = format!("{base}/webhooks/github");

@@ -75,21 +75,35 @@ pub(crate) fn console_config(oauth: &FakeOauth) -> ConsoleConfig {
         github_client_secret: Some(CLIENT_SECRET.to_owned().into()),
         github_oauth_url: oauth.url.clone(),
         github_oauth_api_url: oauth.url.clone(),
+        github_app_slug: Some("shopfloor-test".into()),
         ..ConsoleConfig::default()
     }
 }
 
-/// The whole app as `shopfloor api` serves it: REST, then the console beside it.
+/// The secret the App's webhooks are signed with.
+pub(crate) const WEBHOOK_SECRET: &str = "the console tests' webhook secret";
+
+/// The whole app as `shopfloor api` serves it: REST, GitHub's webhooks, then the console beside
+/// them.
 pub(crate) fn app(state: AppState, cfg: ConsoleConfig) -> axum::Router {
-    api::http::router(state.clone()).merge(api::console::router(state, cfg))
+    let webhooks = api::webhooks::WebhookState::new(state.db.clone(), Some(WEBHOOK_SECRET.to_owned().into()));
+    api::http::router(state.clone()).merge(api::webhooks::router(webhooks)).merge(api::console::router(state, cfg))
 }
 
 impl App {
     pub(crate) async fn start(with_engine: bool) -> App {
+        App::start_with(with_engine, None).await
+    }
+
+    /// Also acting as the GitHub App (`github_app`) where the REST API calls GitHub as the App.
+    pub(crate) async fn start_with(with_engine: bool, github_app: Option<std::sync::Arc<engine::github::GithubApp>>) -> App {
         init_tracing();
         let db = test_db().await;
         let oauth = FakeOauth::start().await;
         let state = AppState::new(db.pool.clone(), &db.url);
+        if let Some(app) = github_app {
+            state.use_github_app(app);
+        }
         let router = app(state.clone(), console_config(&oauth));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let base = format!("http://{}", listener.local_addr().expect("local addr"));

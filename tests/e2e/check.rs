@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use engine::ids::Slug;
-use engine::store::{tenants, triggers, Actor, Change};
+use engine::store::{installations, tenants, Actor, Change};
 use engine::testkit::test_db;
 use shopfloor_tests::github_fake::FakeGithub;
 use shopfloor_tests::shopfloor_bin;
@@ -73,7 +73,7 @@ async fn a_ready_server_passes_every_check() {
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
         let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
         let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-        triggers::connect_repository(&mut ch, org, project, 77, "Acme", "Acme/Widgets").await.unwrap();
+        installations::connect_for_test(&mut ch, org, project, 77, "Acme", "Acme/Widgets").await.unwrap();
         // The first token makes the first signing key.
         let user = api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "first", ttl: chrono::Duration::hours(1) };
         api::auth::issue_user_token(&mut ch, user).await.unwrap();

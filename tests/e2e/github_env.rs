@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::ids::Slug;
-use engine::store::{tenants, triggers, workflows, Actor, Change};
+use engine::store::{installations, tenants, workflows, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use engine::triggers::{ingest, Delivery, IngestOutcome};
 use serde_json::Value;
@@ -68,7 +68,7 @@ impl GhEnv {
             let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
             workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
         }
-        triggers::connect_repository(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+        installations::connect_for_test(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
         ch.commit().await.unwrap();
         let fake = FakeGithub::start().await;
         GhEnv { db, fake, repo: Repo::new("Acme/Widgets", INSTALLATION) }

@@ -103,15 +103,16 @@ async fn a_crash_after_the_pull_request_opened_leaves_exactly_one_after_recovery
     assert_eq!(output["created"], false, "{output}");
     assert_eq!(output["pull_request"]["number"], pr["number"]);
 
-    // The App minted installation tokens with its JWT, scoped to the one repository, and used
-    // them; the second engine minted its own (tokens are cached per process).
+    // The App minted installation tokens with its JWT, scoped to the one repository and to what
+    // opening a pull request needs, and used them; the second engine minted its own (tokens are
+    // cached per process).
     let mints = env.fake.requests_to("POST", "/app/installations/77/access_tokens");
     assert_eq!(mints.len(), 2, "{mints:?}");
     for mint in &mints {
         let auth = mint.authorization.clone().unwrap_or_default();
         let jwt = auth.strip_prefix("Bearer ").unwrap_or_default();
         assert_eq!(jwt.split('.').count(), 3, "an RS256 JWT: {auth}");
-        assert_eq!(mint.body, json!({ "repositories": ["widgets"] }));
+        assert_eq!(mint.body, json!({ "repositories": ["widgets"], "permissions": { "pull_requests": "write", "contents": "read" } }));
     }
     for call in env.fake.requests().iter().filter(|r| r.path.starts_with("/repos/")) {
         assert!(call.authorization.as_deref().unwrap_or_default().starts_with("Bearer ghs_"), "{call:?}");
@@ -236,8 +237,13 @@ async fn labels_are_added_and_removed_and_the_card_moves_on_the_board() {
     assert!(graphql[0].authorization.as_deref().unwrap_or_default().starts_with("Bearer ghs_"));
     let output: Value = sqlx::query_scalar("SELECT output FROM steps WHERE node = 'move'").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(output["board"]["column"], "In progress");
-    // One token served both steps: minted once, cached until five minutes before expiry.
-    assert_eq!(env.fake.requests_to("POST", "/app/installations/77/access_tokens").len(), 1);
+    // Each step asked for what it needs, once (tokens are cached per repository and scope until
+    // five minutes before they expire): the labels the issues' permissions, the board move the
+    // org's projects'.
+    let mints: Vec<Value> = env.fake.requests_to("POST", "/app/installations/77/access_tokens").into_iter().map(|r| r.body["permissions"].clone()).collect();
+    assert_eq!(mints.len(), 2, "{mints:?}");
+    assert!(mints.contains(&json!({ "issues": "write", "pull_requests": "write" })), "{mints:?}");
+    assert!(mints.contains(&json!({ "organization_projects": "write", "issues": "read", "pull_requests": "read" })), "{mints:?}");
     drop(_engine);
     env.finish().await;
 }

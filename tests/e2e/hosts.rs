@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
 use engine::store::runs::{self, NewRun};
-use engine::store::{tenants, triggers, workflows, Actor, Change};
+use engine::store::{installations, tenants, workflows, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, user};
@@ -206,7 +206,7 @@ impl Env {
             let (id, _) = workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
             wfs.push((def.name.clone(), id));
         }
-        triggers::connect_repository(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
+        installations::connect_for_test(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
         let owner_token = api::auth::issue_user_token(
             &mut ch,
             api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "test", ttl: chrono::Duration::hours(2) },
@@ -644,8 +644,12 @@ async fn an_issue_becomes_a_pull_request_through_a_host() {
     assert_eq!(pr["head"]["ref"], "shopfloor/7-add-a-widget");
     let body = pr["body"].as_str().unwrap_or_default();
     assert!(body.starts_with("Closes #7") && body.contains("Add a line to CHANGES.md"), "{body}");
-    // The assignments carried installation tokens for the repository, minted by the App.
-    assert!(!fake.requests_to("POST", "/app/installations/77/access_tokens").is_empty());
+    // The assignments carried installation tokens for the repository, minted by the App with
+    // only what a push needs; the pull request's token could open pull requests, not push.
+    let mints: Vec<Value> = fake.requests_to("POST", "/app/installations/77/access_tokens").into_iter().map(|r| r.body).collect();
+    assert!(mints.contains(&json!({ "repositories": ["widgets"], "permissions": { "contents": "write" } })), "{mints:?}");
+    assert!(mints.contains(&json!({ "repositories": ["widgets"], "permissions": { "pull_requests": "write", "contents": "read" } })), "{mints:?}");
+    assert!(mints.iter().all(|m| m["permissions"].is_object() && m["repositories"] == json!(["widgets"])), "every token names its permissions and one repository: {mints:?}");
 
     // CI reports on the pull request's head: the gate passes and the run completes.
     let head = pr["head"]["sha"].as_str().unwrap().to_owned();

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::ids::Slug;
-use engine::store::{tenants, triggers, webhooks_out, workflows, Actor, Change};
+use engine::store::{installations, tenants, webhooks_out, workflows, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::json;
 use shopfloor_tests::github_fake::payloads::{self, user};
@@ -115,7 +115,7 @@ async fn seed(db: &TestDb, receiver: &str) -> String {
         let def = engine::definition::parse(source).unwrap();
         workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
     }
-    triggers::connect_repository(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+    installations::connect_for_test(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
     webhooks_out::create(&mut ch, org, project, receiver, None, &["run.completed".to_owned()]).await.unwrap();
     let token = api::auth::issue_user_token(
         &mut ch,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use data_encoding::{BASE64, BASE64URL_NOPAD, HEXLOWER};
 use engine::ids::{RunId, Slug};
-use engine::store::{tenants, triggers, workflows, Actor, Change};
+use engine::store::{installations, tenants, workflows, Actor, Change};
 use engine::testkit::test_db;
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, user};
@@ -81,7 +81,7 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
     let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
     workflows::put_version(&mut ch, org, project, "issue-to-pr", ISSUE_TO_PR).await.unwrap();
-    triggers::connect_repository(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
+    installations::connect_for_test(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
     let owner_token = api::auth::issue_user_token(
         &mut ch,
         api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "leak test", ttl: chrono::Duration::hours(2) },

@@ -22,7 +22,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use engine::ids::Slug;
-use engine::store::{tenants, triggers, workflows, Actor, Change};
+use engine::store::{installations, tenants, workflows, Actor, Change};
 use engine::testkit::test_db;
 use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
@@ -202,7 +202,7 @@ async fn a_webhook_run_is_one_trace_and_its_events_are_log_records() {
     let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
     let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
     workflows::put_version(&mut ch, org, project, "traced", TRACED).await.unwrap();
-    triggers::connect_repository(&mut ch, org, project, 77, "Acme", "Acme/Widgets").await.unwrap();
+    installations::connect_for_test(&mut ch, org, project, 77, "Acme", "Acme/Widgets").await.unwrap();
     let token = api::auth::issue_user_token(
         &mut ch,
         api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "test", ttl: chrono::Duration::hours(1) },

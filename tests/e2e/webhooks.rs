@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::ids::{OrgId, ProjectId, Slug};
-use engine::store::{tenants, triggers, workflows, Actor, Change};
+use engine::store::{installations, tenants, triggers, workflows, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, bot, user};
@@ -102,7 +102,7 @@ async fn start(sources: &[&str]) -> Env {
         let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
         workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
     }
-    triggers::connect_repository(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+    installations::connect_for_test(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
     ch.commit().await.unwrap();
 
     let port = free_port();
@@ -456,8 +456,12 @@ async fn every_event_type_is_ingested_into_the_projection() {
     let added = payloads::installation_repositories_event("added", INSTALLATION, "Acme", &["Acme/Widgets"], &[]);
     ok(env.send("installation_repositories", &added).await);
     assert_eq!(ok(env.send("issues", &payloads::issues_event("opened", &repo, &Issue::new(10, "x"), &user("alice"), None)).await), "accepted");
-    assert_eq!(ok(env.send("installation", &payloads::installation_event("created", 4242, "Newcomer", &["newcomer/app"])).await), "unrouted");
-    assert_eq!(env.scalar("SELECT count(*) FROM audit_log WHERE action LIKE 'installation.%'").await, 4);
+    // A new installation is known from GitHub's word, and no org's until one proves access.
+    assert_eq!(ok(env.send("installation", &payloads::installation_event("created", 4242, "Newcomer", &["newcomer/app"])).await), "installation_announced");
+    assert_eq!(env.scalar("SELECT count(*) FROM github_installations WHERE installation_id = 4242 AND org_id IS NULL").await, 1);
+    assert_eq!(env.scalar("SELECT count(*) FROM github_installation_repositories WHERE installation_id = 4242 AND full_name = 'newcomer/app'").await, 1);
+    // The claim (test setup), suspend, unsuspend, and the repository removed and added back.
+    assert_eq!(env.scalar("SELECT count(*) FROM audit_log WHERE action LIKE 'installation.%'").await, 5);
     env.finish().await;
 }
 

@@ -4,7 +4,11 @@
 //! secret, the code, and the `redirect_uri`; a code works once), `GET /user` and
 //! `GET /user/emails` with the access token. It serves both GitHub's web host and its API host,
 //! so the console's `SHOPFLOOR_GITHUB_OAUTH_URL` and `SHOPFLOOR_GITHUB_OAUTH_API_URL` can both
-//! point at it.
+//! point at it. For the App's install flow it has the install page
+//! (`/apps/{slug}/installations/new`, which installs at once, as a person who clicks "Install"
+//! would, and sends the browser to the App's setup URL with `installation_id`, `setup_action`
+//! and the `state` it was given) and `GET /user/installations`: the installations of the App
+//! that the token's person can access, in GitHub's shape.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,6 +43,10 @@ struct Data {
     counter: u64,
     /// Requests seen, as `METHOD path`.
     seen: Vec<String>,
+    /// login → the installations (id, account) that person can access.
+    grants: HashMap<String, Vec<(i64, String)>>,
+    /// What the install page installs next: (installation id, the App's setup URL).
+    install: Option<(i64, String)>,
 }
 
 /// The fake, served on 127.0.0.1; stops when dropped.
@@ -56,6 +64,8 @@ impl FakeOauth {
             .route("/login/oauth/access_token", post(access_token))
             .route("/user", get(user))
             .route("/user/emails", get(emails))
+            .route("/user/installations", get(user_installations))
+            .route("/apps/{slug}/installations/new", get(install_page))
             .with_state(data.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let url = format!("http://{}", listener.local_addr().expect("local addr"));
@@ -73,6 +83,33 @@ impl FakeOauth {
     /// The account the next authorization signs in as.
     pub fn sign_in_as(&self, account: Account) {
         self.data.lock().expect("fake oauth lock").next = Some(account);
+    }
+
+    /// Lets `login` access `installation` (of `account`), as a member of that GitHub account
+    /// would.
+    pub fn grant(&self, login: &str, installation: i64, account: &str) {
+        self.data.lock().expect("fake oauth lock").grants.entry(login.to_owned()).or_default().push((installation, account.to_owned()));
+    }
+
+    /// The next visit to the install page installs `installation` and goes back to `setup_url`.
+    pub fn will_install(&self, installation: i64, setup_url: &str) {
+        self.data.lock().expect("fake oauth lock").install = Some((installation, setup_url.to_owned()));
+    }
+
+    /// A user access token of `account`, as the web flow would have given it.
+    pub fn token_for(&self, account: Account) -> String {
+        let token = {
+            let mut d = self.data.lock().expect("fake oauth lock");
+            d.counter += 1;
+            format!("ghu_fake{}", d.counter)
+        };
+        self.add_token(&token, account);
+        token
+    }
+
+    /// Makes `token` a user access token of `account`.
+    pub fn add_token(&self, token: &str, account: Account) {
+        self.data.lock().expect("fake oauth lock").tokens.insert(token.to_owned(), account);
     }
 
     /// Requests seen, as `METHOD path`.
@@ -149,4 +186,40 @@ async fn emails(State(data): State<Arc<Mutex<Data>>>, headers: HeaderMap) -> Res
     let list: Vec<Value> =
         a.emails.iter().enumerate().map(|(i, (e, v))| json!({ "email": e, "verified": v, "primary": i == 0, "visibility": "private" })).collect();
     Json(Value::Array(list)).into_response()
+}
+
+async fn user_installations(State(data): State<Arc<Mutex<Data>>>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Response {
+    let mut d = data.lock().expect("fake oauth lock");
+    d.seen.push("GET /user/installations".into());
+    let Some(a) = account(&d, &headers) else { return problem(StatusCode::UNAUTHORIZED, "Bad credentials") };
+    let all = d.grants.get(&a.login).cloned().unwrap_or_default();
+    let per_page = q.get("per_page").and_then(|p| p.parse::<usize>().ok()).unwrap_or(30).clamp(1, 100);
+    let page = q.get("page").and_then(|p| p.parse::<usize>().ok()).unwrap_or(1).max(1);
+    let list: Vec<Value> = all
+        .iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .map(|(id, account)| {
+            json!({
+                "id": id,
+                "account": { "login": account, "id": id + 1000, "type": "Organization" },
+                "access_tokens_url": format!("https://api.github.com/app/installations/{id}/access_tokens"),
+                "repositories_url": "https://api.github.com/installation/repositories",
+                "html_url": format!("https://github.com/organizations/{account}/settings/installations/{id}"),
+                "app_id": 1, "app_slug": "shopfloor-test", "target_id": id + 1000, "target_type": "Organization",
+                "permissions": { "issues": "write", "pull_requests": "write", "contents": "write", "metadata": "read" },
+                "events": ["issues", "pull_request", "check_run"], "repository_selection": "selected",
+                "created_at": "2024-05-01T10:00:00Z", "updated_at": "2024-05-01T10:00:00Z", "suspended_at": null,
+            })
+        })
+        .collect();
+    Json(json!({ "total_count": all.len(), "installations": list })).into_response()
+}
+
+async fn install_page(State(data): State<Arc<Mutex<Data>>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let mut d = data.lock().expect("fake oauth lock");
+    d.seen.push("GET /apps/installations/new".into());
+    let Some((installation, setup)) = d.install.take() else { return (StatusCode::NOT_FOUND, "nothing to install").into_response() };
+    let state = q.get("state").map(|s| format!("&state={s}")).unwrap_or_default();
+    Redirect::to(&format!("{setup}?installation_id={installation}&setup_action=install{state}")).into_response()
 }

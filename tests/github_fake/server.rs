@@ -63,6 +63,8 @@ struct Data {
     check_runs: BTreeMap<(String, String), Vec<Value>>,
     statuses: BTreeMap<(String, String), Vec<Value>>,
     graphql: VecDeque<Value>,
+    /// installation id → (account, the repositories it reaches).
+    installations: BTreeMap<i64, (String, Vec<String>)>,
     next_id: i64,
 }
 
@@ -152,6 +154,12 @@ impl FakeGithub {
         names(issue.and_then(|i| i.get("labels")))
     }
 
+    /// An installation of the App on `account`, reaching `repositories` (`owner/name`): what
+    /// `GET /app/installations/{id}` and `GET /installation/repositories` answer.
+    pub fn add_installation(&self, id: i64, account: &str, repositories: &[&str]) {
+        self.lock().installations.insert(id, (account.to_owned(), repositories.iter().map(|r| (*r).to_owned()).collect()));
+    }
+
     /// Queues the `data` of the next GraphQL answer (answered `{"data": {}}` when none waits).
     pub fn graphql_reply(&self, data: Value) {
         self.lock().graphql.push_back(data);
@@ -238,7 +246,57 @@ async fn handle(State(data): State<Arc<Mutex<Data>>>, method: Method, uri: Uri, 
         None => {}
     }
     let mut d = data.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Installation tokens are `ghs_fake<n>_<installation>`: the installation a token acts for.
+    let acting_for = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|a| a.strip_prefix("Bearer ").or_else(|| a.strip_prefix("token ")))
+        .and_then(|t| t.strip_prefix("ghs_fake"))
+        .and_then(|t| t.rsplit('_').next())
+        .and_then(|id| id.parse::<i64>().ok());
+    if path == "/installation/repositories" {
+        return with_headers(installation_repositories(&d, acting_for, uri.query().unwrap_or_default()), 4999);
+    }
     with_headers(route(&mut d, &method, &path, uri.query().unwrap_or_default(), body), 4999)
+}
+
+/// An installation object as `GET /app/installations/{id}` answers it.
+fn installation(id: i64, account: &str) -> Value {
+    json!({
+        "id": id,
+        "account": { "login": account, "id": id + 1000, "node_id": format!("O_{id}"), "type": "Organization", "site_admin": false },
+        "access_tokens_url": format!("https://api.github.com/app/installations/{id}/access_tokens"),
+        "repositories_url": "https://api.github.com/installation/repositories",
+        "html_url": format!("https://github.com/organizations/{account}/settings/installations/{id}"),
+        "app_id": 1, "app_slug": "shopfloor-test", "target_id": id + 1000, "target_type": "Organization",
+        "permissions": { "issues": "write", "pull_requests": "write", "contents": "write", "checks": "read", "metadata": "read" },
+        "events": ["issues", "pull_request", "check_run"], "repository_selection": "selected",
+        "single_file_name": null, "has_multiple_single_files": false, "single_file_paths": [],
+        "created_at": "2024-05-01T10:00:00Z", "updated_at": "2024-05-01T10:00:00Z", "suspended_at": null, "suspended_by": null,
+    })
+}
+
+/// `GET /installation/repositories` with an installation token: its repositories, paged.
+fn installation_repositories(d: &Data, installation: Option<i64>, query: &str) -> Response {
+    let Some((_, repositories)) = installation.and_then(|i| d.installations.get(&i)) else { return error(401, "Bad credentials") };
+    let param = |name: &str| query.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse::<usize>().ok());
+    let per_page = param("per_page").unwrap_or(30).clamp(1, 100);
+    let page = param("page").unwrap_or(1).max(1);
+    let list: Vec<Value> = repositories
+        .iter()
+        .enumerate()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .map(|(i, full)| {
+            let (owner, name) = full.split_once('/').unwrap_or((full, full));
+            json!({
+                "id": 5000 + i, "node_id": format!("R_{i}"), "name": name, "full_name": full, "private": true,
+                "owner": { "login": owner, "type": "Organization" }, "default_branch": "main",
+                "html_url": format!("https://github.com/{full}"),
+            })
+        })
+        .collect();
+    ok(StatusCode::OK, json!({ "total_count": repositories.len(), "repository_selection": "selected", "repositories": list }))
 }
 
 /// The endpoints, by method and path segments.
@@ -265,6 +323,10 @@ fn route(d: &mut Data, method: &Method, path: &str, query: &str, body: Value) ->
             }
             ok(StatusCode::CREATED, token)
         }
+        ("GET", ["app", "installations", id]) => match d.installations.get(&num(id)) {
+            Some((account, _)) => ok(StatusCode::OK, installation(num(id), account)),
+            None => error(404, "Not Found"),
+        },
         ("GET", ["app"]) => ok(StatusCode::OK, json!({ "id": 1, "slug": "shopfloor-test", "name": "shopfloor test", "owner": { "login": "shopfloor" } })),
         ("GET", ["repos", _, _, "installation"]) => ok(StatusCode::OK, json!({ "id": 77, "account": { "login": seg[1] }, "app_id": 1, "target_type": "Organization" })),
         ("GET", ["repos", _, _, "issues", n]) => match d.issues.get(&(repo(&seg), num(n))).or_else(|| d.pulls.get(&(repo(&seg), num(n)))) {

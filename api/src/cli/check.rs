@@ -205,7 +205,7 @@ async fn github_app(args: &GithubAppArgs, db: Option<&PgPool>) -> Outcome {
         _ => "check the App's settings on GitHub".to_owned(),
     };
     match repository {
-        Some((installation, repo)) => match app.installation_token(installation, &repo).await {
+        Some((installation, repo)) => match app.installation_token(installation, &repo, engine::github::client::Scope::Metadata).await {
             Ok(_) => Outcome::ok(NAME, format!("key parses; minted an installation token for {repo} at {api}")),
             Err(e) => Outcome::fail(NAME, format!("cannot mint an installation token for {repo}: {e}"), fix(&e)),
         },

@@ -13,7 +13,8 @@
 //!   tokens named `console session`, revoked at sign-out), CSRF tokens derived from it.
 //! - `oauth` — sign-in with GitHub (authorize, code exchange, `/user`), and with a token.
 //! - `internal` — calls to the REST router; `error` — the console's error pages.
-//! - `pages/` — Today, runs, the run page, hosts, workflows, audit log, tokens.
+//! - `pages/` — Today, runs, the run page, hosts, workflows, audit log, tokens, GitHub
+//!   (installations and the install flow that claims one).
 //! - `svg` — the run page's waterfall and graph; `view` — templates and formatting.
 //!
 //! **Architecture Invariant:** no handler here writes to the database; every change goes
@@ -55,7 +56,8 @@ pub use view::templates;
 /// `SHOPFLOOR_GITHUB_CLIENT_SECRET` (a GitHub OAuth App's; without them only token sign-in is
 /// offered), `SHOPFLOOR_GITHUB_OAUTH_URL` (default `https://github.com`),
 /// `SHOPFLOOR_GITHUB_OAUTH_API_URL` (default `https://api.github.com`; both point at a fake in
-/// tests, or at a GitHub Enterprise server), `SHOPFLOOR_CONSOLE_SESSION_HOURS` (12).
+/// tests, or at a GitHub Enterprise server), `SHOPFLOOR_GITHUB_APP_SLUG` (the install flow of
+/// "Connect GitHub"), `SHOPFLOOR_CONSOLE_SESSION_HOURS` (12).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConsoleConfig {
     /// The console's public base URL.
@@ -70,9 +72,15 @@ pub struct ConsoleConfig {
     /// Where GitHub's OAuth pages are (`/login/oauth/authorize`, `/login/oauth/access_token`).
     #[arg(long = "github-oauth-url", env = "SHOPFLOOR_GITHUB_OAUTH_URL", default_value = "https://github.com")]
     pub github_oauth_url: String,
-    /// GitHub's REST API, for `/user` during sign-in.
+    /// GitHub's REST API as people's tokens reach it: `/user` during sign-in, and
+    /// `/user/installations`, the proof an installation claim needs.
     #[arg(long = "github-oauth-api-url", env = "SHOPFLOOR_GITHUB_OAUTH_API_URL", default_value = "https://api.github.com")]
     pub github_oauth_api_url: String,
+    /// The GitHub App's slug (`github.com/apps/<slug>`): "Connect GitHub" sends people to its
+    /// install page. The App's setup URL is `<public url>/github/setup`, and
+    /// `<public url>/github/setup/callback` is one of its OAuth callback URLs.
+    #[arg(long = "github-app-slug", env = "SHOPFLOOR_GITHUB_APP_SLUG")]
+    pub github_app_slug: Option<String>,
     /// How long a console session lasts.
     #[arg(long = "console-session-hours", env = "SHOPFLOOR_CONSOLE_SESSION_HOURS", default_value_t = 12)]
     pub session_hours: u32,
@@ -86,6 +94,7 @@ impl Default for ConsoleConfig {
             github_client_secret: None,
             github_oauth_url: "https://github.com".into(),
             github_oauth_api_url: "https://api.github.com".into(),
+            github_app_slug: None,
             session_hours: 12,
         }
     }
@@ -131,6 +140,8 @@ impl Console {
 /// The console's routes, to merge into the app beside the REST API. Panics only if a template
 /// does not compile, which the tests catch.
 pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
+    // The REST claim of an installation checks people's tokens where sign-in does.
+    state.use_github_user_api(&cfg.github_oauth_api_url);
     let (api, _) = crate::http::api_router().split_for_parts();
     let api = api.with_state(state.clone());
     let http = reqwest::Client::builder()
@@ -156,6 +167,11 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
         .route("/orgs/{org}/audit", get(pages::audit::page))
         .route("/orgs/{org}/tokens", get(pages::tokens::page).post(pages::tokens::create))
         .route("/orgs/{org}/tokens/{token}/revoke", post(pages::tokens::revoke))
+        .route("/orgs/{org}/github", get(pages::github::page))
+        .route("/orgs/{org}/github/connect", post(pages::github::connect))
+        .route("/orgs/{org}/github/installations/{installation}/release", post(pages::github::release))
+        .route("/github/setup", get(pages::github::setup))
+        .route("/github/setup/callback", get(pages::github::callback))
         .route(&format!("{project}/live"), get(pages::live))
         .route(&format!("{project}/runs"), get(pages::runs::page))
         .route(&format!("{project}/hosts"), get(pages::hosts::page))

@@ -37,7 +37,7 @@ fn safe_next(next: Option<&str>) -> String {
     }
 }
 
-fn random_token() -> String {
+pub(super) fn random_token() -> String {
     let mut bytes = [0u8; 24];
     rand::rng().fill_bytes(&mut bytes);
     base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, bytes)
@@ -144,14 +144,7 @@ pub(super) async fn github_start(State(c): State<Console>, headers: HeaderMap, Q
     let (secret, _) = pre_secret(&headers);
     let state = random_token();
     let next = safe_next(q.next.as_deref());
-    let url = format!(
-        "{}/login/oauth/authorize?client_id={}&redirect_uri={}&scope={}&state={}",
-        cfg.github_oauth_url.trim_end_matches('/'),
-        view::urlencode(client_id),
-        view::urlencode(&callback_url(&c, &headers)),
-        view::urlencode("read:user user:email"),
-        state
-    );
+    let url = authorize_url(&c, client_id, &callback_url(&c, &headers), "read:user user:email", &state);
     let mut response = Redirect::to(&url).into_response();
     // The state and where to go afterwards ride in the cookie, for ten minutes.
     let value = format!("{secret}|{state}|{}", view::urlencode(&next));
@@ -159,16 +152,32 @@ pub(super) async fn github_start(State(c): State<Console>, headers: HeaderMap, Q
     Ok(response)
 }
 
-fn callback_url(c: &Console, headers: &HeaderMap) -> String {
-    let base = match &c.cfg().public_url {
+/// The console's address as people reach it: `SHOPFLOOR_PUBLIC_URL`, or the request's host.
+pub(super) fn base_url(c: &Console, headers: &HeaderMap) -> String {
+    match &c.cfg().public_url {
         Some(u) => u.trim_end_matches('/').to_owned(),
         None => {
             let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
             let scheme = if secure(c, headers) { "https" } else { "http" };
             format!("{scheme}://{host}")
         }
-    };
-    format!("{base}/auth/github/callback")
+    }
+}
+
+fn callback_url(c: &Console, headers: &HeaderMap) -> String {
+    format!("{}/auth/github/callback", base_url(c, headers))
+}
+
+/// GitHub's authorize page for this console's OAuth client, coming back to `redirect_uri`.
+pub(super) fn authorize_url(c: &Console, client_id: &str, redirect_uri: &str, scope: &str, state: &str) -> String {
+    format!(
+        "{}/login/oauth/authorize?client_id={}&redirect_uri={}&scope={}&state={}",
+        c.cfg().github_oauth_url.trim_end_matches('/'),
+        view::urlencode(client_id),
+        view::urlencode(redirect_uri),
+        view::urlencode(scope),
+        view::urlencode(state)
+    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -237,8 +246,9 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
     Ok(signed_in(&c, &headers, sessions, &next))
 }
 
-/// Exchanges the code and asks GitHub who it is: the login and the verified emails, lowercased.
-async fn github_identity(c: &Console, headers: &HeaderMap, code: &str) -> Result<Option<(String, Vec<String>)>, ConsoleError> {
+/// Exchanges an OAuth code (given for `redirect_uri`) for the person's access token; None when
+/// GitHub refuses it or cannot be reached (logged).
+pub(super) async fn exchange_code(c: &Console, code: &str, redirect_uri: &str) -> Result<Option<String>, ConsoleError> {
     let cfg = c.cfg();
     let (Some(id), Some(secret)) = (&cfg.github_client_id, &cfg.github_client_secret) else {
         return Err(ConsoleError::NotFound("sign-in with GitHub is not configured here".into()));
@@ -248,30 +258,36 @@ async fn github_identity(c: &Console, headers: &HeaderMap, code: &str) -> Result
         .http
         .post(format!("{}/login/oauth/access_token", cfg.github_oauth_url.trim_end_matches('/')))
         .header(header::ACCEPT, "application/json")
-        .form(&[("client_id", id.as_str()), ("client_secret", secret.expose_secret()), ("code", code), ("redirect_uri", &callback_url(c, headers))])
+        .form(&[("client_id", id.as_str()), ("client_secret", secret.expose_secret()), ("code", code), ("redirect_uri", redirect_uri)])
         .send()
         .await;
-    let token = match exchange {
+    Ok(match exchange {
         Ok(r) if r.status().is_success() => match r.json::<AccessToken>().await {
-            Ok(AccessToken { access_token: Some(t), .. }) => t,
+            Ok(AccessToken { access_token: Some(t), .. }) => Some(t),
             Ok(AccessToken { error, .. }) => {
                 tracing::warn!(error = ?error, "GitHub refused the OAuth code");
-                return Ok(None);
+                None
             }
             Err(e) => {
                 tracing::warn!(error = %e, "GitHub's access token answer is not JSON");
-                return Ok(None);
+                None
             }
         },
         Ok(r) => {
             tracing::warn!(status = %r.status(), "GitHub refused the OAuth code exchange");
-            return Ok(None);
+            None
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot reach GitHub for the OAuth code exchange");
-            return Ok(None);
+            None
         }
-    };
+    })
+}
+
+/// Exchanges the code and asks GitHub who it is: the login and the verified emails, lowercased.
+async fn github_identity(c: &Console, headers: &HeaderMap, code: &str) -> Result<Option<(String, Vec<String>)>, ConsoleError> {
+    let Some(token) = exchange_code(c, code, &callback_url(c, headers)).await? else { return Ok(None) };
+    let cfg = c.cfg();
     let api = cfg.github_oauth_api_url.trim_end_matches('/');
     let get = |path: &str| {
         c.inner.http.get(format!("{api}{path}")).bearer_auth(&token).header(header::ACCEPT, "application/vnd.github+json").header("X-GitHub-Api-Version", "2022-11-28")

@@ -69,7 +69,7 @@ pub(super) fn csrf_for(secret: &str) -> String {
     URL_SAFE_NO_PAD.encode(&digest[..24])
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -25,6 +25,7 @@ pub(super) const TEMPLATES: &[(&str, &str)] = &[
     ("workflow.html", include_str!("../../templates/workflow.html")),
     ("audit.html", include_str!("../../templates/audit.html")),
     ("tokens.html", include_str!("../../templates/tokens.html")),
+    ("github.html", include_str!("../../templates/github.html")),
 ];
 
 /// The console's template environment, every template compiled.

@@ -322,7 +322,7 @@ async fn installation_token(state: &AppState, host: &HostRow, repository: &str) 
             .await
             .ok()?;
     let installation = installation.flatten()?;
-    match app.installation_token(installation, repository).await {
+    match app.installation_token(installation, repository, engine::github::client::Scope::Push).await {
         Ok(token) => Some(token.expose_secret().to_owned()),
         Err(e) => {
             tracing::warn!(github.repository = repository, error = %e, "cannot mint an installation token for an assignment; the host's own credentials apply");

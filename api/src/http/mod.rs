@@ -32,6 +32,7 @@ pub mod health;
 pub mod host_protocol;
 pub mod hosts;
 pub mod idempotency;
+pub mod installations;
 pub mod members;
 pub mod metrics;
 pub mod openapi;
@@ -75,6 +76,11 @@ pub(crate) struct Shared {
     closing: tokio_util::sync::CancellationToken,
     /// The GitHub App, when configured: hosts' assignments get installation tokens from it.
     github: std::sync::OnceLock<Arc<engine::github::GithubApp>>,
+    /// GitHub's REST API as people's tokens reach it (`/user/installations`): the console's
+    /// `SHOPFLOOR_GITHUB_OAUTH_API_URL` (GitHub's public API unless set at start).
+    github_user_api: std::sync::OnceLock<String>,
+    /// For the calls the API makes to GitHub with a person's token.
+    http: reqwest::Client,
     /// How long a crew step's session may stay silent before a heartbeat fails it `stalled`
     /// (`engine::store::hosts::STALL_AFTER` unless set at start).
     stall_after: std::sync::OnceLock<std::time::Duration>,
@@ -92,6 +98,12 @@ impl AppState {
             events,
             closing: tokio_util::sync::CancellationToken::new(),
             github: std::sync::OnceLock::new(),
+            github_user_api: std::sync::OnceLock::new(),
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(std::time::Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
             stall_after: std::sync::OnceLock::new(),
         };
         AppState { db, shared: Arc::new(shared) }
@@ -101,6 +113,15 @@ impl AppState {
     pub fn use_github_app(&self, app: Arc<engine::github::GithubApp>) {
         // Set once by the process that builds the state; a second call changes nothing.
         let _ = self.shared.github.set(app);
+    }
+
+    /// Where people's GitHub tokens are checked (set once, at start).
+    pub fn use_github_user_api(&self, url: &str) {
+        let _ = self.shared.github_user_api.set(url.trim_end_matches('/').to_owned());
+    }
+
+    pub(crate) fn github_user_api(&self) -> &str {
+        self.shared.github_user_api.get().map_or(engine::github::client::PUBLIC_API, String::as_str)
     }
 
     /// Sets how long a crew step's session may stay silent (set once, at start).
@@ -128,6 +149,8 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(projects::list, projects::create))
         .routes(routes!(projects::get))
         .routes(routes!(repositories::list, repositories::connect))
+        .routes(routes!(installations::list, installations::claim))
+        .routes(routes!(installations::release))
         .routes(routes!(audit::org_log))
         .routes(routes!(audit::project_log))
         .routes(routes!(workflows::list, workflows::create))

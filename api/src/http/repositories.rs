@@ -1,16 +1,17 @@
 //! Repositories of a project: list (viewer) and connect (admin).
 //!
-//! A repository is connected to a project through an installation of the GitHub App. The
-//! `installation` and `installation_repositories` webhooks keep the connection current
-//! afterwards (an uninstalled App or a removed repository detaches it; added back, it is
-//! attached again), but only a person connects a repository to a project: a webhook alone never
-//! routes a repository's events to a project no one chose.
+//! A repository is connected to a project through an installation of the GitHub App that the
+//! org claimed (`installations.rs`) and that reaches the repository. The `installation` and
+//! `installation_repositories` webhooks keep the connection current afterwards (an uninstalled
+//! App or a removed repository detaches it; added back, it is attached again), but only a
+//! person connects a repository to a project: a webhook alone never routes a repository's
+//! events to a project no one chose.
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use engine::store::triggers;
+use engine::store::installations;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -44,8 +45,6 @@ pub struct ConnectRepository {
     pub installation_id: i64,
     /// `owner/name`.
     pub repository: String,
-    /// The installation's account (the repository's owner by default).
-    pub account: Option<String>,
     /// The branch pull requests are opened against (`main` by default).
     pub default_branch: Option<String>,
 }
@@ -85,13 +84,16 @@ fn valid_name(name: &str) -> bool {
     matches!(name.split_once('/'), Some((owner, repo)) if ok(owner) && ok(repo) && !repo.contains('/'))
 }
 
-/// Connects a repository to the project through an App installation (admin). Connecting it
-/// again updates the installation and default branch. An installation of another org is not
-/// found.
+/// Connects a repository to the project through an App installation of the org (admin).
+/// Connecting it again updates the installation and default branch. An installation the org
+/// has not claimed (another org's included) is not found; a repository the installation does
+/// not reach is refused.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/repositories", operation_id = "connect_repository", tag = "repositories",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
     request_body = ConnectRepository,
-    responses((status = 201, body = Repository), (status = 404, description = "The installation belongs to another org", body = super::Problem, content_type = "application/problem+json")))]
+    responses((status = 201, body = Repository),
+        (status = 404, description = "The org has no such installation", body = super::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The installation does not reach the repository", body = super::Problem, content_type = "application/problem+json")))]
 pub async fn connect(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<ConnectRepository>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     if !valid_name(&body.repository) {
@@ -104,10 +106,9 @@ pub async fn connect(State(state): State<AppState>, scope: ProjectScope, Json(bo
     if branch.is_empty() || branch.len() > 250 || branch.chars().any(|c| c.is_control() || c == ' ') {
         return Err(ApiError::Unprocessable("default_branch is not a branch name".into()));
     }
-    let owner = body.repository.split('/').next().unwrap_or_default();
-    let account = body.account.as_deref().unwrap_or(owner);
+    refresh_if_unreached(&state, &scope, body.installation_id, &body.repository).await?;
     let mut ch = scope.change(&state).await?;
-    triggers::connect_repository(&mut ch, scope.org.org, scope.project, body.installation_id, account, &body.repository).await?;
+    installations::connect_repository(&mut ch, scope.org.org, scope.project, body.installation_id, &body.repository).await?;
     engine::store::github::set_default_branch(&mut ch, scope.org.org, scope.project, &body.repository, branch).await?;
     let row: Repository = sqlx::query_as(
         "SELECT full_name, installation_id, default_branch, created_at FROM repositories WHERE org_id = $1 AND project_id = $2 AND full_name = $3",
@@ -119,6 +120,24 @@ pub async fn connect(State(state): State<AppState>, scope: ProjectScope, Json(bo
     .await?;
     ch.commit().await?;
     Ok((StatusCode::CREATED, Json(row)).into_response())
+}
+
+/// A repository the stored list lacks may have been added since GitHub last said (an
+/// installation on all repositories sends no webhook for a new one): when the App is configured
+/// here, its API gives the list again before the connect decides.
+async fn refresh_if_unreached(state: &AppState, scope: &ProjectScope, installation: i64, repository: &str) -> Result<(), ApiError> {
+    let Some(app) = state.shared.github.get() else { return Ok(()) };
+    let mut conn = state.db.acquire().await?;
+    let ours = installations::find(&mut conn, installation).await?.is_some_and(|i| i.org == Some(scope.org.org));
+    if !ours || installations::reaches(&mut conn, installation, repository).await? {
+        return Ok(());
+    }
+    drop(conn);
+    let announced = super::installations::from_app(app, installation).await?;
+    let mut ch = scope.change(state).await?;
+    installations::announce(&mut ch, &announced).await?;
+    ch.commit().await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -59,6 +59,9 @@ enum Needs {
     FailedRun,
     /// An item of the project.
     Item,
+    /// GitHub's installation 77, announced, reaching `acme/repo<n>`, claimed by the org; the
+    /// claim's GitHub token `ghu_authz` can access it.
+    Installation,
 }
 
 struct Case {
@@ -106,7 +109,10 @@ fn cases() -> Vec<Case> {
         c(get.clone(), "/api/v1/orgs/{org}/audit", a, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/audit", a, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/repositories", v, 200, Nothing, none),
-        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/repositories", a, 201, Nothing, |n| Some(json!({ "installation_id": 77, "repository": format!("acme/repo{n}") }))),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/repositories", a, 201, Installation, |n| Some(json!({ "installation_id": 77, "repository": format!("acme/repo{n}") }))),
+        c(get.clone(), "/api/v1/orgs/{org}/github/installations", v, 200, Nothing, none),
+        c(post.clone(), "/api/v1/orgs/{org}/github/installations", a, 201, Installation, |_| Some(json!({ "installation_id": 77, "github_token": "ghu_authz" }))),
+        c(delete.clone(), "/api/v1/orgs/{org}/github/installations/{installation}", a, 204, Installation, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/events", v, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/workflows", v, 200, Nothing, none),
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/workflows", m, 201, Nothing, |n| Some(json!({ "source": workflow(&format!("w{n}")) }))),
@@ -278,6 +284,8 @@ async fn every_route_answers_each_caller_exactly() {
         (Who::HostCredential, Some(host_credential(&app, &org).await)),
     ];
     let users = [(Role::Owner, org.owner_user), (Role::Member, org.member_user)];
+    app.github.grant("acme-admin", 77, "acme");
+    app.github.add_token("ghu_authz", shopfloor_tests::github_fake::oauth::Account { login: "acme-admin".into(), id: 1, emails: Vec::new() });
     let shared_step = {
         let run = submit(&app, &org).await;
         app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
@@ -361,6 +369,15 @@ async fn every_route_answers_each_caller_exactly() {
                         .unwrap();
                         path = path.replace("{delivery}", &delivery.to_string());
                     }
+                }
+                Needs::Installation => {
+                    use engine::store::installations::{self, Announced};
+                    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+                    let inst = installations::announce(&mut ch, &Announced { id: 77, account: "acme".into(), ..Announced::default() }).await.unwrap();
+                    installations::set_repositories(&mut ch, &inst, &[format!("acme/repo{n}")], &[]).await.unwrap();
+                    installations::claim(&mut ch, org.id, 77).await.unwrap();
+                    ch.commit().await.unwrap();
+                    path = path.replace("{installation}", "77");
                 }
                 Needs::Host => {
                     let host = add_host(&app, &org, &format!("box-{n}")).await;

@@ -18,6 +18,7 @@ use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use sqlx::PgPool;
+use shopfloor_tests::github_fake::oauth::FakeOauth;
 use tokio_util::sync::CancellationToken;
 
 /// A workflow that parks at an approval with one required field, then ends.
@@ -47,6 +48,8 @@ pub(crate) struct Org {
 /// The server under test.
 pub(crate) struct App {
     pub(crate) db: TestDb,
+    /// GitHub's API as people's tokens reach it (`/user/installations`).
+    pub(crate) github: FakeOauth,
     pub(crate) base: String,
     pub(crate) http: reqwest::Client,
     stop: CancellationToken,
@@ -58,6 +61,8 @@ impl App {
     pub(crate) async fn start() -> App {
         let db = test_db().await;
         let state = AppState::new(db.pool.clone(), &db.url);
+        let github = FakeOauth::start().await;
+        state.use_github_user_api(&github.url);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let base = format!("http://{}", listener.local_addr().expect("local addr"));
         let stop = CancellationToken::new();
@@ -70,7 +75,7 @@ impl App {
             };
             let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
         });
-        App { db, base, http: reqwest::Client::new(), stop, engine: None }
+        App { db, github, base, http: reqwest::Client::new(), stop, engine: None }
     }
 
     /// Also runs an engine with the test executor in this process.

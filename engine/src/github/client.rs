@@ -89,7 +89,38 @@ pub struct GithubApp {
     /// (`/api/v3`) is not put before `/api/graphql`.
     graphql: Octocrab,
     graphql_path: String,
-    tokens: tokio::sync::Mutex<HashMap<(i64, String), Token>>,
+    tokens: tokio::sync::Mutex<HashMap<(i64, String, Scope), Token>>,
+}
+
+/// What an installation token may do: each use asks GitHub for the least it needs, so a token
+/// that reaches a host or leaks from an output can do nothing else (GitHub's `permissions`
+/// of the token request; the App must have been granted at least these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// A crew step on a host: fetch and push its branch.
+    Push,
+    /// Find and open the run's pull request.
+    PullRequest,
+    /// Comments and labels, on issues and pull requests (GitHub's issue routes take either
+    /// permission for a pull request's number).
+    Issues,
+    /// Move a card on a Projects v2 board (the org's projects) and read the item it is for.
+    Board,
+    /// List the repositories an installation reaches.
+    Metadata,
+}
+
+impl Scope {
+    /// GitHub's `permissions` object.
+    pub fn permissions(self) -> Value {
+        match self {
+            Scope::Push => json!({ "contents": "write" }),
+            Scope::PullRequest => json!({ "pull_requests": "write", "contents": "read" }),
+            Scope::Issues => json!({ "issues": "write", "pull_requests": "write" }),
+            Scope::Board => json!({ "organization_projects": "write", "issues": "read", "pull_requests": "read" }),
+            Scope::Metadata => json!({ "metadata": "read" }),
+        }
+    }
 }
 
 impl std::fmt::Debug for GithubApp {
@@ -143,12 +174,13 @@ impl GithubApp {
     }
 
     /// Clients for `repository` (`owner/name`) through `installation`, with a token scoped to
-    /// that repository alone. A cached token is used until five minutes before it expires.
+    /// that repository alone and to `scope`'s permissions. A cached token is used until five
+    /// minutes before it expires.
     ///
     /// # Errors
     /// As for any call: the token request may be refused, limited or fail.
-    pub async fn for_repository(&self, installation: i64, repository: &str) -> Result<RepoClient, CallError> {
-        let token = self.installation_token(installation, repository).await?;
+    pub async fn for_repository(&self, installation: i64, repository: &str, scope: Scope) -> Result<RepoClient, CallError> {
+        let token = self.installation_token(installation, repository, scope).await?;
         let as_installation = |crab: &Octocrab| crab.user_access_token(token.clone()).map_err(|e| CallError::Config(e.to_string()));
         Ok(RepoClient {
             rest: as_installation(&self.rest)?,
@@ -158,13 +190,13 @@ impl GithubApp {
         })
     }
 
-    /// The token of `installation` for `repository` alone, from the cache or minted now
-    /// (`POST /app/installations/{id}/access_tokens` as the App).
+    /// The token of `installation` for `repository` alone with `scope`'s permissions, from the
+    /// cache or minted now (`POST /app/installations/{id}/access_tokens` as the App).
     ///
     /// # Errors
     /// As for any call.
-    pub async fn installation_token(&self, installation: i64, repository: &str) -> Result<SecretString, CallError> {
-        let key = (installation, repository.to_lowercase());
+    pub async fn installation_token(&self, installation: i64, repository: &str, scope: Scope) -> Result<SecretString, CallError> {
+        let key = (installation, repository.to_lowercase(), scope);
         // Held across the mint, so that concurrent steps of one repository mint one token.
         let mut tokens = self.tokens.lock().await;
         if let Some(t) = tokens.get(&key) {
@@ -173,7 +205,13 @@ impl GithubApp {
             }
         }
         let name = repository.rsplit('/').next().unwrap_or(repository);
-        let body = json!({ "repositories": [name] });
+        let token = self.mint(installation, json!({ "repositories": [name], "permissions": scope.permissions() })).await?;
+        tokens.insert(key, token.clone());
+        Ok(token.value)
+    }
+
+    /// A new installation token (`body`: GitHub's `repositories` and `permissions`).
+    async fn mint(&self, installation: i64, body: Value) -> Result<Token, CallError> {
         let answer = call(&self.rest, Verb::Post, &format!("/app/installations/{installation}/access_tokens"), Some(&body), self.settings.backoff).await?;
         let value = answer.body.get("token").and_then(Value::as_str).ok_or_else(|| CallError::Unavailable("the token answer has no token".into()))?;
         let expires_at = answer
@@ -183,9 +221,39 @@ impl GithubApp {
             .and_then(|t| t.parse::<DateTime<Utc>>().ok())
             // GitHub's tokens last an hour; without a date, assume the least.
             .unwrap_or_else(|| Utc::now() + chrono::Duration::minutes(10));
-        let token = Token { value: SecretString::from(value.to_owned()), expires_at };
-        tokens.insert(key, token.clone());
-        Ok(token.value)
+        Ok(Token { value: SecretString::from(value.to_owned()), expires_at })
+    }
+
+    /// The installation as GitHub knows it (`GET /app/installations/{id}` as the App): its
+    /// account and repository selection.
+    ///
+    /// # Errors
+    /// As for any call; an id GitHub does not know is `Client { status: 404 }`.
+    pub async fn installation(&self, installation: i64) -> Result<Value, CallError> {
+        Ok(call(&self.rest, Verb::Get, &format!("/app/installations/{installation}"), None, self.settings.backoff).await?.body)
+    }
+
+    /// Every repository the installation reaches (`owner/name`), from
+    /// `GET /installation/repositories` with a metadata-only token of the installation.
+    ///
+    /// # Errors
+    /// As for any call.
+    pub async fn installation_repositories(&self, installation: i64) -> Result<Vec<String>, CallError> {
+        // At most 5,000 repositories: a bound, not a limit GitHub sets.
+        const PAGES: u32 = 50;
+        let token = self.mint(installation, json!({ "permissions": Scope::Metadata.permissions() })).await?;
+        let crab = self.rest.user_access_token(token.value).map_err(|e| CallError::Config(e.to_string()))?;
+        let mut names = Vec::new();
+        for page in 1..=PAGES {
+            let answer = call(&crab, Verb::Get, &format!("/installation/repositories?per_page=100&page={page}"), None, self.settings.backoff).await?;
+            let list = answer.body.get("repositories").and_then(Value::as_array).cloned().unwrap_or_default();
+            names.extend(list.iter().filter_map(|r| r.get("full_name").and_then(Value::as_str)).map(str::to_owned));
+            let total = answer.body.get("total_count").and_then(Value::as_u64).unwrap_or(0);
+            if list.len() < 100 || names.len() as u64 >= total {
+                break;
+            }
+        }
+        Ok(names)
     }
 }
 

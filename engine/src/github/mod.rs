@@ -17,5 +17,5 @@ pub mod client;
 pub mod outputs;
 pub mod watch;
 
-pub use client::{AppSettings, CallError, GithubApp};
+pub use client::{AppSettings, CallError, GithubApp, Scope};
 pub use outputs::{Executed, OutputExecutor};

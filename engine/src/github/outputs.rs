@@ -31,7 +31,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 use sqlx::PgPool;
 
-use super::client::{CallError, GithubApp, RepoClient, Verb};
+use super::client::{CallError, GithubApp, RepoClient, Scope, Verb};
 use crate::advance::ToExecute;
 use crate::catalog::Catalog;
 use crate::definition::{NodeKind, Output, OutputKind};
@@ -120,7 +120,12 @@ impl OutputExecutor {
             Ok(Err(refused)) => return refused,
             Err(e) => return failure(crate::store::cap(&format!("engine_error: {e}")), FailureClass::Infrastructure),
         };
-        let client = match self.app.for_repository(ctx.installation, &ctx.repository).await {
+        let scope = match ctx.output.kind {
+            OutputKind::PullRequest => Scope::PullRequest,
+            OutputKind::Comment | OutputKind::Label => Scope::Issues,
+            OutputKind::BoardMove => Scope::Board,
+        };
+        let client = match self.app.for_repository(ctx.installation, &ctx.repository, scope).await {
             Ok(c) => c,
             Err(e) => return e.into(),
         };

@@ -17,6 +17,7 @@ pub mod budgets;
 mod change;
 pub mod github;
 pub mod hosts;
+pub mod installations;
 pub mod jobs;
 pub mod operator;
 pub mod retention;

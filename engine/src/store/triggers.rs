@@ -1,5 +1,5 @@
 //! Trigger writes: GitHub deliveries, item projections, trigger events and the claim rule,
-//! revocation, cycle budgets, installations and check results.
+//! revocation, cycle budgets and check results (installations are in `installations.rs`).
 //!
 //! # The claim rule
 //!
@@ -62,22 +62,6 @@ impl Route {
     }
 }
 
-/// An installation as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Installation {
-    pub org: OrgId,
-    pub suspended: bool,
-    pub deleted: bool,
-}
-
-pub async fn installation(ch: &mut Change, installation: i64) -> Result<Option<Installation>> {
-    let row = sqlx::query("SELECT org_id, suspended_at IS NOT NULL AS suspended, deleted_at IS NOT NULL AS deleted FROM github_installations WHERE installation_id = $1")
-        .bind(installation)
-        .fetch_optional(&mut *ch.tx)
-        .await?;
-    Ok(row.map(|r| Installation { org: r.get("org_id"), suspended: r.get("suspended"), deleted: r.get("deleted") }))
-}
-
 /// The projects of `installation`'s org that connected `repository` through it.
 pub async fn routes(ch: &mut Change, installation: i64, repository: &str) -> Result<Vec<Route>> {
     let rows = sqlx::query(
@@ -135,116 +119,6 @@ pub async fn finish_delivery(ch: &mut Change, id: &str, outcome: &str, detail: &
         .execute(&mut *ch.tx)
         .await?;
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// Installations and repositories
-
-/// Connects `full_name` to a project through an installation (creating the installation row
-/// when it is new). The API's connect route and tests use it; the webhooks keep it current.
-pub async fn connect_repository(ch: &mut Change, org: OrgId, project: ProjectId, installation: i64, account: &str, full_name: &str) -> Result<()> {
-    let owner: Option<OrgId> = sqlx::query_scalar(
-        "INSERT INTO github_installations (org_id, installation_id, account_login) VALUES ($1, $2, $3) \
-         ON CONFLICT (installation_id) DO UPDATE SET account_login = EXCLUDED.account_login, deleted_at = NULL \
-         WHERE github_installations.org_id = EXCLUDED.org_id RETURNING org_id",
-    )
-    .bind(org)
-    .bind(installation)
-    .bind(account)
-    .fetch_optional(&mut *ch.tx)
-    .await?;
-    if owner.is_none() {
-        // Another tenant's installation: the same answer as a missing one (Rule 3).
-        return Err(StoreError::NotFound("installation"));
-    }
-    let name = full_name.to_lowercase();
-    sqlx::query(
-        "INSERT INTO repositories (org_id, project_id, repository_id, full_name, installation_id) VALUES ($1, $2, $3, $4, $5) \
-         ON CONFLICT (project_id, full_name) DO UPDATE SET installation_id = EXCLUDED.installation_id",
-    )
-    .bind(org)
-    .bind(project)
-    .bind(Uuid::now_v7())
-    .bind(&name)
-    .bind(installation)
-    .execute(&mut *ch.tx)
-    .await?;
-    ch.audit(org, Some(project), "repository.connect", ("repository", name), json!({ "installation": installation }))?;
-    Ok(())
-}
-
-/// Applies an `installation` webhook to a known installation: `deleted` detaches its
-/// repositories, `suspend`/`unsuspend` hold and release its deliveries. Returns the outcome.
-pub async fn installation_changed(ch: &mut Change, org: OrgId, installation: i64, action: &str, account: Option<&str>) -> Result<&'static str> {
-    let outcome = match action {
-        "deleted" => {
-            sqlx::query("UPDATE github_installations SET deleted_at = now() WHERE installation_id = $1 AND org_id = $2")
-                .bind(installation)
-                .bind(org)
-                .execute(&mut *ch.tx)
-                .await?;
-            sqlx::query("UPDATE repositories SET installation_id = NULL WHERE installation_id = $1 AND org_id = $2")
-                .bind(installation)
-                .bind(org)
-                .execute(&mut *ch.tx)
-                .await?;
-            "installation_deleted"
-        }
-        "suspend" => {
-            sqlx::query("UPDATE github_installations SET suspended_at = now() WHERE installation_id = $1 AND org_id = $2")
-                .bind(installation)
-                .bind(org)
-                .execute(&mut *ch.tx)
-                .await?;
-            "installation_suspended"
-        }
-        "unsuspend" | "created" | "new_permissions_accepted" => {
-            sqlx::query(
-                "UPDATE github_installations SET suspended_at = NULL, deleted_at = NULL, account_login = coalesce($3, account_login) \
-                 WHERE installation_id = $1 AND org_id = $2",
-            )
-            .bind(installation)
-            .bind(org)
-            .bind(account)
-            .execute(&mut *ch.tx)
-            .await?;
-            "installation_active"
-        }
-        _ => return Ok("ignored"),
-    };
-    ch.audit(org, None, &format!("installation.{action}"), ("installation", installation.to_string()), json!({ "account": account }))?;
-    Ok(outcome)
-}
-
-/// Applies `installation_repositories`: removed repositories are detached from their projects;
-/// added ones that a project had connected before are attached again. New repositories are
-/// connected through the API, never by a webhook alone. Returns (attached, detached).
-pub async fn repositories_changed(ch: &mut Change, org: OrgId, installation: i64, added: &[String], removed: &[String]) -> Result<(u64, u64)> {
-    let lower = |names: &[String]| names.iter().map(|n| n.to_lowercase()).collect::<Vec<_>>();
-    let detached = sqlx::query("UPDATE repositories SET installation_id = NULL WHERE org_id = $1 AND installation_id = $2 AND full_name = ANY($3)")
-        .bind(org)
-        .bind(installation)
-        .bind(lower(removed))
-        .execute(&mut *ch.tx)
-        .await?
-        .rows_affected();
-    let attached = sqlx::query("UPDATE repositories SET installation_id = $2 WHERE org_id = $1 AND installation_id IS NULL AND full_name = ANY($3)")
-        .bind(org)
-        .bind(installation)
-        .bind(lower(added))
-        .execute(&mut *ch.tx)
-        .await?
-        .rows_affected();
-    if attached + detached > 0 {
-        ch.audit(
-            org,
-            None,
-            "installation.repositories",
-            ("installation", installation.to_string()),
-            json!({ "added": lower(added), "removed": lower(removed) }),
-        )?;
-    }
-    Ok((attached, detached))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ use sqlx::PgPool;
 
 use super::judge::{self, Sender, Verdict};
 use super::projection::{self, ItemUpdate, Patch};
+use crate::store::installations::{self, Announced, Installation};
 use crate::store::triggers::{self as st, Claim, DeliveryRow, ItemRow, Route};
 use crate::store::{Actor, Change, StoreError};
 
@@ -123,12 +124,12 @@ async fn ingest_once(pool: &PgPool, d: &Delivery<'_>, payload: &Value) -> Result
     let installation_id = payload.pointer("/installation/id").and_then(Value::as_i64);
     let repository = projection::repository_name(payload);
     let installation = match installation_id {
-        Some(id) => st::installation(&mut ch, id).await?,
+        Some(id) => installations::find(ch.conn(), id).await?,
         None => None,
     };
     let row = DeliveryRow {
         id: d.id,
-        org: installation.as_ref().map(|i| i.org),
+        org: installation.as_ref().and_then(|i| i.org),
         event: d.event,
         action,
         installation: installation_id,
@@ -142,31 +143,69 @@ async fn ingest_once(pool: &PgPool, d: &Delivery<'_>, payload: &Value) -> Result
     let outcome: &str = match (d.event, installation.as_ref(), installation_id) {
         (event, _, _) if !EVENTS.contains(&event) => "unknown_event",
         ("ping", _, _) => "ping",
-        ("installation", Some(inst), Some(id)) => {
-            let account = payload.pointer("/installation/account/login").and_then(Value::as_str);
-            st::installation_changed(&mut ch, inst.org, id, action.unwrap_or_default(), account).await?
-        }
-        ("installation_repositories", Some(inst), Some(id)) => {
-            let names = |key: &str| -> Vec<String> {
-                payload.get(key).and_then(Value::as_array).map_or_else(Vec::new, |list| {
-                    list.iter().filter_map(|r| r.get("full_name").and_then(Value::as_str)).map(str::to_owned).collect()
-                })
+        ("installation", known, Some(id)) => on_installation(&mut ch, payload, id, action.unwrap_or_default(), known).await?,
+        ("installation_repositories", known, Some(id)) => {
+            // An installation first seen here (its `installation` delivery lost or not yet
+            // arrived) is announced by this one: the payload names its account.
+            let inst = match known {
+                Some(inst) => inst.clone(),
+                None => installations::announce(&mut ch, &announced(payload, id, None)).await?,
             };
-            st::repositories_changed(&mut ch, inst.org, id, &names("repositories_added"), &names("repositories_removed")).await?;
+            installations::set_repositories(&mut ch, &inst, &full_names(payload, "repositories_added"), &full_names(payload, "repositories_removed")).await?;
             "installation_repositories"
         }
         (_, None, _) | (_, _, None) => "unrouted",
+        (_, Some(Installation { org: None, .. }), _) => "unclaimed",
         (_, Some(inst), _) if inst.suspended || inst.deleted => "installation_inactive",
         ("issues" | "issue_comment" | "pull_request" | "pull_request_review" | "pull_request_review_comment" | "push", Some(_), Some(id)) => {
             on_item(&mut ch, d, payload, id, &mut report).await?
         }
         ("check_run" | "check_suite" | "status", Some(_), Some(id)) => on_check(&mut ch, d, payload, id, &mut report).await?,
-        ("projects_v2_item", Some(inst), Some(_)) => on_board(&mut ch, d, payload, inst.org, &mut report).await?,
+        ("projects_v2_item", Some(Installation { org: Some(org), .. }), Some(_)) => on_board(&mut ch, d, payload, *org, &mut report).await?,
         _ => "ignored",
     };
     st::finish_delivery(&mut ch, d.id, outcome, &json!({ "claims": report.entries })).await?;
     ch.commit().await?;
     Ok(IngestOutcome::Accepted { outcome: outcome.to_owned(), runs_opened: report.runs_opened })
+}
+
+/// The `full_name`s of a payload's list of repositories.
+fn full_names(payload: &Value, key: &str) -> Vec<String> {
+    payload.get(key).and_then(Value::as_array).map_or_else(Vec::new, |list| {
+        list.iter().filter_map(|r| r.get("full_name").and_then(Value::as_str)).map(str::to_owned).collect()
+    })
+}
+
+/// What an `installation` or `installation_repositories` payload says about the installation.
+fn announced(payload: &Value, id: i64, repositories: Option<Vec<String>>) -> Announced {
+    let text = |pointer: &str| payload.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
+    Announced {
+        id,
+        account: text("/installation/account/login").unwrap_or_default(),
+        account_type: text("/installation/account/type"),
+        repository_selection: text("/installation/repository_selection").or_else(|| text("/repository_selection")),
+        repositories,
+    }
+}
+
+/// An `installation` delivery: `created` (and `new_permissions_accepted`, `unsuspend` of an
+/// installation never seen) makes it known, unclaimed until an org proves access; `deleted`,
+/// `suspend` and `unsuspend` change a known one.
+async fn on_installation(ch: &mut Change, payload: &Value, id: i64, action: &str, known: Option<&Installation>) -> Result<&'static str, StoreError> {
+    if action == "deleted" {
+        return match known {
+            Some(inst) => installations::lifecycle(ch, inst, action).await,
+            None => Ok("unrouted"),
+        };
+    }
+    // `created` lists every repository the installation reaches.
+    let repositories = (action == "created").then(|| full_names(payload, "repositories"));
+    let inst = installations::announce(ch, &announced(payload, id, repositories)).await?;
+    match action {
+        "suspend" | "unsuspend" => installations::lifecycle(ch, &inst, action).await,
+        _ if inst.org.is_some() => Ok("installation_active"),
+        _ => Ok("installation_announced"),
+    }
 }
 
 /// An issue, pull request, comment, review or push: one item, in each project that connected

@@ -597,7 +597,7 @@ async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run
     let db = test_db().await;
     let s = seed(&db.pool, "acme", BOARDED).await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    engine::store::triggers::connect_repository(&mut ch, s.org, s.project, 77, "acme", "acme/web").await.unwrap();
+    engine::store::installations::connect_for_test(&mut ch, s.org, s.project, 77, "acme", "acme/web").await.unwrap();
     let mut items = Vec::new();
     for n in [1, 2] {
         items.push(engine::store::triggers::ensure_item(&mut ch, s.org, s.project, &format!(r#"["github","acme/web",{n}]"#)).await.unwrap());

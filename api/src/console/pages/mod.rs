@@ -3,6 +3,7 @@
 //! Forms post back here; the handlers check the CSRF field, then act through the REST API.
 
 pub(super) mod audit;
+pub(super) mod github;
 pub(super) mod hosts;
 pub(super) mod run;
 pub(super) mod runs;
