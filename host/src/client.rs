@@ -222,8 +222,9 @@ async fn answer<T: for<'de> Deserialize<'de>>(sent: Result<reqwest::Response, re
     Err(match status {
         409 => ClientError::Conflict(detail),
         401 | 403 => ClientError::Refused { status, detail },
-        // Busy (a rolled-back change), or the server is restarting: try again later.
-        502..=504 => ClientError::Unreachable(format!("{status}: {detail}")),
+        // Busy (a rolled-back change), over a rate limit, a request that took too long, or the
+        // server is restarting: try again later.
+        429 | 502..=504 => ClientError::Unreachable(format!("{status}: {detail}")),
         _ => ClientError::Status { status, detail },
     })
 }

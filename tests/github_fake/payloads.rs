@@ -360,6 +360,31 @@ impl WebhookClient {
         self.send_raw(event, delivery, body, Some(&signature)).await
     }
 
+    /// Sends a delivery's headers declaring a body of `length` bytes, then only its first
+    /// bytes, and reads the answer's status: a server that refuses by the declared length
+    /// answers without waiting for the rest. (A client that sent the whole body could find the
+    /// connection closed under it instead of reading the answer.)
+    pub async fn send_declaring(&self, event: &str, delivery: &str, length: usize, signature: &str) -> u16 {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let rest = self.url.strip_prefix("http://").expect("an http:// URL");
+        let (addr, path) = rest.split_once('/').expect("a URL with a path");
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("the server accepts");
+        let head = format!(
+            "POST /{path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nX-GitHub-Event: {event}\r\n\
+             X-GitHub-Delivery: {delivery}\r\nX-Hub-Signature-256: {signature}\r\nContent-Length: {length}\r\n\r\n{{\"action\":"
+        );
+        conn.write_all(head.as_bytes()).await.expect("the server reads the head");
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !answer.windows(2).any(|w| w == b"\r\n") {
+            let n = conn.read(&mut buf).await.expect("the server answers");
+            assert!(n > 0, "the server closed the connection without answering");
+            answer.extend_from_slice(&buf[..n]);
+        }
+        let line = String::from_utf8_lossy(&answer).into_owned();
+        line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not an HTTP answer: {line}"))
+    }
+
     /// Posts `body` as it is, with `signature` (or none).
     pub async fn send_raw(&self, event: &str, delivery: &str, body: Vec<u8>, signature: Option<&str>) -> (u16, Value) {
         let mut request = self

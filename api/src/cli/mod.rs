@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 pub use database::Database;
+pub use processes::app;
 
 #[derive(Debug, Parser)]
 #[command(name = "shopfloor", version, about = "A durable, audited backend for software factories: GitHub events start runs of workflows that coding agents, CI gates and people walk.")]
@@ -191,6 +192,8 @@ pub struct ServeArgs {
     pub console: crate::console::ConsoleConfig,
     #[command(flatten)]
     pub hosts: HostsArgs,
+    #[command(flatten)]
+    pub limits: crate::http::limits::LimitArgs,
 }
 
 #[derive(Debug, Args)]
@@ -208,6 +211,8 @@ pub struct ApiArgs {
     pub console: crate::console::ConsoleConfig,
     #[command(flatten)]
     pub hosts: HostsArgs,
+    #[command(flatten)]
+    pub limits: crate::http::limits::LimitArgs,
 }
 
 #[derive(Debug, Args)]

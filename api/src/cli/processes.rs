@@ -37,7 +37,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let outputs = app.clone().map(|a| engine::github::OutputExecutor::new(a, args.github_app.test_crash_after.clone()));
     let (drain, abort) = host::process::shutdown_signals();
     let listen_url = args.pool.listen_database_url.clone().unwrap_or_else(|| db.url.clone());
-    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1))));
+    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1)), args.limits.clone()));
     let pool = tokio::spawn(engine::pool::run(db.pool.clone(), pool_config(&args.pool, &db.url, outputs), drain.clone(), abort.clone()));
     tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
     let (served, pooled) = tokio::join!(server, pool);
@@ -50,7 +50,7 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
     let (db, app) = Database::open_migrated(&args.db, 16).await?.or_close(|| github_app(&args.github_app)).await?;
     let (drain, _abort) = host::process::shutdown_signals();
-    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1))).await;
+    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1)), args.limits.clone()).await;
     db.close().await;
     served
 }
@@ -133,7 +133,19 @@ async fn bind(addr: &std::net::SocketAddr, var: &str) -> Result<TcpListener, Cli
     })
 }
 
-/// Serves the router; its event hub LISTENs on `listen_url`.
+/// The whole app of `serve` and `api`: the REST API, the webhooks and the console, counted by
+/// the metrics middleware. Serve it with connect info (`into_make_service_with_connect_info`)
+/// so that the per-address limits know each request's peer; set the state's limits first.
+pub fn app(state: &AppState, webhook_secret: Option<secrecy::SecretString>, console: crate::console::ConsoleConfig) -> axum::Router {
+    // The webhooks need the App's secret, which the REST router's state does not carry.
+    http::router(state.clone())
+        .merge(crate::webhooks::router(crate::webhooks::WebhookState::new(state.db.clone(), webhook_secret).with_limits(state.limits())))
+        .merge(crate::console::router(state.clone(), console))
+        // Around every route (so the matched route is known): requests by route and status.
+        .layer(axum::middleware::from_fn(http::metrics::track))
+}
+
+/// Serves the app; its event hub LISTENs on `listen_url`.
 #[expect(clippy::too_many_arguments, reason = "the settings of `serve` and `api`, passed once")]
 async fn serve_http(
     listener: TcpListener,
@@ -144,23 +156,23 @@ async fn serve_http(
     console: crate::console::ConsoleConfig,
     github: Option<std::sync::Arc<engine::github::GithubApp>>,
     stall_after: Duration,
+    limits: http::limits::LimitArgs,
 ) -> Result<(), CliError> {
     let state = AppState::new(db, &listen_url);
     state.use_stall_after(stall_after);
+    // Before the routers are built: they take the limits with them.
+    state.use_limits(&limits);
     if let Some(app) = github {
         state.use_github_app(app);
     }
-    // The webhooks need the App's secret, which the REST router's state does not carry.
-    let app = http::router(state.clone())
-        .merge(crate::webhooks::router(crate::webhooks::WebhookState::new(state.db.clone(), webhook_secret)))
-        .merge(crate::console::router(state.clone(), console))
-        // Around every route (so the matched route is known): requests by route and status.
-        .layer(axum::middleware::from_fn(http::metrics::track));
+    let app = app(&state, webhook_secret, console);
     // Event streams never end by themselves: close them, or the shutdown would wait forever.
     let shutdown = async move {
         drain.cancelled().await;
         state.close_streams();
     };
+    // With the peer's address in each request: the per-address limits count by it.
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(CliError::msg)
 }
 

@@ -21,6 +21,9 @@ pub enum ConsoleError {
     Csrf,
     #[error("{0}")]
     BadRequest(String),
+    /// Too many sign-in attempts from this address (`http::limits`); sent with `Retry-After`.
+    #[error("too many sign-in attempts from this address; try again in {} s", crate::http::limits::retry_after_secs(*.0))]
+    TooManyRequests(std::time::Duration),
     /// The cause is logged, never shown.
     #[error("internal error")]
     Internal(String),
@@ -85,6 +88,7 @@ impl IntoResponse for ConsoleError {
             ConsoleError::Forbidden(_) => (StatusCode::FORBIDDEN, "Not allowed"),
             ConsoleError::Csrf => (StatusCode::FORBIDDEN, "Form expired"),
             ConsoleError::BadRequest(_) => (StatusCode::BAD_REQUEST, "Bad request"),
+            ConsoleError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "Too many attempts"),
             ConsoleError::Internal(cause) => {
                 tracing::error!(error = %cause, "console request failed");
                 (StatusCode::INTERNAL_SERVER_ERROR, "Something went wrong")
@@ -98,6 +102,9 @@ impl IntoResponse for ConsoleError {
         );
         let mut response = (status, body).into_response();
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+        if let ConsoleError::TooManyRequests(wait) = self {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(crate::http::limits::retry_after_secs(wait)));
+        }
         response
     }
 }

@@ -154,14 +154,18 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
     };
     let project = "/orgs/{org}/projects/{project}";
     let run = "/orgs/{org}/projects/{project}/runs/{run}";
+    // Each sign-in attempt may verify a token or call GitHub: limited per address.
+    let signin = Router::new()
+        .route("/signin/token", post(oauth::signin_token))
+        .route("/auth/github", get(oauth::github_start))
+        .route("/auth/github/callback", get(oauth::github_callback))
+        .route_layer(axum::middleware::from_fn_with_state(console.state().limits(), oauth::limit_signins));
     Router::new()
+        .merge(signin)
         .route("/", get(pages::home))
         .route("/static/console.css", get(stylesheet))
         .route("/static/console.js", get(script))
         .route("/signin", get(oauth::signin_page))
-        .route("/signin/token", post(oauth::signin_token))
-        .route("/auth/github", get(oauth::github_start))
-        .route("/auth/github/callback", get(oauth::github_callback))
         .route("/signout", post(oauth::signout))
         .route("/orgs/{org}", get(pages::today::page))
         .route("/orgs/{org}/audit", get(pages::audit::page))

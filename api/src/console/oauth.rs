@@ -7,8 +7,9 @@
 //! and gets no session. A pasted token gets a console token of the same person, org, role and
 //! project limit (the pasted token itself is never stored in the browser).
 
-use axum::extract::{Form, Query, State};
+use axum::extract::{Form, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Duration;
 use engine::ids::{OrgId, UserId};
@@ -22,6 +23,19 @@ use super::view::{self, Page};
 use super::{Console, ConsoleError};
 use crate::auth::{issue_user_token_with_id, UserToken};
 use crate::http::auth::{verify, Role, TokenKind};
+use crate::http::limits::Limits;
+
+/// Charges each sign-in attempt (token, GitHub, GitHub's callback) to the client's address;
+/// one over the limit is a 429 page with `Retry-After`, before any token is verified or GitHub
+/// is called.
+pub(super) async fn limit_signins(State(limits): State<std::sync::Arc<Limits>>, request: Request, next: Next) -> Response {
+    if let Some(address) = limits.address(&request) {
+        if let Err(wait) = limits.charge_signin(address) {
+            return ConsoleError::TooManyRequests(wait).into_response();
+        }
+    }
+    next.run(request).await
+}
 
 #[derive(Debug, Deserialize, Default)]
 pub(super) struct NextQuery {

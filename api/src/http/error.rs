@@ -75,9 +75,18 @@ pub enum ApiError {
     InvalidWorkflow(Vec<WorkflowProblem>),
     #[error("this Idempotency-Key was used with another request")]
     IdempotencyKeyReused,
-    /// Admission's line is full (the org's cap, with 1,000 runs waiting).
+    /// Admission's line is full (the org's cap, with 1,000 runs waiting), or a token holds
+    /// as many event streams as it may.
     #[error("{0}")]
     TooManyRequests(String),
+    /// Over a rate limit (`limits`): sent with `Retry-After`, the wait in whole seconds.
+    #[error("too many requests from this token or address; try again in {} s", super::limits::retry_after_secs(*.0))]
+    RateLimited(std::time::Duration),
+    /// The handler took longer than its bound and was stopped. What it was doing may or may not
+    /// have been committed: read before writing again, or repeat a create with its
+    /// `Idempotency-Key`.
+    #[error("the request took longer than {} s and was stopped; it may or may not have taken effect", .0.as_secs())]
+    TimedOut(std::time::Duration),
     #[error("{0}")]
     Unavailable(String),
     /// A transient database refusal (deadlock, serialization failure): nothing was written,
@@ -113,6 +122,10 @@ impl ApiError {
             ApiError::InvalidWorkflow(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-workflow", "Invalid workflow"),
             ApiError::IdempotencyKeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency key reused"),
             ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "too-many-requests", "Too many requests"),
+            ApiError::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate-limited", "Rate limited"),
+            // 503, not 408: 408 says the client was too slow to send its request; here the
+            // server was too slow to answer it.
+            ApiError::TimedOut(_) => (StatusCode::SERVICE_UNAVAILABLE, "timeout", "Request timed out"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
             ApiError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy", "Busy, retry"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
@@ -145,6 +158,9 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unauthorized(_) => {
                 response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ApiError::RateLimited(wait) => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(super::limits::retry_after_secs(wait)));
             }
             ApiError::Busy => {
                 tracing::warn!("a change was rolled back by a deadlock or serialization failure");

@@ -312,6 +312,9 @@ struct Client {
     pos: Position,
     queue: VecDeque<StreamEvent>,
     catch_up: bool,
+    /// This stream's place among its token's (`limits`), given back when the body is dropped:
+    /// the client went away, the stream ended, or the server is closing.
+    _place: super::limits::StreamSlot,
 }
 
 fn sse(pos: Position, event: &RunEvent) -> Event {
@@ -362,7 +365,8 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
     tag = "events",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event"), StreamQuery),
-    responses((status = 200, description = "A stream of `RunEvent`s", content_type = "text/event-stream", body = RunEvent)),
+    responses((status = 200, description = "A stream of `RunEvent`s", content_type = "text/event-stream", body = RunEvent),
+              (status = 429, description = "The token already holds as many open streams as it may (`SHOPFLOOR_STREAMS_PER_TOKEN`)", body = super::Problem, content_type = "application/problem+json")),
 )]
 pub async fn stream(
     State(state): State<AppState>,
@@ -371,6 +375,7 @@ pub async fn stream(
     Query(q): Query<StreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     scope.require(Role::Viewer)?;
+    let place = state.limits().open_stream(scope.org.caller.jti)?;
     let given = headers.get("last-event-id").map(|v| v.to_str().unwrap_or("?").to_owned()).or(q.last_event_id);
     let resume = match given {
         Some(text) => Some(Position::parse(&text).ok_or_else(|| ApiError::BadRequest("Last-Event-ID is not a position of this stream".into()))?),
@@ -382,7 +387,7 @@ pub async fn stream(
         Some(p) => p,
         None => horizon(&state.db).await?,
     };
-    let client = Client { db: state.db.clone(), org: scope.org.org, project: scope.project, rx, pos, queue: VecDeque::new(), catch_up: true };
+    let client = Client { db: state.db.clone(), org: scope.org.org, project: scope.project, rx, pos, queue: VecDeque::new(), catch_up: true, _place: place };
     let closing = state.shared.closing.clone().cancelled_owned();
     let events = futures::StreamExt::take_until(futures::stream::unfold(client, next_event), closing);
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))

@@ -20,6 +20,8 @@
 //! - `metrics` — `GET /metrics` (unauthenticated, not in the document) and the middleware
 //!   counting requests by route template and status.
 //! - `openapi` — the document's header, security scheme and shared problem responses.
+//! - `limits` — abuse limits: rates per token and per address, open event streams per token,
+//!   the request timeout, bodies refused by their declared length.
 
 pub mod admission;
 pub mod audit;
@@ -33,6 +35,7 @@ pub mod host_protocol;
 pub mod hosts;
 pub mod idempotency;
 pub mod installations;
+pub mod limits;
 pub mod members;
 pub mod metrics;
 pub mod openapi;
@@ -84,6 +87,8 @@ pub(crate) struct Shared {
     /// How long a crew step's session may stay silent before a heartbeat fails it `stalled`
     /// (`engine::store::hosts::STALL_AFTER` unless set at start).
     stall_after: std::sync::OnceLock<std::time::Duration>,
+    /// The abuse limits (`limits::LimitArgs::default()` unless set at start).
+    limits: std::sync::OnceLock<Arc<limits::Limits>>,
 }
 
 impl AppState {
@@ -105,6 +110,7 @@ impl AppState {
                 .build()
                 .unwrap_or_default(),
             stall_after: std::sync::OnceLock::new(),
+            limits: std::sync::OnceLock::new(),
         };
         AppState { db, shared: Arc::new(shared) }
     }
@@ -131,6 +137,17 @@ impl AppState {
 
     pub(crate) fn stall_after(&self) -> std::time::Duration {
         self.shared.stall_after.get().copied().unwrap_or(engine::store::hosts::STALL_AFTER)
+    }
+
+    /// Sets the abuse limits (once, at start, before the routers are built: they take the
+    /// limits then). A second call changes nothing.
+    pub fn use_limits(&self, args: &limits::LimitArgs) {
+        let _ = self.shared.limits.set(Arc::new(limits::Limits::new(args)));
+    }
+
+    /// The abuse limits in force.
+    pub fn limits(&self) -> Arc<limits::Limits> {
+        self.shared.limits.get_or_init(|| Arc::new(limits::Limits::new(&limits::LimitArgs::default()))).clone()
     }
 
     /// Ends every open event stream (at shutdown).
@@ -223,6 +240,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        // From the inside out: a declared body over the limit is refused before it is read; the
+        // handler is bounded in time; the rates are checked before anything else runs.
+        .layer(axum::middleware::from_fn(limits::declared_body_limit))
+        .layer(axum::middleware::from_fn_with_state(state.limits(), limits::timeout))
+        .layer(axum::middleware::from_fn_with_state(state.limits(), limits::rates))
         .layer(axum::middleware::from_fn(error::log_failures))
         .with_state(state)
 }

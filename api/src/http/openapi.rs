@@ -36,7 +36,7 @@ use super::error::Problem;
 pub struct ApiDoc;
 
 /// The problem responses, by status, that operations refer to.
-const PROBLEMS: [(&str, &str, &str); 10] = [
+const PROBLEMS: [(&str, &str, &str); 11] = [
     ("400", "BadRequest", "Malformed request: body, path or query parameter"),
     ("401", "Unauthorized", "Missing, invalid, expired or revoked bearer token"),
     ("403", "Forbidden", "The token's role does not allow this"),
@@ -45,8 +45,9 @@ const PROBLEMS: [(&str, &str, &str); 10] = [
     ("413", "PayloadTooLarge", "Request body larger than 1 MiB"),
     ("415", "UnsupportedMediaType", "Request body of the wrong content type"),
     ("422", "Unprocessable", "Well-formed request that cannot be carried out"),
+    ("429", "TooManyRequests", "Over a rate limit of this token or address (`rate-limited`: wait `Retry-After` seconds), or a line that is full"),
     ("500", "Internal", "Internal error (its cause is logged, never shown)"),
-    ("503", "Unavailable", "Not ready, or the change collided with another and was rolled back: send it again (see Retry-After)"),
+    ("503", "Unavailable", "Not ready; the change collided with another and was rolled back: send it again (see Retry-After); or the request took longer than the server's timeout (`timeout`)"),
 ];
 
 /// Completes the document once every route is in it: the bearer scheme, the shared problem
@@ -65,27 +66,24 @@ pub fn finish(doc: &mut utoipa::openapi::OpenApi) {
         components.responses.insert(name.to_owned(), RefOr::T(response));
     }
     for item in doc.paths.paths.values_mut() {
-        add_problems(item.get.as_mut(), false);
-        for op in [&mut item.put, &mut item.post, &mut item.delete, &mut item.patch] {
-            add_problems(op.as_mut(), true);
+        for op in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch] {
+            add_problems(op.as_mut());
         }
     }
 }
 
-/// Every authenticated operation can answer 400, 401, 403, 404 and 500; one with a body also
-/// 413, 415 and 422; one that writes also 503 (a collision to retry).
-fn add_problems(op: Option<&mut Operation>, writes: bool) {
+/// Every operation can answer 429 (a rate limit), 500 and 503 (a timeout, or for a write a
+/// collision to retry); an authenticated one also 400, 401, 403 and 404; one with a body also
+/// 413, 415 and 422.
+fn add_problems(op: Option<&mut Operation>) {
     let Some(op) = op else { return };
     let public = op.security.as_ref().is_some_and(|s| s.iter().all(|r| r == &Default::default()));
-    let mut statuses: Vec<&str> = vec!["500"];
+    let mut statuses: Vec<&str> = vec!["429", "500", "503"];
     if !public {
         statuses.extend(["400", "401", "403", "404"]);
     }
     if op.request_body.is_some() {
         statuses.extend(["413", "415", "422"]);
-    }
-    if writes {
-        statuses.push("503");
     }
     for status in statuses {
         if op.responses.responses.contains_key(status) {

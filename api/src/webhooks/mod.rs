@@ -1,6 +1,9 @@
 //! `POST /webhooks/github`: GitHub App deliveries in.
 //!
-//! The order matters. The body is read (up to GitHub's 25 MB cap; more is 413), then its
+//! The order matters. A request from an address that sent too many badly signed ones lately
+//! is refused with 429, and one whose `Content-Length` is over GitHub's 25 MB cap with 413,
+//! both before its body is read (`guard`). The body is read (a chunked one is cut at the cap:
+//! 413), then its
 //! `X-Hub-Signature-256` is checked in constant time against the webhook secret **before
 //! anything parses it**: an unsigned or badly signed request gets 401 and nothing is stored.
 //! Only then is the JSON read, and the whole delivery handled in one transaction by
@@ -10,14 +13,20 @@
 //!
 //! The handler calls no GitHub API and writes no table itself (the store does), so it answers
 //! well within GitHub's 10 s.
+//!
+//! Deliveries whose signature holds are never rate limited: GitHub sends from a few addresses,
+//! in bursts as large as the events behind them, and does not send a refused delivery again.
+//! One whose signature fails is a refused credential, charged to its address as a 401 of the
+//! REST API is (`http::limits`); the request timeout applies as to the REST API.
 
 mod signature;
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -25,6 +34,8 @@ use engine::triggers::ingest::{self, Delivery, IngestError, IngestOutcome};
 use secrecy::SecretString;
 use serde_json::json;
 use sqlx::PgPool;
+
+use crate::http::limits::{declared_length, retry_after_secs, LimitArgs, Limits};
 
 pub use signature::{sign, verify};
 
@@ -38,11 +49,21 @@ pub struct WebhookState {
     /// None: no secret is configured, and every delivery is refused with 503 (`shopfloor
     /// check` says how to set it).
     secret: Option<Arc<SecretString>>,
+    /// The replica's abuse limits: addresses refused after bad signatures, the timeout.
+    limits: Arc<Limits>,
 }
 
 impl WebhookState {
+    /// With the default limits; `with_limits` gives it the replica's.
     pub fn new(db: PgPool, secret: Option<SecretString>) -> WebhookState {
-        WebhookState { db, secret: secret.map(Arc::new) }
+        WebhookState { db, secret: secret.map(Arc::new), limits: Arc::new(Limits::new(&LimitArgs::default())) }
+    }
+
+    /// Shares the replica's limits (`AppState::limits`), so that an address refused on the
+    /// REST API is refused here too.
+    pub fn with_limits(mut self, limits: Arc<Limits>) -> WebhookState {
+        self.limits = limits;
+        self
     }
 }
 
@@ -51,7 +72,27 @@ pub fn router(state: WebhookState) -> Router {
     Router::new()
         .route("/webhooks/github", post(github))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn_with_state(state.limits.clone(), crate::http::limits::timeout))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// Before the body is read: a refused address is answered 429, a declared length over the
+/// cap 413. After the answer: a bad signature is charged to the sender's address.
+async fn guard(State(state): State<WebhookState>, request: Request, next: Next) -> Response {
+    let address = state.limits.address(&request);
+    if let Some(wait) = address.and_then(|a| state.limits.refused(a)) {
+        return WebhookError::RateLimited(wait).into_response();
+    }
+    if declared_length(request.headers()).is_some_and(|n| n > BODY_LIMIT as u64) {
+        return WebhookError::TooLarge.into_response();
+    }
+    let response = next.run(request).await;
+    if let (Some(address), StatusCode::UNAUTHORIZED) = (address, response.status()) {
+        // The answer stands; what follows from this address may be refused.
+        let _ = state.limits.charge_address(address);
+    }
+    response
 }
 
 /// Every way a delivery is refused.
@@ -67,6 +108,11 @@ pub enum WebhookError {
     Malformed(String),
     #[error("no webhook secret is configured: set SHOPFLOOR_GITHUB_WEBHOOK_SECRET")]
     NoSecret,
+    #[error("the body is larger than GitHub's {BODY_LIMIT} bytes")]
+    TooLarge,
+    /// Too many badly signed requests came from this address lately.
+    #[error("too many badly signed requests from this address; try again in {} s", retry_after_secs(*.0))]
+    RateLimited(std::time::Duration),
     /// Logged here, never sent.
     #[error("internal error")]
     Internal(String),
@@ -78,6 +124,8 @@ impl WebhookError {
             WebhookError::MissingSignature | WebhookError::BadSignature => (StatusCode::UNAUTHORIZED, "bad-signature"),
             WebhookError::MissingHeader(_) | WebhookError::Malformed(_) => (StatusCode::BAD_REQUEST, "bad-request"),
             WebhookError::NoSecret => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            WebhookError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large"),
+            WebhookError::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate-limited"),
             WebhookError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -97,6 +145,9 @@ impl IntoResponse for WebhookError {
         });
         let mut response = (status, axum::Json(body)).into_response();
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let WebhookError::RateLimited(wait) = self {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+        }
         response
     }
 }

@@ -8,6 +8,7 @@ mod end_to_end;
 mod events;
 mod host_budget;
 mod idempotency;
+mod limits;
 mod openapi;
 mod operator;
 mod paging;

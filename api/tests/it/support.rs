@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use api::auth::{issue_user_token_with_id, Claims, UserToken};
+use api::http::limits::LimitArgs;
 use api::http::{router, AppState, Problem};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -90,19 +91,48 @@ impl App {
 
     async fn with_engine_executing(test_executor: bool) -> App {
         let mut app = App::start().await;
+        app.start_engine(test_executor);
+        app
+    }
+
+    /// The whole app as `shopfloor api` serves it (REST, webhooks signed with `webhook_secret`,
+    /// the console), each request with its peer's address, under `limits`; and an engine with
+    /// the test executor.
+    pub(crate) async fn with_limits(limits: &LimitArgs, webhook_secret: &str) -> App {
+        let db = test_db().await;
+        let state = AppState::new(db.pool.clone(), &db.url);
+        state.use_limits(limits);
+        let app = api::cli::app(&state, Some(webhook_secret.to_owned().into()), api::console::ConsoleConfig::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let base = format!("http://{}", listener.local_addr().expect("local addr"));
+        let stop = CancellationToken::new();
+        let closing = stop.clone();
+        tokio::spawn(async move {
+            let shutdown = async move {
+                closing.cancelled().await;
+                state.close_streams();
+            };
+            let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+            let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+        });
+        let mut app = App { db, base, http: reqwest::Client::new(), stop, engine: None };
+        app.start_engine(true);
+        app
+    }
+
+    fn start_engine(&mut self, test_executor: bool) {
         let stop = CancellationToken::new();
         let cfg = PoolConfig {
             id: "api-test-engine".into(),
-            listen_url: app.db.url.clone(),
+            listen_url: self.db.url.clone(),
             batch: 64,
             max_in_flight: 64,
             drain: Duration::from_secs(5),
             test_executor: test_executor.then_some(TestExecutor { effects: None }),
             outputs: None,
         };
-        tokio::spawn(pool::run(app.db.pool.clone(), cfg, stop.clone(), stop.clone()));
-        app.engine = Some(stop);
-        app
+        tokio::spawn(pool::run(self.db.pool.clone(), cfg, stop.clone(), stop.clone()));
+        self.engine = Some(stop);
     }
 
     pub(crate) fn pool(&self) -> &PgPool {
