@@ -78,6 +78,8 @@ pub(crate) struct Shared {
     /// How long a crew step's session may stay silent before a heartbeat fails it `stalled`
     /// (`engine::store::hosts::STALL_AFTER` unless set at start).
     stall_after: std::sync::OnceLock<std::time::Duration>,
+    /// Which targets a webhook subscription may name (only public ones unless set at start).
+    webhooks: std::sync::OnceLock<engine::net_guard::Policy>,
 }
 
 impl AppState {
@@ -93,6 +95,7 @@ impl AppState {
             closing: tokio_util::sync::CancellationToken::new(),
             github: std::sync::OnceLock::new(),
             stall_after: std::sync::OnceLock::new(),
+            webhooks: std::sync::OnceLock::new(),
         };
         AppState { db, shared: Arc::new(shared) }
     }
@@ -110,6 +113,16 @@ impl AppState {
 
     pub(crate) fn stall_after(&self) -> std::time::Duration {
         self.shared.stall_after.get().copied().unwrap_or(engine::store::hosts::STALL_AFTER)
+    }
+
+    /// Sets which targets webhook subscriptions may name (set once, at start:
+    /// `SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`; tests that deliver to loopback receivers set it too).
+    pub fn use_webhook_policy(&self, policy: engine::net_guard::Policy) {
+        let _ = self.shared.webhooks.set(policy);
+    }
+
+    pub(crate) fn webhook_policy(&self) -> engine::net_guard::Policy {
+        self.shared.webhooks.get().copied().unwrap_or_default()
     }
 
     /// Ends every open event stream (at shutdown).

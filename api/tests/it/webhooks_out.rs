@@ -13,7 +13,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use sha2::Sha256;
 
-use crate::support::App;
+use crate::support::{App, Webhooks};
 
 const BASE: &str = "/api/v1/orgs/acme/projects/web";
 
@@ -68,7 +68,7 @@ fn verifies(secret: &str, r: &Received) -> bool {
 
 #[tokio::test]
 async fn a_failing_receiver_gets_the_third_attempt_signed_and_a_replay_arrives_again() {
-    let app = App::with_engine().await;
+    let app = App::with_webhooks(Webhooks::private()).await;
     let org = app.org("acme").await;
     let (url, got) = receiver(2).await;
     let secret = "a-secret-of-the-receiver-0123456789";
