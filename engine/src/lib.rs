@@ -14,6 +14,7 @@ pub mod hosts;
 pub mod ids;
 pub mod jobs;
 pub mod metrics;
+pub mod net_guard;
 pub mod pool;
 pub mod schedule;
 pub mod state;

@@ -48,6 +48,8 @@ pub struct PoolConfig {
     pub test_executor: Option<TestExecutor>,
     /// Executes output steps on GitHub (the GitHub App is configured).
     pub outputs: Option<OutputExecutor>,
+    /// Sends outgoing webhook deliveries, to the targets its policy allows.
+    pub webhooks: crate::jobs::WebhookClient,
 }
 
 /// A step execution that ended, to be recorded.
@@ -314,8 +316,8 @@ impl Pool {
     /// beside the steps, outside any transaction.
     async fn claim_jobs(&mut self) -> Result<(), StoreError> {
         for job in crate::store::jobs::claim_due(&self.db, self.cfg.batch).await? {
-            let (db, id) = (self.db.clone(), self.cfg.id.clone());
-            self.tasks.spawn(async move { crate::jobs::run(&db, &id, job).await });
+            let (db, id, webhooks) = (self.db.clone(), self.cfg.id.clone(), self.cfg.webhooks.clone());
+            self.tasks.spawn(async move { crate::jobs::run(&db, &webhooks, &id, job).await });
         }
         Ok(())
     }

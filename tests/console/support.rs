@@ -127,6 +127,7 @@ impl App {
                 drain: Duration::from_secs(2),
                 test_executor: None,
                 outputs: None,
+                webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
             };
             tokio::spawn(pool::run(db.pool.clone(), cfg, stop.clone(), stop.clone()));
             Some(stop)

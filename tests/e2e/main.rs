@@ -12,4 +12,5 @@ mod metrics;
 mod secrets;
 mod serve;
 mod telemetry;
+mod webhook_targets;
 mod webhooks;

@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::ids::Slug;
+use engine::net_guard::Policy;
 use engine::store::{installations, tenants, webhooks_out, workflows, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::json;
@@ -116,7 +117,9 @@ async fn seed(db: &TestDb, receiver: &str) -> String {
         workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
     }
     installations::connect_for_test(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
-    webhooks_out::create(&mut ch, org, project, receiver, None, &["run.completed".to_owned()]).await.unwrap();
+    // The receiver is on loopback: allowed only with SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE, which
+    // the engine gets too.
+    webhooks_out::create(&mut ch, org, project, receiver, None, &["run.completed".to_owned()], Policy { allow_private: true }).await.unwrap();
     let token = api::auth::issue_user_token(
         &mut ch,
         api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "metrics", ttl: chrono::Duration::hours(1) },
@@ -171,6 +174,7 @@ async fn api_and_engine_count_what_they_did() {
             .args(["engine", "--test-executor", "--log", "warn"])
             .env("DATABASE_URL", &db.url)
             .env("SHOPFLOOR_METRICS_ADDR", format!("127.0.0.1:{engine_port}"))
+            .env("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true")
             .env("SHOPFLOOR_DRAIN_SECS", "2")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -244,6 +248,7 @@ async fn serve_shows_its_engine_on_its_one_metrics() {
         Command::new(shopfloor_bin())
             .args(["serve", "--test-executor", "--log", "warn"])
             .env("DATABASE_URL", &db.url)
+            .env("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true")
             .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
             .env("SHOPFLOOR_DRAIN_SECS", "2")
             .stdout(Stdio::null())

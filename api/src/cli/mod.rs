@@ -98,6 +98,24 @@ pub struct HostsArgs {
     pub stall_secs: u64,
 }
 
+/// Where outgoing webhooks may send: `SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE` (false: only public
+/// addresses). Read by the API (a subscription's URL is checked when it is made) and by the
+/// engines (again at each send, after DNS resolution), so set it alike on both.
+#[derive(Debug, Clone, Args)]
+pub struct WebhooksArgs {
+    /// Let outgoing webhooks reach loopback, private (RFC 1918, fc00::/7) and carrier-grade
+    /// NAT addresses and local names: for on-premises installs and tests. Link-local, cloud
+    /// metadata, unspecified, multicast and reserved addresses stay refused.
+    #[arg(long = "webhooks-allow-private", env = "SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", default_value_t = false)]
+    pub allow_private: bool,
+}
+
+impl WebhooksArgs {
+    pub fn policy(&self) -> engine::net_guard::Policy {
+        engine::net_guard::Policy { allow_private: self.allow_private }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ListenArgs {
     /// Address the HTTP server listens on.
@@ -194,6 +212,8 @@ pub struct ServeArgs {
     pub hosts: HostsArgs,
     #[command(flatten)]
     pub limits: crate::http::limits::LimitArgs,
+    #[command(flatten)]
+    pub webhooks: WebhooksArgs,
 }
 
 #[derive(Debug, Args)]
@@ -213,6 +233,8 @@ pub struct ApiArgs {
     pub hosts: HostsArgs,
     #[command(flatten)]
     pub limits: crate::http::limits::LimitArgs,
+    #[command(flatten)]
+    pub webhooks: WebhooksArgs,
 }
 
 #[derive(Debug, Args)]
@@ -223,6 +245,8 @@ pub struct EngineArgs {
     pub pool: PoolArgs,
     #[command(flatten)]
     pub github_app: GithubAppArgs,
+    #[command(flatten)]
+    pub webhooks: WebhooksArgs,
     /// Serve `GET /metrics` (Prometheus) on this address; nothing else is served there.
     /// Unset (the default): the engine listens on no port.
     #[arg(long = "metrics-addr", env = "SHOPFLOOR_METRICS_ADDR")]

@@ -7,7 +7,7 @@ use engine::pool::PoolConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{ApiArgs, CliError, Database, DbArgs, EngineArgs, GithubAppArgs, PoolArgs, ServeArgs};
+use super::{ApiArgs, CliError, Database, DbArgs, EngineArgs, GithubAppArgs, PoolArgs, ServeArgs, WebhooksArgs};
 use crate::http::{self, AppState};
 
 pub(super) async fn migrate(args: DbArgs) -> Result<(), CliError> {
@@ -22,6 +22,7 @@ pub(super) async fn migrate(args: DbArgs) -> Result<(), CliError> {
 pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     // Bind first: a port in use should fail before anything else starts.
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
+    let webhooks = webhook_client(&args.webhooks)?;
     let db = Database::open(&args.db, args.pool.db_connections + 8).await?;
     if let Err(e) = engine::db::migrate(&db.pool).await {
         db.close().await;
@@ -37,8 +38,10 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let outputs = app.clone().map(|a| engine::github::OutputExecutor::new(a, args.github_app.test_crash_after.clone()));
     let (drain, abort) = host::process::shutdown_signals();
     let listen_url = args.pool.listen_database_url.clone().unwrap_or_else(|| db.url.clone());
-    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1)), args.limits.clone()));
-    let pool = tokio::spawn(engine::pool::run(db.pool.clone(), pool_config(&args.pool, &db.url, outputs), drain.clone(), abort.clone()));
+    let cfg = pool_config(&args.pool, &db.url, outputs, webhooks);
+    let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
+    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, settings));
+    let pool = tokio::spawn(engine::pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
     let (served, pooled) = tokio::join!(server, pool);
     db.close().await;
@@ -50,7 +53,8 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
     let (db, app) = Database::open_migrated(&args.db, 16).await?.or_close(|| github_app(&args.github_app)).await?;
     let (drain, _abort) = host::process::shutdown_signals();
-    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app, Duration::from_secs(args.hosts.stall_secs.max(1)), args.limits.clone()).await;
+    let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
+    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
     db.close().await;
     served
 }
@@ -61,12 +65,13 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
         Some(addr) => Some(bind(addr, "SHOPFLOOR_METRICS_ADDR").await?),
         None => None,
     };
+    let webhooks = webhook_client(&args.webhooks)?;
     let (db, outputs) = Database::open_migrated(&args.db, args.pool.db_connections).await?.or_close(|| github_outputs(&args.github_app)).await?;
     let (drain, abort) = host::process::shutdown_signals();
     if let Some(listener) = metrics {
         tokio::spawn(serve_metrics(listener, db.pool.clone(), drain.clone()));
     }
-    let cfg = pool_config(&args.pool, &db.url, outputs);
+    let cfg = pool_config(&args.pool, &db.url, outputs, webhooks);
     tracing::info!(engine.id = %cfg.id, test_executor = cfg.test_executor.is_some(), "engine started");
     if cfg.test_executor.is_none() && cfg.outputs.is_none() {
         tracing::info!("output steps wait: no GitHub App is configured (SHOPFLOOR_GITHUB_APP_ID and its key)");
@@ -105,7 +110,12 @@ pub(super) fn github_app(args: &GithubAppArgs) -> Result<Option<std::sync::Arc<e
     Ok(Some(std::sync::Arc::new(app)))
 }
 
-fn pool_config(args: &PoolArgs, url: &str, outputs: Option<engine::github::OutputExecutor>) -> PoolConfig {
+/// The engine's webhook delivery client, with the policy of `SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`.
+fn webhook_client(args: &WebhooksArgs) -> Result<engine::jobs::WebhookClient, CliError> {
+    engine::jobs::WebhookClient::new(args.policy()).map_err(|e| CliError::Failed(format!("cannot build the webhook delivery client: {e}")))
+}
+
+fn pool_config(args: &PoolArgs, url: &str, outputs: Option<engine::github::OutputExecutor>, webhooks: engine::jobs::WebhookClient) -> PoolConfig {
     let id = args.engine_id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "engine".into());
         format!("{host}-{}", std::process::id())
@@ -118,7 +128,18 @@ fn pool_config(args: &PoolArgs, url: &str, outputs: Option<engine::github::Outpu
         drain: Duration::from_secs(args.drain_secs),
         test_executor: args.test_executor.then(|| TestExecutor { effects: args.test_effects.clone() }),
         outputs,
+        webhooks,
     }
+}
+
+/// What `serve` and `api` tell the HTTP server's state besides its connections.
+struct HttpSettings {
+    /// How long a crew step's session may stay silent (`SHOPFLOOR_STALL_SECS`).
+    stall_after: Duration,
+    /// Which targets a webhook subscription may name (`SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`).
+    webhooks: engine::net_guard::Policy,
+    /// The abuse limits (`SHOPFLOOR_RATE_*`, `SHOPFLOOR_REQUEST_TIMEOUT_SECS`, …).
+    limits: http::limits::LimitArgs,
 }
 
 /// Binds `addr`; a failure names the setting (`var`) to change.
@@ -155,13 +176,13 @@ async fn serve_http(
     webhook_secret: Option<secrecy::SecretString>,
     console: crate::console::ConsoleConfig,
     github: Option<std::sync::Arc<engine::github::GithubApp>>,
-    stall_after: Duration,
-    limits: http::limits::LimitArgs,
+    settings: HttpSettings,
 ) -> Result<(), CliError> {
     let state = AppState::new(db, &listen_url);
-    state.use_stall_after(stall_after);
+    state.use_stall_after(settings.stall_after);
+    state.use_webhook_policy(settings.webhooks);
     // Before the routers are built: they take the limits with them.
-    state.use_limits(&limits);
+    state.use_limits(&settings.limits);
     if let Some(app) = github {
         state.use_github_app(app);
     }

@@ -89,6 +89,8 @@ pub(crate) struct Shared {
     stall_after: std::sync::OnceLock<std::time::Duration>,
     /// The abuse limits (`limits::LimitArgs::default()` unless set at start).
     limits: std::sync::OnceLock<Arc<limits::Limits>>,
+    /// Which targets a webhook subscription may name (only public ones unless set at start).
+    webhooks: std::sync::OnceLock<engine::net_guard::Policy>,
 }
 
 impl AppState {
@@ -111,6 +113,7 @@ impl AppState {
                 .unwrap_or_default(),
             stall_after: std::sync::OnceLock::new(),
             limits: std::sync::OnceLock::new(),
+            webhooks: std::sync::OnceLock::new(),
         };
         AppState { db, shared: Arc::new(shared) }
     }
@@ -148,6 +151,16 @@ impl AppState {
     /// The abuse limits in force.
     pub fn limits(&self) -> Arc<limits::Limits> {
         self.shared.limits.get_or_init(|| Arc::new(limits::Limits::new(&limits::LimitArgs::default()))).clone()
+    }
+
+    /// Sets which targets webhook subscriptions may name (set once, at start:
+    /// `SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`; tests that deliver to loopback receivers set it too).
+    pub fn use_webhook_policy(&self, policy: engine::net_guard::Policy) {
+        let _ = self.shared.webhooks.set(policy);
+    }
+
+    pub(crate) fn webhook_policy(&self) -> engine::net_guard::Policy {
+        self.shared.webhooks.get().copied().unwrap_or_default()
     }
 
     /// Ends every open event stream (at shutdown).

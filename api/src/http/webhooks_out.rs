@@ -1,7 +1,9 @@
 //! Outgoing webhooks of a project (admin): subscriptions (a URL, a secret, event filters),
 //! their delivery log with each attempt's answer, and replaying a delivery. Deliveries are
 //! signed with `X-Shopfloor-Signature-256: sha256=<HMAC-SHA256 of the body>` and retried with
-//! backoff (`engine::jobs`). The secret is shown once, when the subscription is made.
+//! backoff (`engine::jobs`). The secret is shown once, when the subscription is made. A URL
+//! must point outside the server's network (`engine::net_guard`): it is refused here with 422
+//! otherwise, and checked again by the engine at each send, after resolution.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -46,7 +48,12 @@ pub struct WebhookList {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWebhook {
-    /// An `http://` or `https://` URL that receives a `POST` per event.
+    /// An `http://` or `https://` URL that receives a `POST` per event, with no user name or
+    /// password. It must reach a public address: loopback, private, link-local, carrier-grade
+    /// NAT, multicast, reserved and cloud metadata addresses (in any spelling) and local names
+    /// are refused with 422, unless the server allows private targets
+    /// (`SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`). A name is checked again after resolution at each
+    /// send.
     pub url: String,
     /// Event filters (`run.*` by default): lifecycle events `run.started`, `run.awaiting`,
     /// `run.wait_expired`, `run.wait_withdrawn`, `run.held`, `run.admitted`, `run.completed`,
@@ -63,7 +70,8 @@ pub struct WebhookDelivery {
     pub event: String,
     #[schema(value_type = Option<String>)]
     pub run: Option<RunId>,
-    /// `pending` (due, or waiting for its next attempt), `delivered`, or `failed` (given up).
+    /// `pending` (due, or waiting for its next attempt), `delivered`, or `failed` (given up,
+    /// or refused because its target is inside the network: not retried).
     pub state: String,
     pub attempts: i32,
     pub last_status: Option<i32>,
@@ -82,8 +90,10 @@ pub struct DeliveryAttempt {
     pub attempt: i32,
     pub at: DateTime<Utc>,
     pub status: Option<i32>,
-    /// The first 1000 characters of the receiver's answer.
+    /// The first 1000 characters of the receiver's answer (at most 4 KiB of it is read).
     pub response: Option<String>,
+    /// Why there was no answer: `could not connect: …`, `timed out`, or `refused: …` when
+    /// the target is inside the network (`refused: NAME resolves to an internal address`).
     pub error: Option<String>,
     pub duration_ms: i32,
 }
@@ -189,7 +199,7 @@ pub async fn create(State(state): State<AppState>, scope: ProjectScope, Json(bod
     scope.require(Role::Admin)?;
     let events = body.events.unwrap_or_else(|| vec!["run.*".to_owned()]);
     let mut ch = scope.change(&state).await?;
-    let (id, secret) = store::create(&mut ch, scope.org.org, scope.project, body.url.trim(), body.secret.as_deref(), &events).await?;
+    let (id, secret) = store::create(&mut ch, scope.org.org, scope.project, body.url.trim(), body.secret.as_deref(), &events, state.webhook_policy()).await?;
     ch.commit().await?;
     let webhook = subscription(&state, &scope, &id.to_string()).await?;
     Ok((StatusCode::CREATED, Json(CreatedWebhook { webhook, secret })))

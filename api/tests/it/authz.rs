@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use api::http::auth::Role;
 use engine::ids::RunId;
 use engine::store::runs::{self, NewRun};
+use engine::net_guard::Policy;
 use engine::store::{api_writes, Actor, Change};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -164,7 +165,7 @@ fn cases() -> Vec<Case> {
         c(delete.clone(), "/api/v1/orgs/{org}/projects/{project}/budgets/{period}", a, 204, Budgets, none),
         c(get.clone(), "/api/v1/orgs/{org}/spend", v, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks", a, 200, Nothing, none),
-        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks", a, 201, Nothing, |_| Some(json!({ "url": "http://127.0.0.1:9/hook", "events": ["x.never"] }))),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks", a, 201, Nothing, |_| Some(json!({ "url": "https://hooks.example.com/hook", "events": ["x.never"] }))),
         c(delete.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}", a, 204, Webhook, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries", a, 200, Webhook, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}", a, 200, Delivery, none),
@@ -350,7 +351,7 @@ async fn every_route_answers_each_caller_exactly() {
                 }
                 Needs::Webhook | Needs::Delivery => {
                     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-                    let (webhook, _) = engine::store::webhooks_out::create(&mut ch, org.id, org.project, "http://127.0.0.1:9/hook", None, &["x.never".to_owned()]).await.unwrap();
+                    let (webhook, _) = engine::store::webhooks_out::create(&mut ch, org.id, org.project, "https://hooks.example.com/hook", None, &["x.never".to_owned()], Policy::default()).await.unwrap();
                     ch.commit().await.unwrap();
                     path = path.replace("{webhook}", &webhook.to_string());
                     if matches!(case.needs, Needs::Delivery) {

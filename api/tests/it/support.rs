@@ -1,7 +1,11 @@
 //! What every API test needs: a per-test database, the router served on a loopback port, an
-//! org with a token per role (and the tokens that must fail), an in-process engine, and
-//! helpers to send requests and read problem bodies.
+//! org with a token per role (and the tokens that must fail), an in-process engine (whose
+//! webhook deliveries resolve names only from the test's own table), and helpers to send
+//! requests and read problem bodies.
 
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use api::auth::{issue_user_token_with_id, Claims, UserToken};
@@ -12,10 +16,13 @@ use base64::Engine as _;
 use chrono::Utc;
 use engine::executor::TestExecutor;
 use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId};
+use engine::jobs::WebhookClient;
+use engine::net_guard::Policy;
 use engine::pool::{self, PoolConfig};
 use engine::store::{api_writes, tenants, workflows, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -57,11 +64,53 @@ pub(crate) struct App {
     engine: Option<CancellationToken>,
 }
 
+/// Names the in-process engines resolve, and to what: tests never ask the system's DNS.
+#[derive(Default)]
+pub(crate) struct Names(pub(crate) HashMap<String, IpAddr>);
+
+impl Resolve for Names {
+    fn resolve(&self, name: Name) -> Resolving {
+        let found = self.0.get(name.as_str()).map(|ip| SocketAddr::new(*ip, 0));
+        let name = name.as_str().to_owned();
+        Box::pin(async move {
+            let ip = found.ok_or_else(|| format!("{name}: no such name in this test"))?;
+            Ok(Box::new(std::iter::once(ip)) as Addrs)
+        })
+    }
+}
+
+/// Outgoing webhooks of an in-process API and engine: the API's policy for new subscriptions,
+/// the engine's for each send, and the names the engine resolves.
+pub(crate) struct Webhooks {
+    pub(crate) api: Policy,
+    pub(crate) engine: Policy,
+    pub(crate) names: Names,
+}
+
+impl Webhooks {
+    /// Only public targets (the default of a real server), and no names.
+    pub(crate) fn public() -> Webhooks {
+        Webhooks { api: Policy::default(), engine: Policy::default(), names: Names::default() }
+    }
+
+    /// Private targets allowed on both sides (`SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE=true`), for
+    /// tests that deliver to receivers on loopback.
+    pub(crate) fn private() -> Webhooks {
+        let allow = Policy { allow_private: true };
+        Webhooks { api: allow, engine: allow, names: Names::default() }
+    }
+}
+
 impl App {
-    /// A fresh database and the router on 127.0.0.1:0.
+    /// A fresh database and the router on 127.0.0.1:0; webhooks may name only public targets.
     pub(crate) async fn start() -> App {
+        App::start_with(Policy::default()).await
+    }
+
+    async fn start_with(webhooks: Policy) -> App {
         let db = test_db().await;
         let state = AppState::new(db.pool.clone(), &db.url);
+        state.use_webhook_policy(webhooks);
         let github = FakeOauth::start().await;
         state.use_github_user_api(&github.url);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
@@ -81,17 +130,22 @@ impl App {
 
     /// Also runs an engine with the test executor in this process.
     pub(crate) async fn with_engine() -> App {
-        App::with_engine_executing(true).await
+        App::with_engine_executing(true, Webhooks::public()).await
     }
 
     /// Also runs an engine in this process that leaves crew steps to hosts (no test executor).
     pub(crate) async fn with_host_engine() -> App {
-        App::with_engine_executing(false).await
+        App::with_engine_executing(false, Webhooks::public()).await
     }
 
-    async fn with_engine_executing(test_executor: bool) -> App {
-        let mut app = App::start().await;
-        app.start_engine(test_executor);
+    /// Also runs an engine with the test executor, with these webhook settings.
+    pub(crate) async fn with_webhooks(webhooks: Webhooks) -> App {
+        App::with_engine_executing(true, webhooks).await
+    }
+
+    async fn with_engine_executing(test_executor: bool, webhooks: Webhooks) -> App {
+        let mut app = App::start_with(webhooks.api).await;
+        app.start_engine(test_executor, webhooks);
         app
     }
 
@@ -102,6 +156,7 @@ impl App {
         let db = test_db().await;
         let state = AppState::new(db.pool.clone(), &db.url);
         state.use_limits(limits);
+        let github = FakeOauth::start().await;
         let app = api::cli::app(&state, Some(webhook_secret.to_owned().into()), api::console::ConsoleConfig::default());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let base = format!("http://{}", listener.local_addr().expect("local addr"));
@@ -115,12 +170,12 @@ impl App {
             let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
             let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
         });
-        let mut app = App { db, base, http: reqwest::Client::new(), stop, engine: None };
-        app.start_engine(true);
+        let mut app = App { db, github, base, http: reqwest::Client::new(), stop, engine: None };
+        app.start_engine(true, Webhooks::public());
         app
     }
 
-    fn start_engine(&mut self, test_executor: bool) {
+    fn start_engine(&mut self, test_executor: bool, webhooks: Webhooks) {
         let stop = CancellationToken::new();
         let cfg = PoolConfig {
             id: "api-test-engine".into(),
@@ -130,6 +185,7 @@ impl App {
             drain: Duration::from_secs(5),
             test_executor: test_executor.then_some(TestExecutor { effects: None }),
             outputs: None,
+            webhooks: WebhookClient::with_resolver(webhooks.engine, Arc::new(webhooks.names)).expect("the delivery client builds"),
         };
         tokio::spawn(pool::run(self.db.pool.clone(), cfg, stop.clone(), stop.clone()));
         self.engine = Some(stop);

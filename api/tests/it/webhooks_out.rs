@@ -2,7 +2,14 @@
 //! gets the third (retried with backoff by the engine, nothing polling); each delivery's
 //! signature verifies with the subscription's secret; the delivery log shows every attempt with
 //! the receiver's answer; an API call replays a delivery, which arrives with the same body.
+//!
+//! The walls at send time (`engine::net_guard`): a public name that resolves to 127.0.0.1 and
+//! a stored loopback URL are refused without a connection, failed at once with the reason; the
+//! same name is delivered when private targets are allowed; and a receiver that answers
+//! 100 MB has a few KiB of it read before the engine drops the connection.
 
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,8 +19,9 @@ use hmac::{Hmac, Mac};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use sha2::Sha256;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::App;
+use crate::support::{App, Webhooks};
 
 const BASE: &str = "/api/v1/orgs/acme/projects/web";
 
@@ -68,7 +76,7 @@ fn verifies(secret: &str, r: &Received) -> bool {
 
 #[tokio::test]
 async fn a_failing_receiver_gets_the_third_attempt_signed_and_a_replay_arrives_again() {
-    let app = App::with_engine().await;
+    let app = App::with_webhooks(Webhooks::private()).await;
     let org = app.org("acme").await;
     let (url, got) = receiver(2).await;
     let secret = "a-secret-of-the-receiver-0123456789";
@@ -127,5 +135,213 @@ async fn a_failing_receiver_gets_the_third_attempt_signed_and_a_replay_arrives_a
     // Only the events it subscribed to: nothing for the run's start, steps or waits.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(got.lock().unwrap().len(), 4);
+    app.finish().await;
+}
+
+/// Cancels a run parked at its approval: one `run.cancelled` event, so one delivery per
+/// subscription to it.
+async fn cancelled_run(app: &App, org: &crate::support::Org) -> String {
+    let run = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "approve" })), StatusCode::CREATED).await;
+    let run = run["id"].as_str().unwrap().to_owned();
+    app.until(run.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
+    app.json(Method::POST, &format!("{BASE}/runs/{run}/cancel"), &org.member, None, StatusCode::OK).await;
+    run
+}
+
+/// Waits until `sql` answers `want`.
+async fn until_count(app: &App, sql: &str, want: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let got: i64 = sqlx::query_scalar(sql).fetch_one(app.pool()).await.unwrap();
+        if got == want {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{sql}: {got}, expected {want}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A listener on 127.0.0.1:0 that counts the connections made to it and closes each.
+async fn connection_counter() -> (u16, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    (port, accepted)
+}
+
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+#[tokio::test]
+async fn a_public_name_resolving_to_loopback_is_refused_at_send_and_never_connected_to() {
+    let (port, accepted) = connection_counter().await;
+    // Public targets only, as a server by default; the engine's resolver answers 127.0.0.1 for
+    // a public-looking name, as an attacker's DNS would once the subscription is made.
+    let mut webhooks = Webhooks::public();
+    webhooks.names.0.insert("hooks.example.com".into(), LOOPBACK);
+    let app = App::with_webhooks(webhooks).await;
+    let org = app.org("acme").await;
+    // The API takes the name: it looks public, and the API resolves nothing.
+    let named = app
+        .json(Method::POST, &format!("{BASE}/webhooks"), &org.admin, Some(&json!({ "url": format!("http://hooks.example.com:{port}/hook"), "events": ["run.cancelled"] })), StatusCode::CREATED)
+        .await;
+    let named = named["id"].as_str().unwrap().to_owned();
+    // A subscription stored before the check existed (or while private targets were allowed),
+    // in the decimal spelling of 127.0.0.1: checked again at send.
+    sqlx::query(
+        "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) \
+         VALUES ($1, $2, gen_random_uuid(), $3, 'a-secret-of-sixteen-chars', ARRAY['run.cancelled'], 'test')",
+    )
+    .bind(org.id)
+    .bind(org.project)
+    .bind(format!("http://2130706433:{port}/hook"))
+    .execute(app.pool())
+    .await
+    .unwrap();
+
+    cancelled_run(&app, &org).await;
+    // Both deliveries fail at their first attempt, and are not retried.
+    until_count(&app, "SELECT count(*) FROM webhook_deliveries WHERE state = 'failed'", 2).await;
+    // One attempt each, with no status and no answer: only the reason.
+    let attempts: Vec<(i32, Option<String>)> = sqlx::query_as(
+        "SELECT d.attempts, a.error FROM webhook_deliveries d JOIN webhook_attempts a USING (delivery_id) \
+         WHERE a.status IS NULL AND a.response IS NULL ORDER BY a.error",
+    )
+    .fetch_all(app.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        attempts,
+        [(1, Some("refused: 127.0.0.1 is a loopback address".to_owned())), (1, Some("refused: hooks.example.com resolves to an internal address".to_owned()))]
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE kind = 'webhook'").fetch_one(app.pool()).await.unwrap();
+    assert_eq!(left, 0, "a refused delivery is not due again");
+    // The admin's delivery log says why, and nothing of any answer.
+    let log = app.json(Method::GET, &format!("{BASE}/webhooks/{named}/deliveries"), &org.admin, None, StatusCode::OK).await;
+    let delivery = &log["items"][0];
+    assert_eq!((delivery["state"].as_str(), delivery["last_error"].as_str(), delivery["next_at"].as_str()), (Some("failed"), Some("refused: hooks.example.com resolves to an internal address"), None), "{log}");
+    // The deliveries are recorded after the send was refused: no connection was ever made.
+    assert_eq!(accepted.load(Ordering::SeqCst), 0, "the loopback listener was connected to");
+    app.finish().await;
+}
+
+#[tokio::test]
+async fn with_private_targets_allowed_the_same_name_is_delivered() {
+    // The control of the test above: the same resolver, an engine that allows private targets
+    // (`SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`): the name reaches the receiver on loopback.
+    let (url, got) = receiver(0).await;
+    let port = url.rsplit_once(':').unwrap().1.trim_end_matches("/hook").to_owned();
+    let mut webhooks = Webhooks::public();
+    webhooks.engine.allow_private = true;
+    webhooks.names.0.insert("hooks.example.com".into(), LOOPBACK);
+    let app = App::with_webhooks(webhooks).await;
+    let org = app.org("acme").await;
+    app.json(Method::POST, &format!("{BASE}/webhooks"), &org.admin, Some(&json!({ "url": format!("http://hooks.example.com:{port}/hook"), "events": ["run.cancelled"] })), StatusCode::CREATED)
+        .await;
+    // The API's own policy still refuses a loopback URL.
+    let (status, headers, body) = app
+        .send(Method::POST, &format!("{BASE}/webhooks"), Some(&org.admin), Some(&json!({ "url": format!("http://127.0.0.1:{port}/hook") })))
+        .await;
+    let problem = crate::support::problem(status, &headers, &body);
+    assert_eq!((status, problem.detail.as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "url must not point inside the network: 127.0.0.1 is a loopback address"));
+
+    cancelled_run(&app, &org).await;
+    let one = until_received(&got, 1).await;
+    assert_eq!(one[0].headers["host"], format!("hooks.example.com:{port}"));
+    until_count(&app, "SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'", 1).await;
+    app.finish().await;
+}
+
+/// 100 MB: what a receiver tries to make an engine read.
+const FLOOD: u64 = 100 * 1024 * 1024;
+
+/// A receiver on 127.0.0.1:0 that answers each request 200 with a 100 MB body, written as fast
+/// as the connection takes it, and adds up the body bytes it managed to write before the
+/// connection was closed on it; `ended` counts the connections that are over.
+async fn flood() -> (String, Arc<AtomicU64>, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (written, ended) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (w, e) = (written.clone(), ended.clone());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let (w, e) = (w.clone(), e.clone());
+            tokio::spawn(async move {
+                // The request: its head, then the body its Content-Length announces.
+                let mut request = Vec::new();
+                let mut buf = [0u8; 8192];
+                let head_end = loop {
+                    let n = conn.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        e.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    request.extend_from_slice(&buf[..n]);
+                    if let Some(i) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&request[..head_end]).to_ascii_lowercase();
+                let length: usize = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+                while request.len() < head_end + length {
+                    let n = conn.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    request.extend_from_slice(&buf[..n]);
+                }
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {FLOOD}\r\n\r\n");
+                if conn.write_all(answer.as_bytes()).await.is_ok() {
+                    let chunk = vec![b'a'; 64 * 1024];
+                    let mut sent = 0u64;
+                    while sent < FLOOD {
+                        let left = usize::try_from(FLOOD - sent).unwrap_or(usize::MAX).min(chunk.len());
+                        let n = match conn.write(&chunk[..left]).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        sent += n as u64;
+                        w.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                }
+                e.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (url, written, ended)
+}
+
+#[tokio::test]
+async fn a_receiver_answering_100_mb_has_a_few_kib_read_and_its_connection_dropped() {
+    let (url, written, ended) = flood().await;
+    let app = App::with_webhooks(Webhooks::private()).await;
+    let org = app.org("acme").await;
+    app.json(Method::POST, &format!("{BASE}/webhooks"), &org.admin, Some(&json!({ "url": url, "events": ["run.cancelled"] })), StatusCode::CREATED).await;
+    cancelled_run(&app, &org).await;
+
+    // Delivered on its 200, with the first 1,000 characters of the answer kept.
+    until_count(&app, "SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'", 1).await;
+    let (status, response): (Option<i32>, Option<String>) = sqlx::query_as("SELECT status, response FROM webhook_attempts").fetch_one(app.pool()).await.unwrap();
+    assert_eq!(status, Some(200));
+    assert_eq!(response.as_deref(), Some("a".repeat(1000).as_str()));
+    // The engine dropped the connection: the receiver's writes fail. Had the engine read the
+    // answer through, it would have taken all 100 MB; had it kept the connection without
+    // reading, the receiver would still be blocked in a write.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while ended.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the receiver is still writing: {} bytes so far", written.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let written = written.load(Ordering::SeqCst);
+    // What the receiver wrote is what the kernel's socket buffers took (a few MiB at most on
+    // loopback), not what the engine read, which is 4 KiB.
+    eprintln!("the receiver wrote {written} of {FLOOD} bytes before the engine dropped the connection");
+    assert!(written < 16 * 1024 * 1024, "the receiver wrote {written} bytes: the engine read the answer");
     app.finish().await;
 }

@@ -7,6 +7,9 @@
 //! records the attempt here: delivered on a 2xx, otherwise due again after a backoff (1 s,
 //! 4 s, 16 s, … an hour) until it is given up after [`rules::WEBHOOK_ATTEMPTS`] attempts.
 //! A replay sends a delivery's body again as a new delivery.
+//!
+//! A subscription's URL must be a target the [`Policy`] allows (`crate::net_guard`): it is
+//! checked here when it is made, and again by the engine at each send, after resolution.
 
 use std::time::Duration;
 
@@ -19,6 +22,7 @@ use uuid::Uuid;
 use super::{cap, jobs, Change, Result, StoreError};
 use crate::admission as rules;
 use crate::ids::{OrgId, ProjectId, RunId, StepId};
+use crate::net_guard::{Policy, Refused};
 
 /// The job kind of a delivery.
 pub const JOB: &str = "webhook";
@@ -45,10 +49,15 @@ pub struct Subscription {
     pub created_at: DateTime<Utc>,
 }
 
-fn check(url: &str, events: &[String]) -> Result<()> {
+fn check(url: &str, events: &[String], policy: Policy) -> Result<()> {
     let scheme_ok = url.starts_with("https://") || url.starts_with("http://");
     if !scheme_ok || url.len() > 2048 || url.chars().any(|c| c.is_whitespace() || c.is_control()) || url.split("://").nth(1).is_none_or(str::is_empty) {
-        return Err(StoreError::Invalid("url must be an http:// or https:// URL".into()));
+        return Err(StoreError::Invalid(Refused::NotHttp.to_string()));
+    }
+    match policy.target(url) {
+        Ok(_) => {}
+        Err(e @ Refused::Host { .. }) => return Err(StoreError::Invalid(format!("url must not point inside the network: {e}"))),
+        Err(e) => return Err(StoreError::Invalid(e.to_string())),
     }
     if events.is_empty() || events.len() > 50 {
         return Err(StoreError::Invalid("events must name 1 to 50 event types (`run.*`, `run.failed`, `*`)".into()));
@@ -62,10 +71,10 @@ fn check(url: &str, events: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Subscribes a URL to a project's events. Without a secret one is made; it is returned here
-/// and never shown again.
-pub async fn create(ch: &mut Change, org: OrgId, project: ProjectId, url: &str, secret: Option<&str>, events: &[String]) -> Result<(Uuid, String)> {
-    check(url, events)?;
+/// Subscribes a URL to a project's events, when `policy` allows its target. Without a secret
+/// one is made; it is returned here and never shown again.
+pub async fn create(ch: &mut Change, org: OrgId, project: ProjectId, url: &str, secret: Option<&str>, events: &[String], policy: Policy) -> Result<(Uuid, String)> {
+    check(url, events, policy)?;
     let secret = match secret {
         Some(s) if (16..=256).contains(&s.chars().count()) => s.to_owned(),
         Some(_) => return Err(StoreError::Invalid("secret must be 16 to 256 characters".into())),
@@ -231,6 +240,9 @@ pub enum Answer {
     Status(u16, String),
     /// It did not answer: refused, timed out, a TLS or DNS failure.
     Error(String),
+    /// It was not sent: its target is inside the network (`crate::net_guard`). Final: the
+    /// delivery fails without further attempts (see `crate::jobs`).
+    Refused(String),
 }
 
 /// Records an attempt; returns the delay until the next one, when there is one. Fenced by the
@@ -238,10 +250,11 @@ pub enum Answer {
 pub async fn record(ch: &mut Change, org: OrgId, delivery: Uuid, attempt: i32, answer: &Answer, took: Duration) -> Result<Option<Duration>> {
     let (status, response, error) = match answer {
         Answer::Status(s, body) => (Some(i32::from(*s)), Some(body.chars().take(1000).collect::<String>()), None),
-        Answer::Error(e) => (None, None, Some(cap(e))),
+        Answer::Error(e) | Answer::Refused(e) => (None, None, Some(cap(e))),
     };
     let delivered = status.is_some_and(|s| (200..300).contains(&s));
-    let next = (!delivered && attempt < rules::WEBHOOK_ATTEMPTS).then(|| rules::webhook_backoff(attempt));
+    let retried = !delivered && !matches!(answer, Answer::Refused(_)) && attempt < rules::WEBHOOK_ATTEMPTS;
+    let next = retried.then(|| rules::webhook_backoff(attempt));
     let state = match (delivered, next) {
         (true, _) => "delivered",
         (false, Some(_)) => "pending",

@@ -43,6 +43,7 @@ pub(crate) fn start_engine(db: &PgPool, url: &str, id: &str) -> CancellationToke
         drain: Duration::from_secs(5),
         test_executor: Some(TestExecutor { effects: None }),
         outputs: None,
+        webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
     };
     tokio::spawn(pool::run(db.clone(), cfg, stop.clone(), stop.clone()));
     stop

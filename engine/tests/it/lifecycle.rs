@@ -49,6 +49,7 @@ fn engine(db: &engine::testkit::TestDb, id: &str, executor: bool, effects: Optio
         drain: Duration::from_secs(5),
         test_executor: executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) }),
         outputs: None,
+        webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
     };
     let task = tokio::spawn(pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     Eng { drain, abort, task }

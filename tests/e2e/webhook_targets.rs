@@ -1,0 +1,162 @@
+//! Outgoing webhooks' targets on a real `shopfloor api`: with the default settings every
+//! internal address, in each of its spellings, and every local or metadata name is refused
+//! when the subscription is made (422 problem+json, nothing stored, nothing audited); a public
+//! URL is taken. With `SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE=true` loopback and private targets are
+//! taken, and metadata, link-local and unspecified ones are still refused.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engine::ids::Slug;
+use engine::store::{tenants, Actor, Change};
+use engine::testkit::{test_db, TestDb};
+use serde_json::{json, Value};
+use shopfloor_tests::shopfloor_bin;
+
+const WEBHOOKS: &str = "/api/v1/orgs/acme/projects/web/webhooks";
+
+/// Each internal target, with the words of its refusal.
+const INTERNAL: &[(&str, &str)] = &[
+    ("http://127.0.0.1:8080/hook", "127.0.0.1 is a loopback address"),
+    ("http://2130706433/hook", "127.0.0.1 is a loopback address"),
+    ("http://0x7f000001/hook", "127.0.0.1 is a loopback address"),
+    ("http://0177.0.0.1/hook", "127.0.0.1 is a loopback address"),
+    ("http://127.1/hook", "127.0.0.1 is a loopback address"),
+    ("http://[::1]/hook", "[::1] is a loopback address"),
+    ("http://[::ffff:127.0.0.1]/hook", "[::ffff:7f00:1] is a loopback address"),
+    ("http://[::ffff:7f00:1]/hook", "[::ffff:7f00:1] is a loopback address"),
+    ("http://[::127.0.0.1]/hook", "[::7f00:1] is a loopback address"),
+    ("http://[64:ff9b::127.0.0.1]/hook", "[64:ff9b::7f00:1] is a loopback address"),
+    ("http://[2002:7f00:1::]/hook", "[2002:7f00:1::] is a loopback address"),
+    ("http://localhost:3000/hook", "localhost is a loopback address"),
+    ("http://app.localhost/hook", "app.localhost is a loopback address"),
+    ("http://0.0.0.0/hook", "0.0.0.0 is the unspecified address"),
+    ("http://[::]/hook", "[::] is the unspecified address"),
+    ("http://10.0.0.1/hook", "10.0.0.1 is a private address"),
+    ("http://172.16.5.4/hook", "172.16.5.4 is a private address"),
+    ("http://192.168.1.1/hook", "192.168.1.1 is a private address"),
+    ("http://[::ffff:192.168.1.1]/hook", "[::ffff:c0a8:101] is a private address"),
+    ("http://[fd12:3456::1]/hook", "[fd12:3456::1] is a private address"),
+    ("http://100.64.0.1/hook", "100.64.0.1 is a carrier-grade NAT address"),
+    ("http://169.254.10.10/hook", "169.254.10.10 is a link-local address"),
+    ("http://[fe80::1]/hook", "[fe80::1] is a link-local address"),
+    ("http://169.254.169.254/latest/meta-data/", "169.254.169.254 is a cloud metadata address"),
+    ("http://2852039166/latest/meta-data/", "169.254.169.254 is a cloud metadata address"),
+    ("http://[::ffff:169.254.169.254]/", "[::ffff:a9fe:a9fe] is a cloud metadata address"),
+    ("http://[fd00:ec2::254]/latest/meta-data/", "[fd00:ec2::254] is a cloud metadata address"),
+    ("http://metadata.google.internal/computeMetadata/v1/", "metadata.google.internal is a cloud metadata address"),
+    ("http://224.0.0.1/hook", "224.0.0.1 is a multicast address"),
+    ("http://[ff02::1]/hook", "[ff02::1] is a multicast address"),
+    ("http://255.255.255.255/hook", "255.255.255.255 is the broadcast address"),
+    ("http://0.1.2.3/hook", "0.1.2.3 is a reserved address"),
+    ("http://192.0.0.8/hook", "192.0.0.8 is a reserved address"),
+    ("http://198.18.0.1/hook", "198.18.0.1 is a reserved address"),
+    ("http://240.0.0.1/hook", "240.0.0.1 is a reserved address"),
+];
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `shopfloor api` on the test's database with these extra variables; its base URL.
+async fn api(db: &TestDb, env: &[(&str, &str)]) -> (Killed, String) {
+    let port = free_port();
+    let mut cmd = Command::new(shopfloor_bin());
+    cmd.args(["api", "--log", "warn"]).env("DATABASE_URL", &db.url).env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}")).env_remove("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = Killed(cmd.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().expect("spawn shopfloor api"));
+    let base = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = reqwest::get(format!("{base}/readyz")).await {
+            if r.status() == 200 {
+                return (child, base);
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "shopfloor api did not become ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Org `acme` with project `web`; the owner's token.
+async fn seed(db: &TestDb) -> String {
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
+    tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
+    let token = api::auth::issue_user_token(&mut ch, api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "targets", ttl: chrono::Duration::hours(1) })
+        .await
+        .unwrap();
+    ch.commit().await.unwrap();
+    token
+}
+
+/// POSTs a subscription to `url`; the status and the body (a problem's detail is checked to
+/// come with its content type).
+async fn subscribe(base: &str, token: &str, url: &str) -> (u16, Value) {
+    let r = reqwest::Client::new().post(format!("{base}{WEBHOOKS}")).bearer_auth(token).json(&json!({ "url": url, "events": ["run.completed"] })).send().await.unwrap();
+    let status = r.status().as_u16();
+    let kind = r.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    if status >= 400 {
+        assert_eq!(kind, "application/problem+json", "{url}: {body}");
+    }
+    (status, body)
+}
+
+async fn stored(db: &TestDb) -> (i64, i64) {
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_subscriptions").fetch_one(&db.pool).await.unwrap();
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'webhook.create'").fetch_one(&db.pool).await.unwrap();
+    (rows, audited)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn internal_targets_are_refused_when_a_webhook_is_made() {
+    let db = test_db().await;
+    let token = seed(&db).await;
+    let (server, base) = api(&db, &[]).await;
+
+    for (url, why) in INTERNAL {
+        let (status, problem) = subscribe(&base, &token, url).await;
+        assert_eq!(status, 422, "{url}: {problem}");
+        assert_eq!(problem["detail"], format!("url must not point inside the network: {why}"), "{url}");
+    }
+    for (url, why) in [
+        ("http://user:secret@hooks.example.com/hook", "url must not carry a user name or password"),
+        ("ftp://hooks.example.com/hook", "url must be an http:// or https:// URL"),
+    ] {
+        let (status, problem) = subscribe(&base, &token, url).await;
+        assert_eq!((status, problem["detail"].as_str()), (422, Some(why)), "{url}: {problem}");
+    }
+    assert_eq!(stored(&db).await, (0, 0), "a refused subscription left a row");
+
+    // A public URL is taken (its name is judged again, after resolution, at each send).
+    let (status, made) = subscribe(&base, &token, "https://hooks.example.com/shopfloor").await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(stored(&db).await, (1, 1));
+    drop(server);
+
+    // On premises: loopback and private targets are taken; metadata and the like are not.
+    let (_server, base) = api(&db, &[("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true")]).await;
+    for url in ["http://127.0.0.1:8080/hook", "http://2130706433/hook", "http://[::1]/hook", "http://10.0.0.1/hook", "http://localhost:3000/hook", "http://100.64.0.1/hook"] {
+        let (status, made) = subscribe(&base, &token, url).await;
+        assert_eq!(status, 201, "{url}: {made}");
+    }
+    for url in ["http://169.254.169.254/latest/meta-data/", "http://[fd00:ec2::254]/", "http://metadata.google.internal/", "http://169.254.10.10/", "http://0.0.0.0/", "http://255.255.255.255/"] {
+        let (status, problem) = subscribe(&base, &token, url).await;
+        assert_eq!(status, 422, "{url}: {problem}");
+    }
+    assert_eq!(stored(&db).await, (7, 7));
+    db.finish().await;
+}
