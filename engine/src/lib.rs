@@ -16,6 +16,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod pool;
 pub mod schedule;
+pub mod sealing;
 pub mod state;
 pub mod store;
 pub mod substate;
