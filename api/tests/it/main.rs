@@ -11,6 +11,7 @@ mod idempotency;
 mod openapi;
 mod operator;
 mod paging;
+mod signing_keys;
 mod support;
 mod tenancy;
 mod webhooks_out;

@@ -57,7 +57,7 @@ impl App {
     /// A fresh database and the router on 127.0.0.1:0.
     pub(crate) async fn start() -> App {
         let db = test_db().await;
-        let state = AppState::new(db.pool.clone(), &db.url);
+        let state = AppState::new(db.pool.clone(), &db.url, engine::testkit::secret_key());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let base = format!("http://{}", listener.local_addr().expect("local addr"));
         let stop = CancellationToken::new();
@@ -176,7 +176,7 @@ impl App {
     /// an expired one).
     pub(crate) async fn token_for(&self, org: &Org, user: UserId, role: &'static str, ttl: chrono::Duration) -> (uuid::Uuid, String) {
         let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
-        let issued = issue_user_token_with_id(&mut ch, UserToken { org: org.id, user, project: None, role, name: "test", ttl }).await.unwrap();
+        let issued = issue_user_token_with_id(&mut ch, &engine::testkit::secret_key(), UserToken { org: org.id, user, project: None, role, name: "test", ttl }).await.unwrap();
         ch.commit().await.unwrap();
         issued
     }
@@ -205,7 +205,7 @@ impl App {
 }
 
 async fn token(ch: &mut Change, org: OrgId, user: UserId, role: &'static str, ttl: chrono::Duration) -> String {
-    issue_user_token_with_id(ch, UserToken { org, user, project: None, role, name: "test", ttl }).await.unwrap().1
+    issue_user_token_with_id(ch, &engine::testkit::secret_key(), UserToken { org, user, project: None, role, name: "test", ttl }).await.unwrap().1
 }
 
 /// A token whose claims are right but whose signature is made with another secret.
