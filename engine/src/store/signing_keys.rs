@@ -26,6 +26,17 @@ use crate::sealing::SecretKey;
 /// One writer at a time, so two processes starting together agree on one current key.
 const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('shopfloor.signing_keys'))";
 
+/// A row as stored: sealed, or (written by an earlier release) in plaintext.
+#[derive(sqlx::FromRow)]
+struct KeyRow {
+    kid: String,
+    sealed: Option<Vec<u8>>,
+    secret: Option<Vec<u8>>,
+    /// Seconds until its tokens stop verifying (negative once over); read by verification only.
+    #[sqlx(default)]
+    left_secs: Option<f64>,
+}
+
 /// A signing key, opened.
 pub struct SigningKey {
     pub kid: String,
@@ -36,21 +47,21 @@ pub struct SigningKey {
 /// A current key an earlier release stored in plaintext is sealed here.
 pub async fn current(ch: &mut Change, key: &SecretKey) -> Result<SigningKey> {
     sqlx::query(LOCK).execute(&mut *ch.tx).await?;
-    let row: Option<(String, Option<Vec<u8>>, Option<Vec<u8>>)> =
+    let row: Option<KeyRow> =
         sqlx::query_as("SELECT kid, sealed, secret FROM signing_keys WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1")
             .fetch_optional(&mut *ch.tx)
             .await?;
     match row {
-        Some((kid, Some(sealed), _)) => {
+        Some(KeyRow { kid, sealed: Some(sealed), .. }) => {
             let secret = key.open(&kid, &sealed)?;
             Ok(SigningKey { kid, secret })
         }
-        Some((kid, None, Some(plaintext))) => {
+        Some(KeyRow { kid, sealed: None, secret: Some(plaintext), .. }) => {
             seal_row(ch, key, &kid, &plaintext).await?;
             Ok(SigningKey { kid, secret: SecretBox::new(plaintext.into_boxed_slice()) })
         }
         // The table's CHECK keeps one of the two.
-        Some((kid, None, None)) => Err(StoreError::Invalid(format!("signing key `{kid}` has no secret"))),
+        Some(KeyRow { kid, sealed: None, secret: None, .. }) => Err(StoreError::Invalid(format!("signing key `{kid}` has no secret"))),
         None => create(ch, key).await,
     }
 }
@@ -161,20 +172,20 @@ pub struct VerifyingKey {
 /// still in plaintext (written by an earlier release's replica) is used as it is; the next
 /// start or the next token issued seals it.
 pub async fn verifying(db: &PgPool, key: &SecretKey, kid: &str) -> Result<Option<VerifyingKey>> {
-    let row: Option<(Option<Vec<u8>>, Option<Vec<u8>>, Option<f64>)> = sqlx::query_as(
-        "SELECT sealed, secret, EXTRACT(EPOCH FROM verify_until - now())::float8 FROM signing_keys WHERE kid = $1",
+    let row: Option<KeyRow> = sqlx::query_as(
+        "SELECT kid, sealed, secret, EXTRACT(EPOCH FROM verify_until - now())::float8 AS left_secs FROM signing_keys WHERE kid = $1",
     )
     .bind(kid)
     .fetch_optional(db)
     .await?;
-    let Some((sealed, plaintext, left)) = row else { return Ok(None) };
+    let Some(KeyRow { sealed, secret: plaintext, left_secs, .. }) = row else { return Ok(None) };
     let secret = match (sealed, plaintext) {
         (Some(sealed), _) => key.open(kid, &sealed)?,
         (None, Some(plaintext)) => SecretBox::new(plaintext.into_boxed_slice()),
         (None, None) => return Err(StoreError::Invalid(format!("signing key `{kid}` has no secret"))),
     };
     // A grace already over is negative here: nothing left.
-    Ok(Some(VerifyingKey { secret, verifies_for: left.map(|secs| Duration::from_secs_f64(secs.max(0.0))) }))
+    Ok(Some(VerifyingKey { secret, verifies_for: left_secs.map(|secs| Duration::from_secs_f64(secs.max(0.0))) }))
 }
 
 /// Makes a new current key, sealed.
