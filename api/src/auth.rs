@@ -1,12 +1,16 @@
 //! API tokens: JWTs signed by the service (HS256), each with a `jti` row in `api_tokens` so
 //! it can be listed and revoked. The header's `kid` names the signing key, so keys rotate
-//! without invalidating live tokens.
+//! without invalidating live tokens. Signing keys are stored sealed with the service's secret
+//! key (`SHOPFLOOR_SECRET_KEY`), which is why every function here takes it.
 
 use chrono::{Duration, Utc};
 use engine::ids::{HostId, OrgId, ProjectId, UserId};
+use engine::sealing::SecretKey;
+use engine::store::signing_keys;
 use engine::store::tenants::{self, TokenRecord};
 use engine::store::{Change, StoreError};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
 
 /// What a token says. `org` is the org's id; `role` one of owner, admin, member, viewer, host.
@@ -34,26 +38,27 @@ pub struct UserToken<'a> {
 }
 
 /// Records a token and returns it signed. The signed text is shown once and never stored.
-pub async fn issue_user_token(ch: &mut Change, t: UserToken<'_>) -> Result<String, StoreError> {
-    issue_user_token_with_id(ch, t).await.map(|(_, token)| token)
+pub async fn issue_user_token(ch: &mut Change, key: &SecretKey, t: UserToken<'_>) -> Result<String, StoreError> {
+    issue_user_token_with_id(ch, key, t).await.map(|(_, token)| token)
 }
 
 /// As [`issue_user_token`], with the token's `jti` (its id in `api_tokens`).
-pub async fn issue_user_token_with_id(ch: &mut Change, t: UserToken<'_>) -> Result<(uuid::Uuid, String), StoreError> {
+pub async fn issue_user_token_with_id(ch: &mut Change, key: &SecretKey, t: UserToken<'_>) -> Result<(uuid::Uuid, String), StoreError> {
     let spec = Spec { org: t.org, kind: "user", user: Some(t.user), host: None, project: t.project, role: t.role, name: t.name, ttl: t.ttl, sub: t.user.to_string() };
-    issue(ch, spec).await.map(|(jti, token, _)| (jti, token))
+    issue(ch, key, spec).await.map(|(jti, token, _)| (jti, token))
 }
 
 /// A token that registers one host in a project (kind `registration`, role `host`): it can
 /// only call the registration route. Returns its `jti`, the signed text and its expiry.
 pub async fn issue_registration_token(
     ch: &mut Change,
+    key: &SecretKey,
     org: OrgId,
     project: ProjectId,
     name: &str,
     ttl: Duration,
 ) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
-    issue(ch, Spec { org, kind: "registration", user: None, host: None, project: Some(project), role: "host", name, ttl, sub: format!("project:{project}") }).await
+    issue(ch, key, Spec { org, kind: "registration", user: None, host: None, project: Some(project), role: "host", name, ttl, sub: format!("project:{project}") }).await
 }
 
 /// A host's credential (kind `host`, role `host`), made when a registration token registers
@@ -61,13 +66,14 @@ pub async fn issue_registration_token(
 /// its expiry. Deregistering the host revokes it.
 pub async fn issue_host_credential(
     ch: &mut Change,
+    key: &SecretKey,
     org: OrgId,
     project: ProjectId,
     host: HostId,
     name: &str,
     ttl: Duration,
 ) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
-    issue(ch, Spec { org, kind: "host", user: None, host: Some(host), project: Some(project), role: "host", name, ttl, sub: format!("host:{host}") }).await
+    issue(ch, key, Spec { org, kind: "host", user: None, host: Some(host), project: Some(project), role: "host", name, ttl, sub: format!("host:{host}") }).await
 }
 
 struct Spec<'a> {
@@ -83,8 +89,9 @@ struct Spec<'a> {
 }
 
 /// Records a token's row and signs its claims with the current key.
-async fn issue(ch: &mut Change, t: Spec<'_>) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
-    let (kid, secret) = tenants::current_signing_key(ch).await?;
+async fn issue(ch: &mut Change, key: &SecretKey, t: Spec<'_>) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
+    let signing = signing_keys::current(ch, key).await?;
+    let kid = signing.kid.clone();
     let jti = uuid::Uuid::now_v7();
     let now = Utc::now();
     let expires_at = now + t.ttl;
@@ -116,6 +123,6 @@ async fn issue(ch: &mut Change, t: Spec<'_>) -> Result<(uuid::Uuid, String, chro
     };
     let mut header = Header::new(Algorithm::HS256);
     header.kid = Some(kid);
-    let token = encode(&header, &claims, &EncodingKey::from_secret(&secret)).map_err(|e| StoreError::Invalid(format!("cannot sign token: {e}")))?;
+    let token = encode(&header, &claims, &EncodingKey::from_secret(signing.secret.expose_secret())).map_err(|e| StoreError::Invalid(format!("cannot sign token: {e}")))?;
     Ok((jti, token, expires_at))
 }

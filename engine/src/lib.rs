@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod net_guard;
 pub mod pool;
 pub mod schedule;
+pub mod sealing;
 pub mod state;
 pub mod store;
 pub mod substate;

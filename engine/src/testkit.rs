@@ -25,6 +25,16 @@ const TEMPLATE_LOCK: i64 = 0x7368_6f70_666c_6f6f;
 /// Connections in a test database's pool.
 const POOL_SIZE: u32 = 20;
 
+/// The `SHOPFLOOR_SECRET_KEY` of every test: what spawned `serve`/`api` processes are given and
+/// what tests that issue tokens in-process seal signing keys with. A constant, so that a test's
+/// processes and the test itself agree without passing it around.
+pub const SECRET_KEY: &str = "c2hvcGZsb29yIHRlc3RzOiAzMiBieXRlcyBvZiBrZXk=";
+
+/// [`SECRET_KEY`], parsed.
+pub fn secret_key() -> crate::sealing::SecretKey {
+    crate::sealing::SecretKey::parse(SECRET_KEY).unwrap_or_else(|e| panic!("testkit::SECRET_KEY {e}"))
+}
+
 /// A database of one test's own.
 pub struct TestDb {
     /// A pool on the test's database.

@@ -255,7 +255,7 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
 
 async fn register_host(app: &App, org: &crate::support::Org) -> HostRow {
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-    let (jti, _, _) = api::auth::issue_registration_token(&mut ch, org.id, org.project, "builder", chrono::Duration::hours(1)).await.unwrap();
+    let (jti, _, _) = api::auth::issue_registration_token(&mut ch, &engine::testkit::secret_key(), org.id, org.project, "builder", chrono::Duration::hours(1)).await.unwrap();
     let caps = [Capability::parse("linux").unwrap()];
     let id = host_store::register(&mut ch, &NewHost { org: org.id, project: org.project, name: "builder-1", capabilities: &caps, max_concurrent: 1, registration: jti })
         .await

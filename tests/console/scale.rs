@@ -171,6 +171,7 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
     let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System).await.unwrap();
     let token = api::auth::issue_user_token(
         &mut ch,
+        &engine::testkit::secret_key(),
         api::auth::UserToken { org: acme.id, user: acme.owner, project: None, role: "owner", name: "console session", ttl: chrono::Duration::hours(1) },
     )
     .await
@@ -198,7 +199,7 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
         // A state and pool of their own per page: closing the pool makes its backends report
         // their table statistics at once.
         let pool = engine::db::connect(&app.db.url, 4).await.unwrap();
-        let state = AppState::new(pool.clone(), &app.db.url);
+        let state = AppState::new(pool.clone(), &app.db.url, engine::testkit::secret_key());
         let router = console_app(state.clone(), Default::default());
         tokio::time::sleep(Duration::from_millis(300)).await;
         let warm = measure(&router, &cookie, path).await;

@@ -100,7 +100,7 @@ impl App {
         init_tracing();
         let db = test_db().await;
         let oauth = FakeOauth::start().await;
-        let state = AppState::new(db.pool.clone(), &db.url);
+        let state = AppState::new(db.pool.clone(), &db.url, engine::testkit::secret_key());
         if let Some(app) = github_app {
             state.use_github_app(app);
         }
@@ -170,8 +170,8 @@ impl App {
         let (slow, _) = workflows::put_version(&mut ch, id, project, "slow", SLOW).await.unwrap();
         let viewer = api_writes::add_member(&mut ch, id, &format!("viewer@{slug}.test"), "viewer").await.unwrap();
         let issue = |user, role| api::auth::UserToken { org: id, user, project: None, role, name: "test", ttl: chrono::Duration::days(1) };
-        let owner_token = api::auth::issue_user_token(&mut ch, issue(owner, "owner")).await.unwrap();
-        let viewer_token = api::auth::issue_user_token(&mut ch, issue(viewer, "viewer")).await.unwrap();
+        let owner_token = api::auth::issue_user_token(&mut ch, &engine::testkit::secret_key(), issue(owner, "owner")).await.unwrap();
+        let viewer_token = api::auth::issue_user_token(&mut ch, &engine::testkit::secret_key(), issue(viewer, "viewer")).await.unwrap();
         ch.commit().await.unwrap();
         // Test setup: people's GitHub logins are recorded by whoever adds them (not yet an API).
         sqlx::query("UPDATE users SET github_login = $2 WHERE user_id = $1").bind(owner).bind(format!("{slug}-owner")).execute(pool).await.unwrap();

@@ -24,6 +24,7 @@ fn check(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     cmd.arg("check").args(args).env("SHOPFLOOR_LOG", "off");
     for var in [
         "DATABASE_URL",
+        "SHOPFLOOR_SECRET_KEY",
         "SHOPFLOOR_GITHUB_WEBHOOK_SECRET",
         "SHOPFLOOR_GITHUB_APP_ID",
         "SHOPFLOOR_GITHUB_APP_KEY",
@@ -76,21 +77,28 @@ async fn a_ready_server_passes_every_check() {
         installations::connect_for_test(&mut ch, org, project, 77, "Acme", "Acme/Widgets").await.unwrap();
         // The first token makes the first signing key.
         let user = api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "first", ttl: chrono::Duration::hours(1) };
-        api::auth::issue_user_token(&mut ch, user).await.unwrap();
+        api::auth::issue_user_token(&mut ch, &engine::testkit::secret_key(), user).await.unwrap();
         ch.commit().await.unwrap();
         let key = key_file();
         let env = [
             ("DATABASE_URL", db.url.as_str()),
+            ("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY),
             ("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", "a webhook secret"),
             ("SHOPFLOOR_GITHUB_APP_ID", "1"),
             ("SHOPFLOOR_GITHUB_APP_KEY_FILE", key.to_str().unwrap()),
             ("SHOPFLOOR_GITHUB_API_URL", fake.url.as_str()),
         ];
         // The fake GitHub answers on the runtime's other threads meanwhile.
-        tokio::task::block_in_place(|| check(&[], &env))
+        let ready = tokio::task::block_in_place(|| check(&[], &env));
+        // Another secret key than the one that sealed the signing key.
+        let other = "b3RoZXIga2V5IG9mIGV4YWN0bHkgMzIgYnl0ZXMgLi4=";
+        let (wrong, wrong_out) = tokio::task::block_in_place(|| check(&[], &[env[0], ("SHOPFLOOR_SECRET_KEY", other)]));
+        assert_eq!(wrong, 1, "{wrong_out}");
+        assert_fails(&wrong_out, "secret key", "set the SHOPFLOOR_SECRET_KEY that sealed the signing keys");
+        ready
     };
     assert_eq!(code, 0, "{out}");
-    for name in ["database", "jwt signing keys", "github app", "webhook secret"] {
+    for name in ["database", "secret key", "jwt signing keys", "github app", "webhook secret"] {
         assert_ok(&out, name);
     }
     assert!(line_of(&out, "github app").0.contains("minted an installation token for acme/widgets"), "{out}");
@@ -107,6 +115,7 @@ async fn each_failing_check_says_its_fix_and_the_exit_is_not_zero() {
     let (code, out) = tokio::task::block_in_place(|| check(&[], &[("DATABASE_URL", &db.url), ("SHOPFLOOR_GITHUB_API_URL", &fake.url)]));
     assert_eq!(code, 1, "{out}");
     assert_ok(&out, "database");
+    assert_fails(&out, "secret key", "openssl rand -base64 32");
     assert_fails(&out, "jwt signing keys", "shopfloor admin create-org");
     assert_fails(&out, "webhook secret", "set SHOPFLOOR_GITHUB_WEBHOOK_SECRET");
     let (app, _) = line_of(&out, "github app");

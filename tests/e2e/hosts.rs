@@ -209,6 +209,7 @@ impl Env {
         installations::connect_for_test(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
         let owner_token = api::auth::issue_user_token(
             &mut ch,
+            &engine::testkit::secret_key(),
             api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "test", ttl: chrono::Duration::hours(2) },
         )
         .await
@@ -229,6 +230,7 @@ impl Env {
         let mut cmd = Command::new(shopfloor_bin());
         cmd.args(["serve", "--log", "warn"])
             .env("DATABASE_URL", &db.url)
+            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
             .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
             .env("SHOPFLOOR_DRAIN_SECS", "2")
             .env("SHOPFLOOR_DB_CONNECTIONS", "16")

@@ -122,6 +122,7 @@ async fn seed(db: &TestDb, receiver: &str) -> String {
     webhooks_out::create(&mut ch, org, project, receiver, None, &["run.completed".to_owned()], Policy { allow_private: true }).await.unwrap();
     let token = api::auth::issue_user_token(
         &mut ch,
+        &engine::testkit::secret_key(),
         api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "metrics", ttl: chrono::Duration::hours(1) },
     )
     .await
@@ -162,6 +163,7 @@ async fn api_and_engine_count_what_they_did() {
         Command::new(shopfloor_bin())
             .args(["api", "--log", "warn"])
             .env("DATABASE_URL", &db.url)
+            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
             .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{api_port}"))
             .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
             .stdout(Stdio::null())
@@ -249,6 +251,7 @@ async fn serve_shows_its_engine_on_its_one_metrics() {
             .args(["serve", "--test-executor", "--log", "warn"])
             .env("DATABASE_URL", &db.url)
             .env("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true")
+            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
             .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
             .env("SHOPFLOOR_DRAIN_SECS", "2")
             .stdout(Stdio::null())

@@ -1,6 +1,7 @@
 //! No secret leaks: `shopfloor serve` (API and engine, the GitHub App against the fake GitHub)
 //! and a `shopfloor host` run a webhook-triggered issue through to a pull request, with known
-//! test secrets everywhere: the webhook secret, the App's private key, the JWT signing key,
+//! test secrets everywhere: the webhook secret, the App's private key, the JWT signing key and
+//! the secret key that seals it,
 //! bearer tokens (a person's, a registration token, the host's credential), a console session
 //! cookie and the installation tokens the fake GitHub mints (`ghs_…`). Bad requests (a bad
 //! signature, bad tokens, bad JSON) produce error bodies. Then every process's output (logs at
@@ -84,6 +85,7 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     installations::connect_for_test(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
     let owner_token = api::auth::issue_user_token(
         &mut ch,
+        &engine::testkit::secret_key(),
         api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "leak test", ttl: chrono::Duration::hours(2) },
     )
     .await
@@ -104,6 +106,7 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     let mut cmd = Command::new(shopfloor_bin());
     cmd.args(["serve", "--log", LOG])
         .env("DATABASE_URL", &db.url)
+        .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
         .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
         .env("SHOPFLOOR_DRAIN_SECS", "2")
         .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", WEBHOOK_SECRET)
@@ -274,10 +277,16 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     let mut credential_strings = Vec::new();
     strings(&credential, &mut credential_strings);
     let host_credential = credential_strings.into_iter().find(|s| s.len() > 40 && s.split('.').count() == 3).expect("a JWT in credential.json");
-    let signing_keys: Vec<Vec<u8>> = sqlx::query_scalar("SELECT secret FROM signing_keys").fetch_all(&db.pool).await.unwrap();
+    // Signing keys are sealed at rest: what leaks would be the opened secret.
+    let sealed: Vec<(String, Vec<u8>)> = sqlx::query_as("SELECT kid, sealed FROM signing_keys").fetch_all(&db.pool).await.unwrap();
+    let signing_keys: Vec<Vec<u8>> = sealed
+        .iter()
+        .map(|(kid, sealed)| secrecy::ExposeSecret::expose_secret(&engine::testkit::secret_key().open(kid, sealed).unwrap()).to_vec())
+        .collect();
     let pem = std::fs::read_to_string(&key_file).unwrap();
     let mut secrets: Vec<(String, String)> = vec![
         ("webhook secret".into(), WEBHOOK_SECRET.into()),
+        ("SHOPFLOOR_SECRET_KEY".into(), engine::testkit::SECRET_KEY.into()),
         ("person's token".into(), owner_token.clone()),
         ("registration token".into(), registration.clone()),
         ("host credential".into(), host_credential),

@@ -1,6 +1,7 @@
 //! `shopfloor serve` on the embedded default, and the one-line errors of the command line.
 
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,13 @@ async fn serve_runs_its_own_postgres_and_keeps_the_data_across_restarts() {
     let token = String::from_utf8(created.stdout).unwrap();
     assert_eq!(token.lines().count(), 1, "the token is alone on standard output");
     assert_eq!(token.trim().split('.').count(), 3, "a JWT");
+    // With no SHOPFLOOR_SECRET_KEY, the embedded cluster's key was made beside it, for the
+    // owner alone, and the admin command found it there.
+    let key_file = data.join("secret-key");
+    let mode = std::fs::metadata(&key_file).expect("serve made the secret key under SHOPFLOOR_DATA_DIR").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", key_file.display());
+    let key = std::fs::read_to_string(&key_file).unwrap();
+    assert!(engine::sealing::SecretKey::parse(&key).is_ok(), "32 bytes of base64");
     assert!(sigterm(&mut first).success());
 
     // The second start reuses the cluster and its data: the org is still there.
@@ -77,6 +85,7 @@ async fn serve_runs_its_own_postgres_and_keeps_the_data_across_restarts() {
         .unwrap();
     assert!(!again.status.success());
     assert_eq!(String::from_utf8_lossy(&again.stderr).trim(), "error: an org with slug `acme` already exists");
+    assert_eq!(std::fs::read_to_string(&key_file).unwrap(), key, "the same key on every start");
     assert!(sigterm(&mut second).success());
     // Stopped with the server: nothing answers on the cluster's port any more.
     let port_file = std::fs::read_to_string(data.join("pg.port")).unwrap();

@@ -166,6 +166,7 @@ fn shopfloor(args: &[&str], db_url: &str, otlp: &str, stderr: &Path) -> Command 
     let mut cmd = Command::new(shopfloor_bin());
     cmd.args(args)
         .env("DATABASE_URL", db_url)
+        .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
         .env("SHOPFLOOR_DRAIN_SECS", "2")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
         .env("OTEL_SERVICE_NAME", "shopfloor-test")
@@ -205,6 +206,7 @@ async fn a_webhook_run_is_one_trace_and_its_events_are_log_records() {
     installations::connect_for_test(&mut ch, org, project, 77, "Acme", "Acme/Widgets").await.unwrap();
     let token = api::auth::issue_user_token(
         &mut ch,
+        &engine::testkit::secret_key(),
         api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "test", ttl: chrono::Duration::hours(1) },
     )
     .await

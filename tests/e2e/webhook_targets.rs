@@ -72,7 +72,7 @@ fn free_port() -> u16 {
 async fn api(db: &TestDb, env: &[(&str, &str)]) -> (Killed, String) {
     let port = free_port();
     let mut cmd = Command::new(shopfloor_bin());
-    cmd.args(["api", "--log", "warn"]).env("DATABASE_URL", &db.url).env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}")).env_remove("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE");
+    cmd.args(["api", "--log", "warn"]).env("DATABASE_URL", &db.url).env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}")).env_remove("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE").env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -95,7 +95,7 @@ async fn seed(db: &TestDb) -> String {
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
     tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-    let token = api::auth::issue_user_token(&mut ch, api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "targets", ttl: chrono::Duration::hours(1) })
+    let token = api::auth::issue_user_token(&mut ch, &engine::testkit::secret_key(), api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "targets", ttl: chrono::Duration::hours(1) })
         .await
         .unwrap();
     ch.commit().await.unwrap();

@@ -109,6 +109,7 @@ async fn start(sources: &[&str]) -> Env {
     let child = Command::new(shopfloor_bin())
         .args(["serve", "--log", "warn"])
         .env("DATABASE_URL", &db.url)
+        .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
         .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
         .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
         .env("SHOPFLOOR_DRAIN_SECS", "2")

@@ -2,8 +2,8 @@
 //! configured), and under each failure the line that says how to fix it. Exit 0 only when
 //! nothing failed.
 //!
-//! On a server: the database is reachable and holds this binary's schema, a JWT signing key
-//! exists, the GitHub App's key parses and mints an installation token at
+//! On a server: the database is reachable and holds this binary's schema, `SHOPFLOOR_SECRET_KEY`
+//! is set and opens every sealed signing key, a JWT signing key exists, the GitHub App's key parses and mints an installation token at
 //! `SHOPFLOOR_GITHUB_API_URL` (skipped when no App is configured), and the webhook secret is
 //! set. With `--host`, on a host machine instead: the harnesses the host's capabilities name
 //! and `git` are on `PATH`, and the server (`SHOPFLOOR_SERVER`) answers.
@@ -17,13 +17,15 @@ use clap::Args;
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
 
-use super::{DbArgs, GithubAppArgs, GithubArgs};
+use super::{DbArgs, GithubAppArgs, GithubArgs, SecretKeyArgs};
 
 /// `shopfloor check`'s settings: those of the processes it checks.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub secret_key: SecretKeyArgs,
     #[command(flatten)]
     pub github: GithubArgs,
     #[command(flatten)]
@@ -101,6 +103,7 @@ async fn server_checks(args: &CheckArgs) -> Vec<Outcome> {
     };
     let (db, outcome) = database(&args.db).await;
     done(outcome);
+    done(secret_key(&args.secret_key, db.as_ref()).await);
     done(match &db {
         Some(pool) => signing_keys(pool).await,
         None => Outcome::fail("jwt signing keys", "cannot be read without the database", "fix the database check above first"),
@@ -146,6 +149,30 @@ async fn database(args: &DbArgs) -> (Option<PgPool>, Outcome) {
             // Reachable but not ready: the other checks can still read what exists.
             (Some(pool), Outcome::fail(NAME, problem, fix))
         }
+    }
+}
+
+/// The secret key is set, well formed, and opens every sealed signing key. (A server on the
+/// embedded cluster reads it from its data directory; `check` reads only the setting.)
+async fn secret_key(args: &SecretKeyArgs, db: Option<&PgPool>) -> Outcome {
+    const NAME: &str = "secret key";
+    const HOW: &str = "set SHOPFLOOR_SECRET_KEY to 32 random bytes in base64 (`openssl rand -base64 32`), the same on every process of this database";
+    let key = match args.given() {
+        Ok(Some(key)) => key,
+        Ok(None) => return Outcome::fail(NAME, "SHOPFLOOR_SECRET_KEY is not set", HOW),
+        Err(e) => return Outcome::fail(NAME, e.to_string().split_once("; ").map_or(e.to_string(), |(problem, _)| problem.to_owned()), HOW),
+    };
+    let Some(pool) = db else { return Outcome::ok(NAME, "set, well formed (the database is needed to check it opens the signing keys)") };
+    match engine::store::signing_keys::check_opens(pool, &key).await {
+        Ok((0, _)) => Outcome::ok(NAME, "set, well formed; no signing key yet"),
+        Ok((n, 0)) => Outcome::ok(NAME, format!("opens the {n} signing key{}", if n == 1 { "" } else { "s" })),
+        Ok((n, plaintext)) => Outcome::ok(NAME, format!("opens the sealed signing keys; {plaintext} of {n} still in plaintext, sealed when `serve` or `api` starts")),
+        Err(engine::store::StoreError::Sealed(e)) => Outcome::fail(
+            NAME,
+            format!("does not open signing key `{}`", e.kid),
+            "set the SHOPFLOOR_SECRET_KEY that sealed the signing keys (the one the servers of this database use)",
+        ),
+        Err(e) => Outcome::fail(NAME, format!("cannot read the signing keys: {e}"), "fix the database check above first"),
     }
 }
 

@@ -9,6 +9,7 @@ mod check;
 mod client;
 mod database;
 mod processes;
+mod secret_key;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ use clap::{Args, Parser, Subcommand};
 
 pub use database::Database;
 pub use processes::app;
+pub use secret_key::SecretKeyArgs;
 
 #[derive(Debug, Parser)]
 #[command(name = "shopfloor", version, about = "A durable, audited backend for software factories: GitHub events start runs of workflows that coding agents, CI gates and people walk.")]
@@ -39,8 +41,9 @@ pub enum Command {
     Engine(EngineArgs),
     /// The host agent: claims crew steps and runs coding agents in git worktrees.
     Host(host::HostArgs),
-    /// Apply migrations; refuses a database whose schema is newer than this binary.
-    Migrate(DbArgs),
+    /// Apply migrations, and seal signing keys still in plaintext when SHOPFLOOR_SECRET_KEY is
+    /// set; refuses a database whose schema is newer than this binary.
+    Migrate(MigrateArgs),
     /// Bootstrap: orgs, projects, their first tokens; the embedded cluster.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
@@ -87,6 +90,14 @@ pub struct DbArgs {
     /// Where the embedded PostgreSQL cluster lives (in `pg/` under it).
     #[arg(long = "data-dir", env = "SHOPFLOOR_DATA_DIR", default_value = ".shopfloor")]
     pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub secret_key: SecretKeyArgs,
 }
 
 /// What the host protocol enforces on the hosts' steps.
@@ -199,6 +210,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub db: DbArgs,
     #[command(flatten)]
+    pub secret_key: SecretKeyArgs,
+    #[command(flatten)]
     pub listen: ListenArgs,
     #[command(flatten)]
     pub pool: PoolArgs,
@@ -220,6 +233,8 @@ pub struct ServeArgs {
 pub struct ApiArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub secret_key: SecretKeyArgs,
     #[command(flatten)]
     pub listen: ListenArgs,
     #[command(flatten)]
@@ -258,6 +273,10 @@ pub struct EngineArgs {
 pub enum CliError {
     #[error("{0}")]
     Failed(String),
+    /// The command line is wrong (an unknown key, a malformed duration): exit 2, like clap's
+    /// own usage errors.
+    #[error("{0}")]
+    Usage(String),
     /// Not built yet: said plainly, never faked.
     #[error("`shopfloor {0}` is not built yet")]
     NotBuilt(&'static str),
@@ -266,6 +285,14 @@ pub enum CliError {
 impl CliError {
     pub fn msg(e: impl std::fmt::Display) -> CliError {
         CliError::Failed(e.to_string())
+    }
+
+    /// The process's exit code for this failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Failed(_) | CliError::NotBuilt(_) => 1,
+        }
     }
 }
 

@@ -7,14 +7,25 @@ use engine::pool::PoolConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{ApiArgs, CliError, Database, DbArgs, EngineArgs, GithubAppArgs, PoolArgs, ServeArgs, WebhooksArgs};
+use super::secret_key;
+use super::{ApiArgs, CliError, Database, EngineArgs, GithubAppArgs, MigrateArgs, PoolArgs, ServeArgs, WebhooksArgs};
 use crate::http::{self, AppState};
 
-pub(super) async fn migrate(args: DbArgs) -> Result<(), CliError> {
-    let db = Database::open(&args, 2).await?;
-    let result = engine::db::migrate(&db.pool).await;
+/// Applies the migrations, then seals the signing keys an earlier release stored in plaintext
+/// when the secret key is at hand (without it, `serve` and `api` seal them at start).
+pub(super) async fn migrate(args: MigrateArgs) -> Result<(), CliError> {
+    let key = args.secret_key.find(&args.db)?;
+    let db = Database::open(&args.db, 2).await?;
+    let result = async {
+        engine::db::migrate(&db.pool).await.map_err(CliError::msg)?;
+        match &key {
+            Some(key) => secret_key::prepare(&db.pool, key).await,
+            None => Ok(()),
+        }
+    }
+    .await;
     db.close().await;
-    result.map_err(CliError::msg)?;
+    result?;
     eprintln!("schema is at migration {}", engine::db::code_version());
     Ok(())
 }
@@ -23,10 +34,15 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     // Bind first: a port in use should fail before anything else starts.
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
     let webhooks = webhook_client(&args.webhooks)?;
+    let key = args.secret_key.require(&args.db)?;
     let db = Database::open(&args.db, args.pool.db_connections + 8).await?;
-    if let Err(e) = engine::db::migrate(&db.pool).await {
+    let prepared = async {
+        engine::db::migrate(&db.pool).await.map_err(CliError::msg)?;
+        secret_key::prepare(&db.pool, &key).await
+    };
+    if let Err(e) = prepared.await {
         db.close().await;
-        return Err(CliError::msg(e));
+        return Err(e);
     }
     let app = match github_app(&args.github_app) {
         Ok(a) => a,
@@ -40,7 +56,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let listen_url = args.pool.listen_database_url.clone().unwrap_or_else(|| db.url.clone());
     let cfg = pool_config(&args.pool, &db.url, outputs, webhooks);
     let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
-    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, settings));
+    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, key, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, settings));
     let pool = tokio::spawn(engine::pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
     let (served, pooled) = tokio::join!(server, pool);
@@ -51,10 +67,15 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
 
 pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
+    let key = args.secret_key.require(&args.db)?;
     let (db, app) = Database::open_migrated(&args.db, 16).await?.or_close(|| github_app(&args.github_app)).await?;
+    if let Err(e) = secret_key::prepare(&db.pool, &key).await {
+        db.close().await;
+        return Err(e);
+    }
     let (drain, _abort) = host::process::shutdown_signals();
     let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
-    let served = serve_http(listener, db.pool.clone(), db.url.clone(), drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
+    let served = serve_http(listener, db.pool.clone(), db.url.clone(), key, drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
     db.close().await;
     served
 }
@@ -172,13 +193,14 @@ async fn serve_http(
     listener: TcpListener,
     db: sqlx::PgPool,
     listen_url: String,
+    secret_key: engine::sealing::SecretKey,
     drain: CancellationToken,
     webhook_secret: Option<secrecy::SecretString>,
     console: crate::console::ConsoleConfig,
     github: Option<std::sync::Arc<engine::github::GithubApp>>,
     settings: HttpSettings,
 ) -> Result<(), CliError> {
-    let state = AppState::new(db, &listen_url);
+    let state = AppState::new(db, &listen_url, secret_key);
     state.use_stall_after(settings.stall_after);
     state.use_webhook_policy(settings.webhooks);
     // Before the routers are built: they take the limits with them.

@@ -143,7 +143,7 @@ pub(super) async fn signin_token(State(c): State<Console>, headers: HeaderMap, F
     let mut ch = Change::begin(c.db(), caller.actor()).await?;
     let ttl = Duration::hours(i64::from(c.cfg().session_hours.max(1)));
     let (_, session) =
-        issue_user_token_with_id(&mut ch, UserToken { org: caller.org, user, project: caller.project, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl }).await?;
+        issue_user_token_with_id(&mut ch, c.state().secret_key(), UserToken { org: caller.org, user, project: caller.project, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl }).await?;
     ch.commit().await?;
     Ok(signed_in(&c, &headers, vec![(caller.org_slug, session)], &next))
 }
@@ -253,7 +253,7 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
     for (org, user, role, slug) in people {
         let Some(role) = Role::parse(&role) else { continue };
         let mut ch = Change::begin(c.db(), Actor::User(user)).await?;
-        let (_, token) = issue_user_token_with_id(&mut ch, UserToken { org, user, project: None, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl }).await?;
+        let (_, token) = issue_user_token_with_id(&mut ch, c.state().secret_key(), UserToken { org, user, project: None, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl }).await?;
         ch.commit().await?;
         sessions.push((slug, token));
     }

@@ -2,8 +2,9 @@
 //!
 //! A token is an HS256 JWT whose header names its signing key (`kid`). Verification accepts
 //! HS256 only (so `alg: none` and every other algorithm are refused before any key is
-//! looked at), finds the key by `kid` among all keys ever issued (a retired key still verifies
-//! the tokens it signed, so rotation logs no one out), checks the signature and `exp`, then
+//! looked at), finds the key by `kid` among all keys ever issued (a rotated-out key still
+//! verifies the tokens it signed, so rotation logs no one out; a retired one only until its
+//! grace ends), checks the signature and `exp`, then
 //! checks the token's row: it exists in the org the claims name, is neither revoked nor
 //! expired, was signed by that key, and, for a person's token, its holder is still a member.
 //! A person's effective role is the lower of the token's role and their current membership's,
@@ -12,13 +13,16 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use engine::ids::{OrgId, ProjectId, UserId};
-use engine::store::Actor;
+use engine::sealing::SecretKey;
+use engine::store::{signing_keys, Actor};
 use jsonwebtoken::{decode, decode_header, Algorithm, DecodingKey, Validation};
+use secrecy::{ExposeSecret, SecretBox};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -96,28 +100,61 @@ impl Caller {
     }
 }
 
-/// Signing secrets by `kid`. A key's secret never changes once written, so entries never go
-/// stale; an unknown `kid` is looked up in the database each time (and not remembered).
+/// How long a cached key is trusted before it is read again: the bound within which a
+/// retirement made by another process (another replica, `shopfloor admin`) reaches this one.
+pub const KEY_CACHE_TTL: Duration = Duration::from_secs(10);
+
+/// Signing secrets by `kid`, opened. A key's secret never changes, but its end does: a
+/// retirement sets when it stops verifying. So an entry carries that moment (as the database
+/// counted it when the entry was read, turned into this process's clock: no clock skew between
+/// replica and database) and is read again after [`KEY_CACHE_TTL`]. A key retired anywhere stops
+/// verifying here at its `verify_until`, or at most `KEY_CACHE_TTL` after the retirement when
+/// its grace is shorter than that. An unknown `kid` is looked up in the database each time (and
+/// not remembered).
 #[derive(Default)]
 pub struct KeyCache {
-    keys: Mutex<HashMap<String, Arc<[u8]>>>,
+    keys: Mutex<HashMap<String, CachedKey>>,
+}
+
+struct CachedKey {
+    secret: Arc<SecretBox<[u8]>>,
+    read_at: Instant,
+    /// `None`: until its tokens expire.
+    verifies_until: Option<Instant>,
+}
+
+impl CachedKey {
+    /// The secret while the key verifies; a refusal after its grace.
+    fn usable(&self, now: Instant) -> Result<Arc<SecretBox<[u8]>>, ApiError> {
+        match self.verifies_until {
+            Some(until) if now >= until => Err(refuse("signing key retired")),
+            _ => Ok(self.secret.clone()),
+        }
+    }
 }
 
 impl KeyCache {
-    async fn get(&self, db: &sqlx::PgPool, kid: &str) -> Result<Option<Arc<[u8]>>, ApiError> {
-        if let Some(secret) = self.keys.lock().map_err(|_| ApiError::internal("key cache poisoned"))?.get(kid) {
-            return Ok(Some(secret.clone()));
+    async fn get(&self, db: &sqlx::PgPool, sealing: &SecretKey, kid: &str) -> Result<Arc<SecretBox<[u8]>>, ApiError> {
+        let now = Instant::now();
+        if let Some(entry) = self.keys.lock().map_err(|_| ApiError::internal("key cache poisoned"))?.get(kid) {
+            if now.duration_since(entry.read_at) < KEY_CACHE_TTL {
+                return entry.usable(now);
+            }
         }
-        let secret: Option<Vec<u8>> = sqlx::query_scalar("SELECT secret FROM signing_keys WHERE kid = $1").bind(kid).fetch_optional(db).await?;
-        let Some(secret) = secret else { return Ok(None) };
-        let secret: Arc<[u8]> = secret.into();
+        let Some(found) = signing_keys::verifying(db, sealing, kid).await? else {
+            self.keys.lock().map_err(|_| ApiError::internal("key cache poisoned"))?.remove(kid);
+            return Err(refuse("unknown kid"));
+        };
+        let read_at = Instant::now();
+        let entry = CachedKey { secret: Arc::new(found.secret), read_at, verifies_until: found.verifies_for.map(|left| read_at + left) };
+        let usable = entry.usable(read_at);
         let mut keys = self.keys.lock().map_err(|_| ApiError::internal("key cache poisoned"))?;
         // Keys are few; a bound keeps a bug from growing this forever.
         if keys.len() > 1_000 {
             keys.clear();
         }
-        keys.insert(kid.to_owned(), secret.clone());
-        Ok(Some(secret))
+        keys.insert(kid.to_owned(), entry);
+        usable
     }
 }
 
@@ -150,11 +187,11 @@ pub async fn verify(state: &AppState, token: &str) -> Result<Caller, ApiError> {
     if kid.len() > 100 {
         return Err(refuse("kid too long"));
     }
-    let secret = state.shared.keys.get(&state.db, &kid).await?.ok_or_else(|| refuse("unknown kid"))?;
+    let secret = state.shared.keys.get(&state.db, state.secret_key(), &kid).await?;
     let mut validation = Validation::new(Algorithm::HS256);
     validation.leeway = 0;
     validation.set_required_spec_claims(&["exp"]);
-    let claims = decode::<Claims>(token, &DecodingKey::from_secret(&secret), &validation).map_err(|e| refuse(&e.to_string()))?.claims;
+    let claims = decode::<Claims>(token, &DecodingKey::from_secret(secret.expose_secret()), &validation).map_err(|e| refuse(&e.to_string()))?.claims;
     let jti: uuid::Uuid = claims.jti.parse().map_err(|_| refuse("jti is not a uuid"))?;
     let org = OrgId(claims.org.parse().map_err(|_| refuse("org is not a uuid"))?);
     let row: Option<TokenRow> = sqlx::query_as(

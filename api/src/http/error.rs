@@ -179,6 +179,7 @@ impl From<StoreError> for ApiError {
             StoreError::Stale(m) | StoreError::Conflict(m) | StoreError::Refused(m) => ApiError::Conflict(m),
             StoreError::Full(m) => ApiError::TooManyRequests(m),
             StoreError::Invalid(m) => ApiError::Unprocessable(m),
+            StoreError::Sealed(e) => ApiError::Internal(e.to_string()),
             StoreError::Sql(e) => e.into(),
         }
     }

@@ -125,7 +125,7 @@ pub async fn register(State(state): State<AppState>, caller: Caller, Json(body):
     let mut ch = Change::begin(&state.db, Actor::Token(caller.jti)).await?;
     let new = NewHost { org: caller.org, project, name: &body.name, capabilities: &caps, max_concurrent: body.max_concurrent.unwrap_or(1), registration: caller.jti };
     let host = store::register(&mut ch, &new).await?;
-    let (_, token, expires_at) = issue_host_credential(&mut ch, caller.org, project, host, body.name.trim(), chrono::Duration::days(CREDENTIAL_DAYS)).await?;
+    let (_, token, expires_at) = issue_host_credential(&mut ch, state.secret_key(), caller.org, project, host, body.name.trim(), chrono::Duration::days(CREDENTIAL_DAYS)).await?;
     ch.commit().await?;
     Ok((StatusCode::CREATED, Json(HostCredential { host_id: host.0, token, expires_at, org: caller.org_slug })).into_response())
 }

@@ -121,7 +121,7 @@ pub async fn register(State(state): State<AppState>, scope: ProjectScope, JsonOr
         return Err(ApiError::Unprocessable("name must be at most 100 printable characters".into()));
     }
     let mut ch = scope.change(&state).await?;
-    let (id, token, expires_at) = issue_registration_token(&mut ch, scope.org.org, scope.project, &name, Duration::hours(i64::from(hours))).await?;
+    let (id, token, expires_at) = issue_registration_token(&mut ch, state.secret_key(), scope.org.org, scope.project, &name, Duration::hours(i64::from(hours))).await?;
     ch.commit().await?;
     Ok((StatusCode::CREATED, Json(Registration { id, token, expires_at })).into_response())
 }

@@ -84,6 +84,8 @@ pub(crate) struct Shared {
     github_user_api: std::sync::OnceLock<String>,
     /// For the calls the API makes to GitHub with a person's token.
     http: reqwest::Client,
+    /// Seals and opens the signing keys (`SHOPFLOOR_SECRET_KEY`).
+    secret_key: engine::sealing::SecretKey,
     /// How long a crew step's session may stay silent before a heartbeat fails it `stalled`
     /// (`engine::store::hosts::STALL_AFTER` unless set at start).
     stall_after: std::sync::OnceLock<std::time::Duration>,
@@ -95,9 +97,10 @@ pub(crate) struct Shared {
 
 impl AppState {
     /// Builds the state and starts the event hub, whose `LISTEN` connection goes to
-    /// `listen_url` (a direct URL: a transaction pooler cannot LISTEN). Needs a Tokio runtime;
-    /// the hub stops when the last clone of the state is dropped.
-    pub fn new(db: PgPool, listen_url: &str) -> AppState {
+    /// `listen_url` (a direct URL: a transaction pooler cannot LISTEN). `secret_key` seals and
+    /// opens the signing keys. Needs a Tokio runtime; the hub stops when the last clone of the
+    /// state is dropped.
+    pub fn new(db: PgPool, listen_url: &str, secret_key: engine::sealing::SecretKey) -> AppState {
         let events = events::EventHub::start(db.clone(), listen_url.to_owned());
         let shared = Shared {
             catalog: engine::catalog::Catalog::default(),
@@ -111,6 +114,7 @@ impl AppState {
                 .timeout(std::time::Duration::from_secs(10))
                 .build()
                 .unwrap_or_default(),
+            secret_key,
             stall_after: std::sync::OnceLock::new(),
             limits: std::sync::OnceLock::new(),
             webhooks: std::sync::OnceLock::new(),
@@ -136,6 +140,11 @@ impl AppState {
     /// Sets how long a crew step's session may stay silent (set once, at start).
     pub fn use_stall_after(&self, after: std::time::Duration) {
         let _ = self.shared.stall_after.set(after);
+    }
+
+    /// The key that seals the signing keys: issuing a token needs it.
+    pub fn secret_key(&self) -> &engine::sealing::SecretKey {
+        &self.shared.secret_key
     }
 
     pub(crate) fn stall_after(&self) -> std::time::Duration {

@@ -127,6 +127,7 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): 
     let mut ch = scope.change(&state).await?;
     let (jti, token) = issue_user_token_with_id(
         &mut ch,
+        state.secret_key(),
         UserToken { org: scope.org, user, project: None, role: role.as_str(), name, ttl: Duration::days(i64::from(days)) },
     )
     .await?;

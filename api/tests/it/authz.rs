@@ -453,9 +453,9 @@ async fn rotated_keys_keep_old_tokens_valid() {
     let app = App::start().await;
     let org = app.org("acme").await;
     let old_kid = jsonwebtoken::decode_header(&org.owner).unwrap().kid.unwrap();
-    sqlx::query("UPDATE signing_keys SET retired_at = now()").execute(app.pool()).await.unwrap();
-    // Key ids name the second they were made in.
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System).await.unwrap();
+    engine::store::signing_keys::rotate(&mut ch, &engine::testkit::secret_key()).await.unwrap();
+    ch.commit().await.unwrap();
     let (_, fresh) = app.token_for(&org, org.owner_user, "owner", chrono::Duration::days(1)).await;
     let new_kid = jsonwebtoken::decode_header(&fresh).unwrap().kid.unwrap();
     assert_ne!(old_kid, new_kid, "a new key signs new tokens");

@@ -87,6 +87,7 @@ impl Server {
         let child = Command::new(BIN)
             .args(["serve", "--test-executor", "--log", "warn"])
             .env("DATABASE_URL", &db.url)
+            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
             .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
             .env("SHOPFLOOR_DRAIN_SECS", "2")
             .stdout(Stdio::null())
@@ -105,7 +106,7 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let admin = |args: &[&str]| {
-            let out = Command::new(BIN).args(args).env("DATABASE_URL", &db.url).env("SHOPFLOOR_LOG", "warn").output().unwrap();
+            let out = Command::new(BIN).args(args).env("DATABASE_URL", &db.url).env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY).env("SHOPFLOOR_LOG", "warn").output().unwrap();
             assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
             String::from_utf8(out.stdout).unwrap()
         };

@@ -20,7 +20,7 @@ const ISSUE_TO_PR: &str = include_str!("../../../engine/tests/fixtures/workflows
 async fn bootstrap(app: &App) -> String {
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     let (org, user) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "owner@acme.test").await.unwrap();
-    let token = issue_user_token(&mut ch, UserToken { org, user, project: None, role: "owner", name: "first owner token", ttl: chrono::Duration::days(90) })
+    let token = issue_user_token(&mut ch, &engine::testkit::secret_key(), UserToken { org, user, project: None, role: "owner", name: "first owner token", ttl: chrono::Duration::days(90) })
         .await
         .unwrap();
     ch.commit().await.unwrap();

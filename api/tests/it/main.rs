@@ -12,6 +12,7 @@ mod limits;
 mod openapi;
 mod operator;
 mod paging;
+mod signing_keys;
 mod support;
 mod tenancy;
 mod webhooks_out;

@@ -109,7 +109,7 @@ impl App {
 
     async fn start_with(webhooks: Policy) -> App {
         let db = test_db().await;
-        let state = AppState::new(db.pool.clone(), &db.url);
+        let state = AppState::new(db.pool.clone(), &db.url, engine::testkit::secret_key());
         state.use_webhook_policy(webhooks);
         let github = FakeOauth::start().await;
         state.use_github_user_api(&github.url);
@@ -154,7 +154,7 @@ impl App {
     /// the test executor.
     pub(crate) async fn with_limits(limits: &LimitArgs, webhook_secret: &str) -> App {
         let db = test_db().await;
-        let state = AppState::new(db.pool.clone(), &db.url);
+        let state = AppState::new(db.pool.clone(), &db.url, engine::testkit::secret_key());
         state.use_limits(limits);
         let github = FakeOauth::start().await;
         let app = api::cli::app(&state, Some(webhook_secret.to_owned().into()), api::console::ConsoleConfig::default());
@@ -267,7 +267,7 @@ impl App {
     /// an expired one).
     pub(crate) async fn token_for(&self, org: &Org, user: UserId, role: &'static str, ttl: chrono::Duration) -> (uuid::Uuid, String) {
         let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
-        let issued = issue_user_token_with_id(&mut ch, UserToken { org: org.id, user, project: None, role, name: "test", ttl }).await.unwrap();
+        let issued = issue_user_token_with_id(&mut ch, &engine::testkit::secret_key(), UserToken { org: org.id, user, project: None, role, name: "test", ttl }).await.unwrap();
         ch.commit().await.unwrap();
         issued
     }
@@ -296,7 +296,7 @@ impl App {
 }
 
 async fn token(ch: &mut Change, org: OrgId, user: UserId, role: &'static str, ttl: chrono::Duration) -> String {
-    issue_user_token_with_id(ch, UserToken { org, user, project: None, role, name: "test", ttl }).await.unwrap().1
+    issue_user_token_with_id(ch, &engine::testkit::secret_key(), UserToken { org, user, project: None, role, name: "test", ttl }).await.unwrap().1
 }
 
 /// A token whose claims are right but whose signature is made with another secret.

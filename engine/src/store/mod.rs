@@ -23,6 +23,7 @@ pub mod operator;
 pub mod retention;
 pub mod runs;
 pub mod schedules;
+pub mod signing_keys;
 pub mod steps;
 pub mod tenants;
 pub mod triggers;
@@ -49,6 +50,9 @@ pub enum StoreError {
     /// Admission refused a new run: too many already wait for the org's cap.
     #[error("{0}")]
     Full(String),
+    /// A signing key that does not open with the secret key this process was given.
+    #[error(transparent)]
+    Sealed(#[from] crate::sealing::OpenError),
     #[error(transparent)]
     Sql(#[from] sqlx::Error),
 }

@@ -1,7 +1,6 @@
-//! Orgs, users, memberships, projects, API token records and signing keys.
+//! Orgs, users, memberships, projects and API token records (signing keys: `signing_keys`).
 
 use chrono::{DateTime, Utc};
-use rand::RngCore;
 use serde_json::json;
 
 use super::{Change, Result, StoreError};
@@ -61,26 +60,6 @@ pub async fn create_project(ch: &mut Change, org: OrgId, slug: &Slug, name: &str
     ch.audit(org, Some(project), "project.create", ("project", slug.to_string()), json!({}))?;
     super::retention::start(ch, org, project).await?;
     Ok(project)
-}
-
-/// The signing key new tokens use, created on first use.
-pub async fn current_signing_key(ch: &mut Change) -> Result<(String, Vec<u8>)> {
-    // One writer at a time, so two processes starting together agree on one key.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('shopfloor.signing_keys'))").execute(&mut *ch.tx).await?;
-    let existing: Option<(String, Vec<u8>)> = sqlx::query_as(
-        "SELECT kid, secret FROM signing_keys WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1",
-    )
-    .fetch_optional(&mut *ch.tx)
-    .await?;
-    if let Some(key) = existing {
-        return Ok(key);
-    }
-    let mut secret = vec![0u8; 32];
-    rand::rng().fill_bytes(&mut secret);
-    // Time-ordered and unique even for two keys made in the same second.
-    let kid = format!("k{}-{:08x}", Utc::now().format("%Y%m%d%H%M%S"), rand::random::<u32>());
-    sqlx::query("INSERT INTO signing_keys (kid, secret) VALUES ($1, $2)").bind(&kid).bind(&secret).execute(&mut *ch.tx).await?;
-    Ok((kid, secret))
 }
 
 /// An API token's record; the signed token itself is never stored.

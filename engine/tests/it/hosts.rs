@@ -9,7 +9,7 @@ use engine::ids::{HostId, RunId, StepId};
 use engine::store::hosts::{self, Completion, HostRow, LogLine, NewHost};
 use engine::store::steps::{self, Initial, NewStep};
 use engine::store::tenants::{self, TokenRecord};
-use engine::store::{runs, Actor, Change, StoreError};
+use engine::store::{runs, signing_keys, Actor, Change, StoreError};
 use engine::testkit::test_db;
 use serde_json::json;
 use sqlx::PgPool;
@@ -19,7 +19,7 @@ use crate::fixtures::{count, seed, submit, Seed, TWO_STEPS};
 /// A registration token's row, as the API's `issue_registration_token` writes it.
 async fn registration(pool: &PgPool, s: &Seed) -> uuid::Uuid {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    let (kid, _) = tenants::current_signing_key(&mut ch).await.unwrap();
+    let kid = signing_keys::current(&mut ch, &engine::testkit::secret_key()).await.unwrap().kid;
     let jti = uuid::Uuid::now_v7();
     let record = TokenRecord {
         jti,

@@ -8,6 +8,12 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- define "shopfloor.dbSecret" -}}{{ .Values.database.existingSecret | default (printf "%s-db" (include "shopfloor.fullname" .)) }}{{- end -}}
+{{- define "shopfloor.keySecret" -}}{{ .Values.secretKey.existingSecret | default (printf "%s-secret-key" (include "shopfloor.fullname" .)) }}{{- end -}}
+{{- /* Only the API holds the key that opens the signing keys: engines sign and verify nothing. */ -}}
+{{- define "shopfloor.secretKeyEnv" -}}
+- name: SHOPFLOOR_SECRET_KEY
+  valueFrom: { secretKeyRef: { name: {{ include "shopfloor.keySecret" . }}, key: secret-key } }
+{{- end -}}
 {{- define "shopfloor.githubSecret" -}}{{ .Values.github.existingSecret | default (printf "%s-github" (include "shopfloor.fullname" .)) }}{{- end -}}
 {{- define "shopfloor.env" -}}
 - name: DATABASE_URL

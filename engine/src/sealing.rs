@@ -1,0 +1,161 @@
+//! The service's secret key (`SHOPFLOOR_SECRET_KEY`) and what it seals: the JWT signing keys'
+//! secrets at rest.
+//!
+//! The key is 32 random bytes, written in base64 (`openssl rand -base64 32`). Sealing is
+//! XChaCha20-Poly1305 (RustCrypto's `chacha20poly1305`) with a random 24-byte nonce, so nonces
+//! need no counter shared between processes; the associated data names what is sealed (the
+//! signing key's `kid`), so a sealed secret copied onto another row does not open there. A
+//! sealed value is `version (1) || nonce (24) || ciphertext || tag (16)`.
+//!
+//! Neither the key nor what it opens is ever printed: `Debug` shows neither, and errors say
+//! which value failed, not what it held.
+
+use std::sync::Arc;
+
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use rand::RngCore;
+use secrecy::{ExposeSecret, SecretBox, SecretString};
+
+/// The first byte of every sealed value: the format, so a later one can be told apart.
+const VERSION: u8 = 1;
+const NONCE_LEN: usize = 24;
+const TAG_LEN: usize = 16;
+
+/// The secret key that seals signing keys. Cheap to clone (one allocation shared).
+#[derive(Clone)]
+pub struct SecretKey(Arc<SecretBox<[u8; 32]>>);
+
+impl std::fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretKey(..)")
+    }
+}
+
+/// Why a text is not a secret key. The text itself is never repeated.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyError {
+    #[error("is empty")]
+    Empty,
+    #[error("is not base64")]
+    NotBase64,
+    #[error("decodes to {0} bytes, not 32")]
+    WrongLength(usize),
+}
+
+/// A sealed value that does not open with this key.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "signing key `{kid}` does not open with this SHOPFLOOR_SECRET_KEY; set the SHOPFLOOR_SECRET_KEY that sealed the signing keys (the same on every process of this database)"
+)]
+pub struct OpenError {
+    pub kid: String,
+}
+
+impl SecretKey {
+    /// Reads a key written in base64 (standard or URL-safe alphabet, padded or not; spaces
+    /// and line ends around it are ignored).
+    pub fn parse(text: &str) -> Result<SecretKey, KeyError> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        let decoded = [data_encoding::BASE64, data_encoding::BASE64_NOPAD, data_encoding::BASE64URL, data_encoding::BASE64URL_NOPAD]
+            .iter()
+            .find_map(|encoding| encoding.decode(text.as_bytes()).ok())
+            .ok_or(KeyError::NotBase64)?;
+        let bytes: [u8; 32] = decoded.as_slice().try_into().map_err(|_| KeyError::WrongLength(decoded.len()))?;
+        Ok(SecretKey(Arc::new(SecretBox::new(Box::new(bytes)))))
+    }
+
+    /// A fresh random key.
+    pub fn generate() -> SecretKey {
+        let mut bytes = Box::new([0u8; 32]);
+        rand::rng().fill_bytes(bytes.as_mut());
+        SecretKey(Arc::new(SecretBox::new(bytes)))
+    }
+
+    /// The key in standard base64, as [`SecretKey::parse`] reads it (to write it to a file).
+    pub fn to_base64(&self) -> SecretString {
+        SecretString::from(data_encoding::BASE64.encode(self.0.expose_secret()))
+    }
+
+    fn cipher(&self) -> XChaCha20Poly1305 {
+        XChaCha20Poly1305::new(self.0.expose_secret().into())
+    }
+
+    /// Seals a signing key's secret, bound to its `kid`.
+    pub fn seal(&self, kid: &str, secret: &[u8]) -> Vec<u8> {
+        let mut nonce = [0u8; NONCE_LEN];
+        rand::rng().fill_bytes(&mut nonce);
+        let aad = associated_data(kid);
+        // Encryption fails only for messages of gigabytes; a signing key is 32 bytes.
+        let sealed = self
+            .cipher()
+            .encrypt(XNonce::from_slice(&nonce), Payload { msg: secret, aad: &aad })
+            .unwrap_or_else(|_| unreachable!("XChaCha20-Poly1305 seals any short message"));
+        let mut out = Vec::with_capacity(1 + NONCE_LEN + sealed.len());
+        out.push(VERSION);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&sealed);
+        out
+    }
+
+    /// Opens what [`SecretKey::seal`] sealed for `kid`. Another key, another `kid`, a format
+    /// this binary does not know, or any changed byte: an error, never a panic.
+    pub fn open(&self, kid: &str, sealed: &[u8]) -> Result<SecretBox<[u8]>, OpenError> {
+        let refuse = || OpenError { kid: kid.to_owned() };
+        if sealed.len() < 1 + NONCE_LEN + TAG_LEN || sealed[0] != VERSION {
+            return Err(refuse());
+        }
+        let (nonce, body) = sealed[1..].split_at(NONCE_LEN);
+        let aad = associated_data(kid);
+        let opened = self.cipher().decrypt(XNonce::from_slice(nonce), Payload { msg: body, aad: &aad }).map_err(|_| refuse())?;
+        Ok(SecretBox::new(opened.into_boxed_slice()))
+    }
+}
+
+/// What a signing key's seal is bound to: its `kid`, under a label of its own so that the
+/// same key could seal other kinds of secret without one passing for another.
+fn associated_data(kid: &str) -> Vec<u8> {
+    let mut aad = b"shopfloor.signing_key:".to_vec();
+    aad.extend_from_slice(kid.as_bytes());
+    aad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sealed_secret_opens_with_its_key_and_kid_only() {
+        let key = SecretKey::generate();
+        let sealed = key.seal("k1", b"the signing secret");
+        assert!(!sealed.windows(6).any(|w| w == b"secret"), "no plaintext in the seal");
+        assert_eq!(key.open("k1", &sealed).unwrap().expose_secret(), b"the signing secret");
+        assert!(key.open("k2", &sealed).is_err(), "bound to its kid");
+        assert!(SecretKey::generate().open("k1", &sealed).is_err(), "another key does not open it");
+        for i in 0..sealed.len() {
+            let mut changed = sealed.clone();
+            changed[i] ^= 1;
+            assert!(key.open("k1", &changed).is_err(), "byte {i} changed");
+        }
+        assert!(key.open("k1", &sealed[..20]).is_err(), "truncated");
+        assert!(key.open("k1", b"").is_err(), "empty");
+        assert_ne!(key.seal("k1", b"x"), key.seal("k1", b"x"), "a fresh nonce each time");
+    }
+
+    #[test]
+    fn keys_are_32_bytes_of_base64() {
+        let key = SecretKey::generate();
+        let text = key.to_base64();
+        let again = SecretKey::parse(&format!(" {}\n", text.expose_secret())).unwrap();
+        assert_eq!(again.open("k", &key.seal("k", b"s")).unwrap().expose_secret(), b"s");
+        let url_safe = data_encoding::BASE64URL_NOPAD.encode(&[0xfb; 32]);
+        assert!(SecretKey::parse(&url_safe).is_ok());
+        assert_eq!(SecretKey::parse("").unwrap_err(), KeyError::Empty);
+        assert_eq!(SecretKey::parse("not base64!").unwrap_err(), KeyError::NotBase64);
+        assert_eq!(SecretKey::parse(&data_encoding::BASE64.encode(&[1; 16])).unwrap_err(), KeyError::WrongLength(16));
+        assert_eq!(format!("{key:?}"), "SecretKey(..)");
+    }
+}
