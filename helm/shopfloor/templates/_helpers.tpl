@@ -36,6 +36,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - name: SHOPFLOOR_GITHUB_GRAPHQL_URL
   value: {{ .Values.github.graphqlUrl | quote }}
 {{- end }}
+- name: SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE
+  value: {{ .Values.webhooks.allowPrivate | quote }}
 {{- if .Values.otel.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ .Values.otel.endpoint | quote }}
