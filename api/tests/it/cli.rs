@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
 
+use crate::support::Ran;
+
 const BIN: &str = env!("CARGO_BIN_EXE_shopfloor");
 
 /// A crew step, then an approval with a required field and a choice with a default, then an
@@ -45,28 +47,6 @@ nodes:
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/workflows").join(name)
-}
-
-/// What a command did.
-struct Ran {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Ran {
-    fn ok(self) -> Ran {
-        assert_eq!(self.code, 0, "exit {}: stdout {} stderr {}", self.code, self.stdout, self.stderr);
-        self
-    }
-
-    /// A failure with one line on standard error that says `says`.
-    fn fails(self, code: i32, says: &str) -> Ran {
-        assert_eq!(self.code, code, "stdout {} stderr {}", self.stdout, self.stderr);
-        assert_eq!(self.stderr.trim().lines().count(), 1, "one line: {}", self.stderr);
-        assert!(self.stderr.contains(says), "expected `{says}` in: {}", self.stderr);
-        self
-    }
 }
 
 /// `shopfloor serve` on a test database, an org `acme` with a project `web`, and its owner's

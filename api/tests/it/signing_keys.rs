@@ -13,6 +13,8 @@ use reqwest::StatusCode;
 use secrecy::ExposeSecret as _;
 use serde_json::{json, Value};
 
+use crate::support::Ran;
+
 const BIN: &str = env!("CARGO_BIN_EXE_shopfloor");
 /// Another well-formed key than the one that sealed the test's signing keys.
 const OTHER_KEY: &str = "b3RoZXIga2V5IG9mIGV4YWN0bHkgMzIgYnl0ZXMgLi4=";
@@ -25,35 +27,6 @@ impl Drop for KillOnDrop {
             let _ = self.0.kill();
             let _ = self.0.wait();
         }
-    }
-}
-
-/// What a command did.
-struct Ran {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Ran {
-    fn ok(self) -> Ran {
-        assert_eq!(self.code, 0, "exit {}: stdout {} stderr {}", self.code, self.stdout, self.stderr);
-        self
-    }
-
-    /// A failure with exit `code` and one line on standard error that says `says`.
-    fn fails(self, code: i32, says: &str) -> Ran {
-        assert_eq!(self.code, code, "stdout {} stderr {}", self.stdout, self.stderr);
-        assert_eq!(self.stderr.trim().lines().count(), 1, "one line: {}", self.stderr);
-        assert!(self.stderr.contains(says), "expected `{says}` in: {}", self.stderr);
-        assert!(!self.stderr.contains("panicked"), "{}", self.stderr);
-        self
-    }
-
-    /// The one line a key command prints.
-    fn line(&self) -> &str {
-        assert_eq!(self.stdout.trim().lines().count(), 1, "one line: {}", self.stdout);
-        self.stdout.trim()
     }
 }
 

@@ -408,3 +408,32 @@ impl Sse {
         }
     }
 }
+
+/// What a `shopfloor` command did (the CLI and admin tests).
+pub(crate) struct Ran {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+}
+
+impl Ran {
+    pub(crate) fn ok(self) -> Ran {
+        assert_eq!(self.code, 0, "exit {}: stdout {} stderr {}", self.code, self.stdout, self.stderr);
+        self
+    }
+
+    /// A failure with exit `code` and one line on standard error that says `says`.
+    pub(crate) fn fails(self, code: i32, says: &str) -> Ran {
+        assert_eq!(self.code, code, "stdout {} stderr {}", self.stdout, self.stderr);
+        assert_eq!(self.stderr.trim().lines().count(), 1, "one line: {}", self.stderr);
+        assert!(self.stderr.contains(says), "expected `{says}` in: {}", self.stderr);
+        assert!(!self.stderr.contains("panicked"), "{}", self.stderr);
+        self
+    }
+
+    /// The one line a key command prints.
+    pub(crate) fn line(&self) -> &str {
+        assert_eq!(self.stdout.trim().lines().count(), 1, "one line: {}", self.stdout);
+        self.stdout.trim()
+    }
+}
