@@ -91,11 +91,7 @@ pub async fn announce(ch: &mut Change, a: &Announced) -> Result<Installation> {
             .bind(&names)
             .execute(&mut *ch.tx)
             .await?;
-        sqlx::query("INSERT INTO github_installation_repositories (installation_id, full_name) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING")
-            .bind(a.id)
-            .bind(&names)
-            .execute(&mut *ch.tx)
-            .await?;
+        list(ch, a.id, &names).await?;
         if let Some(org) = installation.org {
             reattach(ch, org, a.id, &names).await?;
             detach_missing(ch, org, a.id).await?;
@@ -146,11 +142,7 @@ pub async fn set_repositories(ch: &mut Change, inst: &Installation, added: &[Str
         .bind(&removed)
         .execute(&mut *ch.tx)
         .await?;
-    sqlx::query("INSERT INTO github_installation_repositories (installation_id, full_name) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING")
-        .bind(inst.id)
-        .bind(&added)
-        .execute(&mut *ch.tx)
-        .await?;
+    list(ch, inst.id, &added).await?;
     let Some(org) = inst.org else { return Ok((0, 0)) };
     let detached = detach_missing(ch, org, inst.id).await?;
     let attached = reattach(ch, org, inst.id, &added).await?;
@@ -158,6 +150,16 @@ pub async fn set_repositories(ch: &mut Change, inst: &Installation, added: &[Str
         audit_change(ch, inst, "repositories", json!({ "added": added, "removed": removed }))?;
     }
     Ok((attached, detached))
+}
+
+/// Adds repositories to the installation's list.
+async fn list(ch: &mut Change, installation: i64, names: &[String]) -> Result<()> {
+    sqlx::query("INSERT INTO github_installation_repositories (installation_id, full_name) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING")
+        .bind(installation)
+        .bind(names)
+        .execute(&mut *ch.tx)
+        .await?;
+    Ok(())
 }
 
 /// Projects' repositories the installation no longer reaches lose it.
