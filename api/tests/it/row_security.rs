@@ -194,3 +194,26 @@ async fn the_tenant_pool_acts_for_the_scopes_org_and_for_none_outside_one() {
     drop(state);
     app.finish().await;
 }
+
+#[tokio::test]
+async fn without_the_tenant_role_the_tenant_pool_keeps_its_users_role() {
+    let app = App::start().await;
+    // A user the tenant role was never granted to (as when migration 0016 could not set it
+    // up). Roles are cluster-wide: made once, if missing.
+    sqlx::query(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'shopfloor_rls_outsider') THEN \
+           CREATE ROLE shopfloor_rls_outsider LOGIN; END IF; END $$",
+    )
+    .execute(app.pool())
+    .await
+    .unwrap();
+    let mut options: sqlx::postgres::PgConnectOptions = app.db.url.parse().unwrap();
+    options = options.username("shopfloor_rls_outsider");
+    let outsider = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_lazy_with(options);
+    let pool = engine::tenancy::tenant_pool(&outsider);
+    let who: String = sqlx::query_scalar("SELECT current_user::text").fetch_one(&pool).await.unwrap();
+    assert_eq!(who, "shopfloor_rls_outsider", "the connection works, as its own user");
+    pool.close().await;
+    outsider.close().await;
+    app.finish().await;
+}
