@@ -21,6 +21,7 @@ pub mod sealing;
 pub mod state;
 pub mod store;
 pub mod substate;
+pub mod tenancy;
 pub mod trace;
 pub mod triggers;
 pub mod walk;

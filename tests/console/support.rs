@@ -86,7 +86,7 @@ pub(crate) const WEBHOOK_SECRET: &str = "the console tests' webhook secret";
 /// The whole app as `shopfloor api` serves it: REST, GitHub's webhooks, then the console beside
 /// them.
 pub(crate) fn app(state: AppState, cfg: ConsoleConfig) -> axum::Router {
-    let webhooks = api::webhooks::WebhookState::new(state.db.clone(), Some(WEBHOOK_SECRET.to_owned().into()));
+    let webhooks = api::webhooks::WebhookState::new(state.system.clone(), Some(WEBHOOK_SECRET.to_owned().into()));
     api::http::router(state.clone()).merge(api::webhooks::router(webhooks)).merge(api::console::router(state, cfg))
 }
 

@@ -181,7 +181,7 @@ async fn bind(addr: &std::net::SocketAddr, var: &str) -> Result<TcpListener, Cli
 pub fn app(state: &AppState, webhook_secret: Option<secrecy::SecretString>, console: crate::console::ConsoleConfig) -> axum::Router {
     // The webhooks need the App's secret, which the REST router's state does not carry.
     http::router(state.clone())
-        .merge(crate::webhooks::router(crate::webhooks::WebhookState::new(state.db.clone(), webhook_secret).with_limits(state.limits())))
+        .merge(crate::webhooks::router(crate::webhooks::WebhookState::new(state.system.clone(), webhook_secret).with_limits(state.limits())))
         .merge(crate::console::router(state.clone(), console))
         // Around every route (so the matched route is known): requests by route and status.
         .layer(axum::middleware::from_fn(http::metrics::track))

@@ -242,7 +242,8 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
     )
     .bind(&login)
     .bind(&emails)
-    .fetch_all(c.db())
+    // Across orgs: the person's memberships, before any org is known.
+    .fetch_all(&c.state().system)
     .await?;
     if people.is_empty() {
         tracing::info!(github.login = %login, "GitHub sign-in of an account that is no member");
@@ -252,6 +253,8 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
     let mut sessions = Vec::new();
     for (org, user, role, slug) in people {
         let Some(role) = Role::parse(&role) else { continue };
+        // Each session token is written as the org it belongs to.
+        engine::tenancy::act_for(org);
         let mut ch = Change::begin(c.db(), Actor::User(user)).await?;
         let (_, token) = issue_user_token_with_id(&mut ch, c.state().secret_key(), UserToken { org, user, project: None, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl }).await?;
         ch.commit().await?;

@@ -187,7 +187,7 @@ pub async fn verify(state: &AppState, token: &str) -> Result<Caller, ApiError> {
     if kid.len() > 100 {
         return Err(refuse("kid too long"));
     }
-    let secret = state.shared.keys.get(&state.db, state.secret_key(), &kid).await?;
+    let secret = state.shared.keys.get(&state.system, state.secret_key(), &kid).await?;
     let mut validation = Validation::new(Algorithm::HS256);
     validation.leeway = 0;
     validation.set_required_spec_claims(&["exp"]);
@@ -203,7 +203,7 @@ pub async fn verify(state: &AppState, token: &str) -> Result<Caller, ApiError> {
     )
     .bind(jti)
     .bind(org)
-    .fetch_optional(&state.db)
+    .fetch_optional(&state.system)
     .await?;
     let row = row.ok_or_else(|| refuse("no token row in that org"))?;
     if row.revoked {
@@ -225,6 +225,8 @@ pub async fn verify(state: &AppState, token: &str) -> Result<Caller, ApiError> {
         "registration" => (TokenKind::Registration, None),
         _ => return Err(refuse("unknown token kind")),
     };
+    // The request acts for this org from now on: the tenant pool shows it only its rows.
+    engine::tenancy::act_for(org);
     Ok(Caller { jti, org, org_slug: row.slug, kind, user: row.user_id, role, project: row.project_id })
 }
 
@@ -233,6 +235,8 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         if let Some(caller) = parts.extensions.get::<Caller>() {
+            // Verified already (the console's in-process calls attach the signed-in caller).
+            engine::tenancy::act_for(caller.org);
             return Ok(caller.clone());
         }
         let value = parts.headers.get(header::AUTHORIZATION).ok_or_else(|| refuse("no Authorization header"))?;

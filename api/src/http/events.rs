@@ -328,7 +328,8 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
             return Some((Ok(sse(e.pos, &e.event)), c));
         }
         if c.catch_up {
-            match backlog(&c.db, c.org, c.project, c.pos).await {
+            // Polled outside the request that opened it: the stream acts for its org itself.
+            match engine::tenancy::scoped(Some(c.org), backlog(&c.db, c.org, c.project, c.pos)).await {
                 Ok(events) => {
                     c.catch_up = events.len() as i64 == BATCH;
                     c.queue.extend(events);

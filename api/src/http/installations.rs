@@ -112,7 +112,10 @@ pub async fn claim(State(state): State<AppState>, scope: OrgScope, Json(body): J
         Some(app) => Some(from_app(app, id).await?),
         None => None,
     };
-    let mut ch = scope.change(&state).await?;
+    // On the owner's pool: an installation is the App's before it is any org's, so announcing
+    // it writes a row no org may hold yet, and a claim must see that another org holds it (409,
+    // to a person GitHub has already shown can reach it). The store filters by org itself.
+    let mut ch = engine::store::Change::begin(&state.system, scope.caller.actor()).await?;
     if let Some(a) = &announced {
         installations::announce(&mut ch, a).await?;
     }

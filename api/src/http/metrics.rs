@@ -20,7 +20,7 @@ pub const PATH: &str = "/metrics";
 
 /// `GET /metrics` on the API server: the process's metrics, with the database's figures.
 pub async fn scrape(State(state): State<AppState>) -> Response {
-    answer(engine::metrics::render(Some(&state.db)).await)
+    answer(engine::metrics::render(Some(&state.system)).await)
 }
 
 /// The metrics as a response.

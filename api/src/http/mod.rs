@@ -64,10 +64,16 @@ pub use error::{problem, ApiError, Problem};
 /// routed apart).
 pub const BODY_LIMIT: usize = 1 << 20;
 
-/// What every handler shares: the database pool and the replica's caches and event hub.
+/// What every handler shares: the database pools and the replica's caches and event hub.
 #[derive(Clone)]
 pub struct AppState {
+    /// The tenant pool (`engine::tenancy`): its statements see only the rows of the org the
+    /// request acts for (its verified caller's), and none outside a request. Handlers use it.
     pub db: PgPool,
+    /// The pool the state was given, as the tables' owner: only for cross-tenant work (token
+    /// verification, webhook ingest, the event hub and the streams' reads, sign-in, health,
+    /// metrics). Every query on it filters by org itself.
+    pub system: PgPool,
     pub(crate) shared: Arc<Shared>,
 }
 
@@ -101,7 +107,9 @@ impl AppState {
     /// opens the signing keys. Needs a Tokio runtime; the hub stops when the last clone of the
     /// state is dropped.
     pub fn new(db: PgPool, listen_url: &str, secret_key: engine::sealing::SecretKey) -> AppState {
-        let events = events::EventHub::start(db.clone(), listen_url.to_owned());
+        let system = db;
+        let db = engine::tenancy::tenant_pool(&system);
+        let events = events::EventHub::start(system.clone(), listen_url.to_owned());
         let shared = Shared {
             catalog: engine::catalog::Catalog::default(),
             keys: auth::KeyCache::default(),
@@ -119,7 +127,7 @@ impl AppState {
             limits: std::sync::OnceLock::new(),
             webhooks: std::sync::OnceLock::new(),
         };
-        AppState { db, shared: Arc::new(shared) }
+        AppState { db, system, shared: Arc::new(shared) }
     }
 
     /// Mints installation tokens for hosts' assignments with this App (set once, at start).
@@ -268,5 +276,6 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.limits(), limits::timeout))
         .layer(axum::middleware::from_fn_with_state(state.limits(), limits::rates))
         .layer(axum::middleware::from_fn(error::log_failures))
+        .layer(axum::middleware::from_fn(tenant::scope))
         .with_state(state)
 }

@@ -3,7 +3,9 @@
 //! handler can forget the scope. An org or project the caller may not see answers 404, the
 //! same as one that does not exist: another tenant's existence is never revealed.
 
-use axum::extract::{FromRequestParts, RawPathParams};
+use axum::extract::{FromRequestParts, RawPathParams, Request};
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::http::request::Parts;
 use engine::ids::{OrgId, ProjectId, Slug};
 use engine::store::{cap, Change};
@@ -102,4 +104,11 @@ impl FromRequestParts<AppState> for ProjectScope {
         }
         Ok(ProjectScope { org, project, slug })
     }
+}
+
+/// Runs each request in a tenancy scope (`engine::tenancy::scoped`), which its verified caller
+/// fills (`auth::verify`): from then on the request's statements on the tenant pool see only
+/// that org's rows.
+pub async fn scope(request: Request, next: Next) -> Response {
+    engine::tenancy::scoped(None, next.run(request)).await
 }

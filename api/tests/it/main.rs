@@ -12,6 +12,7 @@ mod limits;
 mod openapi;
 mod operator;
 mod paging;
+mod row_security;
 mod signing_keys;
 mod support;
 mod tenancy;

@@ -679,7 +679,9 @@ async fn next_line(mut t: Tail) -> Option<(Result<Event, Infallible>, Tail)> {
             return Some((Ok(line_event(&l)), t));
         }
         if t.catch_up {
-            let lines: Result<Vec<Line>, _> = sqlx::query_as(TRANSCRIPT_AFTER_SQL).bind(t.step).bind(t.org).bind(t.after).bind(500_i64).fetch_all(&t.db).await;
+            let read = sqlx::query_as(TRANSCRIPT_AFTER_SQL).bind(t.step).bind(t.org).bind(t.after).bind(500_i64).fetch_all(&t.db);
+            // Polled outside the request that opened it: the tail acts for its org itself.
+            let lines: Result<Vec<Line>, _> = engine::tenancy::scoped(Some(t.org), read).await;
             match lines {
                 Ok(lines) => {
                     t.catch_up = lines.len() == 500;
