@@ -7,13 +7,13 @@
 use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
 
-use crate::support::Ran;
+use crate::support::{KillOnDrop, Ran};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shopfloor");
 
@@ -178,18 +178,6 @@ impl Server {
     }
 }
 
-/// A child process that a test that panics still stops (`shopfloor serve`, whose database a
-/// later test sweeps; a `--watch` that would otherwise wait for its server forever).
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
 
 fn is_waiting(run: &Value) -> bool {
     run["approvals"].as_array().is_some_and(|a| !a.is_empty())

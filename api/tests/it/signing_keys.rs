@@ -5,7 +5,7 @@
 //! start without logging anyone out, and a missing, malformed or wrong `SHOPFLOOR_SECRET_KEY`
 //! ends the process with one line that says what to set.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::testkit::{secret_key, test_db, TestDb, SECRET_KEY};
@@ -13,22 +13,12 @@ use reqwest::StatusCode;
 use secrecy::ExposeSecret as _;
 use serde_json::{json, Value};
 
-use crate::support::Ran;
+use crate::support::{KillOnDrop, Ran};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shopfloor");
 /// Another well-formed key than the one that sealed the test's signing keys.
 const OTHER_KEY: &str = "b3RoZXIga2V5IG9mIGV4YWN0bHkgMzIgYnl0ZXMgLi4=";
 
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
 
 /// `shopfloor ARGS` on the test's database with the secret key `key` (none: unset).
 fn shopfloor(db: &TestDb, key: Option<&str>, args: &[&str]) -> Command {

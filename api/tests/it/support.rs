@@ -437,3 +437,16 @@ impl Ran {
         self.stdout.trim()
     }
 }
+
+/// A child process that a test that panics still stops (`shopfloor serve`, whose database a
+/// later test sweeps; a `--watch` that would otherwise wait for its server forever).
+pub(crate) struct KillOnDrop(pub(crate) std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
