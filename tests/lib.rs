@@ -13,6 +13,19 @@ use engine::store::runs::{self, NewRun};
 use engine::store::{tenants, workflows, Actor, Change};
 use sqlx::PgPool;
 
+/// Waits until `url` answers 200 (a server's `/readyz` once it has started). The deadline only
+/// ends a hung test: a loaded machine may take long, and nothing is asserted about how long.
+pub async fn until_ok(url: &str) {
+    let answered = async {
+        while !reqwest::get(url).await.is_ok_and(|r| r.status() == reqwest::StatusCode::OK) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(180), answered).await.is_err() {
+        panic!("{url} never answered 200: the server did not start (see its output above)");
+    }
+}
+
 /// The `shopfloor` binary of this build (`make test` builds it first).
 pub fn shopfloor_bin() -> PathBuf {
     if let Ok(bin) = std::env::var("SHOPFLOOR_BIN") {

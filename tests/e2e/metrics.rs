@@ -81,19 +81,6 @@ async fn scrape(url: &str) -> String {
 }
 
 /// Waits until `url` answers 200.
-async fn until_up(url: &str) {
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = reqwest::get(url).await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "{url} did not answer");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 async fn until(db: &TestDb, sql: &str, want: i64) {
     let started = Instant::now();
     loop {
@@ -185,8 +172,8 @@ async fn api_and_engine_count_what_they_did() {
     );
     let (api_metrics, engine_metrics) = (format!("http://127.0.0.1:{api_port}/metrics"), format!("http://127.0.0.1:{engine_port}/metrics"));
     let base = format!("http://127.0.0.1:{api_port}");
-    until_up(&format!("{base}/readyz")).await;
-    until_up(&engine_metrics).await;
+    shopfloor_tests::until_ok(&format!("{base}/readyz")).await;
+    shopfloor_tests::until_ok(&engine_metrics).await;
 
     let api_before = scrape(&api_metrics).await;
     let engine_before = scrape(&engine_metrics).await;
@@ -260,7 +247,7 @@ async fn serve_shows_its_engine_on_its_one_metrics() {
             .unwrap(),
     );
     let base = format!("http://127.0.0.1:{port}");
-    until_up(&format!("{base}/readyz")).await;
+    shopfloor_tests::until_ok(&format!("{base}/readyz")).await;
     let before = scrape(&format!("{base}/metrics")).await;
     submit(&base, &token).await;
     until(&db, "SELECT count(*) FROM runs WHERE status = 'completed'", 1).await;

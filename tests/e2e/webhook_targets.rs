@@ -6,7 +6,6 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use engine::ids::Slug;
 use engine::store::{tenants, Actor, Change};
@@ -78,16 +77,8 @@ async fn api(db: &TestDb, env: &[(&str, &str)]) -> (Killed, String) {
     }
     let child = Killed(cmd.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().expect("spawn shopfloor api"));
     let base = format!("http://127.0.0.1:{port}");
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = reqwest::get(format!("{base}/readyz")).await {
-            if r.status() == 200 {
-                return (child, base);
-            }
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "shopfloor api did not become ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    shopfloor_tests::until_ok(&format!("{base}/readyz")).await;
+    (child, base)
 }
 
 /// Org `acme` with project `web`; the owner's token.
