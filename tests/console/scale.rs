@@ -1,20 +1,27 @@
 //! Every page on a project with 10,000 runs (and as many in a second org): the statements it
 //! sends are few and do not grow with the data (no N+1), the large tables are read through
-//! indexes only (no sequential scan, from `pg_stat_user_tables`), and the server time is
-//! printed. The pages are served in-process on this test's one thread, so a tracing layer can
-//! count the statements sqlx sends for each. The tenant pool's `set_config` of the request's
-//! org, sent each time a connection is handed out (`engine::tenancy`), is counted apart: it is
-//! one per acquire, so it follows the page's statements and cannot hide an N+1 of them.
+//! indexes only (no sequential scan in the plan of any statement the page sends), and the
+//! server time is printed. The pages are served in-process on this test's one thread inside a
+//! `console_page` span, so a tracing layer can count the statements sqlx sends for the page
+//! and read their plans: the page's connections load `auto_explain`, which sends each
+//! statement's plan back as a notice. Nothing else the database does meanwhile (another
+//! pool's event hub, autovacuum) is charged to the page. The tenant pool's `set_config` of the
+//! request's org, sent each time a connection is handed out (`engine::tenancy`), is counted
+//! apart: it is one per acquire, so it follows the page's statements and cannot hide an N+1 of
+//! them.
 
-use std::cell::Cell;
-use std::time::{Duration, Instant};
+use std::cell::{Cell, RefCell};
+use std::str::FromStr as _;
+use std::time::Instant;
 
 use api::http::AppState;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use engine::ids::RunId;
 use tower::ServiceExt as _;
+use tracing::Instrument as _;
 use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
 use crate::support::{app as console_app, App};
@@ -23,9 +30,15 @@ thread_local! {
     static STATEMENTS: Cell<usize> = const { Cell::new(0) };
     /// The tenant pool's `SELECT set_config('shopfloor.org', …)` before each acquire.
     static SCOPES: Cell<usize> = const { Cell::new(0) };
+    /// `table: statement` for each sequential scan of a large table in a page's plans.
+    static SCANS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Counts sqlx's statement events on the thread that sends them.
+/// The span a page is served in; only what happens inside it is counted.
+pub(crate) const PAGE_SPAN: &str = "console_page";
+
+/// Counts sqlx's statement events, and reads the plans `auto_explain` sends back, of the page
+/// being served on this thread.
 pub(crate) struct CountStatements;
 
 /// What a statement event is: the tenant pool's setting of the org before an acquire (its
@@ -50,47 +63,80 @@ impl tracing::field::Visit for IsScope {
     }
 }
 
-impl<S: tracing::Subscriber> Layer<S> for CountStatements {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        if event.metadata().target() == "sqlx::query" {
-            let mut scope = IsScope::default();
-            event.record(&mut scope);
-            let counter = match scope.0 {
-                Some(true) => &SCOPES,
-                Some(false) => return,
-                None => &STATEMENTS,
-            };
-            counter.with(|c| c.set(c.get() + 1));
+/// The message of a notice: with `auto_explain`, a statement's text and plan.
+#[derive(Default)]
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            value.clone_into(&mut self.0);
         }
     }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+/// The large tables a plan reads sequentially (`Seq Scan on steps s`, `Parallel Seq Scan on …`).
+fn sequential_scans(plan: &str) -> Vec<&str> {
+    plan.match_indices("Seq Scan on ")
+        .filter_map(|(at, m)| plan[at + m.len()..].split(|c: char| !(c.is_alphanumeric() || c == '_')).next())
+        .filter(|table| LARGE.contains(table))
+        .collect()
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for CountStatements {
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+        let in_page = ctx.event_scope(event).is_some_and(|mut scope| scope.any(|span| span.name() == PAGE_SPAN));
+        if !in_page {
+            return;
+        }
+        match event.metadata().target() {
+            "sqlx::query" => {
+                let mut scope = IsScope::default();
+                event.record(&mut scope);
+                let counter = match scope.0 {
+                    Some(true) => &SCOPES,
+                    Some(false) => return,
+                    None => &STATEMENTS,
+                };
+                counter.with(|c| c.set(c.get() + 1));
+            }
+            "sqlx::postgres::notice" => {
+                let mut plan = Message::default();
+                event.record(&mut plan);
+                let statement = plan.0.lines().find_map(|l| l.strip_prefix("Query Text: ")).unwrap_or("?").to_owned();
+                for table in sequential_scans(&plan.0) {
+                    SCANS.with(|s| s.borrow_mut().push(format!("{table}: {statement}")));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What the layer must see: sqlx's statements and notices, and the page span.
+pub(crate) fn counted(m: &tracing::Metadata<'_>) -> bool {
+    matches!(m.target(), "sqlx::query" | "sqlx::postgres::notice") || m.name() == PAGE_SPAN
 }
 
 /// Tables large enough that a sequential scan of them on a page is a missing index.
 const LARGE: &[&str] = &["runs", "steps", "run_events", "approvals", "audit_log", "step_logs", "wakes", "step_sessions"];
 
-async fn seq_scans(pool: &sqlx::PgPool) -> Vec<(String, i64)> {
-    let mut conn = pool.acquire().await.unwrap();
-    sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await.unwrap();
-    sqlx::query_as("SELECT relname::text, coalesce(seq_scan, 0) FROM pg_stat_user_tables WHERE relname = ANY($1) ORDER BY relname")
-        .bind(LARGE)
-        .fetch_all(&mut *conn)
-        .await
-        .unwrap()
-}
-
-/// `seq_scans` once it stopped moving: backends report their counts when they go idle or
-/// exit, up to a second late, so a reading taken at once can still miss the scans of work
-/// done before it (seen under load: a page charged with scans it did not make).
-async fn settled_seq_scans(pool: &sqlx::PgPool) -> Vec<(String, i64)> {
-    let mut last = seq_scans(pool).await;
-    loop {
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
-        let now = seq_scans(pool).await;
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
+/// A pool whose connections send each statement's plan back as a notice (`auto_explain`,
+/// loaded at connection start: the test's database user is a superuser).
+fn explaining_pool(url: &str) -> sqlx::PgPool {
+    let options = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().options([
+        ("session_preload_libraries", "auto_explain"),
+        ("auto_explain.log_min_duration", "0"),
+        ("auto_explain.log_level", "notice"),
+        ("auto_explain.log_nested_statements", "on"),
+    ]);
+    sqlx::postgres::PgPoolOptions::new().max_connections(4).connect_lazy_with(options)
 }
 
 /// Seeds `n` runs of every status in the org's project, with their steps, events, approvals
@@ -158,6 +204,7 @@ struct Measured {
     status: StatusCode,
     statements: usize,
     scopes: usize,
+    scans: Vec<String>,
     millis: f64,
     body: String,
 }
@@ -166,14 +213,16 @@ async fn measure(router: &axum::Router, cookie: &str, path: &str) -> Measured {
     let req = Request::get(path).header(header::COOKIE, cookie).header(header::HOST, "console.test").body(Body::empty()).unwrap();
     STATEMENTS.with(|c| c.set(0));
     SCOPES.with(|c| c.set(0));
+    SCANS.with(|s| s.borrow_mut().clear());
     let started = Instant::now();
-    let response = router.clone().oneshot(req).await.unwrap();
+    let response = router.clone().oneshot(req).instrument(tracing::info_span!(PAGE_SPAN)).await.unwrap();
     let millis = started.elapsed().as_secs_f64() * 1000.0;
     let statements = STATEMENTS.with(Cell::get);
     let scopes = SCOPES.with(Cell::get);
+    let scans = SCANS.with(|s| std::mem::take(&mut *s.borrow_mut()));
     let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), 64 << 20).await.unwrap();
-    Measured { status, statements, scopes, millis, body: String::from_utf8_lossy(&bytes).into_owned() }
+    Measured { status, statements, scopes, scans, millis, body: String::from_utf8_lossy(&bytes).into_owned() }
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -182,13 +231,9 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
     let acme = app.org("acme").await;
     let noise = app.org("noise").await;
     let started = Instant::now();
-    // Seeded through a pool of its own, closed afterwards: its backends report their table
-    // statistics as they exit, so none arrive late during a page's count.
-    let seeding = engine::db::connect(&app.db.url, 2).await.unwrap();
-    seed(&seeding, &acme, 10_000).await;
-    seed(&seeding, &noise, 10_000).await;
-    sqlx::query("ANALYZE").execute(&seeding).await.unwrap();
-    seeding.close().await;
+    seed(app.pool(), &acme, 10_000).await;
+    seed(app.pool(), &noise, 10_000).await;
+    sqlx::query("ANALYZE").execute(app.pool()).await.unwrap();
     eprintln!("seeded 2 x 10,000 runs in {:.1} s", started.elapsed().as_secs_f64());
     let completed: RunId = sqlx::query_scalar("SELECT run_id FROM runs WHERE org_id = $1 AND status = 'failed' ORDER BY created_at DESC LIMIT 1")
         .bind(acme.id)
@@ -230,30 +275,18 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
         ("audit log", "/orgs/acme/audit".to_owned()),
         ("tokens", "/orgs/acme/tokens".to_owned()),
     ];
+    let state = AppState::new(explaining_pool(&app.db.url), &app.db.url, engine::testkit::secret_key());
+    let router = console_app(state, Default::default());
     let mut report = Vec::new();
     for (name, path) in &pages {
-        // A state and pool of their own per page: closing the pool makes its backends report
-        // their table statistics at once.
-        let pool = engine::db::connect(&app.db.url, 4).await.unwrap();
-        let state = AppState::new(pool.clone(), &app.db.url, engine::testkit::secret_key());
-        let router = console_app(state.clone(), Default::default());
-        tokio::time::sleep(Duration::from_millis(300)).await;
         let warm = measure(&router, &cookie, path).await;
         assert_eq!(warm.status, StatusCode::OK, "{name}: {}", warm.body);
-        let before = settled_seq_scans(app.pool()).await;
         let mut runs: Vec<Measured> = Vec::new();
         for _ in 0..3 {
             runs.push(measure(&router, &cookie, path).await);
         }
-        drop(router);
-        // The handlers' tenant pool is the state's own: closed too, so its backends report
-        // within this page's window rather than the next one's.
-        state.db.close().await;
-        drop(state);
-        pool.close().await;
-        let after = settled_seq_scans(app.pool()).await;
-        let scanned: Vec<String> = before.iter().zip(&after).filter(|(b, a)| a.1 > b.1).map(|(b, a)| format!("{} (+{})", b.0, a.1 - b.1)).collect();
-        assert!(scanned.is_empty(), "{name} ({path}) read large tables without an index: {scanned:?}");
+        let scanned: Vec<&String> = std::iter::once(&warm).chain(&runs).flat_map(|m| &m.scans).collect();
+        assert!(scanned.is_empty(), "{name} ({path}) read large tables without an index: {scanned:#?}");
         let statements = runs.iter().map(|m| m.statements).max().unwrap_or(0);
         assert!(statements <= 20, "{name}: {statements} statements for one page (N+1?)");
         assert!(runs.iter().all(|m| m.statements == runs[0].statements), "{name}: the statement count varies between identical requests");

@@ -326,7 +326,7 @@ pub(crate) fn init_tracing() {
     static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     INSTALLED.get_or_init(|| {
         let errors = tracing_subscriber::fmt::layer().with_test_writer().with_filter(tracing_subscriber::filter::LevelFilter::WARN);
-        let subscriber = tracing_subscriber::registry().with(errors).with(crate::scale::CountStatements.with_filter(tracing_subscriber::filter::filter_fn(|m| m.target() == "sqlx::query")));
+        let subscriber = tracing_subscriber::registry().with(errors).with(crate::scale::CountStatements.with_filter(tracing_subscriber::filter::filter_fn(crate::scale::counted)));
         let _ = tracing::subscriber::set_global_default(subscriber);
     });
 }
