@@ -7,6 +7,7 @@ mod github_env;
 mod github_gates;
 mod github_outputs;
 mod github_schedule;
+mod host_env;
 mod hosts;
 mod metrics;
 mod secrets;

@@ -22,7 +22,8 @@ use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::github_fake::{FakeGithub, Issue, Repo, WebhookClient};
 use shopfloor_tests::shopfloor_bin;
 
-use crate::hosts::{FAKE_CLAUDE, ISSUE_TO_PR};
+use crate::host_env::FAKE_CLAUDE;
+use crate::hosts::ISSUE_TO_PR;
 
 const WEBHOOK_SECRET: &str = "whsec-leaktest-5c1f0e9a7b3d";
 const LOG: &str = "info,engine=debug,api=debug,host=debug,shopfloor=debug";

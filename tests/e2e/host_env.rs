@@ -1,0 +1,344 @@
+//! The environment of the host tests: `shopfloor serve` on a test database, `shopfloor host`
+//! processes registered through the API, a stand-in for Claude Code that prints its real
+//! stream-json format, and a local bare repository as the remote.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
+use engine::store::runs::{self, NewRun};
+use engine::store::{installations, tenants, workflows, Actor, Change};
+use engine::testkit::{test_db, TestDb};
+use serde_json::{json, Value};
+use shopfloor_tests::github_fake::FakeGithub;
+use shopfloor_tests::shopfloor_bin;
+
+const SECRET: &str = "host tests' webhook secret";
+
+/// A stand-in for Claude Code: reads the prompt on stdin and prints what `claude -p
+/// --output-format stream-json --verbose` prints (an init line, assistant lines with their
+/// usage, a tool result, a result line with cost, turns, tokens and modelUsage), editing
+/// CHANGES.md on the way. Words in the prompt change what it does:
+/// `@SLOW@` prints a line a second for two minutes first (on the first attempt only, unless
+/// `@ALWAYS@`); `@HANG@` ignores SIGINT and starts a child that ignores it too, then waits.
+/// It writes its pid to `$MARKS/<step>.pid` and a line per run to `$MARKS/<step>.count`.
+pub(crate) const FAKE_CLAUDE: &str = r#"#!/usr/bin/env bash
+set -u
+prompt=$(cat)
+sid="sess-$$"
+model="claude-sonnet-4-5-20250929"
+marks="${MARKS:?}"
+step="${SHOPFLOOR_STEP_ID:?}"
+echo "$$" > "$marks/$step.pid"
+echo "run" >> "$marks/$step.count"
+say() { printf '%s\n' "$1"; }
+assistant() {
+  say '{"type":"assistant","message":{"id":"'"$1"'","type":"message","role":"assistant","model":"'"$model"'","content":['"$2"'],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":'"$3"',"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":'"$4"',"service_tier":"standard"}},"parent_tool_use_id":null,"session_id":"'"$sid"'"}'
+}
+say '{"type":"system","subtype":"init","cwd":"'"$PWD"'","session_id":"'"$sid"'","tools":["Bash","Edit","Read"],"mcp_servers":[],"model":"'"$model"'","permissionMode":"acceptEdits","apiKeySource":"none"}'
+case "$prompt" in
+  *@HANG@*)
+    trap '' INT
+    sleep 600 &
+    echo "$!" > "$marks/$step.child"
+    assistant msg_h '{"type":"text","text":"Working on it."}' 5 3
+    wait
+    ;;
+  *@SLOW@*)
+    if [ "${SHOPFLOOR_ATTEMPT:-1}" = 1 ] || [[ "$prompt" == *@ALWAYS@* ]]; then
+      for i in $(seq 1 120); do
+        assistant "msg_s$i" '{"type":"text","text":"thinking '"$i"'"}' 1 1
+        sleep 1
+      done
+    fi
+    ;;
+esac
+assistant msg_1 '{"type":"tool_use","id":"toolu_1","name":"Edit","input":{"file_path":"CHANGES.md"}}' 12 20
+echo "- $SHOPFLOOR_NODE of $SHOPFLOOR_RUN_ID, attempt $SHOPFLOOR_ATTEMPT" >> CHANGES.md
+say '{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_1","type":"tool_result","content":"The file CHANGES.md has been updated."}]},"parent_tool_use_id":null,"session_id":"'"$sid"'"}'
+answer="Added a line to CHANGES.md.\n\nPULL REQUEST\nAdd a line to CHANGES.md\n\nSo that the change shows."
+assistant msg_2 '{"type":"text","text":"'"$answer"'"}' 30 15
+say '{"type":"result","subtype":"success","is_error":false,"duration_ms":1234,"duration_api_ms":1100,"num_turns":2,"result":"'"$answer"'","session_id":"'"$sid"'","total_cost_usd":0.012345678,"usage":{"input_tokens":42,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":35,"service_tier":"standard"},"modelUsage":{"'"$model"'":{"inputTokens":42,"outputTokens":35,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"webSearchRequests":0,"costUSD":0.012345678,"contextWindow":200000}},"permission_denials":[],"uuid":"u-1"}'
+"#;
+
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub(crate) fn sh(dir: &Path, script: &str) {
+    let out = Command::new("sh").arg("-c").arg(script).current_dir(dir).output().unwrap();
+    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+pub(crate) fn git_out(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git").args(args).current_dir(dir).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A child process killed when dropped.
+pub(crate) struct Proc(pub(crate) Child);
+
+impl Proc {
+    pub(crate) fn sigkill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            self.sigkill();
+        }
+    }
+}
+
+pub(crate) struct Env {
+    pub(crate) db: TestDb,
+    pub(crate) _server: Proc,
+    /// GitHub on loopback, when the server acts as the GitHub App.
+    pub(crate) github: Option<FakeGithub>,
+    pub(crate) base: String,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) org: OrgId,
+    pub(crate) project: ProjectId,
+    pub(crate) workflows: Vec<(String, WorkflowId)>,
+    pub(crate) owner_token: String,
+}
+
+impl Env {
+    /// `shopfloor serve` on a test database with org `acme`, project `web`, the workflows,
+    /// `acme/widgets` connected, and a bare repository for it with one commit on `main`.
+    pub(crate) async fn start(sources: &[&str]) -> Env {
+        Env::start_with(sources, false).await
+    }
+
+    /// As `start`; with `github`, the server is the GitHub App against the fake GitHub
+    /// (outputs, installation tokens) and takes signed webhooks.
+    pub(crate) async fn start_with(sources: &[&str], github: bool) -> Env {
+        Env::start_stalling_after(sources, github, 600).await
+    }
+
+    /// As `start_with`, with crew steps whose session is silent for `stall_secs` stalled.
+    pub(crate) async fn start_stalling_after(sources: &[&str], github: bool, stall_secs: u64) -> Env {
+        let db = test_db().await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+        let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
+        let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
+        let mut wfs = Vec::new();
+        for source in sources {
+            let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
+            let (id, _) = workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
+            wfs.push((def.name.clone(), id));
+        }
+        installations::connect_for_test(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
+        let owner_token = api::auth::issue_user_token(
+            &mut ch,
+            &engine::testkit::secret_key(),
+            api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "test", ttl: chrono::Duration::hours(2) },
+        )
+        .await
+        .unwrap();
+        ch.commit().await.unwrap();
+
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("remotes/acme")).unwrap();
+        std::fs::create_dir_all(d.join("marks")).unwrap();
+        sh(d, "git init -q --bare -b main remotes/acme/widgets.git && git clone -q remotes/acme/widgets.git seed 2>/dev/null \
+               && cd seed && echo '# widgets' > README.md && mkdir -p .github && echo '## What and why' > .github/pull_request_template.md \
+               && git add -A && git -c user.name=t -c user.email=t@example.com commit -q -m init && git push -q origin HEAD:main");
+        let fake = d.join("claude");
+        std::fs::write(&fake, FAKE_CLAUDE).unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+        let port = free_port();
+        let mut cmd = Command::new(shopfloor_bin());
+        cmd.args(["serve", "--log", "warn"])
+            .env("DATABASE_URL", &db.url)
+            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
+            .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SHOPFLOOR_DRAIN_SECS", "2")
+            .env("SHOPFLOOR_DB_CONNECTIONS", "16")
+            .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
+            .env("SHOPFLOOR_STALL_SECS", stall_secs.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let fake = if github { Some(FakeGithub::start().await) } else { None };
+        if let Some(fake) = &fake {
+            cmd.env("SHOPFLOOR_GITHUB_APP_ID", "1")
+                .env("SHOPFLOOR_GITHUB_APP_KEY_FILE", PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake/test_app_key.pem"))
+                .env("SHOPFLOOR_GITHUB_API_URL", &fake.url)
+                .env("SHOPFLOOR_GITHUB_GRAPHQL_URL", format!("{}/graphql", fake.url))
+                .env("SHOPFLOOR_GITHUB_TIMEOUT_SECS", "2");
+        }
+        let child = cmd.spawn().expect("spawn shopfloor serve");
+        let env = Env { db, _server: Proc(child), github: fake, base: format!("http://127.0.0.1:{port}"), dir, org, project, workflows: wfs, owner_token };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !reqwest::get(format!("{}/readyz", env.base)).await.is_ok_and(|r| r.status().is_success()) {
+            assert!(Instant::now() < deadline, "shopfloor serve never became ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        env
+    }
+
+    /// Stops the server, checks that no due wake was left unclaimed, and drops the database.
+    pub(crate) async fn finish(self) {
+        let Env { db, _server, dir, github, .. } = self;
+        drop(_server);
+        drop(github);
+        db.finish().await;
+        drop(dir);
+    }
+
+    pub(crate) fn marks(&self) -> PathBuf {
+        self.dir.path().join("marks")
+    }
+
+    /// A registration token for one host, made through the API as an admin would.
+    pub(crate) async fn registration(&self) -> String {
+        let made: Value = reqwest::Client::new()
+            .post(format!("{}/api/v1/orgs/acme/projects/web/host-registrations", self.base))
+            .bearer_auth(&self.owner_token)
+            .json(&json!({ "name": "test host" }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        made["token"].as_str().unwrap_or_else(|| panic!("no token in {made}")).to_owned()
+    }
+
+    /// Starts `shopfloor host` with its own work directory (reused when started again).
+    pub(crate) async fn host(&self, name: &str, slots: u32) -> Proc {
+        self.host_with(name, slots, "linux,harness:claude-code", &self.dir.path().join("claude")).await
+    }
+
+    /// As `host`, advertising `capabilities` (comma-separated) and running `claude` as Claude
+    /// Code.
+    pub(crate) async fn host_with(&self, name: &str, slots: u32, capabilities: &str, claude: &Path) -> Proc {
+        let work = self.dir.path().join("hosts").join(name);
+        let token = if work.join("credential.json").exists() { String::new() } else { self.registration().await };
+        let child = Command::new(shopfloor_bin())
+            .args(["host", "--log", &std::env::var("HOST_LOG").unwrap_or_else(|_| "warn".into()), "--capabilities", capabilities])
+            .arg("--server")
+            .arg(&self.base)
+            .arg("--name")
+            .arg(name)
+            .arg("--max-concurrent")
+            .arg(slots.to_string())
+            .arg("--work-dir")
+            .arg(&work)
+            .arg("--claude-command")
+            .arg(claude)
+            .arg("--git-url-template")
+            .arg(format!("{}/remotes/{{repo}}.git", self.dir.path().display()))
+            .env("SHOPFLOOR_HOST_TOKEN", token)
+            .env("SHOPFLOOR_HOST_INTERRUPT_GRACE_SECS", "2")
+            .env("SHOPFLOOR_HOST_HEARTBEAT_SECS", "2")
+            .env("SHOPFLOOR_DRAIN_SECS", "2")
+            .env("MARKS", self.marks())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn shopfloor host");
+        Proc(child)
+    }
+
+    pub(crate) fn workflow(&self, name: &str) -> WorkflowId {
+        self.workflows.iter().find(|w| w.0 == name).map(|w| w.1).expect("a test workflow")
+    }
+
+    pub(crate) async fn submit(&self, workflow: &str, inputs: Vec<Value>) -> Vec<RunId> {
+        let mut ids = Vec::new();
+        for chunk in inputs.chunks(100) {
+            let mut ch = Change::begin(&self.db.pool, Actor::System).await.unwrap();
+            for input in chunk {
+                let new = NewRun {
+                    org: self.org,
+                    project: self.project,
+                    workflow: self.workflow(workflow),
+                    version: 1,
+                    input: input.clone(),
+                    item: None,
+                    trigger_event: None,
+                    parent: None,
+                    dry_run: false,
+                    needs_approval: false,
+                    source: None,
+                };
+                ids.push(runs::submit(&mut ch, new).await.unwrap());
+            }
+            ch.commit().await.unwrap();
+        }
+        ids
+    }
+
+    /// Waits until `sql` ($1 = the run) is true.
+    pub(crate) async fn until(&self, run: RunId, sql: &str, limit: Duration, what: &str) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let done: bool = sqlx::query_scalar(sql).bind(run).fetch_one(&self.db.pool).await.unwrap();
+            if done {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let steps: Vec<(String, i32, String, Option<String>)> =
+                    sqlx::query_as("SELECT node, attempt, state, coalesce(reason, holder) FROM steps WHERE run_id = $1 ORDER BY started_seq")
+                        .bind(run)
+                        .fetch_all(&self.db.pool)
+                        .await
+                        .unwrap_or_default();
+                panic!("{run}: never {what}; its steps: {steps:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub(crate) async fn status(&self, run: RunId) -> (String, Option<String>) {
+        sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(run).fetch_one(&self.db.pool).await.unwrap()
+    }
+
+    /// The one step of `node` that is running, with the pid its harness wrote down.
+    pub(crate) async fn running_harness(&self, run: RunId, node: &str) -> (String, i32) {
+        self.until(run, &format!("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = '{node}' AND state = 'running')"), Duration::from_secs(30), "ran").await;
+        let step: engine::ids::StepId =
+            sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = $2 AND state = 'running'").bind(run).bind(node).fetch_one(&self.db.pool).await.unwrap();
+        let path = self.marks().join(format!("{step}.pid"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(pid) = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok()) {
+                return (step.to_string(), pid);
+            }
+            assert!(Instant::now() < deadline, "the harness of {step} never started");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Whether a process runs (a zombie does not).
+pub(crate) fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|state| state != "Z"),
+        Err(_) => false,
+    }
+}
+
+/// Live processes of a process group.
+pub(crate) fn group(pgid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(i) = stat.rfind(')') else { continue };
+        let f: Vec<&str> = stat[i + 1..].split_whitespace().collect();
+        if f.first() != Some(&"Z") && f.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
