@@ -224,12 +224,24 @@ async fn start_node(
     out: &mut Vec<ToExecute>,
 ) -> Result<bool> {
     let run_id = run.run_id;
+    // A crew step needs a host that runs its harness (edit-and-retry may have changed it).
+    let requires = match &node.kind {
+        NodeKind::Crew(c) => {
+            let edited = match run.source_run_id {
+                Some(_) => crate::store::operator::node_override(ch, run_id, &node.id).await?.and_then(|o| o.harness),
+                None => None,
+            };
+            let harness = edited.as_deref().unwrap_or(crate::store::hosts::harness_name(c.harness));
+            crate::hosts::crew_requires(&node.requires, harness)
+        }
+        _ => node.requires.clone(),
+    };
     let new = |initial| NewStep {
         node: &node.id,
         kind: node.kind.name(),
         visit: start.visit,
         attempt: start.attempt,
-        requires: node.requires.clone(),
+        requires: requires.clone(),
         initial,
         delay: start.delay,
     };

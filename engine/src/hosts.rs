@@ -29,6 +29,18 @@ impl Capability {
     }
 }
 
+/// What a crew step requires of a host: its node's `requires`, and `harness:<its harness>`, so
+/// that a host that cannot run the harness never claims the step (it would fail it
+/// `harness_not_found` on every retry).
+pub fn crew_requires(requires: &[String], harness: &str) -> Vec<String> {
+    let needed = format!("harness:{harness}");
+    let mut all = requires.to_vec();
+    if !all.contains(&needed) {
+        all.push(needed);
+    }
+    all
+}
+
 /// The longest slug of an issue title in a branch name.
 const SLUG_MAX: usize = 40;
 
@@ -100,7 +112,11 @@ pub struct Assignment {
 /// The caps a host enforces (the server enforces them too, through heartbeats).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Caps {
+    /// The node's `caps.turns` (`--max-turns`); a session past it is stopped `turn_cap`.
     pub turns: Option<u32>,
+    /// What the session may spend (`--max-budget-usd`): the least of the node's `caps.usd`
+    /// and what is left of the run's `usd_per_run` and of the project's and org's hard limits,
+    /// at the claim.
     pub usd: Option<f64>,
     /// The step's timeout: SIGINT at this point, the process group killed after the host's
     /// grace.
@@ -172,6 +188,12 @@ mod tests {
         assert_eq!(branch_name(Some(42), Some("Add state core"), run), "shopfloor/42-add-state-core");
         assert_eq!(branch_name(Some(42), Some("???"), run), "shopfloor/42");
         assert_eq!(branch_name(None, Some("x"), run), format!("shopfloor/{run}"));
+    }
+
+    #[test]
+    fn a_crew_step_requires_its_harness() {
+        assert_eq!(crew_requires(&["linux".into()], "claude-code"), ["linux", "harness:claude-code"]);
+        assert_eq!(crew_requires(&["harness:codex".into()], "codex"), ["harness:codex"]);
     }
 
     #[test]

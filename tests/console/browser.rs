@@ -256,10 +256,10 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
 async fn register_host(app: &App, org: &crate::support::Org) -> HostRow {
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     let (jti, _, _) = api::auth::issue_registration_token(&mut ch, &engine::testkit::secret_key(), org.id, org.project, "builder", chrono::Duration::hours(1)).await.unwrap();
-    let caps = [Capability::parse("linux").unwrap()];
+    let caps = [Capability::parse("linux").unwrap(), Capability::parse("harness:command").unwrap()];
     let id = host_store::register(&mut ch, &NewHost { org: org.id, project: org.project, name: "builder-1", capabilities: &caps, max_concurrent: 1, registration: jti })
         .await
         .unwrap();
     ch.commit().await.unwrap();
-    HostRow { org_id: org.id, project_id: org.project, host_id: id, name: "builder-1".into(), capabilities: vec!["linux".into()], max_concurrent: 1 }
+    HostRow { org_id: org.id, project_id: org.project, host_id: id, name: "builder-1".into(), capabilities: vec!["linux".into(), "harness:command".into()], max_concurrent: 1 }
 }

@@ -39,6 +39,7 @@ pub fn templates() -> Result<Environment<'static>, minijinja::Error> {
     env.add_filter("ago", |t: String| ago(&t));
     env.add_filter("clock", |t: String| clock(&t));
     env.add_filter("duration", |secs: f64| duration(secs));
+    env.add_filter("reason_words", |r: String| reason_words(&r).unwrap_or_default());
     env.add_filter("urlencode_path", |s: String| urlencode(&s));
     env.add_filter("json", |v: Value| serde_json::to_string(&v).unwrap_or_default());
     Ok(env)
@@ -205,6 +206,24 @@ pub(super) fn duration(secs: f64) -> String {
         60..3600 => format!("{} min {} s", s / 60, s % 60),
         _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
     }
+}
+
+/// A step's failure reason in words, for the reasons a host's session ends with; the page
+/// shows the machine string beside them.
+pub(super) fn reason_words(reason: &str) -> Option<&'static str> {
+    Some(match reason {
+        "no_changes" => "Changed no file, though a pull request is opened from this work",
+        "budget_hard_stop" => "Stopped: a hard budget is spent",
+        "turn_cap" => "Stopped: the session passed its turn cap",
+        "turn cap reached" => "The agent reached its turn cap",
+        "budget cap reached" => "The agent reached its budget cap",
+        "stalled" => "The session reported nothing for too long",
+        "lease_expired" => "The host stopped answering",
+        "harness_not_found" => "The host could not start the harness",
+        "host_draining" => "The host was shutting down",
+        "push_failed" => "The work could not be pushed",
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -169,8 +169,10 @@ pub struct Crew {
     /// For the `command` harness: the program and its arguments.
     pub command: Vec<String>,
     pub caps: Caps,
-    /// `expect: changes`: a step that changed no file fails with `no_changes`.
-    pub expect_changes: bool,
+    /// `expect: changes`: a step that changed no file fails with `no_changes`; `expect: any`:
+    /// no change is fine. Unsaid (`None`): changes are expected when a pull request is opened
+    /// from the step's work (DESIGN.md "Safety defaults").
+    pub expect_changes: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]

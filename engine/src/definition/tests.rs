@@ -108,7 +108,7 @@ fn the_design_example_validates() {
     assert_eq!(crew.model.as_deref(), Some("claude-sonnet-4-5"));
     assert_eq!(crew.caps.turns, Some(40));
     assert_eq!(crew.caps.timeout, Some(Duration::from_secs(30 * 60)));
-    assert!(!crew.expect_changes);
+    assert_eq!(crew.expect_changes, None, "unsaid: decided by whether a pull request follows");
 
     let build = definition.node("build").expect("build");
     let retry = build.retry.as_ref().expect("retry");
@@ -178,7 +178,7 @@ fn every_kind_parses_with_its_defaults() {
         panic!("triage is a crew")
     };
     assert_eq!(crew.harness, Harness::Codex);
-    assert!(crew.expect_changes);
+    assert_eq!(crew.expect_changes, Some(true));
 
     let lint = definition.node("lint").expect("lint");
     assert!(lint.continue_on_error);
@@ -283,6 +283,23 @@ fn a_minimal_definition_takes_every_default() {
 }
 
 #[test]
+fn expect_says_changes_or_any() {
+    let crew = |expect: &str| {
+        let source = format!("name: e\nnodes:\n  w:\n    crew: {{ harness: claude-code, prompt: p{expect} }}\n");
+        let definition = parse(&source).unwrap_or_else(|p| panic!("{p:#?}"));
+        match &definition.nodes[0].kind {
+            NodeKind::Crew(c) => c.expect_changes,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(crew(""), None);
+    assert_eq!(crew(", expect: changes"), Some(true));
+    assert_eq!(crew(", expect: any"), Some(false));
+    let bad = parse("name: e\nnodes:\n  w:\n    crew: { harness: claude-code, prompt: p, expect: nothing }\n").unwrap_err();
+    assert!(bad[0].message.contains("changes") && bad[0].message.contains("any"), "{bad:?}");
+}
+
+#[test]
 fn anchors_and_aliases_are_expanded() {
     let source = "name: a\nnodes:\n  one: { crew: &c { harness: codex, prompt: hi } }\n  two: { after: [one], crew: *c }\n";
     let definition = parse(source).unwrap_or_else(|p| panic!("{p:#?}"));
@@ -380,7 +397,7 @@ fn wrong_types_are_reported_where_they_are_written() {
             (15, "nodes.build.retry.exit_codes[1]: expected an exit code"),
             (
                 16,
-                "nodes.build.crew.expect: must be `changes`, not `success`",
+                "nodes.build.crew.expect: `success` is not one of changes, any",
             ),
         ],
     );

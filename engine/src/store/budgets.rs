@@ -166,6 +166,29 @@ pub async fn hard_stop(conn: &mut sqlx::PgConnection, org: OrgId, project: Proje
     Ok(stop.unwrap_or(false))
 }
 
+/// What `run` may still spend before a hard limit stops it: the least of what is left of its
+/// own `usd_per_run` (when the workflow's budget is hard) and of each hard limit of its project
+/// and org in the current day or month, never below zero; `None` when no hard limit applies.
+/// A host passes it to the harness (`--max-budget-usd`), so the harness stops itself where the
+/// server would. Soft limits only hold new runs, so they are not counted.
+pub async fn remaining(conn: &mut sqlx::PgConnection, org: OrgId, project: ProjectId, run: RunId, usd_per_run: Option<f64>) -> Result<Option<f64>> {
+    let left: Option<f64> = sqlx::query_scalar(&format!(
+        "SELECT CASE WHEN l IS NOT NULL THEN greatest(l, 0)::float8 END FROM (SELECT least( \
+             (SELECT $4::numeric - spent_usd FROM runs WHERE run_id = $3), \
+             (SELECT min(b.usd_limit - (SELECT coalesce(sum(s.usd), 0) FROM spend s \
+                                        WHERE s.org_id = $1 AND (b.project_id IS NULL OR s.project_id = b.project_id) \
+                                          AND s.day >= CASE b.period WHEN 'day' THEN {TODAY} ELSE {MONTH_START} END)) \
+                FROM budgets b WHERE b.org_id = $1 AND (b.project_id IS NULL OR b.project_id = $2) AND b.hard)) AS l) left_to_spend"
+    ))
+    .bind(org)
+    .bind(project)
+    .bind(run)
+    .bind(usd_per_run)
+    .fetch_one(conn)
+    .await?;
+    Ok(left)
+}
+
 /// A limit with its spend in the current period.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct BudgetView {

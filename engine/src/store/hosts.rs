@@ -26,7 +26,7 @@ use super::{budgets, cap, runs, Actor, Change, Result, StoreError};
 use crate::catalog::Catalog;
 use crate::definition::{self, Harness, NodeKind, OutputKind};
 use crate::hosts::{self as model, Assignment, Capability, Caps, ItemRef, RepositoryRef, Usage};
-use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId};
+use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, WorkflowId};
 use crate::state::StepState;
 
 /// Beyond its timeout, how long the server lets a host-held step run before it fails it: the
@@ -310,6 +310,19 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
     };
     let branch = repository.as_ref().map(|_| model::branch_name(number, title.as_deref(), run_id));
     let pr_body = feeds_pull_request(&def, &node.id);
+    // The session may spend what is left of the run's, the project's and the org's budgets,
+    // and no more than the node's own cap.
+    let per_run = def.budget.usd_per_run.filter(|_| def.budget.hard);
+    let left = budgets::remaining(ch.conn(), run.org_id, run.project_id, run_id, per_run).await?;
+    if left.is_some_and(|l| l <= 0.0) {
+        return Ok(Err(budgets::HARD_STOP.to_owned()));
+    }
+    let usd = match (crew.caps.usd, left) {
+        (Some(cap), Some(left)) => Some(cap.min(left)),
+        (cap, left) => cap.or(left),
+    }
+    // Down to a millionth: the harness must not be told a cent more than is left.
+    .map(|usd| (usd * 1_000_000.0).floor() / 1_000_000.0);
     Ok(Ok(Assignment {
         step: step.step_id,
         run: run_id,
@@ -320,12 +333,12 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
         model: edit.model.or_else(|| crew.model.clone()),
         prompt,
         command: crew.command.clone(),
-        caps: Caps { turns: crew.caps.turns, usd: crew.caps.usd, timeout_secs: crate::advance::step_timeout(node).as_secs().max(1) },
+        caps: Caps { turns: crew.caps.turns, usd, timeout_secs: crate::advance::step_timeout(node).as_secs().max(1) },
         repository,
         branch,
         item: (number.is_some() || title.is_some()).then_some(ItemRef { number, title }),
         pr_body,
-        expect_changes: crew.expect_changes,
+        expect_changes: crew.expect_changes.unwrap_or(pr_body),
         lease_secs: LEASE.as_secs(),
         traceparent: run.traceparent.clone(),
     }))
@@ -576,9 +589,12 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
         // Live transcripts (the console) follow `l<run>`; engines ignore it.
         sqlx::query("SELECT pg_notify($1, $2)").bind(super::NOTIFY_CHANNEL).bind(format!("l{run}")).execute(&mut *ch.tx).await?;
     }
-    // Spend that crossed a hard limit stops the step now (the answer says so).
+    // Spend that crossed a hard limit, or turns past the cap, stop the step now (the answer
+    // says so): a session that reports all the time may send no heartbeat.
     if spent > 0.0 && over_budget(&mut ch, run).await? {
         state = stop_held(&mut ch, host, run, step, &Failure::new(budgets::HARD_STOP, FailureClass::Final)).await?.state();
+    } else if usage.turns > 0 && over_turns(&mut ch, step).await? {
+        state = stop_held(&mut ch, host, run, step, &Failure::new(TURN_CAP, FailureClass::Ordinary)).await?.state();
     }
     ch.commit().await?;
     Ok(Reported { state, stored, dropped })
@@ -623,6 +639,29 @@ async fn over_budget(ch: &mut Change, run: RunId) -> Result<bool> {
     budgets::hard_stop(ch.conn(), row.org_id, row.project_id, run, per_run).await
 }
 
+/// The reason of a crew step whose session passed its node's `caps.turns` (DESIGN.md Rule 2):
+/// a harness that ignores its own turn cap is stopped by the server.
+pub const TURN_CAP: &str = "turn_cap";
+
+/// Whether the session of `step` has more turns than its node's `caps.turns` (one statement;
+/// the definition comes from the catalog's cache).
+async fn over_turns(ch: &mut Change, step: StepId) -> Result<bool> {
+    let session: Option<(String, i32, WorkflowId, i32)> = sqlx::query_as(
+        "SELECT s.node, ss.turns, r.workflow_id, r.workflow_version FROM steps s \
+         JOIN step_sessions ss ON ss.step_id = s.step_id JOIN runs r ON r.run_id = s.run_id WHERE s.step_id = $1",
+    )
+    .bind(step)
+    .fetch_optional(ch.conn())
+    .await?;
+    let Some((node, turns, workflow, version)) = session else { return Ok(false) };
+    let def = super::admission::definition(ch, workflow, version).await?;
+    let cap = def.node(&node).and_then(|n| match &n.kind {
+        NodeKind::Crew(c) => c.caps.turns,
+        _ => None,
+    });
+    Ok(cap.is_some_and(|cap| i64::from(turns) > i64::from(cap)))
+}
+
 /// Fails a step the host holds (a spent budget, a stall) and wakes its run: the host learns it
 /// from the answer to its next heartbeat or report (or its claim's feed), as it learns of a
 /// cancel, and stops the harness. The run is locked.
@@ -660,6 +699,9 @@ pub async fn heartbeat(pool: &PgPool, host: &HostRow, step: StepId, stall_after:
     let mut ch = Change::begin(pool, Actor::System).await?;
     let failure = if over_budget(&mut ch, run).await? {
         Failure::new(budgets::HARD_STOP, FailureClass::Final)
+    } else if over_turns(&mut ch, step).await? {
+        // Like the harness's own `error_max_turns`: retried as `retry:` says.
+        Failure::new(TURN_CAP, FailureClass::Ordinary)
     } else if stalled(&mut ch, step, stall_after).await? {
         Failure::new(STALLED, FailureClass::Infrastructure)
     } else {

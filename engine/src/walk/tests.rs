@@ -53,7 +53,7 @@ fn crew(id: &str, after: &[&str]) -> Node {
             prompt: format!("do {id}"),
             command: Vec::new(),
             caps: Caps::default(),
-            expect_changes: false,
+            expect_changes: None,
         }),
     )
 }

@@ -239,8 +239,9 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
     until_steps(&db.pool, run, "a ready step", |s| has(s, "build:1.1:pending")).await;
 
     // No host at all, then one without the gpu, then a deregistered one: nobody can run it.
+    // The step requires its harness too, though the node does not say so.
     let w = why(&db.pool, s.org, run).await;
-    assert_eq!((name(&w), w.text.as_str()), (Some("unroutable"), "Waiting for a host with linux, gpu to run build: no host of this project was seen in the last day"));
+    assert_eq!((name(&w), w.text.as_str()), (Some("unroutable"), "Waiting for a host with linux, gpu, harness:claude-code to run build: no host of this project was seen in the last day"));
     let host = HostId::mint();
     let add_host = |id: HostId, name: &'static str, caps: &'static [&'static str], gone: bool| {
         let pool = db.pool.clone();
@@ -261,20 +262,20 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
             .unwrap();
         }
     };
-    add_host(HostId::mint(), "cpu-1", &["linux"], false).await;
-    add_host(HostId::mint(), "old-gpu", &["linux", "gpu"], true).await;
+    add_host(HostId::mint(), "cpu-1", &["linux", "harness:claude-code"], false).await;
+    add_host(HostId::mint(), "old-gpu", &["linux", "gpu", "harness:claude-code"], true).await;
     let w = why(&db.pool, s.org, run).await;
-    assert_eq!(w.substate, Some(Substate::Unroutable { node: "build".into(), requires: vec!["linux".into(), "gpu".into()], missing: vec!["gpu".into()] }));
-    assert_eq!(w.text, "Waiting for a host with linux, gpu: none online has gpu");
+    assert_eq!(w.substate, Some(Substate::Unroutable { node: "build".into(), requires: vec!["linux".into(), "gpu".into(), "harness:claude-code".into()], missing: vec!["gpu".into()] }));
+    assert_eq!(w.text, "Waiting for a host with linux, gpu, harness:claude-code: none online has gpu");
     // A host last seen two days ago does not count either.
-    add_host(HostId::mint(), "stale-gpu", &["linux", "gpu"], false).await;
+    add_host(HostId::mint(), "stale-gpu", &["linux", "gpu", "harness:claude-code"], false).await;
     sqlx::query("UPDATE hosts SET last_seen_at = now() - interval '2 days' WHERE name = 'stale-gpu'").execute(&db.pool).await.unwrap();
     assert_eq!(name(&why(&db.pool, s.org, run).await), Some("unroutable"));
 
-    add_host(host, "gpu-1", &["linux", "gpu", "arm64"], false).await;
+    add_host(host, "gpu-1", &["linux", "gpu", "arm64", "harness:claude-code"], false).await;
     let w = why(&db.pool, s.org, run).await;
     assert_eq!((name(&w), w.words.as_str()), (Some("waiting_for_agent"), "waiting for a host"));
-    assert_eq!(w.text, "Waiting for a host with linux, gpu to pick up build (1 host online can run it)");
+    assert_eq!(w.text, "Waiting for a host with linux, gpu, harness:claude-code to pick up build (1 host online can run it)");
 
     for attempt in 1..=3 {
         let step = open_step(&db.pool, run).await;

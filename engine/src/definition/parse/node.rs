@@ -308,7 +308,7 @@ fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
     });
     let caps = f.optional(cx, "caps", caps);
     let expect = f.optional(cx, "expect", |cx, n, p| {
-        one_of(cx, n, p, &[("changes", true)])
+        one_of(cx, n, p, &[("changes", true), ("any", false)])
     });
 
     let harness = harness?;
@@ -341,7 +341,7 @@ fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
         prompt: prompt?.unwrap_or_default(),
         command: command?.unwrap_or_default(),
         caps: caps?.unwrap_or_default(),
-        expect_changes: expect?.unwrap_or(false),
+        expect_changes: expect?,
     })
 }
 
