@@ -176,11 +176,7 @@ impl Env {
         }
         let child = cmd.spawn().expect("spawn shopfloor serve");
         let env = Env { db, _server: Proc(child), github: fake, base: format!("http://127.0.0.1:{port}"), dir, org, project, workflows: wfs, owner_token };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !reqwest::get(format!("{}/readyz", env.base)).await.is_ok_and(|r| r.status().is_success()) {
-            assert!(Instant::now() < deadline, "shopfloor serve never became ready");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        shopfloor_tests::until_ok(&format!("{}/readyz", env.base)).await;
         env
     }
 

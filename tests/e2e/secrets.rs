@@ -118,11 +118,7 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
         .env("SHOPFLOOR_GITHUB_TIMEOUT_SECS", "2");
     to_files(&mut cmd, &d, "serve");
     let serve = Proc(cmd.spawn().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !reqwest::get(format!("{base}/readyz")).await.is_ok_and(|r| r.status().is_success()) {
-        assert!(Instant::now() < deadline, "serve never became ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    shopfloor_tests::until_ok(&format!("{base}/readyz")).await;
     let http = reqwest::Client::new();
     let mut answers = Vec::new();
 

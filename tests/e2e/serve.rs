@@ -3,27 +3,11 @@
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use shopfloor_tests::shopfloor_bin;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Polls `/readyz` until 200 or the limit; returns how long it took.
-async fn until_ready(port: u16, limit: Duration) -> Option<Duration> {
-    let started = Instant::now();
-    let client = reqwest::Client::new();
-    while started.elapsed() < limit {
-        if let Ok(r) = client.get(format!("http://127.0.0.1:{port}/readyz")).send().await {
-            if r.status() == 200 {
-                return Some(started.elapsed());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    None
 }
 
 fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
@@ -53,8 +37,7 @@ async fn serve_runs_its_own_postgres_and_keeps_the_data_across_restarts() {
     };
 
     let mut first = serve();
-    let took = until_ready(port, Duration::from_secs(60)).await;
-    assert!(took.is_some(), "/readyz did not answer 200 within 60 s");
+    shopfloor_tests::until_ok(&format!("http://127.0.0.1:{port}/readyz")).await;
     let created = Command::new(shopfloor_bin())
         .args(["admin", "create-org", "--slug", "acme", "--owner-email", "o@example.com"])
         .env_remove("DATABASE_URL")
@@ -76,7 +59,7 @@ async fn serve_runs_its_own_postgres_and_keeps_the_data_across_restarts() {
 
     // The second start reuses the cluster and its data: the org is still there.
     let mut second = serve();
-    assert!(until_ready(port, Duration::from_secs(60)).await.is_some());
+    shopfloor_tests::until_ok(&format!("http://127.0.0.1:{port}/readyz")).await;
     let again = Command::new(shopfloor_bin())
         .args(["admin", "create-org", "--slug", "acme", "--owner-email", "o@example.com"])
         .env_remove("DATABASE_URL")

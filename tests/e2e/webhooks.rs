@@ -119,17 +119,7 @@ async fn start(sources: &[&str]) -> Env {
         .spawn()
         .expect("spawn shopfloor serve");
     let server = Server { child, base: format!("http://127.0.0.1:{port}") };
-    let client = reqwest::Client::new();
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = client.get(format!("{}/readyz", server.base)).send().await {
-            if r.status() == 200 {
-                break;
-            }
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "serve did not become ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    shopfloor_tests::until_ok(&format!("{}/readyz", server.base)).await;
     let hooks = WebhookClient::new(&server.base, SECRET);
     Env { db, server, hooks, org, project, repo: Repo::new("Acme/Widgets", INSTALLATION) }
 }
