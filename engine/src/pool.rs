@@ -26,9 +26,9 @@ use crate::catalog::Catalog;
 use crate::executor::TestExecutor;
 use crate::github::{Executed, OutputExecutor};
 use crate::ids::{RunId, StepId};
-use crate::state::{run, StepState};
+use crate::state::StepState;
 use crate::store::steps::{self, Failure};
-use crate::store::{runs, Actor, Change, Notice, StoreError, NOTIFY_CHANNEL};
+use crate::store::{engine_errors, Actor, Change, Notice, StoreError, NOTIFY_CHANNEL};
 
 /// How often a holder renews the lease of a step it executes.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -237,18 +237,20 @@ impl Pool {
             let limit = self.cfg.batch.min(room);
             let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
             // With each wake, how late it is claimed (seconds past its due time), for the metrics.
-            let claimed: Vec<(RunId, Option<StepId>, String, f64)> = sqlx::query_as(
+            let claimed: Vec<(RunId, Option<StepId>, String, f64, i64)> = sqlx::query_as(
                 "DELETE FROM wakes w USING (SELECT wake_id FROM wakes WHERE due_at <= now() ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED) d \
-                 WHERE w.wake_id = d.wake_id RETURNING w.run_id, w.step_id, w.reason, extract(epoch FROM clock_timestamp() - w.due_at)::float8",
+                 WHERE w.wake_id = d.wake_id RETURNING w.run_id, w.step_id, w.reason, extract(epoch FROM clock_timestamp() - w.due_at)::float8, w.wake_id",
             )
             .bind(limit)
             .fetch_all(ch.conn())
             .await?;
             let n = claimed.len() as i64;
             let mut by_run: BTreeMap<RunId, Vec<Wake>> = BTreeMap::new();
+            let mut wake_ids: BTreeMap<RunId, Vec<i64>> = BTreeMap::new();
             let lateness: Vec<f64> = claimed.iter().map(|c| c.3).collect();
-            for (run, step, reason, _) in claimed {
+            for (run, step, reason, _, id) in claimed {
                 by_run.entry(run).or_default().push(Wake { step, reason });
+                wake_ids.entry(run).or_default().push(id);
             }
             let jobs = match self.advance_all(&mut ch, &by_run).await {
                 Ok(jobs) => {
@@ -256,9 +258,12 @@ impl Pool {
                     crate::metrics::wakes_claimed(&lateness);
                     jobs
                 }
-                Err(e) if is_logic_error(&e) => {
+                Err(e) if run_local(&e) => {
+                    // One run's trouble: the batch's claim is undone with it, and each run is
+                    // claimed and advanced again on its own.
                     drop(ch);
-                    self.advance_one_by_one(&by_run).await?
+                    tracing::warn!(error = %e, "a batch failed on one of its runs; advancing them one by one");
+                    self.advance_one_by_one(&by_run, &wake_ids).await?
                 }
                 Err(e) => return Err(e),
             };
@@ -283,28 +288,39 @@ impl Pool {
         Ok(jobs)
     }
 
-    /// After a batch failed on one run's logic, each run goes alone, and a run that fails
-    /// alone is failed with `engine_error` rather than retried forever.
-    async fn advance_one_by_one(&self, by_run: &BTreeMap<RunId, Vec<Wake>>) -> Result<Vec<ToExecute>, StoreError> {
+    /// After a batch failed on one run, each run is claimed again (its wakes, unless another
+    /// engine took them meanwhile) and advanced alone; a run that fails alone is recorded by
+    /// `store::engine_errors` (its wakes back with a backoff, or the run failed `engine_error`)
+    /// and the others go on.
+    async fn advance_one_by_one(&self, by_run: &BTreeMap<RunId, Vec<Wake>>, wake_ids: &BTreeMap<RunId, Vec<i64>>) -> Result<Vec<ToExecute>, StoreError> {
         let mut jobs = Vec::new();
         for (run, wakes) in by_run {
+            let ids = wake_ids.get(run).map(Vec::as_slice).unwrap_or_default();
             let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
-            ch.lock_runs(&[*run]).await?;
-            match advance::advance(&mut ch, &self.engine(), *run, wakes).await {
+            let taken: i64 = sqlx::query_scalar(
+                "WITH d AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE wake_id = ANY($1) FOR UPDATE SKIP LOCKED) RETURNING 1) SELECT count(*) FROM d",
+            )
+            .bind(ids)
+            .fetch_one(ch.conn())
+            .await?;
+            if taken == 0 {
+                continue;
+            }
+            let advanced = async {
+                ch.lock_runs(&[*run]).await?;
+                advance::advance(&mut ch, &self.engine(), *run, wakes).await
+            }
+            .await;
+            match advanced {
                 Ok(more) => {
                     ch.commit().await?;
                     jobs.extend(more);
                 }
-                Err(e) if is_logic_error(&e) => {
+                Err(e) if run_local(&e) => {
                     drop(ch);
-                    tracing::error!(run.id = %run, error = %e, "cannot advance run; failing it");
-                    let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
-                    ch.lock_runs(&[*run]).await?;
-                    let reason = crate::store::cap(&format!("engine_error: {e}"));
-                    match runs::finish::<run::Failed>(&mut ch, *run, Some(&reason)).await {
-                        Ok(_) | Err(StoreError::Conflict(_)) => ch.commit().await?,
-                        Err(e) => return Err(e),
-                    }
+                    let wakes: Vec<(Option<StepId>, String)> = wakes.iter().map(|w| (w.step, w.reason.clone())).collect();
+                    let outcome = engine_errors::record(&self.db, Actor::Engine(self.cfg.id.clone()), *run, &wakes, &e.to_string(), is_logic_error(&e)).await?;
+                    tracing::error!(run.id = %run, error = %e, outcome = ?outcome, "cannot advance run");
                 }
                 Err(e) => return Err(e),
             }
@@ -416,9 +432,39 @@ struct RecordCtx {
     draining: bool,
 }
 
-/// Records finished executions (fenced by holder) and advances their runs, in one
-/// transaction; returns the steps leased to this engine on the way.
+/// Records finished executions and advances their runs (see [`record_together`]). When the
+/// batch fails on one of its runs, each is recorded alone; one that still fails has its step's
+/// result recorded with a wake to advance its run later (which `advance_one_by_one` and
+/// `store::engine_errors` then deal with), so that no other run's result waits on it and no
+/// step is executed twice. Errors only when the database is away.
 async fn record(ctx: &RecordCtx, batch: &[Done]) -> Result<Vec<ToExecute>, StoreError> {
+    match record_together(ctx, batch, true).await {
+        Err(e) if run_local(&e) => tracing::warn!(error = %e, "a batch of results failed on one of its runs; recording them one by one"),
+        done => return done,
+    }
+    let mut jobs = Vec::new();
+    for done in batch {
+        match record_together(ctx, std::slice::from_ref(done), true).await {
+            Ok(more) => jobs.extend(more),
+            Err(e) if run_local(&e) => match record_together(ctx, std::slice::from_ref(done), false).await {
+                Ok(_) => tracing::error!(run.id = %done.job.run, error = %e, "cannot advance run after its step's result; it is woken to try again"),
+                Err(again) if run_local(&again) => {
+                    let wake = [(None, "advance".to_owned())];
+                    let outcome = engine_errors::record(&ctx.db, Actor::Engine(ctx.id.clone()), done.job.run, &wake, &again.to_string(), is_logic_error(&again)).await?;
+                    tracing::error!(run.id = %done.job.run, error = %again, outcome = ?outcome, "cannot record a step's result");
+                }
+                Err(again) => return Err(again),
+            },
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(jobs)
+}
+
+/// Records finished executions (fenced by holder) and, with `advance`, advances their runs, in
+/// one transaction; returns the steps leased to this engine on the way. Without `advance`, each
+/// run gets a wake to be advanced by a later claim instead.
+async fn record_together(ctx: &RecordCtx, batch: &[Done], advance: bool) -> Result<Vec<ToExecute>, StoreError> {
     let mut ch = Change::begin(&ctx.db, Actor::Engine(ctx.id.clone())).await?;
     let ids: Vec<RunId> = batch.iter().map(|d| d.job.run).collect();
     ch.lock_runs(&ids).await?;
@@ -448,16 +494,39 @@ async fn record(ctx: &RecordCtx, batch: &[Done]) -> Result<Vec<ToExecute>, Store
     };
     let mut jobs = Vec::new();
     for run in touched {
-        jobs.extend(advance::advance(&mut ch, &engine, run, &[]).await?);
+        if advance {
+            jobs.extend(advance::advance(&mut ch, &engine, run, &[]).await?);
+        } else {
+            ch.wake(run, None, Duration::ZERO, "advance", true).await?;
+        }
     }
     ch.commit().await?;
     Ok(jobs)
 }
 
-/// Errors of a run's own logic (a bad stored definition, an impossible state), as opposed to
-/// the database being away, which is retried.
+/// Errors of a run's own logic (a bad stored definition, an impossible state): no retry mends
+/// them.
 fn is_logic_error(e: &StoreError) -> bool {
     matches!(e, StoreError::Invalid(_) | StoreError::NotFound(_) | StoreError::Conflict(_))
+}
+
+/// Whether an error belongs to the runs being advanced (their logic, or an SQL error their rows
+/// cause) rather than to the database being away or busy, after which the whole batch is
+/// retried later: a lost connection, a pool timeout, and the SQL errors of contention and
+/// shutdown (serialization failures and deadlocks, class 40; a lock or statement timeout,
+/// 55P03 and 57014; an administrator's shutdown, class 57P; too many connections, class 53;
+/// connection errors, class 08).
+fn run_local(e: &StoreError) -> bool {
+    match e {
+        StoreError::Sql(sqlx::Error::Database(db)) => {
+            let code = db.code().unwrap_or_default();
+            !(code.starts_with("40") || code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || code == "55P03" || code == "57014")
+        }
+        StoreError::Sql(sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) | sqlx::Error::RowNotFound | sqlx::Error::ColumnNotFound(_) | sqlx::Error::TypeNotFound { .. }) => true,
+        StoreError::Sql(_) | StoreError::Sealed(_) => false,
+        StoreError::Stale(_) | StoreError::Refused(_) | StoreError::Full(_) => true,
+        _ => is_logic_error(e),
+    }
 }
 
 async fn subscribe(url: &str) -> Result<PgListener, sqlx::Error> {

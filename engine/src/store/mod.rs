@@ -16,6 +16,7 @@ pub mod approvals;
 pub mod budgets;
 mod change;
 pub mod github;
+pub mod engine_errors;
 pub mod hosts;
 pub mod installations;
 pub mod jobs;

@@ -8,3 +8,4 @@ mod engine;
 mod lifecycle;
 mod admission;
 mod hosts;
+mod poisoned;

@@ -1,0 +1,103 @@
+//! A run the engine cannot advance: one bad run stays one bad run.
+//!
+//! When advancing a batch fails on something of one run's own (an SQL error its rows cause, a
+//! row that cannot be read, a stored definition that no longer makes sense), the engine goes
+//! through the batch run by run, and a run that fails alone is recorded here: its wakes come
+//! back later with a backoff of their own (1 s, 4 s), counted on the run, and after
+//! [`ENGINE_ERROR_LIMIT`] failures it fails with the reason `engine_error`, with an audit entry
+//! that says what went wrong. The other runs keep moving meanwhile.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::PgPool;
+
+use super::{cap, runs, Actor, Change, Result, StoreError};
+use crate::ids::{RunId, StepId};
+use crate::state::run;
+
+/// How many times advancing one run may fail before the run fails `engine_error`.
+pub const ENGINE_ERROR_LIMIT: i32 = 3;
+
+/// The reason of a run the engine could not advance (DESIGN.md Rule 2).
+pub const ENGINE_ERROR: &str = "engine_error";
+
+/// What became of a run whose advance failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its wakes are due again after this backoff.
+    Retried(Duration),
+    /// It failed `engine_error`.
+    Failed,
+}
+
+/// The backoff after the `n`th failure (1-based): 1 s, 4 s, 16 s …
+fn backoff(n: i32) -> Duration {
+    Duration::from_secs(4u64.saturating_pow(n.saturating_sub(1).clamp(0, 8) as u32))
+}
+
+/// Records that advancing `run` (for the wakes it had, `wakes`) failed with `error`, and
+/// either gives the wakes back with a backoff or, at the limit (or at once when `hopeless`:
+/// a failure that no retry mends, such as a definition that cannot be read), fails the run.
+pub async fn record(pool: &PgPool, actor: Actor, run: RunId, wakes: &[(Option<StepId>, String)], error: &str, hopeless: bool) -> Result<Outcome> {
+    let detail: String = cap(error).chars().take(300).collect();
+    match record_in_words(pool, actor.clone(), run, wakes, &detail, hopeless).await {
+        Ok(outcome) => Ok(outcome),
+        // Finishing it in words failed too (the same rows are in the way): it is failed
+        // without its lifecycle event, so that it holds nothing and is not retried.
+        Err(StoreError::Sql(sqlx::Error::Database(_))) | Err(StoreError::Invalid(_) | StoreError::NotFound(_)) => fail_bare(pool, actor, run, &detail).await,
+        Err(e) => Err(e),
+    }
+}
+
+async fn record_in_words(pool: &PgPool, actor: Actor, run: RunId, wakes: &[(Option<StepId>, String)], detail: &str, hopeless: bool) -> Result<Outcome> {
+    let mut ch = Change::begin(pool, actor).await?;
+    let Some(ctx) = ch.lock_runs(&[run]).await?.into_iter().next() else { return Ok(Outcome::Failed) };
+    let failures: i32 = sqlx::query_scalar("UPDATE runs SET engine_errors = engine_errors + 1 WHERE run_id = $1 RETURNING engine_errors")
+        .bind(run)
+        .fetch_one(&mut *ch.tx)
+        .await?;
+    if !hopeless && failures < ENGINE_ERROR_LIMIT {
+        let delay = backoff(failures);
+        for (step, reason) in wakes {
+            ch.wake(run, *step, delay, reason, true).await?;
+        }
+        ch.commit().await?;
+        return Ok(Outcome::Retried(delay));
+    }
+    ch.audit(ctx.org, Some(ctx.project), "run.engine_error", ("run", run.to_string()), json!({ "error": detail, "failures": failures }))?;
+    match runs::finish::<run::Failed>(&mut ch, run, Some(ENGINE_ERROR)).await {
+        Ok(_) | Err(StoreError::Conflict(_)) => {
+            ch.commit().await?;
+            Ok(Outcome::Failed)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Fails the run by its row alone: no lifecycle event (its journal may be what cannot be
+/// written), its wakes gone, an audit entry.
+async fn fail_bare(pool: &PgPool, actor: Actor, run: RunId, detail: &str) -> Result<Outcome> {
+    let mut ch = Change::begin(pool, actor).await?;
+    let found: Option<(crate::ids::OrgId, crate::ids::ProjectId)> =
+        sqlx::query_as("UPDATE runs SET status = 'failed', reason = $2, ended_at = now(), engine_errors = engine_errors + 1 WHERE run_id = $1 AND status = 'running' RETURNING org_id, project_id")
+            .bind(run)
+            .bind(ENGINE_ERROR)
+            .fetch_optional(&mut *ch.tx)
+            .await?;
+    let Some((org, project)) = found else { return Ok(Outcome::Failed) };
+    sqlx::query("DELETE FROM wakes WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
+    ch.audit(org, Some(project), "run.engine_error", ("run", run.to_string()), json!({ "error": detail, "without_event": true }))?;
+    ch.commit().await?;
+    Ok(Outcome::Failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_grows_by_four() {
+        assert_eq!([1, 2, 3].map(backoff), [1, 4, 16].map(Duration::from_secs));
+    }
+}
