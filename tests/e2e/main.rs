@@ -12,6 +12,7 @@ mod hosts;
 mod metrics;
 mod secrets;
 mod serve;
+mod sessions;
 mod telemetry;
 mod webhook_targets;
 mod webhooks;

@@ -127,7 +127,7 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     // An estimate field the protocol does not know is refused, not ignored.
     let bad = json!({ "harness": "claude-code", "usage": { "estimated_usd": 1.0 } });
     let (status, _, _) = app.send(Method::POST, &format!("/api/v1/host/steps/{step}/session"), Some(&host), Some(&bad)).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     app.until(new_run.parse().unwrap(), "SELECT status = 'completed' FROM runs WHERE run_id = $1", "completed").await;
     app.discard().await;
 }
