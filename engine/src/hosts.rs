@@ -172,7 +172,11 @@ impl Usage {
 /// after it), so once the result line comes the figure is the reported cost, lower or higher
 /// than the estimate was.
 pub fn spend_figure(usage: &Usage, reported_before: Option<f64>) -> f64 {
-    let reported = usage.reported().or(reported_before).unwrap_or(0.0);
+    // Reported costs are cumulative: a lower one than before is a stale report.
+    let reported = match (usage.reported(), reported_before) {
+        (Some(now), Some(before)) => now.max(before),
+        (now, before) => now.or(before).unwrap_or(0.0),
+    };
     round_cost(reported.max(usage.estimated().unwrap_or(0.0)))
 }
 

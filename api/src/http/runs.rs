@@ -112,10 +112,11 @@ pub struct SessionFigures {
     pub estimated_cost_usd: Option<f64>,
     /// `price_table`, or `unknown_model` when a model was priced at the table's dearest row.
     pub estimate_basis: Option<String>,
-    /// What budgets count for this session: the reported cost once there is one, until then
-    /// the estimate.
+    /// What budgets count for this session: the larger of the estimate and the reported cost,
+    /// so the reported cost once the harness's last result line came.
     pub spent_usd: f64,
-    /// Whether `spent_usd` is an estimate (no reported cost yet).
+    /// Whether `spent_usd` is (partly) an estimate: no reported cost yet, or messages after the
+    /// last one the harness reported.
     pub cost_is_estimate: bool,
     pub turns: i32,
     pub tool_calls: i32,
@@ -131,7 +132,8 @@ struct SessionRow {
 /// The figures of a run's crew sessions ($1 run, $2 org).
 pub(crate) const SESSION_FIGURES_SQL: &str = "SELECT step_id, harness, model, input_tokens, output_tokens, output_tokens_lower_bound, \
             cost_usd::float8 AS cost_usd, estimated_cost_usd::float8 AS estimated_cost_usd, estimate_basis, \
-            coalesce(spent_usd, cost_usd, 0)::float8 AS spent_usd, (cost_usd IS NULL AND estimated_cost_usd IS NOT NULL) AS cost_is_estimate, \
+            coalesce(spent_usd, cost_usd, 0)::float8 AS spent_usd, \
+            coalesce(coalesce(spent_usd, cost_usd, 0) > cost_usd, estimated_cost_usd IS NOT NULL) AS cost_is_estimate, \
             turns, tool_calls \
      FROM step_sessions WHERE run_id = $1 AND org_id = $2";
 

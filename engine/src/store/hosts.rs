@@ -796,6 +796,27 @@ mod tests {
     }
 
     #[test]
+    fn spend_follows_the_estimate_until_the_reported_cost_replaces_it() {
+        let est = |usd: f64| Usage { estimated_cost_usd: Some(usd), input_tokens: 10, ..Usage::default() };
+        // The estimate grows: its difference is recorded; a report sent again records nothing.
+        assert_eq!(spend_delta(&est(0.4), None, 0.0, 0), (0.4, 10));
+        assert_eq!(spend_delta(&est(0.4), None, 0.4, 10), (0.0, 0));
+        // A lower estimate with no reported cost records nothing (the figure never falls).
+        assert_eq!(spend_delta(&est(0.3), None, 0.4, 10), (0.0, 0));
+        // The reported cost replaces it, lower (a correction) or higher.
+        let reported = |usd: f64| Usage { cost_usd: Some(usd), estimated_cost_usd: Some(usd), input_tokens: 10, ..Usage::default() };
+        assert_eq!(spend_delta(&reported(0.25), None, 0.4, 10), (-0.15, 0));
+        assert_eq!(spend_delta(&reported(0.5), None, 0.4, 10), (0.1, 0));
+        // After a result line, messages that follow are estimated on top of it.
+        let more = Usage { cost_usd: Some(0.25), estimated_cost_usd: Some(0.3), input_tokens: 10, ..Usage::default() };
+        assert_eq!(spend_delta(&more, Some(0.25), 0.25, 10), (0.05, 0));
+        // An older host sends no estimate: the reported cost alone, as before.
+        let old = Usage { cost_usd: Some(0.2), input_tokens: 10, ..Usage::default() };
+        assert_eq!(spend_delta(&old, None, 0.0, 0), (0.2, 10));
+        assert!(!spend_moves(&old, Some(0.2), 0.2, 10));
+    }
+
+    #[test]
     fn long_lines_are_cut_on_a_character_boundary() {
         let line = "é".repeat(LINE_CAP_BYTES);
         let cut = cut_line(&line);
