@@ -375,20 +375,22 @@ impl Reader {
     /// Claude Code's running totals: the last result line's figures plus the messages that came
     /// after it (all of them before the first result line).
     fn claude_usage(&mut self) {
-        let settled = self.settled.clone().unwrap_or_default();
+        let none = Settled::default();
+        let settled = self.settled.as_ref().unwrap_or(&none);
         let live: Vec<&Message> = self.messages.iter().filter(|(id, _)| !settled.messages.contains(*id)).map(|(_, m)| m).collect();
         let (estimate, basis) = self.estimate(live.iter().copied());
-        let u = &mut self.usage;
-        u.input_tokens = settled.input + live.iter().map(|m| m.tokens.input + m.tokens.cache_write_5m + m.tokens.cache_write_1h + m.tokens.cache_read).sum::<i64>();
-        u.output_tokens = settled.output + live.iter().map(|m| m.tokens.output).sum::<i64>();
-        u.turns = settled.turns + live.len() as i32;
-        u.tool_calls = self.tool_calls;
-        u.cost_usd = settled.cost;
-        u.output_tokens_lower_bound = !live.is_empty();
+        let input = settled.input + live.iter().map(|m| m.tokens.input + m.tokens.cache_write_5m + m.tokens.cache_write_1h + m.tokens.cache_read).sum::<i64>();
+        let output = settled.output + live.iter().map(|m| m.tokens.output).sum::<i64>();
+        let turns = settled.turns + live.len() as i32;
         let any = !self.messages.is_empty() || settled.cost.is_some();
-        u.estimated_cost_usd = any.then(|| ((settled.cost.unwrap_or(0.0) + estimate) * 1_000_000.0).round() / 1_000_000.0);
-        u.estimate_basis = any.then(|| if live.is_empty() { Basis::PriceTable } else { basis }.name().to_owned());
-        u.model = settled.model.or_else(|| self.assistant_model.clone()).or_else(|| self.init_model.clone()).or_else(|| self.requested_model.clone());
+        let estimated = any.then(|| ((settled.cost.unwrap_or(0.0) + estimate) * 1_000_000.0).round() / 1_000_000.0);
+        let basis = any.then(|| if live.is_empty() { Basis::PriceTable } else { basis }.name().to_owned());
+        let lower_bound = !live.is_empty();
+        let cost = settled.cost;
+        let model = settled.model.clone().or_else(|| self.assistant_model.clone()).or_else(|| self.init_model.clone()).or_else(|| self.requested_model.clone());
+        let u = &mut self.usage;
+        (u.input_tokens, u.output_tokens, u.turns, u.tool_calls) = (input, output, turns, self.tool_calls);
+        (u.cost_usd, u.estimated_cost_usd, u.estimate_basis, u.output_tokens_lower_bound, u.model) = (cost, estimated, basis, lower_bound, model);
     }
 
     fn codex(&mut self, line: &str) -> &'static str {
