@@ -157,6 +157,43 @@ pub struct Usage {
     pub tool_calls: i32,
     #[serde(default)]
     pub model: Option<String>,
+    /// The host's estimate of the cost so far, from the token counts of each message and its
+    /// price table: Claude Code reports its cost only at the end, Codex never. Null when the
+    /// host made none (an older host, a command).
+    #[serde(default)]
+    pub estimated_cost_usd: Option<f64>,
+    /// `price_table`, or `unknown_model` when a model was priced at the table's dearest row.
+    #[serde(default)]
+    pub estimate_basis: Option<String>,
+    /// The output tokens are a lower bound (no result line counted them).
+    #[serde(default)]
+    pub output_tokens_lower_bound: bool,
+}
+
+impl Usage {
+    /// The reported cost, when it is a cost.
+    pub fn reported(&self) -> Option<f64> {
+        self.cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(round_cost)
+    }
+
+    /// The estimate, when it is one.
+    pub fn estimated(&self) -> Option<f64> {
+        self.estimated_cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(round_cost)
+    }
+}
+
+/// What a session has spent, as far as the server knows: the larger of the host's estimate and
+/// the harness's reported cost (`reported` falls back to what an earlier report said). A host
+/// whose harness reported its cost sends the reported figure as its estimate too (plus what came
+/// after it), so once the result line comes the figure is the reported cost, lower or higher
+/// than the estimate was.
+pub fn spend_figure(usage: &Usage, reported_before: Option<f64>) -> f64 {
+    // Reported costs are cumulative: a lower one than before is a stale report.
+    let reported = match (usage.reported(), reported_before) {
+        (Some(now), Some(before)) => now.max(before),
+        (now, before) => now.or(before).unwrap_or(0.0),
+    };
+    round_cost(reported.max(usage.estimated().unwrap_or(0.0)))
 }
 
 /// A cost rounded to a millionth of a dollar: harnesses report float noise past the sixth

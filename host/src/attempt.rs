@@ -480,7 +480,7 @@ async fn prepare(shared: &Shared, e: &mut Entry) -> Result<(), String> {
 /// returns what to report (`None`: nothing, the server moved on).
 async fn supervise(shared: &Shared, e: &mut Entry, mut proc: Proc, kind: Kind, stop: &StopSignal, tx: mpsc::UnboundedSender<ToReporter>) -> Option<Complete> {
     let pid = e.pid.unwrap_or(0);
-    let mut session = Session { reader: Reader::new(kind, e.assignment.model.clone()), seq: 0, tx };
+    let mut session = Session { reader: Reader::new(kind, e.assignment.model.clone(), shared.settings.prices.clone()), seq: 0, tx };
     let mut tail = Tail::new(e.output_file());
     let launched = e.launched_at_ms.unwrap_or_else(journal::now_ms);
     let timeout_ms = e.assignment.caps.timeout_secs.saturating_mul(1000);
@@ -680,7 +680,7 @@ pub(crate) async fn clean(shared: &Shared, e: Entry) {
 /// away, and makes the result from it (its exit status is unknown).
 pub(crate) async fn conclude_from_output(shared: &Shared, e: &mut Entry) -> Complete {
     let kind = Kind::parse(&e.assignment.harness).unwrap_or(Kind::Command);
-    let mut reader = Reader::new(kind, e.assignment.model.clone());
+    let mut reader = Reader::new(kind, e.assignment.model.clone(), shared.settings.prices.clone());
     if let Ok(text) = std::fs::read_to_string(e.output_file()) {
         for line in text.lines() {
             reader.line(line);

@@ -154,6 +154,20 @@ pub struct Usage {
     pub turns: i32,
     pub tool_calls: i32,
     pub model: Option<String>,
+    /// The host's estimate of the session's cost so far (USD), from each message's token counts
+    /// and the price table (`prices`): Claude Code prints its own figure only on its result line,
+    /// Codex never does. Once a result line came, the reported cost plus the estimate of what
+    /// came after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_cost_usd: Option<f64>,
+    /// `price_table`, or `unknown_model` when a model is not in the table and was priced at the
+    /// most expensive row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_basis: Option<String>,
+    /// The output tokens are a lower bound: no result line counted them (the session runs, or
+    /// was killed before printing one), only the last snapshot of each message.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_tokens_lower_bound: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -16,8 +16,10 @@
 //! | `--heartbeat-secs` | `SHOPFLOOR_HOST_HEARTBEAT_SECS` | 10 |
 //! | `--drain-secs` | `SHOPFLOOR_DRAIN_SECS` | 30 |
 //! | `--git-author` | `SHOPFLOOR_GIT_AUTHOR` | `shopfloor <shopfloor@users.noreply.github.com>` |
+//! | `--prices` | `SHOPFLOOR_HOST_PRICES` | the price table shipped in the binary (`host/prices.json`) |
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -70,6 +72,10 @@ pub struct HostArgs {
     /// The author (and committer) of the commits the host makes, `Name <email>`.
     #[arg(long = "git-author", env = "SHOPFLOOR_GIT_AUTHOR", default_value = "shopfloor <shopfloor@users.noreply.github.com>")]
     pub git_author: String,
+    /// A price table (JSON, the shape of `host/prices.json`) to estimate sessions' spend with,
+    /// instead of the one shipped in this release.
+    #[arg(long = "prices", env = "SHOPFLOOR_HOST_PRICES")]
+    pub prices: Option<PathBuf>,
 }
 
 /// The settings as the agent uses them.
@@ -91,6 +97,7 @@ pub struct Settings {
     pub drain: Duration,
     pub author_name: String,
     pub author_email: String,
+    pub prices: Arc<crate::prices::Prices>,
 }
 
 impl Settings {
@@ -126,6 +133,7 @@ impl Settings {
             drain: Duration::from_secs(a.drain_secs),
             author_name,
             author_email,
+            prices: Arc::new(crate::prices::Prices::load(a.prices.as_deref())?),
         })
     }
 }

@@ -1,23 +1,39 @@
 //! Harnesses: the command line of each, and the reading of what it prints.
 //!
 //! - `claude-code`: `claude -p --output-format stream-json --verbose` with the prompt on stdin.
-//!   Each line is a JSON object: `system` (init), `assistant` (a message of the model, with its
-//!   token counts; a message may come as several lines with one `message.id`), `user` (tool
-//!   results), and at the end `result` with `total_cost_usd`, `num_turns`, `usage`, `modelUsage`
-//!   and a `subtype` (`success`, `error_max_turns`, `error_max_budget_usd`,
-//!   `error_during_execution`). Interrupted with SIGINT, Claude Code stops its tools and still
-//!   prints a result line with the cost so far; killed, it prints none, and the session keeps
-//!   the tokens its assistant lines counted, with an unknown (null) cost.
-//! - `codex`: `codex exec --json -` with the prompt on stdin; `item.completed` lines carry the
-//!   agent's messages and its tool calls, `turn.completed` the tokens. Codex reports no cost.
+//!   Each line is a JSON object (the Agent SDK's message types): `system` (`init`: session id,
+//!   tools, model, permission mode), `assistant` (a message of the model with its token counts;
+//!   a message comes as several lines with one `message.id`, each with the counts so far),
+//!   `user` (tool results), and `result` with `total_cost_usd`, `num_turns`, `usage`,
+//!   `modelUsage` (per model: `inputTokens`, `outputTokens`, `cacheReadInputTokens`,
+//!   `cacheCreationInputTokens`, `costUSD`), `is_error`, and a `subtype` (`success`,
+//!   `error_max_turns`, `error_max_budget_usd`, `error_during_execution`). Tokens and cost
+//!   come from `modelUsage` summed over its models when it has any: on a budget stop `usage`
+//!   is all zeros, and helper models (a haiku for small tasks) appear only in `modelUsage`.
+//!   `is_error` decides failure whatever the subtype: an API error is `success` with
+//!   `is_error` and `api_error_status` (a 4xx other than 408/429 is final: the same request
+//!   is refused again), after an assistant line whose model is `<synthetic>`, which is never
+//!   the session's model. Reading stream-json input, Claude Code prints a result line per
+//!   prompt, each cumulative for the session: the last one counts. Until a result line, the
+//!   session's figures are its messages' last snapshots, its output tokens a lower bound, and
+//!   its cost an estimate from the price table (`prices`); killed, it prints none, and the
+//!   session keeps those, with an unknown (null) reported cost.
+//! - `codex`: `codex exec --json -` with the prompt on stdin; `item.*` lines carry the agent's
+//!   messages, reasoning, plans (`todo_list`), warnings (`error` items) and its tool calls
+//!   (`command_execution`, `file_change`, `mcp_tool_call`, `web_search`), `turn.completed` the
+//!   tokens. Only `turn.failed`, or an exit with no `turn.completed`, fails: a top-level
+//!   `error` is Codex saying what it retries (`Reconnecting... 1/5`). Codex names no model and
+//!   reports no cost: the model is the assignment's, the cost an estimate.
 //! - `command`: any program, prompt on stdin; its output is the session and its exit code
 //!   decides.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::client::{Assignment, Usage};
+use crate::prices::{Basis, Prices, Tokens};
 
 /// Which harness, from the assignment's word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,39 +136,97 @@ fn keep_tail(text: &mut String) {
     }
 }
 
+/// The last token counts of one Claude Code message (its assistant lines repeat its id).
+#[derive(Debug, Clone, Default)]
+struct Message {
+    /// The model that answered; `None` for Claude Code's own `<synthetic>` messages.
+    model: Option<String>,
+    tokens: Tokens,
+}
+
+/// The figures of a result line (Claude Code prints one per prompt it answers; with
+/// stream-json input, several in one session, each cumulative for the session).
+#[derive(Debug, Clone, Default)]
+struct Settled {
+    cost: Option<f64>,
+    input: i64,
+    output: i64,
+    turns: i32,
+    model: Option<String>,
+    /// The messages this result line accounts for.
+    messages: HashSet<String>,
+}
+
 /// Reads a harness's output line by line.
 #[derive(Debug)]
 pub struct Reader {
     kind: Kind,
-    /// The model the node asked for: named when `modelUsage` lists several.
+    /// The model the node asked for: named when `modelUsage` lists several, and Codex's model
+    /// (Codex never prints it).
     requested_model: Option<String>,
+    prices: Arc<Prices>,
     usage: Usage,
-    /// Claude Code: the last token counts of each assistant message, by message id.
-    messages: HashMap<String, (i64, i64)>,
+    /// Claude Code: the last snapshot of each assistant message, by message id.
+    messages: HashMap<String, Message>,
+    /// Claude Code: the model of the init line and of the last real assistant line.
+    init_model: Option<String>,
+    assistant_model: Option<String>,
+    tool_calls: i32,
+    /// Claude Code: the last result line, and its figures.
     result: Option<Value>,
-    /// Codex: the last agent message and the failure it reported.
+    settled: Option<Settled>,
+    /// Codex: the last agent message, the failure a turn reported, the turns' token counts and
+    /// the last top-level `error` (a warning unless a turn fails).
     last_message: String,
     codex_failure: Option<String>,
     codex_turns_done: bool,
+    codex_tokens: Tokens,
+    codex_turns: i32,
     /// A command's output, for its answer.
     output: String,
 }
 
 fn num(v: &Value, k: &str) -> i64 {
-    v.get(k).and_then(Value::as_i64).unwrap_or(0)
+    v.get(k).and_then(Value::as_i64).unwrap_or(0).max(0)
 }
 
+/// Claude Code's name for the messages it makes itself (an API error, an interruption).
+const SYNTHETIC: &str = "<synthetic>";
+
+fn real_model(m: Option<&str>) -> Option<String> {
+    m.map(str::trim).filter(|m| !m.is_empty() && *m != SYNTHETIC).map(str::to_owned)
+}
+
+fn short(text: &str, max: usize) -> String {
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default();
+    if line.chars().count() <= max {
+        line.to_owned()
+    } else {
+        format!("{}…", line.chars().take(max).collect::<String>())
+    }
+}
+
+/// Codex items that are tool calls (not messages, reasoning, plans or warnings).
+const CODEX_TOOLS: [&str; 4] = ["command_execution", "file_change", "mcp_tool_call", "web_search"];
+
 impl Reader {
-    pub fn new(kind: Kind, requested_model: Option<String>) -> Reader {
+    pub fn new(kind: Kind, requested_model: Option<String>, prices: Arc<Prices>) -> Reader {
         Reader {
             kind,
             requested_model,
+            prices,
             usage: Usage::default(),
             messages: HashMap::new(),
+            init_model: None,
+            assistant_model: None,
+            tool_calls: 0,
             result: None,
+            settled: None,
             last_message: String::new(),
             codex_failure: None,
             codex_turns_done: false,
+            codex_tokens: Tokens::default(),
+            codex_turns: 0,
             output: String::new(),
         }
     }
@@ -164,8 +238,16 @@ impl Reader {
     /// Reads one line; returns the stream it belongs to in the session.
     pub fn line(&mut self, line: &str) -> &'static str {
         match self.kind {
-            Kind::ClaudeCode => self.claude(line),
-            Kind::Codex => self.codex(line),
+            Kind::ClaudeCode => {
+                let stream = self.claude(line);
+                self.claude_usage();
+                stream
+            }
+            Kind::Codex => {
+                let stream = self.codex(line);
+                self.codex_usage();
+                stream
+            }
             Kind::Command => {
                 if self.output.len() <= TEXT_MAX * 2 {
                     self.output.push_str(line);
@@ -183,42 +265,36 @@ impl Reader {
                 let message = &v["message"];
                 let id = message.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
                 let u = &message["usage"];
-                let input = num(u, "input_tokens") + num(u, "cache_creation_input_tokens") + num(u, "cache_read_input_tokens");
-                self.messages.insert(id, (input, num(u, "output_tokens")));
+                // A 1-hour cache write costs more than a 5-minute one; lines without the split
+                // count every write as 5-minute.
+                let write = num(u, "cache_creation_input_tokens");
+                let write_1h = u.pointer("/cache_creation/ephemeral_1h_input_tokens").and_then(Value::as_i64).unwrap_or(0).clamp(0, write);
+                let tokens = Tokens {
+                    input: num(u, "input_tokens"),
+                    cache_write_5m: write - write_1h,
+                    cache_write_1h: write_1h,
+                    cache_read: num(u, "cache_read_input_tokens"),
+                    output: num(u, "output_tokens"),
+                };
+                let model = real_model(message.get("model").and_then(Value::as_str));
+                if model.is_some() {
+                    self.assistant_model.clone_from(&model);
+                }
+                self.messages.insert(id, Message { model, tokens });
                 if let Some(content) = message.get("content").and_then(Value::as_array) {
-                    self.usage.tool_calls += content.iter().filter(|c| c.get("type").and_then(Value::as_str) == Some("tool_use")).count() as i32;
+                    self.tool_calls += content.iter().filter(|c| c.get("type").and_then(Value::as_str) == Some("tool_use")).count() as i32;
                 }
-                if self.usage.model.is_none() {
-                    self.usage.model = message.get("model").and_then(Value::as_str).map(str::to_owned);
-                }
-                // Until the result line, the totals are the assistant lines'.
-                self.usage.input_tokens = self.messages.values().map(|m| m.0).sum();
-                self.usage.output_tokens = self.messages.values().map(|m| m.1).sum();
-                self.usage.turns = self.messages.len() as i32;
                 "assistant"
             }
             Some("user") => "tool_result",
-            Some("system") => "system",
+            Some("system") => {
+                if v.get("subtype").and_then(Value::as_str) == Some("init") {
+                    self.init_model = real_model(v.get("model").and_then(Value::as_str));
+                }
+                "system"
+            }
             Some("result") => {
-                if let Some(cost) = v.get("total_cost_usd").and_then(Value::as_f64) {
-                    self.usage.cost_usd = Some((cost * 1_000_000.0).round() / 1_000_000.0);
-                }
-                if let Some(turns) = v.get("num_turns").and_then(Value::as_i64) {
-                    self.usage.turns = turns as i32;
-                }
-                if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                    self.usage.input_tokens = num(u, "input_tokens") + num(u, "cache_creation_input_tokens") + num(u, "cache_read_input_tokens");
-                    self.usage.output_tokens = num(u, "output_tokens");
-                }
-                // The result has no top-level model: it is the one key of modelUsage, or the
-                // one asked for when a helper model shows up beside it.
-                if let Some(models) = v.get("modelUsage").and_then(Value::as_object) {
-                    match models.len() {
-                        0 => {}
-                        1 => self.usage.model = models.keys().next().cloned(),
-                        _ => self.usage.model = self.requested_model.clone().or_else(|| self.usage.model.clone()),
-                    }
-                }
+                self.settled = Some(self.settle(&v));
                 self.result = Some(v);
                 "result"
             }
@@ -226,13 +302,104 @@ impl Reader {
         }
     }
 
+    /// The figures of a result line: tokens and cost summed over every model of `modelUsage`
+    /// when it has any (a budget stop leaves `usage` all zeros; helper models appear only
+    /// there), else `usage` and `total_cost_usd`.
+    fn settle(&self, v: &Value) -> Settled {
+        let models = v.get("modelUsage").and_then(Value::as_object).filter(|m| !m.is_empty());
+        let (input, output, model_cost) = match models {
+            Some(models) => models.values().fold((0, 0, 0.0), |(i, o, c), m| {
+                (
+                    i + num(m, "inputTokens") + num(m, "cacheReadInputTokens") + num(m, "cacheCreationInputTokens"),
+                    o + num(m, "outputTokens"),
+                    c + m.get("costUSD").and_then(Value::as_f64).unwrap_or(0.0),
+                )
+            }),
+            None => {
+                let u = &v["usage"];
+                (num(u, "input_tokens") + num(u, "cache_creation_input_tokens") + num(u, "cache_read_input_tokens"), num(u, "output_tokens"), 0.0)
+            }
+        };
+        let cost = v
+            .get("total_cost_usd")
+            .and_then(Value::as_f64)
+            .or_else(|| models.map(|_| model_cost))
+            .filter(|c| c.is_finite() && *c >= 0.0)
+            .map(|c| (c * 1_000_000.0).round() / 1_000_000.0);
+        let model = models.and_then(|m| self.main_model(m.iter().map(|(k, u)| (k.as_str(), u.get("costUSD").and_then(Value::as_f64).unwrap_or(0.0)))));
+        Settled {
+            cost,
+            input,
+            output,
+            turns: v.get("num_turns").and_then(Value::as_i64).unwrap_or(0).clamp(0, i64::from(i32::MAX)) as i32,
+            model,
+            messages: self.messages.keys().cloned().collect(),
+        }
+    }
+
+    /// The session's model among `modelUsage`'s: the only one; else the one asked for (a key
+    /// that starts with the alias, `claude-sonnet-4-5` → `claude-sonnet-4-5-20250929`, or the
+    /// alias's family, `sonnet`); else the init line's; else the one that cost most.
+    fn main_model<'a>(&self, models: impl Iterator<Item = (&'a str, f64)>) -> Option<String> {
+        let models: Vec<(&str, f64)> = models.filter(|(k, _)| real_model(Some(k)).is_some()).collect();
+        if models.len() <= 1 {
+            return models.first().map(|(k, _)| (*k).to_owned());
+        }
+        if let Some(asked) = self.requested_model.as_deref().map(str::to_ascii_lowercase) {
+            let exact = models.iter().find(|(k, _)| k.to_ascii_lowercase() == asked || k.to_ascii_lowercase().starts_with(&format!("{asked}-")));
+            let family = models.iter().find(|(k, _)| !asked.contains('-') && k.to_ascii_lowercase().split('-').any(|w| w == asked));
+            if let Some((k, _)) = exact.or(family) {
+                return Some((*k).to_owned());
+            }
+        }
+        if let Some(init) = self.init_model.as_deref() {
+            if let Some((k, _)) = models.iter().find(|(k, _)| *k == init) {
+                return Some((*k).to_owned());
+            }
+        }
+        models.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|(k, _)| (*k).to_owned())
+    }
+
+    /// The price of a message: its own model, else the session's.
+    fn estimate<'a>(&self, messages: impl Iterator<Item = &'a Message>) -> (f64, Basis) {
+        let fallback = self.assistant_model.as_deref().or(self.init_model.as_deref()).or(self.requested_model.as_deref());
+        messages.fold((0.0, Basis::PriceTable), |(usd, basis), m| {
+            if m.tokens == Tokens::default() {
+                return (usd, basis);
+            }
+            let (c, b) = self.prices.cost(m.model.as_deref().or(fallback), &m.tokens);
+            (usd + c, if b == Basis::UnknownModel { b } else { basis })
+        })
+    }
+
+    /// Claude Code's running totals: the last result line's figures plus the messages that came
+    /// after it (all of them before the first result line).
+    fn claude_usage(&mut self) {
+        let none = Settled::default();
+        let settled = self.settled.as_ref().unwrap_or(&none);
+        let live: Vec<&Message> = self.messages.iter().filter(|(id, _)| !settled.messages.contains(*id)).map(|(_, m)| m).collect();
+        let (estimate, basis) = self.estimate(live.iter().copied());
+        let input = settled.input + live.iter().map(|m| m.tokens.input + m.tokens.cache_write_5m + m.tokens.cache_write_1h + m.tokens.cache_read).sum::<i64>();
+        let output = settled.output + live.iter().map(|m| m.tokens.output).sum::<i64>();
+        let turns = settled.turns + live.len() as i32;
+        let any = !self.messages.is_empty() || settled.cost.is_some();
+        let estimated = any.then(|| ((settled.cost.unwrap_or(0.0) + estimate) * 1_000_000.0).round() / 1_000_000.0);
+        let basis = any.then(|| if live.is_empty() { Basis::PriceTable } else { basis }.name().to_owned());
+        let lower_bound = !live.is_empty();
+        let cost = settled.cost;
+        let model = settled.model.clone().or_else(|| self.assistant_model.clone()).or_else(|| self.init_model.clone()).or_else(|| self.requested_model.clone());
+        let u = &mut self.usage;
+        (u.input_tokens, u.output_tokens, u.turns, u.tool_calls) = (input, output, turns, self.tool_calls);
+        (u.cost_usd, u.estimated_cost_usd, u.estimate_basis, u.output_tokens_lower_bound, u.model) = (cost, estimated, basis, lower_bound, model);
+    }
+
     fn codex(&mut self, line: &str) -> &'static str {
         let Ok(v) = serde_json::from_str::<Value>(line) else { return "stderr" };
         match v.get("type").and_then(Value::as_str) {
-            Some("item.completed" | "item.started" | "item.updated") => {
+            Some(event @ ("item.completed" | "item.started" | "item.updated")) => {
                 let item = &v["item"];
                 let kind = item.get("type").or_else(|| item.get("item_type")).and_then(Value::as_str).unwrap_or_default();
-                let completed = v["type"] == "item.completed";
+                let completed = event == "item.completed";
                 match kind {
                     "agent_message" | "assistant_message" => {
                         if completed {
@@ -241,31 +408,56 @@ impl Reader {
                         "assistant"
                     }
                     "reasoning" => "reasoning",
-                    _ => {
+                    "todo_list" => "plan",
+                    // A non-fatal error Codex reports as an item: a warning.
+                    "error" => "warning",
+                    k if CODEX_TOOLS.contains(&k) => {
                         if completed {
-                            self.usage.tool_calls += 1;
+                            self.tool_calls += 1;
                         }
                         "tool"
                     }
+                    _ => "other",
                 }
             }
             Some("turn.completed") => {
                 let u = &v["usage"];
-                self.usage.input_tokens += num(u, "input_tokens");
-                self.usage.output_tokens += num(u, "output_tokens");
-                self.usage.turns += 1;
+                let input = num(u, "input_tokens");
+                let cached = num(u, "cached_input_tokens").min(input);
+                // OpenAI counts the cached part in the input, and reasoning in the output.
+                self.codex_tokens.input += input - cached;
+                self.codex_tokens.cache_read += cached;
+                self.codex_tokens.output += num(u, "output_tokens");
+                self.codex_turns += 1;
                 self.codex_turns_done = true;
                 "turn"
             }
             Some("turn.failed") => {
-                self.codex_failure = Some(v.pointer("/error/message").and_then(Value::as_str).unwrap_or("turn failed").chars().take(200).collect());
+                let why = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("turn failed");
+                self.codex_failure = Some(short(why, 160));
                 "turn"
             }
-            Some("error") => {
-                self.codex_failure = Some(v.get("message").and_then(Value::as_str).unwrap_or("error").chars().take(200).collect());
-                "error"
-            }
+            // A top-level error is Codex telling what goes wrong (`Reconnecting... 1/5 …` while
+            // it retries): only `turn.failed` ends a turn.
+            Some("error") => "error",
+            Some("thread.started" | "turn.started") => "system",
             _ => "other",
+        }
+    }
+
+    /// Codex's running totals: its turns' tokens, the assignment's model (Codex never names it).
+    fn codex_usage(&mut self) {
+        let t = self.codex_tokens;
+        let u = &mut self.usage;
+        u.input_tokens = t.input + t.cache_read;
+        u.output_tokens = t.output;
+        u.turns = self.codex_turns;
+        u.tool_calls = self.tool_calls;
+        u.model.clone_from(&self.requested_model);
+        if self.codex_turns > 0 {
+            let (usd, basis) = self.prices.cost(self.requested_model.as_deref(), &t);
+            u.estimated_cost_usd = Some((usd * 1_000_000.0).round() / 1_000_000.0);
+            u.estimate_basis = Some(basis.name().to_owned());
         }
     }
 
@@ -289,19 +481,34 @@ impl Reader {
         };
         match self.kind {
             Kind::ClaudeCode => {
-                let subtype = self.result.as_ref().and_then(|r| r.get("subtype")).and_then(Value::as_str).map(str::to_owned);
-                let mut text = self.result.as_ref().and_then(|r| r.get("result")).and_then(Value::as_str).unwrap_or_default().to_owned();
+                let r = self.result.as_ref();
+                let subtype = r.and_then(|r| r.get("subtype")).and_then(Value::as_str).map(str::to_owned);
+                let mut text = r.and_then(|r| r.get("result")).and_then(Value::as_str).unwrap_or_default().to_owned();
                 keep_tail(&mut text);
                 if let Some(why) = interrupted {
                     return fail(why.to_owned(), "ordinary", text, subtype);
                 }
-                let is_error = self.result.as_ref().and_then(|r| r.get("is_error")).and_then(Value::as_bool).unwrap_or(false);
-                match subtype.as_deref() {
-                    Some("success") if !is_error => Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype },
-                    Some("error_max_turns") => fail("turn cap reached".into(), "ordinary", text, subtype),
-                    Some("error_max_budget_usd") => fail("budget cap reached".into(), "final", text, subtype),
-                    Some(_) => fail("harness error".into(), "ordinary", text, subtype),
-                    None => fail(format!("no result line ({})", exit_reason(exit)), "ordinary", text, None),
+                let Some(r) = r else { return fail(format!("no result line ({})", exit_reason(exit)), "ordinary", text, None) };
+                // `is_error` decides, whatever the subtype (an API error says `success`).
+                if !r.get("is_error").and_then(Value::as_bool).unwrap_or(false) {
+                    return Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype };
+                }
+                let api_status = r.get("api_error_status").and_then(Value::as_i64);
+                let first_error = r.get("errors").and_then(Value::as_array).and_then(|e| e.iter().find_map(Value::as_str)).map(|e| short(e, 150));
+                match (subtype.as_deref(), api_status) {
+                    (Some("error_max_turns"), _) => fail("turn cap reached".into(), "ordinary", text, subtype),
+                    (Some("error_max_budget_usd"), _) => fail("budget cap reached".into(), "final", text, subtype),
+                    // A request the API refuses (an unknown model, a bad key) is refused again:
+                    // final. Overload (529), rate limits (429) and 5xx may pass.
+                    (_, Some(status)) => {
+                        let words = if text.trim().is_empty() { "the API refused the request".to_owned() } else { short(&text, 150) };
+                        let class = if (400..500).contains(&status) && status != 429 && status != 408 { "final" } else { "ordinary" };
+                        fail(format!("API error {status}: {words}"), class, text, subtype)
+                    }
+                    (Some("error_during_execution"), _) => {
+                        fail(first_error.map_or_else(|| "error during execution".to_owned(), |e| format!("error during execution: {e}")), "ordinary", text, subtype)
+                    }
+                    _ => fail(first_error.or_else(|| (!text.trim().is_empty()).then(|| short(&text, 150))).map_or_else(|| "harness error".to_owned(), |e| format!("harness error: {e}")), "ordinary", text, subtype),
                 }
             }
             Kind::Codex => {
@@ -310,11 +517,10 @@ impl Reader {
                 if let Some(why) = interrupted {
                     return fail(why.to_owned(), "ordinary", text, None);
                 }
-                match (self.codex_failure, exit.code) {
-                    (Some(_), _) => fail("harness error".into(), "ordinary", text, None),
-                    (None, Some(0)) if self.codex_turns_done => Ended { success: true, reason: None, class: "ordinary", exit_code: Some(0), text, usage, subtype: None },
-                    (None, Some(0)) => fail("no turn completed".into(), "ordinary", text, None),
-                    _ => fail(exit_reason(exit), "ordinary", text, None),
+                match self.codex_failure {
+                    Some(why) => fail(format!("turn failed: {why}"), "ordinary", text, None),
+                    None if self.codex_turns_done && exit.signal.is_none() => Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype: None },
+                    None => fail(format!("no turn completed ({})", exit_reason(exit)), "ordinary", text, None),
                 }
             }
             Kind::Command => {
@@ -366,101 +572,246 @@ pub fn pr_body(answer: &str, issue: Option<i64>) -> String {
 mod tests {
     use super::*;
 
-    fn claude_lines(result: &str) -> Vec<String> {
-        vec![
-            r#"{"type":"system","subtype":"init","cwd":"/w","session_id":"s1","tools":["Edit","Bash"],"model":"claude-sonnet-4-5-20250929","permissionMode":"default"}"#.into(),
-            r#"{"type":"assistant","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5-20250929","content":[{"type":"text","text":"Editing."}],"usage":{"input_tokens":10,"cache_creation_input_tokens":100,"cache_read_input_tokens":0,"output_tokens":5}},"parent_tool_use_id":null,"session_id":"s1"}"#.into(),
-            r#"{"type":"assistant","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5-20250929","content":[{"type":"tool_use","id":"toolu_1","name":"Edit","input":{"file_path":"a.txt"}}],"usage":{"input_tokens":10,"cache_creation_input_tokens":100,"cache_read_input_tokens":0,"output_tokens":40}},"parent_tool_use_id":null,"session_id":"s1"}"#.into(),
-            r#"{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_1","type":"tool_result","content":"ok"}]},"parent_tool_use_id":null,"session_id":"s1"}"#.into(),
-            r#"{"type":"assistant","message":{"id":"msg_2","type":"message","role":"assistant","model":"claude-sonnet-4-5-20250929","content":[{"type":"text","text":"Done."}],"usage":{"input_tokens":3,"cache_creation_input_tokens":0,"cache_read_input_tokens":110,"output_tokens":7}},"parent_tool_use_id":null,"session_id":"s1"}"#.into(),
-            result.into(),
-        ]
+    fn fixture(name: &str) -> &'static str {
+        match name {
+            "claude/success" => include_str!("../tests/fixtures/claude/success.jsonl"),
+            "claude/multi_model" => include_str!("../tests/fixtures/claude/multi_model.jsonl"),
+            "claude/max_turns" => include_str!("../tests/fixtures/claude/max_turns.jsonl"),
+            "claude/max_budget" => include_str!("../tests/fixtures/claude/max_budget.jsonl"),
+            "claude/sigterm" => include_str!("../tests/fixtures/claude/sigterm.jsonl"),
+            "claude/api_error_404" => include_str!("../tests/fixtures/claude/api_error_404.jsonl"),
+            "claude/no_result" => include_str!("../tests/fixtures/claude/no_result.jsonl"),
+            "claude/two_results" => include_str!("../tests/fixtures/claude/two_results.jsonl"),
+            "codex/success" => include_str!("../tests/fixtures/codex/success.jsonl"),
+            "codex/reconnect" => include_str!("../tests/fixtures/codex/reconnect.jsonl"),
+            "codex/turn_failed" => include_str!("../tests/fixtures/codex/turn_failed.jsonl"),
+            other => panic!("no fixture {other}"),
+        }
     }
 
-    fn read(kind: Kind, lines: &[String]) -> Reader {
-        let mut r = Reader::new(kind, Some("claude-sonnet-4-5".into()));
+    fn read(kind: Kind, model: Option<&str>, lines: &[&str]) -> Reader {
+        let mut r = Reader::new(kind, model.map(str::to_owned), Arc::new(Prices::shipped()));
         for l in lines {
             r.line(l);
         }
         r
     }
 
-    const SUCCESS: &str = r#"{"type":"result","subtype":"success","is_error":false,"duration_ms":1200,"duration_api_ms":1100,"num_turns":2,"result":"All done.","session_id":"s1","total_cost_usd":0.36616580000000004,"usage":{"input_tokens":13,"cache_creation_input_tokens":100,"cache_read_input_tokens":110,"output_tokens":47},"modelUsage":{"claude-sonnet-4-5-20250929":{"inputTokens":13,"outputTokens":47,"costUSD":0.3661658}},"permission_denials":[]}"#;
+    fn run(name: &str, model: Option<&str>, exit: Exit) -> Ended {
+        let kind = if name.starts_with("codex/") { Kind::Codex } else { Kind::ClaudeCode };
+        let lines: Vec<&str> = fixture(name).lines().collect();
+        read(kind, model, &lines).finish(exit, None)
+    }
 
-    #[test]
-    fn a_claude_session_gives_cost_turns_tokens_and_model() {
-        let r = read(Kind::ClaudeCode, &claude_lines(SUCCESS));
-        let ended = r.finish(Exit { code: Some(0), signal: None }, None);
-        assert!(ended.success, "{ended:?}");
-        assert_eq!(ended.text, "All done.");
-        assert_eq!(ended.usage.cost_usd, Some(0.366_166));
-        assert_eq!((ended.usage.turns, ended.usage.input_tokens, ended.usage.output_tokens), (2, 223, 47));
-        assert_eq!(ended.usage.tool_calls, 1);
-        assert_eq!(ended.usage.model.as_deref(), Some("claude-sonnet-4-5-20250929"));
+    const OK: Exit = Exit { code: Some(0), signal: None };
+    const ONE: Exit = Exit { code: Some(1), signal: None };
+
+    /// What a test checks of a session: outcome, class, reason, cost, estimate, tokens in and
+    /// out, turns, tool calls, model.
+    #[derive(Debug, PartialEq)]
+    struct Seen {
+        success: bool,
+        class: &'static str,
+        reason: Option<String>,
+        cost: Option<f64>,
+        estimated: Option<f64>,
+        tokens: (i64, i64),
+        lower_bound: bool,
+        turns: i32,
+        tools: i32,
+        model: Option<String>,
+    }
+
+    fn seen(e: &Ended) -> Seen {
+        Seen {
+            success: e.success,
+            class: e.class,
+            reason: e.reason.clone(),
+            cost: e.usage.cost_usd,
+            estimated: e.usage.estimated_cost_usd,
+            tokens: (e.usage.input_tokens, e.usage.output_tokens),
+            lower_bound: e.usage.output_tokens_lower_bound,
+            turns: e.usage.turns,
+            tools: e.usage.tool_calls,
+            model: e.usage.model.clone(),
+        }
+    }
+
+    fn sonnet() -> Option<String> {
+        Some("claude-sonnet-4-5-20250929".into())
     }
 
     #[test]
-    fn assistant_lines_of_one_message_are_counted_once() {
-        let lines = claude_lines(SUCCESS);
-        let r = read(Kind::ClaudeCode, &lines[..5]);
-        // msg_1 counted with its last line's figures (110 in, 40 out), msg_2 (113 in, 7 out).
-        assert_eq!((r.usage().input_tokens, r.usage().output_tokens, r.usage().turns), (223, 47, 2));
-        assert_eq!(r.usage().cost_usd, None);
+    fn a_claude_success_gives_cost_turns_tokens_and_model() {
+        let e = run("claude/success", Some("claude-sonnet-4-5"), OK);
+        let want = Seen {
+            success: true,
+            class: "ordinary",
+            reason: None,
+            cost: Some(0.055_307),
+            estimated: Some(0.055_307),
+            tokens: (51_843, 583),
+            lower_bound: false,
+            turns: 3,
+            tools: 2,
+            model: sonnet(),
+        };
+        assert_eq!(seen(&e), want);
+        assert_eq!(e.text, "The parser now returns Error::Empty on empty input instead of panicking.");
+        assert_eq!(e.usage.estimate_basis.as_deref(), Some("price_table"));
     }
 
     #[test]
-    fn caps_have_their_own_reasons() {
-        let turns = SUCCESS.replace(r#""subtype":"success","is_error":false"#, r#""subtype":"error_max_turns","is_error":true"#);
-        let ended = read(Kind::ClaudeCode, &claude_lines(&turns)).finish(Exit { code: Some(1), signal: None }, None);
-        assert_eq!((ended.success, ended.reason.as_deref(), ended.class), (false, Some("turn cap reached"), "ordinary"));
-        let budget = SUCCESS.replace(r#""subtype":"success","is_error":false"#, r#""subtype":"error_max_budget_usd","is_error":true"#);
-        let ended = read(Kind::ClaudeCode, &claude_lines(&budget)).finish(Exit { code: Some(1), signal: None }, None);
-        assert_eq!((ended.reason.as_deref(), ended.class), (Some("budget cap reached"), "final"));
-        assert_eq!(ended.usage.cost_usd, Some(0.366_166));
+    fn a_helper_models_tokens_and_cost_count_and_the_model_is_the_one_asked_for() {
+        let e = run("claude/multi_model", Some("claude-sonnet-4-5"), OK);
+        assert!(e.success);
+        // Sonnet's 51,843 in and 583 out, plus haiku's 14,936 and 125: only modelUsage has them.
+        assert_eq!((e.usage.input_tokens, e.usage.output_tokens, e.usage.cost_usd), (66_779, 708, Some(0.057_428)));
+        assert_eq!(e.usage.model, sonnet());
+        // The alias's family finds it too; without a request the init line's model does.
+        assert_eq!(run("claude/multi_model", Some("sonnet"), OK).usage.model, sonnet());
+        assert_eq!(run("claude/multi_model", None, OK).usage.model, sonnet());
+        assert_eq!(run("claude/multi_model", Some("claude-haiku-4-5"), OK).usage.model.as_deref(), Some("claude-haiku-4-5-20251001"));
     }
 
     #[test]
-    fn a_killed_claude_keeps_its_tokens_and_has_no_cost() {
-        let lines = claude_lines(SUCCESS);
-        let ended = read(Kind::ClaudeCode, &lines[..5]).finish(Exit { code: None, signal: Some(9) }, Some("timeout"));
-        assert_eq!((ended.success, ended.reason.as_deref()), (false, Some("timeout")));
-        assert_eq!((ended.usage.input_tokens, ended.usage.output_tokens, ended.usage.cost_usd), (223, 47, None));
-        let ended = read(Kind::ClaudeCode, &lines[..5]).finish(Exit { code: Some(2), signal: None }, None);
-        assert_eq!(ended.reason.as_deref(), Some("no result line (exit code 2)"));
-        assert_eq!(ended.exit_code, Some(2));
+    fn caps_have_their_own_reasons_and_classes() {
+        let e = run("claude/max_turns", None, ONE);
+        assert_eq!((e.success, e.class, e.reason.as_deref(), e.usage.turns), (false, "ordinary", Some("turn cap reached"), 3));
+        assert_eq!((e.usage.cost_usd, e.usage.input_tokens, e.usage.output_tokens), (Some(0.037_266), 24_853, 412));
+        let e = run("claude/max_budget", None, ONE);
+        assert_eq!((e.class, e.reason.as_deref()), ("final", Some("budget cap reached")));
+        // `usage` is all zeros on a budget stop: the counts and the model are modelUsage's.
+        assert_eq!((e.usage.input_tokens, e.usage.output_tokens, e.usage.cost_usd), (51_843, 583, Some(0.055_307)));
+        assert_eq!(e.usage.model, sonnet());
     }
 
     #[test]
-    fn several_models_name_the_one_asked_for() {
-        let two = SUCCESS.replace(r#""modelUsage":{"#, r#""modelUsage":{"claude-3-5-haiku-20241022":{"costUSD":0.001},"#);
-        let r = read(Kind::ClaudeCode, &claude_lines(&two));
-        assert_eq!(r.usage().model.as_deref(), Some("claude-sonnet-4-5"));
+    fn an_error_during_execution_is_an_ordinary_failure_with_its_error() {
+        let e = run("claude/sigterm", None, Exit { code: Some(143), signal: None });
+        assert_eq!((e.success, e.class, e.reason.as_deref()), (false, "ordinary", Some("error during execution: Request was aborted.")));
+        assert_eq!((e.usage.cost_usd, e.usage.turns, e.usage.output_tokens, e.usage.output_tokens_lower_bound), (Some(0.037_266), 2, 412, false));
+        assert_eq!(e.exit_code, Some(143));
     }
 
     #[test]
-    fn codex_lines_give_the_answer_and_tokens() {
-        let lines: Vec<String> = [
-            r#"{"type":"thread.started","thread_id":"t1"}"#,
-            r#"{"type":"turn.started"}"#,
-            r#"{"type":"item.completed","item":{"id":"item_0","type":"reasoning","text":"thinking"}}"#,
-            r#"{"type":"item.started","item":{"id":"item_1","type":"command_execution","command":"ls","status":"in_progress"}}"#,
-            r#"{"type":"item.completed","item":{"id":"item_1","type":"command_execution","command":"ls","exit_code":0,"status":"completed"}}"#,
-            r#"{"type":"item.completed","item":{"id":"item_2","type":"agent_message","text":"Changed it."}}"#,
-            r#"{"type":"turn.completed","usage":{"input_tokens":120,"cached_input_tokens":20,"output_tokens":30}}"#,
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        let ended = read(Kind::Codex, &lines).finish(Exit { code: Some(0), signal: None }, None);
-        assert!(ended.success);
-        assert_eq!(ended.text, "Changed it.");
-        assert_eq!((ended.usage.input_tokens, ended.usage.output_tokens, ended.usage.tool_calls, ended.usage.cost_usd), (120, 30, 1, None));
+    fn an_unknown_model_is_a_final_failure_in_words_and_never_synthetic() {
+        let e = run("claude/api_error_404", Some("claude-fable-9"), ONE);
+        assert_eq!((e.success, e.class, e.subtype.as_deref()), (false, "final", Some("success")));
+        let reason = e.reason.clone().unwrap();
+        assert!(reason.starts_with("API error 404: There's an issue with the selected model (claude-fable-9)"), "{reason}");
+        assert!(reason.chars().count() <= 200, "{reason}");
+        assert_eq!(e.usage.model.as_deref(), Some("claude-fable-9"));
+        assert_eq!((e.usage.cost_usd, e.usage.input_tokens, e.usage.output_tokens), (Some(0.0), 0, 0));
+        // Without the init line or a request, still no `<synthetic>`.
+        let lines: Vec<&str> = fixture("claude/api_error_404").lines().skip(1).collect();
+        assert_eq!(read(Kind::ClaudeCode, None, &lines).usage().model, None);
+        // A 5xx or an overload may pass on a later try.
+        let overloaded = fixture("claude/api_error_404").replace(r#""api_error_status":404"#, r#""api_error_status":529"#);
+        let lines: Vec<&str> = overloaded.lines().collect();
+        assert_eq!(read(Kind::ClaudeCode, None, &lines).finish(ONE, None).class, "ordinary");
+    }
+
+    #[test]
+    fn a_killed_claude_keeps_each_messages_last_snapshot_an_estimate_and_a_lower_bound() {
+        let killed = Exit { code: None, signal: Some(9) };
+        let e = run("claude/no_result", None, killed);
+        assert_eq!((e.success, e.class, e.reason.as_deref()), (false, "ordinary", Some("no result line (killed by signal 9)")));
+        // One message, three lines: its last snapshot (412 out), counted once.
+        let want = Seen {
+            success: false,
+            class: "ordinary",
+            reason: Some("no result line (killed by signal 9)".into()),
+            cost: None,
+            estimated: Some(0.037_266),
+            tokens: (24_853, 412),
+            lower_bound: true,
+            turns: 1,
+            tools: 2,
+            model: sonnet(),
+        };
+        assert_eq!(seen(&e), want);
+        let lines: Vec<&str> = fixture("claude/no_result").lines().collect();
+        let timed_out = read(Kind::ClaudeCode, None, &lines).finish(killed, Some("timeout"));
+        assert_eq!(timed_out.reason.as_deref(), Some("timeout"));
+    }
+
+    #[test]
+    fn the_estimate_grows_with_each_message_until_the_result_replaces_it() {
+        let lines: Vec<&str> = fixture("claude/success").lines().collect();
+        let mut r = Reader::new(Kind::ClaudeCode, None, Arc::new(Prices::shipped()));
+        let mut estimates = Vec::new();
+        for l in &lines {
+            r.line(l);
+            estimates.push((r.usage().estimated_cost_usd, r.usage().cost_usd));
+        }
+        assert_eq!(estimates[0], (None, None), "the init line costs nothing");
+        assert_eq!(estimates[3], (Some(0.037_266), None), "msg_1 at its last snapshot");
+        assert_eq!(estimates[6], (Some(0.055_307), None), "msg_1 and msg_2");
+        assert_eq!(estimates[7], (Some(0.055_307), Some(0.055_307)), "the result's cost");
+        assert!(estimates.windows(2).all(|w| w[0].0.unwrap_or(0.0) <= w[1].0.unwrap_or(0.0)));
+    }
+
+    #[test]
+    fn an_unknown_model_is_estimated_at_the_dearest_price_and_says_so() {
+        let lines: Vec<String> = fixture("claude/no_result").lines().map(|l| l.replace("claude-sonnet-4-5-20250929", "claude-fable-9")).collect();
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let r = read(Kind::ClaudeCode, None, &lines);
+        assert_eq!(r.usage().estimate_basis.as_deref(), Some("unknown_model"));
+        // Opus 4.1's prices, the dearest row: 3×15 + 6847×18.75 + 18003×1.5 + 412×75 per million.
+        assert_eq!(r.usage().estimated_cost_usd, Some(0.186_331));
+    }
+
+    #[test]
+    fn with_several_result_lines_the_last_counts_and_later_messages_are_estimated() {
+        let lines: Vec<&str> = fixture("claude/two_results").lines().collect();
+        // After the first result and a new message: that result's cost plus the new estimate.
+        let first = lines.iter().position(|l| l.contains(r#""type":"result""#)).unwrap();
+        let r = read(Kind::ClaudeCode, None, &lines[..first + 3]);
+        assert_eq!(r.usage().cost_usd, Some(0.037_266));
+        assert_eq!(r.usage().estimated_cost_usd, Some(0.055_307));
+        assert!(r.usage().output_tokens_lower_bound);
+        let e = run("claude/two_results", None, OK);
+        assert_eq!((e.success, e.usage.cost_usd, e.usage.estimated_cost_usd), (true, Some(0.066_779), Some(0.066_779)));
+        assert_eq!((e.usage.input_tokens, e.usage.output_tokens, e.usage.turns, e.usage.output_tokens_lower_bound), (79_359, 679, 4, false));
+        assert_eq!(e.text, "Added the test you asked for.");
+    }
+
+    #[test]
+    fn codex_counts_tool_items_only_and_takes_the_assignments_model() {
+        let e = run("codex/success", Some("gpt-5-codex"), OK);
+        assert!(e.success, "{e:?}");
+        assert_eq!(e.text, "The parser now returns Error::Empty on empty input.");
+        // The command and the file change; not the reasoning, the plan or the message.
+        assert_eq!((e.usage.tool_calls, e.usage.turns, e.usage.input_tokens, e.usage.output_tokens), (2, 1, 24_761, 1378));
+        assert_eq!((e.usage.model.as_deref(), e.usage.cost_usd), (Some("gpt-5-codex"), None));
+        // 5049 uncached × 1.25 + 19,712 cached × 0.125 + 1378 × 10, per million.
+        assert_eq!((e.usage.estimated_cost_usd, e.usage.estimate_basis.as_deref()), (Some(0.022_555), Some("price_table")));
+    }
+
+    #[test]
+    fn a_codex_reconnect_error_does_not_fail_a_turn_that_completes() {
+        let e = run("codex/reconnect", Some("gpt-5-codex"), OK);
+        assert!(e.success, "{e:?}");
+        assert_eq!((e.usage.tool_calls, e.text.as_str()), (1, "All tests pass; nothing to change."));
+    }
+
+    #[test]
+    fn only_a_failed_turn_or_no_turn_fails_codex() {
+        let e = run("codex/turn_failed", None, ONE);
+        assert_eq!((e.success, e.class), (false, "ordinary"));
+        assert_eq!(e.reason.as_deref(), Some("turn failed: unexpected status 401 Unauthorized: Missing bearer or basic authentication in header"));
+        assert_eq!((e.usage.tool_calls, e.usage.estimated_cost_usd), (0, None));
+        let lines: Vec<&str> = fixture("codex/success").lines().take(5).collect();
+        let e = read(Kind::Codex, None, &lines).finish(OK, None);
+        assert_eq!(e.reason.as_deref(), Some("no turn completed (exit code 0)"));
     }
 
     #[test]
     fn a_commands_exit_code_decides() {
-        let mut r = Reader::new(Kind::Command, None);
+        let mut r = Reader::new(Kind::Command, None, Arc::new(Prices::shipped()));
         assert_eq!(r.line("hello"), "output");
-        let ended = r.finish(Exit { code: Some(1), signal: None }, None);
+        let ended = r.finish(ONE, None);
         assert_eq!((ended.success, ended.reason.as_deref(), ended.exit_code), (false, Some("exit code 1"), Some(1)));
     }
 

@@ -8,6 +8,7 @@
 //! - `attempt` — one attempt: worktree, harness, supervision (timeout, cancel), commit, push,
 //!   report, cleanup.
 //! - `harness` — each harness's command line and the reading of its output.
+//! - `prices` — the price table spend is estimated with while a session runs.
 //! - `git` — the cached clone, worktrees, commits and pushes, every call time-limited.
 //! - `process` — process groups, bounded calls, liveness, and the shutdown signals every
 //!   `shopfloor` process uses.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod git;
 pub mod harness;
 pub mod journal;
+pub mod prices;
 pub mod process;
 pub mod recovery;
 pub mod trace;

@@ -53,6 +53,7 @@ pub struct Observation {
 
 /// How an attempt ends.
 #[derive(Debug, Clone, PartialEq)]
+#[expect(clippy::large_enum_variant, reason = "one per journalled attempt, once at start: boxing the result would buy nothing")]
 pub enum Conclusion {
     /// Report this result: the server still counts the step as ours.
     Report(Complete),

@@ -34,6 +34,7 @@ fn check(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
         "SHOPFLOOR_HOST_CAPABILITIES",
         "SHOPFLOOR_CLAUDE_COMMAND",
         "SHOPFLOOR_CODEX_COMMAND",
+        "SHOPFLOOR_HOST_PRICES",
     ] {
         cmd.env_remove(var);
     }
@@ -162,7 +163,7 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
         check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &server), ("SHOPFLOOR_HOST_CAPABILITIES", "linux,harness:claude-code")])
     });
     assert_eq!(code, 0, "{out}");
-    for name in ["claude", "git", "server"] {
+    for name in ["claude", "git", "prices", "server"] {
         assert_ok(&out, name);
     }
     assert!(!out.contains("codex"), "only the advertised harness is checked: {out}");
@@ -170,10 +171,18 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
     // A harness the host advertises but lacks, and a server that does not answer.
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let (code, out) = tokio::task::block_in_place(|| {
-        check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &format!("http://127.0.0.1:{port}")), ("SHOPFLOOR_HOST_CAPABILITIES", "harness:codex")])
+        let silent = format!("http://127.0.0.1:{port}");
+        let bad = [
+            ("PATH", path.as_str()),
+            ("SHOPFLOOR_SERVER", silent.as_str()),
+            ("SHOPFLOOR_HOST_CAPABILITIES", "harness:codex"),
+            ("SHOPFLOOR_HOST_PRICES", "/nonexistent/prices.json"),
+        ];
+        check(&["--host"], &bad)
     });
     assert_eq!(code, 1, "{out}");
     assert_fails(&out, "codex", "SHOPFLOOR_CODEX_COMMAND");
+    assert_fails(&out, "prices", "SHOPFLOOR_HOST_PRICES");
     assert_ok(&out, "git");
     assert_fails(&out, "server", "check SHOPFLOOR_SERVER");
 }

@@ -216,10 +216,15 @@ impl Env {
     /// As `host`, advertising `capabilities` (comma-separated) and running `claude` as Claude
     /// Code.
     pub(crate) async fn host_with(&self, name: &str, slots: u32, capabilities: &str, claude: &Path) -> Proc {
+        self.host_with_codex(name, slots, capabilities, claude, None).await
+    }
+
+    /// As `host_with`, running `codex` as Codex when given.
+    pub(crate) async fn host_with_codex(&self, name: &str, slots: u32, capabilities: &str, claude: &Path, codex: Option<&Path>) -> Proc {
         let work = self.dir.path().join("hosts").join(name);
         let token = if work.join("credential.json").exists() { String::new() } else { self.registration().await };
-        let child = Command::new(shopfloor_bin())
-            .args(["host", "--log", &std::env::var("HOST_LOG").unwrap_or_else(|_| "warn".into()), "--capabilities", capabilities])
+        let mut cmd = Command::new(shopfloor_bin());
+        cmd.args(["host", "--log", &std::env::var("HOST_LOG").unwrap_or_else(|_| "warn".into()), "--capabilities", capabilities])
             .arg("--server")
             .arg(&self.base)
             .arg("--name")
@@ -238,10 +243,11 @@ impl Env {
             .env("SHOPFLOOR_DRAIN_SECS", "2")
             .env("MARKS", self.marks())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn shopfloor host");
-        Proc(child)
+            .stderr(Stdio::inherit());
+        if let Some(codex) = codex {
+            cmd.arg("--codex-command").arg(codex);
+        }
+        Proc(cmd.spawn().expect("spawn shopfloor host"))
     }
 
     pub(crate) fn workflow(&self, name: &str) -> WorkflowId {

@@ -13,6 +13,7 @@ mod hosts;
 mod metrics;
 mod secrets;
 mod serve;
+mod sessions;
 mod telemetry;
 mod webhook_targets;
 mod webhooks;

@@ -46,6 +46,9 @@ pub struct CheckArgs {
     /// With --host: the Codex command.
     #[arg(long = "codex-command", env = "SHOPFLOOR_CODEX_COMMAND", default_value = "codex")]
     pub codex_command: String,
+    /// With --host: the price table the host estimates spend with, instead of the shipped one.
+    #[arg(long = "prices", env = "SHOPFLOOR_HOST_PRICES")]
+    pub prices: Option<PathBuf>,
 }
 
 /// One check's result.
@@ -274,8 +277,18 @@ async fn host_checks(args: &CheckArgs) -> Vec<Outcome> {
         done(on_path("codex", &args.codex_command, "install Codex (`npm install -g @openai/codex`) or set SHOPFLOOR_CODEX_COMMAND to it"));
     }
     done(on_path("git", "git", "install git (`apt-get install git`)"));
+    done(prices(args.prices.as_deref()));
     done(server(args.server.as_deref()).await);
     outcomes
+}
+
+/// The price table sessions' spend is estimated with while they run.
+fn prices(path: Option<&Path>) -> Outcome {
+    match (host::prices::Prices::load(path), path) {
+        (Ok(_), None) => Outcome::ok("prices", "the table shipped with this release"),
+        (Ok(_), Some(p)) => Outcome::ok("prices", format!("{}", p.display())),
+        (Err(e), _) => Outcome::fail("prices", e, "fix the file SHOPFLOOR_HOST_PRICES names (the shape of host/prices.json), or unset it for the shipped table"),
+    }
 }
 
 /// Where `command` resolves: a path as given, else the first executable of that name on PATH.

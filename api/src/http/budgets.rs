@@ -188,7 +188,8 @@ pub async fn remove_project(State(state): State<AppState>, scope: ProjectScope, 
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Spend per project and UTC day, newest first, from sessions' reported cost (viewer).
+/// Spend per project and UTC day, newest first, from sessions' cost: the host's estimate while a
+/// session runs, the harness's reported cost once it comes (viewer).
 #[utoipa::path(get, path = "/orgs/{org}/spend", operation_id = "list_spend", tag = "budgets",
     params(("org" = String, Path, description = "Org slug"), SpendQuery),
     responses((status = 200, body = SpendList)))]

@@ -405,11 +405,32 @@ pub struct UsageDoc {
     #[serde(default)]
     pub tool_calls: i32,
     pub model: Option<String>,
+    /// The host's estimate of the cost so far, from each message's token counts and its price
+    /// table (Claude Code reports its cost only at the end, Codex never). Budgets count the
+    /// larger of this and `cost_usd`.
+    #[serde(default)]
+    pub estimated_cost_usd: Option<f64>,
+    /// `price_table`, or `unknown_model` when a model was priced at the table's dearest row.
+    #[serde(default)]
+    pub estimate_basis: Option<String>,
+    /// The output tokens are a lower bound: no result line counted them.
+    #[serde(default)]
+    pub output_tokens_lower_bound: bool,
 }
 
 impl From<&UsageDoc> for Usage {
     fn from(u: &UsageDoc) -> Usage {
-        Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens, cost_usd: u.cost_usd, turns: u.turns, tool_calls: u.tool_calls, model: u.model.clone() }
+        Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cost_usd: u.cost_usd,
+            turns: u.turns,
+            tool_calls: u.tool_calls,
+            model: u.model.clone(),
+            estimated_cost_usd: u.estimated_cost_usd,
+            estimate_basis: u.estimate_basis.clone(),
+            output_tokens_lower_bound: u.output_tokens_lower_bound,
+        }
     }
 }
 
@@ -501,7 +522,8 @@ pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Pa
     output.insert(
         "usage".into(),
         json!({
-            "cost_usd": usage.cost_usd.map(engine::hosts::round_cost),
+            "cost_usd": usage.reported(),
+            "estimated_cost_usd": usage.estimated(),
             "input_tokens": usage.input_tokens,
             "output_tokens": usage.output_tokens,
             "turns": usage.turns,

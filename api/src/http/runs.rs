@@ -87,7 +87,55 @@ pub struct Step {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub ended_at: Option<DateTime<Utc>>,
+    /// A crew step's session figures, as its host reported them; absent for other steps and
+    /// before the host started it.
+    #[sqlx(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionFigures>,
 }
+
+/// A crew session's figures. Claude Code reports its cost only at the end and Codex never, so
+/// while a session runs its spend is the host's estimate from each message's token counts and
+/// a price table; the harness's reported cost replaces it when it comes.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct SessionFigures {
+    pub harness: Option<String>,
+    pub model: Option<String>,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    /// The output tokens are a lower bound: no result line counted them (the session runs,
+    /// or was killed before its harness printed one).
+    pub output_tokens_lower_bound: bool,
+    /// The cost the harness reported; null until it reports one (and for a killed session).
+    pub cost_usd: Option<f64>,
+    /// The host's estimate from the session's token counts and its price table.
+    pub estimated_cost_usd: Option<f64>,
+    /// `price_table`, or `unknown_model` when a model was priced at the table's dearest row.
+    pub estimate_basis: Option<String>,
+    /// What budgets count for this session: the larger of the estimate and the reported cost,
+    /// so the reported cost once the harness's last result line came.
+    pub spent_usd: f64,
+    /// Whether `spent_usd` is (partly) an estimate: no reported cost yet, or messages after the
+    /// last one the harness reported.
+    pub cost_is_estimate: bool,
+    pub turns: i32,
+    pub tool_calls: i32,
+}
+
+#[derive(sqlx::FromRow)]
+struct SessionRow {
+    step_id: StepId,
+    #[sqlx(flatten)]
+    figures: SessionFigures,
+}
+
+/// The figures of a run's crew sessions ($1 run, $2 org).
+pub(crate) const SESSION_FIGURES_SQL: &str = "SELECT step_id, harness, model, input_tokens, output_tokens, output_tokens_lower_bound, \
+            cost_usd::float8 AS cost_usd, estimated_cost_usd::float8 AS estimated_cost_usd, estimate_basis, \
+            coalesce(spent_usd, cost_usd, 0)::float8 AS spent_usd, \
+            coalesce(coalesce(spent_usd, cost_usd, 0) > cost_usd, estimated_cost_usd IS NOT NULL) AS cost_is_estimate, \
+            turns, tool_calls \
+     FROM step_sessions WHERE run_id = $1 AND org_id = $2";
 
 /// An approval waiting for a person.
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
@@ -522,7 +570,7 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     let id = run_id(&p.run)?;
     let mut conn = state.db.acquire().await?;
     let mut run = load(&mut conn, &scope, id).await?;
-    let steps: Vec<Step> = sqlx::query_as(
+    let mut steps: Vec<Step> = sqlx::query_as(
         "SELECT step_id, node, kind, visit, attempt, state, reason, exit_code, output, timed_out, reused_from IS NOT NULL AS reused, \
                 created_at, started_at, ended_at FROM steps WHERE run_id = $1 AND org_id = $2 ORDER BY started_seq, created_at",
     )
@@ -538,7 +586,13 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     .bind(scope.org.org)
     .fetch_all(&mut *conn)
     .await?;
+    let sessions: Vec<SessionRow> = sqlx::query_as(SESSION_FIGURES_SQL).bind(id).bind(scope.org.org).fetch_all(&mut *conn).await?;
     drop(conn);
+    for row in sessions {
+        if let Some(step) = steps.iter_mut().find(|s| s.id == row.step_id) {
+            step.session = Some(row.figures);
+        }
+    }
     with_substates(&state, &scope, std::slice::from_mut(&mut run)).await?;
     Ok(Json(RunDetail { run, steps, approvals }))
 }

@@ -1,8 +1,11 @@
 //! Budgets and operator actions as a host sees them, through the host protocol: a drained
-//! host's claims take nothing; session reports record the spend since the previous report
-//! (they carry cumulative figures); a heartbeat once a hard budget is spent tells the host to
-//! stop, and the step fails `budget_hard_stop`, never retried; an edit-and-retry's prompt and
-//! model reach the next host's assignment.
+//! host's claims take nothing; session reports record the estimated spend since the previous
+//! report (they carry cumulative figures: the host's estimate from token counts, as it is while
+//! Claude Code runs, with no reported cost); a heartbeat once a hard budget is spent tells the
+//! host to stop, and the step fails `budget_hard_stop`, never retried; the reported cost, when
+//! it comes, replaces the estimate (lower here: a correcting difference); the run's API view
+//! says which figure is an estimate; an edit-and-retry's prompt and model reach the next host's
+//! assignment.
 
 use engine::ids::{OrgId, RunId};
 use reqwest::{Method, StatusCode};
@@ -36,8 +39,11 @@ async fn spent(pool: &PgPool, org: OrgId, run: &str) -> (f64, f64, i64) {
     .unwrap()
 }
 
-async fn report(app: &App, host: &str, step: &str, cost: f64, tokens: i64) -> Value {
-    let body = json!({ "harness": "claude-code", "lines": [], "usage": { "input_tokens": tokens, "output_tokens": 0, "cost_usd": cost } });
+/// A report while the harness runs: the host's estimate, no reported cost (Claude Code prints
+/// its cost only on its result line).
+async fn report(app: &App, host: &str, step: &str, estimate: f64, tokens: i64) -> Value {
+    let usage = json!({ "input_tokens": tokens, "output_tokens": 0, "cost_usd": null, "estimated_cost_usd": estimate, "estimate_basis": "price_table", "output_tokens_lower_bound": true });
+    let body = json!({ "harness": "claude-code", "lines": [], "usage": usage });
     app.json(Method::POST, &format!("/api/v1/host/steps/{step}/session"), host, Some(&body), StatusCode::OK).await
 }
 
@@ -66,7 +72,7 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     assert_eq!((got["assignments"][0]["prompt"].as_str(), got["assignments"][0]["model"].as_str()), (Some("do the work"), Some("sonnet")));
     app.json(Method::POST, &format!("/api/v1/host/steps/{step}/start"), &host, Some(&json!({ "harness": "claude-code" })), StatusCode::OK).await;
 
-    // Reports carry cumulative figures; the spend is what each adds.
+    // Reports carry cumulative estimates; the spend is what each adds.
     let r = report(&app, &host, &step, 0.4, 100).await;
     assert_eq!(r["stop"], false);
     assert_eq!(spent(&pool, org.id, &run).await, (0.4, 0.4, 100));
@@ -102,11 +108,26 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     assert_eq!((a["run"].as_str(), a["prompt"].as_str(), a["model"].as_str(), a["harness"].as_str()), (retried["id"].as_str(), Some("do less"), Some("haiku"), Some("claude-code")));
     let step = a["step"].as_str().unwrap().to_owned();
     app.json(Method::POST, &format!("/api/v1/host/steps/{step}/start"), &host, None, StatusCode::OK).await;
-    // The final figures come with the completion: its cost is recorded too.
-    let body = json!({ "outcome": "succeeded", "usage": { "cost_usd": 0.25, "input_tokens": 10 } });
-    app.json(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), &host, Some(&body), StatusCode::OK).await;
     let new_run = retried["id"].as_str().unwrap();
+    report(&app, &host, &step, 0.3, 10).await;
+    assert_eq!(spent(&pool, org.id, new_run).await, (0.3, 1.2, 10), "the estimate counts while the session runs");
+    let view = app.json(Method::GET, &format!("{BASE}/runs/{new_run}"), &org.viewer, None, StatusCode::OK).await;
+    let session = &view["steps"][0]["session"];
+    assert_eq!((session["cost_usd"].clone(), session["estimated_cost_usd"].as_f64(), session["cost_is_estimate"].as_bool()), (Value::Null, Some(0.3), Some(true)), "{view}");
+    assert_eq!(session["output_tokens_lower_bound"], true);
+    // The final figures come with the completion: the reported cost replaces the estimate,
+    // here lower than it, so the spend is corrected down to it.
+    let usage = json!({ "cost_usd": 0.25, "estimated_cost_usd": 0.25, "input_tokens": 10 });
+    let body = json!({ "outcome": "succeeded", "usage": usage });
+    app.json(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), &host, Some(&body), StatusCode::OK).await;
     assert_eq!(spent(&pool, org.id, new_run).await, (0.25, 1.15, 10));
+    let view = app.json(Method::GET, &format!("{BASE}/runs/{new_run}"), &org.viewer, None, StatusCode::OK).await;
+    let session = &view["steps"][0]["session"];
+    assert_eq!((session["cost_usd"].as_f64(), session["spent_usd"].as_f64(), session["cost_is_estimate"].as_bool()), (Some(0.25), Some(0.25), Some(false)), "{view}");
+    // An estimate field the protocol does not know is refused, not ignored.
+    let bad = json!({ "harness": "claude-code", "usage": { "estimated_usd": 1.0 } });
+    let (status, _, _) = app.send(Method::POST, &format!("/api/v1/host/steps/{step}/session"), Some(&host), Some(&bad)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     app.until(new_run.parse().unwrap(), "SELECT status = 'completed' FROM runs WHERE run_id = $1", "completed").await;
     app.discard().await;
 }

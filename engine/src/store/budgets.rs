@@ -26,19 +26,21 @@ pub const HARD_STOP: &str = "budget_hard_stop";
 const TODAY: &str = "(now() AT TIME ZONE 'UTC')::date";
 const MONTH_START: &str = "date_trunc('month', now() AT TIME ZONE 'UTC')::date";
 
-/// Records cost and tokens a session reported against today's spend of the project (and so of
+/// Records cost and tokens a session spent against today's spend of the project (and so of
 /// the org). The hosts' session reports call this (or [`record_run_spend`] when the run is
-/// known); `usd` is what this report adds, not a running total.
+/// known); `usd` is what this report adds, not a running total. It is negative when a
+/// harness's reported cost corrects an estimate that was higher: today's figure is lowered by
+/// the difference, never below zero (a correction after midnight UTC lowers the new day's).
 pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: f64, tokens: i64) -> Result<()> {
-    if !usd.is_finite() || usd < 0.0 || tokens < 0 {
-        return Err(StoreError::Invalid("spend must be a non-negative amount".into()));
+    if !usd.is_finite() || tokens < 0 {
+        return Err(StoreError::Invalid("spend must be a finite amount and tokens not negative".into()));
     }
     if usd == 0.0 && tokens == 0 {
         return Ok(());
     }
     sqlx::query(&format!(
-        "INSERT INTO spend (org_id, project_id, day, usd, tokens) VALUES ($1, $2, {TODAY}, $3::numeric, $4) \
-         ON CONFLICT (org_id, project_id, day) DO UPDATE SET usd = spend.usd + EXCLUDED.usd, tokens = spend.tokens + EXCLUDED.tokens"
+        "INSERT INTO spend (org_id, project_id, day, usd, tokens) VALUES ($1, $2, {TODAY}, greatest($3::numeric, 0), $4) \
+         ON CONFLICT (org_id, project_id, day) DO UPDATE SET usd = greatest(spend.usd + $3::numeric, 0), tokens = spend.tokens + EXCLUDED.tokens"
     ))
     .bind(org)
     .bind(project)
@@ -46,16 +48,19 @@ pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: 
     .bind(tokens)
     .execute(&mut *ch.tx)
     .await?;
-    ch.tally.spend(usd);
+    if usd > 0.0 {
+        ch.tally.spend(usd);
+    }
     Ok(())
 }
 
 /// Records a session's cost against its run's total (for `budget.usd_per_run`) and the
-/// project's day. The run must be locked in this change.
+/// project's day; a negative `usd` (a correction) lowers both, never below zero. The run must
+/// be locked in this change.
 pub async fn record_run_spend(ch: &mut Change, run: RunId, usd: f64, tokens: i64) -> Result<()> {
     let ctx = ch.locked(run)?.clone();
     record_spend(ch, ctx.org, ctx.project, usd, tokens).await?;
-    sqlx::query("UPDATE runs SET spent_usd = spent_usd + $2::numeric, spent_tokens = spent_tokens + $3 WHERE run_id = $1")
+    sqlx::query("UPDATE runs SET spent_usd = greatest(spent_usd + $2::numeric, 0), spent_tokens = spent_tokens + $3 WHERE run_id = $1")
         .bind(run)
         .bind(usd)
         .bind(tokens)

@@ -427,11 +427,15 @@ fn cut_line(line: &str) -> String {
     format!("{}… [{} bytes cut]", &line[..end], line.len() - end)
 }
 
-/// The cumulative totals of a session, kept per step (never lowered by a late report).
-async fn record_usage(conn: &mut sqlx::PgConnection, host: &HostRow, run: RunId, step: StepId, harness: Option<&str>, usage: &Usage, lines: i64) -> Result<()> {
+/// The cumulative totals of a session, kept per step (never lowered by a late report), with
+/// the host's latest estimate beside the reported cost and the spend recorded for it
+/// (`spent`, the figure budgets count).
+#[expect(clippy::too_many_arguments, reason = "one statement's binds; a struct for them would be read once")]
+async fn record_usage(conn: &mut sqlx::PgConnection, host: &HostRow, run: RunId, step: StepId, harness: Option<&str>, usage: &Usage, lines: i64, spent: f64) -> Result<()> {
     sqlx::query(
-        "INSERT INTO step_sessions (org_id, run_id, step_id, host_id, harness, model, input_tokens, output_tokens, cost_usd, turns, tool_calls, lines) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::float8::numeric(14, 6), $10, $11, $12) \
+        "INSERT INTO step_sessions (org_id, run_id, step_id, host_id, harness, model, input_tokens, output_tokens, cost_usd, turns, tool_calls, lines, \
+                                    estimated_cost_usd, estimate_basis, output_tokens_lower_bound, spent_usd) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::float8::numeric(14, 6), $10, $11, $12, $13::float8::numeric(14, 6), $14, $15, $16::float8::numeric(14, 6)) \
          ON CONFLICT (step_id) DO UPDATE SET \
            harness = coalesce(EXCLUDED.harness, step_sessions.harness), \
            model = coalesce(EXCLUDED.model, step_sessions.model), \
@@ -439,6 +443,11 @@ async fn record_usage(conn: &mut sqlx::PgConnection, host: &HostRow, run: RunId,
            output_tokens = greatest(step_sessions.output_tokens, EXCLUDED.output_tokens), \
            cost_usd = CASE WHEN EXCLUDED.cost_usd IS NULL THEN step_sessions.cost_usd \
                            ELSE greatest(coalesce(step_sessions.cost_usd, 0), EXCLUDED.cost_usd) END, \
+           estimated_cost_usd = coalesce(EXCLUDED.estimated_cost_usd, step_sessions.estimated_cost_usd), \
+           estimate_basis = coalesce(EXCLUDED.estimate_basis, step_sessions.estimate_basis), \
+           output_tokens_lower_bound = CASE WHEN EXCLUDED.output_tokens >= step_sessions.output_tokens \
+                                            THEN EXCLUDED.output_tokens_lower_bound ELSE step_sessions.output_tokens_lower_bound END, \
+           spent_usd = EXCLUDED.spent_usd, \
            turns = greatest(step_sessions.turns, EXCLUDED.turns), \
            tool_calls = greatest(step_sessions.tool_calls, EXCLUDED.tool_calls), \
            lines = step_sessions.lines + EXCLUDED.lines, \
@@ -452,10 +461,14 @@ async fn record_usage(conn: &mut sqlx::PgConnection, host: &HostRow, run: RunId,
     .bind(usage.model.as_deref().map(cap))
     .bind(usage.input_tokens.max(0))
     .bind(usage.output_tokens.max(0))
-    .bind(usage.cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(model::round_cost))
+    .bind(usage.reported())
     .bind(usage.turns.max(0))
     .bind(usage.tool_calls.max(0))
     .bind(lines)
+    .bind(usage.estimated())
+    .bind(usage.estimate_basis.as_deref().map(|b| cap(b).chars().take(32).collect::<String>()))
+    .bind(usage.output_tokens_lower_bound)
+    .bind(spent)
     .execute(conn)
     .await?;
     Ok(())
@@ -473,19 +486,20 @@ async fn state_of(pool: &PgPool, org: OrgId, step: StepId) -> Result<StepState> 
 /// step's state.
 pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option<&str>, lines: &[LogLine], usage: &Usage, cap_bytes: i64) -> Result<Reported> {
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
-    // A report that spent more than the previous one records the difference against the run's
-    // and the project's spend, under the run's lock, taken first (engines lock runs before
-    // steps). Most reports only add lines and tokens of the same cost.
-    let before: Option<(RunId, Option<f64>, i64)> = sqlx::query_as(
-        "SELECT s.run_id, ss.cost_usd::float8, coalesce(ss.input_tokens + ss.output_tokens, 0) FROM steps s \
+    // A report whose spend figure (the larger of the host's estimate and the reported cost)
+    // moved, or that counted more tokens, records the difference against the run's and the
+    // project's spend, under the run's lock, taken first (engines lock runs before steps). Most
+    // reports only add lines.
+    let before: Option<(RunId, Option<f64>, f64, i64)> = sqlx::query_as(
+        "SELECT s.run_id, ss.cost_usd::float8, coalesce(ss.spent_usd, ss.cost_usd, 0)::float8, coalesce(ss.input_tokens + ss.output_tokens, 0) FROM steps s \
          LEFT JOIN step_sessions ss ON ss.step_id = s.step_id WHERE s.step_id = $1 AND s.org_id = $2",
     )
     .bind(step)
     .bind(host.org_id)
     .fetch_optional(&mut *ch.tx)
     .await?;
-    if let Some((run, cost, tokens)) = before {
-        if spends_more(usage, cost, tokens) {
+    if let Some((run, cost, recorded, tokens)) = before {
+        if spend_moves(usage, cost, recorded, tokens) {
             ch.lock_run(host.org_id, run).await?;
         }
     }
@@ -583,8 +597,8 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
         .await?;
     }
     let mut state = state;
-    let spent = record_session_spend(&mut ch, host, run, step, usage).await?;
-    record_usage(&mut ch.tx, host, run, step, harness, usage, stored as i64).await?;
+    let (spent, recorded) = record_session_spend(&mut ch, host, run, step, usage).await?;
+    record_usage(&mut ch.tx, host, run, step, harness, usage, stored as i64, recorded).await?;
     if stored > 0 {
         // Live transcripts (the console) follow `l<run>`; engines ignore it.
         sqlx::query("SELECT pg_notify($1, $2)").bind(super::NOTIFY_CHANNEL).bind(format!("l{run}")).execute(&mut *ch.tx).await?;
@@ -600,34 +614,46 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
     Ok(Reported { state, stored, dropped })
 }
 
-/// Whether a report's cumulative figures are beyond what the session reported before.
-fn spends_more(usage: &Usage, cost: Option<f64>, tokens: i64) -> bool {
-    let reported = usage.cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(model::round_cost);
-    reported.is_some_and(|c| c > cost.unwrap_or(0.0)) || usage.input_tokens.max(0) + usage.output_tokens.max(0) > tokens
+/// What a report changes of the spend recorded for its session: the dollars (the session's
+/// spend figure, `model::spend_figure`, less what was recorded) and the tokens beyond those
+/// counted. While no cost was reported the figure only grows (a lower estimate records
+/// nothing); a reported cost replaces the estimate, so a cost below what the estimate recorded
+/// gives a negative correction.
+fn spend_delta(usage: &Usage, cost: Option<f64>, recorded: f64, tokens: i64) -> (f64, i64) {
+    let figure = model::spend_figure(usage, cost);
+    let mut usd = model::round_cost(figure - recorded);
+    if usage.reported().or(cost).is_none() {
+        usd = usd.max(0.0);
+    }
+    (usd, (usage.input_tokens.max(0) + usage.output_tokens.max(0) - tokens).max(0))
+}
+
+fn spend_moves(usage: &Usage, cost: Option<f64>, recorded: f64, tokens: i64) -> bool {
+    spend_delta(usage, cost, recorded, tokens) != (0.0, 0)
 }
 
 /// Records what a session spent since its previous report against the run's total and the
 /// project's day (`budgets::record_run_spend`): reports carry cumulative figures, so the spend
-/// is the difference from the totals stored (read under the session row's lock, so two reports
-/// never count the same dollars). Returns the dollars added. Locks the run if it was not.
-async fn record_session_spend(ch: &mut Change, host: &HostRow, run: RunId, step: StepId, usage: &Usage) -> Result<f64> {
-    let before: Option<(Option<f64>, i64)> =
-        sqlx::query_as("SELECT cost_usd::float8, input_tokens + output_tokens FROM step_sessions WHERE step_id = $1 FOR UPDATE")
-            .bind(step)
-            .fetch_optional(&mut *ch.tx)
-            .await?;
-    let (cost, tokens) = before.unwrap_or((None, 0));
-    if !spends_more(usage, cost, tokens) {
-        return Ok(0.0);
+/// is the difference from what was recorded (`step_sessions.spent_usd`, read under the session
+/// row's lock, so two reports never count the same dollars). Returns the dollars added (negative
+/// for a correction) and the figure now recorded. Locks the run if it was not.
+async fn record_session_spend(ch: &mut Change, host: &HostRow, run: RunId, step: StepId, usage: &Usage) -> Result<(f64, f64)> {
+    let before: Option<(Option<f64>, f64, i64)> = sqlx::query_as(
+        "SELECT cost_usd::float8, coalesce(spent_usd, cost_usd, 0)::float8, input_tokens + output_tokens FROM step_sessions WHERE step_id = $1 FOR UPDATE",
+    )
+    .bind(step)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    let (cost, recorded, tokens) = before.unwrap_or((None, 0.0, 0));
+    let (usd, more_tokens) = spend_delta(usage, cost, recorded, tokens);
+    if (usd, more_tokens) == (0.0, 0) {
+        return Ok((0.0, recorded));
     }
-    let reported = usage.cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(model::round_cost);
-    let usd = reported.map_or(0.0, |c| model::round_cost((c - cost.unwrap_or(0.0)).max(0.0)));
-    let more_tokens = (usage.input_tokens.max(0) + usage.output_tokens.max(0) - tokens).max(0);
     if ch.locked(run).is_err() {
         ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
     }
     budgets::record_run_spend(ch, run, usd, more_tokens).await?;
-    Ok(usd)
+    Ok((usd, model::round_cost((recorded + usd).max(0.0))))
 }
 
 /// Whether a hard limit stops the crew steps of `run` now: its own `usd_per_run` (a hard
@@ -747,13 +773,15 @@ pub async fn complete(pool: &PgPool, host: &HostRow, step: StepId, c: &Completio
         Some(f) => steps::fail_held(&mut ch, run, step, &me, f, Some(&c.output)).await?,
     };
     // The final figures may carry cost no report did (the result line comes last).
-    record_session_spend(&mut ch, host, run, step, &c.usage).await?;
-    record_usage(&mut ch.tx, host, run, step, c.harness.as_deref(), &c.usage, 0).await?;
+    let (_, recorded) = record_session_spend(&mut ch, host, run, step, &c.usage).await?;
+    record_usage(&mut ch.tx, host, run, step, c.harness.as_deref(), &c.usage, 0, recorded).await?;
     let figures = json!({
         "host": host.host_id.to_string(),
         "harness": c.harness,
         "model": c.usage.model.as_deref().map(cap),
-        "cost_usd": c.usage.cost_usd.map(model::round_cost),
+        "cost_usd": c.usage.reported(),
+        "estimated_cost_usd": c.usage.estimated(),
+        "spent_usd": recorded,
         "input_tokens": c.usage.input_tokens,
         "output_tokens": c.usage.output_tokens,
         "turns": c.usage.turns,
@@ -807,6 +835,27 @@ mod tests {
         .unwrap();
         assert!(feeds_pull_request(&def, "build"));
         assert!(!feeds_pull_request(&def, "plan"));
+    }
+
+    #[test]
+    fn spend_follows_the_estimate_until_the_reported_cost_replaces_it() {
+        let est = |usd: f64| Usage { estimated_cost_usd: Some(usd), input_tokens: 10, ..Usage::default() };
+        // The estimate grows: its difference is recorded; a report sent again records nothing.
+        assert_eq!(spend_delta(&est(0.4), None, 0.0, 0), (0.4, 10));
+        assert_eq!(spend_delta(&est(0.4), None, 0.4, 10), (0.0, 0));
+        // A lower estimate with no reported cost records nothing (the figure never falls).
+        assert_eq!(spend_delta(&est(0.3), None, 0.4, 10), (0.0, 0));
+        // The reported cost replaces it, lower (a correction) or higher.
+        let reported = |usd: f64| Usage { cost_usd: Some(usd), estimated_cost_usd: Some(usd), input_tokens: 10, ..Usage::default() };
+        assert_eq!(spend_delta(&reported(0.25), None, 0.4, 10), (-0.15, 0));
+        assert_eq!(spend_delta(&reported(0.5), None, 0.4, 10), (0.1, 0));
+        // After a result line, messages that follow are estimated on top of it.
+        let more = Usage { cost_usd: Some(0.25), estimated_cost_usd: Some(0.3), input_tokens: 10, ..Usage::default() };
+        assert_eq!(spend_delta(&more, Some(0.25), 0.25, 10), (0.05, 0));
+        // An older host sends no estimate: the reported cost alone, as before.
+        let old = Usage { cost_usd: Some(0.2), input_tokens: 10, ..Usage::default() };
+        assert_eq!(spend_delta(&old, None, 0.0, 0), (0.2, 10));
+        assert!(!spend_moves(&old, Some(0.2), 0.2, 10));
     }
 
     #[test]

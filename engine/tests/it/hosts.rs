@@ -155,7 +155,7 @@ async fn reports_renew_the_lease_and_stop_at_the_runs_transcript_cap_with_a_note
 
     // Ten lines of 30 bytes against a cap of 100: three are stored, then one note.
     let lines: Vec<LogLine> = (1..=10).map(|i| line(i, &format!("{i:>30}"))).collect();
-    let usage = Usage { input_tokens: 100, output_tokens: 20, cost_usd: None, turns: 1, tool_calls: 0, model: Some("m".into()) };
+    let usage = Usage { input_tokens: 100, output_tokens: 20, cost_usd: None, turns: 1, tool_calls: 0, model: Some("m".into()), ..Usage::default() };
     let r = hosts::report(&db.pool, &host, step, Some("claude-code"), &lines, &usage, 100).await.unwrap();
     assert_eq!((r.state, r.stored, r.dropped), (engine::state::StepState::Running, 3, 7));
     let logged: Vec<(i64, String)> = sqlx::query_as("SELECT seq, stream FROM step_logs WHERE step_id = $1 ORDER BY seq").bind(step).fetch_all(&db.pool).await.unwrap();
@@ -191,7 +191,7 @@ async fn a_completion_is_fenced_on_the_holder_and_wakes_the_run() {
     let done = Completion {
         output: json!({ "text": "ok" }),
         failure: None,
-        usage: Usage { input_tokens: 1, output_tokens: 2, cost_usd: Some(0.5), turns: 1, tool_calls: 0, model: None },
+        usage: Usage { input_tokens: 1, output_tokens: 2, cost_usd: Some(0.5), turns: 1, tool_calls: 0, model: None, ..Usage::default() },
         harness: Some("claude-code".into()),
     };
     // Another host cannot complete a step it does not hold.

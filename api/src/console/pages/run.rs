@@ -68,7 +68,8 @@ pub(crate) const FORECAST_SQL: &str = "WITH earlier AS ( \
      GROUP BY s.node";
 
 /// The figures of the run's crew sessions ($1 run, $2 org).
-pub(crate) const SESSIONS_SQL: &str = "SELECT step_id, model, input_tokens, output_tokens, cost_usd::float8 AS cost_usd, turns, tool_calls \
+pub(crate) const SESSIONS_SQL: &str = "SELECT step_id, model, input_tokens, output_tokens, output_tokens_lower_bound, cost_usd::float8 AS cost_usd, \
+            estimated_cost_usd::float8 AS estimated_cost_usd, estimate_basis, turns, tool_calls \
      FROM step_sessions WHERE run_id = $1 AND org_id = $2";
 
 /// The last lines of a step's transcript ($1 step, $2 org, $3 how many).
@@ -94,7 +95,12 @@ struct Session {
     model: Option<String>,
     input_tokens: i64,
     output_tokens: i64,
+    /// No result line counted the output tokens: shown as "at least".
+    output_tokens_lower_bound: bool,
     cost_usd: Option<f64>,
+    /// The host's estimate, shown ("≈ $0.42 estimated") while no cost was reported.
+    estimated_cost_usd: Option<f64>,
+    estimate_basis: Option<String>,
     turns: i32,
     tool_calls: i32,
 }
@@ -386,7 +392,7 @@ async fn render(c: &Console, s: &OrgSession, org: &str, project: &str, run_text:
             let lines: Vec<Line> = sqlx::query_as(TRANSCRIPT_SQL).bind(st.id).bind(org_id).bind(TRANSCRIPT_LINES).fetch_all(db).await?;
             let last = lines.last().map_or(0, |l| l.seq);
             let live = matches!(st.state.as_str(), "running" | "leased");
-            let figures = sessions.get(&st.id).map(|s| json!({ "model": s.model, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "cost_usd": s.cost_usd, "turns": s.turns }));
+            let figures = sessions.get(&st.id).map(|s| json!({ "model": s.model, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "output_tokens_lower_bound": s.output_tokens_lower_bound, "cost_usd": s.cost_usd, "estimated_cost_usd": s.estimated_cost_usd, "estimate_basis": s.estimate_basis, "turns": s.turns }));
             Some(json!({
                 "step": st.id.to_string(), "node": st.node, "state": st.state, "live": live, "lines": lines, "last": last,
                 "stream": format!("{base}/steps/{}/transcript?after={last}", st.id), "figures": figures,
