@@ -19,6 +19,7 @@ pub mod github;
 pub mod hosts;
 pub mod installations;
 pub mod jobs;
+pub mod messages;
 pub mod operator;
 pub mod retention;
 pub mod runs;
