@@ -499,42 +499,40 @@ pub(crate) fn user_line(text: &str) -> String {
 }
 
 /// Writes Claude Code's input: the prompt as the first user line, then each person's message
-/// as a further one (acknowledged to the server once written). Claude Code answers each user
-/// line with a turn that ends in a result line and exits when its input ends, so the input is
-/// closed once every line written has had its result and no message waits.
+/// as a further one (acknowledged to the server once written). Claude Code queues the user
+/// lines it reads, answers them turn by turn (each turn ends with a result line), and exits
+/// once its input has ended and its queue is done; so the input is closed at a result line when
+/// no message waits to be written, and a message written before that is still answered.
 async fn converse(shared: Arc<Shared>, step: String, mut stdin: tokio::process::ChildStdin, prompt: String, mut rx: mpsc::UnboundedReceiver<ToStdin>) {
     if stdin.write_all(user_line(&prompt).as_bytes()).await.is_err() {
         // A harness that exits without reading its prompt closes the pipe: not ours to report.
         return;
     }
     let _ = stdin.flush().await;
-    let mut turns: u64 = 1;
-    let mut results: u64 = 0;
     let mut written: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // A result line came and nothing was written since: the harness waits for input.
+    let mut idle = false;
     while let Some(msg) = rx.recv().await {
         match msg {
             ToStdin::Message(m) => {
                 // Offered again until the server heard it was delivered: written once.
                 if written.insert(m.id.clone()) {
                     if stdin.write_all(user_line(&m.text).as_bytes()).await.is_err() || stdin.flush().await.is_err() {
-                        written.remove(&m.id);
                         return;
                     }
-                    turns += 1;
+                    idle = false;
                     tracing::info!(step.id = %step, message.id = %m.id, "a person's message was written to the session");
                 }
                 if let Err(err) = shared.client.messages_delivered(&step, std::slice::from_ref(&m.id)).await {
                     tracing::warn!(step.id = %step, message.id = %m.id, error = %err, "cannot acknowledge a message; it will be offered again");
                 }
             }
-            ToStdin::ResultSeen => {
-                results += 1;
-                if results >= turns && rx.is_empty() {
-                    // Every turn answered and nothing waits: let Claude Code finish.
-                    let _ = stdin.shutdown().await;
-                    return;
-                }
-            }
+            ToStdin::ResultSeen => idle = true,
+        }
+        if idle && rx.is_empty() {
+            // A turn ended and nothing waits: let Claude Code finish what it has.
+            let _ = stdin.shutdown().await;
+            return;
         }
     }
 }
