@@ -435,11 +435,14 @@ async fn runs_say_sends_a_message_to_the_running_crew_session() {
     s.cli(&["runs", "say", &run, "hello"]).fails(1, "has no running crew step");
 
     // A host (played here over the host protocol) claims and starts both.
-    let http = &s.http;
-    let post = |path: String, token: String, body: Value| async move {
-        let resp = http.post(format!("{}{path}", s.base)).bearer_auth(token).json(&body).send().await.unwrap();
+    let (http, base) = (s.http.clone(), s.base.clone());
+    let post = |path: String, token: String, body: Value| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+        let resp = http.post(format!("{base}{path}")).bearer_auth(token).json(&body).send().await.unwrap();
         assert!(resp.status().is_success(), "{path}: {}", resp.status());
         resp.json::<Value>().await.unwrap()
+        }
     };
     let reg = post("/api/v1/orgs/acme/projects/web/host-registrations".into(), s.token.clone(), json!({ "name": "box" })).await;
     let cred = post("/api/v1/host/register".into(), reg["token"].as_str().unwrap().into(), json!({ "name": "box", "capabilities": ["harness:claude-code"], "max_concurrent": 2 })).await;

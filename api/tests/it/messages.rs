@@ -69,7 +69,7 @@ async fn a_message_reaches_the_holding_host_until_it_acknowledges_it() {
     // A member's message: stored, audited, an event without the text.
     let (status, sent, _) = say(&app, &org.member, &run, &step, "  Prefer the blue widget.  ").await;
     assert_eq!(status, StatusCode::CREATED, "{sent}");
-    assert_eq!((sent["chars"].as_u64(), sent["delivered_at"].is_null()), (Some(24), true), "{sent}");
+    assert_eq!((sent["chars"].as_u64(), sent["delivered_at"].is_null()), (Some(23), true), "{sent}");
     let id = sent["id"].as_str().unwrap().to_owned();
     let (kind, attrs): (String, Value) = sqlx::query_as("SELECT kind, attrs FROM run_events WHERE run_id = $1 ORDER BY seq DESC LIMIT 1")
         .bind(run.parse::<engine::ids::RunId>().unwrap())
