@@ -607,6 +607,15 @@ pub struct StepToken {
     pub token: Option<String>,
 }
 
+/// A step, who holds it, and its run's connected repository with its installation.
+#[derive(sqlx::FromRow)]
+struct HeldRepository {
+    state: String,
+    holder: Option<String>,
+    full_name: Option<String>,
+    installation_id: Option<i64>,
+}
+
 /// Mints a fresh installation token for the repository of a step this host holds (leased or
 /// running), scoped to that one repository with the push permission. The repository is the
 /// step's run's, connected to the host's project — never one the caller names. 404 for a step
@@ -621,7 +630,7 @@ pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<
     // The repository as the claim's assignment found it (`store::hosts::assignment`): the
     // item's, or the one the run's input names, only if connected to the run's project, which
     // must be the host's.
-    let row: Option<(String, Option<String>, Option<String>, Option<i64>)> = sqlx::query_as(
+    let row: Option<HeldRepository> = sqlx::query_as(
         "SELECT s.state, s.holder, repo.full_name, repo.installation_id \
          FROM steps s JOIN runs r ON r.run_id = s.run_id AND r.org_id = s.org_id \
          LEFT JOIN items i ON i.item_id = r.item_id AND i.org_id = r.org_id \
@@ -634,7 +643,7 @@ pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<
     .bind(me.host.project_id)
     .fetch_optional(&state.db)
     .await?;
-    let (now, holder, repository, installation) = row.ok_or_else(|| ApiError::NotFound("step not found".into()))?;
+    let HeldRepository { state: now, holder, full_name: repository, installation_id: installation } = row.ok_or_else(|| ApiError::NotFound("step not found".into()))?;
     if !matches!(now.as_str(), "leased" | "running") || holder.as_deref() != Some(store::holder(me.host.host_id).as_str()) {
         return Err(ApiError::Conflict(format!("this host no longer holds the step (it is {now})")));
     }

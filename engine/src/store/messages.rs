@@ -32,6 +32,16 @@ pub struct Message {
     pub text: String,
 }
 
+/// The step a message is for, as `send` reads it.
+#[derive(sqlx::FromRow)]
+struct Target {
+    node: String,
+    kind: String,
+    state: String,
+    holder: Option<String>,
+    harness: Option<String>,
+}
+
 /// Sends `text` to the session of `step` (of `run`, in `org`): refused (`Conflict`, with the
 /// reason) when the step is not a running crew step or its harness cannot take a message.
 pub async fn send(ch: &mut Change, org: OrgId, run: RunId, step: StepId, text: &str) -> Result<uuid::Uuid> {
@@ -43,7 +53,7 @@ pub async fn send(ch: &mut Change, org: OrgId, run: RunId, step: StepId, text: &
         return Err(StoreError::Invalid(format!("a message is at most {MAX_CHARS} characters")));
     }
     let ctx = ch.lock_run(org, run).await?.ok_or(StoreError::NotFound("run"))?;
-    let found: Option<(String, String, String, Option<String>, Option<String>)> = sqlx::query_as(
+    let found: Option<Target> = sqlx::query_as(
         "SELECT s.node, s.kind, s.state, s.holder, ss.harness FROM steps s LEFT JOIN step_sessions ss ON ss.step_id = s.step_id \
          WHERE s.step_id = $1 AND s.run_id = $2 AND s.org_id = $3",
     )
@@ -52,7 +62,7 @@ pub async fn send(ch: &mut Change, org: OrgId, run: RunId, step: StepId, text: &
     .bind(org)
     .fetch_optional(&mut *ch.tx)
     .await?;
-    let (node, kind, state, holder, harness) = found.ok_or(StoreError::NotFound("step"))?;
+    let Target { node, kind, state, holder, harness } = found.ok_or(StoreError::NotFound("step"))?;
     if kind != "crew" {
         return Err(StoreError::Conflict(format!("step `{node}` is a {kind} step, not a crew session: there is no one to tell")));
     }
