@@ -825,3 +825,25 @@ pub(crate) async fn conclude_from_output(shared: &Shared, e: &mut Entry) -> Comp
     let ended = reader.finish(Exit { code: None, signal: None }, e.terminating.as_deref());
     finish(shared, e, ended, kind).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_user_turn_is_one_stream_json_line_claude_code_reads() {
+        let line = user_line("Use the \"blue\" one\nplease");
+        assert!(line.ends_with('\n') && line.matches('\n').count() == 1, "one line: {line:?}");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["type"], "user");
+        assert_eq!(v["message"], json!({ "role": "user", "content": [{ "type": "text", "text": "Use the \"blue\" one\nplease" }] }));
+        assert!(v["parent_tool_use_id"].is_null());
+    }
+
+    #[test]
+    fn only_a_result_line_ends_a_turn() {
+        assert!(is_result_line(r#"{"type":"result","subtype":"success","is_error":false,"result":"done"}"#));
+        assert!(!is_result_line(r#"{"type":"assistant","message":{"content":[{"type":"text","text":"\"result\""}]}}"#));
+        assert!(!is_result_line("\"result\" but not JSON"));
+    }
+}
