@@ -30,7 +30,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{Assignment, Client, ClientError, Complete, Line, SessionReport, Usage};
+use crate::client::{Assignment, Client, ClientError, Complete, Line, Message, SessionReport, Usage};
 use crate::config::Settings;
 use crate::git::{self, Git};
 use crate::harness::{self, Ended, Exit, Kind, Reader};
@@ -114,7 +114,22 @@ enum ToReporter {
 
 /// Sends an attempt's session and heartbeats, beside its supervision, so that a slow or absent
 /// server never holds up a timeout or a kill.
-async fn reporter(shared: Arc<Shared>, step: String, harness: &'static str, stop: Arc<StopSignal>, mut rx: mpsc::UnboundedReceiver<ToReporter>) {
+async fn reporter(
+    shared: Arc<Shared>,
+    step: String,
+    harness: &'static str,
+    stop: Arc<StopSignal>,
+    mut rx: mpsc::UnboundedReceiver<ToReporter>,
+    stdin: Option<mpsc::UnboundedSender<ToStdin>>,
+) {
+    // People's messages in the answers go to the harness's input (when it takes them).
+    let forward = |messages: Vec<Message>| {
+        if let Some(tx) = &stdin {
+            for m in messages {
+                let _ = tx.send(ToStdin::Message(m));
+            }
+        }
+    };
     let mut lines: Vec<Line> = Vec::new();
     let mut usage = Usage::default();
     let mut dirty = false;
@@ -142,6 +157,7 @@ async fn reporter(shared: Arc<Shared>, step: String, harness: &'static str, stop
                     match shared.client.session(&step, &report).await {
                         Ok(answer) => {
                             last_renewed = Instant::now();
+                            forward(answer.messages);
                             lines.drain(..n);
                             dirty = !lines.is_empty();
                             if answer.stop {
@@ -178,6 +194,8 @@ async fn reporter(shared: Arc<Shared>, step: String, harness: &'static str, stop
                         last_renewed = Instant::now();
                         if s.stop {
                             stop.stop(Stop::Server(s.state));
+                        } else {
+                            forward(s.messages);
                         }
                     }
                     Err(e) if e.is_not_found() => stop.stop(Stop::Server("gone".into())),
@@ -274,10 +292,17 @@ struct Session {
     reader: Reader,
     seq: i64,
     tx: mpsc::UnboundedSender<ToReporter>,
+    /// Claude Code's input, kept open while it runs: told of each result line.
+    stdin: Option<mpsc::UnboundedSender<ToStdin>>,
 }
 
 impl Session {
     fn feed(&mut self, line: String) {
+        if let Some(stdin) = &self.stdin {
+            if is_result_line(&line) {
+                let _ = stdin.send(ToStdin::ResultSeen);
+            }
+        }
         let before = self.reader.usage().clone();
         let stream = self.reader.line(&line);
         self.seq += 1;
@@ -324,8 +349,17 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
         return report_and_clean(&shared, e, Some(c)).await;
     };
     let (tx, rx) = mpsc::unbounded_channel();
+    // Claude Code takes people's messages on its input while it runs (stream-json); the
+    // others read their prompt to the end of their input.
+    let (stdin_tx, mut stdin_rx) = match kind {
+        Kind::ClaudeCode => {
+            let (t, r) = mpsc::unbounded_channel();
+            (Some(t), Some(r))
+        }
+        Kind::Codex | Kind::Command => (None, None),
+    };
     let mut tasks = JoinSet::new();
-    tasks.spawn(reporter(shared.clone(), step.clone(), kind.name(), stop.clone(), rx));
+    tasks.spawn(reporter(shared.clone(), step.clone(), kind.name(), stop.clone(), rx, stdin_tx.clone()));
 
     let result = async {
         if let Err(why) = prepare(&shared, &mut e).await {
@@ -380,16 +414,21 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
             tracing::error!(step.id = %step, error = %err, "cannot journal the harness's start");
         }
         if let Some(mut stdin) = child.stdin.take() {
-            tasks.spawn(async move {
-                // A harness that exits without reading its prompt closes the pipe: not ours to report.
-                let _ = stdin.write_all(prompt.as_bytes()).await;
-                let _ = stdin.shutdown().await;
-            });
+            if let Some(rx) = stdin_rx.take() {
+                tasks.spawn(converse(shared.clone(), step.clone(), stdin, prompt, rx));
+            } else {
+                tasks.spawn(async move {
+                    // A harness that exits without reading its prompt closes the pipe: not ours to report.
+                    let _ = stdin.write_all(prompt.as_bytes()).await;
+                    let _ = stdin.shutdown().await;
+                });
+            }
         }
-        supervise(&shared, &mut e, Proc::Child(child), kind, &stop, tx.clone()).await
+        supervise(&shared, &mut e, Proc::Child(child), kind, &stop, tx.clone(), stdin_tx.clone()).await
     }
     .await;
     drop(tx);
+    drop(stdin_tx);
     // The reporter sends what is left, then ends.
     let _ = tokio::time::timeout(Duration::from_secs(15), async { while tasks.join_next().await.is_some() {} }).await;
     tasks.shutdown().await;
@@ -400,15 +439,102 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
 pub async fn adopt(shared: Arc<Shared>, mut e: Entry, stop: Arc<StopSignal>) {
     let kind = Kind::parse(&e.assignment.harness).unwrap_or(Kind::Command);
     let (Some(pid), start) = (e.pid, e.pid_start) else { return report_and_clean(&shared, e, None).await };
+    // The journal keeps no token: ask for one now (and again before the push).
+    refresh_token(&shared, &mut e).await;
     let (tx, rx) = mpsc::unbounded_channel();
     let mut tasks = JoinSet::new();
-    tasks.spawn(reporter(shared.clone(), e.assignment.step.clone(), kind.name(), stop.clone(), rx));
+    // An adopted harness's input went with the host that started it: it takes no messages.
+    tasks.spawn(reporter(shared.clone(), e.assignment.step.clone(), kind.name(), stop.clone(), rx, None));
     tracing::info!(step.id = %e.assignment.step, pid, "adopting a harness that survived a restart");
-    let result = supervise(&shared, &mut e, Proc::Adopted { pid, start }, kind, &stop, tx.clone()).await;
+    let result = supervise(&shared, &mut e, Proc::Adopted { pid, start }, kind, &stop, tx.clone(), None).await;
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(15), async { while tasks.join_next().await.is_some() {} }).await;
     tasks.shutdown().await;
     report_and_clean(&shared, e, result).await;
+}
+
+/// Asks the server for a fresh installation token for the attempt's repository (before each
+/// fetch and push, and after adopting the attempt), keeps it in memory (never in the journal),
+/// and answers the token to use: the fresh one, or the one at hand when the server has none to
+/// give or cannot be asked (then the host's own git credentials may still apply).
+async fn refresh_token(shared: &Shared, e: &mut Entry) -> Option<String> {
+    let step = e.assignment.step.clone();
+    let repo = e.assignment.repository.as_mut()?;
+    match shared.client.token(&step).await {
+        Ok(fresh) => {
+            if fresh.token.is_some() {
+                repo.token = fresh.token;
+            }
+        }
+        Err(err) => tracing::warn!(step.id = %step, error = %err, "cannot get a fresh installation token; using the one at hand"),
+    }
+    repo.token.clone()
+}
+
+/// What the writer of Claude Code's input is told.
+enum ToStdin {
+    /// A person's message, from an answer of the server.
+    Message(Message),
+    /// The harness printed a result line: a turn ended.
+    ResultSeen,
+}
+
+/// Whether a Claude Code output line is its `result` (one per user turn).
+fn is_result_line(line: &str) -> bool {
+    line.contains("\"result\"") && serde_json::from_str::<Value>(line).is_ok_and(|v| v.get("type").and_then(Value::as_str) == Some("result"))
+}
+
+/// One user turn as Claude Code reads it with `--input-format stream-json`: an `SDKUserMessage`
+/// (`type: user`, an Anthropic `MessageParam`), one JSON object a line.
+pub(crate) fn user_line(text: &str) -> String {
+    let mut line = json!({
+        "type": "user",
+        "message": { "role": "user", "content": [{ "type": "text", "text": text }] },
+        "parent_tool_use_id": null,
+        "session_id": "default",
+    })
+    .to_string();
+    line.push('\n');
+    line
+}
+
+/// Writes Claude Code's input: the prompt as the first user line, then each person's message
+/// as a further one (acknowledged to the server once written). Claude Code queues the user
+/// lines it reads, answers them turn by turn (each turn ends with a result line), and exits
+/// once its input has ended and its queue is done; so the input is closed at a result line when
+/// no message waits to be written, and a message written before that is still answered.
+async fn converse(shared: Arc<Shared>, step: String, mut stdin: tokio::process::ChildStdin, prompt: String, mut rx: mpsc::UnboundedReceiver<ToStdin>) {
+    if stdin.write_all(user_line(&prompt).as_bytes()).await.is_err() {
+        // A harness that exits without reading its prompt closes the pipe: not ours to report.
+        return;
+    }
+    let _ = stdin.flush().await;
+    let mut written: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // A result line came and nothing was written since: the harness waits for input.
+    let mut idle = false;
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            ToStdin::Message(m) => {
+                // Offered again until the server heard it was delivered: written once.
+                if written.insert(m.id.clone()) {
+                    if stdin.write_all(user_line(&m.text).as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+                        return;
+                    }
+                    idle = false;
+                    tracing::info!(step.id = %step, message.id = %m.id, "a person's message was written to the session");
+                }
+                if let Err(err) = shared.client.messages_delivered(&step, std::slice::from_ref(&m.id)).await {
+                    tracing::warn!(step.id = %step, message.id = %m.id, error = %err, "cannot acknowledge a message; it will be offered again");
+                }
+            }
+            ToStdin::ResultSeen => idle = true,
+        }
+        if idle && rx.is_empty() {
+            // A turn ended and nothing waits: let Claude Code finish what it has.
+            let _ = stdin.shutdown().await;
+            return;
+        }
+    }
 }
 
 /// What to report when the attempt was stopped before its harness ran.
@@ -467,7 +593,7 @@ async fn prepare(shared: &Shared, e: &mut Entry) -> Result<(), String> {
     e.cache = Some(cache.clone());
     e.worktree = Some(wt.clone());
     shared.journal.write(e).map_err(|err| err.to_string())?;
-    let g = shared.git(repo.token.clone());
+    let g = shared.git(refresh_token(shared, e).await);
     let lock = shared.cache_lock(&cache);
     let _turn = lock.lock().await;
     g.ensure_cache(&cache, &url).await.map_err(|err| err.to_string())?;
@@ -478,9 +604,17 @@ async fn prepare(shared: &Shared, e: &mut Entry) -> Result<(), String> {
 
 /// Watches a harness until it is gone, enforcing its timeout and stopping it when told to;
 /// returns what to report (`None`: nothing, the server moved on).
-async fn supervise(shared: &Shared, e: &mut Entry, mut proc: Proc, kind: Kind, stop: &StopSignal, tx: mpsc::UnboundedSender<ToReporter>) -> Option<Complete> {
+async fn supervise(
+    shared: &Shared,
+    e: &mut Entry,
+    mut proc: Proc,
+    kind: Kind,
+    stop: &StopSignal,
+    tx: mpsc::UnboundedSender<ToReporter>,
+    stdin: Option<mpsc::UnboundedSender<ToStdin>>,
+) -> Option<Complete> {
     let pid = e.pid.unwrap_or(0);
-    let mut session = Session { reader: Reader::new(kind, e.assignment.model.clone(), shared.settings.prices.clone()), seq: 0, tx };
+    let mut session = Session { reader: Reader::new(kind, e.assignment.model.clone(), shared.settings.prices.clone()), seq: 0, tx, stdin };
     let mut tail = Tail::new(e.output_file());
     let launched = e.launched_at_ms.unwrap_or_else(journal::now_ms);
     let timeout_ms = e.assignment.caps.timeout_secs.saturating_mul(1000);
@@ -573,11 +707,13 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
         output["pr_body"] = json!(harness::pr_body(&ended.text, a.item.as_ref().and_then(|i| i.number)));
     }
     let mut files_changed = None;
-    if let (Some(cache), Some(wt), Some(start), Some(repo)) = (e.cache.clone(), e.worktree.clone(), e.start_sha.clone(), a.repository.clone()) {
+    if let (Some(cache), Some(wt), Some(start), Some(_)) = (e.cache.clone(), e.worktree.clone(), e.start_sha.clone(), a.repository.as_ref()) {
         let branch = a.branch.clone().unwrap_or_else(|| format!("shopfloor/{}", a.run));
         output["branch"] = json!(branch);
         if ended.success {
-            let g = shared.git(repo.token.clone());
+            // The claim's token may have expired during a long step, and an adopted attempt has
+            // none: the push gets a fresh one.
+            let g = shared.git(refresh_token(shared, e).await);
             let title = a.item.as_ref().and_then(|i| i.title.clone()).unwrap_or_else(|| a.run.clone());
             let message = format!("{}: {}\n\nshopfloor run {} step {} attempt {}", a.node, title, a.run, a.step, a.attempt);
             let lock = shared.cache_lock(&cache);
@@ -688,4 +824,26 @@ pub(crate) async fn conclude_from_output(shared: &Shared, e: &mut Entry) -> Comp
     }
     let ended = reader.finish(Exit { code: None, signal: None }, e.terminating.as_deref());
     finish(shared, e, ended, kind).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_user_turn_is_one_stream_json_line_claude_code_reads() {
+        let line = user_line("Use the \"blue\" one\nplease");
+        assert!(line.ends_with('\n') && line.matches('\n').count() == 1, "one line: {line:?}");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["type"], "user");
+        assert_eq!(v["message"], json!({ "role": "user", "content": [{ "type": "text", "text": "Use the \"blue\" one\nplease" }] }));
+        assert!(v["parent_tool_use_id"].is_null());
+    }
+
+    #[test]
+    fn only_a_result_line_ends_a_turn() {
+        assert!(is_result_line(r#"{"type":"result","subtype":"success","is_error":false,"result":"done"}"#));
+        assert!(!is_result_line(r#"{"type":"assistant","message":{"content":[{"type":"text","text":"\"result\""}]}}"#));
+        assert!(!is_result_line("\"result\" but not JSON"));
+    }
 }

@@ -1,5 +1,6 @@
 //! The host protocol as the host calls it (`/api/v1/host/…` on the server): register, claim,
-//! start, heartbeat, session, complete. The types mirror the server's OpenAPI document; unknown
+//! start, heartbeat, session, complete; a held step's fresh installation token; messages
+//! acknowledged. The types mirror the server's OpenAPI document; unknown
 //! fields in answers are ignored, so a newer server does not break an older host.
 
 use std::time::Duration;
@@ -136,6 +137,30 @@ pub struct ClaimAnswer {
 pub struct Standing {
     pub state: String,
     pub stop: bool,
+    /// People's messages for the running session (heartbeats' answers).
+    #[serde(default)]
+    pub messages: Vec<Message>,
+}
+
+/// A person's message for a running session (intervene): written to the harness, then
+/// acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Message {
+    pub id: String,
+    pub text: String,
+}
+
+/// A held step's fresh installation token, when the server has one to give.
+#[derive(Clone, Deserialize)]
+pub struct StepToken {
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for StepToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepToken").field("token", &self.token.as_ref().map(|_| "<redacted>")).finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -181,6 +206,8 @@ pub struct SessionReport<'a> {
 pub struct SessionAnswer {
     pub state: String,
     pub stop: bool,
+    #[serde(default)]
+    pub messages: Vec<Message>,
 }
 
 /// How a step ended, as reported (and journalled before it is reported).
@@ -286,5 +313,19 @@ impl Client {
     pub async fn complete(&self, step: &str, c: &Complete) -> Result<Standing, ClientError> {
         let sent = self.post(&format!("steps/{step}/complete")).json(c).send().await;
         answer(sent).await
+    }
+
+    /// A fresh installation token for the repository of a step this host holds (asked before
+    /// each fetch and push, and after adopting an attempt): `None` when the server has no
+    /// GitHub App (the host's own git credentials apply) or the run is about no repository.
+    pub async fn token(&self, step: &str) -> Result<StepToken, ClientError> {
+        let sent = self.post(&format!("steps/{step}/token")).send().await;
+        answer(sent).await
+    }
+
+    /// Acknowledges messages written to the harness: the server offers them no more.
+    pub async fn messages_delivered(&self, step: &str, ids: &[String]) -> Result<(), ClientError> {
+        let sent = self.post(&format!("steps/{step}/messages/delivered")).json(&serde_json::json!({ "messages": ids })).send().await;
+        answer::<Value>(sent).await.map(|_| ())
     }
 }

@@ -1,6 +1,7 @@
 //! Harnesses: the command line of each, and the reading of what it prints.
 //!
-//! - `claude-code`: `claude -p --output-format stream-json --verbose` with the prompt on stdin.
+//! - `claude-code`: `claude -p --input-format stream-json --output-format stream-json --verbose`
+//!   with the prompt as the first user line on stdin, and people's messages as further ones.
 //!   Each line is a JSON object (the Agent SDK's message types): `system` (`init`: session id,
 //!   tools, model, permission mode), `assistant` (a message of the model with its token counts;
 //!   a message comes as several lines with one `message.id`, each with the counts so far),
@@ -68,7 +69,8 @@ pub fn command_line(kind: Kind, a: &Assignment, claude: &[String], codex: &[Stri
     match kind {
         Kind::ClaudeCode => {
             cmd = claude.to_vec();
-            cmd.extend(["-p", "--output-format", "stream-json", "--verbose"].map(str::to_owned));
+            // The prompt and people's messages come as user lines on stdin (`attempt::converse`).
+            cmd.extend(["-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"].map(str::to_owned));
             if let Some(model) = &a.model {
                 cmd.extend(["--model".to_owned(), model.clone()]);
             }

@@ -278,3 +278,60 @@ async fn a_resolved_failure_leaves_todays_failures_to_resolve() {
     assert!(today.body.contains(&run.to_string()), "it still shows as finished lately");
     app.discard().await;
 }
+
+/// Intervene from the run page: a running crew step's transcript has a form (a member's, with
+/// the session's CSRF field) that sends a message to the session through the REST route; the
+/// host holding the step finds it in its heartbeat's answer. A viewer sees no form; a step
+/// whose harness cannot take messages answers the form with the reason.
+#[tokio::test]
+async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
+    let app = App::start(true).await;
+    let org = app.org("acme").await;
+    let run = app.submit(&org, org.agent).await;
+    app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')", "a crew step for a host").await;
+    let http = reqwest::Client::new();
+    let post = |path: String, token: String, body: serde_json::Value| {
+        let (http, url) = (http.clone(), app.url(&path));
+        async move {
+            let resp = http.post(url).bearer_auth(token).json(&body).send().await.unwrap();
+            assert!(resp.status().is_success(), "{path}: {}", resp.status());
+            resp.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    let reg = post("/api/v1/orgs/acme/projects/web/host-registrations".into(), org.owner_token.clone(), serde_json::json!({ "name": "box" })).await;
+    let body = serde_json::json!({ "name": "box", "capabilities": ["linux", "harness:command"] });
+    let host = post("/api/v1/host/register".into(), reg["token"].as_str().unwrap().into(), body).await["token"].as_str().unwrap().to_owned();
+    let claimed = post("/api/v1/host/claim".into(), host.clone(), serde_json::json!({ "max": 1, "wait_secs": 10 })).await;
+    let step = claimed["assignments"][0]["step"].as_str().unwrap().to_owned();
+    // Started as Claude Code would be (the form does not look at the harness; the REST route does).
+    post(format!("/api/v1/host/steps/{step}/start"), host.clone(), serde_json::json!({ "harness": "claude-code" })).await;
+
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let path = format!("/orgs/acme/projects/web/runs/{run}");
+    let page = b.get(&path).await;
+    let action = format!("{path}/steps/{step}/messages").replace('/', "&#x2f;");
+    assert!(page.body.contains(&format!("action=\"{action}\" class=\"card\" id=\"say-form\"")), "{}", page.body);
+    accessible(&page.body, "run page with a live session");
+    let csrf = page_csrf(&page.body);
+    let forged = b.post(&format!("{path}/steps/{step}/messages"), &[("_csrf", "x"), ("text", "hi")]).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let sent = b.post(&format!("{path}/steps/{step}/messages"), &[("_csrf", &csrf), ("text", "Prefer the blue widget.")]).await;
+    assert_eq!(sent.status, StatusCode::SEE_OTHER, "{}", sent.body);
+    assert_eq!(sent.location(), path);
+    let beat = post(format!("/api/v1/host/steps/{step}/heartbeat"), host.clone(), serde_json::json!({})).await;
+    assert_eq!(beat["messages"][0]["text"], "Prefer the blue widget.", "{beat}");
+    let by: String = sqlx::query_scalar("SELECT sent_by FROM step_messages WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
+    assert_eq!(by, format!("user:{}", org.owner), "sent as the signed-in person");
+
+    // An empty message is refused beside the form, nothing sent.
+    let refused = b.post(&format!("{path}/steps/{step}/messages"), &[("_csrf", &csrf), ("text", "  ")]).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(refused.body.contains("id=\"say-form\"") && refused.body.contains("role=\"alert\""), "{}", refused.body);
+
+    // A viewer reads the transcript without the form.
+    let mut v = Browser::new(&app.base);
+    v.sign_in_with_token(&org.viewer_token).await;
+    assert!(!v.get(&path).await.body.contains("say-form"));
+    app.discard().await;
+}

@@ -17,16 +17,20 @@ use shopfloor_tests::shopfloor_bin;
 
 const SECRET: &str = "host tests' webhook secret";
 
-/// A stand-in for Claude Code: reads the prompt on stdin and prints what `claude -p
-/// --output-format stream-json --verbose` prints (an init line, assistant lines with their
-/// usage, a tool result, a result line with cost, turns, tokens and modelUsage), editing
-/// CHANGES.md on the way. Words in the prompt change what it does:
+/// A stand-in for Claude Code: reads its prompt as the first user line on stdin (`claude -p
+/// --input-format stream-json`) and prints what `--output-format stream-json --verbose` prints
+/// (an init line, assistant lines with their usage, a tool result, a result line with cost,
+/// turns, tokens and modelUsage), editing CHANGES.md on the way; then, as Claude Code does,
+/// answers each further user line with a turn of its own (an assistant line echoing it and a
+/// result line) until its input ends. Words in the prompt change what it does:
 /// `@SLOW@` prints a line a second for two minutes first (on the first attempt only, unless
-/// `@ALWAYS@`); `@HANG@` ignores SIGINT and starts a child that ignores it too, then waits.
+/// `@ALWAYS@`); `@HANG@` ignores SIGINT and starts a child that ignores it too, then waits;
+/// `@WAIT@` prints a line and waits until `$MARKS/<step>.go` exists; `@LISTEN@` prints a line,
+/// then reads the next user line and echoes it (`heard: <text>`) before its result.
 /// It writes its pid to `$MARKS/<step>.pid` and a line per run to `$MARKS/<step>.count`.
 pub(crate) const FAKE_CLAUDE: &str = r#"#!/usr/bin/env bash
 set -u
-prompt=$(cat)
+IFS= read -r prompt || true
 sid="sess-$$"
 model="claude-sonnet-4-5-20250929"
 marks="${MARKS:?}"
@@ -34,8 +38,13 @@ step="${SHOPFLOOR_STEP_ID:?}"
 echo "$$" > "$marks/$step.pid"
 echo "run" >> "$marks/$step.count"
 say() { printf '%s\n' "$1"; }
+# The text of a user line, still escaped as a JSON string.
+text_of() { printf '%s' "$1" | sed -E 's/.*"text":"(([^"\\]|\\.)*)".*/\1/'; }
 assistant() {
   say '{"type":"assistant","message":{"id":"'"$1"'","type":"message","role":"assistant","model":"'"$model"'","content":['"$2"'],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":'"$3"',"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":'"$4"',"service_tier":"standard"}},"parent_tool_use_id":null,"session_id":"'"$sid"'"}'
+}
+result() {
+  say '{"type":"result","subtype":"success","is_error":false,"duration_ms":1234,"duration_api_ms":1100,"num_turns":'"$2"',"result":"'"$1"'","session_id":"'"$sid"'","total_cost_usd":0.012345678,"usage":{"input_tokens":42,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":35,"service_tier":"standard"},"modelUsage":{"'"$model"'":{"inputTokens":42,"outputTokens":35,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"webSearchRequests":0,"costUSD":0.012345678,"contextWindow":200000}},"permission_denials":[],"uuid":"u-'"$2"'"}'
 }
 say '{"type":"system","subtype":"init","cwd":"'"$PWD"'","session_id":"'"$sid"'","tools":["Bash","Edit","Read"],"mcp_servers":[],"model":"'"$model"'","permissionMode":"acceptEdits","apiKeySource":"none"}'
 case "$prompt" in
@@ -54,13 +63,33 @@ case "$prompt" in
       done
     fi
     ;;
+  *@WAIT@*)
+    assistant msg_w '{"type":"text","text":"Waiting for the go-ahead."}' 2 2
+    for i in $(seq 1 3000); do
+      [ -e "$marks/$step.go" ] && break
+      sleep 0.1
+    done
+    ;;
+  *@LISTEN@*)
+    assistant msg_l '{"type":"text","text":"Listening."}' 2 2
+    if IFS= read -r -t 120 heard; then
+      assistant msg_heard '{"type":"text","text":"heard: '"$(text_of "$heard")"'"}' 3 3
+    fi
+    ;;
 esac
 assistant msg_1 '{"type":"tool_use","id":"toolu_1","name":"Edit","input":{"file_path":"CHANGES.md"}}' 12 20
 echo "- $SHOPFLOOR_NODE of $SHOPFLOOR_RUN_ID, attempt $SHOPFLOOR_ATTEMPT" >> CHANGES.md
 say '{"type":"user","message":{"role":"user","content":[{"tool_use_id":"toolu_1","type":"tool_result","content":"The file CHANGES.md has been updated."}]},"parent_tool_use_id":null,"session_id":"'"$sid"'"}'
 answer="Added a line to CHANGES.md.\n\nPULL REQUEST\nAdd a line to CHANGES.md\n\nSo that the change shows."
 assistant msg_2 '{"type":"text","text":"'"$answer"'"}' 30 15
-say '{"type":"result","subtype":"success","is_error":false,"duration_ms":1234,"duration_api_ms":1100,"num_turns":2,"result":"'"$answer"'","session_id":"'"$sid"'","total_cost_usd":0.012345678,"usage":{"input_tokens":42,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":35,"service_tier":"standard"},"modelUsage":{"'"$model"'":{"inputTokens":42,"outputTokens":35,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"webSearchRequests":0,"costUSD":0.012345678,"contextWindow":200000}},"permission_denials":[],"uuid":"u-1"}'
+result "$answer" 2
+# Each further user line is a turn of its own; the end of the input ends the session.
+turn=2
+while IFS= read -r more; do
+  turn=$((turn + 1))
+  assistant "msg_t$turn" '{"type":"text","text":"heard: '"$(text_of "$more")"'"}' 3 3
+  result "heard: $(text_of "$more")" "$turn"
+done
 "#;
 
 pub(crate) fn free_port() -> u16 {
@@ -216,14 +245,25 @@ impl Env {
     /// As `host`, advertising `capabilities` (comma-separated) and running `claude` as Claude
     /// Code.
     pub(crate) async fn host_with(&self, name: &str, slots: u32, capabilities: &str, claude: &Path) -> Proc {
-        self.host_with_codex(name, slots, capabilities, claude, None).await
+        self.host_full(name, slots, capabilities, claude, None, &[]).await
     }
 
     /// As `host_with`, running `codex` as Codex when given.
     pub(crate) async fn host_with_codex(&self, name: &str, slots: u32, capabilities: &str, claude: &Path, codex: Option<&Path>) -> Proc {
+        self.host_full(name, slots, capabilities, claude, codex, &[]).await
+    }
+
+    /// As `host`, with more variables in the host's environment (`PATH` with a `git` that
+    /// notes what it is called with, …).
+    pub(crate) async fn host_env(&self, name: &str, slots: u32, vars: &[(&str, String)]) -> Proc {
+        self.host_full(name, slots, "linux,harness:claude-code", &self.dir.path().join("claude"), None, vars).await
+    }
+
+    async fn host_full(&self, name: &str, slots: u32, capabilities: &str, claude: &Path, codex: Option<&Path>, vars: &[(&str, String)]) -> Proc {
         let work = self.dir.path().join("hosts").join(name);
         let token = if work.join("credential.json").exists() { String::new() } else { self.registration().await };
         let mut cmd = Command::new(shopfloor_bin());
+        cmd.envs(vars.iter().map(|(k, v)| (*k, v.as_str())));
         cmd.args(["host", "--log", &std::env::var("HOST_LOG").unwrap_or_else(|_| "warn".into()), "--capabilities", capabilities])
             .arg("--server")
             .arg(&self.base)

@@ -8,4 +8,4 @@ pub mod payloads;
 pub mod server;
 
 pub use payloads::{sign, Issue, PullRequest, Repo, WebhookClient};
-pub use server::{Fault, FakeGithub, Recorded};
+pub use server::{Fault, FakeGithub, Minted, Recorded};

@@ -65,7 +65,18 @@ struct Data {
     graphql: VecDeque<Value>,
     /// installation id → (account, the repositories it reaches).
     installations: BTreeMap<i64, (String, Vec<String>)>,
+    /// How long the installation tokens it mints live (GitHub's hour unless told otherwise).
+    token_lifetime: Option<Duration>,
+    minted: Vec<Minted>,
     next_id: i64,
+}
+
+/// An installation token the fake minted, with the `expires_at` it answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Minted {
+    pub token: String,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+    pub body: Value,
 }
 
 impl Data {
@@ -158,6 +169,17 @@ impl FakeGithub {
     /// `GET /app/installations/{id}` and `GET /installation/repositories` answer.
     pub fn add_installation(&self, id: i64, account: &str, repositories: &[&str]) {
         self.lock().installations.insert(id, (account.to_owned(), repositories.iter().map(|r| (*r).to_owned()).collect()));
+    }
+
+    /// Installation tokens minted from now on live `lifetime` (their `expires_at`) instead of
+    /// GitHub's hour: a token shorter-lived than the client's margin is never reused.
+    pub fn set_token_lifetime(&self, lifetime: Duration) {
+        self.lock().token_lifetime = Some(lifetime);
+    }
+
+    /// Every installation token minted so far, oldest first.
+    pub fn minted(&self) -> Vec<Minted> {
+        self.lock().minted.clone()
     }
 
     /// Queues the `data` of the next GraphQL answer (answered `{"data": {}}` when none waits).
@@ -311,9 +333,14 @@ fn route(d: &mut Data, method: &Method, path: &str, query: &str, body: Value) ->
         }
         ("POST", ["app", "installations", id, "access_tokens"]) => {
             let n = d.id();
-            let expires = (chrono::Utc::now() + chrono::Duration::hours(1)).format("%Y-%m-%dT%H:%M:%SZ").to_string();
+            let lifetime = d.token_lifetime.and_then(|l| chrono::Duration::from_std(l).ok()).unwrap_or_else(|| chrono::Duration::hours(1));
+            let expires = (chrono::Utc::now() + lifetime).format("%Y-%m-%dT%H:%M:%SZ").to_string();
+            let value = format!("ghs_fake{n}_{id}");
+            if let Ok(at) = expires.parse() {
+                d.minted.push(Minted { token: value.clone(), expires_at: at, body: body.clone() });
+            }
             let mut token = json!({
-                "token": format!("ghs_fake{n}_{id}"),
+                "token": value,
                 "expires_at": expires,
                 "permissions": body.get("permissions").cloned().unwrap_or_else(|| json!({ "issues": "write", "pull_requests": "write", "contents": "write", "checks": "read" })),
                 "repository_selection": "selected",

@@ -191,6 +191,7 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
         .route(&format!("{run}/retry"), post(pages::run::retry))
         .route(&format!("{run}/rerun"), post(pages::run::rerun))
         .route(&format!("{run}/steps/{{step}}/transcript"), get(pages::run::transcript))
+        .route(&format!("{run}/steps/{{step}}/messages"), post(pages::run::say))
         // The signed-in caller of each page fills the scope (`session`), and the in-process
         // REST calls run inside it.
         .layer(axum::middleware::from_fn(crate::http::tenant::scope))

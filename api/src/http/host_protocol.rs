@@ -9,7 +9,12 @@
 //!   never on a connection or a loop of queries per request. A host keeps one claim open at all
 //!   times (with `max: 0` when its slots are full), so a cancel reaches it within a second.
 //! - `start`, `heartbeat`, `session` (transcript lines and usage; renews the lease) and
-//!   `complete` (the outcome, fenced on the holder) for each step it holds.
+//!   `complete` (the outcome, fenced on the holder) for each step it holds. The answers to
+//!   heartbeats and session reports carry the step's undelivered messages (intervene), which
+//!   the host acknowledges with `messages/delivered` once it wrote them to the harness.
+//! - `token` — a fresh installation token for the repository of a step the host holds, asked
+//!   before each fetch and push and after adopting an attempt (the claim's lasts an hour; the
+//!   journal keeps none).
 //!
 //! Every write goes through `engine::store::hosts`. Person tokens get 403 here, as host
 //! credentials do on every other route.
@@ -341,10 +346,31 @@ pub struct StepStanding {
     pub state: String,
     /// The host must stop working on the step (cancelled, taken back, finished).
     pub stop: bool,
+    /// Messages from people for the running session, oldest first (heartbeats only): write
+    /// each to the harness, then acknowledge it (`messages/delivered`); until then it is
+    /// offered again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<StepMessage>,
+}
+
+/// A person's message to a running session (intervene).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StepMessage {
+    pub id: uuid::Uuid,
+    pub text: String,
 }
 
 fn standing(state: StepState) -> StepStanding {
-    StepStanding { state: state.to_string(), stop: !matches!(state, StepState::Leased | StepState::Running) }
+    StepStanding { state: state.to_string(), stop: !matches!(state, StepState::Leased | StepState::Running), messages: Vec::new() }
+}
+
+/// The messages waiting for a step this host runs (none once it must stop).
+async fn waiting_messages(state: &AppState, host: &HostRow, step: StepId, now: StepState) -> Result<Vec<StepMessage>, ApiError> {
+    if now != StepState::Running {
+        return Ok(Vec::new());
+    }
+    let pending = engine::store::messages::pending(&state.db, host, step).await?;
+    Ok(pending.into_iter().map(|m| StepMessage { id: m.message_id, text: m.text }).collect())
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -376,7 +402,9 @@ pub async fn heartbeat(State(state): State<AppState>, me: HostCaller, Path(p): P
     let step = step_id(&p.step)?;
     // A hard budget spent or a silent session stops the step here; the answer says stop.
     let now = store::heartbeat(&state.db, &me.host, step, state.stall_after()).await?;
-    Ok(Json(standing(now)))
+    let mut answer = standing(now);
+    answer.messages = waiting_messages(&state, &me.host, step, now).await?;
+    Ok(Json(answer))
 }
 
 /// One transcript line.
@@ -452,6 +480,9 @@ pub struct SessionAnswer {
     pub stored: usize,
     /// Lines dropped because the run's transcript reached its cap.
     pub dropped: usize,
+    /// Messages from people for the session, as in a heartbeat's answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<StepMessage>,
 }
 
 /// Reports a held step's session: transcript lines and running usage. Renews the lease.
@@ -471,7 +502,8 @@ pub async fn session(State(state): State<AppState>, me: HostCaller, Path(p): Pat
     let harness = body.harness.as_deref().map(cap);
     let r = store::report(&state.db, &me.host, step, harness.as_deref(), &lines, &Usage::from(&body.usage), store::RUN_LOG_CAP_BYTES).await?;
     let s = standing(r.state);
-    Ok(Json(SessionAnswer { state: s.state, stop: s.stop, stored: r.stored, dropped: r.dropped }))
+    let messages = waiting_messages(&state, &me.host, step, r.state).await?;
+    Ok(Json(SessionAnswer { state: s.state, stop: s.stop, stored: r.stored, dropped: r.dropped, messages }))
 }
 
 /// How a step ended on the host.
@@ -553,4 +585,98 @@ pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Pa
         e => e.into(),
     })?;
     Ok(Json(standing(row.state())))
+}
+
+// ---------------------------------------------------------------------------------------------
+// messages delivered, token
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveredMessages {
+    /// The ids of the messages the host wrote to the harness.
+    pub messages: Vec<uuid::Uuid>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeliveredAnswer {
+    /// Messages newly marked delivered (one acknowledged twice counts once).
+    pub marked: u64,
+}
+
+/// Acknowledges messages of a step the host holds as written to its harness: they are not
+/// offered again.
+#[utoipa::path(post, path = "/host/steps/{step}/messages/delivered", operation_id = "ack_step_messages", tag = "host-protocol",
+    params(("step" = String, Path, description = "Step id, `step-…`")),
+    request_body = DeliveredMessages,
+    responses((status = 200, body = DeliveredAnswer)))]
+pub async fn messages_delivered(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<DeliveredMessages>) -> Result<Json<DeliveredAnswer>, ApiError> {
+    let step = step_id(&p.step)?;
+    if body.messages.len() > 100 {
+        return Err(ApiError::Unprocessable("at most 100 messages per acknowledgement".into()));
+    }
+    let marked = engine::store::messages::delivered(&state.db, &me.host, step, &body.messages).await?;
+    Ok(Json(DeliveredAnswer { marked }))
+}
+
+/// A fresh installation token for a held step's repository.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StepToken {
+    /// `owner/name`: the repository of the step's run, when it is about a connected one.
+    pub repository: Option<String>,
+    /// A token for that repository alone with `contents: write` (fetch and push); null when
+    /// the GitHub App is not configured here or the run is about no connected repository (the
+    /// host's own git credentials apply).
+    pub token: Option<String>,
+}
+
+/// A step, who holds it, and its run's connected repository with its installation.
+#[derive(sqlx::FromRow)]
+struct HeldRepository {
+    state: String,
+    holder: Option<String>,
+    full_name: Option<String>,
+    installation_id: Option<i64>,
+}
+
+/// Mints a fresh installation token for the repository of a step this host holds (leased or
+/// running), scoped to that one repository with the push permission. The repository is the
+/// step's run's, connected to the host's project — never one the caller names. 404 for a step
+/// that is not the org's; 409 when this host no longer holds it; 503 when GitHub cannot mint
+/// one now (the host keeps the token it has).
+#[utoipa::path(post, path = "/host/steps/{step}/token", operation_id = "step_token", tag = "host-protocol",
+    params(("step" = String, Path, description = "Step id, `step-…`")),
+    responses((status = 200, body = StepToken)))]
+pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepToken>, ApiError> {
+    use secrecy::ExposeSecret;
+    let step = step_id(&p.step)?;
+    // The repository as the claim's assignment found it (`store::hosts::assignment`): the
+    // item's, or the one the run's input names, only if connected to the run's project, which
+    // must be the host's.
+    let row: Option<HeldRepository> = sqlx::query_as(
+        "SELECT s.state, s.holder, repo.full_name, repo.installation_id \
+         FROM steps s JOIN runs r ON r.run_id = s.run_id AND r.org_id = s.org_id \
+         LEFT JOIN items i ON i.item_id = r.item_id AND i.org_id = r.org_id \
+         LEFT JOIN repositories repo ON repo.org_id = r.org_id AND repo.project_id = r.project_id \
+              AND repo.full_name = lower(coalesce(i.data->>'repository', r.input->>'repository')) \
+         WHERE s.step_id = $1 AND s.org_id = $2 AND r.project_id = $3",
+    )
+    .bind(step)
+    .bind(me.host.org_id)
+    .bind(me.host.project_id)
+    .fetch_optional(&state.db)
+    .await?;
+    let HeldRepository { state: now, holder, full_name: repository, installation_id: installation } = row.ok_or_else(|| ApiError::NotFound("step not found".into()))?;
+    if !matches!(now.as_str(), "leased" | "running") || holder.as_deref() != Some(store::holder(me.host.host_id).as_str()) {
+        return Err(ApiError::Conflict(format!("this host no longer holds the step (it is {now})")));
+    }
+    let (Some(app), Some(name), Some(installation)) = (state.shared.github.get(), repository.as_deref(), installation) else {
+        return Ok(Json(StepToken { repository, token: None }));
+    };
+    match app.installation_token(installation, name, engine::github::client::Scope::Push).await {
+        Ok(token) => Ok(Json(StepToken { repository: repository.clone(), token: Some(token.expose_secret().to_owned()) })),
+        Err(e) => {
+            tracing::warn!(github.repository = name, step.id = %step, error = %e, "cannot mint an installation token for a held step");
+            Err(ApiError::Unavailable("GitHub cannot mint a token now; try again".into()))
+        }
+    }
 }

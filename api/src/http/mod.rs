@@ -13,7 +13,9 @@
 //! - `events` — the replica's event hub (one `LISTEN`) and the SSE stream.
 //! - `members`, `tokens`, `projects`, `repositories`, `workflows`, `runs`, `hosts`, `audit` — the resources.
 //! - `host_protocol` — what `shopfloor host` calls: register, claim (a long poll), start,
-//!   heartbeat, session reports, complete.
+//!   heartbeat, session reports, complete, a held step's fresh installation token, messages
+//!   acknowledged.
+//! - `messages` — intervene: a person's message to a live crew session.
 //! - `admission`, `budgets`, `webhooks_out`, `operator` — the org's cap, project pause and
 //!   retention; budgets and spend; outgoing webhooks with their delivery log and replay;
 //!   resolving a failed run, cycle-budget asks and their reset.
@@ -37,6 +39,7 @@ pub mod idempotency;
 pub mod installations;
 pub mod limits;
 pub mod members;
+pub mod messages;
 pub mod metrics;
 pub mod openapi;
 pub mod operator;
@@ -217,6 +220,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(runs::approve))
         .routes(routes!(runs::reject))
         .routes(routes!(runs::step_logs))
+        .routes(routes!(messages::send))
         .routes(routes!(hosts::list))
         .routes(routes!(hosts::register))
         .routes(routes!(hosts::deregister))
@@ -247,7 +251,9 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(host_protocol::start))
         .routes(routes!(host_protocol::heartbeat))
         .routes(routes!(host_protocol::session))
-        .routes(routes!(host_protocol::complete));
+        .routes(routes!(host_protocol::complete))
+        .routes(routes!(host_protocol::messages_delivered))
+        .routes(routes!(host_protocol::token));
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))

@@ -135,6 +135,8 @@ fn cases() -> Vec<Case> {
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/runs/{run}/approvals/{node}", m, 200, WaitingRun, |_| Some(json!({ "ticket": "T-1" }))),
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/runs/{run}/approvals/{node}/reject", m, 200, WaitingRun, |_| Some(json!({ "reason": "no" }))),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/runs/{run}/steps/{step}/logs", v, 200, Step, none),
+        // Authorized, and refused by the step: a waiting approval is no live session.
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/runs/{run}/steps/{step}/messages", m, 409, Step, |_| Some(json!({ "text": "hello" }))),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/hosts", v, 200, Nothing, none),
         c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/host-registrations", a, 201, Nothing, |_| Some(json!({ "name": "box" }))),
         c(delete.clone(), "/api/v1/orgs/{org}/projects/{project}/hosts/{host}", a, 204, Host, none),
@@ -148,6 +150,8 @@ fn cases() -> Vec<Case> {
         c(post.clone(), "/api/v1/host/steps/{step}/heartbeat", None, 200, SharedStep, none),
         c(post.clone(), "/api/v1/host/steps/{step}/session", None, 200, SharedStep, |_| Some(json!({ "lines": [{ "seq": 1, "stream": "stdout", "line": "x" }] }))),
         c(post.clone(), "/api/v1/host/steps/{step}/complete", None, 409, SharedStep, |_| Some(json!({ "outcome": "succeeded" }))),
+        c(post.clone(), "/api/v1/host/steps/{step}/token", None, 409, SharedStep, none),
+        c(post.clone(), "/api/v1/host/steps/{step}/messages/delivered", None, 200, SharedStep, |_| Some(json!({ "messages": [] }))),
         c(post.clone(), "/api/v1/host/register", None, 201, Nothing, |n| Some(json!({ "name": format!("box-{n}"), "capabilities": ["linux"] }))),
         // Admission, budgets and outgoing webhooks. Limits stay high enough for the runs above.
         c(get.clone(), "/api/v1/orgs/{org}/limits", v, 200, Nothing, none),

@@ -62,10 +62,21 @@ struct Server {
 
 impl Server {
     async fn start() -> Server {
+        Server::start_with(&["--test-executor"]).await
+    }
+
+    /// As `start`, with crew steps left to hosts (no test executor).
+    async fn for_hosts() -> Server {
+        Server::start_with(&[]).await
+    }
+
+    async fn start_with(flags: &[&str]) -> Server {
         let db = test_db().await;
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new(BIN)
-            .args(["serve", "--test-executor", "--log", "warn"])
+            .arg("serve")
+            .args(flags)
+            .args(["--log", "warn"])
             .env("DATABASE_URL", &db.url)
             .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
             .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
@@ -405,6 +416,59 @@ async fn runs_are_submitted_shown_answered_rejected_cancelled_retried_and_rerun(
         s.until(run, "its approval", is_waiting).await;
         s.cli(&["runs", "cancel", run]).ok();
     }
+    s.finish().await;
+}
+
+/// `runs say`: the message goes to the run's one running crew step (or `--step`), and the
+/// host that holds it finds it in its heartbeat's answer; a run with no live session is a
+/// refusal, and one with several asks for `--step`.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_say_sends_a_message_to_the_running_crew_session() {
+    let s = Server::for_hosts().await;
+    let pair = "name: pair\nnodes:\n  left:\n    crew: { harness: claude-code, prompt: left }\n  right:\n    crew: { harness: claude-code, prompt: right }\n";
+    let path = s.write("pair.yaml", pair);
+    s.cli(&["workflows", "push", path.to_str().unwrap()]).ok();
+    let run = s.cli(&["runs", "submit", "pair"]).ok().stdout.trim().to_owned();
+    s.until(&run, "two ready crew steps", |r| r["steps"].as_array().is_some_and(|st| st.iter().filter(|x| x["state"] == "pending").count() == 2)).await;
+
+    // Nothing runs yet: no session to tell.
+    s.cli(&["runs", "say", &run, "hello"]).fails(1, "has no running crew step");
+
+    // A host (played here over the host protocol) claims and starts both.
+    let (http, base) = (s.http.clone(), s.base.clone());
+    let post = |path: String, token: String, body: Value| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+        let resp = http.post(format!("{base}{path}")).bearer_auth(token).json(&body).send().await.unwrap();
+        assert!(resp.status().is_success(), "{path}: {}", resp.status());
+        resp.json::<Value>().await.unwrap()
+        }
+    };
+    let reg = post("/api/v1/orgs/acme/projects/web/host-registrations".into(), s.token.clone(), json!({ "name": "box" })).await;
+    let cred = post("/api/v1/host/register".into(), reg["token"].as_str().unwrap().into(), json!({ "name": "box", "capabilities": ["harness:claude-code"], "max_concurrent": 2 })).await;
+    let host = cred["token"].as_str().unwrap().to_owned();
+    let claimed = post("/api/v1/host/claim".into(), host.clone(), json!({ "max": 2, "wait_secs": 10 })).await;
+    let steps: Vec<String> = claimed["assignments"].as_array().unwrap().iter().map(|a| a["step"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(steps.len(), 2, "{claimed}");
+    for step in &steps {
+        post(format!("/api/v1/host/steps/{step}/start"), host.clone(), json!({ "harness": "claude-code" })).await;
+    }
+
+    // Two live sessions: which one?
+    s.cli(&["runs", "say", &run, "hello"]).fails(2, "pick one with --step");
+    let ran = s.cli(&["runs", "say", &run, "--step", &steps[1], "Prefer the blue widget."]).ok();
+    let id = ran.stdout.trim().to_owned();
+    assert_eq!(id.len(), 36, "the message's id alone on standard output: {}", ran.stdout);
+    let beat = post(format!("/api/v1/host/steps/{}/heartbeat", steps[1]), host.clone(), json!({})).await;
+    assert_eq!(beat["messages"], json!([{ "id": id, "text": "Prefer the blue widget." }]), "{beat}");
+
+    // One left running: `say` finds it by itself.
+    post(format!("/api/v1/host/steps/{}/complete", steps[1]), host.clone(), json!({ "outcome": "succeeded" })).await;
+    let ran = s.cli(&["runs", "say", &run, "--json", "Now the left one."]).ok();
+    let sent: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(sent["step"], steps[0].as_str());
+    post(format!("/api/v1/host/steps/{}/complete", steps[0]), host.clone(), json!({ "outcome": "succeeded" })).await;
+    s.until(&run, "completed", |r| r["status"] == "completed").await;
     s.finish().await;
 }
 

@@ -9,6 +9,7 @@ mod events;
 mod host_budget;
 mod idempotency;
 mod limits;
+mod messages;
 mod openapi;
 mod operator;
 mod paging;

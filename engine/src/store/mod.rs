@@ -20,6 +20,7 @@ pub mod engine_errors;
 pub mod hosts;
 pub mod installations;
 pub mod jobs;
+pub mod messages;
 pub mod operator;
 pub mod retention;
 pub mod runs;

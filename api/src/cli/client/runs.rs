@@ -79,6 +79,17 @@ enum RunsCommand {
         #[arg(long, group = "edit")]
         harness: Option<String>,
     },
+    /// Tell a running crew session something (intervene): the host writes the message to
+    /// the agent as a user turn. Only Claude Code takes messages while it runs.
+    Say {
+        /// The run: `run-…`, or its full name `<org>:<project>:run-…`.
+        run: String,
+        /// What to tell the agent.
+        text: String,
+        /// The step (`step-…`) when the run has several running crew steps.
+        #[arg(long)]
+        step: Option<String>,
+    },
     /// Run a finished run again with the same input, from the start or from a node; prints the
     /// new run's id.
     Rerun {
@@ -265,6 +276,25 @@ fn connect(conn: &Conn) -> Result<Api, ClientError> {
     Api::new(&config::settings(conn)?)
 }
 
+/// The one running crew step of a run (its id), for `runs say` without `--step`.
+fn live_crew_step(detail: &Value, run: &str) -> Result<String, ClientError> {
+    let steps = detail["steps"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let live: Vec<(&str, &str)> = steps
+        .iter()
+        .filter(|s| s["kind"] == "crew" && s["state"] == "running")
+        .filter_map(|s| Some((s["id"].as_str()?, s["node"].as_str().unwrap_or_default())))
+        .collect();
+    match live.as_slice() {
+        [(id, _)] => Ok((*id).to_owned()),
+        [] => Err(ClientError::Failed(format!("{run} has no running crew step: a message reaches only a live session"))),
+        many => Err(ClientError::Usage(format!(
+            "{run} has {} running crew steps ({}): pick one with --step",
+            many.len(),
+            many.iter().map(|(id, node)| format!("{node} {id}")).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
 pub(super) async fn run(args: RunsArgs) -> Result<u8, ClientError> {
     let mut conn = args.conn;
     let style = Style::detect();
@@ -319,6 +349,26 @@ pub(super) async fn run(args: RunsArgs) -> Result<u8, ClientError> {
             }
             if s.follow {
                 return follow::follow(&api, &run.id, conn.json, style).await;
+            }
+            Ok(0)
+        }
+        RunsCommand::Say { run, text, step } => {
+            let id = run_ref(&mut conn, &run)?;
+            let api = connect(&conn)?;
+            let step = match step {
+                Some(step) => step,
+                None => {
+                    let detail: Value = api.get(api.project_url(&["runs", &id])?).await?.json()?;
+                    live_crew_step(&detail, &id)?
+                }
+            };
+            let answer = api.post(api.project_url(&["runs", &id, "steps", &step, "messages"])?, Body::Json(serde_json::json!({ "text": text }))).await?;
+            if conn.json {
+                say!("{}", answer.text());
+            } else {
+                let sent: Value = answer.json()?;
+                say!("{}", sent["id"].as_str().unwrap_or_default());
+                eprintln!("sent to {step} of {id}: it reaches the agent at the host's next heartbeat");
             }
             Ok(0)
         }

@@ -1,6 +1,7 @@
 //! The run page: a headline in words, the forecast of the time left, the steps as a journal, a
 //! waterfall and the graph, the live transcript of a crew step, and the forms that act on the
-//! run (approve, reject, cancel, retry, rerun, rerun from a node).
+//! run (approve, reject, cancel, retry, rerun, rerun from a node, and a message to a running
+//! crew session).
 //!
 //! The run, its steps, open approvals, `why` and events come from the REST API in-process;
 //! the forecast, the sessions' figures, the transcript and the graph's definition are read
@@ -392,10 +393,14 @@ async fn render(c: &Console, s: &OrgSession, org: &str, project: &str, run_text:
             let lines: Vec<Line> = sqlx::query_as(TRANSCRIPT_SQL).bind(st.id).bind(org_id).bind(TRANSCRIPT_LINES).fetch_all(db).await?;
             let last = lines.last().map_or(0, |l| l.seq);
             let live = matches!(st.state.as_str(), "running" | "leased");
+            // Intervene: a member may tell a running session something (the REST route says
+            // when its harness cannot take it).
+            let can_say = s.can(Role::Member) && st.state == "running";
             let figures = sessions.get(&st.id).map(|s| json!({ "model": s.model, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "output_tokens_lower_bound": s.output_tokens_lower_bound, "cost_usd": s.cost_usd, "estimated_cost_usd": s.estimated_cost_usd, "estimate_basis": s.estimate_basis, "turns": s.turns }));
             Some(json!({
                 "step": st.id.to_string(), "node": st.node, "state": st.state, "live": live, "lines": lines, "last": last,
                 "stream": format!("{base}/steps/{}/transcript?after={last}", st.id), "figures": figures,
+                "can_say": can_say, "say": format!("{base}/steps/{}/messages", st.id),
             }))
         }
         None => None,
@@ -474,6 +479,7 @@ async fn render(c: &Console, s: &OrgSession, org: &str, project: &str, run_text:
             "cancel" => can_cancel,
             "retry" => can_retry,
             "rerun" => can_rerun,
+            "say" => transcript.as_ref().is_some_and(|t| t["can_say"] == true),
             _ => false,
         },
     };
@@ -655,6 +661,18 @@ pub(in super::super) async fn rerun(State(c): State<Console>, Path(p): Path<RunP
     }
     let result = c.call(&s.caller, Method::POST, &path, None).await?;
     answer(&c, &s, &p, "rerun", result, Feedback::default()).await
+}
+
+/// Intervene: the form under a running crew step's transcript, posted to the REST route that
+/// sends the message to the session.
+pub(in super::super) async fn say(State(c): State<Console>, Path(p): Path<StepPath>, headers: HeaderMap, uri: Uri, Form(form): Form<FormMap>) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &p.org, &here(&uri)).await?;
+    s.check(&headers, form.get("_csrf").map(String::as_str))?;
+    let text = form.get("text").map(String::as_str).unwrap_or_default();
+    let path = format!("/orgs/{}/projects/{}/runs/{}/steps/{}/messages", p.org, p.project, p.run, view::urlencode(&p.step));
+    let result = c.call(&s.caller, Method::POST, &path, Some(json!({ "text": text }))).await?;
+    let run = RunPath { org: p.org.clone(), project: p.project.clone(), run: p.run.clone() };
+    answer(&c, &s, &run, "say", result, Feedback::default()).await
 }
 
 #[derive(Debug, Deserialize, Default)]
