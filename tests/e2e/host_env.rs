@@ -290,6 +290,12 @@ impl Env {
         Proc(cmd.spawn().expect("spawn shopfloor host"))
     }
 
+    /// `GET /api/v1{path}` as the org's owner, the answer's JSON.
+    pub(crate) async fn get(&self, path: &str) -> Value {
+        let answer = reqwest::Client::new().get(format!("{}/api/v1{path}", self.base)).bearer_auth(&self.owner_token).send().await.unwrap();
+        answer.json().await.unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
     pub(crate) fn workflow(&self, name: &str) -> WorkflowId {
         self.workflows.iter().find(|w| w.0 == name).map(|w| w.1).expect("a test workflow")
     }

@@ -147,15 +147,7 @@ async fn a_host_runs_crew_steps_in_worktrees_and_pushes_the_branch() {
         .await
         .map(|s| s.to_string())
         .unwrap();
-    let logs: Value = reqwest::Client::new()
-        .get(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}/steps/{step}/logs", env.base))
-        .bearer_auth(&env.owner_token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let logs = env.get(&format!("/orgs/acme/projects/web/runs/{run}/steps/{step}/logs")).await;
     assert_eq!(logs["items"].as_array().map(Vec::len), Some(5), "{logs}");
 
     // Nothing left behind on the host: no journal entry, no worktree.
@@ -352,15 +344,7 @@ async fn an_issue_becomes_a_pull_request_through_a_host() {
     let step = build["id"].as_str().or_else(|| build["step"].as_str()).unwrap_or_else(|| panic!("{build}")).to_owned();
     let logs: Value = api(format!("/runs/{run}/steps/{step}/logs")).send().await.unwrap().json().await.unwrap();
     assert_eq!(logs["items"].as_array().map(Vec::len), Some(5), "{logs}");
-    let audit: Value = reqwest::Client::new()
-        .get(format!("{}/api/v1/orgs/acme/audit?limit=200", env.base))
-        .bearer_auth(&env.owner_token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit = env.get("/orgs/acme/audit?limit=200").await;
     let by_host = audit["items"].as_array().unwrap().iter().filter(|a| a["actor_kind"] == "host").count();
     assert!(by_host >= 8, "the host's leases, starts, results and sessions are audited: {by_host}");
     drop(_host);

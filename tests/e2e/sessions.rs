@@ -225,17 +225,8 @@ async fn every_real_format_transcript_is_recorded_right_through_a_host() {
         }
 
         // The API says which figures are estimates: the killed session's, not the others'.
-        let client = reqwest::Client::new();
         for (run, c) in &runs {
-            let view: Value = client
-                .get(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}", env.base))
-                .bearer_auth(&env.owner_token)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let view = env.get(&format!("/orgs/acme/projects/web/runs/{run}")).await;
             let session = &view["steps"][0]["session"];
             let estimate = c.cost.is_none() && c.estimated.is_some();
             assert_eq!(session["cost_is_estimate"].as_bool(), Some(estimate), "{}: {view}", c.fixture);

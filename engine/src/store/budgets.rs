@@ -155,20 +155,7 @@ async fn sums(conn: &mut sqlx::PgConnection, org: OrgId, project: ProjectId) -> 
 /// The engine asks before it starts a crew step; a host's heartbeat may ask the same to stop
 /// a running one.
 pub async fn hard_stop(conn: &mut sqlx::PgConnection, org: OrgId, project: ProjectId, run: RunId, usd_per_run: Option<f64>) -> Result<bool> {
-    let stop: Option<bool> = sqlx::query_scalar(&format!(
-        "SELECT coalesce((SELECT spent_usd >= $4::numeric FROM runs WHERE run_id = $3), false) \
-             OR EXISTS (SELECT 1 FROM budgets b WHERE b.org_id = $1 AND (b.project_id IS NULL OR b.project_id = $2) AND b.hard \
-                          AND b.usd_limit <= (SELECT coalesce(sum(s.usd), 0) FROM spend s \
-                                              WHERE s.org_id = $1 AND (b.project_id IS NULL OR s.project_id = b.project_id) \
-                                                AND s.day >= CASE b.period WHEN 'day' THEN {TODAY} ELSE {MONTH_START} END))"
-    ))
-    .bind(org)
-    .bind(project)
-    .bind(run)
-    .bind(usd_per_run)
-    .fetch_one(conn)
-    .await?;
-    Ok(stop.unwrap_or(false))
+    Ok(remaining(conn, org, project, run, usd_per_run).await?.is_some_and(|left| left <= 0.0))
 }
 
 /// What `run` may still spend before a hard limit stops it: the least of what is left of its
