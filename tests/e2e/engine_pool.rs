@@ -99,7 +99,13 @@ async fn engines_reconnect_after_a_postgres_restart_and_finish_every_run() {
     let _a = EngineProcess::start(&pg.url, "a", &effects);
     let _b = EngineProcess::start(&pg.url, "b", &effects);
     submit_many(&pool, &s, 200, json!({ "test": { "step_ms": 50, "gate_fail_visits": [1] } })).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Mid-flight: some runs finished, others not yet.
+    let underway = async {
+        while scalar(&pool, "SELECT count(*) FROM runs WHERE status = 'completed'").await == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), underway).await.expect("no run completed before the restart");
     assert!(scalar(&pool, "SELECT count(*) FROM runs WHERE status = 'running'").await > 0, "restart should happen mid-flight");
 
     pool.close().await;
