@@ -134,12 +134,26 @@ pub struct ListenArgs {
     pub listen: SocketAddr,
 }
 
+/// Where a process `LISTEN`s: the engine's wake-ups, a replica's event hub and hosts' claims.
 #[derive(Debug, Clone, Args)]
-pub struct PoolArgs {
-    /// A direct URL for the engine's LISTEN connection (a transaction pooler such as PgBouncer
-    /// cannot LISTEN). Defaults to DATABASE_URL.
+pub struct ListenDbArgs {
+    /// A direct URL for the LISTEN connection (a transaction pooler such as PgBouncer cannot
+    /// LISTEN). Defaults to DATABASE_URL.
     #[arg(long = "listen-database-url", env = "SHOPFLOOR_LISTEN_DATABASE_URL", hide_env_values = true)]
     pub listen_database_url: Option<String>,
+}
+
+impl ListenDbArgs {
+    /// The URL to LISTEN on: the direct one when given, else the database's.
+    pub fn url(&self, database_url: &str) -> String {
+        self.listen_database_url.clone().unwrap_or_else(|| database_url.to_owned())
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PoolArgs {
+    #[command(flatten)]
+    pub listen_db: ListenDbArgs,
     /// This engine's id in leases and the audit log. Defaults to `<hostname>-<pid>`.
     #[arg(long = "engine-id", env = "SHOPFLOOR_ENGINE_ID")]
     pub engine_id: Option<String>,
@@ -233,6 +247,8 @@ pub struct ServeArgs {
 pub struct ApiArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub listen_db: ListenDbArgs,
     #[command(flatten)]
     pub secret_key: SecretKeyArgs,
     #[command(flatten)]

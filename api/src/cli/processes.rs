@@ -53,7 +53,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     };
     let outputs = app.clone().map(|a| engine::github::OutputExecutor::new(a, args.github_app.test_crash_after.clone()));
     let (drain, abort) = host::process::shutdown_signals();
-    let listen_url = args.pool.listen_database_url.clone().unwrap_or_else(|| db.url.clone());
+    let listen_url = args.pool.listen_db.url(&db.url);
     let cfg = pool_config(&args.pool, &db.url, outputs, webhooks);
     let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
     let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, key, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, settings));
@@ -75,7 +75,7 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
     }
     let (drain, _abort) = host::process::shutdown_signals();
     let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
-    let served = serve_http(listener, db.pool.clone(), db.url.clone(), key, drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
+    let served = serve_http(listener, db.pool.clone(), args.listen_db.url(&db.url), key, drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
     db.close().await;
     served
 }
@@ -143,7 +143,7 @@ fn pool_config(args: &PoolArgs, url: &str, outputs: Option<engine::github::Outpu
     });
     PoolConfig {
         id,
-        listen_url: args.listen_database_url.clone().unwrap_or_else(|| url.to_owned()),
+        listen_url: args.listen_db.url(url),
         batch: args.batch.max(1),
         max_in_flight: args.max_in_flight.max(1),
         drain: Duration::from_secs(args.drain_secs),
