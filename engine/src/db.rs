@@ -34,11 +34,28 @@ pub fn parse_url(url: &str) -> Result<PgConnectOptions, DbError> {
     url.parse::<PgConnectOptions>().map_err(|e| DbError::BadUrl(e.to_string()))
 }
 
+/// The limits every connection of a serving process (`api`, `engine`, `serve`) works under,
+/// well under the 30 s lease: a statement that runs 10 s, a lock waited for 5 s, or a
+/// transaction left idle 15 s (a frozen process) is ended by the server, which rolls its work
+/// back and releases its locks, so that nothing it held waits for it. Sent as startup
+/// parameters; behind a pooler that does not pass them on (PgBouncer: list `options` in
+/// `ignore_startup_parameters`), set them on the role instead (README).
+pub const GUARDS: &[(&str, &str)] = &[("statement_timeout", "10s"), ("lock_timeout", "5s"), ("idle_in_transaction_session_timeout", "15s")];
+
 /// Opens a pool; the first connection is made here so an unreachable server fails now, with a
 /// message that says where it looked.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    connect_with(parse_url(url)?, max_connections).await
+}
+
+/// As [`connect`], each connection under the [`GUARDS`]: the pools of serving processes.
+pub async fn connect_guarded(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    connect_with(parse_url(url)?.options(GUARDS.iter().copied()), max_connections).await
+}
+
+async fn connect_with(options: PgConnectOptions, max_connections: u32) -> Result<PgPool, DbError> {
     use sqlx::ConnectOptions;
-    let options = parse_url(url)?.application_name("shopfloor");
+    let options = options.application_name("shopfloor");
     let target = format!("{}:{}", options.get_host(), options.get_port());
     let unreachable = |cause: String| DbError::Unreachable { target: target.clone(), cause };
     // One direct connection first: a pool would only say that it timed out.
@@ -79,7 +96,15 @@ pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     if db > code {
         return Err(DbError::SchemaNewer { db, code });
     }
-    MIGRATOR.run(pool).await.map_err(|e| DbError::Migrate(e.to_string()))
+    // On a connection of its own without the serving limits: a migration may rewrite a large
+    // table or wait for the locks of running processes. It is closed afterwards.
+    let mut conn = pool.acquire().await?.detach();
+    for unlimited in ["SET statement_timeout = 0", "SET lock_timeout = 0", "SET idle_in_transaction_session_timeout = 0"] {
+        sqlx::query(unlimited).execute(&mut conn).await?;
+    }
+    let ran = MIGRATOR.run(&mut conn).await.map_err(|e| DbError::Migrate(e.to_string()));
+    let _ = sqlx::Connection::close(conn).await;
+    ran
 }
 
 /// Checks that the database holds exactly this binary's schema.

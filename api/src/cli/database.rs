@@ -28,7 +28,7 @@ impl Database {
                 (c.url.clone(), c.started_here.then_some(c))
             }
         };
-        match engine::db::connect(&url, connections).await {
+        match engine::db::connect_guarded(&url, connections).await {
             Ok(pool) => Ok(Database { url, pool, cluster }),
             Err(e) => {
                 if let Some(c) = &cluster {

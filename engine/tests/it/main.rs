@@ -9,3 +9,4 @@ mod lifecycle;
 mod admission;
 mod hosts;
 mod poisoned;
+mod guards;
