@@ -384,6 +384,25 @@ async fn the_fourth_cycle_is_blocked_with_an_ask_and_a_reset_runs_again() {
     env.finish().await;
 }
 
+/// GitHub says which branch is the default with every delivery: a `master` repository (or one
+/// whose default was renamed) gets its pull requests against that branch.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_branch_is_the_one_github_says() {
+    let env = start(&[QUICK]).await;
+    let branch = || async { sqlx::query_scalar::<_, String>("SELECT default_branch FROM repositories").fetch_one(&env.db.pool).await.unwrap() };
+    assert_eq!(branch().await, "main");
+    let mut repo = env.repo.clone();
+    repo.default_branch = "master".into();
+    let opened = payloads::issues_event("opened", &repo, &Issue::new(3, "Old repository"), &user("bob"), None);
+    assert_eq!(env.send("issues", &opened).await.0, 202);
+    assert_eq!(branch().await, "master");
+    repo.default_branch = "trunk".into();
+    let edited = payloads::issues_event("edited", &repo, &Issue::new(3, "Old repository"), &user("bob"), None);
+    assert_eq!(env.send("issues", &edited).await.0, 202);
+    assert_eq!(branch().await, "trunk", "a renamed default branch is followed");
+    env.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_event_type_is_ingested_into_the_projection() {
     let env = start(&[QUICK]).await;

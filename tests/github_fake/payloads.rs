@@ -17,11 +17,13 @@ pub struct Repo {
     pub full_name: String,
     pub id: i64,
     pub installation: i64,
+    /// The branch GitHub says pull requests go to (`main` unless set).
+    pub default_branch: String,
 }
 
 impl Repo {
     pub fn new(full_name: &str, installation: i64) -> Repo {
-        Repo { full_name: full_name.to_owned(), id: 4_200 + full_name.len() as i64, installation }
+        Repo { full_name: full_name.to_owned(), id: 4_200 + full_name.len() as i64, installation, default_branch: "main".into() }
     }
 
     pub fn owner(&self) -> &str {
@@ -35,7 +37,7 @@ impl Repo {
             "id": self.id, "node_id": format!("R_{}", self.id), "name": name, "full_name": self.full_name, "private": true,
             "owner": { "login": self.owner(), "id": 1, "type": "Organization" },
             "html_url": format!("https://github.com/{}", self.full_name),
-            "default_branch": "main", "visibility": "private",
+            "default_branch": self.default_branch, "visibility": "private",
         })
     }
 

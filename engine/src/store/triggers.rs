@@ -63,13 +63,19 @@ impl Route {
 }
 
 /// The projects of `installation`'s org that connected `repository` through it.
-pub async fn routes(ch: &mut Change, installation: i64, repository: &str) -> Result<Vec<Route>> {
+/// The payload's `repository.default_branch`, when given, is what pull requests from the
+/// repository go to from now on (written only when it changed: GitHub's word, as a renamed
+/// default branch or a `master` repository says it).
+pub async fn routes(ch: &mut Change, installation: i64, repository: &str, default_branch: Option<&str>) -> Result<Vec<Route>> {
     let rows = sqlx::query(
-        "SELECT r.org_id, r.project_id, p.slug, p.name FROM repositories r JOIN projects p ON p.project_id = r.project_id \
+        "WITH moved AS (UPDATE repositories SET default_branch = $3 WHERE full_name = $1 AND installation_id = $2 \
+                          AND $3::text IS NOT NULL AND default_branch IS DISTINCT FROM $3 RETURNING 1) \
+         SELECT r.org_id, r.project_id, p.slug, p.name FROM repositories r JOIN projects p ON p.project_id = r.project_id \
          WHERE r.full_name = $1 AND r.installation_id = $2 ORDER BY r.project_id",
     )
     .bind(repository.to_lowercase())
     .bind(installation)
+    .bind(default_branch.filter(|b| !b.is_empty() && b.len() <= 255))
     .fetch_all(&mut *ch.tx)
     .await?;
     Ok(rows.iter().map(route_of).collect())

@@ -169,6 +169,11 @@ async fn ingest_once(pool: &PgPool, d: &Delivery<'_>, payload: &Value) -> Result
     Ok(IngestOutcome::Accepted { outcome: outcome.to_owned(), runs_opened: report.runs_opened })
 }
 
+/// The repository's default branch, as the payload's envelope says.
+fn default_branch(payload: &Value) -> Option<&str> {
+    payload.pointer("/repository/default_branch").and_then(Value::as_str)
+}
+
 /// The `full_name`s of a payload's list of repositories.
 fn full_names(payload: &Value, key: &str) -> Vec<String> {
     payload.get(key).and_then(Value::as_array).map_or_else(Vec::new, |list| {
@@ -212,7 +217,7 @@ async fn on_installation(ch: &mut Change, payload: &Value, id: i64, action: &str
 /// the repository.
 async fn on_item(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installation: i64, report: &mut Report) -> Result<&'static str, StoreError> {
     let Some(update) = projection::item_update(d.event, payload) else { return Ok("ignored") };
-    let routes = st::routes(ch, installation, &update.repository).await?;
+    let routes = st::routes(ch, installation, &update.repository, default_branch(payload)).await?;
     if routes.is_empty() {
         return Ok("unrouted");
     }
@@ -254,7 +259,7 @@ async fn on_check(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installati
         }
     };
     let (Some(sha), Some(name)) = (sha, name) else { return Ok("ignored") };
-    let routes = st::routes(ch, installation, &repository).await?;
+    let routes = st::routes(ch, installation, &repository, default_branch(payload)).await?;
     if routes.is_empty() {
         return Ok("unrouted");
     }
