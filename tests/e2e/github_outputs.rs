@@ -121,6 +121,27 @@ async fn a_crash_after_the_pull_request_opened_leaves_exactly_one_after_recovery
     env.finish().await;
 }
 
+/// A repository whose default branch is `master`, as GitHub's deliveries say: its pull
+/// request goes to `master`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_master_repositorys_pull_request_goes_to_master() {
+    let env = GhEnv::start(&[SHIP]).await;
+    let mut repo = env.repo.clone();
+    repo.default_branch = "master".into();
+    let mut issue = Issue::new(2, "Old repository");
+    issue.labels.push("ship".into());
+    env.fake.put_issue(&repo.full_name, issue.json(&repo));
+    let outcome = env.deliver("issues", &payloads::issues_event("labeled", &repo, &issue, &user("bob"), Some("ship"))).await;
+    assert!(format!("{outcome:?}").contains("runs_opened: 1"), "{outcome:?}");
+    let _engine = env.engine("gh-master", None);
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    let pulls = env.fake.pulls("acme/widgets");
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    assert_eq!(pulls[0]["base"]["ref"], "master");
+    drop(_engine);
+    env.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_after_the_comment_posted_leaves_exactly_one_after_recovery() {
     let env = GhEnv::start(&[SAY]).await;
