@@ -957,3 +957,53 @@ async fn the_queries_behind_why_are_served_by_indexes() {
     drop(conn);
     db.discard().await;
 }
+
+const VERSIONED_V1: &str = "name: wf
+nodes:
+  ask:
+    approval: { prompt: Go on? }
+  first:
+    after: [ask]
+    crew: { harness: claude-code, prompt: one }
+";
+
+/// The same workflow with other nodes after the approval.
+const VERSIONED_V2: &str = "name: wf
+nodes:
+  ask:
+    approval: { prompt: Go on? }
+  second:
+    after: [ask]
+    crew: { harness: claude-code, prompt: two }
+";
+
+#[tokio::test]
+async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", VERSIONED_V1).await;
+    let eng = engine(&db, "e1", true, None);
+    let old = submit(&db.pool, new_run(&s)).await;
+    until_steps(&db.pool, old, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
+
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    let (_, version) = workflows::put_version(&mut ch, s.org, s.project, "wf", VERSIONED_V2).await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(version, 2);
+    let new = submit(&db.pool, NewRun { version, ..new_run(&s) }).await;
+    for run in [old, new] {
+        until_steps(&db.pool, run, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
+        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+        approvals::approve(&mut ch, s.org, run, "ask", &Map::new()).await.unwrap();
+        ch.commit().await.unwrap();
+    }
+    assert_eq!(until_done(&db.pool, old, Duration::from_secs(30)).await.0, "completed");
+    assert_eq!(until_done(&db.pool, new, Duration::from_secs(30)).await.0, "completed");
+    // The run started on version 1 walked version 1's graph to its end; the new one version 2's.
+    assert_eq!(steps_of(&db.pool, old).await, ["ask:1.1:succeeded", "first:1.1:succeeded"]);
+    assert_eq!(steps_of(&db.pool, new).await, ["ask:1.1:succeeded", "second:1.1:succeeded"]);
+    let versions: Vec<i32> =
+        sqlx::query_scalar("SELECT workflow_version FROM runs WHERE run_id = ANY($1) ORDER BY created_at").bind(vec![old.0, new.0]).fetch_all(&db.pool).await.unwrap();
+    assert_eq!(versions, [1, 2]);
+    eng.stop();
+    db.finish().await;
+}
