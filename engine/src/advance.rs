@@ -299,7 +299,18 @@ async fn start_node(
             Ok(false)
         }
         NodeKind::Approval(a) => {
-            let step = approvals::open(ch, run_id, &node.id, start.visit, &a.prompt, &a.fields, a.timeout.or(node.timeout)).await?;
+            // The prompt is rendered over the run's context, like a crew prompt.
+            let ctx = context(ch, run, history).await?;
+            let prompt = match definition::template::render(&a.prompt, &ctx) {
+                Ok(p) => p,
+                Err(e) => {
+                    let step = steps::create(ch, run_id, new(Initial::Pending)).await?;
+                    let failure = Failure::new(crate::store::cap(&format!("template_error: the prompt of {}: {e}", node.id)), FailureClass::Final);
+                    steps::fail::<step::Pending>(ch, run_id, step, &failure, None).await?;
+                    return Ok(true);
+                }
+            };
+            let step = approvals::open(ch, run_id, &node.id, start.visit, &prompt, &a.fields, a.timeout.or(node.timeout)).await?;
             if run.dry_run {
                 approvals::answer_dry(ch, run_id, step).await?;
                 return Ok(true);

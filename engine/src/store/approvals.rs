@@ -31,9 +31,9 @@ pub async fn open(
     .await?;
     let org = ch.locked(run)?.org;
     let form = fields_json(fields);
-    sqlx::query(
+    let deadline: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
         "INSERT INTO approvals (org_id, step_id, run_id, node, prompt, fields, deadline) \
-         VALUES ($1, $2, $3, $4, $5, $6, now() + $7 * interval '1 millisecond')",
+         VALUES ($1, $2, $3, $4, $5, $6, now() + $7 * interval '1 millisecond') RETURNING deadline",
     )
     .bind(org)
     .bind(step)
@@ -42,14 +42,14 @@ pub async fn open(
     .bind(prompt)
     .bind(&form)
     .bind(timeout.map(|t| t.as_millis() as f64))
-    .execute(&mut *ch.tx)
+    .fetch_one(&mut *ch.tx)
     .await?;
     if let Some(t) = timeout {
         ch.wake(run, Some(step), t, "timeout", true).await?;
     }
     let mut attrs = json!({ "substate": "awaiting_signal", "waits_on": "person", "prompt": cap(prompt), "fields": form });
-    if let Some(t) = timeout {
-        attrs["deadline_ms"] = json!(t.as_millis() as u64);
+    if let Some(deadline) = deadline {
+        attrs["deadline"] = json!(deadline);
     }
     ch.event(run, "run.awaiting", Some((step, node)), attrs)?;
     Ok(step)

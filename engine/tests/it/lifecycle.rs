@@ -1007,3 +1007,27 @@ async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
     eng.stop();
     db.finish().await;
 }
+
+const PROMPTED: &str = "name: prompted
+nodes:
+  ask:
+    approval: { prompt: \"Ship {{ input.title }}?\", timeout: 1h }
+";
+
+#[tokio::test]
+async fn an_approval_prompt_is_rendered_and_its_deadline_is_a_time() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", PROMPTED).await;
+    let eng = engine(&db, "e1", true, None);
+    let run = submit(&db.pool, with_input(&s, json!({ "title": "the widget" }))).await;
+    until_steps(&db.pool, run, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
+    let (prompt, deadline): (String, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT prompt, deadline FROM approvals WHERE run_id = $1").bind(run).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(prompt, "Ship the widget?");
+    let attrs: Value = sqlx::query_scalar("SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'run.awaiting'").bind(run).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(attrs["prompt"], "Ship the widget?");
+    let said: chrono::DateTime<chrono::Utc> = serde_json::from_value(attrs["deadline"].clone()).unwrap_or_else(|e| panic!("{attrs}: {e}"));
+    assert_eq!(said, deadline, "the event names when the approval times out");
+    eng.stop();
+    db.finish().await;
+}
