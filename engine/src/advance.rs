@@ -551,25 +551,32 @@ async fn settle_children(ch: &mut Change, run_id: RunId) -> Result<()> {
     Ok(())
 }
 
-/// The variables expressions and templates see: `run`, `input`, `item`, `nodes.<id>.output`.
-/// Also what a host's prompt is rendered over (`store::hosts::claim`).
+/// The variables expressions and templates see: `run`, `input`, `item`, `trigger` (what
+/// started the run: the webhook's event, action, sender, label… as `if:` saw it, or
+/// `{source: manual}`), `project` (`slug`, `name`), `nodes.<id>.output`. Also what a host's
+/// prompt is rendered over (`store::hosts::claim`). One statement.
 pub(crate) async fn context(ch: &mut Change, run: &runs::RunRow, history: &[StepRow]) -> Result<Value> {
     let mut nodes = Map::new();
     for s in history.iter().filter(|s| s.state() == StepState::Succeeded) {
         nodes.insert(s.node.clone(), json!({ "output": s.output.clone().unwrap_or(Value::Null) }));
     }
-    let item: Value = match run.item_id {
-        Some(item) => sqlx::query_scalar("SELECT data FROM items WHERE item_id = $1")
-            .bind(item)
-            .fetch_optional(ch.conn())
-            .await?
-            .unwrap_or(Value::Null),
-        None => Value::Null,
-    };
+    let (item, trigger, project): (Option<Value>, Option<Value>, Option<Value>) = sqlx::query_as(
+        "SELECT (SELECT data FROM items WHERE item_id = $1), \
+                (SELECT coalesce(te.payload->'trigger', jsonb_build_object('source', te.source)) FROM runs r \
+                   JOIN trigger_events te ON te.event_id = r.trigger_event_id WHERE r.run_id = $2), \
+                (SELECT jsonb_build_object('slug', slug, 'name', name) FROM projects WHERE project_id = $3)",
+    )
+    .bind(run.item_id)
+    .bind(run.run_id)
+    .bind(run.project_id)
+    .fetch_one(ch.conn())
+    .await?;
     Ok(json!({
         "run": { "id": run.run_id.to_string(), "input": run.input },
         "input": run.input,
-        "item": item,
+        "item": item.unwrap_or(Value::Null),
+        "trigger": trigger.unwrap_or_else(|| json!({ "source": "manual" })),
+        "project": project.unwrap_or(Value::Null),
         "nodes": nodes,
     }))
 }

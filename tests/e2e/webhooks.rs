@@ -32,6 +32,24 @@ nodes:
   done: { after: [start], end: completed }
 ";
 
+/// A decision on what started the run and where it runs.
+const ROUTED: &str = "name: routed
+on:
+  github:
+    events: [issues.labeled]
+    if: \"'route' in item.labels\"
+nodes:
+  start: { trigger: {} }
+  pick:
+    after: [start]
+    decision:
+      cases:
+        - { if: \"trigger.event == 'issues' && trigger.label.name == 'route' && project.slug == 'web'\", to: matched }
+      default: missed
+  matched: { end: completed }
+  missed: { end: failed }
+";
+
 /// Parks every run on its `$start` approval: runs stay unstarted.
 const GATED: &str = "name: gated
 on:
@@ -381,6 +399,22 @@ async fn the_fourth_cycle_is_blocked_with_an_ask_and_a_reset_runs_again() {
     drop(conn);
     let key: String = sqlx::query_scalar("SELECT dedup_key FROM trigger_events ORDER BY created_at DESC LIMIT 1").fetch_one(&env.db.pool).await.unwrap();
     assert!(key.ends_with(",1]"), "the generation is part of the key: {key}");
+    env.finish().await;
+}
+
+/// Expressions see `trigger` (the webhook that started the run) and `project`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_decision_routes_on_the_trigger_and_the_project() {
+    let env = start(&[ROUTED]).await;
+    let mut issue = Issue::new(4, "Route me");
+    issue.labels.push("route".into());
+    let labelled = payloads::issues_event("labeled", &env.repo, &issue, &user("bob"), Some("route"));
+    assert_eq!(env.send("issues", &labelled).await.0, 202);
+    env.until("SELECT count(*) FROM runs WHERE status = 'running'", 0).await;
+    let runs = env.runs("routed").await;
+    assert_eq!(runs.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["completed"], "{runs:?}");
+    let taken: i64 = env.scalar("SELECT count(*) FROM steps WHERE node = 'matched' AND state = 'succeeded'").await;
+    assert_eq!(taken, 1);
     env.finish().await;
 }
 
