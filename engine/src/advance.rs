@@ -335,7 +335,17 @@ async fn start_node(
             let ctx = context(ch, run, history).await?;
             let mut input = Map::new();
             for (k, tpl) in &child.input {
-                input.insert(k.clone(), json!(definition::template::render(tpl, &ctx).unwrap_or_default()));
+                match definition::template::render(tpl, &ctx) {
+                    Ok(v) => {
+                        input.insert(k.clone(), json!(v));
+                    }
+                    Err(e) => {
+                        // Never a silent empty input: the step fails, naming the template.
+                        let failure = Failure::new(crate::store::cap(&format!("template_error: input `{k}` of {}: {e}", node.id)), FailureClass::Final);
+                        steps::fail::<step::Waiting>(ch, run_id, step, &failure, None).await?;
+                        return Ok(true);
+                    }
+                }
             }
             let child_def = engine.catalog.get(ch.conn(), workflow, version).await?;
             runs::submit(

@@ -1031,3 +1031,27 @@ async fn an_approval_prompt_is_rendered_and_its_deadline_is_a_time() {
     eng.stop();
     db.finish().await;
 }
+
+/// A child input whose template cannot be rendered (it runs out of fuel).
+const BAD_CHILD_INPUT: &str = "name: bad-input
+nodes:
+  spawn:
+    workflow: { name: leaf, input: { big: \"{% for i in range(1000) %}{% for j in range(2000) %}x{% endfor %}{% endfor %}\" } }
+";
+
+#[tokio::test]
+async fn a_child_input_that_does_not_render_fails_its_step_naming_it() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", BAD_CHILD_INPUT).await;
+    add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
+    let eng = engine(&db, "e1", true, None);
+    let run = submit(&db.pool, new_run(&s)).await;
+    let (status, _) = until_done(&db.pool, run, Duration::from_secs(30)).await;
+    assert_eq!(status, "failed");
+    let reason: Option<String> = scalar(&db.pool, "SELECT reason FROM steps WHERE run_id = $1 AND node = 'spawn'", run).await;
+    let reason = reason.unwrap_or_default();
+    assert!(reason.starts_with("template_error: input `big` of spawn"), "{reason}");
+    assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM runs WHERE parent_run_id = $1", run).await, 0, "no child with an empty input");
+    eng.stop();
+    db.finish().await;
+}
