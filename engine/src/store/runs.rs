@@ -268,7 +268,8 @@ pub async fn rerun(ch: &mut Change, org: OrgId, source: RunId, def: &Definition,
             trigger_event: None,
             parent: None,
             dry_run: src.dry_run,
-            needs_approval: false,
+            // A rerun or retry of a workflow that requires approval waits for it again.
+            needs_approval: def.approval_required,
             source: Some((source, from.to_vec())),
         },
     )

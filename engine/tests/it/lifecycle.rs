@@ -1055,3 +1055,36 @@ async fn a_child_input_that_does_not_render_fails_its_step_naming_it() {
     eng.stop();
     db.finish().await;
 }
+
+const REQUIRES_APPROVAL: &str = "name: careful
+approval: required
+nodes:
+  work:
+    crew: { harness: claude-code, prompt: work }
+";
+
+#[tokio::test]
+async fn a_rerun_of_a_workflow_that_requires_approval_waits_for_it_again() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", REQUIRES_APPROVAL).await;
+    let eng = engine(&db, "e1", true, None);
+    let run = submit(&db.pool, NewRun { needs_approval: true, ..new_run(&s) }).await;
+    until_steps(&db.pool, run, "the run parked", |s| has(s, "$start:1.1:waiting")).await;
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    approvals::approve(&mut ch, s.org, run, approvals::RUN_APPROVAL_NODE, &Map::new()).await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(until_done(&db.pool, run, Duration::from_secs(30)).await.0, "completed");
+
+    // Rerun whole, and retried from its node: both park at `$start` until a person approves.
+    let def = engine::definition::parse(REQUIRES_APPROVAL).unwrap();
+    for from in [vec![], vec!["work".to_owned()]] {
+        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+        let again = runs::rerun(&mut ch, s.org, run, &def, &from).await.unwrap();
+        ch.commit().await.unwrap();
+        until_steps(&db.pool, again, "the rerun parked", |s| has(s, "$start:1.1:waiting")).await;
+        assert_eq!(name(&why(&db.pool, s.org, again).await), Some("awaiting_signal"));
+        assert!(!steps_of(&db.pool, again).await.iter().any(|s| s.starts_with("work:")), "nothing ran before the approval");
+    }
+    eng.stop();
+    db.finish().await;
+}
