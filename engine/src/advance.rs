@@ -23,6 +23,9 @@ use crate::walk::{self, Outcome, StepRecord};
 pub const CREW_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const GATE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const OUTPUT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a `wait: { event: … }` waits without its own `timeout:`; then it resolves with
+/// `timed_out: true`, like other waits.
+pub const EVENT_WAIT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// A wake claimed for a run.
 #[derive(Debug, Clone)]
@@ -281,18 +284,18 @@ async fn start_node(
         NodeKind::Wait(wait) => {
             let step = steps::create(ch, run_id, new(Initial::Waiting)).await?;
             let due = match wait {
-                Wait::For(d) => Some(*d),
-                Wait::Until(t) => Some(until(ch, *t).await?),
-                Wait::Event(_) => node.timeout,
+                Wait::For(d) => *d,
+                Wait::Until(t) => until(ch, *t).await?,
+                // An event that never comes must not hold the run forever unannounced.
+                Wait::Event(_) => node.timeout.unwrap_or(EVENT_WAIT_TIMEOUT),
             };
             if run.dry_run {
                 steps::succeed::<step::Waiting>(ch, run_id, step, &json!({ "dry_run": true }), false).await?;
                 return Ok(true);
             }
-            if let Some(due) = due {
-                ch_wake(ch, run_id, step, due, "timeout").await?;
-            }
+            ch_wake(ch, run_id, step, due, "timeout").await?;
             if let Wait::Event(event) = wait {
+                crate::store::github::awaiting_event(ch, run_id, step, &node.id, event, due)?;
                 // Woken by the webhook of the pull request or issue it watches.
                 return crate::github::watch::start_event_wait(ch, run, step, event, history).await;
             }
@@ -516,7 +519,7 @@ async fn on_step_wake(
                 Some(NodeKind::Approval(_)) => approvals::expire(ch, run_id, step_id).await?,
                 Some(NodeKind::Wait(Wait::Event(_))) => {
                     steps::succeed::<step::Waiting>(ch, run_id, step_id, &json!({ "timed_out": true }), true).await?;
-                    crate::store::github::forget(ch, step_id).await?;
+                    crate::store::github::event_wait_expired(ch, run_id, step_id, &step.node).await?;
                 }
                 Some(NodeKind::Gate(_)) => crate::github::watch::gate_timed_out(ch, run, &step).await?,
                 Some(NodeKind::Wait(_)) => {

@@ -66,6 +66,41 @@ pub async fn follow_head(ch: &mut Change, step: StepId, head_sha: &str) -> Resul
     Ok(())
 }
 
+/// A `wait: { event: … }` step began waiting: `run.awaiting` says for what and until when.
+pub fn awaiting_event(ch: &mut Change, run: RunId, step: StepId, node: &str, event: &str, due: Duration) -> Result<()> {
+    let deadline = chrono::Utc::now() + chrono::Duration::milliseconds(due.as_millis() as i64);
+    let attrs = serde_json::json!({ "substate": "awaiting_signal", "waits_on": "github", "event": event, "deadline": deadline });
+    ch.event(run, "run.awaiting", Some((step, node)), attrs)?;
+    Ok(())
+}
+
+/// An event wait's deadline passed (its step already resolved `timed_out`): its watch goes,
+/// and `run.wait_expired` says so.
+pub async fn event_wait_expired(ch: &mut Change, run: RunId, step: StepId, node: &str) -> Result<()> {
+    forget(ch, step).await?;
+    ch.event(run, "run.wait_expired", Some((step, node)), serde_json::json!({ "waits_on": "github" }))?;
+    Ok(())
+}
+
+/// A run that ends withdraws the event waits it still had open (the wait steps it cancelled in
+/// this change that announced themselves with `run.awaiting`): each writes
+/// `run.wait_withdrawn`; every watch of the run goes.
+pub(super) async fn withdraw_waits(ch: &mut Change, run: RunId) -> Result<()> {
+    let withdrawn: Vec<(StepId, String)> = sqlx::query_as(
+        "WITH gone AS (DELETE FROM github_watches WHERE run_id = $1) \
+         SELECT s.step_id, s.node FROM steps s WHERE s.run_id = $1 AND s.kind = 'wait' AND s.state = 'cancelled' AND s.ended_at = now() \
+           AND EXISTS (SELECT 1 FROM run_events e WHERE e.run_id = s.run_id AND e.step_id = s.step_id AND e.kind = 'run.awaiting') \
+         ORDER BY s.started_seq",
+    )
+    .bind(run)
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    for (step, node) in withdrawn {
+        ch.event(run, "run.wait_withdrawn", Some((step, &node)), serde_json::json!({ "waits_on": "github" }))?;
+    }
+    Ok(())
+}
+
 /// Forgets a step's watch (it was resolved).
 pub async fn forget(ch: &mut Change, step: StepId) -> Result<()> {
     sqlx::query("DELETE FROM github_watches WHERE step_id = $1").bind(step).execute(&mut *ch.tx).await?;

@@ -207,6 +207,7 @@ where
     // (most do) has none to withdraw and spends no statement on it.
     if steps::cancel_open(ch, run_id, &step_reason).await? > 0 {
         approvals::withdraw_open(ch, run_id).await?;
+        super::github::withdraw_waits(ch, run_id).await?;
     }
     if let Some(parent) = row.parent_run_id {
         ch.wake_other(ctx.org, parent, "child_done").await?;

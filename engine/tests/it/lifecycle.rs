@@ -1088,3 +1088,51 @@ async fn a_rerun_of_a_workflow_that_requires_approval_waits_for_it_again() {
     eng.stop();
     db.finish().await;
 }
+
+const EVENT_WAIT_SHORT: &str = "name: short
+nodes:
+  merged:
+    wait: { event: pull_request.closed }
+    timeout: 1s
+";
+
+const EVENT_WAIT: &str = "name: patient
+nodes:
+  merged:
+    wait: { event: pull_request.closed }
+";
+
+/// The kinds of a run's lifecycle events, in order.
+async fn lifecycle(pool: &PgPool, run: RunId) -> Vec<String> {
+    sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 AND kind LIKE 'run.%' ORDER BY seq").bind(run).fetch_all(pool).await.unwrap()
+}
+
+#[tokio::test]
+async fn an_event_wait_announces_itself_expires_and_is_withdrawn() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", EVENT_WAIT_SHORT).await;
+    let (patient, version) = add_workflow(&db.pool, &s, "patient", EVENT_WAIT).await;
+    let eng = engine(&db, "e1", true, None);
+
+    // Its own timeout passes: the wait resolves timed out, and says so.
+    let short = submit(&db.pool, new_run(&s)).await;
+    assert_eq!(until_done(&db.pool, short, Duration::from_secs(30)).await.0, "completed");
+    assert_eq!(lifecycle(&db.pool, short).await, ["run.started", "run.awaiting", "run.wait_expired", "run.completed"]);
+    let output: Value = scalar(&db.pool, "SELECT output FROM steps WHERE run_id = $1", short).await;
+    assert_eq!(output["timed_out"], true);
+
+    // Without a timeout it waits a day at most, and its deadline says when; a cancel withdraws it.
+    let waiting = submit(&db.pool, NewRun { workflow: patient, version, ..new_run(&s) }).await;
+    until_steps(&db.pool, waiting, "the wait", |s| has(s, "merged:1.1:waiting")).await;
+    let due_h: f64 = scalar(&db.pool, "SELECT extract(epoch FROM due_at - now())::float8 / 3600 FROM wakes WHERE run_id = $1 AND reason = 'timeout'", waiting).await;
+    assert!((23.9..=24.0).contains(&due_h), "due in {due_h} h");
+    let attrs: Value = scalar(&db.pool, "SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'run.awaiting'", waiting).await;
+    assert_eq!((attrs["waits_on"].as_str(), attrs["event"].as_str()), (Some("github"), Some("pull_request.closed")), "{attrs}");
+    assert!(attrs["deadline"].is_string(), "{attrs}");
+    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+    runs::cancel(&mut ch, s.org, waiting, "not needed").await.unwrap();
+    ch.commit().await.unwrap();
+    assert_eq!(lifecycle(&db.pool, waiting).await, ["run.started", "run.awaiting", "run.wait_withdrawn", "run.cancelled"]);
+    eng.stop();
+    db.finish().await;
+}
