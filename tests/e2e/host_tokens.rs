@@ -1,7 +1,7 @@
 //! Installation tokens that outlive the step: the server (as the GitHub App, against the fake
 //! GitHub) mints tokens that live a few seconds, the Claude Code stand-in waits until the
-//! claim's token has expired, and the push still uses a token the fake minted and that had not
-//! expired when git pushed: the host asked the server for a fresh one (`POST
+//! claim's token has expired (then tokens live an hour), and the push still uses a token the
+//! fake minted after that: the host asked the server for a fresh one (`POST
 //! /api/v1/host/steps/{step}/token`) before it pushed. The same holds for an attempt adopted by
 //! a host killed with SIGKILL and started again on its work directory while the harness ran
 //! on: the journal keeps no token, and the adopted attempt asks for one.
@@ -9,7 +9,7 @@
 //! Pushes go to a local bare repository, so the token git sends is read from a `git` wrapper
 //! on the host's `PATH` that notes the time and the `http.extraHeader` of each fetch and push.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -52,11 +52,12 @@ fn git_calls(env: &Env) -> Vec<(String, i64, Option<String>)> {
 }
 
 async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "never {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let waited = async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(limit, waited).await.unwrap_or_else(|_| panic!("never {what}"));
 }
 
 /// The push-scoped tokens the fake minted.
@@ -65,19 +66,20 @@ fn push_tokens(env: &Env) -> Vec<shopfloor_tests::github_fake::Minted> {
     fake.minted().into_iter().filter(|m| m.body["permissions"] == json!({ "contents": "write" })).collect()
 }
 
-/// Checks the push: one push, with a token the fake minted for pushing, unexpired when git
-/// pushed, not the claim's (expired by then), and minted after the `after`th push token.
+/// Checks the push: one push, with a token the fake minted for pushing, not the claim's, minted
+/// after the `after`th push token and with the hour-long lifetime the test set once the claim's
+/// token had expired: a token asked for after that, valid when git pushed.
 fn assert_pushed_with_a_fresh_token(env: &Env, after: usize) {
     let pushes: Vec<_> = git_calls(env).into_iter().filter(|c| c.0 == "push").collect();
     assert_eq!(pushes.len(), 1, "{pushes:?}");
-    let (_, at_ms, token) = &pushes[0];
+    let (_, _, token) = &pushes[0];
     let token = token.as_deref().expect("the push carried an installation token");
     let minted = push_tokens(env);
     let index = minted.iter().position(|m| m.token == token).unwrap_or_else(|| panic!("the push's token was not one the fake minted for pushing"));
     assert!(index >= after, "the push used an old token (#{index} of {}), not one asked for after #{after}", minted.len());
-    assert!(minted[index].expires_at.timestamp_millis() > *at_ms, "the push's token had expired when git pushed");
-    assert!(minted[0].expires_at.timestamp_millis() < *at_ms, "the step did not outlive the claim's token");
     assert_ne!(minted[0].token, token, "the push used the claim's token");
+    let lives = minted[index].expires_at - minted[0].expires_at;
+    assert!(lives > chrono::Duration::minutes(30), "the push's token is not one minted after the claim's token expired");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -93,6 +95,8 @@ async fn a_step_that_outlives_its_token_pushes_with_a_fresh_one() {
     wait_for("a token minted at the claim", Duration::from_secs(30), || !push_tokens(&env).is_empty()).await;
     let claims = push_tokens(&env)[0].expires_at;
     wait_for("past the claim token's expiry", Duration::from_secs(30), || chrono::Utc::now() > claims + chrono::Duration::seconds(1)).await;
+    // From now on tokens live an hour: the one the push carries must be asked for after this.
+    env.github.as_ref().unwrap().set_token_lifetime(Duration::from_secs(3600));
     std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
 
     env.until(run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(60), "ended").await;
@@ -125,6 +129,8 @@ async fn an_adopted_attempt_pushes_with_a_fresh_token() {
     wait_for("a token asked for by the adopting host", Duration::from_secs(30), || push_tokens(&env).len() > before).await;
     let claims = push_tokens(&env)[0].expires_at;
     wait_for("past the claim token's expiry", Duration::from_secs(30), || chrono::Utc::now() > claims + chrono::Duration::seconds(1)).await;
+    // From now on tokens live an hour: the one the push carries must be asked for after this.
+    env.github.as_ref().unwrap().set_token_lifetime(Duration::from_secs(3600));
     std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
 
     env.until(run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(60), "ended").await;

@@ -105,15 +105,13 @@ async fn a_wait_fires_at_its_due_time_not_before() {
     let run = submit_with(&db.pool, &s, json!({})).await;
     let (status, _) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!(status, "completed");
-    // Both timestamps come from the database clock.
-    let gap_ms: f64 = sqlx::query_scalar(
-        "SELECT (extract(epoch FROM (ended_at - started_at)) * 1000)::float8 FROM steps WHERE run_id = $1 AND node = 'nap'",
-    )
-    .bind(run)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert!(gap_ms >= 2000.0, "the wait took {gap_ms} ms");
+    // Never early, by the database's own clock (how late is `make bench`'s to measure).
+    let on_time: bool = sqlx::query_scalar("SELECT ended_at >= started_at + interval '2 seconds' FROM steps WHERE run_id = $1 AND node = 'nap'")
+        .bind(run)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(on_time, "the wait ended before its two seconds");
     stop.cancel();
     db.finish().await;
 }
