@@ -105,10 +105,15 @@ pub async fn seed(pool: &PgPool, source: &str) -> Seed {
 
 /// Submits `n` runs with `input`, 100 per transaction.
 pub async fn submit_many(pool: &PgPool, s: &Seed, n: usize, input: serde_json::Value) -> Vec<RunId> {
-    let mut ids = Vec::with_capacity(n);
-    while ids.len() < n {
+    submit_inputs(pool, s, &vec![input; n]).await
+}
+
+/// Submits a run for each input, 100 per transaction.
+pub async fn submit_inputs(pool: &PgPool, s: &Seed, inputs: &[serde_json::Value]) -> Vec<RunId> {
+    let mut ids = Vec::with_capacity(inputs.len());
+    for chunk in inputs.chunks(100) {
         let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-        for _ in 0..(n - ids.len()).min(100) {
+        for input in chunk {
             let new = NewRun {
                 org: s.org,
                 project: s.project,

@@ -8,7 +8,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
-use engine::store::runs::{self, NewRun};
 use engine::store::{installations, tenants, workflows, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
@@ -301,28 +300,8 @@ impl Env {
     }
 
     pub(crate) async fn submit(&self, workflow: &str, inputs: Vec<Value>) -> Vec<RunId> {
-        let mut ids = Vec::new();
-        for chunk in inputs.chunks(100) {
-            let mut ch = Change::begin(&self.db.pool, Actor::System).await.unwrap();
-            for input in chunk {
-                let new = NewRun {
-                    org: self.org,
-                    project: self.project,
-                    workflow: self.workflow(workflow),
-                    version: 1,
-                    input: input.clone(),
-                    item: None,
-                    trigger_event: None,
-                    parent: None,
-                    dry_run: false,
-                    needs_approval: false,
-                    source: None,
-                };
-                ids.push(runs::submit(&mut ch, new).await.unwrap());
-            }
-            ch.commit().await.unwrap();
-        }
-        ids
+        let seed = shopfloor_tests::Seed { org: self.org, project: self.project, workflow: self.workflow(workflow), version: 1 };
+        shopfloor_tests::submit_inputs(&self.db.pool, &seed, &inputs).await
     }
 
     /// Waits until `sql` ($1 = the run) is true.
