@@ -629,15 +629,6 @@ pub struct StepToken {
     pub token: Option<String>,
 }
 
-/// A step, who holds it, and its run's connected repository with its installation.
-#[derive(sqlx::FromRow)]
-struct HeldRepository {
-    state: String,
-    holder: Option<String>,
-    full_name: Option<String>,
-    installation_id: Option<i64>,
-}
-
 /// Mints a fresh installation token for the repository of a step this host holds (leased or
 /// running), scoped to that one repository with the push permission. The repository is the
 /// step's run's, connected to the host's project — never one the caller names. 404 for a step
@@ -649,26 +640,24 @@ struct HeldRepository {
 pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepToken>, ApiError> {
     use secrecy::ExposeSecret;
     let step = step_id(&p.step)?;
-    // The repository as the claim's assignment found it (`store::hosts::assignment`): the
-    // item's, or the one the run's input names, only if connected to the run's project, which
-    // must be the host's.
-    let row: Option<HeldRepository> = sqlx::query_as(
-        "SELECT s.state, s.holder, repo.full_name, repo.installation_id \
-         FROM steps s JOIN runs r ON r.run_id = s.run_id AND r.org_id = s.org_id \
-         LEFT JOIN items i ON i.item_id = r.item_id AND i.org_id = r.org_id \
-         LEFT JOIN repositories repo ON repo.org_id = r.org_id AND repo.project_id = r.project_id \
-              AND repo.full_name = lower(coalesce(i.data->>'repository', r.input->>'repository')) \
+    let mut conn = state.db.acquire().await?;
+    let held: Option<(String, Option<String>, engine::ids::RunId)> = sqlx::query_as(
+        "SELECT s.state, s.holder, s.run_id FROM steps s JOIN runs r ON r.run_id = s.run_id AND r.org_id = s.org_id \
          WHERE s.step_id = $1 AND s.org_id = $2 AND r.project_id = $3",
     )
     .bind(step)
     .bind(me.host.org_id)
     .bind(me.host.project_id)
-    .fetch_optional(&state.db)
+    .fetch_optional(&mut *conn)
     .await?;
-    let HeldRepository { state: now, holder, full_name: repository, installation_id: installation } = row.ok_or_else(|| ApiError::NotFound("step not found".into()))?;
+    let (now, holder, run) = held.ok_or_else(|| ApiError::NotFound("step not found".into()))?;
     if !matches!(now.as_str(), "leased" | "running") || holder.as_deref() != Some(store::holder(me.host.host_id).as_str()) {
         return Err(ApiError::Conflict(format!("this host no longer holds the step (it is {now})")));
     }
+    // The repository the claim's assignment named, never one the caller names.
+    let found = store::run_repository(&mut conn, me.host.org_id, run).await?;
+    drop(conn);
+    let (repository, installation) = (found.as_ref().map(|r| r.full_name.clone()), found.and_then(|r| r.installation_id));
     let (Some(app), Some(name), Some(installation)) = (state.shared.github.get(), repository.as_deref(), installation) else {
         return Ok(Json(StepToken { repository, token: None }));
     };

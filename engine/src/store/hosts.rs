@@ -280,34 +280,19 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
         Ok(p) => p,
         Err(e) => return Ok(Err(format!("prompt_error: {e}"))),
     };
-    // The item says which repository and issue; a run about no item may name them in its
-    // input (a person's submit), but only a repository connected to the project is used.
+    // The item says which issue; a run about no item may name it in its input.
     let item = &ctx["item"];
     let input = &run.input;
     let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
-    let repo_name = text(item, "repository").or_else(|| text(input, "repository"));
     let number = item.get("number").and_then(Value::as_i64).or_else(|| input.get("issue").and_then(Value::as_i64));
     let title = text(item, "title").or_else(|| text(input, "title"));
-    let repository = match repo_name {
-        Some(name) => {
-            let found: Option<(String, String)> = sqlx::query_as(
-                "SELECT full_name, default_branch FROM repositories WHERE org_id = $1 AND project_id = $2 AND full_name = lower($3)",
-            )
-            .bind(run.org_id)
-            .bind(run.project_id)
-            .bind(&name)
-            .fetch_optional(ch.conn())
-            .await?;
-            found.map(|(full_name, default_branch)| RepositoryRef {
-                clone_url: format!("https://github.com/{full_name}.git"),
-                full_name,
-                default_branch,
-                // Minted by the API after this claim commits (no transaction waits on GitHub).
-                token: None,
-            })
-        }
-        None => None,
-    };
+    let repository = run_repository(ch.conn(), run.org_id, run_id).await?.map(|r| RepositoryRef {
+        clone_url: format!("https://github.com/{}.git", r.full_name),
+        full_name: r.full_name,
+        default_branch: r.default_branch,
+        // Minted by the API after this claim commits (no transaction waits on GitHub).
+        token: None,
+    });
     let branch = repository.as_ref().map(|_| model::branch_name(number, title.as_deref(), run_id));
     let pr_body = feeds_pull_request(&def, &node.id);
     // The session may spend what is left of the run's, the project's and the org's budgets,
@@ -342,6 +327,32 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
         lease_secs: LEASE.as_secs(),
         traceparent: run.traceparent.clone(),
     }))
+}
+
+/// The connected repository a run's crew steps work in.
+#[derive(Debug, Clone, FromRow)]
+pub struct RunRepository {
+    /// `owner/name`, lowercased.
+    pub full_name: String,
+    pub default_branch: String,
+    pub installation_id: Option<i64>,
+}
+
+/// The repository a run works in: its item's, or (a run about no item, a person's submit) the
+/// one its input names; only one connected to the run's project, never any other. Both the
+/// claim's assignment and a host's token refresh ask this.
+pub async fn run_repository(conn: &mut sqlx::PgConnection, org: OrgId, run: RunId) -> Result<Option<RunRepository>> {
+    Ok(sqlx::query_as(
+        "SELECT repo.full_name, repo.default_branch, repo.installation_id FROM runs r \
+         LEFT JOIN items i ON i.item_id = r.item_id AND i.org_id = r.org_id \
+         JOIN repositories repo ON repo.org_id = r.org_id AND repo.project_id = r.project_id \
+              AND repo.full_name = lower(coalesce(i.data->>'repository', r.input->>'repository')) \
+         WHERE r.run_id = $1 AND r.org_id = $2",
+    )
+    .bind(run)
+    .bind(org)
+    .fetch_optional(conn)
+    .await?)
 }
 
 /// Whether a pull request is opened from this crew node's work: a `pull_request` output is
