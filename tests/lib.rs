@@ -3,6 +3,7 @@
 
 pub mod github_fake;
 pub mod proxy;
+pub mod sse;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -75,6 +75,9 @@ pub struct Engine<'a> {
     /// A draining engine takes no new work: a step it would execute itself is left pending
     /// with an `execute` wake, for another engine to take.
     pub draining: bool,
+    /// How long an event wait without a `timeout:` waits ([`EVENT_WAIT_TIMEOUT`] unless the
+    /// operator shortens it).
+    pub event_wait_timeout: Duration,
 }
 
 /// Advances a run locked in `ch`. Returns the steps leased to this engine.
@@ -287,7 +290,7 @@ async fn start_node(
                 Wait::For(d) => *d,
                 Wait::Until(t) => until(ch, *t).await?,
                 // An event that never comes must not hold the run forever unannounced.
-                Wait::Event(_) => node.timeout.unwrap_or(EVENT_WAIT_TIMEOUT),
+                Wait::Event(_) => node.timeout.unwrap_or(engine.event_wait_timeout),
             };
             if run.dry_run {
                 steps::succeed::<step::Waiting>(ch, run_id, step, &json!({ "dry_run": true }), false).await?;

@@ -50,6 +50,8 @@ pub struct PoolConfig {
     pub outputs: Option<OutputExecutor>,
     /// Sends outgoing webhook deliveries, to the targets its policy allows.
     pub webhooks: crate::jobs::WebhookClient,
+    /// How long an event wait without a `timeout:` waits (`advance::EVENT_WAIT_TIMEOUT`).
+    pub event_wait_timeout: Duration,
 }
 
 /// A step execution that ended, to be recorded.
@@ -215,6 +217,7 @@ impl Pool {
             executes_leased_steps: self.cfg.test_executor.is_some(),
             executes_outputs: self.cfg.outputs.is_some(),
             draining: self.draining,
+            event_wait_timeout: self.cfg.event_wait_timeout,
         }
     }
 
@@ -413,6 +416,7 @@ impl Pool {
             executes: self.cfg.test_executor.is_some(),
             outputs: self.cfg.outputs.is_some(),
             draining: self.draining,
+            event_wait_timeout: self.cfg.event_wait_timeout,
         };
         self.recorders.spawn(async move {
             let result = record(&ctx, &batch).await;
@@ -430,6 +434,7 @@ struct RecordCtx {
     executes: bool,
     outputs: bool,
     draining: bool,
+    event_wait_timeout: Duration,
 }
 
 /// Records finished executions and advances their runs (see [`record_together`]). When the
@@ -491,6 +496,7 @@ async fn record_together(ctx: &RecordCtx, batch: &[Done], advance: bool) -> Resu
         executes_leased_steps: ctx.executes,
         executes_outputs: ctx.outputs,
         draining: ctx.draining,
+        event_wait_timeout: ctx.event_wait_timeout,
     };
     let mut jobs = Vec::new();
     for run in touched {

@@ -128,6 +128,7 @@ impl App {
                 test_executor: None,
                 outputs: None,
                 webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
+                event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
             };
             tokio::spawn(pool::run(db.pool.clone(), cfg, stop.clone(), stop.clone()));
             Some(stop)

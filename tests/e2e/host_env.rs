@@ -11,7 +11,7 @@ use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
 use engine::store::{installations, tenants, workflows, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
-use shopfloor_tests::github_fake::FakeGithub;
+use shopfloor_tests::github_fake::{FakeGithub, Repo, WebhookClient};
 use shopfloor_tests::shopfloor_bin;
 
 const SECRET: &str = "host tests' webhook secret";
@@ -151,6 +151,15 @@ impl Env {
 
     /// As `start_with`, with crew steps whose session is silent for `stall_secs` stalled.
     pub(crate) async fn start_stalling_after(sources: &[&str], github: bool, stall_secs: u64) -> Env {
+        Env::launch(sources, github, stall_secs, &[]).await
+    }
+
+    /// As `start`, with more settings in the server's environment.
+    pub(crate) async fn start_setting(sources: &[&str], vars: &[(&str, &str)]) -> Env {
+        Env::launch(sources, false, 600, vars).await
+    }
+
+    async fn launch(sources: &[&str], github: bool, stall_secs: u64, vars: &[(&str, &str)]) -> Env {
         let db = test_db().await;
         let dir = tempfile::tempdir().unwrap();
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
@@ -192,6 +201,7 @@ impl Env {
             .env("SHOPFLOOR_DB_CONNECTIONS", "16")
             .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
             .env("SHOPFLOOR_STALL_SECS", stall_secs.to_string())
+            .envs(vars.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let fake = if github { Some(FakeGithub::start().await) } else { None };
@@ -215,6 +225,16 @@ impl Env {
         drop(github);
         db.finish().await;
         drop(dir);
+    }
+
+    /// Signs and sends GitHub's webhooks to the server.
+    pub(crate) fn hooks(&self) -> WebhookClient {
+        WebhookClient::new(&self.base, SECRET)
+    }
+
+    /// The connected repository as webhooks name it.
+    pub(crate) fn repo(&self) -> Repo {
+        Repo::new("acme/widgets", 77)
     }
 
     pub(crate) fn marks(&self) -> PathBuf {

@@ -12,6 +12,7 @@ mod host_env;
 mod host_tokens;
 mod hosts;
 mod intervene;
+mod lifecycle;
 mod metrics;
 mod poolers;
 mod secrets;

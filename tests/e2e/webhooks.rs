@@ -1,6 +1,7 @@
 //! GitHub webhooks in, through HTTP, against a real `shopfloor serve` process (API and one
 //! engine) on a test database: signatures, redeliveries, dedup by content, the claim rule
-//! (queue behind an executing run, supersede an unstarted one), revocation, cycle budgets,
+//! (supersede a run parked at `$start`; queueing behind a running attempt is in `lifecycle.rs`,
+//! which runs a host), revocation, cycle budgets,
 //! every event type of the ingest, and 1,000 deliveries from 16 concurrent clients.
 //!
 //! Deliveries are built with GitHub's payload shapes and signed with the real algorithm
@@ -60,17 +61,6 @@ approval: required
 nodes:
   start: { trigger: {} }
   done: { after: [start], end: completed }
-";
-
-/// Executes for a few seconds (a wait step), so a change can arrive while it runs.
-const SLOW: &str = "name: slow
-on:
-  github:
-    events: [issues.labeled, issues.edited]
-    if: \"'ready' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  nap: { after: [start], wait: { for: 3s } }
 ";
 
 /// Anyone may trigger it, bots included.
@@ -331,39 +321,6 @@ async fn unstarted_runs_are_superseded_by_new_content_and_revoked_when_the_item_
     assert_eq!(events, ["superseded", "revoked"]);
     // The superseded and revoked runs gave their cycles back.
     assert_eq!(env.scalar("SELECT cycles_used::bigint FROM item_cycle_budgets").await, 0);
-    env.finish().await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_change_while_a_run_executes_is_queued_and_judged_again_when_it_ends() {
-    let env = start(&[SLOW]).await;
-    let mut issue = Issue::new(21, "Slow one");
-    assert_eq!(env.send("issues", &label(&env, &mut issue, "ready")).await.1["runs_opened"], 1);
-    // Executing: the trigger has run and the wait step sleeps.
-    env.until("SELECT count(*) FROM steps WHERE node = 'nap' AND state = 'waiting'", 1).await;
-
-    let (_, answer) = env.send("issues", &edit(&env, &mut issue, "Changed while running")).await;
-    assert_eq!(answer["runs_opened"], 0, "{answer}");
-    let events = env.events("slow").await;
-    assert_eq!(events[1].0, "queued", "{events:?}");
-    assert_eq!(env.runs("slow").await.len(), 1, "the executing run is never superseded");
-
-    // The run ends; the queued event is judged again on the stored projection and opens its run.
-    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1).await;
-    env.until("SELECT count(*) FROM runs", 2).await;
-    let events: Vec<String> = env.events("slow").await.into_iter().map(|e| e.0).collect();
-    assert_eq!(events, ["started", "started"]);
-
-    // Queued again behind the second run, then the label goes before it ends: the queued event
-    // no longer matches and is revoked; nothing opens when the run ends.
-    env.until("SELECT count(*) FROM steps WHERE node = 'nap' AND state = 'waiting'", 1).await;
-    assert_eq!(env.send("issues", &edit(&env, &mut issue, "Changed again")).await.1["runs_opened"], 0);
-    assert_eq!(env.events("slow").await[2].0, "queued");
-    assert_eq!(env.send("issues", &unlabel(&env, &mut issue, "ready")).await.0, 202);
-    assert_eq!(env.events("slow").await[2], ("revoked".to_owned(), Some("revoked".to_owned())));
-    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 2).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(env.scalar("SELECT count(*) FROM runs").await, 2);
     env.finish().await;
 }
 

@@ -176,6 +176,10 @@ pub struct PoolArgs {
     /// Database connections of this process's pool.
     #[arg(long = "db-connections", env = "SHOPFLOOR_DB_CONNECTIONS", default_value_t = 8)]
     pub db_connections: u32,
+    /// Seconds an event wait (`wait: { event: … }`) without a `timeout:` waits before it
+    /// resolves with `timed_out: true` (a day).
+    #[arg(long = "event-wait-timeout-secs", env = "SHOPFLOOR_EVENT_WAIT_TIMEOUT_SECS", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
+    pub event_wait_timeout_secs: u64,
 }
 
 /// The GitHub App's webhook settings: `SHOPFLOOR_GITHUB_WEBHOOK_SECRET` (no default; until it

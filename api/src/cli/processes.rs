@@ -150,6 +150,7 @@ fn pool_config(args: &PoolArgs, url: &str, outputs: Option<engine::github::Outpu
         test_executor: args.test_executor.then(|| TestExecutor { effects: args.test_effects.clone() }),
         outputs,
         webhooks,
+        event_wait_timeout: Duration::from_secs(args.event_wait_timeout_secs),
     }
 }
 

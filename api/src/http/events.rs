@@ -95,6 +95,7 @@ struct EventRow {
     step_id: Option<StepId>,
     node: Option<String>,
     attrs: Value,
+    quiet: bool,
 }
 
 /// An event as the hub hands it out.
@@ -103,6 +104,9 @@ pub struct StreamEvent {
     pub(crate) org: OrgId,
     project: ProjectId,
     pos: Position,
+    /// Of a dry run or a child run: those do not announce themselves on the project's stream
+    /// (nor to outgoing webhooks); their own journal still has every event.
+    quiet: bool,
     pub(crate) event: RunEvent,
 }
 
@@ -118,13 +122,15 @@ impl EventRow {
             org: self.org_id,
             project: self.project_id,
             pos: Position { xid, event: self.event_id },
+            quiet: self.quiet,
             event: RunEvent { run: self.run_id, seq: self.seq, kind: self.kind, node: self.node, step: self.step_id, at: self.at, attrs: self.attrs },
         })
     }
 }
 
 const COLUMNS: &str = "org_id, project_id, run_id, seq, event_id, xid::text AS xid, \
-     (SELECT shopfloor_event_horizon())::text AS horizon, at, kind, step_id, node, attrs";
+     (SELECT shopfloor_event_horizon())::text AS horizon, at, kind, step_id, node, attrs, \
+     coalesce((SELECT r.dry_run OR r.parent_run_id IS NOT NULL FROM runs r WHERE r.run_id = run_events.run_id), false) AS quiet";
 
 /// The position before every event not yet settled: a new client starts there.
 async fn horizon(db: &PgPool) -> Result<Position, sqlx::Error> {
@@ -324,7 +330,11 @@ fn sse(pos: Position, event: &RunEvent) -> Event {
 async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)> {
     loop {
         if let Some(e) = c.queue.pop_front() {
+            // A quiet event still moves the client on, or its catch-up would read it again.
             c.pos = e.pos;
+            if e.quiet {
+                continue;
+            }
             return Some((Ok(sse(e.pos, &e.event)), c));
         }
         if c.catch_up {
@@ -345,7 +355,9 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
         match c.rx.recv().await {
             Ok(e) if e.org == c.org && e.project == c.project && e.pos > c.pos => {
                 c.pos = e.pos;
-                return Some((Ok(sse(e.pos, &e.event)), c));
+                if !e.quiet {
+                    return Some((Ok(sse(e.pos, &e.event)), c));
+                }
             }
             Ok(_) => {}
             Err(broadcast::error::RecvError::Lagged(_)) => c.catch_up = true,

@@ -233,6 +233,8 @@ pub struct ListQuery {
     pub workflow: Option<String>,
     /// An item's key, e.g. `["github","owner/name",12]`.
     pub item: Option<String>,
+    /// Dry runs are listed apart: `true` lists only them, `false` (the default) none of them.
+    pub dry_run: Option<bool>,
     /// Page size, 1 to 200 (50 by default).
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
@@ -432,7 +434,7 @@ where
     }
 }
 
-/// The project's runs, newest first.
+/// The project's runs, newest first. Dry runs are listed apart (`dry_run=true`).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs", operation_id = "list_runs", tag = "runs",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ListQuery),
     responses((status = 200, body = RunList)))]
@@ -466,6 +468,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
         if let Some(item) = &q.item {
             qb.push(" AND i.key = ").push_bind(item.clone());
         }
+        qb.push(" AND r.dry_run = ").push_bind(q.dry_run.unwrap_or(false));
         if let Some((micros, run)) = after {
             let at = DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))?;
             qb.push(" AND (r.created_at, r.run_id) < (").push_bind(at).push(", ").push_bind(run).push(")");

@@ -12,7 +12,7 @@ use engine::store::{tenants, Actor, Change};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::{App, Sse, SseEvent};
+use crate::support::{self, App, SseEvent};
 
 const ISSUE_TO_PR: &str = include_str!("../../../engine/tests/fixtures/workflows/issue-to-pr.yaml");
 
@@ -64,7 +64,7 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
     let uploaded: serde_json::Value = uploaded.json().await.unwrap();
     assert_eq!(uploaded, json!({ "name": "issue-to-pr", "version": 1, "created": true }));
 
-    let mut sse = Sse::connect(&app, &format!("{base}/events"), &owner, None).await;
+    let mut sse = support::sse(&app, &format!("{base}/events"), &owner, None).await;
     let mut seen = Vec::new();
 
     // Run 1: both approvals answered, the run walks to its end.
@@ -145,7 +145,7 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
 
     // Resuming after run 2's first event replays exactly what followed it.
     let after: Vec<&SseEvent> = seen.iter().skip_while(|e| e.id != resume_from).skip(1).collect();
-    let mut again = Sse::connect(&app, &format!("{base}/events"), &owner, Some(&resume_from)).await;
+    let mut again = support::sse(&app, &format!("{base}/events"), &owner, Some(&resume_from)).await;
     for want in &after {
         let got = again.next().await;
         assert_eq!((&got.id, &got.event), (&want.id, &want.event), "resumed stream differs");

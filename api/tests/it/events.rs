@@ -9,7 +9,7 @@ use engine::store::runs::{self, NewRun};
 use engine::store::{approvals, Actor, Change};
 use serde_json::json;
 
-use crate::support::{App, Org, Sse};
+use crate::support::{self, App, Org};
 
 async fn new_run(app: &App, org: &Org) -> NewRun {
     let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(app.pool()).await.unwrap();
@@ -20,7 +20,7 @@ async fn new_run(app: &App, org: &Org) -> NewRun {
 async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
     let app = App::with_engine().await;
     let org = app.org("acme").await;
-    let mut sse = Sse::connect(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, None).await;
+    let mut sse = support::sse(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, None).await;
 
     // Run A waits at its approval.
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
@@ -49,14 +49,14 @@ async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
 
     // Resuming from the first event replays the rest in the same order.
     let all: Vec<_> = std::iter::once(first.clone()).chain(rest).collect();
-    let mut again = Sse::connect(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, Some(&first.id)).await;
+    let mut again = support::sse(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, Some(&first.id)).await;
     for want in &all[1..] {
         let got = again.next().await;
         assert_eq!(got.id, want.id);
     }
     // Another project's stream (and org) sees none of it.
     let other = app.org("other").await;
-    let mut theirs = Sse::connect(&app, "/api/v1/orgs/other/projects/web/events", &other.owner, Some("0.0")).await;
+    let mut theirs = support::sse(&app, "/api/v1/orgs/other/projects/web/events", &other.owner, Some("0.0")).await;
     assert!(theirs.next_within(Duration::from_millis(300)).await.is_none());
     drop((sse, again, theirs));
     app.finish().await;

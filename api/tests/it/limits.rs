@@ -18,7 +18,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::support::{problem, App, Sse};
+use crate::support::{self, problem, App};
 
 const SECRET: &str = "the limits test's webhook secret";
 const PROJECTS: &str = "/api/v1/orgs/acme/projects";
@@ -136,14 +136,14 @@ async fn console_sign_in_and_the_oauth_callback_are_limited_per_address() {
 async fn a_token_holds_at_most_its_streams_and_a_closed_one_frees_its_place() {
     let app = App::with_limits(&LimitArgs { streams_per_token: 2, ..LimitArgs::default() }, SECRET).await;
     let org = app.org("acme").await;
-    let first = Sse::connect(&app, EVENTS, &org.viewer, None).await;
-    let _second = Sse::connect(&app, EVENTS, &org.viewer, None).await;
+    let first = support::sse(&app, EVENTS, &org.viewer, None).await;
+    let _second = support::sse(&app, EVENTS, &org.viewer, None).await;
     let (status, headers, body) = app.send(Method::GET, EVENTS, Some(&org.viewer), None).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     let p = problem(status, &headers, &body);
     assert!(p.detail.contains("2 event streams open"), "{}", p.detail);
     // Another token has places of its own.
-    let _others = Sse::connect(&app, EVENTS, &org.member, None).await;
+    let _others = support::sse(&app, EVENTS, &org.member, None).await;
 
     // Closing one gives its place back once the server sees the connection go.
     drop(first);
@@ -206,7 +206,7 @@ async fn bodies_declared_over_the_limit_are_refused_before_they_are_read() {
 async fn a_request_over_the_timeout_is_answered_503_but_streams_and_claims_are_not_cut() {
     let app = App::with_limits(&LimitArgs { request_timeout_secs: 1, ..LimitArgs::default() }, SECRET).await;
     let org = app.org("acme").await;
-    let mut stream = Sse::connect(&app, EVENTS, &org.viewer, None).await;
+    let mut stream = support::sse(&app, EVENTS, &org.viewer, None).await;
 
     // A create that waits on a row another transaction holds: the project `blocked`, inserted
     // and not committed.

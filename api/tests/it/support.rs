@@ -186,6 +186,7 @@ impl App {
             test_executor: test_executor.then_some(TestExecutor { effects: None }),
             outputs: None,
             webhooks: WebhookClient::with_resolver(webhooks.engine, Arc::new(webhooks.names)).expect("the delivery client builds"),
+            event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
         };
         tokio::spawn(pool::run(self.db.pool.clone(), cfg, stop.clone(), stop.clone()));
         self.engine = Some(stop);
@@ -336,77 +337,11 @@ pub(crate) fn problem(status: StatusCode, headers: &reqwest::header::HeaderMap, 
 }
 
 /// One Server-Sent Event.
-#[derive(Debug, Clone)]
-pub(crate) struct SseEvent {
-    pub(crate) id: String,
-    pub(crate) event: String,
-    pub(crate) data: Value,
-}
+pub(crate) use shopfloor_tests::sse::{Sse, SseEvent};
 
-/// A client of an SSE stream.
-pub(crate) struct Sse {
-    stream: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>,
-    buf: String,
-}
-
-impl Sse {
-    pub(crate) async fn connect(app: &App, path: &str, token: &str, last_event_id: Option<&str>) -> Sse {
-        let mut req = app.http.get(app.url(path)).bearer_auth(token).header("accept", "text/event-stream");
-        if let Some(id) = last_event_id {
-            req = req.header("last-event-id", id);
-        }
-        let resp = req.send().await.expect("connect to the stream");
-        assert_eq!(resp.status(), StatusCode::OK, "GET {path}");
-        let ct = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-        assert!(ct.starts_with("text/event-stream"), "{ct}");
-        Sse { stream: Box::pin(resp.bytes_stream()), buf: String::new() }
-    }
-
-    /// The next event (comments and keep-alives skipped), waiting at most 20 s.
-    pub(crate) async fn next(&mut self) -> SseEvent {
-        use futures::StreamExt;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            while let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let (mut id, mut event, mut data) = (String::new(), String::new(), String::new());
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        id = v.trim().to_owned();
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        event = v.trim().to_owned();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.trim_start());
-                    }
-                }
-                if !data.is_empty() {
-                    return SseEvent { id, event, data: serde_json::from_str(&data).expect("event data is JSON") };
-                }
-            }
-            let chunk = tokio::time::timeout_at(deadline, self.stream.next()).await.expect("an event within 20 s");
-            let chunk = chunk.expect("the stream stays open").expect("the stream reads");
-            self.buf.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    }
-
-    /// The next event if one comes within `wait`.
-    pub(crate) async fn next_within(&mut self, wait: Duration) -> Option<SseEvent> {
-        tokio::time::timeout(wait, self.next()).await.ok()
-    }
-
-    /// Reads events until one matches; returns every event read, the match last.
-    pub(crate) async fn until(&mut self, what: &str, pred: impl Fn(&SseEvent) -> bool) -> Vec<SseEvent> {
-        let mut seen = Vec::new();
-        loop {
-            let e = self.next().await;
-            let done = pred(&e);
-            seen.push(e);
-            if done {
-                return seen;
-            }
-            assert!(seen.len() < 10_000, "never saw {what}");
-        }
-    }
+/// The SSE stream at `path` of the app, as `token`, resuming after `last_event_id`.
+pub(crate) async fn sse(app: &App, path: &str, token: &str, last_event_id: Option<&str>) -> Sse {
+    Sse::connect(&app.http, &app.url(path), token, last_event_id).await
 }
 
 /// What a `shopfloor` command did (the CLI and admin tests).

@@ -5,19 +5,23 @@
 //!
 //! A new trigger event for an item that already has an open run of the same workflow:
 //!
-//! - that run is **executing** (it has a step other than its `$start` approval): the event is
-//!   `queued` behind it. When the run ends, [`on_run_finished`] judges the newest queued event
-//!   again (its `if:` over the item's stored projection, which the webhooks keep current; a
-//!   failing expression counts as a match) and opens its run, or marks the events `revoked`.
-//! - that run is **not started** (no step yet, or parked on its `$start` approval): it is
-//!   cancelled `superseded by <event>` and a new run opens.
+//! - that run has an **attempt running** (a step leased or running, on an engine or a host):
+//!   the event is `queued` behind it. A running attempt always finishes. When the run ends,
+//!   [`on_run_finished`] judges the newest queued event again (its `if:` over the item's stored
+//!   projection, which the webhooks keep current; a failing expression counts as a match) and
+//!   opens its run, or marks the events `revoked`.
+//! - otherwise (no step yet, parked on its `$start` approval, a crew step waiting for a host, a
+//!   wait, a gate, an approval, a backoff between attempts): it is cancelled
+//!   `superseded by <event>`, the events queued behind it are superseded too, and a new run
+//!   opens. A change that makes the item stop matching revokes such runs the same way.
 //! - otherwise a new run opens.
 //!
-//! A run opens only if the item's cycle budget for the workflow admits it (`budget.max_cycles`
-//! runs per item between resets): at the limit the event is `blocked` and an ask is recorded
-//! for "Needs you". A run cancelled before it started (superseded, revoked) gives its cycle
-//! back. A reset bumps the item's generation, which is part of new dedup keys, and judges the
-//! blocked events again.
+//! A run opens only if the item's cycle budget admits it (`budget.max_cycles` runs per item and
+//! workflow between resets). At the limit the event is `blocked` and an ask is recorded for
+//! "Needs you"; from then on **no workflow** opens a run on that item until a person resets
+//! its budget (their events are `blocked` too, and judged again by the reset). A run cancelled
+//! before any attempt began (superseded, revoked) gives its cycle back. A reset bumps the
+//! item's generation, which is part of new dedup keys, and judges the blocked events again.
 //!
 //! # Locks
 //!
@@ -38,7 +42,6 @@ use super::{cap, Change, Result, StoreError};
 use crate::definition::Definition;
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, WorkflowId};
 use crate::state::run;
-use crate::store::approvals::RUN_APPROVAL_NODE;
 use crate::triggers::judge::{self, Verdict};
 use crate::triggers::{self as trig, CATALOG};
 
@@ -408,10 +411,19 @@ pub async fn submit_event(ch: &mut Change, new: NewEvent<'_>) -> Result<Claim> {
 struct OpenRun {
     run: RunId,
     event: Option<Uuid>,
-    started: bool,
+    /// An attempt is running: a step leased or running, on an engine or a host.
+    running: bool,
+    /// An attempt ever began (a step was leased or started): its cycle is spent for good.
+    attempted: bool,
 }
 
-/// The open runs of `workflow` on `item`, locked, with whether each has started a step.
+/// Whether a run `r` has an attempt running (the claim rule's "started").
+const ATTEMPT_RUNNING: &str = "EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id AND s.state IN ('leased', 'running'))";
+/// Whether any attempt of a run `r` ever began: an engine or a host held one of its steps
+/// (steps the engine resolves at once, approvals and waits are held by no one).
+const ATTEMPTED: &str = "EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id AND s.holder IS NOT NULL)";
+
+/// The open runs of `workflow` on `item`, locked, with whether each has an attempt running.
 async fn open_runs(ch: &mut Change, org: OrgId, item: ItemId, workflow: WorkflowId) -> Result<Vec<OpenRun>> {
     let ids: Vec<RunId> = sqlx::query_scalar(
         "SELECT run_id FROM runs WHERE item_id = $1 AND workflow_id = $2 AND status = 'running' AND org_id = $3 AND parent_run_id IS NULL ORDER BY run_id",
@@ -425,31 +437,36 @@ async fn open_runs(ch: &mut Change, org: OrgId, item: ItemId, workflow: Workflow
         return Ok(Vec::new());
     }
     ch.lock_runs(&ids).await?;
-    // Read again under the locks: a run may have ended, or started a step, in between.
-    let rows = sqlx::query(
-        "SELECT r.run_id, r.trigger_event_id, EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id AND s.node <> $2) AS started \
-         FROM runs r WHERE r.run_id = ANY($1) AND r.status = 'running' ORDER BY r.run_id",
-    )
-    .bind(ids.iter().map(|r| r.0).collect::<Vec<_>>())
-    .bind(RUN_APPROVAL_NODE)
-    .fetch_all(&mut *ch.tx)
-    .await?;
-    Ok(rows.iter().map(|r| OpenRun { run: r.get("run_id"), event: r.get("trigger_event_id"), started: r.get("started") }).collect())
+    // Read again under the locks: a run may have ended, or leased a step, in between.
+    let sql = format!(
+        "SELECT r.run_id, r.trigger_event_id, {ATTEMPT_RUNNING} AS running, {ATTEMPTED} AS attempted \
+         FROM runs r WHERE r.run_id = ANY($1) AND r.status = 'running' ORDER BY r.run_id"
+    );
+    let rows = sqlx::query(&sql).bind(ids.iter().map(|r| r.0).collect::<Vec<_>>()).fetch_all(&mut *ch.tx).await?;
+    Ok(rows
+        .iter()
+        .map(|r| OpenRun { run: r.get("run_id"), event: r.get("trigger_event_id"), running: r.get("running"), attempted: r.get("attempted") })
+        .collect())
 }
 
 async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Claim> {
     let open = open_runs(ch, ev.org, ev.item, wf.id).await?;
-    if let Some(executing) = open.iter().find(|r| r.started) {
+    if let Some(executing) = open.iter().find(|r| r.running) {
         set_event(ch, ev.id, "queued", Some(&format!("behind {}", executing.run)), None).await?;
         return Ok(Claim::Queued { event: ev.id, behind: executing.run });
     }
     let mut superseded = Vec::new();
+    if !open.is_empty() {
+        // Events queued behind a run that no longer runs an attempt: this newer one wins. They
+        // leave the queue before the run ends, whose end would judge them again.
+        supersede_queued(ch, ev, wf.id).await?;
+    }
     for old in &open {
         cancel_unstarted(ch, ev.org, old, "superseded", &format!("superseded by {}", ev.id)).await?;
         superseded.push(old.run);
     }
-    if let Err(cycles) = admit(ch, ev, wf).await? {
-        set_event(ch, ev.id, "blocked", Some(&format!("cycle budget {cycles}/{}", wf.def.budget.max_cycles)), None).await?;
+    if let Err(Spent { cycles, reason }) = admit(ch, ev, wf).await? {
+        set_event(ch, ev.id, "blocked", Some(&reason), None).await?;
         ch.audit(
             ev.org,
             Some(ev.project),
@@ -493,20 +510,37 @@ async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Clai
     Ok(Claim::Opened { event: ev.id, run, superseded })
 }
 
-/// Cancels a run that has not started (superseded, revoked): its event takes the same status,
-/// and its cycle is given back.
+/// The events queued behind `ev`'s workflow on its item, superseded by `ev`.
+async fn supersede_queued(ch: &mut Change, ev: &EventRef, workflow: WorkflowId) -> Result<()> {
+    sqlx::query(
+        "UPDATE trigger_events SET status = 'superseded', reason = $4, decided_at = now() \
+         WHERE item_id = $1 AND workflow_id = $2 AND org_id = $3 AND status = 'queued'",
+    )
+    .bind(ev.item)
+    .bind(workflow)
+    .bind(ev.org)
+    .bind(format!("superseded by {}", ev.id))
+    .execute(&mut *ch.tx)
+    .await?;
+    Ok(())
+}
+
+/// Cancels a run with no attempt running (superseded, revoked): its event takes the same
+/// status, and its cycle is given back when no attempt of it ever began.
 async fn cancel_unstarted(ch: &mut Change, org: OrgId, old: &OpenRun, status: &str, reason: &str) -> Result<()> {
     ch.lock_run(org, old.run).await?;
     runs::finish::<run::Cancelled>(ch, old.run, Some(reason)).await?;
     if let Some(event) = old.event {
         set_event(ch, event, status, Some(reason), None).await?;
-        sqlx::query(
-            "UPDATE item_cycle_budgets b SET cycles_used = greatest(b.cycles_used - 1, 0) FROM trigger_events e \
-             WHERE e.event_id = $1 AND b.item_id = e.item_id AND b.workflow_id = e.workflow_id AND b.generation = e.generation",
-        )
-        .bind(event)
-        .execute(&mut *ch.tx)
-        .await?;
+        if !old.attempted {
+            sqlx::query(
+                "UPDATE item_cycle_budgets b SET cycles_used = greatest(b.cycles_used - 1, 0) FROM trigger_events e \
+                 WHERE e.event_id = $1 AND b.item_id = e.item_id AND b.workflow_id = e.workflow_id AND b.generation = e.generation",
+            )
+            .bind(event)
+            .execute(&mut *ch.tx)
+            .await?;
+        }
     }
     Ok(())
 }
@@ -522,9 +556,16 @@ async fn set_event(ch: &mut Change, event: Uuid, status: &str, reason: Option<&s
     Ok(())
 }
 
-/// Takes one cycle of the item's budget for the workflow, under the budget row's lock.
-/// `Err(cycles used)` when the budget is spent; the ask is recorded then.
-async fn admit(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Result<(), i32>> {
+/// Why a claim opened nothing: the cycles the workflow used on the item, and the event's reason.
+struct Spent {
+    cycles: i32,
+    reason: String,
+}
+
+/// Takes one cycle of the item's budget for the workflow, under the budget row's lock (and the
+/// item's, which every claim holds). `Err` when this budget is spent (the ask is recorded then)
+/// or another workflow's budget on the item is spent and waits for a person.
+async fn admit(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Result<(), Spent>> {
     let max = i32::try_from(wf.def.budget.max_cycles).unwrap_or(i32::MAX);
     sqlx::query(
         "INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used) VALUES ($1, $2, $3, $4, $5, 0) \
@@ -545,6 +586,18 @@ async fn admit(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Resu
             .await?;
     let current: i32 = sqlx::query_scalar("SELECT generation FROM items WHERE item_id = $1").bind(ev.item).fetch_one(&mut *ch.tx).await?;
     let used = if generation < current { 0 } else { used };
+    // An ask open on the item stops every workflow, not only the one that spent its budget.
+    let asked: Option<(String, i32, i32)> = sqlx::query_as(
+        "SELECT w.name, b.cycles_used, (b.ask->>'max_cycles')::int FROM item_cycle_budgets b JOIN workflows w ON w.workflow_id = b.workflow_id \
+         WHERE b.item_id = $1 AND b.workflow_id <> $2 AND b.asked_at IS NOT NULL ORDER BY b.asked_at LIMIT 1",
+    )
+    .bind(ev.item)
+    .bind(wf.id)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    if let Some((other, other_used, other_max)) = asked {
+        return Ok(Err(Spent { cycles: used, reason: format!("cycle budget of {other} spent on this item ({other_used}/{other_max}): waiting for a reset") }));
+    }
     if used >= max {
         let ask = json!({ "event": ev.id, "workflow": wf.name, "cycles_used": used, "max_cycles": max, "generation": current });
         sqlx::query(
@@ -558,7 +611,7 @@ async fn admit(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Resu
         .bind(&ask)
         .execute(&mut *ch.tx)
         .await?;
-        return Ok(Err(used));
+        return Ok(Err(Spent { cycles: used, reason: format!("cycle budget {used}/{max}") }));
     }
     sqlx::query("UPDATE item_cycle_budgets SET generation = $3, cycles_used = $4 WHERE item_id = $1 AND workflow_id = $2")
         .bind(ev.item)
@@ -592,23 +645,13 @@ pub struct Revoked {
     pub events: usize,
 }
 
-/// The item stopped matching: cancels the workflow's unstarted runs on it (`revoked`) and
-/// marks its queued events `revoked`, each judged with the `trigger` that caused it.
-/// `still_matches` gets that trigger and says whether the `if:` holds on the item now.
+/// The item stopped matching: cancels the workflow's runs on it that have no attempt running
+/// (`revoked`) and marks its queued events `revoked`, each judged with the `trigger` that
+/// caused it. `still_matches` gets that trigger and says whether the `if:` holds on the item
+/// now. The queued events are judged first: a revoked run's end judges what is still queued.
 pub async fn revoke_unmatched(ch: &mut Change, org: OrgId, item: ItemId, workflow: WorkflowId, still_matches: &(dyn Fn(&Value) -> bool + Sync)) -> Result<Revoked> {
     let mut out = Revoked::default();
-    for open in open_runs(ch, org, item, workflow).await? {
-        let Some(event) = open.event.filter(|_| !open.started) else { continue };
-        let payload: Value = sqlx::query_scalar("SELECT payload FROM trigger_events WHERE event_id = $1")
-            .bind(event)
-            .fetch_optional(&mut *ch.tx)
-            .await?
-            .unwrap_or(Value::Null);
-        if !still_matches(payload.get("trigger").unwrap_or(&Value::Null)) {
-            cancel_unstarted(ch, org, &open, "revoked", "revoked").await?;
-            out.runs.push(open.run);
-        }
-    }
+    let open = open_runs(ch, org, item, workflow).await?;
     let queued: Vec<(Uuid, Value)> = sqlx::query_as(
         "SELECT event_id, payload FROM trigger_events WHERE item_id = $1 AND workflow_id = $2 AND org_id = $3 AND status = 'queued' ORDER BY created_at",
     )
@@ -621,6 +664,18 @@ pub async fn revoke_unmatched(ch: &mut Change, org: OrgId, item: ItemId, workflo
         if !still_matches(payload.get("trigger").unwrap_or(&Value::Null)) {
             set_event(ch, event, "revoked", Some("revoked"), None).await?;
             out.events += 1;
+        }
+    }
+    for open in open {
+        let Some(event) = open.event.filter(|_| !open.running) else { continue };
+        let payload: Value = sqlx::query_scalar("SELECT payload FROM trigger_events WHERE event_id = $1")
+            .bind(event)
+            .fetch_optional(&mut *ch.tx)
+            .await?
+            .unwrap_or(Value::Null);
+        if !still_matches(payload.get("trigger").unwrap_or(&Value::Null)) {
+            cancel_unstarted(ch, org, &open, "revoked", "revoked").await?;
+            out.runs.push(open.run);
         }
     }
     Ok(out)
@@ -657,7 +712,7 @@ async fn rejudge(ch: &mut Change, run: &RunRow) -> Result<()> {
     let Some((newest, payload, generation)) = waiting.first().cloned() else { return Ok(()) };
     let Some(item_row) = lock_item(ch, run.org_id, item).await? else { return Ok(()) };
     // Another executing run of the workflow still holds them.
-    if open_runs(ch, run.org_id, item, run.workflow_id).await?.iter().any(|r| r.started) {
+    if open_runs(ch, run.org_id, item, run.workflow_id).await?.iter().any(|r| r.running) {
         return Ok(());
     }
     // Take them out of the queue first: the claim below may finish other runs, whose own
@@ -735,17 +790,13 @@ pub async fn reset_cycle_budget(ch: &mut Change, org: OrgId, item: ItemId) -> Re
         .bind(item)
         .fetch_one(&mut *ch.tx)
         .await?;
-    sqlx::query(
+    let sql = format!(
         "UPDATE item_cycle_budgets b SET generation = $2, ask = NULL, asked_at = NULL, cycles_used = ( \
            SELECT count(*) FROM runs r WHERE r.item_id = b.item_id AND r.workflow_id = b.workflow_id AND r.status = 'running' \
-             AND r.parent_run_id IS NULL AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id AND s.node <> $3)) \
-         WHERE b.item_id = $1",
-    )
-    .bind(item)
-    .bind(generation)
-    .bind(RUN_APPROVAL_NODE)
-    .execute(&mut *ch.tx)
-    .await?;
+             AND r.parent_run_id IS NULL AND NOT {ATTEMPTED}) \
+         WHERE b.item_id = $1"
+    );
+    sqlx::query(&sql).bind(item).bind(generation).execute(&mut *ch.tx).await?;
     ch.audit(org, Some(row.project_id), "item.cycle_reset", ("item", item.to_string()), json!({ "key": row.key, "generation": generation }))?;
 
     // The newest blocked event of each workflow in the generation just closed.

@@ -2,9 +2,9 @@
 //!
 //! A delivery is written in the change that writes its event (`Change::commit` inserts the
 //! run events, and with them, in the same statement, a delivery and a job for each
-//! subscription of the project whose filters name the event; dry runs announce nothing). An
-//! engine claims the job, sends the delivery outside any transaction (`crate::jobs`), and
-//! records the attempt here: delivered on a 2xx, otherwise due again after a backoff (1 s,
+//! subscription of the project whose filters name the event; dry runs and child runs announce
+//! nothing). An engine claims the job, sends the delivery outside any transaction
+//! (`crate::jobs`), and records the attempt here: delivered on a 2xx, otherwise due again after a backoff (1 s,
 //! 4 s, 16 s, … an hour) until it is given up after [`rules::WEBHOOK_ATTEMPTS`] attempts.
 //! A replay sends a delivery's body again as a new delivery.
 //!
@@ -34,7 +34,7 @@ pub(super) const DELIVERIES_CTE: &str = ", d AS (INSERT INTO webhook_deliveries 
         SELECT e.org_id, e.project_id, gen_random_uuid(), s.subscription_id, e.kind, e.run_id, e.event_id \
         FROM e JOIN webhook_subscriptions s ON s.project_id = e.project_id AND s.org_id = e.org_id \
         WHERE EXISTS (SELECT 1 FROM unnest(s.events) f WHERE f = e.kind OR (right(f, 1) = '*' AND starts_with(e.kind, left(f, -1)))) \
-          AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = e.run_id AND r.dry_run) \
+          AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = e.run_id AND (r.dry_run OR r.parent_run_id IS NOT NULL)) \
         RETURNING org_id, delivery_id), \
       j AS (INSERT INTO jobs (org_id, kind, subject, due_at) SELECT org_id, 'webhook', delivery_id, now() FROM d) \
      SELECT count(*) FROM d";

@@ -44,6 +44,7 @@ pub(crate) fn start_engine(db: &PgPool, url: &str, id: &str) -> CancellationToke
         test_executor: Some(TestExecutor { effects: None }),
         outputs: None,
         webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
+        event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
     };
     tokio::spawn(pool::run(db.clone(), cfg, stop.clone(), stop.clone()));
     stop

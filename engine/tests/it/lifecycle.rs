@@ -50,6 +50,7 @@ fn engine(db: &engine::testkit::TestDb, id: &str, executor: bool, effects: Optio
         test_executor: executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) }),
         outputs: None,
         webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
+        event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
     };
     let task = tokio::spawn(pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     Eng { drain, abort, task }

@@ -115,6 +115,10 @@ struct ListArgs {
     /// An item's key, e.g. `["github","owner/name",12]`.
     #[arg(long)]
     item: Option<String>,
+    /// List dry runs (listed apart from the others; they announce nothing, so `--watch` sees
+    /// no change of theirs).
+    #[arg(long)]
+    dry_run: bool,
     /// Page size, 1 to 200 (the server's default is 50).
     #[arg(long)]
     limit: Option<u32>,
@@ -436,6 +440,7 @@ fn list_url(api: &Api, q: &ListArgs) -> Result<reqwest::Url, ClientError> {
             ("substate", q.substate.as_deref()),
             ("workflow", q.workflow.as_deref()),
             ("item", q.item.as_deref()),
+            ("dry_run", q.dry_run.then_some("true")),
             ("limit", limit.as_deref()),
             ("cursor", q.cursor.as_deref()),
         ],

@@ -1,5 +1,5 @@
-//! The runs of a project, newest first, with filters (status, substate, workflow, item, a
-//! time window) and keyset paging. The list is the REST API's (`GET …/runs`), so its filters,
+//! The runs of a project, newest first, with filters (status, substate, workflow, item, dry runs
+//! apart, a time window) and keyset paging. The list is the REST API's (`GET …/runs`), so its filters,
 //! cursors and substates are the API's own; the time window maps onto it: "started before" is
 //! a cursor at that instant, "started after" ends the list there.
 
@@ -26,6 +26,9 @@ pub(in super::super) struct Filters {
     workflow: String,
     #[serde(default)]
     item: String,
+    /// `dry` lists the dry runs, which are listed apart.
+    #[serde(default)]
+    kind: String,
     /// `YYYY-MM-DDTHH:MM` (UTC), as a `datetime-local` field sends it.
     #[serde(default)]
     since: String,
@@ -77,6 +80,9 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
     if !f.item.trim().is_empty() {
         q.push(format!("item={}", urlencode(f.item.trim())));
     }
+    if f.kind == "dry" {
+        q.push("dry_run=true".into());
+    }
     let since = instant(&f.since);
     if !f.since.trim().is_empty() && since.is_none() {
         problems.push("\"Started after\" is not a date and time".into());
@@ -103,7 +109,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
     // The next page keeps the filters.
     let next = list.next_cursor.as_ref().map(|cursor| {
         let mut keep: Vec<String> = Vec::new();
-        for (k, v) in [("status", &f.status), ("substate", &f.substate), ("workflow", &f.workflow), ("item", &f.item), ("since", &f.since), ("until", &f.until)] {
+        for (k, v) in [("status", &f.status), ("substate", &f.substate), ("workflow", &f.workflow), ("item", &f.item), ("kind", &f.kind), ("since", &f.since), ("until", &f.until)] {
             if !v.trim().is_empty() {
                 keep.push(format!("{k}={}", urlencode(v.trim())));
             }
@@ -121,7 +127,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
     .await?;
     let projects = c.projects(&s).await?;
     let page = Page::of(&s, format!("Runs · {}", p.project), "runs").project(&p.project, projects);
-    let filtered = !(f.status.is_empty() && f.substate.is_empty() && f.workflow.is_empty() && f.item.is_empty() && f.since.is_empty() && f.until.is_empty());
+    let filtered = !(f.status.is_empty() && f.substate.is_empty() && f.workflow.is_empty() && f.item.is_empty() && f.kind.is_empty() && f.since.is_empty() && f.until.is_empty());
     c.page(
         "runs.html",
         ctx! {

@@ -36,22 +36,22 @@ pub(crate) const ASKS_SQL: &str = "SELECT i.key AS item, i.title, w.name AS work
 /// $2 a project or NULL).
 pub(crate) const FAILURES_SQL: &str = "SELECT r.run_id, r.reason, r.ended_at, p.slug AS project, w.name AS workflow \
      FROM runs r JOIN projects p ON p.project_id = r.project_id JOIN workflows w ON w.workflow_id = r.workflow_id \
-     WHERE r.org_id = $1 AND r.status = 'failed' AND r.ended_at > now() - interval '7 days' AND r.resolved_at IS NULL \
+     WHERE r.org_id = $1 AND r.status = 'failed' AND NOT r.dry_run AND r.ended_at > now() - interval '7 days' AND r.resolved_at IS NULL \
        AND ($2::uuid IS NULL OR r.project_id = $2) \
        AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.source_run_id = r.run_id) \
      ORDER BY r.ended_at DESC, r.run_id DESC LIMIT 20";
 
-/// Running runs, newest first ($1 org, $2 a project or NULL).
+/// Running runs, newest first ($1 org, $2 a project or NULL); dry runs are listed apart.
 pub(crate) const RUNNING_SQL: &str = "SELECT r.run_id, r.created_at, r.started_at, p.slug AS project, w.name AS workflow, i.key AS item \
      FROM runs r JOIN projects p ON p.project_id = r.project_id JOIN workflows w ON w.workflow_id = r.workflow_id \
      LEFT JOIN items i ON i.item_id = r.item_id \
-     WHERE r.org_id = $1 AND r.status = 'running' AND ($2::uuid IS NULL OR r.project_id = $2) \
+     WHERE r.org_id = $1 AND r.status = 'running' AND NOT r.dry_run AND ($2::uuid IS NULL OR r.project_id = $2) \
      ORDER BY r.created_at DESC, r.run_id DESC LIMIT 50";
 
 /// Finished lately, latest first ($1 org, $2 a project or NULL).
 pub(crate) const RECENT_SQL: &str = "SELECT r.run_id, r.status, r.reason, r.created_at, r.ended_at, p.slug AS project, w.name AS workflow \
      FROM runs r JOIN projects p ON p.project_id = r.project_id JOIN workflows w ON w.workflow_id = r.workflow_id \
-     WHERE r.org_id = $1 AND r.status <> 'running' AND ($2::uuid IS NULL OR r.project_id = $2) \
+     WHERE r.org_id = $1 AND r.status <> 'running' AND NOT r.dry_run AND ($2::uuid IS NULL OR r.project_id = $2) \
      ORDER BY r.ended_at DESC, r.run_id DESC LIMIT 20";
 
 #[derive(Debug, Serialize, sqlx::FromRow)]

@@ -1,0 +1,392 @@
+//! The run lifecycle as the reference systems define it, driven from GitHub through signed
+//! webhooks to a real `shopfloor serve` (and a real `shopfloor host` where a crew step must
+//! run): the claim rule on "an attempt is running", cycle budgets that stop every workflow on
+//! the item, event waits' lifecycle events and default deadline, dry and child runs that do
+//! not announce themselves, reruns that park for approval, and rendered approval prompts.
+
+use std::time::Duration;
+
+use engine::ids::RunId;
+use serde_json::{json, Value};
+use shopfloor_tests::github_fake::payloads::{self, user};
+use shopfloor_tests::github_fake::Issue;
+use shopfloor_tests::sse::Sse;
+
+use crate::host_env::Env;
+
+/// A crew step that runs until the test lets it finish (`@WAIT@`: until `$MARKS/<step>.go`).
+const CREW: &str = r#"name: crew
+on:
+  github:
+    events: [issues.labeled, issues.edited]
+    if: "'ready' in item.labels"
+nodes:
+  start: { trigger: {} }
+  work:
+    after: [start]
+    crew: { harness: claude-code, prompt: "@WAIT@ Fix {{ item.title }}" }
+"#;
+
+/// One cycle per item; ends at once.
+const ALPHA: &str = r#"name: alpha
+on:
+  github:
+    events: [issues.labeled, issues.edited]
+    if: "'ready' in item.labels"
+budget: { max_cycles: 1 }
+nodes:
+  start: { trigger: {} }
+  done: { after: [start], end: completed }
+"#;
+
+/// The default budget; ends at once.
+const BETA: &str = r#"name: beta
+on:
+  github:
+    events: [issues.labeled, issues.edited]
+    if: "'ready' in item.labels"
+nodes:
+  start: { trigger: {} }
+  done: { after: [start], end: completed }
+"#;
+
+/// Waits for a pull request to close, with the default deadline.
+const MERGE_WAIT: &str = r#"name: merge-wait
+on:
+  github:
+    events: [issues.labeled]
+    if: "'wait' in item.labels"
+nodes:
+  start: { trigger: {} }
+  merged: { after: [start], wait: { event: pull_request.closed } }
+"#;
+
+/// The same wait with a long timeout of its own, for the run that is cancelled.
+const LONG_WAIT: &str = r#"name: long-wait
+on:
+  github:
+    events: [issues.labeled]
+    if: "'hold' in item.labels"
+nodes:
+  start: { trigger: {} }
+  merged: { after: [start], wait: { event: pull_request.closed }, timeout: 1h }
+"#;
+
+/// Parks every run (and every rerun) at `$start`, then asks about the item.
+const GATED: &str = r#"name: gated
+on:
+  github:
+    events: [issues.labeled]
+    if: "'ship' in item.labels"
+approval: required
+nodes:
+  start: { trigger: {} }
+  ask: { after: [start], approval: { prompt: "Ship {{ item.title }} (#{{ item.number }})?" } }
+  done: { after: [ask], end: completed }
+"#;
+
+/// Manual runs: a parent that waits on a child.
+const PARENT: &str = r#"name: parent
+nodes:
+  spawn: { workflow: { name: leaf } }
+"#;
+const LEAF: &str = r#"name: leaf
+nodes:
+  nap: { wait: { for: 1s } }
+"#;
+
+/// The substates of a run whose crew step waits for a host.
+const WAITING_FOR_A_HOST: &[&str] = &["waiting_for_agent", "unroutable"];
+
+impl Env {
+    async fn send(&self, event: &str, payload: &Value) -> Value {
+        let (status, answer) = self.hooks().send(event, &uuid::Uuid::new_v4().to_string(), payload).await;
+        assert_eq!(status, 202, "{answer}");
+        answer
+    }
+
+    fn label(&self, issue: &mut Issue, name: &str) -> Value {
+        issue.labels.push(name.to_owned());
+        payloads::issues_event("labeled", &self.repo(), issue, &user("bob"), Some(name))
+    }
+
+    fn unlabel(&self, issue: &mut Issue, name: &str) -> Value {
+        issue.labels.retain(|l| l != name);
+        payloads::issues_event("unlabeled", &self.repo(), issue, &user("bob"), Some(name))
+    }
+
+    fn edit(&self, issue: &mut Issue, body: &str) -> Value {
+        issue.body = body.to_owned();
+        payloads::issues_event("edited", &self.repo(), issue, &user("bob"), None)
+    }
+
+    /// `POST /api/v1{path}` as the org's owner: the status and the answer's JSON.
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let answer = reqwest::Client::new().post(format!("{}/api/v1{path}", self.base)).bearer_auth(&self.owner_token).json(body).send().await.unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The project's event stream from now on, as the owner.
+    async fn stream(&self) -> Sse {
+        Sse::connect(&reqwest::Client::new(), &format!("{}/api/v1/orgs/acme/projects/web/events", self.base), &self.owner_token, None).await
+    }
+
+    /// The runs of `workflow`, oldest first: (id, status, reason).
+    async fn runs_of(&self, workflow: &str) -> Vec<(RunId, String, Option<String>)> {
+        sqlx::query_as(
+            "SELECT r.run_id, r.status, r.reason FROM runs r JOIN workflows w USING (workflow_id) WHERE w.name = $1 ORDER BY r.created_at, r.run_id",
+        )
+        .bind(workflow)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    /// The trigger events of `workflow`, oldest first: (status, reason).
+    async fn events_of(&self, workflow: &str) -> Vec<(String, Option<String>)> {
+        sqlx::query_as(
+            "SELECT e.status, e.reason FROM trigger_events e JOIN workflows w USING (workflow_id) WHERE w.name = $1 ORDER BY e.created_at, e.event_id",
+        )
+        .bind(workflow)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Waits until the run's substate, as the API shows it, is one of `want`.
+    async fn until_substate(&self, run: RunId, want: &[&str]) {
+        let wait = async {
+            loop {
+                let r = self.get(&format!("/orgs/acme/projects/web/runs/{run}")).await;
+                if r["substate"].as_str().is_some_and(|s| want.contains(&s)) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(120), wait).await.unwrap_or_else(|_| panic!("{run} never became {want:?}"));
+    }
+
+    async fn until_status(&self, run: RunId, want: &str) {
+        self.until(run, &format!("SELECT status = '{want}' FROM runs WHERE run_id = $1"), Duration::from_secs(120), want).await;
+    }
+}
+
+/// usine's claim rule: only a run with an attempt actually running holds a newer event back.
+/// A run whose crew step waits for a host has none: a new event supersedes it, and the item
+/// no longer matching revokes it; neither spends the item's cycle budget.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_waiting_for_a_host_is_superseded_and_revoked() {
+    let env = Env::start(&[CREW]).await;
+    let mut issue = Issue::new(5, "the widget");
+    assert_eq!(env.send("issues", &env.label(&mut issue, "ready")).await["runs_opened"], 1);
+    let first = env.runs_of("crew").await[0].0;
+    // No host is connected: the crew step waits for one (with no host registered at all, the
+    // console says none can run it).
+    env.until_substate(first, WAITING_FOR_A_HOST).await;
+
+    assert_eq!(env.send("issues", &env.edit(&mut issue, "Steps to reproduce")).await["runs_opened"], 1);
+    let runs = env.runs_of("crew").await;
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0].1, "cancelled");
+    assert!(runs[0].2.as_deref().is_some_and(|r| r.starts_with("superseded by ")), "{runs:?}");
+    let second = runs[1].0;
+    env.until_substate(second, WAITING_FOR_A_HOST).await;
+
+    // The label goes: the run waiting for a host is revoked, and nothing opens.
+    assert_eq!(env.send("issues", &env.unlabel(&mut issue, "ready")).await["runs_opened"], 0);
+    assert_eq!(env.status(second).await, ("cancelled".to_owned(), Some("revoked".to_owned())));
+    let events: Vec<String> = env.events_of("crew").await.into_iter().map(|e| e.0).collect();
+    assert_eq!(events, ["superseded", "revoked"]);
+    // No attempt of either began: both gave their cycle back.
+    let used: i32 = sqlx::query_scalar("SELECT cycles_used FROM item_cycle_budgets").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(used, 0);
+    env.finish().await;
+}
+
+/// A running attempt always finishes: the newer event queues behind it, is not revoked by the
+/// run's own progress, and is judged again when the run ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_crew_step_is_never_superseded_and_the_queued_event_is_judged_at_its_end() {
+    let env = Env::start(&[CREW]).await;
+    let _host = env.host("builder", 1).await;
+    let mut issue = Issue::new(6, "the gizmo");
+    assert_eq!(env.send("issues", &env.label(&mut issue, "ready")).await["runs_opened"], 1);
+    let first = env.runs_of("crew").await[0].0;
+    let (step, _pid) = env.running_harness(first, "work").await;
+
+    let answer = env.send("issues", &env.edit(&mut issue, "More detail while it runs")).await;
+    assert_eq!(answer["runs_opened"], 0, "{answer}");
+    assert_eq!(env.events_of("crew").await[1].0, "queued");
+    assert_eq!(env.runs_of("crew").await.len(), 1, "the running run is never superseded");
+    assert_eq!(env.status(first).await.0, "running");
+
+    // The harness finishes; the run ends, and the queued event opens its run.
+    std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
+    env.until_status(first, "completed").await;
+    let runs = env.runs_of("crew").await;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let events: Vec<String> = env.events_of("crew").await.into_iter().map(|e| e.0).collect();
+    assert_eq!(events, ["started", "started"]);
+
+    // Queued again behind the second run; then the label goes: the queued event no longer
+    // matches and is revoked, the running run is not, and nothing opens when it ends (the end
+    // judges the queue in its own transaction, so the count after it is final).
+    let (second_step, _) = env.running_harness(runs[1].0, "work").await;
+    assert_eq!(env.send("issues", &env.edit(&mut issue, "Changed again")).await["runs_opened"], 0);
+    assert_eq!(env.events_of("crew").await[2].0, "queued");
+    assert_eq!(env.send("issues", &env.unlabel(&mut issue, "ready")).await["runs_opened"], 0);
+    assert_eq!(env.events_of("crew").await[2], ("revoked".to_owned(), Some("revoked".to_owned())));
+    assert_eq!(env.status(runs[1].0).await.0, "running", "a running attempt is never revoked");
+    std::fs::write(env.marks().join(format!("{second_step}.go")), "").unwrap();
+    env.until_status(runs[1].0, "completed").await;
+    assert_eq!(env.runs_of("crew").await.len(), 2);
+    env.finish().await;
+}
+
+/// usine: once an item's cycle budget is spent, no workflow opens a run on that item until a
+/// person answers the ask; the reset judges every blocked workflow again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spent_cycle_budget_stops_every_workflow_on_the_item_until_reset() {
+    let env = Env::start(&[ALPHA, BETA]).await;
+    let mut issue = Issue::new(9, "Keeps changing");
+    assert_eq!(env.send("issues", &env.label(&mut issue, "ready")).await["runs_opened"], 2);
+    for wf in ["alpha", "beta"] {
+        let run = env.runs_of(wf).await[0].0;
+        env.until_status(run, "completed").await;
+    }
+
+    // alpha's one cycle is spent: its event is blocked and asks; beta (judged after alpha)
+    // opens nothing either.
+    let answer = env.send("issues", &env.edit(&mut issue, "v2")).await;
+    assert_eq!(answer["runs_opened"], 0, "{answer}");
+    assert_eq!(env.events_of("alpha").await[1], ("blocked".to_owned(), Some("cycle budget 1/1".to_owned())));
+    let beta = env.events_of("beta").await;
+    assert_eq!(beta[1].0, "blocked", "{beta:?}");
+    assert!(beta[1].1.as_deref().is_some_and(|r| r.contains("alpha")), "the reason names the spent budget: {beta:?}");
+    let answer = env.send("issues", &env.edit(&mut issue, "v3")).await;
+    assert_eq!(answer["runs_opened"], 0, "{answer}");
+    assert_eq!(env.runs_of("beta").await.len(), 1);
+
+    // The ask is under "Needs you", through the API.
+    let asks = env.get("/orgs/acme/projects/web/cycle-asks").await["items"].as_array().cloned().unwrap();
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert_eq!((asks[0]["workflow"].as_str(), asks[0]["title"].as_str()), (Some("alpha"), Some("Keeps changing")));
+    let item = asks[0]["item"].as_str().expect("the ask names its item").to_owned();
+
+    // A person resets it: both workflows are judged again and open their runs.
+    let (status, reset) = env.post(&format!("/orgs/acme/projects/web/cycle-asks/{item}/reset"), &json!({})).await;
+    assert_eq!(status, 200, "{reset}");
+    let wait = async {
+        while env.runs_of("alpha").await.len() < 2 || env.runs_of("beta").await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), wait).await.expect("the reset opened a run of each workflow");
+    env.finish().await;
+}
+
+/// An event wait says what it waits for and until when, and says so again when its default
+/// deadline (a setting, shortened here) passes or when its run is cancelled.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_wait_announces_itself_expires_at_the_default_deadline_or_is_withdrawn() {
+    let env = Env::start_setting(&[MERGE_WAIT, LONG_WAIT], &[("SHOPFLOOR_EVENT_WAIT_TIMEOUT_SECS", "3")]).await;
+    let mut sse = env.stream().await;
+    let mut issue = Issue::new(12, "Waits for its pull request");
+    assert_eq!(env.send("issues", &env.label(&mut issue, "wait")).await["runs_opened"], 1);
+    let run = env.runs_of("merge-wait").await[0].0.to_string();
+    let seen = sse.until("the waiting run's end", |e| e.data["run"] == run.as_str() && e.event.starts_with("run.") && e.event != "run.started" && e.event != "run.awaiting" && e.event != "run.wait_expired").await;
+    let lifecycle: Vec<&str> = seen.iter().filter(|e| e.data["run"] == run.as_str() && e.event.starts_with("run.")).map(|e| e.event.as_str()).collect();
+    assert_eq!(lifecycle, ["run.started", "run.awaiting", "run.wait_expired", "run.completed"]);
+    let awaiting = seen.iter().find(|e| e.event == "run.awaiting").unwrap();
+    assert_eq!((awaiting.data["attrs"]["waits_on"].as_str(), awaiting.data["attrs"]["event"].as_str()), (Some("github"), Some("pull_request.closed")), "{:?}", awaiting.data);
+    let deadline = awaiting.data["attrs"]["deadline"].as_str().expect("a deadline");
+    chrono::DateTime::parse_from_rfc3339(deadline).expect("the deadline is a timestamp");
+    let output: Value = sqlx::query_scalar("SELECT output FROM steps WHERE node = 'merged'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(output["timed_out"], true, "{output}");
+
+    // Cancelled while it waits: the wait is withdrawn.
+    let mut other = Issue::new(13, "Not needed after all");
+    assert_eq!(env.send("issues", &env.label(&mut other, "hold")).await["runs_opened"], 1);
+    let held = env.runs_of("long-wait").await[0].0;
+    let held_id = held.to_string();
+    sse.until("the second wait", |e| e.data["run"] == held_id.as_str() && e.event == "run.awaiting").await;
+    let (status, answer) = env.post(&format!("/orgs/acme/projects/web/runs/{held}/cancel"), &json!({ "reason": "not needed" })).await;
+    assert_eq!(status, 200, "{answer}");
+    let seen = sse.until("the cancel", |e| e.data["run"] == held_id.as_str() && e.event == "run.cancelled").await;
+    let kinds: Vec<&str> = seen.iter().filter(|e| e.data["run"] == held_id.as_str() && e.event.starts_with("run.")).map(|e| e.event.as_str()).collect();
+    assert_eq!(kinds, ["run.wait_withdrawn", "run.cancelled"]);
+    env.finish().await;
+}
+
+/// spool: dry runs and child runs do not announce themselves; dry runs are listed apart.
+#[tokio::test(flavor = "multi_thread")]
+async fn dry_runs_and_child_runs_stay_off_the_stream_and_dry_runs_off_the_list() {
+    let env = Env::start(&[LEAF, PARENT]).await;
+    let mut sse = env.stream().await;
+    let (status, dry) = env.post("/orgs/acme/projects/web/runs", &json!({ "workflow": "leaf", "dry_run": true })).await;
+    assert_eq!(status, 201, "{dry}");
+    let dry_id = dry["id"].as_str().unwrap().to_owned();
+    env.until_status(dry_id.parse().unwrap(), "completed").await;
+    // Then a parent, whose child runs beside it: only the parent's events reach the stream.
+    let (status, parent) = env.post("/orgs/acme/projects/web/runs", &json!({ "workflow": "parent" })).await;
+    assert_eq!(status, 201, "{parent}");
+    let parent_id = parent["id"].as_str().unwrap().to_owned();
+    let seen = sse.until("the parent's end", |e| e.data["run"] == parent_id.as_str() && e.event == "run.completed").await;
+    let child: RunId = sqlx::query_scalar("SELECT run_id FROM runs WHERE parent_run_id IS NOT NULL").fetch_one(&env.db.pool).await.unwrap();
+    let strangers: Vec<String> = seen.iter().filter(|e| e.data["run"] != parent_id.as_str()).map(|e| format!("{} {}", e.data["run"], e.event)).collect();
+    assert!(strangers.is_empty(), "only the parent announces itself: {strangers:?}");
+    // Their journals keep every event.
+    for run in [dry_id.clone(), child.to_string()] {
+        let journal = env.get(&format!("/orgs/acme/projects/web/runs/{run}/events")).await;
+        let kinds: Vec<&str> = journal["items"].as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
+        assert!(kinds.contains(&"run.started") && kinds.contains(&"run.completed"), "{run}: {kinds:?}");
+    }
+
+    // Listed apart.
+    let ids = |list: Value| list["items"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+    let listed = ids(env.get("/orgs/acme/projects/web/runs").await);
+    assert!(listed.contains(&parent_id) && !listed.contains(&dry_id), "{listed:?}");
+    assert_eq!(ids(env.get("/orgs/acme/projects/web/runs?dry_run=true").await), [dry_id]);
+    assert!(ids(env.get("/orgs/acme/projects/web/runs?dry_run=false").await).contains(&parent_id));
+    env.finish().await;
+}
+
+/// `approval: required` holds a rerun as it held the run; a prompt shows the item's title.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_prompt_shows_the_item_and_a_rerun_parks_for_approval() {
+    let env = Env::start(&[GATED]).await;
+    let mut issue = Issue::new(21, "the sprocket");
+    assert_eq!(env.send("issues", &env.label(&mut issue, "ship")).await["runs_opened"], 1);
+    let run = env.runs_of("gated").await[0].0;
+    env.until_substate(run, &["awaiting_signal"]).await;
+    let path = format!("/orgs/acme/projects/web/runs/{run}");
+    assert_eq!(env.get(&path).await["approvals"][0]["node"], "$start");
+    let (status, answer) = env.post(&format!("{path}/approvals/$start"), &json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+
+    // The approval node's prompt is rendered over the run's context.
+    let asked = async {
+        loop {
+            let detail = env.get(&path).await;
+            if detail["approvals"][0]["node"] == "ask" {
+                return detail["approvals"][0]["prompt"].as_str().unwrap().to_owned();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let prompt = tokio::time::timeout(Duration::from_secs(60), asked).await.expect("the run reached its approval");
+    assert_eq!(prompt, "Ship the sprocket (#21)?");
+    let (status, answer) = env.post(&format!("{path}/approvals/ask"), &json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+    env.until_status(run, "completed").await;
+
+    // A rerun parks at `$start` again, waiting for a person.
+    let (status, rerun) = env.post(&format!("{path}/rerun"), &json!({})).await;
+    assert_eq!(status, 201, "{rerun}");
+    let again: RunId = rerun["id"].as_str().unwrap().parse().unwrap();
+    env.until_substate(again, &["awaiting_signal"]).await;
+    assert_eq!(env.get(&format!("/orgs/acme/projects/web/runs/{again}")).await["approvals"][0]["node"], "$start");
+    env.finish().await;
+}
