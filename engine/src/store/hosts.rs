@@ -515,7 +515,7 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
         }
     }
     let renewed: Option<(RunId, String)> = sqlx::query_as(&format!(
-        "UPDATE steps SET lease_expires_at = now() + interval '{} seconds' \
+        "UPDATE steps SET lease_expires_at = clock_timestamp() + interval '{} seconds' \
          WHERE step_id = $1 AND org_id = $2 AND holder = $3 AND state IN ('leased', 'running') RETURNING run_id, state",
         LEASE.as_secs()
     ))

@@ -15,7 +15,11 @@ use super::{cap, Change, Result, StoreError};
 use crate::ids::{OrgId, RunId, StepId};
 use crate::state::{step, MoveTo, State, StepState};
 
-/// How long a holder owns a leased step without renewing it.
+/// How long a holder owns a leased step without renewing it. A lease counts from the statement
+/// that takes or renews it (`clock_timestamp()`), not from its transaction's start, so time a
+/// transaction spent waiting for locks is not taken off the lease; a holder frozen inside the
+/// transaction cannot commit one at all: `idle_in_transaction_session_timeout` (`db::GUARDS`)
+/// ends its session first, and its work is recovered like any other.
 pub const LEASE: Duration = Duration::from_secs(30);
 /// After a lease lapses, its holder still has this long to report in before recovery.
 pub const LEASE_GRACE: Duration = Duration::from_secs(15);
@@ -207,7 +211,7 @@ async fn apply<F: MoveTo<T>, T: State>(
                                                       FOR UPDATE SKIP LOCKED))) \
          UPDATE steps SET state = $3, \
            holder = CASE WHEN $4 THEN $5 ELSE holder END, \
-           lease_expires_at = CASE WHEN $6 THEN now() + interval '{lease} seconds' WHEN $8::bigint IS NOT NULL THEN NULL ELSE lease_expires_at END, \
+           lease_expires_at = CASE WHEN $6 THEN clock_timestamp() + interval '{lease} seconds' WHEN $8::bigint IS NOT NULL THEN NULL ELSE lease_expires_at END, \
            started_at = CASE WHEN $7 THEN now() ELSE started_at END, \
            finished_seq = COALESCE($8, finished_seq), \
            ended_at = CASE WHEN $8::bigint IS NOT NULL THEN now() ELSE ended_at END, \
@@ -288,9 +292,9 @@ pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: 
     let watch = (LEASE + LEASE_GRACE).min(timeout);
     let sql = format!(
         "WITH w AS (INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
-                    SELECT org_id, run_id, step_id, now() + $6 * interval '1 millisecond', 'lease_expiry' FROM steps \
+                    SELECT org_id, run_id, step_id, clock_timestamp() + $6 * interval '1 millisecond', 'lease_expiry' FROM steps \
                     WHERE step_id = $1 AND run_id = $2 AND state = ANY($5)) \
-         UPDATE steps SET state = $3, holder = $4, lease_expires_at = now() + interval '{} seconds', started_at = now(), reason = NULL \
+         UPDATE steps SET state = $3, holder = $4, lease_expires_at = clock_timestamp() + interval '{} seconds', started_at = now(), reason = NULL \
          WHERE step_id = $1 AND run_id = $2 AND state = ANY($5) RETURNING {STEP_COLUMNS}",
         LEASE.as_secs()
     );
@@ -442,7 +446,7 @@ pub async fn cancel_open(ch: &mut Change, run: RunId, reason: &str) -> Result<us
 /// step was cancelled. Not a move and not an event: heartbeats are frequent and say nothing new.
 pub async fn heartbeat(pool: &sqlx::PgPool, org: OrgId, step: StepId, holder: &str) -> Result<StepState> {
     let sql = format!(
-        "UPDATE steps SET lease_expires_at = now() + interval '{} seconds' \
+        "UPDATE steps SET lease_expires_at = clock_timestamp() + interval '{} seconds' \
          WHERE step_id = $1 AND org_id = $2 AND holder = $3 AND state IN ('leased','running') RETURNING state",
         LEASE.as_secs()
     );
