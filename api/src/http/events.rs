@@ -235,7 +235,7 @@ async fn follow(
                         if n.as_ref().is_none_or(|n| may_be_ready(n.payload())) {
                             ready.send_modify(|n| *n += 1);
                         }
-                        if let Some(run) = n.as_ref().and_then(|n| n.payload().strip_prefix('l')).and_then(|r| r.parse::<RunId>().ok()) {
+                        for run in n.as_ref().into_iter().flat_map(|n| Notice::transcripts(n.payload())) {
                             // No receiver is not an error: no transcript is watched here now.
                             let _ = logs.send(run);
                         }

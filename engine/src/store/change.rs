@@ -13,30 +13,112 @@ use crate::trace::TraceParent;
 use super::{Result, StoreError};
 use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
 
-/// The channel engines and API replicas `LISTEN` on. The payload is `w<ms>`, the delay until
-/// the earliest wake the transaction wrote for another process (`w0` when due now), or `e`
-/// when it only wrote run events (for the event streams; engines ignore it), or `l<run>` when a
-/// session report added transcript lines to a run (for live transcripts; engines ignore it).
+/// The channel engines and API replicas `LISTEN` on. A payload is one or more words separated
+/// by spaces: `w<ms>`, a wake another process must learn of falls due after this delay (`w0`:
+/// now); `l<run>`, a session report added transcript lines to a run (live transcripts);
+/// `e`, run events were committed (the event streams). Engines act only on `w`.
+///
+/// At most one NOTIFY per transaction. Notifying commits are serialized cluster-wide, so a
+/// change that wrote only run events (most of an engine's) does not notify by itself: the
+/// event streams learn of them through [`EventsNotice`], at most one `e` per process every
+/// [`EVENTS_NOTICE_INTERVAL`], sent after the commits it covers.
 pub const NOTIFY_CHANNEL: &str = "shopfloor_wakes";
+
+/// How often a process tells the event streams of events it committed without a wake.
+const EVENTS_NOTICE_INTERVAL: Duration = Duration::from_millis(50);
 
 /// What a notification says, parsed from its payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Notice {
     /// A wake falls due after this delay.
     Wake(Duration),
-    /// New run events, nothing for engines.
+    /// New run events or transcript lines, nothing for engines.
     Events,
 }
 
 impl Notice {
     pub fn parse(payload: &str) -> Notice {
-        match payload.strip_prefix('w').and_then(|ms| ms.parse().ok()) {
-            Some(ms) => Notice::Wake(Duration::from_millis(ms)),
-            // `l<run>`: a session report grew the run's transcript (for the console).
-            None if payload == "e" || payload.starts_with('l') => Notice::Events,
-            // An unknown payload: look, rather than miss a wake.
-            None => Notice::Wake(Duration::ZERO),
+        let mut wake: Option<u64> = None;
+        for word in payload.split(' ') {
+            match word.strip_prefix('w').map(str::parse::<u64>) {
+                Some(Ok(ms)) => wake = Some(wake.map_or(ms, |w| w.min(ms))),
+                None if word == "e" || word.starts_with('l') => {}
+                // An unknown word: look, rather than miss a wake.
+                _ => return Notice::Wake(Duration::ZERO),
+            }
         }
+        wake.map_or(Notice::Events, |ms| Notice::Wake(Duration::from_millis(ms)))
+    }
+
+    /// The runs whose transcripts a notification says grew.
+    pub fn transcripts(payload: &str) -> impl Iterator<Item = RunId> + '_ {
+        payload.split(' ').filter_map(|w| w.strip_prefix('l')).filter_map(|r| r.parse().ok())
+    }
+}
+
+/// The `e` notices of this process: one is sent at most every [`EVENTS_NOTICE_INTERVAL`]; a
+/// commit that may not send one marks the process dirty, and a trailing notice follows.
+struct EventsNotice {
+    last: Option<std::time::Instant>,
+    dirty: bool,
+    /// When the task that sends the trailing notice last looked; a task gone with its runtime
+    /// (a test's) stops looking, and the next commit starts another.
+    trailing: Option<std::time::Instant>,
+}
+
+static EVENTS_NOTICE: std::sync::Mutex<EventsNotice> = std::sync::Mutex::new(EventsNotice { last: None, dirty: false, trailing: None });
+
+impl EventsNotice {
+    /// Whether the commit about to happen may carry an `e` itself (and is counted as sent).
+    fn take_now() -> bool {
+        let Ok(mut n) = EVENTS_NOTICE.lock() else { return true };
+        let now = std::time::Instant::now();
+        if n.last.is_none_or(|t| now.duration_since(t) >= EVENTS_NOTICE_INTERVAL) {
+            n.last = Some(now);
+            n.dirty = false;
+            return true;
+        }
+        false
+    }
+
+    /// After a commit whose events went untold: make sure a notice follows it.
+    fn owe(pool: &PgPool) {
+        let Ok(mut n) = EVENTS_NOTICE.lock() else { return };
+        n.dirty = true;
+        if n.trailing.is_some_and(|t| t.elapsed() < EVENTS_NOTICE_INTERVAL * 20) {
+            return;
+        }
+        n.trailing = Some(std::time::Instant::now());
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            loop {
+                let wait = {
+                    let Ok(mut n) = EVENTS_NOTICE.lock() else { return };
+                    if !n.dirty {
+                        n.trailing = None;
+                        return;
+                    }
+                    n.trailing = Some(std::time::Instant::now());
+                    let since = n.last.map_or(EVENTS_NOTICE_INTERVAL, |t| t.elapsed());
+                    if since >= EVENTS_NOTICE_INTERVAL {
+                        n.dirty = false;
+                        n.last = Some(std::time::Instant::now());
+                        None
+                    } else {
+                        Some(EVENTS_NOTICE_INTERVAL - since)
+                    }
+                };
+                match wait {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => {
+                        if let Err(e) = sqlx::query("SELECT pg_notify($1, 'e')").bind(NOTIFY_CHANNEL).execute(&pool).await {
+                            // The streams catch up at their next notice or reconnect.
+                            tracing::warn!(error = %e, "cannot tell the event streams of new events");
+                        }
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -97,6 +179,10 @@ pub struct RunCtx {
 /// One transaction of the write path.
 pub struct Change {
     pub(super) tx: Transaction<'static, Postgres>,
+    /// For the trailing events notice after commit ([`EventsNotice`]).
+    pool: PgPool,
+    /// Runs whose transcripts grew (`l<run>` in the notification).
+    transcripts: Vec<RunId>,
     pub(super) actor: Actor,
     runs: HashMap<RunId, RunCtx>,
     /// The smallest delay of a wake written for another process to see.
@@ -145,6 +231,8 @@ impl Change {
     pub async fn begin(pool: &PgPool, actor: Actor) -> Result<Change> {
         Ok(Change {
             tx: pool.begin().await?,
+            pool: pool.clone(),
+            transcripts: Vec::new(),
             actor,
             runs: HashMap::new(),
             notify_delay: None,
@@ -427,8 +515,16 @@ impl Change {
         self.notify_delay = Some(Duration::ZERO);
     }
 
-    /// Writes the buffered events and audit entries and commits, with one `NOTIFY` when a wake was
-    /// written for another process or events were appended (the streams follow them).
+    /// Tells the live transcripts that `run`'s grew, in this change's notification.
+    pub(crate) fn notify_transcript(&mut self, run: RunId) {
+        if !self.transcripts.contains(&run) {
+            self.transcripts.push(run);
+        }
+    }
+
+    /// Writes the buffered events and audit entries and commits, with at most one `NOTIFY`:
+    /// when a wake was written for another process, a transcript grew, or (at most every
+    /// [`EVENTS_NOTICE_INTERVAL`] per process) events were appended.
     pub async fn commit(mut self) -> Result<()> {
         // Queue rows are locked last, so that a change never holds one while it waits for a
         // run's lock or takes a stronger lock on the same row later.
@@ -437,14 +533,23 @@ impl Change {
             super::admission::release(&mut self, releases).await?;
         }
         self.flush().await?;
-        let payload = match self.notify_delay {
-            Some(delay) => Some(format!("w{}", delay.as_millis())),
-            None => self.wrote_events.then(|| "e".to_owned()),
-        };
-        if let Some(payload) = payload {
-            sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(payload).execute(&mut *self.tx).await?;
+        let mut words: Vec<String> = Vec::new();
+        if let Some(delay) = self.notify_delay {
+            words.push(format!("w{}", delay.as_millis()));
+        }
+        words.extend(self.transcripts.iter().map(|run| format!("l{run}")));
+        // Any notice makes the streams read; only a change with nothing else to say needs an `e`.
+        let owes_events = self.wrote_events && words.is_empty() && !EventsNotice::take_now();
+        if self.wrote_events && words.is_empty() && !owes_events {
+            words.push("e".to_owned());
+        }
+        if !words.is_empty() {
+            sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(words.join(" ")).execute(&mut *self.tx).await?;
         }
         self.tx.commit().await?;
+        if owes_events {
+            EventsNotice::owe(&self.pool);
+        }
         // The event log sees only what committed, and is written outside the transaction.
         event_log::emit(self.written.iter().map(|e| event_log::Event {
             org: e.org,

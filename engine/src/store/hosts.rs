@@ -612,7 +612,7 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
     record_usage(&mut ch.tx, host, run, step, harness, usage, stored as i64, recorded).await?;
     if stored > 0 {
         // Live transcripts (the console) follow `l<run>`; engines ignore it.
-        sqlx::query("SELECT pg_notify($1, $2)").bind(super::NOTIFY_CHANNEL).bind(format!("l{run}")).execute(&mut *ch.tx).await?;
+        ch.notify_transcript(run);
     }
     // Spend that crossed a hard limit, or turns past the cap, stop the step now (the answer
     // says so): a session that reports all the time may send no heartbeat.
