@@ -75,9 +75,11 @@ async fn check_webhooks_pass_and_fail_a_waiting_gate_and_on_fail_loops() {
     env.until("SELECT count(*) FROM steps WHERE node = 'checks' AND state = 'waiting'", 1, LONG).await;
     assert_eq!(env.scalar("SELECT count(*) FROM github_watches WHERE watch = 'checks'").await, 1);
 
-    // One check passes: the gate still waits for the other.
+    // One check passes: the gate still waits for the other. The delivery woke the gate (its
+    // wake is written with the delivery); once an engine has taken that wake, the gate has
+    // looked at the check.
     env.deliver("check_run", &payloads::check_run_event("completed", &env.repo, 1, "build", &a, "completed", Some("success"), &[5])).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.until("SELECT count(*) FROM wakes w JOIN steps s USING (step_id) WHERE s.node = 'checks' AND w.reason LIKE 'github:%'", 0, LONG).await;
     assert_eq!(env.scalar("SELECT count(*) FROM steps WHERE node = 'checks' AND state = 'waiting'").await, 1);
     // The other fails: the gate fails and loops back to build; the second visit waits, since
     // the old failure is not news to it.

@@ -132,8 +132,11 @@ async fn a_failing_receiver_gets_the_third_attempt_signed_and_a_replay_arrives_a
     let audit = app.json(Method::GET, "/api/v1/orgs/acme/audit?action=webhook.replay", &org.owner, None, StatusCode::OK).await;
     assert_eq!(audit["items"].as_array().unwrap().len(), 1);
 
-    // Only the events it subscribed to: nothing for the run's start, steps or waits.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Only the events it subscribed to: nothing for the run's start, steps or waits. Deliveries
+    // are written with their events, and every event of the (cancelled) run is committed, so
+    // the log is final: the delivery and its replay.
+    let log = app.json(Method::GET, &format!("{BASE}/webhooks/{webhook}/deliveries"), &org.admin, None, StatusCode::OK).await;
+    assert_eq!(log["items"].as_array().unwrap().len(), 2, "{log}");
     assert_eq!(got.lock().unwrap().len(), 4);
     app.finish().await;
 }
