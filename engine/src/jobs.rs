@@ -192,8 +192,8 @@ fn error_words(e: &reqwest::Error) -> String {
 
 async fn sweep(db: &PgPool, engine_id: &str, job: &Job) -> Result<(), StoreError> {
     let swept = retention::sweep(db, Actor::Engine(engine_id.to_owned()), job.org_id, ProjectId(job.subject), retention::BATCH).await?;
-    if swept.runs > 0 || swept.deliveries > 0 || swept.events > 0 {
-        tracing::info!(project.id = %job.subject, runs = swept.runs, deliveries = swept.deliveries, events = swept.events, batches = swept.batches, "retention sweep");
+    if swept.runs > 0 || swept.deliveries > 0 || swept.partitions > 0 {
+        tracing::info!(project.id = %job.subject, runs = swept.runs, deliveries = swept.deliveries, partitions = swept.partitions, batches = swept.batches, "retention sweep");
     }
     Ok(())
 }

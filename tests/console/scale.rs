@@ -163,8 +163,8 @@ async fn seed(pool: &sqlx::PgPool, org: &crate::support::Org, n: i64) {
          SELECT s.org_id, s.step_id, s.run_id, 'review', 'Ship the release?', '{\"ticket\": {\"type\": \"string\", \"required\": true}}', now() + interval '1 day', \
                 CASE WHEN s.state = 'waiting' THEN NULL ELSE 'approved' END, CASE WHEN s.state = 'waiting' THEN NULL ELSE '{\"ticket\": \"T\"}'::jsonb END \
          FROM steps s WHERE s.org_id = $1 AND s.node = 'review'",
-        "INSERT INTO run_events (org_id, project_id, run_id, seq, kind, node, attrs) \
-         SELECT r.org_id, r.project_id, r.run_id, k.seq, k.kind, k.node, '{}' FROM runs r \
+        "INSERT INTO run_events (org_id, project_id, run_id, run_created_at, seq, kind, node, attrs) \
+         SELECT r.org_id, r.project_id, r.run_id, r.created_at, k.seq, k.kind, k.node, '{}' FROM runs r \
          CROSS JOIN (VALUES (1, 'run.started', NULL), (2, 'step.created', 'review'), (3, 'step.succeeded', 'review'), (4, 'run.completed', NULL)) k(seq, kind, node) \
          WHERE r.org_id = $1",
         "INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, at) \
@@ -176,8 +176,9 @@ async fn seed(pool: &sqlx::PgPool, org: &crate::support::Org, n: i64) {
         "INSERT INTO step_sessions (org_id, run_id, step_id, host_id, harness, input_tokens, output_tokens, cost_usd, turns) \
          SELECT s.org_id, s.run_id, s.step_id, (SELECT host_id FROM hosts WHERE org_id = $1 LIMIT 1), 'command', 1000, 100, 0.01, 3 \
          FROM steps s WHERE s.org_id = $1 AND s.node = 'settle'",
-        "INSERT INTO step_logs (org_id, run_id, step_id, seq, stream, line) \
-         SELECT s.org_id, s.run_id, s.step_id, g, 'stdout', 'line ' || g FROM (SELECT * FROM steps WHERE org_id = $1 AND state = 'succeeded' LIMIT 200) s \
+        "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
+         SELECT s.org_id, s.run_id, (SELECT created_at FROM runs r WHERE r.run_id = s.run_id), s.step_id, g, 'stdout', 'line ' || g \
+         FROM (SELECT * FROM steps WHERE org_id = $1 AND state = 'succeeded' LIMIT 200) s \
          CROSS JOIN generate_series(1, 50) g",
     ];
     for s in sql {

@@ -291,11 +291,13 @@ async fn read(db: &PgPool, pos: &mut Option<Position>, tx: &broadcast::Sender<Ar
     }
 }
 
-/// The settled events of one project after `pos`, for a client that resumes.
+/// The settled events of one project after `pos`, for a client that resumes: what the stream
+/// replays goes back `EVENT_DAYS` (30), though a kept run's journal goes back to its start.
 async fn backlog(db: &PgPool, org: OrgId, project: ProjectId, pos: Position) -> Result<Vec<StreamEvent>, sqlx::Error> {
     let sql = format!(
         "SELECT {COLUMNS} FROM run_events WHERE org_id = $1 AND project_id = $2 AND (xid, event_id) > ($3::text::xid8, $4) \
-           AND xid < (SELECT shopfloor_event_horizon()) ORDER BY xid, event_id LIMIT $5"
+           AND xid < (SELECT shopfloor_event_horizon()) AND at > now() - make_interval(days => {}) ORDER BY xid, event_id LIMIT $5",
+        engine::store::retention::EVENT_DAYS
     );
     let rows: Vec<EventRow> = sqlx::query_as(&sql).bind(org).bind(project).bind(pos.xid.to_string()).bind(pos.event).bind(BATCH).fetch_all(db).await?;
     Ok(rows.into_iter().filter_map(EventRow::settled).collect())

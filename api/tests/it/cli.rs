@@ -620,8 +620,8 @@ async fn runs_follow_in_a_terminal_answers_the_approval_with_a_and_sees_the_run_
     let got = s.until(&run, "build running", |r| r["steps"].as_array().is_some_and(|st| st.iter().any(|x| x["node"] == "build" && x["state"] == "running"))).await;
     let step_id: engine::ids::StepId = got["steps"][0]["id"].as_str().unwrap().parse().unwrap();
     sqlx::query(
-        "INSERT INTO step_logs (org_id, run_id, step_id, seq, stream, line) \
-         SELECT org_id, run_id, step_id, l.seq, 'stdout', l.line FROM steps, (VALUES (1::bigint, 'compiling widgets'), (2, 'all tests pass')) AS l(seq, line) \
+        "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
+         SELECT org_id, run_id, (SELECT created_at FROM runs r WHERE r.run_id = steps.run_id), step_id, l.seq, 'stdout', l.line FROM steps, (VALUES (1::bigint, 'compiling widgets'), (2, 'all tests pass')) AS l(seq, line) \
          WHERE step_id = $1",
     )
     .bind(step_id)

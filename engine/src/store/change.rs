@@ -326,10 +326,12 @@ impl Change {
             return Ok(());
         }
         let ids: Vec<uuid::Uuid> = runs.iter().map(|r| r.0).collect();
-        // One primary-key probe per run (its last event), whatever the table's statistics say:
-        // `run_id = ANY($1) GROUP BY run_id` was planned as a scan of every event.
+        // One primary-key probe per run (its last event, in its run's partition), whatever the
+        // table's statistics say: `run_id = ANY($1) GROUP BY run_id` was planned as a scan of
+        // every event.
         let last: Vec<(RunId, Option<i64>)> = sqlx::query_as(
-            "SELECT r, (SELECT seq FROM run_events WHERE run_id = r ORDER BY seq DESC LIMIT 1) FROM unnest($1::uuid[]) AS r",
+            "SELECT r.run_id, (SELECT seq FROM run_events e WHERE e.run_id = r.run_id AND e.run_created_at = r.created_at ORDER BY seq DESC LIMIT 1) \
+             FROM runs r WHERE r.run_id = ANY($1::uuid[])",
         )
         .bind(&ids)
         .fetch_all(&mut *self.tx)
@@ -416,9 +418,12 @@ impl Change {
         if !self.events.is_empty() {
             let e = std::mem::take(&mut self.events);
             // With the events, the outgoing webhook deliveries they make, in the same statement.
+            // The rows go in the order given (no join to reorder them): event ids, which the
+            // streams order by, follow the events' sequence numbers.
             let sql = format!(
-                "WITH e AS (INSERT INTO run_events (org_id, project_id, run_id, seq, kind, step_id, node, attrs) \
-                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) \
+                "WITH e AS (INSERT INTO run_events (org_id, project_id, run_id, run_created_at, seq, kind, step_id, node, attrs) \
+                 SELECT u.o, u.p, u.r, (SELECT created_at FROM runs WHERE run_id = u.r), u.s, u.k, u.st, u.n, u.a \
+                 FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) AS u(o, p, r, s, k, st, n, a) \
                  RETURNING org_id, project_id, run_id, kind, event_id) {}",
                 super::webhooks_out::DELIVERIES_CTE
             );

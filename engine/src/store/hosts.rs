@@ -569,9 +569,10 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
             dropped = n as usize;
         }
         let sizes: Vec<i32> = sqlx::query_scalar(
-            "INSERT INTO step_logs (org_id, run_id, step_id, seq, stream, line) \
-             SELECT $1, $2, $3, u.seq, u.stream, u.line FROM UNNEST($4::bigint[], $5::text[], $6::text[]) AS u(seq, stream, line) \
-             ON CONFLICT (step_id, seq) DO NOTHING RETURNING octet_length(line)",
+            "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
+             SELECT $1, $2, (SELECT created_at FROM runs WHERE run_id = $2), $3, u.seq, u.stream, u.line \
+             FROM UNNEST($4::bigint[], $5::text[], $6::text[]) AS u(seq, stream, line) \
+             ON CONFLICT (step_id, seq, run_created_at) DO NOTHING RETURNING octet_length(line)",
         )
         .bind(host.org_id)
         .bind(run)
@@ -587,7 +588,10 @@ pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option
         if let (true, Some(seq)) = (newly_capped, first_dropped) {
             // The first dropped line's number is never stored, so the note cannot collide.
             let note = format!("transcript cap of {cap_bytes} bytes for this run reached: later lines are not stored");
-            sqlx::query("INSERT INTO step_logs (org_id, run_id, step_id, seq, stream, line) VALUES ($1, $2, $3, $4, 'note', $5) ON CONFLICT DO NOTHING")
+            sqlx::query(
+                "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
+                 VALUES ($1, $2, (SELECT created_at FROM runs WHERE run_id = $2), $3, $4, 'note', $5) ON CONFLICT DO NOTHING",
+            )
                 .bind(host.org_id)
                 .bind(run)
                 .bind(step)

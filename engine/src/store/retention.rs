@@ -1,15 +1,19 @@
-//! Retention: a project's finished runs are deleted with their history (steps, logs, events,
-//! approvals, wakes: the foreign keys cascade) once they ended longer ago than the project's
-//! `retention_days` (90 by default); its webhook deliveries after 7 days; its lifecycle events
-//! (`run_events`, the project's bus) after 30 days, except those of runs still running, which
-//! are kept until the run ends (a run's event numbers continue from its last one). Dry runs go
-//! a day after they end, by a wake of their own (`runs::finish`).
+//! Retention: a project's finished runs are deleted (with their steps, approvals and wakes:
+//! the foreign keys cascade) once they ended longer ago than the project's `retention_days`
+//! (90 by default); its webhook deliveries after 7 days. Dry runs go a day after they end, by a
+//! wake of their own (`runs::finish`).
+//!
+//! Journals (`run_events`, `step_logs`) are partitioned by month of their run's creation
+//! (migration 0022): a run's journal lives as long as the run, and a partition is dropped
+//! whole once no run created in its month is left (`shopfloor_journal_maintain`, which also
+//! makes the months ahead). Every sweep calls it. What the project's event stream replays is
+//! limited to [`EVENT_DAYS`] (`api::http::events`), not a kept run's history.
 //!
 //! Each project has one `retention` job. Its sweep deletes in batches of [`BATCH`] runs, each
 //! batch a transaction of its own that locks only the runs it deletes (`SKIP LOCKED`), so run
 //! creation never waits on it; then it schedules the next sweep for when the oldest finished
-//! run left comes of age (or a retention period from now, when there is none). Running runs
-//! are never deleted, however old.
+//! run left comes of age, a day from now at the latest (the journals' partitions are made
+//! ahead by then). Running runs are never deleted, however old.
 
 use std::time::Duration;
 
@@ -27,7 +31,7 @@ pub const BATCH: i64 = 200;
 /// How long webhook deliveries are kept.
 pub const DELIVERY_DAYS: i32 = 7;
 
-/// How long lifecycle events are kept.
+/// How far back the project's event stream replays (`Last-Event-ID`).
 pub const EVENT_DAYS: i32 = 30;
 
 /// What one sweep deleted.
@@ -35,7 +39,8 @@ pub const EVENT_DAYS: i32 = 30;
 pub struct Swept {
     pub runs: u64,
     pub deliveries: u64,
-    pub events: u64,
+    /// Journal partitions dropped.
+    pub partitions: u64,
     pub batches: u32,
 }
 
@@ -108,36 +113,14 @@ pub async fn sweep(pool: &sqlx::PgPool, actor: Actor, org: OrgId, project: Proje
             break;
         }
     }
-    loop {
-        // Events of runs still running are skipped (and looked at again by a later sweep); the
-        // runs whose events go are locked, so no change of theirs appends meanwhile.
-        let mut ch = Change::begin(pool, actor.clone()).await?;
-        let deleted = sqlx::query(
-            "DELETE FROM run_events WHERE (run_id, seq) IN ( \
-                SELECT e.run_id, e.seq FROM run_events e JOIN runs r ON r.run_id = e.run_id \
-                WHERE e.project_id = $1 AND e.at < now() - make_interval(days => $2) AND r.status <> 'running' \
-                ORDER BY e.at LIMIT $3 FOR NO KEY UPDATE OF r SKIP LOCKED)",
-        )
-        .bind(project)
-        .bind(EVENT_DAYS)
-        .bind(batch * 5)
-        .execute(ch.conn())
-        .await?
-        .rows_affected();
-        if deleted > 0 {
-            ch.audit(org, Some(project), "retention.delete_events", ("project", project.to_string()), json!({ "events": deleted }))?;
-        }
-        ch.commit().await?;
-        swept.events += deleted;
-        if deleted < u64::try_from(batch * 5).unwrap_or(0) {
-            break;
-        }
+    // Journal partitions: the months ahead made, those of no remaining run dropped. Dropping
+    // one waits for the journals' lock; when it cannot have it in time, the next sweep tries.
+    match sqlx::query_scalar::<_, i32>("SELECT shopfloor_journal_maintain()").fetch_one(pool).await {
+        Ok(n) => swept.partitions = u64::try_from(n).unwrap_or(0),
+        Err(e) => tracing::warn!(error = %e, "journal partitions not maintained this sweep"),
     }
-    // The next sweep: when the oldest finished run, delivery or event left comes of age. Events
-    // already of age that were kept (their run still runs) do not count: the sweep after that
-    // run's end takes them. Events come all the time, so their sweep is at most hourly. The
-    // next event to come of age is the first young one in commit order (`run_events_by_project`),
-    // close enough to the youngest by time for an hourly sweep.
+    // The next sweep: when the oldest finished run or delivery left comes of age, and within a
+    // day, so that the journals' partitions are made ahead of their months.
     let mut ch = Change::begin(pool, actor).await?;
     let next_ms: Option<f64> = sqlx::query_scalar(
         "SELECT ceil(extract(epoch FROM least( \
@@ -145,16 +128,12 @@ pub async fn sweep(pool: &sqlx::PgPool, actor: Actor, org: OrgId, project: Proje
                         + make_interval(days => p.retention_days), \
                     coalesce((SELECT min(created_at) FROM webhook_deliveries WHERE project_id = $1), now() + interval '3650 days') \
                         + make_interval(days => $2), \
-                    greatest(coalesce((SELECT at FROM run_events WHERE org_id = $4 AND project_id = $1 AND at >= now() - make_interval(days => $3) \
-                                       ORDER BY xid, event_id LIMIT 1), \
-                                      now() + interval '3650 days') + make_interval(days => $3), now() + interval '1 hour')) \
+                    now() + interval '1 day') \
                     - now()) * 1000)::float8 \
          FROM projects p WHERE p.project_id = $1",
     )
     .bind(project)
     .bind(DELIVERY_DAYS)
-    .bind(EVENT_DAYS)
-    .bind(org)
     .fetch_optional(ch.conn())
     .await?
     .flatten();

@@ -444,8 +444,8 @@ async fn old_runs(pool: &PgPool, s: &Seed, n: i64, days: i32) {
     .await
     .unwrap();
     sqlx::query(
-        "INSERT INTO run_events (org_id, project_id, run_id, seq, kind) \
-         SELECT $1, $2, id, k, 'step.x' FROM unnest($3::uuid[]) AS id, generate_series(1, 4) AS k",
+        "INSERT INTO run_events (org_id, project_id, run_id, run_created_at, seq, kind) \
+         SELECT $1, $2, id, (SELECT created_at FROM runs WHERE run_id = id), k, 'step.x' FROM unnest($3::uuid[]) AS id, generate_series(1, 4) AS k",
     )
     .bind(s.org)
     .bind(s.project)
@@ -511,16 +511,18 @@ async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new
     // (how long each took is printed, for `make bench` to judge, not asserted).
     assert!(during >= 20, "run creation went on during the sweep: {during}");
 
-    // Exactly the old finished runs went, with their steps and events.
+    // Exactly the old finished runs went, with their steps; the kept runs' journals are whole
+    // (the deleted runs' journals go with their month's partition, once no run of it is left).
     let left = crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs").await;
     assert_eq!(left, 51 + made.len() as i64);
     assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM steps WHERE node IN ('a', 'b')").await, 100);
-    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x'").await, 200);
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x' AND run_id IN (SELECT run_id FROM runs)").await, 200);
     let still: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE run_id = $1").bind(running).fetch_one(&db.pool).await.unwrap();
     assert_eq!(still, 1, "a running run is never deleted");
-    // The next sweep is due when the oldest run left comes of age (in about 10 days), once the
-    // sweep has finished (until then its job is due a lease ahead).
-    next_sweep_in_days(&db.pool, s.project, 10.0).await;
+    // The next sweep is due in a day (the oldest run left comes of age in about 10 days, but
+    // the journals' partitions are looked after daily), once the sweep has finished (until then
+    // its job is due a lease ahead).
+    next_sweep_in_days(&db.pool, s.project, 1.0).await;
     stop.cancel();
     db.discard().await;
 }
@@ -676,41 +678,82 @@ async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run
     db.discard().await;
 }
 
-#[tokio::test]
-async fn the_retention_sweep_deletes_lifecycle_events_after_30_days_but_not_those_of_running_runs() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
-    // 300 runs that ended 20 days ago (within the 90 days of retention), four events each; the
-    // first two of each are 40 days old.
-    old_runs(&db.pool, &s, 300, 20).await;
-    sqlx::query("UPDATE run_events SET at = now() - interval '40 days' WHERE kind = 'step.x' AND seq <= 2").execute(&db.pool).await.unwrap();
-    // A run still running whose first events are as old.
-    let running = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 600_000 } }))).await.unwrap();
-    sqlx::query("UPDATE run_events SET at = now() - interval '40 days' WHERE run_id = $1").bind(running).execute(&db.pool).await.unwrap();
-    let stop = start_engine(&db.pool, &db.url, "e1");
+/// The journal partition of the month `days` ago, made if missing; its name.
+async fn partition_of(pool: &PgPool, days: i32) -> String {
+    sqlx::query_scalar(
+        "SELECT 'run_events_' || to_char(m, 'YYYYMM') FROM (SELECT date_trunc('month', now() - make_interval(days => $1))::date AS m) x, \
+                LATERAL (SELECT shopfloor_journal_partition(x.m)) made",
+    )
+    .bind(days)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
 
-    // Setting the retention makes the project's sweep due now; an engine takes the job.
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
+async fn exists(pool: &PgPool, table: &str) -> bool {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL").bind(table).fetch_one(pool).await.unwrap()
+}
+
+/// Sets the project's retention again, which makes its sweep due now (an engine takes it).
+async fn sweep_now(pool: &PgPool, s: &Seed) {
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     retention::set_days(&mut ch, s.org, s.project, 90).await.unwrap();
     ch.commit().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let old = crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x' AND at < now() - interval '30 days'").await;
-        if old == 0 {
-            break;
+}
+
+/// Waits for `sql` to be true, with a hang guard.
+async fn until_true(pool: &PgPool, sql: &str) {
+    let wait = async {
+        while !sqlx::query_scalar::<_, bool>(sql).fetch_one(pool).await.unwrap() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(Instant::now() < deadline, "{old} old events left");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::timeout(Duration::from_secs(120), wait).await.unwrap_or_else(|_| panic!("never: {sql}"));
+}
+
+#[tokio::test]
+async fn a_runs_journal_lives_as_long_as_the_run_and_its_partition_goes_whole_after_it() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    // 300 runs that ended 20 days ago (within the 90 days of retention), four events each,
+    // the first two 40 days old: past what the stream replays, still their runs' history.
+    old_runs(&db.pool, &s, 300, 20).await;
+    sqlx::query("UPDATE run_events SET at = now() - interval '40 days' WHERE kind = 'step.x' AND seq <= 2").execute(&db.pool).await.unwrap();
+    // 50 runs of a year ago in their month's partition, long past retention, and a run of the
+    // same month that still runs.
+    let ancient = partition_of(&db.pool, 420).await;
+    old_runs(&db.pool, &s, 51, 420).await;
+    let running: RunId = sqlx::query_scalar("SELECT run_id FROM runs WHERE created_at < now() - interval '400 days' ORDER BY run_id LIMIT 1").fetch_one(&db.pool).await.unwrap();
+    sqlx::query("UPDATE runs SET status = 'running', ended_at = NULL WHERE run_id = $1").bind(running).execute(&db.pool).await.unwrap();
+    let in_ancient = format!("SELECT count(*) FROM {ancient}");
+    assert_eq!(crate::fixtures::count(&db.pool, &in_ancient).await, 51 * 4);
+    let stop = start_engine(&db.pool, &db.url, "e1");
+
+    // The sweep deletes the 50 finished runs of a year ago; their partition stays while the
+    // running run of its month is left, and every journal of a kept run is whole.
+    sweep_now(&db.pool, &s).await;
+    until_true(&db.pool, "SELECT count(*) = 301 FROM runs").await;
+    next_sweep_in_days(&db.pool, s.project, 1.0).await;
+    assert!(exists(&db.pool, &ancient).await, "a running run's partition is kept");
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x' AND run_id IN (SELECT run_id FROM runs)").await, 301 * 4);
+    let old: i64 = crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE at < now() - interval '30 days' AND run_created_at > now() - interval '30 days'").await;
+    assert_eq!(old, 600, "events older than 30 days of runs still kept");
+
+    // That run ends, long ago: the next sweep deletes it, and its month's partition goes whole.
+    sqlx::query("UPDATE runs SET status = 'cancelled', ended_at = now() - interval '400 days' WHERE run_id = $1").bind(running).execute(&db.pool).await.unwrap();
+    sweep_now(&db.pool, &s).await;
+    until_true(&db.pool, &format!("SELECT to_regclass('{ancient}') IS NULL")).await;
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs").await, 300);
+    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x'").await, 300 * 4);
+    // The months ahead are there.
+    for ahead in [0, 1, 2] {
+        let name: String = sqlx::query_scalar("SELECT 'run_events_' || to_char(date_trunc('month', now()) + make_interval(months => $1), 'YYYYMM')")
+            .bind(ahead)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert!(exists(&db.pool, &name).await, "{name}");
     }
-    // Exactly the old events of finished runs went: the runs and their newer events stay.
-    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x'").await, 600);
-    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs").await, 301);
-    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM run_events WHERE run_id = $1 AND at < now() - interval '30 days'").bind(running).fetch_one(&db.pool).await.unwrap();
-    assert!(kept >= 1, "a running run's events are kept");
-    let audited = crate::fixtures::count(&db.pool, "SELECT coalesce(sum((detail->>'events')::bigint), 0)::bigint FROM audit_log WHERE action = 'retention.delete_events'").await;
-    assert_eq!(audited, 600);
-    // The next sweep: when the youngest events come of age (30 days), not sooner.
-    next_sweep_in_days(&db.pool, s.project, 30.0).await;
     stop.cancel();
     db.discard().await;
 }
