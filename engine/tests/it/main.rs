@@ -10,3 +10,4 @@ mod admission;
 mod hosts;
 mod poisoned;
 mod guards;
+mod listen;
