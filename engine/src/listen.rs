@@ -9,14 +9,15 @@
 //! `idle + interval × retries` (25 s by default). sqlx 0.8 cannot do this (it opens its sockets
 //! itself and sets only `TCP_NODELAY` on them), hence tokio-postgres here; the pool stays sqlx.
 //!
-//! deadpool-postgres makes the connection: within [`CONNECT_TIMEOUT`], subscribed before it is
-//! handed out, and recycled by `is_closed()` alone (its `Fast` method, which sends nothing; the
-//! other methods run a statement, and `Clean` even `UNLISTEN *`). Three parts stay ours,
+//! deadpool-postgres makes the connection (a pool of one): within [`CONNECT_TIMEOUT`], and
+//! subscribed before it is handed out; its recycling is `Fast`, `is_closed()` alone, because
+//! the other methods run a statement (`Clean` even `UNLISTEN *`). Three parts stay ours,
 //! because deadpool has no place for them: its own connection task discards notifications, so
 //! [`Subscribing`] drives the connection and forwards them; deadpool looks at a connection only
-//! when one is asked for, and a listener asks once, so the loss of an idle connection is
-//! reported by that same task; and it has no backoff, so the callers wait between failed
-//! attempts (1 s to 60 s) as they did before.
+//! when one is asked for, and a listener asks once and holds it while it lives, so the loss of
+//! an idle connection is reported by that same task, and the lost connection is taken out of
+//! the pool; and deadpool has no backoff, so the callers wait between failed attempts (1 s to
+//! 60 s) as they did before.
 //!
 //! URLs are read by sqlx ([`crate::db::parse_url`]: the same URLs, `PG*` variables and
 //! `.pgpass` as the pool) and translated. There is no TLS to PostgreSQL in this build, as for
@@ -226,7 +227,7 @@ impl deadpool_postgres::Connect for Subscribing {
                         }
                         Some(Ok(AsyncMessage::Notice(n))) => tracing::info!(notice = %n.message(), "PostgreSQL notice on the LISTEN connection"),
                         Some(Ok(_)) => {}
-                        Some(Err(e)) => break e.to_string(),
+                        Some(Err(e)) => break with_sources(&e),
                         None => break "the connection was closed".to_owned(),
                     }
                 };
@@ -286,7 +287,7 @@ impl Listener {
                 self.held = Some((client, self.feed.generation.load(Ordering::SeqCst)));
                 Ok(())
             }
-            Err(e) => Err(ListenError::Connect { target: self.shown.clone(), cause: e.to_string() }),
+            Err(e) => Err(ListenError::Connect { target: self.shown.clone(), cause: with_sources(&e) }),
         }
     }
 
@@ -304,13 +305,31 @@ impl Listener {
             match message.kind {
                 Kind::Notified(payload) => return Ok(payload),
                 Kind::Lost(cause) => {
-                    // Back to the pool, whose recycling discards it: its client is closed.
-                    self.held = None;
+                    // Out of the pool and dropped: the next `subscribe` makes a new one.
+                    // (Recycling would find it closed and discard it too, with a warning.)
+                    if let Some((client, _)) = self.held.take() {
+                        drop(Object::take(client));
+                    }
                     return Err(ListenError::Lost { target: self.shown.clone(), cause });
                 }
             }
         }
     }
+}
+
+/// An error with what caused it: tokio-postgres says "error communicating with the server" and
+/// keeps the reason (a timeout, a reset) as its source. None of them carries a password.
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.ends_with(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]
