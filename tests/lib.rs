@@ -2,6 +2,7 @@
 //! processes on a test database, and waiting on the database for what they did.
 
 pub mod github_fake;
+pub mod netns;
 pub mod proxy;
 pub mod sse;
 
@@ -47,7 +48,13 @@ pub struct EngineProcess {
 
 impl EngineProcess {
     pub fn start(database_url: &str, id: &str, effects: &Path) -> EngineProcess {
-        let child = Command::new(shopfloor_bin())
+        EngineProcess::spawn(Command::new(shopfloor_bin()), database_url, id, effects)
+    }
+
+    /// As [`EngineProcess::start`], with `program` as the `shopfloor` to run (a command that
+    /// runs it, such as [`netns::Netns::command`], with settings of its own in its environment).
+    pub fn spawn(mut program: Command, database_url: &str, id: &str, effects: &Path) -> EngineProcess {
+        let child = program
             .args(["engine", "--test-executor", "--engine-id", id, "--log", "warn"])
             .arg("--test-effects")
             .arg(effects)
@@ -202,6 +209,25 @@ pub async fn check_invariants(pool: &PgPool, effects: &Path) -> Invariants {
         .count() as i64;
     let steps_held = scalar(pool, "SELECT count(*) FROM steps WHERE state IN ('leased', 'running')").await;
     Invariants { runs_lost, effects_doubled: doubled, event_gaps, audit_missing, steps_held }
+}
+
+/// Calls per statement (pg_stat_statements' `queryid`) in `database`, read through `admin`, a
+/// connection to another database of the same cluster, so that reading counts nothing.
+pub async fn statement_calls(admin: &PgPool, database: &str) -> std::collections::HashMap<i64, i64> {
+    sqlx::query_as::<_, (i64, i64)>("SELECT queryid, calls FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)")
+        .bind(database)
+        .fetch_all(admin)
+        .await
+        .unwrap_or_else(|e| panic!("pg_stat_statements cannot be read ({e}): the cluster must preload it"))
+        .into_iter()
+        .collect()
+}
+
+/// Statements sent between two [`statement_calls`]: only calls that grew or appeared count,
+/// so entries pg_stat_statements evicted meanwhile (other tests fill it) are not read as
+/// negative work.
+pub fn statements_sent(before: &std::collections::HashMap<i64, i64>, after: &std::collections::HashMap<i64, i64>) -> i64 {
+    after.iter().map(|(q, n)| (n - before.get(q).copied().unwrap_or(0)).max(0)).sum()
 }
 
 /// The effects file's lines (one per executed step attempt).

@@ -7,7 +7,7 @@
 //! what a cable pulled between one engine and the database looks like, and what a server
 //! restart does not show (there, every client loses its link together).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,7 +49,13 @@ pub struct ProxyStats {
 impl Proxy {
     /// Listens on a free loopback port and relays every connection to `upstream`.
     pub async fn start(upstream: SocketAddr) -> std::io::Result<Proxy> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        Proxy::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), upstream).await
+    }
+
+    /// As [`Proxy::start`], listening on `ip` (the root end of a [`crate::netns`] link, for a
+    /// process in that namespace).
+    pub async fn start_on(ip: IpAddr, upstream: SocketAddr) -> std::io::Result<Proxy> {
+        let listener = TcpListener::bind((ip, 0)).await?;
         let addr = listener.local_addr()?;
         let (cuts, _) = watch::channel(0);
         let shared = Arc::new(Shared {
@@ -68,11 +74,15 @@ impl Proxy {
         self.addr.port()
     }
 
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// `url` with its host and port replaced by the proxy's, so a client of it goes through
     /// the proxy to the same database as the same user.
     pub fn url_for(&self, url: &str) -> String {
         let mut through = reqwest::Url::parse(url).unwrap_or_else(|e| panic!("{url} is not a URL: {e}"));
-        through.set_host(Some("127.0.0.1")).expect("a postgres URL has a host");
+        through.set_host(Some(&self.addr.ip().to_string())).expect("a postgres URL has a host");
         through.set_port(Some(self.port())).expect("a postgres URL has a port");
         through.to_string()
     }

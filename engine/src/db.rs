@@ -39,8 +39,18 @@ pub fn parse_url(url: &str) -> Result<PgConnectOptions, DbError> {
 /// transaction left idle 15 s (a frozen process) is ended by the server, which rolls its work
 /// back and releases its locks, so that nothing it held waits for it. Sent as startup
 /// parameters; behind a pooler that does not pass them on (PgBouncer: list `options` in
-/// `ignore_startup_parameters`), set them on the role instead (README).
-pub const GUARDS: &[(&str, &str)] = &[("statement_timeout", "10s"), ("lock_timeout", "5s"), ("idle_in_transaction_session_timeout", "15s")];
+/// `ignore_startup_parameters`), set them on the role instead (README). With them, the server's
+/// TCP keepalives (`listen::Keepalive::DEFAULT`): sqlx cannot set a client's, but the server
+/// ends a backend whose client vanished within 25 s, and its probes keep idle links alive.
+pub const GUARDS: &[(&str, &str)] = &[
+    ("statement_timeout", "10s"),
+    ("lock_timeout", "5s"),
+    ("idle_in_transaction_session_timeout", "15s"),
+    ("tcp_keepalives_idle", "10"),
+    ("tcp_keepalives_interval", "5"),
+    ("tcp_keepalives_count", "3"),
+    ("tcp_user_timeout", "25000"),
+];
 
 /// Opens a pool; the first connection is made here so an unreachable server fails now, with a
 /// message that says where it looked.

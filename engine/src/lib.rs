@@ -13,6 +13,7 @@ pub mod github;
 pub mod hosts;
 pub mod ids;
 pub mod jobs;
+pub mod listen;
 pub mod metrics;
 pub mod net_guard;
 pub mod pool;

@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgListener, PgNotification};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -26,6 +25,7 @@ use crate::catalog::Catalog;
 use crate::executor::TestExecutor;
 use crate::github::{Executed, OutputExecutor};
 use crate::ids::{RunId, StepId};
+use crate::listen::{Listener, Target};
 use crate::state::StepState;
 use crate::store::steps::{self, Failure};
 use crate::store::{engine_errors, Actor, Change, Notice, StoreError, NOTIFY_CHANNEL};
@@ -37,8 +37,9 @@ pub const HEARTBEAT: Duration = Duration::from_secs(10);
 pub struct PoolConfig {
     /// This process's id in leases and audit entries.
     pub id: String,
-    /// A direct URL for the `LISTEN` connection (a transaction pooler cannot `LISTEN`).
-    pub listen_url: String,
+    /// Where the `LISTEN` connection goes, with its keepalives: a direct URL (a transaction
+    /// pooler cannot `LISTEN`).
+    pub listen: Target,
     /// Wakes claimed per transaction.
     pub batch: i64,
     /// Steps executed at once by this process.
@@ -93,7 +94,7 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let holder = format!("engine:{}", cfg.id);
     let mut pool = Pool { db, cfg, holder, catalog: Arc::new(Catalog::default()), tasks: JoinSet::new(), done_tx, unrecorded: Vec::new(), recorders: JoinSet::new(), draining: false };
-    let mut listener: Option<PgListener> = None;
+    let mut listener = Listener::new(&pool.cfg.listen, NOTIFY_CHANNEL);
     let mut backoff = Duration::from_secs(1);
     let mut scan = true;
     let mut timer: Option<Instant> = None;
@@ -102,13 +103,10 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
     loop {
         while pool.tasks.try_join_next().is_some() {}
         let draining = drain_deadline.is_some();
-        if listener.is_none() && !draining {
+        if !listener.is_subscribed() && !draining {
             // Subscribe before looking for work, so nothing committed meanwhile is missed.
-            match subscribe(&pool.cfg.listen_url).await {
-                Ok(l) => {
-                    listener = Some(l);
-                    scan = true;
-                }
+            match listener.subscribe().await {
+                Ok(()) => scan = true,
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in_s = backoff.as_secs(), "engine cannot LISTEN; retrying");
                     if pause(&abort, &mut backoff).await {
@@ -181,8 +179,8 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
                 Err(e) => tracing::error!(error = %e, "a recording task panicked; its steps will be recovered by lease expiry"),
             },
             Some(_) = pool.tasks.join_next(), if !pool.tasks.is_empty() => {}
-            n = next_notification(&mut listener) => match n {
-                Ok(Some(n)) => match Notice::parse(n.payload()) {
+            n = listener.recv() => match n {
+                Ok(payload) => match Notice::parse(&payload) {
                     Notice::Wake(delay) if delay.is_zero() => scan = true,
                     Notice::Wake(delay) => {
                         let at = Instant::now() + delay;
@@ -190,14 +188,10 @@ pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: C
                     }
                     Notice::Events => {}
                 },
-                Ok(None) => {
-                    // The connection dropped and will reconnect: notifications may be lost.
-                    tracing::warn!("LISTEN connection lost; rescanning once");
-                    scan = true;
-                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "LISTEN connection failed; reconnecting");
-                    listener = None;
+                    // Notifications may have been missed: the loop subscribes again first, then
+                    // rescans once.
+                    tracing::warn!(error = %e, "LISTEN connection lost; reconnecting, then rescanning once");
                     scan = true;
                 }
             },
@@ -532,20 +526,6 @@ fn run_local(e: &StoreError) -> bool {
         StoreError::Sql(_) | StoreError::Sealed(_) => false,
         StoreError::Stale(_) | StoreError::Refused(_) | StoreError::Full(_) => true,
         _ => is_logic_error(e),
-    }
-}
-
-async fn subscribe(url: &str) -> Result<PgListener, sqlx::Error> {
-    let mut l = PgListener::connect(url).await?;
-    l.listen(NOTIFY_CHANNEL).await?;
-    Ok(l)
-}
-
-/// Waits for the next notification; pends forever when there is no listener.
-async fn next_notification(l: &mut Option<PgListener>) -> Result<Option<PgNotification>, sqlx::Error> {
-    match l {
-        Some(l) => l.try_recv().await,
-        None => std::future::pending().await,
     }
 }
 

@@ -276,7 +276,7 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
         ("audit log", "/orgs/acme/audit".to_owned()),
         ("tokens", "/orgs/acme/tokens".to_owned()),
     ];
-    let state = AppState::new(explaining_pool(&app.db.url), &app.db.url, engine::testkit::secret_key());
+    let state = AppState::new(explaining_pool(&app.db.url), app.db.url.parse().unwrap(), engine::testkit::secret_key());
     let router = console_app(state, Default::default());
     let mut report = Vec::new();
     for (name, path) in &pages {

@@ -100,7 +100,7 @@ impl App {
         init_tracing();
         let db = test_db().await;
         let oauth = FakeOauth::start().await;
-        let state = AppState::new(db.pool.clone(), &db.url, engine::testkit::secret_key());
+        let state = AppState::new(db.pool.clone(), db.url.parse().unwrap(), engine::testkit::secret_key());
         if let Some(app) = github_app {
             state.use_github_app(app);
         }
@@ -121,7 +121,7 @@ impl App {
             let stop = CancellationToken::new();
             let cfg = PoolConfig {
                 id: "console-test-engine".into(),
-                listen_url: db.url.clone(),
+                listen: db.url.parse().unwrap(),
                 batch: 64,
                 max_in_flight: 16,
                 drain: Duration::from_secs(2),

@@ -139,23 +139,10 @@ async fn an_idle_pool_sends_no_statements() {
     // autovacuum's own transactions on the test database are counted.
     let admin = engine::db::connect(&std::env::var("DATABASE_URL").unwrap(), 1).await.unwrap();
     sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&admin).await.unwrap();
-    // Per statement, so that entries pg_stat_statements evicts meanwhile (other tests fill
-    // it) are not read as negative work: only calls that grew or appeared count.
-    let calls = || async {
-        sqlx::query_as::<_, (i64, i64)>(
-            "SELECT queryid, calls FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)",
-        )
-        .bind(&db.name)
-        .fetch_all(&admin)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect::<std::collections::HashMap<i64, i64>>()
-    };
-    let before = calls().await;
+    let before = shopfloor_tests::statement_calls(&admin, &db.name).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let after = calls().await;
-    let sent: i64 = after.iter().map(|(q, n)| (n - before.get(q).copied().unwrap_or(0)).max(0)).sum();
+    let after = shopfloor_tests::statement_calls(&admin, &db.name).await;
+    let sent = shopfloor_tests::statements_sent(&before, &after);
     assert!(!before.is_empty(), "pg_stat_statements saw none of the engines' statements");
     assert_eq!(sent, 0, "the idle pool sent {sent} statements in 30 s");
     admin.close().await;

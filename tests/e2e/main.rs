@@ -1,6 +1,7 @@
 //! End-to-end tests across processes: real `shopfloor engine` processes on a test database.
 
 mod chaos;
+mod blackhole;
 mod caps;
 mod check;
 mod engine_pool;

@@ -13,8 +13,10 @@ mod secret_key;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use engine::listen::{Keepalive, Target};
 
 pub use database::Database;
 pub use processes::app;
@@ -135,18 +137,48 @@ pub struct ListenArgs {
 }
 
 /// Where a process `LISTEN`s: the engine's wake-ups, a replica's event hub and hosts' claims.
+/// `SHOPFLOOR_LISTEN_DATABASE_URL` (default: `DATABASE_URL`), and the TCP keepalives of that
+/// connection's socket, which notice a network cut that drops packets without closing it:
+/// `SHOPFLOOR_LISTEN_KEEPALIVE_IDLE_SECS` (10), `SHOPFLOOR_LISTEN_KEEPALIVE_INTERVAL_SECS` (5),
+/// `SHOPFLOOR_LISTEN_KEEPALIVE_RETRIES` (3) and `SHOPFLOOR_LISTEN_TCP_USER_TIMEOUT_SECS`
+/// (idle + interval × retries: 25 s).
 #[derive(Debug, Clone, Args)]
 pub struct ListenDbArgs {
     /// A direct URL for the LISTEN connection (a transaction pooler such as PgBouncer cannot
     /// LISTEN). Defaults to DATABASE_URL.
     #[arg(long = "listen-database-url", env = "SHOPFLOOR_LISTEN_DATABASE_URL", hide_env_values = true)]
     pub listen_database_url: Option<String>,
+    /// Seconds without traffic on the LISTEN connection before the first keepalive probe.
+    #[arg(long = "listen-keepalive-idle-secs", env = "SHOPFLOOR_LISTEN_KEEPALIVE_IDLE_SECS", default_value_t = Keepalive::DEFAULT.idle.as_secs())]
+    pub keepalive_idle_secs: u64,
+    /// Seconds between unanswered keepalive probes.
+    #[arg(long = "listen-keepalive-interval-secs", env = "SHOPFLOOR_LISTEN_KEEPALIVE_INTERVAL_SECS", default_value_t = Keepalive::DEFAULT.interval.as_secs())]
+    pub keepalive_interval_secs: u64,
+    /// Unanswered probes after which the connection is given up, reconnected, and work
+    /// looked for once.
+    #[arg(long = "listen-keepalive-retries", env = "SHOPFLOOR_LISTEN_KEEPALIVE_RETRIES", default_value_t = Keepalive::DEFAULT.retries)]
+    pub keepalive_retries: u32,
+    /// Seconds sent data may stay unacknowledged (and, on Linux, the connection silent once
+    /// a probe went) before the connection is given up. Default: idle + interval × retries.
+    #[arg(long = "listen-tcp-user-timeout-secs", env = "SHOPFLOOR_LISTEN_TCP_USER_TIMEOUT_SECS")]
+    pub tcp_user_timeout_secs: Option<u64>,
 }
 
 impl ListenDbArgs {
-    /// The URL to LISTEN on: the direct one when given, else the database's.
-    pub fn url(&self, database_url: &str) -> String {
-        self.listen_database_url.clone().unwrap_or_else(|| database_url.to_owned())
+    /// Where to LISTEN: the direct URL when given, else the database's, with the keepalives.
+    pub fn target(&self, database_url: &str) -> Result<Target, CliError> {
+        let (url, var) = match &self.listen_database_url {
+            Some(url) => (url.as_str(), "SHOPFLOOR_LISTEN_DATABASE_URL"),
+            None => (database_url, "DATABASE_URL"),
+        };
+        let target = Target::parse(url).map_err(|e| CliError::Failed(format!("{var}: {e}")))?;
+        let secs = Duration::from_secs;
+        Ok(target.with_keepalive(Keepalive::new(
+            secs(self.keepalive_idle_secs),
+            secs(self.keepalive_interval_secs),
+            self.keepalive_retries,
+            self.tcp_user_timeout_secs.map(secs),
+        )))
     }
 }
 

@@ -51,12 +51,18 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
             return Err(e);
         }
     };
+    let listen = match args.pool.listen_db.target(&db.url) {
+        Ok(l) => l,
+        Err(e) => {
+            db.close().await;
+            return Err(e);
+        }
+    };
     let outputs = app.clone().map(|a| engine::github::OutputExecutor::new(a, args.github_app.test_crash_after.clone()));
     let (drain, abort) = host::process::shutdown_signals();
-    let listen_url = args.pool.listen_db.url(&db.url);
-    let cfg = pool_config(&args.pool, &db.url, outputs, webhooks);
+    let cfg = pool_config(&args.pool, listen.clone(), outputs, webhooks);
     let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
-    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, key, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, settings));
+    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen, key, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, settings));
     let pool = tokio::spawn(engine::pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
     let (served, pooled) = tokio::join!(server, pool);
@@ -68,14 +74,16 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
 pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
     let key = args.secret_key.require(&args.db)?;
-    let (db, app) = Database::open_migrated(&args.db, 16).await?.or_close(|| github_app(&args.github_app)).await?;
+    let db = Database::open_migrated(&args.db, 16).await?;
+    let url = db.url.clone();
+    let (db, (app, listen)) = db.or_close(|| Ok((github_app(&args.github_app)?, args.listen_db.target(&url)?))).await?;
     if let Err(e) = secret_key::prepare(&db.pool, &key).await {
         db.close().await;
         return Err(e);
     }
     let (drain, _abort) = host::process::shutdown_signals();
     let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
-    let served = serve_http(listener, db.pool.clone(), args.listen_db.url(&db.url), key, drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
+    let served = serve_http(listener, db.pool.clone(), listen, key, drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
     db.close().await;
     served
 }
@@ -87,12 +95,14 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
         None => None,
     };
     let webhooks = webhook_client(&args.webhooks)?;
-    let (db, outputs) = Database::open_migrated(&args.db, args.pool.db_connections).await?.or_close(|| github_outputs(&args.github_app)).await?;
+    let db = Database::open_migrated(&args.db, args.pool.db_connections).await?;
+    let url = db.url.clone();
+    let (db, (outputs, listen)) = db.or_close(|| Ok((github_outputs(&args.github_app)?, args.pool.listen_db.target(&url)?))).await?;
     let (drain, abort) = host::process::shutdown_signals();
     if let Some(listener) = metrics {
         tokio::spawn(serve_metrics(listener, db.pool.clone(), drain.clone()));
     }
-    let cfg = pool_config(&args.pool, &db.url, outputs, webhooks);
+    let cfg = pool_config(&args.pool, listen, outputs, webhooks);
     tracing::info!(engine.id = %cfg.id, test_executor = cfg.test_executor.is_some(), "engine started");
     if cfg.test_executor.is_none() && cfg.outputs.is_none() {
         tracing::info!("output steps wait: no GitHub App is configured (SHOPFLOOR_GITHUB_APP_ID and its key)");
@@ -136,14 +146,14 @@ fn webhook_client(args: &WebhooksArgs) -> Result<engine::jobs::WebhookClient, Cl
     engine::jobs::WebhookClient::new(args.policy()).map_err(|e| CliError::Failed(format!("cannot build the webhook delivery client: {e}")))
 }
 
-fn pool_config(args: &PoolArgs, url: &str, outputs: Option<engine::github::OutputExecutor>, webhooks: engine::jobs::WebhookClient) -> PoolConfig {
+fn pool_config(args: &PoolArgs, listen: engine::listen::Target, outputs: Option<engine::github::OutputExecutor>, webhooks: engine::jobs::WebhookClient) -> PoolConfig {
     let id = args.engine_id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "engine".into());
         format!("{host}-{}", std::process::id())
     });
     PoolConfig {
         id,
-        listen_url: args.listen_db.url(url),
+        listen,
         batch: args.batch.max(1),
         max_in_flight: args.max_in_flight.max(1),
         drain: Duration::from_secs(args.drain_secs),
@@ -188,12 +198,12 @@ pub fn app(state: &AppState, webhook_secret: Option<secrecy::SecretString>, cons
         .layer(axum::middleware::from_fn(http::metrics::track))
 }
 
-/// Serves the app; its event hub LISTENs on `listen_url`.
+/// Serves the app; its event hub LISTENs on `listen`.
 #[expect(clippy::too_many_arguments, reason = "the settings of `serve` and `api`, passed once")]
 async fn serve_http(
     listener: TcpListener,
     db: sqlx::PgPool,
-    listen_url: String,
+    listen: engine::listen::Target,
     secret_key: engine::sealing::SecretKey,
     drain: CancellationToken,
     webhook_secret: Option<secrecy::SecretString>,
@@ -201,7 +211,7 @@ async fn serve_http(
     github: Option<std::sync::Arc<engine::github::GithubApp>>,
     settings: HttpSettings,
 ) -> Result<(), CliError> {
-    let state = AppState::new(db, &listen_url, secret_key);
+    let state = AppState::new(db, listen, secret_key);
     state.use_stall_after(settings.stall_after);
     state.use_webhook_policy(settings.webhooks);
     // Before the routers are built: they take the limits with them.

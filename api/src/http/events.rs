@@ -24,11 +24,11 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use chrono::{DateTime, Utc};
 use engine::ids::{OrgId, ProjectId, RunId, StepId};
+use engine::listen::{Listener, Target};
 use engine::store::{Notice, NOTIFY_CHANNEL};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -152,13 +152,13 @@ pub struct EventHub {
 }
 
 impl EventHub {
-    /// Starts following `run_events`, with a `LISTEN` connection of its own to `listen_url`.
-    pub fn start(db: PgPool, listen_url: String) -> EventHub {
+    /// Starts following `run_events`, with a `LISTEN` connection of its own to `listen`.
+    pub fn start(db: PgPool, listen: Target) -> EventHub {
         let (tx, _) = broadcast::channel(CHANNEL);
         let (ready, _) = watch::channel(0);
         let (logs, _) = broadcast::channel(CHANNEL);
         let stop = CancellationToken::new();
-        tokio::spawn(follow(db, listen_url, tx.clone(), ready.clone(), logs.clone(), stop.clone()));
+        tokio::spawn(follow(db, listen, tx.clone(), ready.clone(), logs.clone(), stop.clone()));
         EventHub { tx, ready, logs, _stop: stop.drop_guard() }
     }
 
@@ -185,7 +185,7 @@ fn may_be_ready(payload: &str) -> bool {
 
 async fn follow(
     db: PgPool,
-    url: String,
+    target: Target,
     tx: broadcast::Sender<Arc<StreamEvent>>,
     ready: watch::Sender<u64>,
     logs: broadcast::Sender<RunId>,
@@ -193,25 +193,20 @@ async fn follow(
 ) {
     let mut backoff = Duration::from_secs(1);
     let mut pos: Option<Position> = None;
+    let mut listener = Listener::new(&target, NOTIFY_CHANNEL);
     loop {
-        let listener = async {
-            let mut l = PgListener::connect(&url).await?;
-            l.listen(NOTIFY_CHANNEL).await?;
-            Ok::<_, sqlx::Error>(l)
+        let subscribed = tokio::select! {
+            () = stop.cancelled() => return,
+            s = listener.subscribe() => s,
         };
-        let mut listener = match listener.await {
-            Ok(l) => {
-                backoff = Duration::from_secs(1);
-                l
+        if let Err(e) = subscribed {
+            tracing::warn!(error = %e, retry_in_s = backoff.as_secs(), "event hub cannot LISTEN; retrying");
+            if pause(&stop, &mut backoff).await {
+                return;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in_s = backoff.as_secs(), "event hub cannot LISTEN; retrying");
-                if pause(&stop, &mut backoff).await {
-                    return;
-                }
-                continue;
-            }
-        };
+            continue;
+        }
+        backoff = Duration::from_secs(1);
         // Subscribed before reading, so nothing committed from now on goes unnoticed; and
         // read once after each (re)connect, since notifications may have been missed.
         ready.send_modify(|n| *n += 1);
@@ -228,27 +223,23 @@ async fn follow(
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {}
-                n = listener.try_recv() => match n {
-                    // A notification, or the connection was lost and sqlx reconnected (and
-                    // listens again): read either way.
-                    Ok(n) => {
-                        if n.as_ref().is_none_or(|n| may_be_ready(n.payload())) {
+                n = listener.recv() => match n {
+                    Ok(payload) => {
+                        if may_be_ready(&payload) {
                             ready.send_modify(|n| *n += 1);
                         }
-                        for run in n.as_ref().into_iter().flat_map(|n| Notice::transcripts(n.payload())) {
+                        for run in Notice::transcripts(&payload) {
                             // No receiver is not an error: no transcript is watched here now.
                             let _ = logs.send(run);
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "event hub lost its LISTEN connection");
+                        // Reconnected at once (then with the backoff), and read again.
+                        tracing::warn!(error = %e, "event hub lost its LISTEN connection; reconnecting");
                         break;
                     }
                 },
             }
-        }
-        if pause(&stop, &mut backoff).await {
-            return;
         }
     }
 }

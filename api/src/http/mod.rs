@@ -105,14 +105,14 @@ pub(crate) struct Shared {
 }
 
 impl AppState {
-    /// Builds the state and starts the event hub, whose `LISTEN` connection goes to
-    /// `listen_url` (a direct URL: a transaction pooler cannot LISTEN). `secret_key` seals and
+    /// Builds the state and starts the event hub, whose `LISTEN` connection goes to `listen`
+    /// (a direct URL: a transaction pooler cannot LISTEN). `secret_key` seals and
     /// opens the signing keys. Needs a Tokio runtime; the hub stops when the last clone of the
     /// state is dropped.
-    pub fn new(db: PgPool, listen_url: &str, secret_key: engine::sealing::SecretKey) -> AppState {
+    pub fn new(db: PgPool, listen: engine::listen::Target, secret_key: engine::sealing::SecretKey) -> AppState {
         let system = db;
         let db = engine::tenancy::tenant_pool(&system);
-        let events = events::EventHub::start(system.clone(), listen_url.to_owned());
+        let events = events::EventHub::start(system.clone(), listen);
         let shared = Shared {
             catalog: engine::catalog::Catalog::default(),
             keys: auth::KeyCache::default(),

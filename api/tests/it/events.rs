@@ -65,3 +65,28 @@ async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
     drop((sse, again, theirs));
     app.finish().await;
 }
+
+#[tokio::test]
+async fn the_hub_follows_on_after_its_listen_connection_is_ended() {
+    let app = App::with_engine().await;
+    let org = app.org("acme").await;
+    let mut sse = support::sse(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, None).await;
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    let a = runs::submit(&mut ch, new_run(&app, &org).await).await.unwrap();
+    ch.commit().await.unwrap();
+    sse.until("run A waiting at its approval", |e| e.data["run"] == a.to_string() && e.event == "run.awaiting").await;
+
+    // The server ends every listening session (the hub's and the engine's), as a restart or
+    // an operator would; each process subscribes again and looks once for what it missed.
+    let ended: Vec<bool> = sqlx::query_scalar("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'")
+        .fetch_all(app.pool())
+        .await
+        .unwrap();
+    assert_eq!(ended, [true, true], "the hub and the engine each listen once");
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    let b = runs::submit(&mut ch, new_run(&app, &org).await).await.unwrap();
+    ch.commit().await.unwrap();
+    sse.until("run B waiting at its approval", |e| e.data["run"] == b.to_string() && e.event == "run.awaiting").await;
+    drop(sse);
+    app.finish().await;
+}

@@ -167,7 +167,7 @@ async fn hot_reads_use_their_indexes_under_the_tenant_role() {
 async fn the_tenant_pool_acts_for_the_scopes_org_and_for_none_outside_one() {
     let app = App::start().await;
     let acme = app.org("acme").await;
-    let state = api::http::AppState::new(app.pool().clone(), &app.db.url, engine::testkit::secret_key());
+    let state = api::http::AppState::new(app.pool().clone(), app.db.url.parse().unwrap(), engine::testkit::secret_key());
     let who = "SELECT current_user::text, current_setting('shopfloor.org', true), (SELECT count(*) FROM projects)";
     let read = |db: PgPool| async move { sqlx::query_as::<_, (String, Option<String>, i64)>(who).fetch_one(&db).await.unwrap() };
 

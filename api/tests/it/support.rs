@@ -109,7 +109,7 @@ impl App {
 
     async fn start_with(webhooks: Policy) -> App {
         let db = test_db().await;
-        let state = AppState::new(db.pool.clone(), &db.url, engine::testkit::secret_key());
+        let state = AppState::new(db.pool.clone(), db.url.parse().unwrap(), engine::testkit::secret_key());
         state.use_webhook_policy(webhooks);
         let github = FakeOauth::start().await;
         state.use_github_user_api(&github.url);
@@ -154,7 +154,7 @@ impl App {
     /// the test executor.
     pub(crate) async fn with_limits(limits: &LimitArgs, webhook_secret: &str) -> App {
         let db = test_db().await;
-        let state = AppState::new(db.pool.clone(), &db.url, engine::testkit::secret_key());
+        let state = AppState::new(db.pool.clone(), db.url.parse().unwrap(), engine::testkit::secret_key());
         state.use_limits(limits);
         let github = FakeOauth::start().await;
         let app = api::cli::app(&state, Some(webhook_secret.to_owned().into()), api::console::ConsoleConfig::default());
@@ -179,7 +179,7 @@ impl App {
         let stop = CancellationToken::new();
         let cfg = PoolConfig {
             id: "api-test-engine".into(),
-            listen_url: self.db.url.clone(),
+            listen: self.db.url.parse().unwrap(),
             batch: 64,
             max_in_flight: 64,
             drain: Duration::from_secs(5),

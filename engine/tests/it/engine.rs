@@ -37,7 +37,7 @@ pub(crate) fn start_engine(db: &PgPool, url: &str, id: &str) -> CancellationToke
     let stop = CancellationToken::new();
     let cfg = PoolConfig {
         id: id.to_owned(),
-        listen_url: url.to_owned(),
+        listen: url.parse().unwrap(),
         batch: 64,
         max_in_flight: 64,
         drain: Duration::from_secs(5),

@@ -43,7 +43,7 @@ fn engine(db: &engine::testkit::TestDb, id: &str, executor: bool, effects: Optio
     let (drain, abort) = (CancellationToken::new(), CancellationToken::new());
     let cfg = PoolConfig {
         id: id.to_owned(),
-        listen_url: db.url.clone(),
+        listen: db.url.parse().unwrap(),
         batch: 64,
         max_in_flight: 64,
         drain: Duration::from_secs(5),

@@ -11,3 +11,4 @@ mod hosts;
 mod poisoned;
 mod guards;
 mod notices;
+mod listen;
