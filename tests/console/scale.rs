@@ -129,20 +129,20 @@ const LARGE: &[&str] = &["runs", "steps", "run_events", "approvals", "audit_log"
 
 /// A pool whose connections send each statement's plan back as a notice (`auto_explain`,
 /// loaded at connection start: the test's database user is a superuser).
-fn explaining_pool(url: &str) -> sqlx::PgPool {
+fn explaining_pool(url: &str) -> engine::db::Db {
     let options = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().options([
         ("session_preload_libraries", "auto_explain"),
         ("auto_explain.log_min_duration", "0"),
         ("auto_explain.log_level", "notice"),
         ("auto_explain.log_nested_statements", "on"),
     ]);
-    sqlx::postgres::PgPoolOptions::new().max_connections(4).connect_lazy_with(options)
+    engine::db::Db::from(sqlx::postgres::PgPoolOptions::new().max_connections(4).connect_lazy_with(options))
 }
 
 /// Seeds `n` runs of every status in the org's project, with their steps, events, approvals
 /// (a few open), audit entries, sessions and transcripts, as the engine would have written
 /// them. Test data only: production writes go through the store.
-async fn seed(pool: &sqlx::PgPool, org: &crate::support::Org, n: i64) {
+async fn seed(pool: &engine::db::Db, org: &crate::support::Org, n: i64) {
     let sql = [
         "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, status, reason, created_by, created_at, started_at, ended_at) \
          SELECT $1, $2, gen_random_uuid(), CASE WHEN g % 2 = 0 THEN $3 ELSE $4 END, 1, \

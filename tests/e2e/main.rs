@@ -13,6 +13,7 @@ mod host_tokens;
 mod hosts;
 mod intervene;
 mod metrics;
+mod pgbouncer;
 mod poolers;
 mod secrets;
 mod serve;

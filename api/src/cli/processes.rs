@@ -17,7 +17,7 @@ pub(super) async fn migrate(args: MigrateArgs) -> Result<(), CliError> {
     let key = args.secret_key.find(&args.db)?;
     let db = Database::open(&args.db, 2).await?;
     let result = async {
-        engine::db::migrate(&db.pool).await.map_err(CliError::msg)?;
+        db.migrate().await?;
         match &key {
             Some(key) => secret_key::prepare(&db.pool, key).await,
             None => Ok(()),
@@ -37,7 +37,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let key = args.secret_key.require(&args.db)?;
     let db = Database::open(&args.db, args.pool.db_connections + 8).await?;
     let prepared = async {
-        engine::db::migrate(&db.pool).await.map_err(CliError::msg)?;
+        db.migrate().await?;
         secret_key::prepare(&db.pool, &key).await
     };
     if let Err(e) = prepared.await {
@@ -53,8 +53,8 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     };
     let outputs = app.clone().map(|a| engine::github::OutputExecutor::new(a, args.github_app.test_crash_after.clone()));
     let (drain, abort) = host::process::shutdown_signals();
-    let listen_url = args.pool.listen_db.url(&db.url);
-    let cfg = pool_config(&args.pool, &db.url, outputs, webhooks);
+    let listen_url = db.direct_url.clone();
+    let cfg = pool_config(&args.pool, &db.direct_url, outputs, webhooks);
     let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
     let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen_url, key, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, settings));
     let pool = tokio::spawn(engine::pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
@@ -75,7 +75,7 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
     }
     let (drain, _abort) = host::process::shutdown_signals();
     let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
-    let served = serve_http(listener, db.pool.clone(), args.listen_db.url(&db.url), key, drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
+    let served = serve_http(listener, db.pool.clone(), db.direct_url.clone(), key, drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
     db.close().await;
     served
 }
@@ -92,7 +92,7 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
     if let Some(listener) = metrics {
         tokio::spawn(serve_metrics(listener, db.pool.clone(), drain.clone()));
     }
-    let cfg = pool_config(&args.pool, &db.url, outputs, webhooks);
+    let cfg = pool_config(&args.pool, &db.direct_url, outputs, webhooks);
     tracing::info!(engine.id = %cfg.id, test_executor = cfg.test_executor.is_some(), "engine started");
     if cfg.test_executor.is_none() && cfg.outputs.is_none() {
         tracing::info!("output steps wait: no GitHub App is configured (SHOPFLOOR_GITHUB_APP_ID and its key)");
@@ -136,14 +136,15 @@ fn webhook_client(args: &WebhooksArgs) -> Result<engine::jobs::WebhookClient, Cl
     engine::jobs::WebhookClient::new(args.policy()).map_err(|e| CliError::Failed(format!("cannot build the webhook delivery client: {e}")))
 }
 
-fn pool_config(args: &PoolArgs, url: &str, outputs: Option<engine::github::OutputExecutor>, webhooks: engine::jobs::WebhookClient) -> PoolConfig {
+/// `listen_url`: the direct URL the engine's `LISTEN` connection takes.
+fn pool_config(args: &PoolArgs, listen_url: &str, outputs: Option<engine::github::OutputExecutor>, webhooks: engine::jobs::WebhookClient) -> PoolConfig {
     let id = args.engine_id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "engine".into());
         format!("{host}-{}", std::process::id())
     });
     PoolConfig {
         id,
-        listen_url: args.listen_db.url(url),
+        listen_url: listen_url.to_owned(),
         batch: args.batch.max(1),
         max_in_flight: args.max_in_flight.max(1),
         drain: Duration::from_secs(args.drain_secs),
@@ -191,7 +192,7 @@ pub fn app(state: &AppState, webhook_secret: Option<secrecy::SecretString>, cons
 #[expect(clippy::too_many_arguments, reason = "the settings of `serve` and `api`, passed once")]
 async fn serve_http(
     listener: TcpListener,
-    db: sqlx::PgPool,
+    db: engine::db::Db,
     listen_url: String,
     secret_key: engine::sealing::SecretKey,
     drain: CancellationToken,
@@ -220,7 +221,7 @@ async fn serve_http(
 }
 
 /// An engine's `--metrics-addr` listener: `GET /metrics` and nothing else, until the drain.
-async fn serve_metrics(listener: TcpListener, db: sqlx::PgPool, drain: CancellationToken) {
+async fn serve_metrics(listener: TcpListener, db: engine::db::Db, drain: CancellationToken) {
     let app = axum::Router::new().route(
         http::metrics::PATH,
         axum::routing::get(move || {

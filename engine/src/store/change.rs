@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Postgres, Transaction};
+use crate::db::Db;
 
 use super::runs::RunRow;
 use crate::event_log::{self, Extra};
@@ -142,7 +143,7 @@ struct PendingAudit {
 }
 
 impl Change {
-    pub async fn begin(pool: &PgPool, actor: Actor) -> Result<Change> {
+    pub async fn begin(pool: &Db, actor: Actor) -> Result<Change> {
         Ok(Change {
             tx: pool.begin().await?,
             actor,
