@@ -54,6 +54,24 @@ if [[ -z ${DATABASE_URL:-} ]] && ! have_pg_server; then
     install_pg_server
 fi
 
+# --- The tests behind PgBouncer (tests/e2e/pgbouncer.rs) start pgbouncer processes of their own. ---
+have_pgbouncer() {
+    command -v pgbouncer >/dev/null || [[ -x /usr/sbin/pgbouncer ]]
+}
+if ! have_pgbouncer; then
+    if [[ $(id -u) -ne 0 ]] && ! { command -v sudo >/dev/null && sudo -n true 2>/dev/null; }; then
+        die "pgbouncer not found and installing it needs root: run \`sudo apt-get install pgbouncer\`, then \`make test\` again"
+    fi
+    command -v apt-get >/dev/null ||
+        die "pgbouncer not found and there is no apt-get: install PgBouncer (pgbouncer with dnf or brew), then \`make test\` again"
+    say "installing pgbouncer with apt-get (the tests behind PgBouncer)"
+    as_root=(); [[ $(id -u) -eq 0 ]] || as_root=(sudo -n)
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer
+    have_pgbouncer || die "apt-get installed pgbouncer but it is still not found"
+fi
+# --- end of PgBouncer's setup ---
+
 # --- The console's browser tests (tests/console/browser.rs) need Chromium and chromedriver. ---
 # Installed with apt-get when missing and possible; otherwise the browser test fails and says
 # how to install them.

@@ -3,6 +3,7 @@
 
 pub mod github_fake;
 pub mod netns;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod sse;
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 use engine::ids::RunId;
 use engine::store::runs::{self, NewRun};
 use engine::store::{tenants, workflows, Actor, Change};
-use sqlx::PgPool;
+use engine::db::Db;
 
 /// Waits until `url` answers 200 (a server's `/readyz` once it has started). The deadline only
 /// ends a hung test: a loaded machine may take long, and nothing is asserted about how long.
@@ -99,7 +100,7 @@ pub struct Seed {
     pub version: i32,
 }
 
-pub async fn seed(pool: &PgPool, source: &str) -> Seed {
+pub async fn seed(pool: &Db, source: &str) -> Seed {
     if let Err(problems) = engine::definition::parse(source) {
         panic!("test workflow does not validate: {problems:?}");
     }
@@ -112,12 +113,12 @@ pub async fn seed(pool: &PgPool, source: &str) -> Seed {
 }
 
 /// Submits `n` runs with `input`, 100 per transaction.
-pub async fn submit_many(pool: &PgPool, s: &Seed, n: usize, input: serde_json::Value) -> Vec<RunId> {
+pub async fn submit_many(pool: &Db, s: &Seed, n: usize, input: serde_json::Value) -> Vec<RunId> {
     submit_inputs(pool, s, &vec![input; n]).await
 }
 
 /// Submits a run for each input, 100 per transaction.
-pub async fn submit_inputs(pool: &PgPool, s: &Seed, inputs: &[serde_json::Value]) -> Vec<RunId> {
+pub async fn submit_inputs(pool: &Db, s: &Seed, inputs: &[serde_json::Value]) -> Vec<RunId> {
     let mut ids = Vec::with_capacity(inputs.len());
     for chunk in inputs.chunks(100) {
         let mut ch = Change::begin(pool, Actor::System).await.unwrap();
@@ -142,12 +143,12 @@ pub async fn submit_inputs(pool: &PgPool, s: &Seed, inputs: &[serde_json::Value]
     ids
 }
 
-pub async fn scalar(pool: &PgPool, sql: &str) -> i64 {
+pub async fn scalar(pool: &Db, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// Waits until no run is `running`, up to `limit`; returns how many still are.
-pub async fn until_all_done(pool: &PgPool, limit: Duration) -> i64 {
+pub async fn until_all_done(pool: &Db, limit: Duration) -> i64 {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         // The test process reads; the engines never poll.
@@ -174,7 +175,7 @@ pub struct Invariants {
     pub steps_held: i64,
 }
 
-pub async fn check_invariants(pool: &PgPool, effects: &Path) -> Invariants {
+pub async fn check_invariants(pool: &Db, effects: &Path) -> Invariants {
     let runs_lost = scalar(pool, "SELECT count(*) FROM runs WHERE status <> 'completed'").await;
     let text = std::fs::read_to_string(effects).unwrap_or_default();
     let mut seen = std::collections::HashSet::new();
@@ -213,7 +214,7 @@ pub async fn check_invariants(pool: &PgPool, effects: &Path) -> Invariants {
 
 /// Calls per statement (pg_stat_statements' `queryid`) in `database`, read through `admin`, a
 /// connection to another database of the same cluster, so that reading counts nothing.
-pub async fn statement_calls(admin: &PgPool, database: &str) -> std::collections::HashMap<i64, i64> {
+pub async fn statement_calls(admin: &Db, database: &str) -> std::collections::HashMap<i64, i64> {
     sqlx::query_as::<_, (i64, i64)>("SELECT queryid, calls FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)")
         .bind(database)
         .fetch_all(admin)

@@ -157,7 +157,7 @@ pub(crate) async fn wake_latency_and_idle(b: &Bench, idle_secs: u64) -> Result<W
     tokio::time::sleep(Duration::from_secs(47)).await;
     let admin = engine::db::connect(&b.admin_url, 1).await?;
     sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&admin).await?;
-    let calls = |admin: sqlx::PgPool, name: String| async move {
+    let calls = |admin: engine::db::Db, name: String| async move {
         sqlx::query_scalar::<_, i64>(
             "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)",
         )

@@ -9,7 +9,6 @@ use anyhow::{bail, Context, Result};
 use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
 use engine::store::runs::{self, NewRun};
 use engine::store::{admission, tenants, workflows, Actor, Change};
-use sqlx::PgPool;
 
 pub(crate) struct Bench {
     /// The cluster's URL for the `postgres` database; measures make databases of their own.
@@ -19,7 +18,7 @@ pub(crate) struct Bench {
 
 pub(crate) struct Db {
     pub(crate) url: String,
-    pub(crate) pool: PgPool,
+    pub(crate) pool: engine::db::Db,
     pub(crate) name: String,
 }
 
@@ -124,18 +123,18 @@ pub(crate) async fn submit_many(db: &Db, s: &Seed, n: usize, per_tx: usize, inpu
     Ok(ids)
 }
 
-pub(crate) async fn scalar_i64(pool: &PgPool, sql: &str) -> Result<i64> {
+pub(crate) async fn scalar_i64(pool: &engine::db::Db, sql: &str) -> Result<i64> {
     sqlx::query_scalar(sql).fetch_one(pool).await.with_context(|| sql.to_owned())
 }
 
-pub(crate) async fn scalar_f64(pool: &PgPool, sql: &str) -> Result<f64> {
+pub(crate) async fn scalar_f64(pool: &engine::db::Db, sql: &str) -> Result<f64> {
     let v: Option<f64> = sqlx::query_scalar(sql).fetch_one(pool).await.with_context(|| sql.to_owned())?;
     v.context("no value")
 }
 
 /// Waits until `sql` (a count) reaches `want`, checking every second (the harness reads; the
 /// engines never poll).
-pub(crate) async fn until_count(pool: &PgPool, sql: &str, want: i64, limit: Duration) -> Result<()> {
+pub(crate) async fn until_count(pool: &engine::db::Db, sql: &str, want: i64, limit: Duration) -> Result<()> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         let n = scalar_i64(pool, sql).await.unwrap_or(-1);

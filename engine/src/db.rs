@@ -3,12 +3,27 @@
 //! Only `serve` and `migrate` apply migrations; every other process checks that the database
 //! holds exactly the migrations this binary knows and refuses to start otherwise, so a replica
 //! of an older release never writes to a schema it does not understand.
+//!
+//! Every pool is held as a [`Db`], which knows what each of its transactions begins with.
+//! Behind a transaction pooler (PgBouncer `pool_mode = transaction`, [`Route::Pooler`]) a
+//! client connection owns a server connection only while a transaction is open, and sqlx 0.8
+//! sends a statement as two protocol exchanges (parse and describe, then bind and execute),
+//! each ended by a `Sync` at which the pooler may hand the server to another client. So on
+//! that route: no statement runs outside a transaction (a single statement on a `Db` is one of
+//! its own), every transaction starts with `DEALLOCATE ALL` (prepared statements other clients
+//! left on that server connection cannot collide with ours), the statement cache is off
+//! (a statement prepared in one transaction is never bound in another, on another server), and
+//! the serving limits are `SET LOCAL` instead of startup parameters. Measured through PgBouncer
+//! 1.18: without the transaction, about one unnamed statement in two ran another client's
+//! statement with our parameters; with the cache on, `prepared statement "sqlx_s_1" already
+//! exists`. On the direct route none of this is needed and none of it is done.
 
 use std::time::Duration;
 
+use futures::{StreamExt as _, TryStreamExt as _};
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
+use sqlx::{Either, Execute, Executor, PgPool, Postgres, Transaction};
 
 /// The migrations in `migrations/`, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -23,6 +38,10 @@ pub enum DbError {
     SchemaNewer { db: i64, code: i64 },
     #[error("the database schema is at migration {db}, but this binary needs {code}; run `shopfloor migrate`")]
     SchemaOlder { db: i64, code: i64 },
+    #[error("the database at {target} refused a startup parameter ({cause}), as PgBouncer does; if DATABASE_URL is a pooler, set SHOPFLOOR_LISTEN_DATABASE_URL to the PostgreSQL server itself (README: Behind PgBouncer)")]
+    PoolerRefused { target: String, cause: String },
+    #[error("migrations need a direct connection, not a transaction pooler (they hold a session lock); set SHOPFLOOR_LISTEN_DATABASE_URL to the server itself")]
+    MigrateThroughPooler,
     #[error("migration failed: {0}")]
     Migrate(String),
     #[error(transparent)]
@@ -38,10 +57,11 @@ pub fn parse_url(url: &str) -> Result<PgConnectOptions, DbError> {
 /// well under the 30 s lease: a statement that runs 10 s, a lock waited for 5 s, or a
 /// transaction left idle 15 s (a frozen process) is ended by the server, which rolls its work
 /// back and releases its locks, so that nothing it held waits for it. Sent as startup
-/// parameters; behind a pooler that does not pass them on (PgBouncer: list `options` in
-/// `ignore_startup_parameters`), set them on the role instead (README). With them, the server's
-/// TCP keepalives (`listen::Keepalive::DEFAULT`): sqlx cannot set a client's, but the server
-/// ends a backend whose client vanished within 25 s, and its probes keep idle links alive.
+/// parameters on the direct route; behind a pooler, which would not pass them on, each
+/// transaction sets the timeouts `LOCAL` (keepalives are the pooler's own business on its links
+/// to the server). With them, the server's TCP keepalives
+/// (`listen::Keepalive::DEFAULT`): sqlx cannot set a client's, but the server ends a backend
+/// whose client vanished within 25 s, and its probes keep idle links alive.
 pub const GUARDS: &[(&str, &str)] = &[
     ("statement_timeout", "10s"),
     ("lock_timeout", "5s"),
@@ -52,32 +72,201 @@ pub const GUARDS: &[(&str, &str)] = &[
     ("tcp_user_timeout", "25000"),
 ];
 
-/// Opens a pool; the first connection is made here so an unreachable server fails now, with a
-/// message that says where it looked.
-pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
-    connect_with(parse_url(url)?, max_connections).await
+/// How a pool reaches the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The server itself, or a pooler in session mode: a connection is one session.
+    Direct,
+    /// A transaction pooler: a connection is a session only inside a transaction.
+    Pooler,
 }
 
-/// As [`connect`], each connection under the [`GUARDS`]: the pools of serving processes.
-pub async fn connect_guarded(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
-    connect_with(parse_url(url)?.options(GUARDS.iter().copied()), max_connections).await
+/// A pool and what each of its transactions begins with: the pooler's preamble on
+/// [`Route::Pooler`], the tenant's role and org on a tenant pool (`tenancy::tenant`). Run single
+/// statements on `&Db` as on a pool, and transactions with [`Db::begin`]; on the direct route an
+/// owner's `Db` is the pool itself. There is deliberately no `acquire`: a connection used for
+/// several statements outside a transaction is what a pooler breaks.
+#[derive(Clone, Debug)]
+pub struct Db {
+    pool: PgPool,
+    route: Route,
+    /// Whether transactions on the pooler route set [`GUARDS`] (the startup parameters do it on
+    /// the direct route).
+    guarded: bool,
+    tenant: bool,
 }
 
-async fn connect_with(options: PgConnectOptions, max_connections: u32) -> Result<PgPool, DbError> {
+impl From<PgPool> for Db {
+    /// A pool on the direct route, as the owner: what tests and tools make themselves.
+    fn from(pool: PgPool) -> Db {
+        Db { pool, route: Route::Direct, guarded: false, tenant: false }
+    }
+}
+
+impl Db {
+    /// The route this pool takes.
+    pub fn route(&self) -> Route {
+        self.route
+    }
+
+    /// Whether this is a tenant pool (`tenancy::tenant`).
+    pub fn is_tenant(&self) -> bool {
+        self.tenant
+    }
+
+    /// A pool beside this one (same server, route, size and limits), whose transactions act as
+    /// the tenant: for `tenancy::tenant`, which says what that means.
+    pub(crate) fn tenant_beside(&self) -> Db {
+        let options = self.pool.connect_options().as_ref().clone();
+        let given = self.pool.options();
+        let pool = PgPoolOptions::new()
+            .max_connections(given.get_max_connections())
+            .acquire_timeout(given.get_acquire_timeout())
+            .connect_lazy_with(options);
+        Db { pool, route: self.route, guarded: self.guarded, tenant: true }
+    }
+
+    /// Begins a transaction with this pool's settings in force until it ends.
+    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        let mut tx = match self.route {
+            Route::Direct => self.pool.begin().await?,
+            Route::Pooler => self.pool.begin_with(self.pooler_preamble()).await?,
+        };
+        if self.tenant {
+            crate::tenancy::enter(&mut tx).await?;
+        }
+        Ok(tx)
+    }
+
+    /// `BEGIN` and what a transaction on a pooler's server connection needs first, in one
+    /// simple-protocol message (one round trip).
+    fn pooler_preamble(&self) -> String {
+        let mut sql = String::from("BEGIN; DEALLOCATE ALL");
+        if self.guarded {
+            // The timeouts; keepalives belong to the pooler's own link to the server.
+            for (name, value) in GUARDS.iter().filter(|(name, _)| !name.starts_with("tcp_")) {
+                sql.push_str(&format!("; SET LOCAL {name} = '{value}'"));
+            }
+        }
+        sql
+    }
+
+    /// Whether a single statement needs a transaction of its own.
+    fn wraps(&self) -> bool {
+        self.tenant || self.route == Route::Pooler
+    }
+
+    /// Closes the pool, waiting for its connections to come back.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// The pool underneath, without what [`Db::begin`] sets: for the owner's work on the
+    /// direct route only (tests reaching for a raw connection, the migrator).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+impl<'c> Executor<'c> for &'c Db {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(self, query: E) -> futures::stream::BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        if !self.wraps() {
+            return self.pool.fetch_many(query);
+        }
+        // The results are gathered inside the transaction: it commits before the caller sees
+        // them, so what the statement wrote is visible to the caller's next one.
+        futures::stream::once(async move {
+            let mut tx = self.begin().await?;
+            let all: Vec<_> = (&mut *tx).fetch_many(query).try_collect().await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(futures::stream::iter(all.into_iter().map(Ok)))
+        })
+        .try_flatten()
+        .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(self, query: E) -> futures::future::BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        if !self.wraps() {
+            return self.pool.fetch_optional(query);
+        }
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let row = (&mut *tx).fetch_optional(query).await?;
+            tx.commit().await?;
+            Ok(row)
+        })
+    }
+
+    fn prepare_with<'e, 'q: 'e>(self, sql: &'q str, parameters: &'e [sqlx::postgres::PgTypeInfo]) -> futures::future::BoxFuture<'e, Result<sqlx::postgres::PgStatement<'q>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.pool.prepare_with(sql, parameters)
+    }
+
+    fn describe<'e, 'q: 'e>(self, sql: &'q str) -> futures::future::BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.pool.describe(sql)
+    }
+}
+
+/// Opens a pool on the direct route; the first connection is made here so an unreachable
+/// server fails now, with a message that says where it looked.
+pub async fn connect(url: &str, max_connections: u32) -> Result<Db, DbError> {
+    open(parse_url(url)?, max_connections, Route::Direct, false).await
+}
+
+/// As [`connect`], on `route`, each transaction under the [`GUARDS`]: the pools of serving
+/// processes.
+pub async fn connect_guarded(url: &str, max_connections: u32, route: Route) -> Result<Db, DbError> {
+    open(parse_url(url)?, max_connections, route, true).await
+}
+
+/// As [`connect`], on `route`, without the serving limits (`shopfloor check`).
+pub async fn connect_on(url: &str, max_connections: u32, route: Route) -> Result<Db, DbError> {
+    open(parse_url(url)?, max_connections, route, false).await
+}
+
+async fn open(options: PgConnectOptions, max_connections: u32, route: Route, guarded: bool) -> Result<Db, DbError> {
     use sqlx::ConnectOptions;
     let options = options.application_name("shopfloor");
+    let options = match route {
+        Route::Direct if guarded => options.options(GUARDS.iter().copied()),
+        Route::Direct => options,
+        // No statement is kept prepared across transactions, and no startup parameter a
+        // pooler would refuse (`extra_float_digits` is only for servers before 12; the
+        // limits are set per transaction).
+        Route::Pooler => options.statement_cache_capacity(0).extra_float_digits(None),
+    };
     let target = format!("{}:{}", options.get_host(), options.get_port());
     let unreachable = |cause: String| DbError::Unreachable { target: target.clone(), cause };
     // One direct connection first: a pool would only say that it timed out.
     let probe = tokio::time::timeout(Duration::from_secs(10), options.connect())
         .await
         .map_err(|_| unreachable("no answer within 10 s".into()))?
-        .map_err(|e| unreachable(e.to_string()))?;
+        .map_err(|e| match e.as_database_error() {
+            // PgBouncer's words for a parameter it passes on to no server (`options`).
+            Some(d) if d.message().starts_with("unsupported startup parameter") => DbError::PoolerRefused { target: target.clone(), cause: d.message().to_owned() },
+            _ => unreachable(e.to_string()),
+        })?;
     drop(probe);
-    Ok(PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(options))
+        .connect_lazy_with(options);
+    Ok(Db { pool, route, guarded, tenant: false })
 }
 
 /// The newest migration version this binary carries.
@@ -86,7 +275,7 @@ pub fn code_version() -> i64 {
 }
 
 /// The newest migration applied to the database, 0 when none.
-pub async fn db_version(pool: &PgPool) -> Result<i64, DbError> {
+pub async fn db_version(pool: &Db) -> Result<i64, DbError> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)
         .await?;
@@ -100,15 +289,19 @@ pub async fn db_version(pool: &PgPool) -> Result<i64, DbError> {
     Ok(v.unwrap_or(0))
 }
 
-/// Applies pending migrations, refusing a database whose schema is newer than the code.
-pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+/// Applies pending migrations, refusing a database whose schema is newer than the code. Needs
+/// the direct route: the migrator holds a session advisory lock and sets session limits.
+pub async fn migrate(pool: &Db) -> Result<(), DbError> {
+    if pool.route() == Route::Pooler {
+        return Err(DbError::MigrateThroughPooler);
+    }
     let (db, code) = (db_version(pool).await?, code_version());
     if db > code {
         return Err(DbError::SchemaNewer { db, code });
     }
     // On a connection of its own without the serving limits: a migration may rewrite a large
     // table or wait for the locks of running processes. It is closed afterwards.
-    let mut conn = pool.acquire().await?.detach();
+    let mut conn = pool.pool().acquire().await?.detach();
     for unlimited in ["SET statement_timeout = 0", "SET lock_timeout = 0", "SET idle_in_transaction_session_timeout = 0"] {
         sqlx::query(unlimited).execute(&mut conn).await?;
     }
@@ -118,11 +311,51 @@ pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
 }
 
 /// Checks that the database holds exactly this binary's schema.
-pub async fn check_schema(pool: &PgPool) -> Result<(), DbError> {
+pub async fn check_schema(pool: &Db) -> Result<(), DbError> {
     let (db, code) = (db_version(pool).await?, code_version());
     match db.cmp(&code) {
         std::cmp::Ordering::Greater => Err(DbError::SchemaNewer { db, code }),
         std::cmp::Ordering::Less => Err(DbError::SchemaOlder { db, code }),
         std::cmp::Ordering::Equal => Ok(()),
     }
+}
+
+/// Whether `url` is a pooler in transaction (or statement) mode: two of its client
+/// connections share one server session. Seen by `pg_backend_pid()`: a connection's backend
+/// changing between two statements while another connection holds a transaction open, or that
+/// other connection getting the backend the first one just used. On the server itself, and
+/// behind a pooler in session mode, a connection keeps its own backend, so neither happens and
+/// the answer is false. Only the simple protocol is used, which any pooler passes whole.
+pub async fn is_transaction_pooler(url: &str) -> Result<bool, DbError> {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let options = parse_url(url)?.statement_cache_capacity(0).extra_float_digits(None).application_name("shopfloor check");
+    let target = format!("{}:{}", options.get_host(), options.get_port());
+    let connect = || async {
+        match tokio::time::timeout(Duration::from_secs(10), options.connect()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => Err(DbError::Unreachable { target: target.clone(), cause: e.to_string() }),
+            Err(_) => Err(DbError::Unreachable { target: target.clone(), cause: "no answer within 10 s".into() }),
+        }
+    };
+    async fn pid(conn: &mut sqlx::PgConnection) -> Result<String, sqlx::Error> {
+        use sqlx::Row as _;
+        conn.fetch_one("SELECT pg_backend_pid()::text").await?.try_get(0)
+    }
+    let mut other = connect().await?;
+    for _ in 0..3 {
+        let mut first = connect().await?;
+        let before = pid(&mut first).await?;
+        other.execute("BEGIN").await?;
+        let held = pid(&mut other).await?;
+        // A pooler with one server connection makes this wait for `other`: no answer is no
+        // evidence either way.
+        let after = tokio::time::timeout(Duration::from_secs(2), pid(&mut first)).await;
+        other.execute("ROLLBACK").await?;
+        if held == before || matches!(&after, Ok(Ok(p)) if *p != before) {
+            return Ok(true);
+        }
+        let _ = first.close().await;
+    }
+    let _ = other.close().await;
+    Ok(false)
 }

@@ -32,7 +32,7 @@ pub struct TestExecutor {
 }
 
 impl TestExecutor {
-    pub async fn execute(&self, db: &sqlx::PgPool, job: &ToExecute, holder: &str) -> Result<Value, Failure> {
+    pub async fn execute(&self, db: &crate::db::Db, job: &ToExecute, holder: &str) -> Result<Value, Failure> {
         let test = job.input.get("test").cloned().unwrap_or(Value::Null);
         let ms = step_ms(&test, &job.node);
         if ms > 0 {
@@ -86,7 +86,7 @@ impl TestExecutor {
 }
 
 /// A session report with a cost, in its own change (as a host's report arrives).
-async fn report_cost(db: &sqlx::PgPool, job: &ToExecute, holder: &str, usd: f64, tokens: i64) -> Result<(), StoreError> {
+async fn report_cost(db: &crate::db::Db, job: &ToExecute, holder: &str, usd: f64, tokens: i64) -> Result<(), StoreError> {
     let mut ch = Change::begin(db, Actor::Engine(holder.trim_start_matches("engine:").to_owned())).await?;
     ch.lock_run(job.org, job.run).await?.ok_or(StoreError::NotFound("run"))?;
     budgets::record_run_spend(&mut ch, job.run, usd, tokens).await?;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use sqlx::PgPool;
+use crate::db::Db;
 
 use crate::ids::ProjectId;
 use crate::net_guard::{Policy, Refused, SystemResolver, VettedResolver};
@@ -79,7 +79,7 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
 
 /// Runs one claimed job to its end; a failure is logged, and the job comes due again when its
 /// lease runs out.
-pub async fn run(db: &PgPool, webhooks: &WebhookClient, engine_id: &str, job: Job) {
+pub async fn run(db: &Db, webhooks: &WebhookClient, engine_id: &str, job: Job) {
     let result = match job.kind.as_str() {
         webhooks_out::JOB => deliver(db, webhooks, engine_id, &job).await,
         retention::JOB => sweep(db, engine_id, &job).await,
@@ -93,7 +93,7 @@ pub async fn run(db: &PgPool, webhooks: &WebhookClient, engine_id: &str, job: Jo
     }
 }
 
-async fn deliver(db: &PgPool, client: &WebhookClient, engine_id: &str, job: &Job) -> Result<(), StoreError> {
+async fn deliver(db: &Db, client: &WebhookClient, engine_id: &str, job: &Job) -> Result<(), StoreError> {
     let actor = Actor::Engine(engine_id.to_owned());
     let Some(out) = webhooks_out::prepare(db, job.org_id, job.subject).await? else {
         let mut ch = Change::begin(db, actor).await?;
@@ -190,7 +190,7 @@ fn error_words(e: &reqwest::Error) -> String {
     if detail.is_empty() { what.to_owned() } else { format!("{what}: {detail}") }
 }
 
-async fn sweep(db: &PgPool, engine_id: &str, job: &Job) -> Result<(), StoreError> {
+async fn sweep(db: &Db, engine_id: &str, job: &Job) -> Result<(), StoreError> {
     let swept = retention::sweep(db, Actor::Engine(engine_id.to_owned()), job.org_id, ProjectId(job.subject), retention::BATCH).await?;
     if swept.runs > 0 || swept.deliveries > 0 || swept.partitions > 0 {
         tracing::info!(project.id = %job.subject, runs = swept.runs, deliveries = swept.deliveries, partitions = swept.partitions, batches = swept.batches, "retention sweep");

@@ -21,7 +21,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use sqlx::PgPool;
+use crate::db::Db;
 
 /// The content type of [`render`]'s answer (OpenMetrics text, which Prometheus scrapes).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -274,7 +274,7 @@ const QUEUE_DEPTHS: &str = "SELECT split_part(queue, ':', 1) AS kind, sum(waitin
 const SUBSTATES: [&str; 8] = ["queued", "executing", "waiting_for_agent", "sleeping", "awaiting_signal", "awaiting_child", "awaiting_lease", "held"];
 
 /// Reads the scrape-time figures from the database (when the process has one).
-async fn refresh(db: &PgPool) -> Result<(), sqlx::Error> {
+async fn refresh(db: &Db) -> Result<(), sqlx::Error> {
     let m = &*METRICS;
     let runs: Vec<(String, i64)> = sqlx::query_as(RUNS_BY_SUBSTATE).fetch_all(db).await?;
     let queues: Vec<(String, Option<i64>)> = sqlx::query_as(QUEUE_DEPTHS).fetch_all(db).await?;
@@ -291,7 +291,7 @@ async fn refresh(db: &PgPool) -> Result<(), sqlx::Error> {
 }
 
 /// The process's metrics in the OpenMetrics text format, with the database's figures read now.
-pub async fn render(db: Option<&PgPool>) -> String {
+pub async fn render(db: Option<&Db>) -> String {
     if let Some(db) = db {
         if let Err(e) = refresh(db).await {
             METRICS.scrape_errors.inc();

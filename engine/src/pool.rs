@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::db::Db;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -72,7 +72,7 @@ struct Recorded {
 const RECORDERS: usize = 4;
 
 struct Pool {
-    db: PgPool,
+    db: Db,
     cfg: PoolConfig,
     holder: String,
     catalog: Arc<Catalog>,
@@ -90,7 +90,7 @@ struct Pool {
 
 /// Runs the loop until `drain` is cancelled and held work is done (or the drain time is up),
 /// or until `abort` is cancelled.
-pub async fn run(db: PgPool, cfg: PoolConfig, drain: CancellationToken, abort: CancellationToken) -> Result<(), StoreError> {
+pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: CancellationToken) -> Result<(), StoreError> {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let holder = format!("engine:{}", cfg.id);
     let mut pool = Pool { db, cfg, holder, catalog: Arc::new(Catalog::default()), tasks: JoinSet::new(), done_tx, unrecorded: Vec::new(), recorders: JoinSet::new(), draining: false };
@@ -421,7 +421,7 @@ impl Pool {
 
 /// What a recording task needs of its engine.
 struct RecordCtx {
-    db: PgPool,
+    db: Db,
     id: String,
     holder: String,
     catalog: Arc<Catalog>,

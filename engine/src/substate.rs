@@ -35,7 +35,8 @@ use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{FromRow, PgPool};
+use sqlx::FromRow;
+use crate::db::Db;
 
 use crate::catalog::Catalog;
 use crate::definition::{Definition, NodeKind, Wait};
@@ -465,13 +466,13 @@ fn failed_node(facts: &RunFacts, reason: &str) -> Option<String> {
 static CATALOG: LazyLock<Catalog> = LazyLock::new(Catalog::default);
 
 /// What holds one run of `org`, in words. A run of another org is not found.
-pub async fn why(pool: &PgPool, org: OrgId, run: RunId) -> Result<Why> {
+pub async fn why(pool: &Db, org: OrgId, run: RunId) -> Result<Why> {
     whys(pool, org, &[run]).await?.pop().ok_or(StoreError::NotFound("run"))
 }
 
 /// [`why`] for many runs at once (a list page), with the same three queries at most. Runs not
 /// found in `org` are left out; the others come in the order asked.
-pub async fn whys(pool: &PgPool, org: OrgId, runs: &[RunId]) -> Result<Vec<Why>> {
+pub async fn whys(pool: &Db, org: OrgId, runs: &[RunId]) -> Result<Vec<Why>> {
     let (facts, now) = load(pool, org, runs).await?;
     Ok(facts.iter().map(|f| answer(f, now)).collect())
 }
@@ -561,7 +562,7 @@ struct StepLine {
 /// children and holders' names; then the hosts of their projects when a host step is ready.
 /// Each query is served by an index (`runs` key, `steps_by_run`, `approvals` key,
 /// `wakes_by_step`, `runs_by_parent`, `hosts` key, `hosts_by_project`).
-async fn load(pool: &PgPool, org: OrgId, runs: &[RunId]) -> Result<(Vec<RunFacts>, DateTime<Utc>)> {
+async fn load(pool: &Db, org: OrgId, runs: &[RunId]) -> Result<(Vec<RunFacts>, DateTime<Utc>)> {
     let ids: Vec<uuid::Uuid> = runs.iter().map(|r| r.0).collect();
     let lines: Vec<RunLine> = sqlx::query_as(RUNS_SQL)
     .bind(org)
@@ -588,7 +589,7 @@ async fn load(pool: &PgPool, org: OrgId, runs: &[RunId]) -> Result<(Vec<RunFacts
     Ok((facts, now))
 }
 
-async fn load_steps(pool: &PgPool, org: OrgId, ids: &[uuid::Uuid]) -> Result<Vec<StepLine>> {
+async fn load_steps(pool: &Db, org: OrgId, ids: &[uuid::Uuid]) -> Result<Vec<StepLine>> {
     Ok(sqlx::query_as(STEPS_SQL)
     .bind(org)
     .bind(ids)
@@ -613,7 +614,7 @@ fn projects_needing_hosts(lines: &[RunLine], steps: &HashMap<RunId, Vec<StepLine
     out
 }
 
-async fn load_hosts(pool: &PgPool, org: OrgId, projects: &[uuid::Uuid]) -> Result<HashMap<ProjectId, Vec<Vec<String>>>> {
+async fn load_hosts(pool: &Db, org: OrgId, projects: &[uuid::Uuid]) -> Result<HashMap<ProjectId, Vec<Vec<String>>>> {
     let mut out: HashMap<ProjectId, Vec<Vec<String>>> = HashMap::new();
     if projects.is_empty() {
         return Ok(out);
@@ -632,11 +633,11 @@ async fn load_hosts(pool: &PgPool, org: OrgId, projects: &[uuid::Uuid]) -> Resul
 
 /// The run's definition, read only when an open wait step must be told apart (a timer or an
 /// event); a definition that cannot be read leaves the wait a timer, which is the common case.
-async fn definition_if_needed(pool: &PgPool, line: &RunLine, steps: &[StepLine]) -> Option<std::sync::Arc<Definition>> {
+async fn definition_if_needed(pool: &Db, line: &RunLine, steps: &[StepLine]) -> Option<std::sync::Arc<Definition>> {
     if !steps.iter().any(|s| s.kind == "wait" && s.state == "waiting") {
         return None;
     }
-    let mut conn = pool.acquire().await.ok()?;
+    let mut conn = pool.begin().await.ok()?;
     CATALOG.get(&mut conn, line.workflow_id, line.workflow_version).await.ok()
 }
 

@@ -14,7 +14,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
+use crate::db::Db;
 
 use crate::db;
 
@@ -38,7 +39,7 @@ pub fn secret_key() -> crate::sealing::SecretKey {
 /// A database of one test's own.
 pub struct TestDb {
     /// A pool on the test's database.
-    pub pool: PgPool,
+    pub pool: Db,
     /// The URL of the test's database.
     pub url: String,
     /// The test's database name, `t_<unix secs>_<random>`.
@@ -71,6 +72,7 @@ pub async fn test_db() -> TestDb {
         .await
         .unwrap_or_else(|e| panic!("test_db: cannot connect to DATABASE_URL: {e}"));
     let mut admin = admin_pool
+        .pool()
         .acquire()
         .await
         .unwrap_or_else(|e| panic!("test_db: cannot connect to DATABASE_URL: {e}"));
@@ -140,7 +142,7 @@ impl TestDb {
 
 /// Up to three wakes, as JSON, that fell due more than 5 s ago; none when the schema has no
 /// `wakes.due_at` (yet).
-async fn stale_wakes(pool: &PgPool) -> Vec<String> {
+async fn stale_wakes(pool: &Db) -> Vec<String> {
     let has_wakes: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM information_schema.columns
                          WHERE table_schema = current_schema() AND table_name = 'wakes'

@@ -6,9 +6,10 @@
 //! and read their plans: the page's connections load `auto_explain`, which sends each
 //! statement's plan back as a notice. Nothing else the database does meanwhile (another
 //! pool's event hub, autovacuum) is charged to the page. The tenant pool's `set_config` of the
-//! request's org, sent each time a connection is handed out (`engine::tenancy`), is counted
-//! apart: it is one per acquire, so it follows the page's statements and cannot hide an N+1 of
-//! them.
+//! role and the request's org, sent at the start of each of its transactions
+//! (`engine::tenancy`; a single statement is a transaction of its own), is counted apart: it is
+//! one per transaction, so it follows the page's statements and cannot hide an N+1 of them;
+//! the `BEGIN`, `COMMIT` and `ROLLBACK` around them are not the page's reads and are not counted.
 
 use std::cell::{Cell, RefCell};
 use std::str::FromStr as _;
@@ -28,7 +29,7 @@ use crate::support::{app as console_app, App};
 
 thread_local! {
     static STATEMENTS: Cell<usize> = const { Cell::new(0) };
-    /// The tenant pool's `SELECT set_config('shopfloor.org', …)` before each acquire.
+    /// The tenant pool's `SELECT (SELECT set_config('role', …` at the start of each transaction.
     static SCOPES: Cell<usize> = const { Cell::new(0) };
     /// `table: statement` for each sequential scan of a large table in a page's plans.
     static SCANS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
@@ -41,17 +42,20 @@ pub(crate) const PAGE_SPAN: &str = "console_page";
 /// being served on this thread.
 pub(crate) struct CountStatements;
 
-/// What a statement event is: the tenant pool's setting of the org before an acquire (its
-/// summary, the first four words, is the whole statement), its setup of a new connection (the
-/// role and the org: like the connection's handshake, not the page's), or the page's own.
+/// What a statement event is: the tenant pool's setting of the role and org at the start of a
+/// transaction, the transaction's own `BEGIN`/`COMMIT`/`ROLLBACK` (not the page's reads), or the
+/// page's own.
 #[derive(Default)]
 struct IsScope(Option<bool>);
 
 impl tracing::field::Visit for IsScope {
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        if field.name() == "summary" && value.starts_with("SELECT set_config('shopfloor.org',") {
+        if field.name() != "summary" {
+            return;
+        }
+        if value.starts_with("SELECT (SELECT set_config('role',") {
             self.0 = Some(true);
-        } else if field.name() == "summary" && value.starts_with("SELECT (SELECT set_config('role',") {
+        } else if matches!(value.trim(), "BEGIN" | "COMMIT" | "ROLLBACK") {
             self.0 = Some(false);
         }
     }
@@ -129,20 +133,20 @@ const LARGE: &[&str] = &["runs", "steps", "run_events", "approvals", "audit_log"
 
 /// A pool whose connections send each statement's plan back as a notice (`auto_explain`,
 /// loaded at connection start: the test's database user is a superuser).
-fn explaining_pool(url: &str) -> sqlx::PgPool {
+fn explaining_pool(url: &str) -> engine::db::Db {
     let options = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().options([
         ("session_preload_libraries", "auto_explain"),
         ("auto_explain.log_min_duration", "0"),
         ("auto_explain.log_level", "notice"),
         ("auto_explain.log_nested_statements", "on"),
     ]);
-    sqlx::postgres::PgPoolOptions::new().max_connections(4).connect_lazy_with(options)
+    engine::db::Db::from(sqlx::postgres::PgPoolOptions::new().max_connections(4).connect_lazy_with(options))
 }
 
 /// Seeds `n` runs of every status in the org's project, with their steps, events, approvals
 /// (a few open), audit entries, sessions and transcripts, as the engine would have written
 /// them. Test data only: production writes go through the store.
-async fn seed(pool: &sqlx::PgPool, org: &crate::support::Org, n: i64) {
+async fn seed(pool: &engine::db::Db, org: &crate::support::Org, n: i64) {
     let sql = [
         "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, status, reason, created_by, created_at, started_at, ended_at) \
          SELECT $1, $2, gen_random_uuid(), CASE WHEN g % 2 = 0 THEN $3 ELSE $4 END, 1, \
@@ -291,7 +295,7 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
         let statements = runs.iter().map(|m| m.statements).max().unwrap_or(0);
         assert!(statements <= 20, "{name}: {statements} statements for one page (N+1?)");
         assert!(runs.iter().all(|m| m.statements == runs[0].statements), "{name}: the statement count varies between identical requests");
-        // Each acquire of the tenant pool sets the org once, then sends at least one statement.
+        // Each transaction of the tenant pool sets the org once, then sends at least one statement.
         let scopes = runs.iter().map(|m| m.scopes).max().unwrap_or(0);
         assert!(scopes <= statements, "{name}: {scopes} settings of the org for {statements} statements");
         let mut times: Vec<f64> = runs.iter().map(|m| m.millis).collect();

@@ -138,7 +138,7 @@ impl App {
         App { db, base, oauth: Some(oauth), stop, engine }
     }
 
-    pub(crate) fn pool(&self) -> &sqlx::PgPool {
+    pub(crate) fn pool(&self) -> &engine::db::Db {
         &self.db.pool
     }
 

@@ -99,7 +99,7 @@ async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
 
 /// Whether the statement that ends every scan (`store::jobs::next_due`, after the wakes' and
 /// the schedules') has been counted in `database`.
-async fn scanned(admin: &sqlx::PgPool, database: &str) -> bool {
+async fn scanned(admin: &engine::db::Db, database: &str) -> bool {
     scalar(
         admin,
         &format!(

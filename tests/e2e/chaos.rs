@@ -32,7 +32,7 @@ use engine::store::{approvals, runs, Actor, Change, StoreError};
 use serde_json::{json, Map, Value};
 use shopfloor_tests::proxy::Proxy;
 use shopfloor_tests::{check_invariants, effects_count, scalar, seed, shopfloor_bin, EngineProcess, Invariants, Seed};
-use sqlx::PgPool;
+use engine::db::Db;
 use tokio::time::Instant;
 
 /// A join (`left` and `right` after `plan`), a gate that fails its first visit and loops back
@@ -296,7 +296,7 @@ fn input(rng: &mut Rng) -> Value {
 }
 
 /// Submits runs in one transaction.
-async fn submit(pool: &PgPool, s: &Seed, inputs: Vec<Value>) -> Result<(), StoreError> {
+async fn submit(pool: &Db, s: &Seed, inputs: Vec<Value>) -> Result<(), StoreError> {
     let mut ch = Change::begin(pool, Actor::System).await?;
     for input in inputs {
         let new = runs::NewRun {
@@ -318,7 +318,7 @@ async fn submit(pool: &PgPool, s: &Seed, inputs: Vec<Value>) -> Result<(), Store
 }
 
 /// Approves every waiting approval, a batch per transaction; returns how many.
-async fn answer_approvals(pool: &PgPool, s: &Seed) -> Result<u64, StoreError> {
+async fn answer_approvals(pool: &Db, s: &Seed) -> Result<u64, StoreError> {
     let waiting: Vec<(RunId, String)> = sqlx::query_as(
         "SELECT a.run_id, a.node FROM approvals a JOIN steps st USING (step_id) \
          WHERE a.decision IS NULL AND st.state = 'waiting' ORDER BY a.run_id LIMIT $1",
@@ -338,12 +338,12 @@ async fn answer_approvals(pool: &PgPool, s: &Seed) -> Result<u64, StoreError> {
 }
 
 /// Runs still `running`, or `None` while the database is away.
-async fn running(pool: &PgPool) -> Option<i64> {
+async fn running(pool: &Db) -> Option<i64> {
     sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'running'").fetch_one(pool).await.ok()
 }
 
 /// Steps leased or running under these holders; 0 while the database is away.
-async fn held(pool: &PgPool, holders: &[String]) -> i64 {
+async fn held(pool: &Db, holders: &[String]) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM steps WHERE state IN ('leased', 'running') AND holder = ANY($1)")
         .bind(holders)
         .fetch_one(pool)
@@ -620,7 +620,7 @@ async fn engines_killed_cut_off_and_restarted_lose_nothing() {
 
 /// Completed runs whose succeeded steps are not exactly [`SUCCEEDED`]: terminal, but with a
 /// wrong outcome.
-async fn wrong_outcomes(pool: &PgPool) -> Vec<uuid::Uuid> {
+async fn wrong_outcomes(pool: &Db) -> Vec<uuid::Uuid> {
     let completed: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT run_id FROM runs WHERE status = 'completed'").fetch_all(pool).await.unwrap();
     let rows: Vec<(uuid::Uuid, String, i32)> = sqlx::query_as(
         "SELECT s.run_id, s.node, s.visit FROM steps s JOIN runs r USING (run_id) WHERE r.status = 'completed' AND s.state = 'succeeded'",
@@ -638,7 +638,7 @@ async fn wrong_outcomes(pool: &PgPool) -> Vec<uuid::Uuid> {
 
 /// The steps the stalled engine held that were recovered from it, and how many of those it
 /// executed anyway once it woke (their effects lines).
-async fn stalled_attempts(pool: &PgPool, effects: &Path, stalled: &str) -> (i64, i64) {
+async fn stalled_attempts(pool: &Db, effects: &Path, stalled: &str) -> (i64, i64) {
     let recovered: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT step_id FROM steps WHERE holder = $1 AND reason = 'lease_expired'")
         .bind(format!("engine:{stalled}"))
         .fetch_all(pool)
@@ -680,7 +680,7 @@ fn log_lines(dir: &Path, needle: &str) -> Vec<String> {
 }
 
 /// Prints a few of the visits that succeeded more than once, with each attempt's holder.
-async fn report_doubled(pool: &PgPool) {
+async fn report_doubled(pool: &Db) {
     let doubled: Vec<String> = sqlx::query_scalar(
         "SELECT format('doubled: run %s node %s visit %s: %s', run_id, node, visit, string_agg(format('attempt %s by %s', attempt, holder), ', ')) \
          FROM steps WHERE state = 'succeeded' GROUP BY run_id, node, visit HAVING count(*) > 1 LIMIT 5",
@@ -695,7 +695,7 @@ async fn report_doubled(pool: &PgPool) {
 
 /// Prints a few of the runs that did not end, or ended otherwise than they should, with their
 /// steps, to start the search for the cause.
-async fn report_lost(pool: &PgPool, wrong: &[uuid::Uuid]) {
+async fn report_lost(pool: &Db, wrong: &[uuid::Uuid]) {
     let lost: Vec<(uuid::Uuid, String, Option<String>)> = sqlx::query_as(
         "(SELECT run_id, status, reason FROM runs WHERE status <> 'completed' ORDER BY run_id LIMIT 5) \
          UNION ALL (SELECT run_id, status, reason FROM runs WHERE run_id = ANY($1) ORDER BY run_id LIMIT 5)",

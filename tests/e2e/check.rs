@@ -1,7 +1,10 @@
 //! `shopfloor check` as an operator runs it: every check passing against a migrated database,
 //! with a signing key, the GitHub App minting a token from the fake GitHub, and the webhook
 //! secret; then failing checks, each with its fix line and a non-zero exit; and `--host` on a
-//! host machine (a harness and git on PATH, the server answering).
+//! host machine (a harness and git on PATH, the server answering); and `DATABASE_URL` through a
+//! real PgBouncer in transaction mode, which fails without a direct
+//! `SHOPFLOOR_LISTEN_DATABASE_URL` and passes with one, while the server itself is never taken
+//! for a pooler.
 
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
@@ -24,6 +27,7 @@ fn check(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     cmd.arg("check").args(args).env("SHOPFLOOR_LOG", "off");
     for var in [
         "DATABASE_URL",
+        "SHOPFLOOR_LISTEN_DATABASE_URL",
         "SHOPFLOOR_SECRET_KEY",
         "SHOPFLOOR_GITHUB_WEBHOOK_SECRET",
         "SHOPFLOOR_GITHUB_APP_ID",
@@ -185,4 +189,34 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
     assert_fails(&out, "prices", "SHOPFLOOR_HOST_PRICES");
     assert_ok(&out, "git");
     assert_fails(&out, "server", "check SHOPFLOOR_SERVER");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_pooler_without_a_direct_url_fails_with_its_fix() {
+    let db = test_db().await;
+    let key = engine::testkit::SECRET_KEY;
+    let (_, direct) = check(&[], &[("DATABASE_URL", &db.url), ("SHOPFLOOR_SECRET_KEY", key)]);
+    let (line, _) = line_of(&direct, "database pooler");
+    assert_eq!(line, "ok   database pooler: DATABASE_URL is direct (no transaction pooler)");
+    // One server connection and two: the pooler is told either way.
+    for size in [1, 2] {
+        let bouncer = shopfloor_tests::pgbouncer::PgBouncer::start(&db.url, size).await;
+        let pooled = bouncer.url(&db.url);
+        let (code, out) = check(&[], &[("DATABASE_URL", &pooled), ("SHOPFLOOR_SECRET_KEY", key)]);
+        assert_eq!(code, 1);
+        let (line, fix) = line_of(&out, "database pooler");
+        assert_eq!(line, "FAIL database pooler: DATABASE_URL is a transaction pooler (two connections shared one server session) and SHOPFLOOR_LISTEN_DATABASE_URL is not set");
+        assert!(fix.is_some_and(|f| f.trim_start().starts_with("fix: set SHOPFLOOR_LISTEN_DATABASE_URL to the PostgreSQL server itself")), "{fix:?}");
+        // The other checks still read the database, through the pooler.
+        assert_ok(&out, "database");
+        let (_, out) = check(&[], &[("DATABASE_URL", &pooled), ("SHOPFLOOR_LISTEN_DATABASE_URL", &db.url), ("SHOPFLOOR_SECRET_KEY", key)]);
+        let (line, _) = line_of(&out, "database pooler");
+        assert!(line.starts_with("ok   database pooler: DATABASE_URL is a transaction pooler;"), "{line}");
+        // The pooler given as the direct URL too.
+        let (_, out) = check(&[], &[("DATABASE_URL", &pooled), ("SHOPFLOOR_LISTEN_DATABASE_URL", &pooled), ("SHOPFLOOR_SECRET_KEY", key)]);
+        let (line, fix) = line_of(&out, "database pooler");
+        assert_eq!(line, "FAIL database pooler: SHOPFLOOR_LISTEN_DATABASE_URL is a transaction pooler too");
+        assert!(fix.is_some_and(|f| f.contains("fix:")), "{fix:?}");
+    }
+    db.finish().await;
 }

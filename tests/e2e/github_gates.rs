@@ -193,7 +193,7 @@ async fn the_reconciler_moves_the_card_when_the_pull_request_closes_and_leaves_o
 #[tokio::test(flavor = "multi_thread")]
 async fn the_watch_and_schedule_lookups_use_indexes() {
     let env = GhEnv::start(&[]).await;
-    let mut conn = env.db.pool.acquire().await.unwrap();
+    let mut conn = env.db.pool.pool().acquire().await.unwrap();
     // Empty tables would be scanned: forbid that, and check that an index serves each lookup a
     // delivery (waking watchers) or an engine's claim (due ticks) makes.
     sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();

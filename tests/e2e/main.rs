@@ -15,6 +15,7 @@ mod hosts;
 mod intervene;
 mod lifecycle;
 mod metrics;
+mod pgbouncer;
 mod poolers;
 mod secrets;
 mod serve;

@@ -11,7 +11,7 @@ use shopfloor_tests::shopfloor_bin;
 use crate::host_env::{free_port, Proc};
 
 /// The application names of the backends that `LISTEN`, once there are `want` of them.
-async fn listeners(pool: &sqlx::PgPool, want: usize) -> Vec<String> {
+async fn listeners(pool: &engine::db::Db, want: usize) -> Vec<String> {
     let found = async {
         loop {
             let names: Vec<String> = sqlx::query_scalar(

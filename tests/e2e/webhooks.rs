@@ -338,7 +338,7 @@ async fn the_fourth_cycle_is_blocked_with_an_ask_and_a_reset_runs_again() {
     assert_eq!(env.events("quick").await[3], ("blocked".to_owned(), Some("cycle budget 3/3".to_owned())));
 
     // The ask is under "Needs you".
-    let mut conn = env.db.pool.acquire().await.unwrap();
+    let mut conn = env.db.pool.pool().acquire().await.unwrap();
     let asks = triggers::cycle_asks(&mut conn, env.org, Some(env.project)).await.unwrap();
     drop(conn);
     assert_eq!(asks.len(), 1);
@@ -351,7 +351,7 @@ async fn the_fourth_cycle_is_blocked_with_an_ask_and_a_reset_runs_again() {
     assert_eq!(reset.generation, 1);
     assert!(matches!(reset.claims.as_slice(), [(w, triggers::Claim::Opened { .. })] if w == "quick"), "{reset:?}");
     env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 4).await;
-    let mut conn = env.db.pool.acquire().await.unwrap();
+    let mut conn = env.db.pool.pool().acquire().await.unwrap();
     assert!(triggers::cycle_asks(&mut conn, env.org, None).await.unwrap().is_empty());
     drop(conn);
     let key: String = sqlx::query_scalar("SELECT dedup_key FROM trigger_events ORDER BY created_at DESC LIMIT 1").fetch_one(&env.db.pool).await.unwrap();
@@ -579,7 +579,7 @@ async fn the_fake_github_answers_documented_shapes_and_injects_failures() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_ingest_and_rejudge_lookups_use_indexes() {
     let db = test_db().await;
-    let mut conn = db.pool.acquire().await.unwrap();
+    let mut conn = db.pool.pool().acquire().await.unwrap();
     // Tables are empty here, so the planner would scan them: forbid that, and check that an
     // index can serve each lookup a delivery or a run's end makes.
     sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::Args;
 use secrecy::ExposeSecret;
-use sqlx::PgPool;
+use engine::db::Db;
 
 use super::{DbArgs, GithubAppArgs, GithubArgs, SecretKeyArgs};
 
@@ -104,8 +104,18 @@ async fn server_checks(args: &CheckArgs) -> Vec<Outcome> {
         o.print();
         outcomes.push(o);
     };
-    let (db, outcome) = database(&args.db).await;
+    let pooled = match args.db.database_url.as_deref().filter(|u| !u.trim().is_empty()) {
+        Some(url) => Some(engine::db::is_transaction_pooler(url).await),
+        None => None,
+    };
+    // Behind a transaction pooler the checks' own reads take the pooler's route, whatever the
+    // settings say: what they find should not depend on the setting that is missing.
+    let route = if matches!(pooled, Some(Ok(true))) { engine::db::Route::Pooler } else { args.db.route() };
+    let (db, outcome) = database(&args.db, route).await;
     done(outcome);
+    if let Some(pooled) = pooled {
+        done(pooler(&args.db, pooled).await);
+    }
     done(secret_key(&args.secret_key, db.as_ref()).await);
     done(match &db {
         Some(pool) => signing_keys(pool).await,
@@ -127,7 +137,7 @@ fn split_fix(message: &str, fallback: &str) -> (String, String) {
     }
 }
 
-async fn database(args: &DbArgs) -> (Option<PgPool>, Outcome) {
+async fn database(args: &DbArgs, route: engine::db::Route) -> (Option<Db>, Outcome) {
     const NAME: &str = "database";
     let Some(url) = args.database_url.as_deref().filter(|u| !u.trim().is_empty()) else {
         return (
@@ -135,7 +145,7 @@ async fn database(args: &DbArgs) -> (Option<PgPool>, Outcome) {
             Outcome::fail(NAME, "DATABASE_URL is not set", "set DATABASE_URL to postgres://USER:PASSWORD@HOST:PORT/DATABASE (`shopfloor admin cluster start` prints one for an embedded cluster)"),
         );
     };
-    let pool = match engine::db::connect(url, 2).await {
+    let pool = match engine::db::connect_on(url, 2, route).await {
         Ok(pool) => pool,
         Err(e) => {
             let (problem, fix) = split_fix(&e.to_string(), "check DATABASE_URL");
@@ -155,9 +165,32 @@ async fn database(args: &DbArgs) -> (Option<PgPool>, Outcome) {
     }
 }
 
+/// Whether DATABASE_URL is a transaction pooler, and if so, that `LISTEN` and migrations have
+/// the server itself to go to (`SHOPFLOOR_LISTEN_DATABASE_URL`), which is no pooler either.
+async fn pooler(args: &DbArgs, pooled: Result<bool, engine::db::DbError>) -> Outcome {
+    const NAME: &str = "database pooler";
+    const DIRECT: &str = "set SHOPFLOOR_LISTEN_DATABASE_URL to the PostgreSQL server itself, not the pooler, on every process: LISTEN and migrations need a session of their own, and the pools are made safe for the pooler only when it is set (README: Behind PgBouncer)";
+    let listen = args.listen.listen_database_url.as_deref().filter(|u| !u.trim().is_empty());
+    let pooled = match pooled {
+        Ok(pooled) => pooled,
+        // The database check above says why and how to fix it.
+        Err(_) => return Outcome::skip(NAME, "cannot tell without reaching the database"),
+    };
+    match (pooled, listen) {
+        (true, None) => Outcome::fail(NAME, "DATABASE_URL is a transaction pooler (two connections shared one server session) and SHOPFLOOR_LISTEN_DATABASE_URL is not set", DIRECT),
+        (_, Some(listen)) => match engine::db::is_transaction_pooler(listen).await {
+            Ok(true) => Outcome::fail(NAME, "SHOPFLOOR_LISTEN_DATABASE_URL is a transaction pooler too", DIRECT),
+            Ok(false) if pooled => Outcome::ok(NAME, "DATABASE_URL is a transaction pooler; LISTEN and migrations go to SHOPFLOOR_LISTEN_DATABASE_URL, which is direct"),
+            Ok(false) => Outcome::ok(NAME, "DATABASE_URL is direct; SHOPFLOOR_LISTEN_DATABASE_URL is set, so the pools work as behind a transaction pooler"),
+            Err(e) => Outcome::fail(NAME, format!("SHOPFLOOR_LISTEN_DATABASE_URL: {}", split_fix(&e.to_string(), "").0), "set SHOPFLOOR_LISTEN_DATABASE_URL to a reachable PostgreSQL server"),
+        },
+        (false, None) => Outcome::ok(NAME, "DATABASE_URL is direct (no transaction pooler)"),
+    }
+}
+
 /// The secret key is set, well formed, and opens every sealed signing key. (A server on the
 /// embedded cluster reads it from its data directory; `check` reads only the setting.)
-async fn secret_key(args: &SecretKeyArgs, db: Option<&PgPool>) -> Outcome {
+async fn secret_key(args: &SecretKeyArgs, db: Option<&Db>) -> Outcome {
     const NAME: &str = "secret key";
     const HOW: &str = "set SHOPFLOOR_SECRET_KEY to 32 random bytes in base64 (`openssl rand -base64 32`), the same on every process of this database";
     let key = match args.given() {
@@ -179,7 +212,7 @@ async fn secret_key(args: &SecretKeyArgs, db: Option<&PgPool>) -> Outcome {
     }
 }
 
-async fn signing_keys(pool: &PgPool) -> Outcome {
+async fn signing_keys(pool: &Db) -> Outcome {
     const NAME: &str = "jwt signing keys";
     let count: Result<i64, sqlx::Error> = sqlx::query_scalar("SELECT count(*) FROM signing_keys WHERE retired_at IS NULL").fetch_one(pool).await;
     match count {
@@ -193,7 +226,7 @@ async fn signing_keys(pool: &PgPool) -> Outcome {
     }
 }
 
-async fn github_app(args: &GithubAppArgs, db: Option<&PgPool>) -> Outcome {
+async fn github_app(args: &GithubAppArgs, db: Option<&Db>) -> Outcome {
     const NAME: &str = "github app";
     if args.app_id.is_none() && args.key.is_none() && args.key_file.is_none() {
         return Outcome::skip(NAME, "not configured (SHOPFLOOR_GITHUB_APP_ID is unset): output steps wait, hosts use their own git credentials");

@@ -1,14 +1,17 @@
 //! Finding the database: DATABASE_URL, or the embedded cluster in SHOPFLOOR_DATA_DIR.
 
 use engine::cluster::{self, Cluster, ClusterOptions};
-use sqlx::PgPool;
+use engine::db::Db;
 
 use super::{CliError, DbArgs};
 
 /// A connected database, and the embedded cluster when this process started it.
 pub struct Database {
     pub url: String,
-    pub pool: PgPool,
+    /// The server itself: `SHOPFLOOR_LISTEN_DATABASE_URL`, else `url`. `LISTEN` and
+    /// migrations go there, never through a pooler.
+    pub direct_url: String,
+    pub pool: Db,
     cluster: Option<Cluster>,
 }
 
@@ -28,8 +31,9 @@ impl Database {
                 (c.url.clone(), c.started_here.then_some(c))
             }
         };
-        match engine::db::connect_guarded(&url, connections).await {
-            Ok(pool) => Ok(Database { url, pool, cluster }),
+        let direct_url = args.listen.url(&url);
+        match engine::db::connect_guarded(&url, connections, args.route()).await {
+            Ok(pool) => Ok(Database { url, direct_url, pool, cluster }),
             Err(e) => {
                 if let Some(c) = &cluster {
                     let _ = c.stop();
@@ -50,6 +54,18 @@ impl Database {
                 Err(CliError::msg(e))
             }
         }
+    }
+
+    /// Applies the migrations on the direct URL: through a pooler the migrator's session lock
+    /// and limits would land on whichever server connection it lent.
+    pub async fn migrate(&self) -> Result<(), CliError> {
+        if self.pool.route() == engine::db::Route::Direct {
+            return engine::db::migrate(&self.pool).await.map_err(CliError::msg);
+        }
+        let direct = engine::db::connect(&self.direct_url, 2).await.map_err(CliError::msg)?;
+        let migrated = engine::db::migrate(&direct).await.map_err(CliError::msg);
+        direct.close().await;
+        migrated
     }
 
     /// Runs `f` (reading more settings); on failure, closes the database before returning.

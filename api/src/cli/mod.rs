@@ -92,6 +92,22 @@ pub struct DbArgs {
     /// Where the embedded PostgreSQL cluster lives (in `pg/` under it).
     #[arg(long = "data-dir", env = "SHOPFLOOR_DATA_DIR", default_value = ".shopfloor")]
     pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub listen: ListenDbArgs,
+}
+
+impl DbArgs {
+    /// How the pools reach the server: a `DATABASE_URL` beside a direct
+    /// `SHOPFLOOR_LISTEN_DATABASE_URL` is taken to be a transaction pooler (the only reason to
+    /// give both), and its pools are made safe behind one (`engine::db::Route::Pooler`).
+    pub fn route(&self) -> engine::db::Route {
+        let given = |u: &Option<String>| u.as_deref().is_some_and(|u| !u.trim().is_empty());
+        if given(&self.database_url) && given(&self.listen.listen_database_url) {
+            engine::db::Route::Pooler
+        } else {
+            engine::db::Route::Direct
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -145,7 +161,8 @@ pub struct ListenArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ListenDbArgs {
     /// A direct URL for the LISTEN connection (a transaction pooler such as PgBouncer cannot
-    /// LISTEN). Defaults to DATABASE_URL.
+    /// LISTEN), and for migrations. Defaults to DATABASE_URL; when given, DATABASE_URL is taken
+    /// to be a transaction pooler.
     #[arg(long = "listen-database-url", env = "SHOPFLOOR_LISTEN_DATABASE_URL", hide_env_values = true)]
     pub listen_database_url: Option<String>,
     /// Seconds without traffic on the LISTEN connection before the first keepalive probe.
@@ -165,6 +182,11 @@ pub struct ListenDbArgs {
 }
 
 impl ListenDbArgs {
+    /// The direct URL: the one given, else the database's.
+    pub fn url(&self, database_url: &str) -> String {
+        self.listen_database_url.clone().unwrap_or_else(|| database_url.to_owned())
+    }
+
     /// Where to LISTEN: the direct URL when given, else the database's, with the keepalives.
     pub fn target(&self, database_url: &str) -> Result<Target, CliError> {
         let (url, var) = match &self.listen_database_url {
@@ -184,8 +206,6 @@ impl ListenDbArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct PoolArgs {
-    #[command(flatten)]
-    pub listen_db: ListenDbArgs,
     /// This engine's id in leases and the audit log. Defaults to `<hostname>-<pid>`.
     #[arg(long = "engine-id", env = "SHOPFLOOR_ENGINE_ID")]
     pub engine_id: Option<String>,
@@ -283,8 +303,6 @@ pub struct ServeArgs {
 pub struct ApiArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    #[command(flatten)]
-    pub listen_db: ListenDbArgs,
     #[command(flatten)]
     pub secret_key: SecretKeyArgs,
     #[command(flatten)]

@@ -17,7 +17,7 @@ pub(super) async fn migrate(args: MigrateArgs) -> Result<(), CliError> {
     let key = args.secret_key.find(&args.db)?;
     let db = Database::open(&args.db, 2).await?;
     let result = async {
-        engine::db::migrate(&db.pool).await.map_err(CliError::msg)?;
+        db.migrate().await?;
         match &key {
             Some(key) => secret_key::prepare(&db.pool, key).await,
             None => Ok(()),
@@ -37,7 +37,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let key = args.secret_key.require(&args.db)?;
     let db = Database::open(&args.db, args.pool.db_connections + 8).await?;
     let prepared = async {
-        engine::db::migrate(&db.pool).await.map_err(CliError::msg)?;
+        db.migrate().await?;
         secret_key::prepare(&db.pool, &key).await
     };
     if let Err(e) = prepared.await {
@@ -51,7 +51,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
             return Err(e);
         }
     };
-    let listen = match args.pool.listen_db.target(&db.url) {
+    let listen = match args.db.listen.target(&db.url) {
         Ok(l) => l,
         Err(e) => {
             db.close().await;
@@ -76,7 +76,7 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
     let key = args.secret_key.require(&args.db)?;
     let db = Database::open_migrated(&args.db, 16).await?;
     let url = db.url.clone();
-    let (db, (app, listen)) = db.or_close(|| Ok((github_app(&args.github_app)?, args.listen_db.target(&url)?))).await?;
+    let (db, (app, listen)) = db.or_close(|| Ok((github_app(&args.github_app)?, args.db.listen.target(&url)?))).await?;
     if let Err(e) = secret_key::prepare(&db.pool, &key).await {
         db.close().await;
         return Err(e);
@@ -97,7 +97,7 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
     let webhooks = webhook_client(&args.webhooks)?;
     let db = Database::open_migrated(&args.db, args.pool.db_connections).await?;
     let url = db.url.clone();
-    let (db, (outputs, listen)) = db.or_close(|| Ok((github_outputs(&args.github_app)?, args.pool.listen_db.target(&url)?))).await?;
+    let (db, (outputs, listen)) = db.or_close(|| Ok((github_outputs(&args.github_app)?, args.db.listen.target(&url)?))).await?;
     let (drain, abort) = host::process::shutdown_signals();
     if let Some(listener) = metrics {
         tokio::spawn(serve_metrics(listener, db.pool.clone(), drain.clone()));
@@ -202,7 +202,7 @@ pub fn app(state: &AppState, webhook_secret: Option<secrecy::SecretString>, cons
 #[expect(clippy::too_many_arguments, reason = "the settings of `serve` and `api`, passed once")]
 async fn serve_http(
     listener: TcpListener,
-    db: sqlx::PgPool,
+    db: engine::db::Db,
     listen: engine::listen::Target,
     secret_key: engine::sealing::SecretKey,
     drain: CancellationToken,
@@ -231,7 +231,7 @@ async fn serve_http(
 }
 
 /// An engine's `--metrics-addr` listener: `GET /metrics` and nothing else, until the drain.
-async fn serve_metrics(listener: TcpListener, db: sqlx::PgPool, drain: CancellationToken) {
+async fn serve_metrics(listener: TcpListener, db: engine::db::Db, drain: CancellationToken) {
     let app = axum::Router::new().route(
         http::metrics::PATH,
         axum::routing::get(move || {

@@ -17,7 +17,7 @@ use clap::Args;
 use engine::sealing::SecretKey;
 use engine::store::{signing_keys, Actor, Change};
 use secrecy::{ExposeSecret, SecretString};
-use sqlx::PgPool;
+use engine::db::Db;
 
 use super::{CliError, DbArgs};
 
@@ -106,7 +106,7 @@ fn embedded_key(path: &Path) -> Result<SecretKey, CliError> {
 /// What `serve`, `api` and `migrate` do with the key at start: refuse a key that does not open
 /// the sealed signing keys (one line, before anything serves), then seal the keys an earlier
 /// release stored in plaintext. Sealing keeps each secret, so no token stops verifying.
-pub(super) async fn prepare(db: &PgPool, key: &SecretKey) -> Result<(), CliError> {
+pub(super) async fn prepare(db: &Db, key: &SecretKey) -> Result<(), CliError> {
     signing_keys::check_opens(db, key).await.map_err(CliError::msg)?;
     let mut ch = Change::begin(db, Actor::System).await.map_err(CliError::msg)?;
     let sealed = signing_keys::seal_plaintext(&mut ch, key).await.map_err(CliError::msg)?;

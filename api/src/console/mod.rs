@@ -128,7 +128,7 @@ impl Console {
         &self.inner.app
     }
 
-    fn db(&self) -> &sqlx::PgPool {
+    fn db(&self) -> &engine::db::Db {
         &self.inner.app.db
     }
 

@@ -119,7 +119,7 @@ async fn settings(state: &AppState, scope: &ProjectScope) -> Result<ProjectSetti
         .bind(scope.project)
         .fetch_one(&state.db)
         .await?;
-    let mut conn = state.db.acquire().await?;
+    let mut conn = state.db.begin().await?;
     let board_limits = admission::board_limits(&mut conn, scope.org.org, scope.project)
         .await?
         .into_iter()

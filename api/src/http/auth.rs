@@ -134,7 +134,7 @@ impl CachedKey {
 }
 
 impl KeyCache {
-    async fn get(&self, db: &sqlx::PgPool, sealing: &SecretKey, kid: &str) -> Result<Arc<SecretBox<[u8]>>, ApiError> {
+    async fn get(&self, db: &engine::db::Db, sealing: &SecretKey, kid: &str) -> Result<Arc<SecretBox<[u8]>>, ApiError> {
         let now = Instant::now();
         if let Some(entry) = self.keys.lock().map_err(|_| ApiError::internal("key cache poisoned"))?.get(kid) {
             if now.duration_since(entry.read_at) < KEY_CACHE_TTL {

@@ -96,7 +96,7 @@ async fn slugs(state: &AppState, org: engine::ids::OrgId) -> Result<std::collect
 }
 
 async fn list_of(state: &AppState, scope: &OrgScope, project: Option<ProjectId>) -> Result<BudgetList, ApiError> {
-    let mut conn = state.db.acquire().await?;
+    let mut conn = state.db.begin().await?;
     let rows = budgets::list(&mut conn, scope.org, project).await?;
     drop(conn);
     let names = slugs(state, scope.org).await?;
@@ -217,7 +217,7 @@ pub async fn spend(State(state): State<AppState>, scope: OrgScope, Query(q): Que
         (Some(only), _) => Some(only),
         (None, asked) => asked,
     };
-    let mut conn = state.db.acquire().await?;
+    let mut conn = state.db.begin().await?;
     let rows = budgets::spend(&mut conn, scope.org, project, from, to).await?;
     let total_usd = rows.iter().map(|r| r.usd).sum();
     let items = rows

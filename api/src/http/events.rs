@@ -29,7 +29,7 @@ use engine::store::{Notice, NOTIFY_CHANNEL};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::PgPool;
+use engine::db::Db;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use utoipa::{IntoParams, ToSchema};
@@ -133,7 +133,7 @@ const COLUMNS: &str = "org_id, project_id, run_id, seq, event_id, xid::text AS x
      coalesce((SELECT r.dry_run OR r.parent_run_id IS NOT NULL FROM runs r WHERE r.run_id = run_events.run_id), false) AS quiet";
 
 /// The position before every event not yet settled: a new client starts there.
-async fn horizon(db: &PgPool) -> Result<Position, sqlx::Error> {
+async fn horizon(db: &Db) -> Result<Position, sqlx::Error> {
     let xmin: String = sqlx::query_scalar("SELECT shopfloor_event_horizon()::text").fetch_one(db).await?;
     Ok(Position { xid: xmin.parse().unwrap_or(0), event: 0 })
 }
@@ -153,7 +153,7 @@ pub struct EventHub {
 
 impl EventHub {
     /// Starts following `run_events`, with a `LISTEN` connection of its own to `listen`.
-    pub fn start(db: PgPool, listen: Target) -> EventHub {
+    pub fn start(db: Db, listen: Target) -> EventHub {
         let (tx, _) = broadcast::channel(CHANNEL);
         let (ready, _) = watch::channel(0);
         let (logs, _) = broadcast::channel(CHANNEL);
@@ -184,7 +184,7 @@ fn may_be_ready(payload: &str) -> bool {
 }
 
 async fn follow(
-    db: PgPool,
+    db: Db,
     target: Target,
     tx: broadcast::Sender<Arc<StreamEvent>>,
     ready: watch::Sender<u64>,
@@ -256,7 +256,7 @@ async fn pause(stop: &CancellationToken, backoff: &mut Duration) -> bool {
 
 /// Reads and sends the events settled since `pos`; true when some committed events still wait
 /// for an older transaction.
-async fn read(db: &PgPool, pos: &mut Option<Position>, tx: &broadcast::Sender<Arc<StreamEvent>>) -> Result<bool, sqlx::Error> {
+async fn read(db: &Db, pos: &mut Option<Position>, tx: &broadcast::Sender<Arc<StreamEvent>>) -> Result<bool, sqlx::Error> {
     let mut at = match *pos {
         Some(p) => p,
         None => {
@@ -284,7 +284,7 @@ async fn read(db: &PgPool, pos: &mut Option<Position>, tx: &broadcast::Sender<Ar
 
 /// The settled events of one project after `pos`, for a client that resumes: what the stream
 /// replays goes back `EVENT_DAYS` (30), though a kept run's journal goes back to its start.
-async fn backlog(db: &PgPool, org: OrgId, project: ProjectId, pos: Position) -> Result<Vec<StreamEvent>, sqlx::Error> {
+async fn backlog(db: &Db, org: OrgId, project: ProjectId, pos: Position) -> Result<Vec<StreamEvent>, sqlx::Error> {
     let sql = format!(
         "SELECT {COLUMNS} FROM run_events WHERE org_id = $1 AND project_id = $2 AND (xid, event_id) > ($3::text::xid8, $4) \
            AND xid < (SELECT shopfloor_event_horizon()) AND at > now() - make_interval(days => {}) ORDER BY xid, event_id LIMIT $5",
@@ -304,7 +304,7 @@ pub struct StreamQuery {
 
 /// One client of the stream.
 struct Client {
-    db: PgPool,
+    db: Db,
     org: OrgId,
     project: ProjectId,
     rx: broadcast::Receiver<Arc<StreamEvent>>,

@@ -640,7 +640,7 @@ pub struct StepToken {
 pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepToken>, ApiError> {
     use secrecy::ExposeSecret;
     let step = step_id(&p.step)?;
-    let mut conn = state.db.acquire().await?;
+    let mut conn = state.db.begin().await?;
     let held: Option<(String, Option<String>, engine::ids::RunId)> = sqlx::query_as(
         "SELECT s.state, s.holder, s.run_id FROM steps s JOIN runs r ON r.run_id = s.run_id AND r.org_id = s.org_id \
          WHERE s.step_id = $1 AND s.org_id = $2 AND r.project_id = $3",

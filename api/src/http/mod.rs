@@ -56,7 +56,7 @@ use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::Router;
-use sqlx::PgPool;
+use engine::db::Db;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -72,11 +72,11 @@ pub const BODY_LIMIT: usize = 1 << 20;
 pub struct AppState {
     /// The tenant pool (`engine::tenancy`): its statements see only the rows of the org the
     /// request acts for (its verified caller's), and none outside a request. Handlers use it.
-    pub db: PgPool,
+    pub db: Db,
     /// The pool the state was given, as the tables' owner: only for cross-tenant work (token
     /// verification, webhook ingest, the event hub and the streams' reads, sign-in, health,
     /// metrics). Every query on it filters by org itself.
-    pub system: PgPool,
+    pub system: Db,
     pub(crate) shared: Arc<Shared>,
 }
 
@@ -109,9 +109,9 @@ impl AppState {
     /// (a direct URL: a transaction pooler cannot LISTEN). `secret_key` seals and
     /// opens the signing keys. Needs a Tokio runtime; the hub stops when the last clone of the
     /// state is dropped.
-    pub fn new(db: PgPool, listen: engine::listen::Target, secret_key: engine::sealing::SecretKey) -> AppState {
+    pub fn new(db: Db, listen: engine::listen::Target, secret_key: engine::sealing::SecretKey) -> AppState {
         let system = db;
-        let db = engine::tenancy::tenant_pool(&system);
+        let db = engine::tenancy::tenant(&system);
         let events = events::EventHub::start(system.clone(), listen);
         let shared = Shared {
             catalog: engine::catalog::Catalog::default(),

@@ -103,7 +103,7 @@ pub struct CycleReset {
     responses((status = 200, body = CycleAskList)))]
 pub async fn cycle_asks(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<CycleAskList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let mut conn = state.db.acquire().await?;
+    let mut conn = state.db.begin().await?;
     let asks = triggers::cycle_asks(&mut conn, scope.org.org, Some(scope.project)).await?;
     let items = asks
         .into_iter()

@@ -127,7 +127,7 @@ pub async fn connect(State(state): State<AppState>, scope: ProjectScope, Json(bo
 /// here, its API gives the list again before the connect decides.
 async fn refresh_if_unreached(state: &AppState, scope: &ProjectScope, installation: i64, repository: &str) -> Result<(), ApiError> {
     let Some(app) = state.shared.github.get() else { return Ok(()) };
-    let mut conn = state.db.acquire().await?;
+    let mut conn = state.db.begin().await?;
     let ours = installations::find(&mut conn, installation).await?.is_some_and(|i| i.org == Some(scope.org.org));
     if !ours || installations::reaches(&mut conn, installation, repository).await? {
         return Ok(());

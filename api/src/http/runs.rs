@@ -571,7 +571,7 @@ pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: Ide
 pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>) -> Result<Json<RunDetail>, ApiError> {
     scope.require(Role::Viewer)?;
     let id = run_id(&p.run)?;
-    let mut conn = state.db.acquire().await?;
+    let mut conn = state.db.begin().await?;
     let mut run = load(&mut conn, &scope, id).await?;
     let mut steps: Vec<Step> = sqlx::query_as(
         "SELECT step_id, node, kind, visit, attempt, state, reason, exit_code, output, timed_out, reused_from IS NOT NULL AS reused, \
@@ -810,7 +810,7 @@ pub async fn why(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     scope.require(Role::Viewer)?;
     let id = run_id(&p.run)?;
     // The run must be in this project; `substate::why` checks the org.
-    let mut conn = state.db.acquire().await?;
+    let mut conn = state.db.begin().await?;
     load(&mut conn, &scope, id).await?;
     drop(conn);
     let why = substate::why(&state.db, scope.org.org, id).await?;

@@ -33,7 +33,7 @@ use axum::Router;
 use engine::triggers::ingest::{self, Delivery, IngestError, IngestOutcome};
 use secrecy::SecretString;
 use serde_json::json;
-use sqlx::PgPool;
+use engine::db::Db;
 
 use crate::http::limits::{declared_length, retry_after_secs, LimitArgs, Limits};
 
@@ -45,7 +45,7 @@ pub const BODY_LIMIT: usize = 25 * 1024 * 1024;
 /// What the webhook route needs: the database and the App's webhook secret.
 #[derive(Clone)]
 pub struct WebhookState {
-    db: PgPool,
+    db: Db,
     /// None: no secret is configured, and every delivery is refused with 503 (`shopfloor
     /// check` says how to set it).
     secret: Option<Arc<SecretString>>,
@@ -55,7 +55,7 @@ pub struct WebhookState {
 
 impl WebhookState {
     /// With the default limits; `with_limits` gives it the replica's.
-    pub fn new(db: PgPool, secret: Option<SecretString>) -> WebhookState {
+    pub fn new(db: Db, secret: Option<SecretString>) -> WebhookState {
         WebhookState { db, secret: secret.map(Arc::new), limits: Arc::new(Limits::new(&LimitArgs::default())) }
     }
 

@@ -10,7 +10,7 @@
 use engine::ids::{OrgId, RunId};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use engine::db::Db;
 
 use crate::support::{App, Org};
 
@@ -27,7 +27,7 @@ async fn claim(app: &App, host: &str, wait: u32) -> Value {
     app.json(Method::POST, "/api/v1/host/claim", host, Some(&json!({ "max": 1, "wait_secs": wait })), StatusCode::OK).await
 }
 
-async fn spent(pool: &PgPool, org: OrgId, run: &str) -> (f64, f64, i64) {
+async fn spent(pool: &Db, org: OrgId, run: &str) -> (f64, f64, i64) {
     let run: RunId = run.parse().unwrap();
     sqlx::query_as(
         "SELECT r.spent_usd::float8, (SELECT coalesce(sum(usd), 0)::float8 FROM spend WHERE org_id = $1), r.spent_tokens FROM runs r WHERE r.run_id = $2",

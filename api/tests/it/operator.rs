@@ -10,14 +10,14 @@ use engine::ids::{OrgId, RunId, UserId};
 use engine::store::{admission, runs, Actor, Change};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use engine::db::Db;
 
 use crate::support::{problem, App, Org};
 
 const BASE: &str = "/api/v1/orgs/acme/projects/web";
 
 /// The audit entries of `action` whose actor is `user`, on `target`.
-async fn audited(pool: &PgPool, org: OrgId, action: &str, user: UserId, target: &str) -> i64 {
+async fn audited(pool: &Db, org: OrgId, action: &str, user: UserId, target: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM audit_log WHERE org_id = $1 AND action = $2 AND actor_kind = 'user' AND actor_id = $3 AND target_id = $4",
     )
@@ -30,12 +30,12 @@ async fn audited(pool: &PgPool, org: OrgId, action: &str, user: UserId, target: 
     .unwrap()
 }
 
-async fn events(pool: &PgPool, run: &str) -> Vec<String> {
+async fn events(pool: &Db, run: &str) -> Vec<String> {
     let run: RunId = run.parse().unwrap();
     sqlx::query_scalar("SELECT kind || coalesce(':' || node, '') FROM run_events WHERE run_id = $1 ORDER BY seq").bind(run).fetch_all(pool).await.unwrap()
 }
 
-async fn user_of(pool: &PgPool, org: OrgId, role: &str) -> UserId {
+async fn user_of(pool: &Db, org: OrgId, role: &str) -> UserId {
     sqlx::query_scalar("SELECT user_id FROM memberships WHERE org_id = $1 AND role = $2").bind(org).bind(role).fetch_one(pool).await.unwrap()
 }
 
@@ -192,7 +192,7 @@ async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_
 
 /// A workflow triggered by GitHub whose cycle budget on an item is spent, with the event it
 /// blocked; the reset (member) clears the ask and the event opens a run.
-async fn reset_cycle_budget(app: &App, org: &Org, pool: &PgPool, member: UserId) {
+async fn reset_cycle_budget(app: &App, org: &Org, pool: &Db, member: UserId) {
     upload(app, org, "triaged", "name: triaged\non:\n  github: { events: [issues.labeled] }\nbudget: { max_cycles: 1 }\nnodes:\n  ask:\n    approval: { prompt: ok? }\n").await;
     let key = r#"["github","acme/web",7]"#;
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();

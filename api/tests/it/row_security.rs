@@ -7,12 +7,13 @@ use engine::ids::{OrgId, RunId};
 use engine::tenancy::TENANT_ROLE;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
+use engine::db::Db;
 
 use crate::support::App;
 
 /// The tables of the schema whose rows the policies guard.
-async fn guarded_tables(pool: &PgPool) -> Vec<String> {
+async fn guarded_tables(pool: &Db) -> Vec<String> {
     sqlx::query_scalar(
         "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
           WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND c.relrowsecurity ORDER BY 1",
@@ -23,7 +24,7 @@ async fn guarded_tables(pool: &PgPool) -> Vec<String> {
 }
 
 /// The tables with an `org_id` column, and whether they have row security.
-async fn org_tables(pool: &PgPool) -> Vec<(String, bool)> {
+async fn org_tables(pool: &Db) -> Vec<(String, bool)> {
     sqlx::query_as(
         "SELECT c.relname::text, c.relrowsecurity FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
            JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'org_id' AND NOT a.attisdropped \
@@ -35,8 +36,8 @@ async fn org_tables(pool: &PgPool) -> Vec<(String, bool)> {
 }
 
 /// A connection as the tenant role acting for `org` (none: `None`).
-async fn tenant(pool: &PgPool, org: Option<OrgId>) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
-    let mut conn = pool.acquire().await.unwrap();
+async fn tenant(pool: &Db, org: Option<OrgId>) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
+    let mut conn = pool.pool().acquire().await.unwrap();
     sqlx::query(&format!("SET ROLE {TENANT_ROLE}")).execute(&mut *conn).await.unwrap();
     sqlx::query("SELECT set_config('shopfloor.org', $1, false)")
         .bind(org.map(|o| o.0.to_string()).unwrap_or_default())
@@ -87,7 +88,7 @@ async fn the_tenant_role_sees_and_writes_only_its_orgs_rows() {
     // The owner sees both orgs' rows in the seeded tables.
     let mut seeded = Vec::new();
     for (table, _) in &orgs {
-        let theirs = count(pool.acquire().await.unwrap().as_mut(), &format!("SELECT count(*) FROM {table} WHERE org_id = $1"), Some(other.id)).await;
+        let theirs = count(pool.pool().acquire().await.unwrap().as_mut(), &format!("SELECT count(*) FROM {table} WHERE org_id = $1"), Some(other.id)).await;
         if theirs > 0 {
             seeded.push(table.clone());
         }
@@ -169,7 +170,7 @@ async fn the_tenant_pool_acts_for_the_scopes_org_and_for_none_outside_one() {
     let acme = app.org("acme").await;
     let state = api::http::AppState::new(app.pool().clone(), app.db.url.parse().unwrap(), engine::testkit::secret_key());
     let who = "SELECT current_user::text, current_setting('shopfloor.org', true), (SELECT count(*) FROM projects)";
-    let read = |db: PgPool| async move { sqlx::query_as::<_, (String, Option<String>, i64)>(who).fetch_one(&db).await.unwrap() };
+    let read = |db: Db| async move { sqlx::query_as::<_, (String, Option<String>, i64)>(who).fetch_one(&db).await.unwrap() };
 
     let (role, org, projects) = engine::tenancy::scoped(Some(acme.id), read(state.db.clone())).await;
     assert_eq!((role.as_str(), org.as_deref(), projects), (TENANT_ROLE, Some(acme.id.to_string().as_str()), 1));
@@ -209,8 +210,8 @@ async fn without_the_tenant_role_the_tenant_pool_keeps_its_users_role() {
     .unwrap();
     let mut options: sqlx::postgres::PgConnectOptions = app.db.url.parse().unwrap();
     options = options.username("shopfloor_rls_outsider");
-    let outsider = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_lazy_with(options);
-    let pool = engine::tenancy::tenant_pool(&outsider);
+    let outsider = Db::from(sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_lazy_with(options));
+    let pool = engine::tenancy::tenant(&outsider);
     let who: String = sqlx::query_scalar("SELECT current_user::text").fetch_one(&pool).await.unwrap();
     assert_eq!(who, "shopfloor_rls_outsider", "the connection works, as its own user");
     pool.close().await;

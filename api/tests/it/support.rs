@@ -25,7 +25,7 @@ use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use sqlx::PgPool;
+use engine::db::Db;
 use shopfloor_tests::github_fake::oauth::FakeOauth;
 use tokio_util::sync::CancellationToken;
 
@@ -192,7 +192,7 @@ impl App {
         self.engine = Some(stop);
     }
 
-    pub(crate) fn pool(&self) -> &PgPool {
+    pub(crate) fn pool(&self) -> &Db {
         &self.db.pool
     }
 

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
-use sqlx::PgPool;
+use crate::db::Db;
 
 use super::client::{CallError, GithubApp, RepoClient, Scope, Verb};
 use crate::advance::ToExecute;
@@ -114,7 +114,7 @@ impl OutputExecutor {
     }
 
     /// Executes one leased output step.
-    pub async fn execute(&self, db: &PgPool, catalog: &Catalog, job: &ToExecute) -> Executed {
+    pub async fn execute(&self, db: &Db, catalog: &Catalog, job: &ToExecute) -> Executed {
         let ctx = match load(db, catalog, job).await {
             Ok(Ok(ctx)) => ctx,
             Ok(Err(refused)) => return refused,
@@ -341,8 +341,8 @@ async fn board_move(client: &RepoClient, ctx: &Ctx) -> Result<Value, Step> {
 }
 
 /// Reads what the step needs. `Ok(Err(_))`: the output cannot be done (final).
-async fn load(db: &PgPool, catalog: &Catalog, job: &ToExecute) -> Result<Result<Ctx, Executed>, sqlx::Error> {
-    let mut conn = db.acquire().await?;
+async fn load(db: &Db, catalog: &Catalog, job: &ToExecute) -> Result<Result<Ctx, Executed>, sqlx::Error> {
+    let mut conn = db.begin().await?;
     let run: Option<(crate::ids::WorkflowId, i32, Option<crate::ids::ItemId>, crate::ids::ProjectId, Value)> =
         sqlx::query_as("SELECT workflow_id, workflow_version, item_id, project_id, input FROM runs WHERE run_id = $1 AND org_id = $2")
             .bind(job.run)

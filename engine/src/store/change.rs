@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Postgres, Transaction};
+use crate::db::Db;
 
 use super::runs::RunRow;
 use crate::event_log::{self, Extra};
@@ -82,7 +83,7 @@ impl EventsNotice {
     }
 
     /// After a commit whose events went untold: make sure a notice follows it.
-    fn owe(pool: &PgPool) {
+    fn owe(pool: &Db) {
         let Ok(mut n) = EVENTS_NOTICE.lock() else { return };
         n.dirty = true;
         if n.trailing.is_some_and(|t| t.elapsed() < EVENTS_NOTICE_INTERVAL * 20) {
@@ -180,7 +181,7 @@ pub struct RunCtx {
 pub struct Change {
     pub(super) tx: Transaction<'static, Postgres>,
     /// For the trailing events notice after commit ([`EventsNotice`]).
-    pool: PgPool,
+    pool: Db,
     /// Runs whose transcripts grew (`l<run>` in the notification).
     transcripts: Vec<RunId>,
     pub(super) actor: Actor,
@@ -228,7 +229,7 @@ struct PendingAudit {
 }
 
 impl Change {
-    pub async fn begin(pool: &PgPool, actor: Actor) -> Result<Change> {
+    pub async fn begin(pool: &Db, actor: Actor) -> Result<Change> {
         Ok(Change {
             tx: pool.begin().await?,
             pool: pool.clone(),

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sqlx::PgPool;
+use crate::db::Db;
 
 use super::{cap, runs, Actor, Change, Result, StoreError};
 use crate::ids::{RunId, StepId};
@@ -39,7 +39,7 @@ fn backoff(n: i32) -> Duration {
 /// Records that advancing `run` (for the wakes it had, `wakes`) failed with `error`, and
 /// either gives the wakes back with a backoff or, at the limit (or at once when `hopeless`:
 /// a failure that no retry mends, such as a definition that cannot be read), fails the run.
-pub async fn record(pool: &PgPool, actor: Actor, run: RunId, wakes: &[(Option<StepId>, String)], error: &str, hopeless: bool) -> Result<Outcome> {
+pub async fn record(pool: &Db, actor: Actor, run: RunId, wakes: &[(Option<StepId>, String)], error: &str, hopeless: bool) -> Result<Outcome> {
     let detail: String = cap(error).chars().take(300).collect();
     match record_in_words(pool, actor.clone(), run, wakes, &detail, hopeless).await {
         Ok(outcome) => Ok(outcome),
@@ -50,7 +50,7 @@ pub async fn record(pool: &PgPool, actor: Actor, run: RunId, wakes: &[(Option<St
     }
 }
 
-async fn record_in_words(pool: &PgPool, actor: Actor, run: RunId, wakes: &[(Option<StepId>, String)], detail: &str, hopeless: bool) -> Result<Outcome> {
+async fn record_in_words(pool: &Db, actor: Actor, run: RunId, wakes: &[(Option<StepId>, String)], detail: &str, hopeless: bool) -> Result<Outcome> {
     let mut ch = Change::begin(pool, actor).await?;
     let Some(ctx) = ch.lock_runs(&[run]).await?.into_iter().next() else { return Ok(Outcome::Failed) };
     let failures: i32 = sqlx::query_scalar("UPDATE runs SET engine_errors = engine_errors + 1 WHERE run_id = $1 RETURNING engine_errors")
@@ -77,7 +77,7 @@ async fn record_in_words(pool: &PgPool, actor: Actor, run: RunId, wakes: &[(Opti
 
 /// Fails the run by its row alone: no lifecycle event (its journal may be what cannot be
 /// written), its wakes gone, an audit entry.
-async fn fail_bare(pool: &PgPool, actor: Actor, run: RunId, detail: &str) -> Result<Outcome> {
+async fn fail_bare(pool: &Db, actor: Actor, run: RunId, detail: &str) -> Result<Outcome> {
     let mut ch = Change::begin(pool, actor).await?;
     let found: Option<(crate::ids::OrgId, crate::ids::ProjectId)> =
         sqlx::query_as("UPDATE runs SET status = 'failed', reason = $2, ended_at = now(), engine_errors = engine_errors + 1 WHERE run_id = $1 AND status = 'running' RETURNING org_id, project_id")

@@ -19,7 +19,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sqlx::{FromRow, PgPool};
+use sqlx::FromRow;
+use crate::db::Db;
 
 use super::steps::{self, Failure, FailureClass, StepRow, LEASE};
 use super::{budgets, cap, runs, Actor, Change, Result, StoreError};
@@ -138,7 +139,7 @@ pub async fn register(ch: &mut Change, new: &NewHost<'_>) -> Result<HostId> {
 }
 
 /// The host a host credential belongs to, unless it was deregistered.
-pub async fn by_token(pool: &PgPool, org: OrgId, jti: uuid::Uuid) -> Result<Option<HostRow>> {
+pub async fn by_token(pool: &Db, org: OrgId, jti: uuid::Uuid) -> Result<Option<HostRow>> {
     Ok(sqlx::query_as(
         "SELECT h.org_id, h.project_id, h.host_id, h.name, h.capabilities, h.max_concurrent \
          FROM api_tokens t JOIN hosts h ON h.host_id = t.host_id AND h.org_id = t.org_id \
@@ -152,7 +153,7 @@ pub async fn by_token(pool: &PgPool, org: OrgId, jti: uuid::Uuid) -> Result<Opti
 
 /// Records that the host called in (for routing: `unroutable` looks at hosts seen in the last
 /// day). Written at most every 10 s per host.
-pub async fn seen(pool: &PgPool, host: &HostRow) -> Result<()> {
+pub async fn seen(pool: &Db, host: &HostRow) -> Result<()> {
     sqlx::query(
         "UPDATE hosts SET last_seen_at = now() WHERE host_id = $1 AND org_id = $2 \
            AND (last_seen_at IS NULL OR last_seen_at < now() - make_interval(secs => $3))",
@@ -188,7 +189,7 @@ pub const CANDIDATES_SQL: &str = "SELECT s.step_id, s.run_id FROM steps s JOIN r
      ORDER BY s.created_at, s.step_id LIMIT $4";
 
 /// Leases up to `want` ready crew steps (within the host's free slots) to `host`.
-pub async fn claim(pool: &PgPool, catalog: &Catalog, host: &HostRow, want: u32) -> Result<Claimed> {
+pub async fn claim(pool: &Db, catalog: &Catalog, host: &HostRow, want: u32) -> Result<Claimed> {
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     // One claim of a host at a time: its slots are counted under its row lock.
     let fresh: Option<(Vec<String>, i32, bool)> =
@@ -375,7 +376,7 @@ fn feeds_pull_request(def: &definition::Definition, node: &str) -> bool {
 }
 
 /// The run a step of `org` belongs to.
-async fn run_of(pool: &PgPool, org: OrgId, step: StepId) -> Result<RunId> {
+async fn run_of(pool: &Db, org: OrgId, step: StepId) -> Result<RunId> {
     sqlx::query_scalar("SELECT run_id FROM steps WHERE step_id = $1 AND org_id = $2")
         .bind(step)
         .bind(org)
@@ -385,7 +386,7 @@ async fn run_of(pool: &PgPool, org: OrgId, step: StepId) -> Result<RunId> {
 }
 
 /// The host starts the harness on a step it leased: `leased → running`, fenced by holder.
-pub async fn start(pool: &PgPool, host: &HostRow, step: StepId, harness: &str) -> Result<StepRow> {
+pub async fn start(pool: &Db, host: &HostRow, step: StepId, harness: &str) -> Result<StepRow> {
     let run = run_of(pool, host.org_id, step).await?;
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
@@ -486,7 +487,7 @@ async fn record_usage(conn: &mut sqlx::PgConnection, host: &HostRow, run: RunId,
 }
 
 /// The state of a step a host no longer holds.
-async fn state_of(pool: &PgPool, org: OrgId, step: StepId) -> Result<StepState> {
+async fn state_of(pool: &Db, org: OrgId, step: StepId) -> Result<StepState> {
     let state: Option<String> = sqlx::query_scalar("SELECT state FROM steps WHERE step_id = $1 AND org_id = $2").bind(step).bind(org).fetch_optional(pool).await?;
     state.as_deref().and_then(StepState::parse).ok_or(StoreError::NotFound("step"))
 }
@@ -495,7 +496,7 @@ async fn state_of(pool: &PgPool, org: OrgId, step: StepId) -> Result<StepState> 
 /// transcript cap (`cap_bytes`) still has room for. When the cap is first reached a note says
 /// so in the step's log. A host that no longer holds the step stores nothing and learns the
 /// step's state.
-pub async fn report(pool: &PgPool, host: &HostRow, step: StepId, harness: Option<&str>, lines: &[LogLine], usage: &Usage, cap_bytes: i64) -> Result<Reported> {
+pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&str>, lines: &[LogLine], usage: &Usage, cap_bytes: i64) -> Result<Reported> {
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     // A report whose spend figure (the larger of the host's estimate and the reported cost)
     // moved, or that counted more tokens, records the difference against the run's and the
@@ -730,7 +731,7 @@ async fn stalled(ch: &mut Change, step: StepId, after: Duration) -> Result<bool>
 /// `steps::heartbeat` does. A running step whose run a hard budget stops is failed with
 /// `budget_hard_stop` (final) first, and a crew step whose session was silent for
 /// `stall_after` with `stalled` (retried), so the answer tells the host to stop it.
-pub async fn heartbeat(pool: &PgPool, host: &HostRow, step: StepId, stall_after: Duration) -> Result<StepState> {
+pub async fn heartbeat(pool: &Db, host: &HostRow, step: StepId, stall_after: Duration) -> Result<StepState> {
     let me = holder(host.host_id);
     let state = steps::heartbeat(pool, host.org_id, step, &me).await?;
     if !matches!(state, StepState::Leased | StepState::Running) {
@@ -778,7 +779,7 @@ pub struct Completion {
 /// Records a host's result for a step it holds (fenced: a step recovered or cancelled meanwhile
 /// answers `Stale`), with a `step.session` event carrying the figures, and a wake so that an
 /// engine advances the run.
-pub async fn complete(pool: &PgPool, host: &HostRow, step: StepId, c: &Completion) -> Result<StepRow> {
+pub async fn complete(pool: &Db, host: &HostRow, step: StepId, c: &Completion) -> Result<StepRow> {
     let run = run_of(pool, host.org_id, step).await?;
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
@@ -811,7 +812,7 @@ pub async fn complete(pool: &PgPool, host: &HostRow, step: StepId, c: &Completio
 
 /// Of the steps a host believes it runs, those it should stop, with their state (`gone` for a
 /// step that no longer exists): no longer leased or running under this host.
-pub async fn to_stop(pool: &PgPool, host: &HostRow, held: &[StepId]) -> Result<Vec<(StepId, String)>> {
+pub async fn to_stop(pool: &Db, host: &HostRow, held: &[StepId]) -> Result<Vec<(StepId, String)>> {
     if held.is_empty() {
         return Ok(Vec::new());
     }

@@ -24,7 +24,7 @@ pub struct Job {
 
 /// Claims due jobs (at most `limit`): each is due again a lease from now. One statement, its
 /// own transaction: a claim that finds nothing costs one round trip.
-pub async fn claim_due(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<Job>> {
+pub async fn claim_due(pool: &crate::db::Db, limit: i64) -> Result<Vec<Job>> {
     let jobs: Vec<Job> = sqlx::query_as(&format!(
         "UPDATE jobs SET due_at = now() + interval '{} seconds' \
          WHERE job_id IN (SELECT job_id FROM jobs WHERE due_at <= now() ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
@@ -46,7 +46,7 @@ pub async fn claim_due(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<Job>> {
 }
 
 /// The delay until the earliest job falls due, if any.
-pub async fn next_due(pool: &sqlx::PgPool) -> Result<Option<Duration>> {
+pub async fn next_due(pool: &crate::db::Db) -> Result<Option<Duration>> {
     let ms: Option<f64> = sqlx::query_scalar("SELECT (extract(epoch FROM min(due_at) - now()) * 1000)::float8 FROM jobs")
         .fetch_one(pool)
         .await?;

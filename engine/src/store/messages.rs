@@ -11,7 +11,7 @@
 //! again, so a host that restarts or loses an answer does not lose a message.
 
 use serde_json::json;
-use sqlx::PgPool;
+use crate::db::Db;
 
 use super::hosts::{holder, HostRow};
 use super::{Change, Result, StoreError};
@@ -95,7 +95,7 @@ pub async fn send(ch: &mut Change, org: OrgId, run: RunId, step: StepId, text: &
 
 /// The undelivered messages of a step `host` holds, oldest first (none for a step it does not
 /// hold, or that is not running).
-pub async fn pending(pool: &PgPool, host: &HostRow, step: StepId) -> Result<Vec<Message>> {
+pub async fn pending(pool: &Db, host: &HostRow, step: StepId) -> Result<Vec<Message>> {
     Ok(sqlx::query_as(
         "SELECT m.message_id, m.text FROM step_messages m JOIN steps s ON s.step_id = m.step_id \
          WHERE m.step_id = $1 AND m.org_id = $2 AND m.delivered_at IS NULL \
@@ -111,7 +111,7 @@ pub async fn pending(pool: &PgPool, host: &HostRow, step: StepId) -> Result<Vec<
 
 /// Marks messages of a step `host` held delivered (it wrote them to the harness); answers how
 /// many were newly marked. Messages of another step or another host's are left alone.
-pub async fn delivered(pool: &PgPool, host: &HostRow, step: StepId, ids: &[uuid::Uuid]) -> Result<u64> {
+pub async fn delivered(pool: &Db, host: &HostRow, step: StepId, ids: &[uuid::Uuid]) -> Result<u64> {
     if ids.is_empty() {
         return Ok(0);
     }

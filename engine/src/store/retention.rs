@@ -68,7 +68,7 @@ pub async fn set_days(ch: &mut Change, org: OrgId, project: ProjectId, days: i32
 
 /// Sweeps one project: deletes what is past retention, a batch per transaction, then
 /// schedules the next sweep.
-pub async fn sweep(pool: &sqlx::PgPool, actor: Actor, org: OrgId, project: ProjectId, batch: i64) -> Result<Swept> {
+pub async fn sweep(pool: &crate::db::Db, actor: Actor, org: OrgId, project: ProjectId, batch: i64) -> Result<Swept> {
     let mut swept = Swept::default();
     loop {
         let mut ch = Change::begin(pool, actor.clone()).await?;

@@ -322,7 +322,7 @@ pub(crate) async fn clear_needs_approval(ch: &mut Change, run: RunId) -> Result<
 }
 
 /// A quick check used by tests and `why`: wakes still queued for a run.
-pub async fn pending_wakes(pool: &sqlx::PgPool, run: RunId) -> Result<Vec<(String, DateTime<Utc>)>> {
+pub async fn pending_wakes(pool: &crate::db::Db, run: RunId) -> Result<Vec<(String, DateTime<Utc>)>> {
     Ok(sqlx::query_as("SELECT reason, due_at FROM wakes WHERE run_id = $1 ORDER BY due_at")
         .bind(run)
         .fetch_all(pool)

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use crate::db::Db;
 use uuid::Uuid;
 
 use super::runs::{self, NewRun};
@@ -54,7 +54,7 @@ pub async fn sync(ch: &mut Change, org: OrgId, project: ProjectId, workflow: Wor
 }
 
 /// The delay until the earliest schedule tick, for an engine's timer.
-pub async fn next_due(pool: &PgPool) -> Result<Option<Duration>> {
+pub async fn next_due(pool: &Db) -> Result<Option<Duration>> {
     let ms: Option<f64> = sqlx::query_scalar("SELECT (extract(epoch FROM min(next_at) - now()) * 1000)::float8 FROM schedules")
         .fetch_one(pool)
         .await?;
@@ -81,7 +81,7 @@ pub struct Fired {
 
 /// Claims up to `limit` due schedules (`SKIP LOCKED`, so engines share them), fires the latest
 /// tick of each and moves it to its next one, in one transaction.
-pub async fn fire_due(pool: &PgPool, actor: Actor, limit: i64) -> Result<Fired> {
+pub async fn fire_due(pool: &Db, actor: Actor, limit: i64) -> Result<Fired> {
     // One indexed read outside a transaction: most claims find no tick due, and must not pay
     // for a transaction to learn it.
     let any: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM schedules WHERE next_at <= now())").fetch_one(pool).await?;

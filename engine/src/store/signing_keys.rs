@@ -18,7 +18,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretBox};
-use sqlx::PgPool;
+use crate::db::Db;
 
 use super::{Change, Result, StoreError};
 use crate::sealing::SecretKey;
@@ -148,7 +148,7 @@ pub async fn seal_plaintext(ch: &mut Change, key: &SecretKey) -> Result<Vec<Stri
 /// Opens every sealed key, so that a process given the wrong secret key refuses to start
 /// instead of refusing every token. Returns how many keys there are, and how many of them are
 /// still in plaintext.
-pub async fn check_opens(db: &PgPool, key: &SecretKey) -> Result<(usize, usize)> {
+pub async fn check_opens(db: &Db, key: &SecretKey) -> Result<(usize, usize)> {
     let rows: Vec<(String, Option<Vec<u8>>)> = sqlx::query_as("SELECT kid, sealed FROM signing_keys ORDER BY created_at").fetch_all(db).await?;
     let mut plaintext = 0;
     for (kid, sealed) in &rows {
@@ -171,7 +171,7 @@ pub struct VerifyingKey {
 /// Reads and opens a key by `kid` for verification; `None` when there is no such key. A key
 /// still in plaintext (written by an earlier release's replica) is used as it is; the next
 /// start or the next token issued seals it.
-pub async fn verifying(db: &PgPool, key: &SecretKey, kid: &str) -> Result<Option<VerifyingKey>> {
+pub async fn verifying(db: &Db, key: &SecretKey, kid: &str) -> Result<Option<VerifyingKey>> {
     let row: Option<KeyRow> = sqlx::query_as(
         "SELECT kid, sealed, secret, EXTRACT(EPOCH FROM verify_until - now())::float8 AS left_secs FROM signing_keys WHERE kid = $1",
     )

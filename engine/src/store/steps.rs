@@ -444,7 +444,7 @@ pub async fn cancel_open(ch: &mut Change, run: RunId, reason: &str) -> Result<us
 
 /// Renews a holder's lease; returns the step's state, so a holder learns at once that its
 /// step was cancelled. Not a move and not an event: heartbeats are frequent and say nothing new.
-pub async fn heartbeat(pool: &sqlx::PgPool, org: OrgId, step: StepId, holder: &str) -> Result<StepState> {
+pub async fn heartbeat(pool: &crate::db::Db, org: OrgId, step: StepId, holder: &str) -> Result<StepState> {
     let sql = format!(
         "UPDATE steps SET lease_expires_at = clock_timestamp() + interval '{} seconds' \
          WHERE step_id = $1 AND org_id = $2 AND holder = $3 AND state IN ('leased','running') RETURNING state",

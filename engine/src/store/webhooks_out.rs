@@ -177,7 +177,7 @@ struct EventLine {
 /// Reads a pending delivery to send; its body is rendered from its event the first time and
 /// kept, so every attempt and replay sends the same bytes. `None` when it is no longer pending
 /// (delivered, given up, its subscription removed).
-pub async fn prepare(pool: &sqlx::PgPool, org: OrgId, delivery: Uuid) -> Result<Option<Outgoing>> {
+pub async fn prepare(pool: &crate::db::Db, org: OrgId, delivery: Uuid) -> Result<Option<Outgoing>> {
     let row: Option<Pending> = sqlx::query_as(
         "SELECT s.url, s.secret, d.event, d.body, d.attempts, d.run_id, d.event_id FROM webhook_deliveries d \
          JOIN webhook_subscriptions s ON s.subscription_id = d.subscription_id \

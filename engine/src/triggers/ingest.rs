@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use crate::db::Db;
 
 use super::judge::{self, Sender, Verdict};
 use super::projection::{self, ItemUpdate, Patch};
@@ -74,7 +74,7 @@ const RETRIES: u32 = 4;
 /// # Errors
 /// `Malformed` when the body is not a JSON object (nothing is stored); `Store` when the
 /// database failed (nothing is stored: GitHub may redeliver).
-pub async fn ingest(pool: &PgPool, delivery: &Delivery<'_>) -> Result<IngestOutcome, IngestError> {
+pub async fn ingest(pool: &Db, delivery: &Delivery<'_>) -> Result<IngestOutcome, IngestError> {
     let payload: Value = serde_json::from_slice(delivery.body).map_err(|e| IngestError::Malformed(e.to_string()))?;
     if !payload.is_object() {
         return Err(IngestError::Malformed("expected an object".into()));
@@ -116,7 +116,7 @@ impl Report {
     }
 }
 
-async fn ingest_once(pool: &PgPool, d: &Delivery<'_>, payload: &Value) -> Result<IngestOutcome, StoreError> {
+async fn ingest_once(pool: &Db, d: &Delivery<'_>, payload: &Value) -> Result<IngestOutcome, StoreError> {
     let mut ch = Change::begin(pool, Actor::Github).await?;
     // The runs this delivery opens join the trace of the caller's span (the webhook's).
     ch.set_trace(crate::trace::TraceParent::current());

@@ -12,7 +12,7 @@ use engine::store::{admission, budgets, retention, workflows, Actor, Change, Sto
 use engine::substate;
 use engine::testkit::test_db;
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use engine::db::Db;
 use tokio::time::Instant;
 
 use crate::engine::{start_engine, until_done};
@@ -23,7 +23,7 @@ fn with_input(s: &Seed, input: Value) -> NewRun {
 }
 
 /// Submits `n` runs at once, each in its own change on its own connection.
-async fn submit_concurrently(pool: &PgPool, s: &Seed, n: usize, input: Value) -> Vec<Result<RunId, StoreError>> {
+async fn submit_concurrently(pool: &Db, s: &Seed, n: usize, input: Value) -> Vec<Result<RunId, StoreError>> {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..n {
         let (pool, new) = (pool.clone(), with_input(s, input.clone()));
@@ -45,7 +45,7 @@ async fn submit_concurrently(pool: &PgPool, s: &Seed, n: usize, input: Value) ->
     out.into_iter().map(|(_, r)| r).collect()
 }
 
-async fn submit(pool: &PgPool, new: NewRun) -> Result<RunId, StoreError> {
+async fn submit(pool: &Db, new: NewRun) -> Result<RunId, StoreError> {
     let mut ch = Change::begin(pool, Actor::System).await?;
     let run = runs::submit(&mut ch, new).await?;
     ch.commit().await?;
@@ -55,7 +55,7 @@ async fn submit(pool: &PgPool, new: NewRun) -> Result<RunId, StoreError> {
 /// The most runs of `workflow` running at any instant, from the step history: a run runs from
 /// its first step's start to its end (half-open, so one that ends as another starts does not
 /// overlap it).
-async fn max_running(pool: &PgPool, workflow: WorkflowId) -> i64 {
+async fn max_running(pool: &Db, workflow: WorkflowId) -> i64 {
     sqlx::query_scalar(
         "WITH r AS (SELECT r.run_id, (SELECT min(s.started_at) FROM steps s WHERE s.run_id = r.run_id) AS s, r.ended_at AS e \
                     FROM runs r WHERE r.workflow_id = $1), \
@@ -69,7 +69,7 @@ async fn max_running(pool: &PgPool, workflow: WorkflowId) -> i64 {
 }
 
 /// Runs put in line, by their ticket (`run.held`'s `line`), with when each first started.
-async fn released(pool: &PgPool, workflow: WorkflowId) -> Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)> {
+async fn released(pool: &Db, workflow: WorkflowId) -> Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)> {
     sqlx::query_as(
         "SELECT (e.attrs->>'line')::bigint, (SELECT min(s.started_at) FROM steps s WHERE s.run_id = e.run_id) \
          FROM run_events e JOIN runs r ON r.run_id = e.run_id WHERE r.workflow_id = $1 AND e.kind = 'run.held' ORDER BY 1",
@@ -85,7 +85,7 @@ fn assert_in_order(lines: &[(i64, Option<chrono::DateTime<chrono::Utc>>)]) {
     assert!(started.windows(2).all(|w| w[0] <= w[1]), "runs were not released in the order they were put in line: {lines:?}");
 }
 
-async fn statuses(pool: &PgPool, runs: &[RunId]) -> Vec<(String, Option<String>)> {
+async fn statuses(pool: &Db, runs: &[RunId]) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
     for run in runs {
         out.push(until_done(pool, *run, Duration::from_secs(60)).await);
@@ -235,7 +235,7 @@ nodes:
     db.finish().await;
 }
 
-async fn set_cap(pool: &PgPool, org: OrgId, cap: i32) {
+async fn set_cap(pool: &Db, org: OrgId, cap: i32) {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     admission::set_running_cap(&mut ch, org, cap).await.unwrap();
     ch.commit().await.unwrap();
@@ -331,7 +331,7 @@ async fn a_paused_workflow_or_project_holds_new_runs_until_unpaused() {
     db.finish().await;
 }
 
-async fn set_budget(pool: &PgPool, org: OrgId, project: Option<ProjectId>, usd: f64, hard: bool) {
+async fn set_budget(pool: &Db, org: OrgId, project: Option<ProjectId>, usd: f64, hard: bool) {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     budgets::set(&mut ch, org, project, "day", usd, hard).await.unwrap();
     ch.commit().await.unwrap();
@@ -417,7 +417,7 @@ async fn a_soft_budget_holds_new_runs_but_lets_crew_steps_run() {
 
 /// Inserts `n` finished runs of the seed's workflow that ended `days` ago, each with two steps
 /// and four events (what a run's history holds), in one statement per table.
-async fn old_runs(pool: &PgPool, s: &Seed, n: i64, days: i32) {
+async fn old_runs(pool: &Db, s: &Seed, n: i64, days: i32) {
     let ids: Vec<uuid::Uuid> = (0..n).map(|_| uuid::Uuid::now_v7()).collect();
     sqlx::query(
         "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, status, created_by, created_at, started_at, ended_at, admitted_at) \
@@ -541,18 +541,18 @@ nodes:
     output: { github: board_move, column: In progress }
 ";
 
-async fn set_board_limit(pool: &PgPool, s: &Seed, column: &str, limit: Option<i32>) {
+async fn set_board_limit(pool: &Db, s: &Seed, column: &str, limit: Option<i32>) {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     admission::set_board_limit(&mut ch, s.org, s.project, column, limit).await.unwrap();
     ch.commit().await.unwrap();
 }
 
-async fn held_by_board(pool: &PgPool, run: RunId) -> bool {
+async fn held_by_board(pool: &Db, run: RunId) -> bool {
     sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1 AND hold = 'board')").bind(run).fetch_one(pool).await.unwrap()
 }
 
 /// Waits until the run was admitted and has started a step.
-async fn until_started(pool: &PgPool, run: RunId) {
+async fn until_started(pool: &Db, run: RunId) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let started: bool = sqlx::query_scalar("SELECT admitted_at IS NOT NULL AND EXISTS (SELECT 1 FROM steps WHERE run_id = $1) FROM runs WHERE run_id = $1")
@@ -580,7 +580,7 @@ async fn a_full_board_column_holds_runs_that_move_cards_into_it_and_releases_the
     assert_eq!(waiting.len(), 3);
     let w = substate::why(&db.pool, s.org, waiting[2]).await.unwrap();
     assert_eq!((w.substate.as_ref().map(|s| s.name()), w.text.as_str()), (Some("queued"), "Queued: held by board column In progress (WIP limit 2), which is full (2 ahead in line)"));
-    let mut conn = db.pool.acquire().await.unwrap();
+    let mut conn = db.pool.pool().acquire().await.unwrap();
     let limits = admission::board_limits(&mut conn, s.org, s.project).await.unwrap();
     drop(conn);
     assert_eq!((limits[0].column.as_str(), limits[0].limit, limits[0].occupied, limits[0].waiting), ("In progress", 2, 2, 3));
@@ -598,7 +598,7 @@ async fn a_full_board_column_holds_runs_that_move_cards_into_it_and_releases_the
 }
 
 /// A `projects_v2_item.edited` delivery moving an item's card to `column`.
-async fn move_card(pool: &PgPool, delivery: &str, content_node_id: &str, column: &str) {
+async fn move_card(pool: &Db, delivery: &str, content_node_id: &str, column: &str) {
     let body = json!({
         "action": "edited",
         "projects_v2_item": { "id": 314, "node_id": format!("PVTI_{content_node_id}"), "project_node_id": "PVT_9", "content_node_id": content_node_id, "content_type": "Issue" },
@@ -679,7 +679,7 @@ async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run
 }
 
 /// The journal partition of the month `days` ago, made if missing; its name.
-async fn partition_of(pool: &PgPool, days: i32) -> String {
+async fn partition_of(pool: &Db, days: i32) -> String {
     sqlx::query_scalar(
         "SELECT 'run_events_' || to_char(m, 'YYYYMM') FROM (SELECT date_trunc('month', now() - make_interval(days => $1))::date AS m) x, \
                 LATERAL (SELECT shopfloor_journal_partition(x.m)) made",
@@ -690,19 +690,19 @@ async fn partition_of(pool: &PgPool, days: i32) -> String {
     .unwrap()
 }
 
-async fn exists(pool: &PgPool, table: &str) -> bool {
+async fn exists(pool: &Db, table: &str) -> bool {
     sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL").bind(table).fetch_one(pool).await.unwrap()
 }
 
 /// Sets the project's retention again, which makes its sweep due now (an engine takes it).
-async fn sweep_now(pool: &PgPool, s: &Seed) {
+async fn sweep_now(pool: &Db, s: &Seed) {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     retention::set_days(&mut ch, s.org, s.project, 90).await.unwrap();
     ch.commit().await.unwrap();
 }
 
 /// Waits for `sql` to be true, with a hang guard.
-async fn until_true(pool: &PgPool, sql: &str) {
+async fn until_true(pool: &Db, sql: &str) {
     let wait = async {
         while !sqlx::query_scalar::<_, bool>(sql).fetch_one(pool).await.unwrap() {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -760,7 +760,7 @@ async fn a_runs_journal_lives_as_long_as_the_run_and_its_partition_goes_whole_af
 
 /// Waits (10 s at most) until the project's next retention sweep is due in `days` (± 0.1):
 /// the job is rescheduled once the running sweep has finished.
-async fn next_sweep_in_days(pool: &PgPool, project: ProjectId, days: f64) {
+async fn next_sweep_in_days(pool: &Db, project: ProjectId, days: f64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let next: f64 = sqlx::query_scalar("SELECT extract(epoch FROM due_at - now())::float8 / 86400 FROM jobs WHERE kind = 'retention' AND subject = $1")

@@ -9,7 +9,7 @@ use engine::pool::{self, PoolConfig};
 use engine::store::{approvals, runs, Actor, Change};
 use engine::testkit::test_db;
 use serde_json::{json, Map};
-use sqlx::PgPool;
+use engine::db::Db;
 use tokio_util::sync::CancellationToken;
 
 use crate::fixtures::{new_run, seed, Seed};
@@ -33,7 +33,7 @@ nodes:
 ";
 
 /// An engine running in this process until the returned token is cancelled.
-pub(crate) fn start_engine(db: &PgPool, url: &str, id: &str) -> CancellationToken {
+pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> CancellationToken {
     let stop = CancellationToken::new();
     let cfg = PoolConfig {
         id: id.to_owned(),
@@ -50,7 +50,7 @@ pub(crate) fn start_engine(db: &PgPool, url: &str, id: &str) -> CancellationToke
     stop
 }
 
-async fn submit_with(pool: &PgPool, s: &Seed, input: serde_json::Value) -> RunId {
+async fn submit_with(pool: &Db, s: &Seed, input: serde_json::Value) -> RunId {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     let mut new = new_run(s);
     new.input = input;
@@ -60,7 +60,7 @@ async fn submit_with(pool: &PgPool, s: &Seed, input: serde_json::Value) -> RunId
 }
 
 /// Waits (up to `limit`) until the run's status is not `running`; returns status and reason.
-pub(crate) async fn until_done(pool: &PgPool, run: RunId, limit: Duration) -> (String, Option<String>) {
+pub(crate) async fn until_done(pool: &Db, run: RunId, limit: Duration) -> (String, Option<String>) {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         let row: (String, Option<String>) = sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(run).fetch_one(pool).await.unwrap();
@@ -71,7 +71,7 @@ pub(crate) async fn until_done(pool: &PgPool, run: RunId, limit: Duration) -> (S
     }
 }
 
-async fn nodes_in_order(pool: &PgPool, run: RunId) -> Vec<String> {
+async fn nodes_in_order(pool: &Db, run: RunId) -> Vec<String> {
     sqlx::query_scalar("SELECT node || ':' || state FROM steps WHERE run_id = $1 ORDER BY started_seq").bind(run).fetch_all(pool).await.unwrap()
 }
 

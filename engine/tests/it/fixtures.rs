@@ -4,7 +4,7 @@ use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
 use engine::store::runs::{self, NewRun};
 use engine::store::{tenants, workflows, Actor, Change};
 use serde_json::json;
-use sqlx::PgPool;
+use engine::db::Db;
 
 pub(crate) const TWO_STEPS: &str = "name: two-steps
 nodes:
@@ -22,7 +22,7 @@ pub(crate) struct Seed {
     pub(crate) version: i32,
 }
 
-pub(crate) async fn seed(pool: &PgPool, slug: &str, source: &str) -> Seed {
+pub(crate) async fn seed(pool: &Db, slug: &str, source: &str) -> Seed {
     if let Err(problems) = engine::definition::parse(source) {
         panic!("test workflow does not validate: {problems:?}");
     }
@@ -50,13 +50,13 @@ pub(crate) fn new_run(s: &Seed) -> NewRun {
     }
 }
 
-pub(crate) async fn submit(pool: &PgPool, s: &Seed) -> RunId {
+pub(crate) async fn submit(pool: &Db, s: &Seed) -> RunId {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     let run = runs::submit(&mut ch, new_run(s)).await.unwrap();
     ch.commit().await.unwrap();
     run
 }
 
-pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
+pub(crate) async fn count(pool: &Db, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }

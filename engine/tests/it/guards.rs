@@ -11,7 +11,7 @@ use sqlx::Connection as _;
 #[tokio::test]
 async fn a_transaction_left_open_by_a_frozen_process_is_ended_and_its_lock_released() {
     let db = test_db().await;
-    let guarded = db::connect_guarded(&db.url, 2).await.unwrap();
+    let guarded = db::connect_guarded(&db.url, 2, db::Route::Direct).await.unwrap();
     for (name, value) in db::GUARDS {
         let shown: String = sqlx::query_scalar(&format!("SHOW {name}")).fetch_one(&guarded).await.unwrap();
         assert_eq!(shown, *value, "{name}");
@@ -20,7 +20,7 @@ async fn a_transaction_left_open_by_a_frozen_process_is_ended_and_its_lock_relea
     sqlx::query("INSERT INTO held VALUES (1)").execute(&db.pool).await.unwrap();
 
     // The frozen process: it locked the row, then stopped sending anything.
-    let mut frozen = guarded.acquire().await.unwrap().detach();
+    let mut frozen = guarded.pool().acquire().await.unwrap().detach();
     sqlx::query("BEGIN").execute(&mut frozen).await.unwrap();
     sqlx::query("SELECT id FROM held WHERE id = 1 FOR UPDATE").execute(&mut frozen).await.unwrap();
 

@@ -12,12 +12,12 @@ use engine::store::tenants::{self, TokenRecord};
 use engine::store::{runs, signing_keys, Actor, Change, StoreError};
 use engine::testkit::test_db;
 use serde_json::json;
-use sqlx::PgPool;
+use engine::db::Db;
 
 use crate::fixtures::{count, seed, submit, Seed, TWO_STEPS};
 
 /// A registration token's row, as the API's `issue_registration_token` writes it.
-async fn registration(pool: &PgPool, s: &Seed) -> uuid::Uuid {
+async fn registration(pool: &Db, s: &Seed) -> uuid::Uuid {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     let kid = signing_keys::current(&mut ch, &engine::testkit::secret_key()).await.unwrap().kid;
     let jti = uuid::Uuid::now_v7();
@@ -38,7 +38,7 @@ async fn registration(pool: &PgPool, s: &Seed) -> uuid::Uuid {
     jti
 }
 
-async fn register(pool: &PgPool, s: &Seed, name: &str, caps: &[&str], slots: u32) -> HostRow {
+async fn register(pool: &Db, s: &Seed, name: &str, caps: &[&str], slots: u32) -> HostRow {
     let token = registration(pool, s).await;
     let caps: Vec<Capability> = caps.iter().map(|c| Capability::parse(c).unwrap()).collect();
     let mut ch = Change::begin(pool, Actor::Token(token)).await.unwrap();
@@ -47,7 +47,7 @@ async fn register(pool: &PgPool, s: &Seed, name: &str, caps: &[&str], slots: u32
     row(pool, s, host).await
 }
 
-async fn row(pool: &PgPool, s: &Seed, host: HostId) -> HostRow {
+async fn row(pool: &Db, s: &Seed, host: HostId) -> HostRow {
     sqlx::query_as("SELECT org_id, project_id, host_id, name, capabilities, max_concurrent FROM hosts WHERE host_id = $1 AND org_id = $2")
         .bind(host)
         .bind(s.org)
@@ -57,7 +57,7 @@ async fn row(pool: &PgPool, s: &Seed, host: HostId) -> HostRow {
 }
 
 /// A pending crew step of node `a` needing `requires`, in a run of its own.
-async fn ready_step(pool: &PgPool, s: &Seed, requires: &[&str]) -> (RunId, StepId) {
+async fn ready_step(pool: &Db, s: &Seed, requires: &[&str]) -> (RunId, StepId) {
     let run = submit(pool, s).await;
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     ch.lock_run(s.org, run).await.unwrap().unwrap();
@@ -211,7 +211,7 @@ async fn a_completion_is_fenced_on_the_holder_and_wakes_the_run() {
 #[tokio::test]
 async fn the_claims_lookups_use_their_indexes() {
     let db = test_db().await;
-    let mut conn = db.pool.acquire().await.unwrap();
+    let mut conn = db.pool.pool().acquire().await.unwrap();
     // The tables are empty: forbid scans, and check that an index serves each lookup.
     sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
     let explain = |sql: &str| format!("EXPLAIN {sql}");

@@ -16,7 +16,7 @@ use engine::store::{approvals, workflows, Actor, Change, StoreError};
 use engine::substate::{self, Substate, Why};
 use engine::testkit::test_db;
 use serde_json::{json, Map, Value};
-use sqlx::PgPool;
+use engine::db::Db;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -56,7 +56,7 @@ fn engine(db: &engine::testkit::TestDb, id: &str, executor: bool, effects: Optio
     Eng { drain, abort, task }
 }
 
-async fn submit(pool: &PgPool, new: NewRun) -> RunId {
+async fn submit(pool: &Db, new: NewRun) -> RunId {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     let run = runs::submit(&mut ch, new).await.unwrap();
     ch.commit().await.unwrap();
@@ -68,7 +68,7 @@ fn with_input(s: &Seed, input: Value) -> NewRun {
 }
 
 /// Adds workflow `name` to the seed's project.
-async fn add_workflow(pool: &PgPool, s: &Seed, name: &str, source: &str) -> (WorkflowId, i32) {
+async fn add_workflow(pool: &Db, s: &Seed, name: &str, source: &str) -> (WorkflowId, i32) {
     assert!(engine::definition::parse(source).is_ok(), "{name} does not validate");
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
     let out = workflows::put_version(&mut ch, s.org, s.project, name, source).await.unwrap();
@@ -77,7 +77,7 @@ async fn add_workflow(pool: &PgPool, s: &Seed, name: &str, source: &str) -> (Wor
 }
 
 /// One line per step, in creation order: `node:visit.attempt:state[:reason]`.
-async fn steps_of(pool: &PgPool, run: RunId) -> Vec<String> {
+async fn steps_of(pool: &Db, run: RunId) -> Vec<String> {
     sqlx::query_scalar(
         "SELECT node || ':' || visit || '.' || attempt || ':' || state || coalesce(':' || reason, '') \
          FROM steps WHERE run_id = $1 ORDER BY started_seq",
@@ -89,7 +89,7 @@ async fn steps_of(pool: &PgPool, run: RunId) -> Vec<String> {
 }
 
 /// Polls until `pred` holds for the run's steps; panics after 15 s.
-async fn until_steps(pool: &PgPool, run: RunId, what: &str, pred: impl Fn(&[String]) -> bool) -> Vec<String> {
+async fn until_steps(pool: &Db, run: RunId, what: &str, pred: impl Fn(&[String]) -> bool) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         let steps = steps_of(pool, run).await;
@@ -105,7 +105,7 @@ fn has(steps: &[String], prefix: &str) -> bool {
     steps.iter().any(|s| s.starts_with(prefix))
 }
 
-async fn why(pool: &PgPool, org: OrgId, run: RunId) -> Why {
+async fn why(pool: &Db, org: OrgId, run: RunId) -> Why {
     substate::why(pool, org, run).await.unwrap()
 }
 
@@ -113,11 +113,11 @@ fn name(why: &Why) -> Option<&'static str> {
     why.substate.as_ref().map(Substate::name)
 }
 
-async fn status(pool: &PgPool, run: RunId) -> (String, Option<String>) {
+async fn status(pool: &Db, run: RunId) -> (String, Option<String>) {
     until_done(pool, run, Duration::from_secs(20)).await
 }
 
-async fn scalar<T>(pool: &PgPool, sql: &str, run: RunId) -> T
+async fn scalar<T>(pool: &Db, sql: &str, run: RunId) -> T
 where
     T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
 {
@@ -141,7 +141,7 @@ fn temp_effects() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// Makes a wake of the run due now, as if its time had come, and tells the engines.
-async fn fire(pool: &PgPool, run: RunId, reason: &str) {
+async fn fire(pool: &Db, run: RunId, reason: &str) {
     let moved = sqlx::query("UPDATE wakes SET due_at = now() - interval '1 second' WHERE run_id = $1 AND reason = $2")
         .bind(run)
         .bind(reason)
@@ -212,7 +212,7 @@ nodes:
 ";
 
 /// Plays a host: leases and starts the step, as the host protocol will.
-async fn host_takes(pool: &PgPool, org: OrgId, run: RunId, step: StepId, host: HostId) {
+async fn host_takes(pool: &Db, org: OrgId, run: RunId, step: StepId, host: HostId) {
     let holder = format!("host:{host}");
     let mut ch = Change::begin(pool, Actor::Host(host)).await.unwrap();
     ch.lock_run(org, run).await.unwrap().unwrap();
@@ -222,13 +222,13 @@ async fn host_takes(pool: &PgPool, org: OrgId, run: RunId, step: StepId, host: H
 }
 
 /// The host goes silent: its lease and the grace after it run out now.
-async fn host_dies(pool: &PgPool, step: StepId) {
+async fn host_dies(pool: &Db, step: StepId) {
     sqlx::query("UPDATE steps SET lease_expires_at = now() - interval '16 seconds' WHERE step_id = $1").bind(step).execute(pool).await.unwrap();
     sqlx::query("UPDATE wakes SET due_at = now() WHERE step_id = $1 AND reason = 'lease_expiry'").bind(step).execute(pool).await.unwrap();
     sqlx::query("SELECT pg_notify('shopfloor_wakes', 'w0')").execute(pool).await.unwrap();
 }
 
-async fn open_step(pool: &PgPool, run: RunId) -> StepId {
+async fn open_step(pool: &Db, run: RunId) -> StepId {
     sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND state = 'pending'").bind(run).fetch_one(pool).await.unwrap()
 }
 
@@ -471,7 +471,7 @@ nodes:
     approval: { prompt: Keep going? }
 ";
 
-async fn child_of(pool: &PgPool, parent: RunId) -> RunId {
+async fn child_of(pool: &Db, parent: RunId) -> RunId {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         let child: Option<RunId> = sqlx::query_scalar("SELECT run_id FROM runs WHERE parent_run_id = $1").bind(parent).fetch_optional(pool).await.unwrap();
@@ -758,7 +758,7 @@ nodes:
     output: { github: comment, body: shipped }
 ";
 
-async fn rerun(pool: &PgPool, org: OrgId, source: RunId, from: &[&str]) -> RunId {
+async fn rerun(pool: &Db, org: OrgId, source: RunId, from: &[&str]) -> RunId {
     let def = engine::definition::parse(RERUN).unwrap();
     let from: Vec<String> = from.iter().map(|s| (*s).to_owned()).collect();
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
@@ -938,7 +938,7 @@ async fn the_queries_behind_why_are_served_by_indexes() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", TWO_CREW).await;
     let run = submit(&db.pool, new_run(&s)).await;
-    let mut conn = db.pool.acquire().await.unwrap();
+    let mut conn = db.pool.pool().acquire().await.unwrap();
     // Tables this small are read whole whatever the indexes; forbid that to see which exist.
     sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
     for (what, sql) in substate::QUERIES {
@@ -1104,7 +1104,7 @@ nodes:
 ";
 
 /// The kinds of a run's lifecycle events, in order.
-async fn lifecycle(pool: &PgPool, run: RunId) -> Vec<String> {
+async fn lifecycle(pool: &Db, run: RunId) -> Vec<String> {
     sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 AND kind LIKE 'run.%' ORDER BY seq").bind(run).fetch_all(pool).await.unwrap()
 }
 

@@ -9,12 +9,12 @@ use engine::testkit::test_db;
 /// Hang guard only: nothing here is timed.
 const GUARD: Duration = Duration::from_secs(60);
 
-async fn notify(pool: &sqlx::PgPool, payload: &str) {
+async fn notify(pool: &engine::db::Db, payload: &str) {
     sqlx::query("SELECT pg_notify('t_listen', $1)").bind(payload).execute(pool).await.unwrap();
 }
 
 /// The backends of this database that listen, once there are `want` of them.
-async fn listening_backends(pool: &sqlx::PgPool, want: usize) -> Vec<i32> {
+async fn listening_backends(pool: &engine::db::Db, want: usize) -> Vec<i32> {
     let found = async {
         loop {
             let pids: Vec<i32> = sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'")

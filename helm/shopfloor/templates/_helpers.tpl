@@ -18,7 +18,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "shopfloor.env" -}}
 - name: DATABASE_URL
   valueFrom: { secretKeyRef: { name: {{ include "shopfloor.dbSecret" . }}, key: database-url } }
-{{- if .Values.database.listenUrl }}
+{{- if or .Values.database.listenUrl (and .Values.database.existingSecret .Values.database.existingSecretHasListenUrl) }}
 - name: SHOPFLOOR_LISTEN_DATABASE_URL
   valueFrom: { secretKeyRef: { name: {{ include "shopfloor.dbSecret" . }}, key: listen-database-url } }
 {{- end }}

@@ -346,7 +346,7 @@ async fn render(c: &Console, s: &OrgSession, org: &str, project: &str, run_text:
             .await?;
     let def = match workflow {
         Some(w) => {
-            let mut conn = db.acquire().await?;
+            let mut conn = db.begin().await?;
             c.inner.catalog.get(&mut conn, w, detail.run.version).await.ok()
         }
         None => None,
@@ -682,7 +682,7 @@ pub(in super::super) struct After {
 
 /// One client of a live transcript.
 struct Tail {
-    db: sqlx::PgPool,
+    db: engine::db::Db,
     org: engine::ids::OrgId,
     run: RunId,
     step: StepId,
