@@ -306,11 +306,21 @@ pub async fn failed_nodes(ch: &mut Change, org: OrgId, run: RunId) -> Result<Vec
 /// Deletes a finished dry run and its history (events, steps, wakes cascade).
 pub async fn delete_dry(ch: &mut Change, run: RunId) -> Result<bool> {
     ch.forget_run_row(run);
-    let done = sqlx::query("DELETE FROM runs WHERE run_id = $1 AND dry_run AND status <> 'running'")
-        .bind(run)
-        .execute(&mut *ch.tx)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    // A dry run is gone a day after it ends, journal and all, with the child runs it made: its
+    // few journal rows go with it rather than waiting for their month's partition.
+    let done: Option<i32> = sqlx::query_scalar(
+        "WITH RECURSIVE tree AS ( \
+             SELECT run_id, created_at FROM runs WHERE run_id = $1 AND dry_run AND status <> 'running' \
+             UNION ALL SELECT r.run_id, r.created_at FROM runs r JOIN tree t ON r.parent_run_id = t.run_id), \
+           events AS (DELETE FROM run_events e USING tree t WHERE e.run_id = t.run_id AND e.run_created_at = t.created_at), \
+           logs AS (DELETE FROM step_logs l USING tree t WHERE l.run_id = t.run_id AND l.run_created_at = t.created_at), \
+           gone AS (DELETE FROM runs WHERE run_id = $1 AND dry_run AND status <> 'running' RETURNING 1) \
+         SELECT 1 FROM gone",
+    )
+    .bind(run)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    Ok(done.is_some())
 }
 
 /// Clears `needs_approval` once the run-level approval was given.
