@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 use crate::db::Db;
@@ -171,6 +172,8 @@ pub struct RunCtx {
     pub org: OrgId,
     pub project: ProjectId,
     pub run: RunId,
+    /// The run's `created_at`: its journal's partition key.
+    created_at: DateTime<Utc>,
     next_seq: i64,
     /// The run's workflow version and stored trace context, for the event log.
     version: Option<i32>,
@@ -209,6 +212,7 @@ struct PendingEvent {
     org: OrgId,
     project: ProjectId,
     run: RunId,
+    run_created_at: DateTime<Utc>,
     seq: i64,
     kind: String,
     step: Option<StepId>,
@@ -270,14 +274,14 @@ impl Change {
         if let Some(ctx) = self.runs.get(&run) {
             return Ok(Some(ctx.clone()));
         }
-        let found: Option<(ProjectId, i32, Option<String>)> =
-            sqlx::query_as("SELECT project_id, workflow_version, traceparent FROM runs WHERE run_id = $1 AND org_id = $2 FOR NO KEY UPDATE")
+        let found: Option<(ProjectId, DateTime<Utc>, i32, Option<String>)> =
+            sqlx::query_as("SELECT project_id, created_at, workflow_version, traceparent FROM runs WHERE run_id = $1 AND org_id = $2 FOR NO KEY UPDATE")
                 .bind(run)
                 .bind(org)
                 .fetch_optional(&mut *self.tx)
                 .await?;
-        let Some((project, version, traceparent)) = found else { return Ok(None) };
-        self.runs.insert(run, RunCtx { org, project, run, next_seq: 1, version: Some(version), traceparent });
+        let Some((project, created_at, version, traceparent)) = found else { return Ok(None) };
+        self.runs.insert(run, RunCtx { org, project, run, created_at, next_seq: 1, version: Some(version), traceparent });
         self.read_next_seqs(&[run]).await?;
         Ok(self.runs.get(&run).cloned())
     }
@@ -302,7 +306,7 @@ impl Change {
         for row in rows {
             let run = row.run_id;
             let (version, traceparent) = (Some(row.workflow_version), row.traceparent.clone());
-            self.runs.insert(run, RunCtx { org: row.org_id, project: row.project_id, run, next_seq: 1, version, traceparent });
+            self.runs.insert(run, RunCtx { org: row.org_id, project: row.project_id, run, created_at: row.created_at, next_seq: 1, version, traceparent });
             self.rows.insert(run, row);
         }
         self.read_next_seqs(&locked).await?;
@@ -347,8 +351,8 @@ impl Change {
 
     /// Registers a run created in this transaction as locked (its row is new, so no one else
     /// can see it until commit).
-    pub(super) fn adopt_new_run(&mut self, org: OrgId, project: ProjectId, run: RunId, version: i32, traceparent: Option<String>) -> RunCtx {
-        let ctx = RunCtx { org, project, run, next_seq: 1, version: Some(version), traceparent };
+    pub(super) fn adopt_new_run(&mut self, org: OrgId, project: ProjectId, run: RunId, created_at: DateTime<Utc>, version: i32, traceparent: Option<String>) -> RunCtx {
+        let ctx = RunCtx { org, project, run, created_at, next_seq: 1, version: Some(version), traceparent };
         self.runs.insert(run, ctx.clone());
         ctx
     }
@@ -375,12 +379,13 @@ impl Change {
         let ctx = self.runs.get_mut(&run).ok_or_else(|| StoreError::Invalid(format!("event on {run} without its row lock")))?;
         let seq = ctx.next_seq;
         ctx.next_seq += 1;
-        let (org, project) = (ctx.org, ctx.project);
+        let (org, project, run_created_at) = (ctx.org, ctx.project, ctx.created_at);
         let (version, traceparent) = (ctx.version, ctx.traceparent.clone());
         self.events.push(PendingEvent {
             org,
             project,
             run,
+            run_created_at,
             seq,
             kind: kind.to_owned(),
             step: step.map(|s| s.0),
@@ -420,11 +425,11 @@ impl Change {
             let e = std::mem::take(&mut self.events);
             // With the events, the outgoing webhook deliveries they make, in the same statement.
             // The rows go in the order given (no join to reorder them): event ids, which the
-            // streams order by, follow the events' sequence numbers.
+            // streams order by, follow the events' sequence numbers. Each carries its run's
+            // `created_at` (known from the run's lock), the partition key.
             let sql = format!(
                 "WITH e AS (INSERT INTO run_events (org_id, project_id, run_id, run_created_at, seq, kind, step_id, node, attrs) \
-                 SELECT u.o, u.p, u.r, (SELECT created_at FROM runs WHERE run_id = u.r), u.s, u.k, u.st, u.n, u.a \
-                 FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) AS u(o, p, r, s, k, st, n, a) \
+                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $9::timestamptz[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) \
                  RETURNING org_id, project_id, run_id, kind, event_id) {}",
                 super::webhooks_out::DELIVERIES_CTE
             );
@@ -437,6 +442,7 @@ impl Change {
             .bind(e.iter().map(|x| x.step.map(|s| s.0)).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.node.as_deref()).collect::<Vec<_>>())
             .bind(e.iter().map(|x| &x.attrs).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.run_created_at).collect::<Vec<_>>())
             .fetch_one(&mut *self.tx)
             .await?;
             if event_log::enabled() {

@@ -107,11 +107,12 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
         (None, Some((parent, _))) => ch.traceparent_of(parent).and_then(crate::trace::TraceParent::parse),
         (None, None) => None,
     };
-    sqlx::query(
+    let created_at: DateTime<Utc> = sqlx::query_scalar(
         "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, item_id, trigger_event_id, \
                            parent_run_id, parent_step_id, source_run_id, source_from_node, needs_approval, input, \
                            dry_run, created_by, started_at, admitted_at, trace_id, traceparent) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now(), CASE WHEN $16 THEN now() END, $17, $18)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now(), CASE WHEN $16 THEN now() END, $17, $18) \
+         RETURNING created_at",
     )
     .bind(new.org)
     .bind(new.project)
@@ -131,9 +132,9 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     .bind(admitted)
     .bind(traceparent.as_ref().map(crate::trace::TraceParent::trace_id))
     .bind(traceparent.as_ref().map(crate::trace::TraceParent::as_str))
-    .execute(&mut *ch.tx)
+    .fetch_one(&mut *ch.tx)
     .await?;
-    ch.adopt_new_run(new.org, new.project, run, new.version, traceparent.map(|t| t.as_str().to_owned()));
+    ch.adopt_new_run(new.org, new.project, run, created_at, new.version, traceparent.map(|t| t.as_str().to_owned()));
     let attrs = json!({
         "workflow": new.workflow.to_string(),
         "version": new.version,
