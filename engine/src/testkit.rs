@@ -287,6 +287,18 @@ fn with_database(url: &str, database: &str) -> String {
     format!("{base}/{database}{query}")
 }
 
+/// Waits until every event committed in this process has been told to the event streams
+/// (the trailing `e` notice of [`crate::store::Change`] is sent), so that a test listening
+/// afterwards hears only what it causes itself.
+pub async fn events_told() {
+    let told = async {
+        while crate::store::EventsNotice::owed() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), told).await.expect("the trailing events notice is sent");
+}
+
 #[cfg(test)]
 mod tests {
     use super::with_database;

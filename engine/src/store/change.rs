@@ -60,7 +60,7 @@ impl Notice {
 
 /// The `e` notices of this process: one is sent at most every [`EVENTS_NOTICE_INTERVAL`]; a
 /// commit that may not send one marks the process dirty, and a trailing notice follows.
-struct EventsNotice {
+pub(crate) struct EventsNotice {
     last: Option<std::time::Instant>,
     dirty: bool,
     /// When the task that sends the trailing notice last looked; a task gone with its runtime
@@ -71,6 +71,11 @@ struct EventsNotice {
 static EVENTS_NOTICE: std::sync::Mutex<EventsNotice> = std::sync::Mutex::new(EventsNotice { last: None, dirty: false, trailing: None });
 
 impl EventsNotice {
+    /// Whether events committed in this process still wait for their trailing notice.
+    pub(crate) fn owed() -> bool {
+        EVENTS_NOTICE.lock().is_ok_and(|n| n.dirty || n.trailing.is_some())
+    }
+
     /// Whether the commit about to happen may carry an `e` itself (and is counted as sent).
     fn take_now() -> bool {
         let Ok(mut n) = EVENTS_NOTICE.lock() else { return true };

@@ -34,6 +34,12 @@ nodes:
 
 /// An engine running in this process until the returned token is cancelled.
 pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> CancellationToken {
+    start_engine_joined(db, url, id).0
+}
+
+/// [`start_engine`], with the engine's task, which ends once the token is cancelled and the
+/// engine has drained.
+pub(crate) fn start_engine_joined(db: &Db, url: &str, id: &str) -> (CancellationToken, tokio::task::JoinHandle<Result<(), engine::store::StoreError>>) {
     let stop = CancellationToken::new();
     let cfg = PoolConfig {
         id: id.to_owned(),
@@ -46,8 +52,8 @@ pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> CancellationToken {
         webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
         event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
     };
-    tokio::spawn(pool::run(db.clone(), cfg, stop.clone(), stop.clone()));
-    stop
+    let task = tokio::spawn(pool::run(db.clone(), cfg, stop.clone(), stop.clone()));
+    (stop, task)
 }
 
 async fn submit_with(pool: &Db, s: &Seed, input: serde_json::Value) -> RunId {
