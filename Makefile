@@ -16,7 +16,7 @@ test: ## every test, against a throwaway PostgreSQL unless DATABASE_URL is set
 bench: ## measure the engine against this machine's durable-commit limit; appends to BENCHMARKS.md
 	scripts/bench.sh
 
-chaos: ## 2000 runs through engine kills, a cut database link and a PostgreSQL restart (own cluster)
+chaos: ## 2000 runs over HTTP through process kills, a PostgreSQL crash, a PgBouncer restart, cut and blackholed links, a frozen engine and a poisoned run
 	scripts/chaos.sh
 
 lint: ## clippy over every target, warnings as errors

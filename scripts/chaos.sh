@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `make chaos`: the full chaos suite (tests/e2e/chaos.rs) with 2000 runs. The suite starts,
-# restarts and stops a throwaway PostgreSQL cluster of its own in a temporary directory (it
-# has to restart it without disturbing anything else), so no DATABASE_URL is used; this script
-# only makes sure the PostgreSQL server binaries and cargo-nextest are there, builds, and runs.
+# `make chaos`: the full chaos suite (tests/e2e/chaos/) with 2000 runs. The suite starts,
+# crashes and stops a throwaway PostgreSQL cluster of its own in a temporary directory (it
+# has to crash it without disturbing anything else), so no DATABASE_URL is used, and runs
+# PgBouncer and a network namespace of its own (root, iproute2); this script only makes sure
+# the PostgreSQL server binaries, PgBouncer and cargo-nextest are there, builds, and runs.
 # `make test` runs the same suite with its short default (CHAOS_RUNS unset).
 #
 # Environment:
@@ -35,6 +36,13 @@ if ! have_pg_server; then
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
     have_pg_server || die "apt-get installed postgresql but its server binaries are still not found"
+fi
+if ! command -v pgbouncer >/dev/null && [[ ! -x /usr/sbin/pgbouncer ]]; then
+    [[ $(id -u) -eq 0 ]] || die "pgbouncer not found and installing it needs root: run \`sudo apt-get install pgbouncer\`, then \`make chaos\` again"
+    command -v apt-get >/dev/null || die "pgbouncer not found and there is no apt-get: install PgBouncer, then \`make chaos\` again"
+    say "installing pgbouncer with apt-get"
+    env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer
 fi
 if ! cargo nextest --version >/dev/null 2>&1; then
     say "installing cargo-nextest"

@@ -13,6 +13,8 @@ pub struct PgBouncer {
     /// Its port on 127.0.0.1.
     pub port: u16,
     dir: tempfile::TempDir,
+    /// The server behind it.
+    server: url::Url,
 }
 
 /// Where the `pgbouncer` binary is: on `PATH`, or where Debian and Homebrew put it.
@@ -53,26 +55,19 @@ impl PgBouncer {
         );
         std::fs::write(dir.path().join("pgbouncer.ini"), ini).unwrap();
         std::fs::write(dir.path().join("userlist.txt"), format!("\"{user}\" \"{password}\"\n")).unwrap();
-        let log = std::fs::File::create(dir.path().join("pgbouncer.log")).unwrap();
-        let mut cmd = Command::new(binary());
-        // PgBouncer refuses to run as root; it switches to the `postgres` user (which owns the
-        // test cluster then), and must still read its files.
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } == 0 {
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-            cmd.args(["-u", "postgres"]);
-        }
-        let child = cmd
-            .arg(dir.path().join("pgbouncer.ini"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start pgbouncer: {e}"));
-        let mut bouncer = PgBouncer { child, port, dir };
-        bouncer.until_ready(&server).await;
+        let child = spawn(dir.path());
+        let mut bouncer = PgBouncer { child, port, dir, server };
+        bouncer.until_ready().await;
         bouncer
+    }
+
+    /// Kills PgBouncer (SIGKILL: every client connection is reset, no transaction finishes)
+    /// and starts it again on the same port, as a restarted pooler pod comes back.
+    pub async fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(self.dir.path());
+        self.until_ready().await;
     }
 
     /// `url` (the test database's) with PgBouncer's address instead of the server's.
@@ -89,8 +84,8 @@ impl PgBouncer {
         std::fs::read_to_string(self.dir.path().join("pgbouncer.log")).unwrap_or_default()
     }
 
-    async fn until_ready(&mut self, server: &url::Url) {
-        let url = self.url(server.as_str());
+    async fn until_ready(&mut self) {
+        let url = self.url(self.server.as_str());
         let ready = async {
             loop {
                 if let Ok(Some(status)) = self.child.try_wait() {
@@ -115,6 +110,27 @@ impl Drop for PgBouncer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `pgbouncer` on the ini and auth file in `dir`, logging to `pgbouncer.log` there.
+fn spawn(dir: &std::path::Path) -> Child {
+    // Appended to, so that a restart keeps what the killed one logged.
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("pgbouncer.log")).unwrap();
+    let mut cmd = Command::new(binary());
+    // PgBouncer refuses to run as root; it switches to the `postgres` user (which owns the
+    // test cluster then), and must still read its files.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        cmd.args(["-u", "postgres"]);
+    }
+    cmd.arg(dir.join("pgbouncer.ini"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start pgbouncer: {e}"))
 }
 
 /// Whether a connection through `url` answers a statement (the simple protocol, and no startup

@@ -241,7 +241,10 @@ pub async fn connect_on(url: &str, max_connections: u32, route: Route) -> Result
 
 async fn open(options: PgConnectOptions, max_connections: u32, route: Route, guarded: bool) -> Result<Db, DbError> {
     use sqlx::ConnectOptions;
-    let options = options.application_name("shopfloor");
+    // An `application_name` the URL gives is kept, so an operator can tell processes apart in
+    // `pg_stat_activity`.
+    let name = options.get_application_name().unwrap_or("shopfloor").to_owned();
+    let options = options.application_name(&name);
     let options = match route {
         Route::Direct if guarded => options.options(GUARDS.iter().copied()),
         Route::Direct => options,

@@ -36,3 +36,20 @@ async fn a_transaction_left_open_by_a_frozen_process_is_ended_and_its_lock_relea
     guarded.close().await;
     db.finish().await;
 }
+
+/// An operator tells processes apart in `pg_stat_activity` by the `application_name` their
+/// URL gives; without one, every connection is `shopfloor`.
+#[tokio::test]
+async fn the_application_name_a_url_gives_is_kept() {
+    let db = test_db().await;
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    for (url, name) in [(format!("{}{sep}application_name=engine-b7", db.url), "engine-b7"), (db.url.clone(), "shopfloor")] {
+        for route in [db::Route::Direct, db::Route::Pooler] {
+            let pool = db::connect_guarded(&url, 1, route).await.unwrap();
+            let shown: String = sqlx::query_scalar("SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetch_one(&pool).await.unwrap();
+            assert_eq!(shown, name, "{route:?}");
+            pool.close().await;
+        }
+    }
+    db.finish().await;
+}
