@@ -94,7 +94,7 @@ async fn browser(d: &Driver) -> Client {
 
 /// Runs a script until it returns true (up to 20 s).
 async fn until(c: &Client, script: &str, what: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let v = c.execute(script, vec![]).await.unwrap_or(Value::Null);
         if v == Value::Bool(true) {

@@ -62,7 +62,7 @@ async fn a_killed_engines_leased_steps_are_recovered_by_the_other() {
     let mut victim = EngineProcess::start(&db.url, "victim", &effects);
     // Each step takes 3 s, so the victim is sure to hold leased steps when it dies.
     submit_many(&db.pool, &s, 20, json!({ "test": { "step_ms": 3000, "gate_fail_visits": [1] } })).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while scalar(&db.pool, "SELECT count(*) FROM steps WHERE state = 'running' AND holder = 'engine:victim'").await < 20 {
         assert!(tokio::time::Instant::now() < deadline, "the victim never held 20 steps");
         tokio::time::sleep(Duration::from_millis(100)).await;

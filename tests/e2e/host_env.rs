@@ -351,11 +351,11 @@ impl Env {
 
     /// The one step of `node` that is running, with the pid its harness wrote down.
     pub(crate) async fn running_harness(&self, run: RunId, node: &str) -> (String, i32) {
-        self.until(run, &format!("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = '{node}' AND state = 'running')"), Duration::from_secs(30), "ran").await;
+        self.until(run, &format!("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = '{node}' AND state = 'running')"), Duration::from_secs(120), "ran").await;
         let step: engine::ids::StepId =
             sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = $2 AND state = 'running'").bind(run).bind(node).fetch_one(&self.db.pool).await.unwrap();
         let path = self.marks().join(format!("{step}.pid"));
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Some(pid) = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok()) {
                 return (step.to_string(), pid);

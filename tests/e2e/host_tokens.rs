@@ -92,9 +92,9 @@ async fn a_step_that_outlives_its_token_pushes_with_a_fresh_one() {
     let (step, _) = env.running_harness(run, "work").await;
 
     // The claim's token (the first minted to push) expires while the harness works.
-    wait_for("a token minted at the claim", Duration::from_secs(30), || !push_tokens(&env).is_empty()).await;
+    wait_for("a token minted at the claim", Duration::from_secs(120), || !push_tokens(&env).is_empty()).await;
     let claims = push_tokens(&env)[0].expires_at;
-    wait_for("past the claim token's expiry", Duration::from_secs(30), || chrono::Utc::now() > claims + chrono::Duration::seconds(1)).await;
+    wait_for("past the claim token's expiry", Duration::from_secs(120), || chrono::Utc::now() > claims + chrono::Duration::seconds(1)).await;
     // From now on tokens live an hour: the one the push carries must be asked for after this.
     env.github.as_ref().unwrap().set_token_lifetime(Duration::from_secs(3600));
     std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
@@ -126,9 +126,9 @@ async fn an_adopted_attempt_pushes_with_a_fresh_token() {
     assert!(alive(harness), "the harness should outlive its host");
     let before = push_tokens(&env).len();
     let _again = env.host_env("victim", 1, &[("PATH", path)]).await;
-    wait_for("a token asked for by the adopting host", Duration::from_secs(30), || push_tokens(&env).len() > before).await;
+    wait_for("a token asked for by the adopting host", Duration::from_secs(120), || push_tokens(&env).len() > before).await;
     let claims = push_tokens(&env)[0].expires_at;
-    wait_for("past the claim token's expiry", Duration::from_secs(30), || chrono::Utc::now() > claims + chrono::Duration::seconds(1)).await;
+    wait_for("past the claim token's expiry", Duration::from_secs(120), || chrono::Utc::now() > claims + chrono::Duration::seconds(1)).await;
     // From now on tokens live an hour: the one the push carries must be asked for after this.
     env.github.as_ref().unwrap().set_token_lifetime(Duration::from_secs(3600));
     std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();

@@ -28,7 +28,7 @@ async fn a_message_to_a_live_session_reaches_the_harness_and_its_transcript() {
     env.until(
         run,
         "SELECT EXISTS (SELECT 1 FROM step_logs WHERE run_id = $1 AND line LIKE '%Listening.%')",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         "listened",
     )
     .await;

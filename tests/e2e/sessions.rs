@@ -296,7 +296,7 @@ async fn estimated_spend_past_a_hard_budget_stops_a_session_that_prints_no_resul
         assert_eq!(budgets["items"][0]["spent_usd"].as_f64(), Some(spent), "{budgets}");
 
         // The host stopped the harness.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         while alive(pid) {
             assert!(tokio::time::Instant::now() < deadline, "the harness of {step} still runs");
             tokio::time::sleep(Duration::from_millis(100)).await;

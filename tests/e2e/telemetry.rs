@@ -269,7 +269,7 @@ async fn a_webhook_run_is_one_trace_and_its_events_are_log_records() {
 
     // One trace: the webhook's span is its only root, and the steps' spans are its children.
     let nodes = ["start", "code", "done"];
-    let (root, steps) = until(Duration::from_secs(20), "the webhook's span and the three steps' spans", || {
+    let (root, steps) = until(Duration::from_secs(120), "the webhook's span and the three steps' spans", || {
         let got = got.lock().unwrap();
         let mine: Vec<&(String, Span)> = got.spans.iter().filter(|(_, s)| hex(&s.trace_id) == trace_id).collect();
         let root = mine.iter().find(|(_, s)| s.name == "POST /webhooks/github")?;
@@ -297,7 +297,7 @@ async fn a_webhook_run_is_one_trace_and_its_events_are_log_records() {
     }
 
     // The event log: a record per run event, with exactly the fixed keys, in the run's trace.
-    let records = until(Duration::from_secs(20), "the run's event log records", || {
+    let records = until(Duration::from_secs(120), "the run's event log records", || {
         let got = got.lock().unwrap();
         let mine: Vec<LogRecord> = got.logs.iter().filter(|r| text(attr(&r.attributes, "shopfloor.run.id")) == Some(run.as_str())).cloned().collect();
         let names: BTreeSet<&str> = mine.iter().map(|r| r.event_name.as_str()).collect();

@@ -54,7 +54,7 @@ async fn receiver(fail: usize) -> (String, Arc<Mutex<Vec<Received>>>) {
 }
 
 async fn until_received(got: &Arc<Mutex<Vec<Received>>>, n: usize) -> Vec<Received> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let now = got.lock().unwrap().clone();
         if now.len() >= n {
@@ -153,7 +153,7 @@ async fn cancelled_run(app: &App, org: &crate::support::Org) -> String {
 
 /// Waits until `sql` answers `want`.
 async fn until_count(app: &App, sql: &str, want: i64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let got: i64 = sqlx::query_scalar(sql).fetch_one(app.pool()).await.unwrap();
         if got == want {
@@ -336,7 +336,7 @@ async fn a_receiver_answering_100_mb_has_a_few_kib_read_and_its_connection_dropp
     // The engine dropped the connection: the receiver's writes fail. Had the engine read the
     // answer through, it would have taken all 100 MB; had it kept the connection without
     // reading, the receiver would still be blocked in a write.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while ended.load(Ordering::SeqCst) == 0 {
         assert!(tokio::time::Instant::now() < deadline, "the receiver is still writing: {} bytes so far", written.load(Ordering::SeqCst));
         tokio::time::sleep(Duration::from_millis(25)).await;

@@ -72,6 +72,7 @@ static EVENTS_NOTICE: std::sync::Mutex<EventsNotice> = std::sync::Mutex::new(Eve
 
 impl EventsNotice {
     /// Whether events committed in this process still wait for their trailing notice.
+    #[cfg(feature = "testkit")]
     pub(crate) fn owed() -> bool {
         EVENTS_NOTICE.lock().is_ok_and(|n| n.dirty || n.trailing.is_some())
     }

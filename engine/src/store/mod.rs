@@ -33,6 +33,7 @@ pub mod webhooks_out;
 pub mod workflows;
 
 pub use change::{Actor, Change, Notice, RunCtx, NOTIFY_CHANNEL};
+#[cfg(feature = "testkit")]
 pub(crate) use change::EventsNotice;
 
 /// What a store operation can refuse, besides a database error.
