@@ -12,6 +12,8 @@
 //! | `engine_runs_per_s_vs_pgbench_tps` | the two above, as a ratio |
 //! | `host_steps_per_s` | the same workflow's steps run by 4 `shopfloor host` processes (4 slots each, the `command` harness running `true`, no repository) claiming from one `shopfloor api`, 2 engines without the test executor; `BENCH_HOST_RUNS` runs (at most 2,000 by default), first step's lease to last run's end; `host_steps_note` says how many |
 //! | `wake_p50_ms`, `wake_p99_ms` | an idle pool: submit's commit to the first step's start |
+//! | `peer_chains_per_s`, `peer_wake_p50_ms`, `peer_wake_p99_ms` | the peer, graphile-worker with its default settings (`peer.rs`): `BENCH_PEER_CHAINS` (2,000) chains of three jobs, and its idle wake measured as ours |
+//! | `engine_runs_per_s_vs_peer`, `wake_p50_vs_peer`, `wake_p99_vs_peer` | ours over the peer's (throughput: above 1 is ahead; latency: below 1 is ahead) |
 //! | `idle_statements_60s` | statements an idle pool sends in 60 s |
 //! | `recovery_s` | an engine holding steps killed: until another runs them all again |
 //! | `webhook_deliveries_per_s`, `webhook_p99_ms` | `BENCH_WEBHOOKS` (at most 2,000 by default) signed `issues.labeled` deliveries, each a new issue that opens one run, from 16 concurrent clients to one `shopfloor api`: deliveries per wall-clock second and the client-side latency's p99; the bench fails unless each was answered 2xx and made exactly one run; `webhook_note` says how many |
@@ -19,10 +21,12 @@
 //! | `engine_rss_mb_10k_open` | one engine's resident memory with 10,000 runs asleep |
 //!
 //! `BENCH_ONLY=engine` measures only the engine's throughput, `BENCH_ONLY=fleet` only the host
-//! and webhook figures; such partial runs are printed, not recorded.
+//! and webhook figures, `BENCH_ONLY=peer` only the peer's; such partial runs are printed, not
+//! recorded.
 
 mod fleet;
 mod measures;
+mod peer;
 mod setup;
 
 use std::fmt::Write as _;
@@ -67,7 +71,8 @@ async fn main() -> Result<()> {
     let result = match only.as_deref() {
         Some("engine") => measure_engine(&b, &bindir, runs, &mut r).await,
         Some("fleet") => measure_fleet(&b, &root, runs, &mut r).await,
-        Some(other) => Err(anyhow::anyhow!("BENCH_ONLY={other}: expected `engine` or `fleet`")),
+        Some("peer") => measure_peer(&b, &root, &mut r).await.map(|_| ()),
+        Some(other) => Err(anyhow::anyhow!("BENCH_ONLY={other}: expected `engine`, `fleet` or `peer`")),
         None => measure(&b, &bindir, &root, runs, &mut r).await,
     };
     let _ = pg.stop();
@@ -140,12 +145,27 @@ async fn measure_fleet(b: &Bench, root: &std::path::Path, runs: usize, r: &mut R
     measure_webhooks(b, runs, r).await
 }
 
+async fn measure_peer(b: &Bench, root: &std::path::Path, r: &mut Report) -> Result<peer::Peer> {
+    let chains = std::env::var("BENCH_PEER_CHAINS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
+    let p = peer::graphile_worker(b, root, chains).await?;
+    r.add("peer", format!("{}; {chains} chains", p.version));
+    r.add("peer_chains_per_s", format!("{:.0}", p.chains_per_s));
+    r.add("peer_wake_p50_ms", format!("{:.2}", p.wake_p50_ms));
+    r.add("peer_wake_p99_ms", format!("{:.2}", p.wake_p99_ms));
+    Ok(p)
+}
+
 async fn measure(b: &Bench, bindir: &std::path::Path, root: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
     measure_engine(b, bindir, runs, r).await?;
+    let ours = r.lines.iter().find(|(n, _)| n == "engine_runs_per_s").and_then(|(_, v)| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let p = measure_peer(b, root, r).await?;
+    r.add("engine_runs_per_s_vs_peer", format!("{:.2}", ours / p.chains_per_s));
     measure_hosts(b, root, runs, r).await?;
     let w = measures::wake_latency_and_idle(b, 60).await?;
     r.add("wake_p50_ms", format!("{:.1}", w.p50_ms));
     r.add("wake_p99_ms", format!("{:.1}", w.p99_ms));
+    r.add("wake_p50_vs_peer", format!("{:.2}", w.p50_ms / p.wake_p50_ms));
+    r.add("wake_p99_vs_peer", format!("{:.2}", w.p99_ms / p.wake_p99_ms));
     r.add("idle_statements_60s", w.idle_statements_60s);
     r.add("recovery_s", format!("{:.1}", measures::recovery(b).await?));
     measure_webhooks(b, runs, r).await?;

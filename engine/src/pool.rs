@@ -86,6 +86,8 @@ struct Pool {
     recorders: JoinSet<Recorded>,
     /// Set on the first drain signal: recording what it holds must not lease it more work.
     draining: bool,
+    /// Cancelled when the drain begins; a claim checks it before it commits.
+    drain: CancellationToken,
 }
 
 /// Runs the loop until `drain` is cancelled and held work is done (or the drain time is up),
@@ -93,7 +95,7 @@ struct Pool {
 pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: CancellationToken) -> Result<(), StoreError> {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let holder = format!("engine:{}", cfg.id);
-    let mut pool = Pool { db, cfg, holder, catalog: Arc::new(Catalog::default()), tasks: JoinSet::new(), done_tx, unrecorded: Vec::new(), recorders: JoinSet::new(), draining: false };
+    let mut pool = Pool { db, cfg, holder, catalog: Arc::new(Catalog::default()), tasks: JoinSet::new(), done_tx, unrecorded: Vec::new(), recorders: JoinSet::new(), draining: false, drain: drain.clone() };
     let mut listener = Listener::new(&pool.cfg.listen, NOTIFY_CHANNEL);
     let mut backoff = Duration::from_secs(1);
     let mut scan = true;
@@ -102,6 +104,11 @@ pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: Cance
 
     loop {
         while pool.tasks.try_join_next().is_some() {}
+        if drain_deadline.is_none() && drain.is_cancelled() {
+            tracing::info!(held = pool.tasks.len(), drain_s = pool.cfg.drain.as_secs(), "draining: no new claims");
+            drain_deadline = Some(Instant::now() + pool.cfg.drain);
+            pool.draining = true;
+        }
         let draining = drain_deadline.is_some();
         if !listener.is_subscribed() && !draining {
             // Subscribe before looking for work, so nothing committed meanwhile is missed.
@@ -145,11 +152,8 @@ pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: Cance
         tokio::select! {
             biased;
             () = abort.cancelled() => return Ok(()),
-            () = drain.cancelled(), if !draining => {
-                tracing::info!(held = pool.tasks.len(), drain_s = pool.cfg.drain.as_secs(), "draining: no new claims");
-                drain_deadline = Some(Instant::now() + pool.cfg.drain);
-                pool.draining = true;
-            }
+            // Wakes the loop, whose top marks the drain.
+            () = drain.cancelled(), if !draining => {}
             () = sleep_until(drain_deadline), if draining => {
                 tracing::warn!(held = pool.tasks.len(), "drain time is up; leases will be recovered");
                 return Ok(());
@@ -250,6 +254,13 @@ impl Pool {
                 wake_ids.entry(run).or_default().push(id);
             }
             let jobs = match self.advance_all(&mut ch, &by_run).await {
+                // The drain began while this claim ran (SIGTERM, or the loop had not looked yet):
+                // what it took goes back untouched, for another engine, since a draining engine
+                // starts nothing new.
+                Ok(_) if self.drain.is_cancelled() => {
+                    drop(ch);
+                    return Ok((None, false));
+                }
                 Ok(jobs) => {
                     ch.commit().await?;
                     crate::metrics::wakes_claimed(&lateness);
@@ -309,6 +320,11 @@ impl Pool {
             }
             .await;
             match advanced {
+                // As in `claim_due`: nothing new once the drain began.
+                Ok(_) if self.drain.is_cancelled() => {
+                    drop(ch);
+                    return Ok(jobs);
+                }
                 Ok(more) => {
                     ch.commit().await?;
                     jobs.extend(more);
