@@ -355,12 +355,19 @@ async fn load(conn: &mut PgConnection, scope: &ProjectScope, run: RunId) -> Resu
 }
 
 /// A run read inside the change that just made or ended it: a new run has started nothing
-/// yet, so it is queued; an ended one has no substate.
-async fn load_fresh(conn: &mut PgConnection, scope: &ProjectScope, run: RunId) -> Result<Run, ApiError> {
-    let mut run = load(conn, scope, run).await?;
+/// yet, so it is queued, or waits for its `$start` approval when its workflow says
+/// `approval: required` (`substate::start_approval`); an ended one has no substate.
+async fn load_fresh(conn: &mut PgConnection, scope: &ProjectScope, id: RunId) -> Result<Run, ApiError> {
+    let mut run = load(conn, scope, id).await?;
     if run.status == "running" {
-        run.substate = Some("queued".into());
-        run.words = "queued".into();
+        let awaits_start: bool = sqlx::query_scalar("SELECT needs_approval AND NOT dry_run FROM runs WHERE org_id = $1 AND run_id = $2")
+            .bind(scope.org.org)
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?;
+        let substate = if awaits_start { substate::start_approval() } else { substate::Substate::Queued { held_by: None, ahead: None } };
+        run.substate = Some(substate.name().to_owned());
+        run.words = substate.words();
     }
     Ok(run)
 }
