@@ -136,6 +136,15 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
     }
 }
 
+/// A short text field of a body, refused (never cut) past `max` characters, as the
+/// document's `maxLength` for it says.
+pub fn at_most(field: &str, value: Option<String>, max: usize) -> Result<Option<String>, ApiError> {
+    match value {
+        Some(v) if v.chars().count() > max => Err(ApiError::Unprocessable(format!("{field} must be at most {max} characters"))),
+        other => Ok(other),
+    }
+}
+
 /// The `Idempotency-Key` header of a create-POST, when given: 1 to 255 visible ASCII
 /// characters.
 pub struct IdempotencyKey(pub Option<String>);

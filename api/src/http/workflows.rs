@@ -88,6 +88,7 @@ pub struct SourceBody {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -166,7 +167,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
 /// when the text is the latest version's already; 422 lists every problem.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/workflows", operation_id = "create_workflow_version", tag = "workflows",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe")),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body(content((String = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
               (status = 422, description = "Every validation problem", body = Problem, content_type = "application/problem+json")))]

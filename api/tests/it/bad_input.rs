@@ -29,6 +29,7 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
     let json = Some("application/json");
     let (post, get, patch, delete) = (Method::POST, Method::GET, Method::PATCH, Method::DELETE);
     let runs = format!("{p}/runs");
+    let long_reason = format!("{{\"reason\": \"{}\"}}", "r".repeat(201));
     let deep = format!("{{\"workflow\":\"approve\",\"input\":{{\"x\":{}1{}}}}}", "[".repeat(5000), "]".repeat(5000));
     let cases = vec![
         // Malformed JSON, wrong types, unknown fields.
@@ -50,6 +51,18 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         bad(post.clone(), &format!("{runs}/{run}/approvals/ask"), json, b"{\"ticket\": 1e999}", 400, "bad-request"),
         bad(get.clone(), &format!("{runs}?limit=99999999999999999999"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{runs}?limit=-1"), None, b"", 400, "bad-request"),
+        // Outside a documented bound: refused, never cut or lowered to fit.
+        bad(get.clone(), &format!("{runs}?limit=2147483648"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}?limit=201"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}/{run}/events?limit=0"), None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/audit?limit=500", None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/spend?from=2025-01-01&to=2026-01-03", None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/spend?from=2025-02-01&to=2025-01-01", None, b"", 400, "bad-request"),
+        bad(post.clone(), &format!("{runs}/{run}/cancel"), json, long_reason.as_bytes(), 422, "unprocessable"),
+        bad(post.clone(), &format!("{runs}/{run}/approvals/ask/reject"), json, long_reason.as_bytes(), 422, "unprocessable"),
+        bad(post.clone(), "/api/v1/orgs/acme/tokens", json, format!("{{\"name\": \"{}\"}}", "n".repeat(101)).as_bytes(), 422, "unprocessable"),
+        bad(post.clone(), &format!("{p}/host-registrations"), json, format!("{{\"name\": \"{}\"}}", "n".repeat(101)).as_bytes(), 422, "unprocessable"),
+        bad(post.clone(), &format!("{p}/host-registrations"), json, b"{\"expires_in_hours\": 169}", 422, "unprocessable"),
         bad(get.clone(), &format!("{runs}/{run}/events?after=1e999"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{runs}/{run}/events?after=99999999999999999999"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{p}/workflows/approve/versions/99999999999999999999"), None, b"", 404, "not-found"),
