@@ -41,8 +41,8 @@ pub struct BudgetList {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetBudget {
-    /// Dollars per period, 0 to 100,000,000.
-    #[schema(minimum = 0, maximum = 100_000_000)]
+    /// Dollars per period, 0 to 99,999,999.99.
+    #[schema(minimum = 0, maximum = 99_999_999.99)]
     pub usd_limit: f64,
     /// Hard (the default): crew steps stop too. Soft: only new runs are held.
     #[serde(default = "yes")]
