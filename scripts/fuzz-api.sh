@@ -107,6 +107,8 @@ TOML
 
 st=("$venv/bin/schemathesis" --config-file "$dir/schemathesis.toml" run "$base/api/v1/openapi.json" --url "$base"
     --checks all --exclude-checks positive_data_acceptance --max-time "$max_time" --workers 2 --request-timeout 60
+    # A claim waits up to 30 s for work by design.
+    --max-response-time 45
     ${FUZZ_SEED:+--seed "$FUZZ_SEED"}
     # Asks GitHub itself (no GitHub here); the event stream never ends by design.
     --exclude-operation-id claim_installation --exclude-operation-id stream_project_events)

@@ -65,6 +65,8 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         bad(post.clone(), &format!("{p}/host-registrations"), json, b"{\"expires_in_hours\": 169}", 422, "unprocessable"),
         bad(Method::PUT, &format!("{p}/budgets/day"), json, b"{\"usd_limit\": 100000000}", 422, "unprocessable"),
         bad(Method::PUT, "/api/v1/orgs/acme/budgets/day", json, b"{\"usd_limit\": 99999999.999999}", 422, "unprocessable"),
+        // Just past the largest: floats are read exactly, not to the nearest unit in the last place.
+        bad(Method::PUT, "/api/v1/orgs/acme/budgets/day", json, b"{\"usd_limit\": 99999999.99000001}", 422, "unprocessable"),
         bad(get.clone(), &format!("{runs}/{run}/events?after=1e999"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{runs}/{run}/events?after=99999999999999999999"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{p}/workflows/approve/versions/99999999999999999999"), None, b"", 404, "not-found"),
