@@ -2,7 +2,7 @@
 
 CARGO ?= cargo
 
-.PHONY: build run test bench chaos lint fmt openapi helm-check
+.PHONY: build run test bench chaos lint fmt openapi helm-check fuzz-api
 
 build: ## build every crate of the workspace (debug)
 	$(CARGO) build --workspace
@@ -30,3 +30,6 @@ openapi: ## regenerate openapi/openapi.json from the code (the drift test checks
 
 helm-check: ## render the Helm chart and validate it strictly against the Kubernetes schemas (installs helm and kubernetes-validate under target/tools when missing)
 	scripts/helm-check.sh
+
+fuzz-api: ## schemathesis (installed from PyPI under target/fuzz) against a real shopfloor serve, as an owner and as a host; fails on any failed check (FUZZ_MAX_TIME seconds a pass, 120)
+	scripts/fuzz-api.sh

@@ -118,7 +118,7 @@ pub async fn advance(ch: &mut Change, engine: &Engine<'_>, run_id: RunId, wakes:
     if run.needs_approval {
         match history.iter().rev().find(|s| s.node == approvals::RUN_APPROVAL_NODE) {
             None => {
-                let step = approvals::open(ch, run_id, approvals::RUN_APPROVAL_NODE, 1, "Start this run?", &BTreeMap::new(), None).await?;
+                let step = approvals::open(ch, run_id, approvals::RUN_APPROVAL_NODE, 1, approvals::START_PROMPT, &BTreeMap::new(), None).await?;
                 if run.dry_run {
                     approvals::answer_dry(ch, run_id, step).await?;
                     history = steps::of_run(ch, run_id).await?;

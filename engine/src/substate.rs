@@ -42,7 +42,7 @@ use crate::catalog::Catalog;
 use crate::definition::{Definition, NodeKind, Wait};
 use crate::ids::{OrgId, ProjectId, RunId, StepId, WorkflowId};
 use crate::state::{RunStatus, StepState};
-use crate::store::approvals::RUN_APPROVAL_NODE;
+use crate::store::approvals::{RUN_APPROVAL_NODE, START_PROMPT};
 use crate::store::{Result, StoreError};
 
 /// A host counts as available when it was seen this recently (DESIGN.md: "in the last day").
@@ -173,6 +173,10 @@ pub struct RunFacts {
     pub hold: Option<Hold>,
     /// Whether it has any step at all (succeeded ones are not in `steps`).
     pub started: bool,
+    /// An `approval: required` run (not a dry run) whose `$start` approval the engine has not
+    /// opened yet: it waits for a person from the moment it is made, as nothing of it can
+    /// happen before that approval.
+    pub awaits_start: bool,
     /// Its open steps, failed steps and `end` steps, in creation order.
     pub steps: Vec<StepFacts>,
     /// The capabilities of each host of the project that is registered and was seen in the
@@ -225,7 +229,19 @@ pub fn derive(facts: &RunFacts, now: DateTime<Utc>) -> Option<Substate> {
         .filter(|s| s.is_open())
         .map(|s| of_step(facts, s, now))
         .min_by(|a, b| a.rank().cmp(&b.rank()).then_with(|| wakes_first(a, b)));
-    Some(from_steps.unwrap_or_else(|| of_hold(facts.hold.as_ref())))
+    Some(from_steps.unwrap_or_else(|| if facts.awaits_start && !facts.started { start_approval() } else { of_hold(facts.hold.as_ref()) }))
+}
+
+/// The `$start` approval of an `approval: required` run, before the engine opens its step
+/// (with the prompt it will have).
+pub fn start_approval() -> Substate {
+    Substate::AwaitingSignal {
+        node: RUN_APPROVAL_NODE.to_owned(),
+        approval: true,
+        signal: "approval".into(),
+        prompt: Some(START_PROMPT.into()),
+        deadline: None,
+    }
 }
 
 /// Among sleepers, the one that wakes first; otherwise keep creation order.
@@ -480,7 +496,7 @@ pub async fn whys(pool: &Db, org: OrgId, runs: &[RunId]) -> Result<Vec<Why>> {
 /// The runs asked about ($1 org, $2 run ids), with the database's clock.
 const RUNS_SQL: &str = "SELECT r.run_id, r.project_id, r.workflow_id, r.workflow_version, r.status, r.reason, \
             w.name AS workflow_name, w.paused, p.paused AS project_paused, r.admitted_at IS NOT NULL AS admitted, \
-            EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id) AS started, now() AS now, \
+            EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id) AS started, r.needs_approval AND NOT r.dry_run AS awaits_start, now() AS now, \
             aw.hold, aw.detail AS hold_detail, aw.queue AS hold_queue, \
             (SELECT count(*) FROM admission_waits a WHERE a.org_id = aw.org_id AND a.queue = aw.queue AND a.seq < aw.seq) AS ahead, \
             CASE WHEN aw.hold = 'throttle' THEN \
@@ -528,6 +544,7 @@ struct RunLine {
     project_paused: bool,
     admitted: bool,
     started: bool,
+    awaits_start: bool,
     now: DateTime<Utc>,
     hold: Option<String>,
     hold_detail: Option<String>,
@@ -648,6 +665,7 @@ fn run_facts(line: &RunLine, steps: Vec<StepLine>, def: Option<&Definition>, hos
         reason: line.reason.clone(),
         hold: hold_of(line),
         started: line.started,
+        awaits_start: line.awaits_start,
         steps: steps.into_iter().map(|s| step_facts(s, def)).collect(),
         hosts,
     }
@@ -743,7 +761,7 @@ mod tests {
     }
 
     fn facts(steps: Vec<StepFacts>) -> RunFacts {
-        RunFacts { run: RunId::mint(), status: RunStatus::Running, reason: None, hold: None, started: !steps.is_empty(), steps, hosts: vec![] }
+        RunFacts { run: RunId::mint(), status: RunStatus::Running, reason: None, hold: None, started: !steps.is_empty(), awaits_start: false, steps, hosts: vec![] }
     }
 
     fn caps(c: &[&str]) -> Vec<String> {
@@ -849,6 +867,19 @@ mod tests {
         let mut start = step(RUN_APPROVAL_NODE, "approval", StepState::Waiting);
         start.prompt = Some("Start this run?".into());
         assert_eq!(answer(&facts(vec![start]), now()).text, "Waiting for approval to start: Start this run?");
+    }
+
+    #[test]
+    fn an_approval_required_run_waits_for_its_start_approval_before_the_engine_opens_it() {
+        let mut f = facts(vec![]);
+        f.awaits_start = true;
+        let why = answer(&f, now());
+        assert_eq!(why.substate.as_ref().map(Substate::name), Some("awaiting_signal"));
+        assert_eq!(why.words, "waiting for approval");
+        assert_eq!(why.text, "Waiting for approval to start: Start this run?");
+        // A paused project holds it only after the approval.
+        f.hold = Some(Hold::ProjectPaused);
+        assert_eq!(answer(&f, now()).words, "waiting for approval");
     }
 
     #[test]

@@ -172,6 +172,21 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
     }
     assert!(!out.contains("codex"), "only the advertised harness is checked: {out}");
 
+    // A `harness:command` host has neither claude nor codex, and needs neither.
+    let (code, out) = tokio::task::block_in_place(|| {
+        check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &server), ("SHOPFLOOR_HOST_CAPABILITIES", "linux,harness:command"), ("SHOPFLOOR_CLAUDE_COMMAND", "/nonexistent/claude")])
+    });
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("claude") && !out.contains("codex"), "harnesses the host does not advertise are not checked: {out}");
+    for name in ["git", "prices", "server"] {
+        assert_ok(&out, name);
+    }
+    // One that advertises no harness at all is told it runs no crew step, and passes.
+    let (code, out) = tokio::task::block_in_place(|| check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &server), ("SHOPFLOOR_HOST_CAPABILITIES", "linux")]));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.lines().any(|l| l.starts_with("skip harnesses: the host advertises none")), "{out}");
+    assert!(!out.lines().any(|l| l.contains(" claude: ") || l.contains(" codex: ")), "{out}");
+
     // A harness the host advertises but lacks, and a server that does not answer.
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let (code, out) = tokio::task::block_in_place(|| {

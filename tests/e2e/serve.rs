@@ -123,13 +123,14 @@ fn validate_lints_workflow_files_offline() {
     let bad = fixtures.join("broken-edges.yaml");
     let out = Command::new(shopfloor_bin()).arg("validate").arg(&good).env_remove("DATABASE_URL").output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(out.stdout.is_empty());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("ok {}\n", good.display()));
 
     let out = Command::new(shopfloor_bin()).arg("validate").arg(&good).arg(&bad).env_remove("DATABASE_URL").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 5, "{text}");
-    assert_eq!(lines[1], format!("{}:7:19: nodes.build.after: there is no node `desing`", bad.display()));
-    assert!(lines.iter().all(|l| l.starts_with(&bad.display().to_string())), "{text}");
+    assert_eq!(lines.len(), 6, "{text}");
+    assert_eq!(lines[0], format!("ok {}", good.display()));
+    assert_eq!(lines[2], format!("{}:7:19: nodes.build.after: there is no node `desing`", bad.display()));
+    assert!(lines[1..].iter().all(|l| l.starts_with(&bad.display().to_string())), "{text}");
 }

@@ -6,7 +6,8 @@
 //! is set and opens every sealed signing key, a JWT signing key exists, the GitHub App's key parses and mints an installation token at
 //! `SHOPFLOOR_GITHUB_API_URL` (skipped when no App is configured), and the webhook secret is
 //! set. With `--host`, on a host machine instead: the harnesses the host's capabilities name
-//! and `git` are on `PATH`, and the server (`SHOPFLOOR_SERVER`) answers.
+//! (and only those: a step of another harness never runs there) and `git` are on `PATH`, and
+//! the server (`SHOPFLOOR_SERVER`) answers.
 //!
 //! A check prints what it found, never a secret (no key, token or URL password).
 
@@ -36,8 +37,8 @@ pub struct CheckArgs {
     /// With --host: the server's base URL.
     #[arg(long = "server", env = "SHOPFLOOR_SERVER")]
     pub server: Option<String>,
-    /// With --host: the host's capabilities; the harnesses they name are checked (both when
-    /// none is named).
+    /// With --host: the host's capabilities; only the harnesses they name are checked
+    /// (`harness:command` runs any program: nothing to check).
     #[arg(long = "capabilities", env = "SHOPFLOOR_HOST_CAPABILITIES", value_delimiter = ',', default_value = "linux")]
     pub capabilities: Vec<String>,
     /// With --host: the Claude Code command.
@@ -300,14 +301,20 @@ async fn host_checks(args: &CheckArgs) -> Vec<Outcome> {
         o.print();
         outcomes.push(o);
     };
-    let claude = args.capabilities.iter().any(|c| c == "harness:claude-code");
-    let codex = args.capabilities.iter().any(|c| c == "harness:codex");
-    let (claude, codex) = if claude || codex { (claude, codex) } else { (true, true) };
-    if claude {
+    // A crew step needs `harness:<its harness>` of its host (`engine::hosts::crew_requires`):
+    // a harness the host does not advertise never runs there, so it is not checked.
+    let advertises = |h: &str| args.capabilities.iter().any(|c| c.trim() == format!("harness:{h}"));
+    if advertises("claude-code") {
         done(on_path("claude", &args.claude_command, "install Claude Code (`npm install -g @anthropic-ai/claude-code`) or set SHOPFLOOR_CLAUDE_COMMAND to it"));
     }
-    if codex {
+    if advertises("codex") {
         done(on_path("codex", &args.codex_command, "install Codex (`npm install -g @openai/codex`) or set SHOPFLOOR_CODEX_COMMAND to it"));
+    }
+    if !advertises("claude-code") && !advertises("codex") && !advertises("command") {
+        done(Outcome::skip(
+            "harnesses",
+            "the host advertises none (add harness:claude-code, harness:codex or harness:command to SHOPFLOOR_HOST_CAPABILITIES): it runs no crew step",
+        ));
     }
     done(on_path("git", "git", "install git (`apt-get install git`)"));
     done(prices(args.prices.as_deref()));

@@ -52,7 +52,8 @@ pub enum Command {
     /// Readiness checks, one line each with the fix for each failure; exit 0 only when all pass.
     /// `--host` checks a host machine (harnesses, git, the server) instead of a server.
     Check(check::CheckArgs),
-    /// Check workflow files offline; prints `FILE:LINE:COL: message` per problem, exits 1 on any.
+    /// Check workflow files offline; prints `ok FILE` per valid file and `FILE:LINE:COL: message`
+    /// per problem, exits 1 on any.
     Validate {
         /// Workflow YAML files.
         #[arg(required = true)]

@@ -32,6 +32,7 @@ pub struct Limits {
 #[serde(deny_unknown_fields)]
 pub struct SetLimits {
     /// 1 to 1,000,000. A raise releases the runs in line it makes room for, in order.
+    #[schema(minimum = 1, maximum = 1_000_000)]
     pub running_cap: i32,
 }
 
@@ -100,9 +101,11 @@ pub struct BoardLimitDoc {
 #[serde(deny_unknown_fields)]
 pub struct SetBoardLimit {
     /// The board column (`In progress`), 1 to 100 characters.
+    #[schema(min_length = 1, max_length = 100)]
     pub column: String,
     /// 1 to 100,000; `null` removes the column's limit. A raise or a removal releases the runs
     /// it makes room for, in the order they arrived.
+    #[schema(minimum = 1, maximum = 100_000)]
     pub wip_limit: Option<i32>,
 }
 
@@ -110,6 +113,7 @@ pub struct SetBoardLimit {
 #[serde(deny_unknown_fields)]
 pub struct SetRetention {
     /// 1 to 3650 days.
+    #[schema(minimum = 1, maximum = 3650)]
     pub retention_days: i32,
 }
 

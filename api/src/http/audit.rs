@@ -50,6 +50,7 @@ pub struct AuditQuery {
     /// Entries before this time (RFC 3339).
     pub until: Option<DateTime<Utc>>,
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,

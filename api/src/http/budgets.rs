@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
-use super::error::ApiError;
+use super::error::{ApiError, Problem};
 use super::extract::{Json, Path, Query};
 use super::tenant::{OrgScope, ProjectScope};
 use super::AppState;
@@ -41,7 +41,8 @@ pub struct BudgetList {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetBudget {
-    /// Dollars per period, 0 to 100,000,000.
+    /// Dollars per period, 0 to 99,999,999.99.
+    #[schema(minimum = 0, maximum = 99_999_999.99)]
     pub usd_limit: f64,
     /// Hard (the default): crew steps stop too. Soft: only new runs are held.
     #[serde(default = "yes")]
@@ -77,9 +78,10 @@ pub struct SpendList {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct SpendQuery {
-    /// The first day (UTC, `YYYY-MM-DD`); 30 days before `to` by default.
+    /// The first day (UTC, `YYYY-MM-DD`); 30 days before `to` by default. At most `to`, and
+    /// at most 366 days before it: a wider window is refused (400).
     pub from: Option<NaiveDate>,
-    /// The last day (UTC); today by default.
+    /// The last day (UTC); today by default. At least `from`, and at most 366 days after it.
     pub to: Option<NaiveDate>,
     /// A project's slug, to see only its spend.
     pub project: Option<String>,
@@ -189,10 +191,12 @@ pub async fn remove_project(State(state): State<AppState>, scope: ProjectScope, 
 }
 
 /// Spend per project and UTC day, newest first, from sessions' cost: the host's estimate while a
-/// session runs, the harness's reported cost once it comes (viewer).
+/// session runs, the harness's reported cost once it comes (viewer). The window from `from`
+/// to `to` is at most 366 days.
 #[utoipa::path(get, path = "/orgs/{org}/spend", operation_id = "list_spend", tag = "budgets",
     params(("org" = String, Path, description = "Org slug"), SpendQuery),
-    responses((status = 200, body = SpendList)))]
+    responses((status = 200, body = SpendList),
+              (status = 400, description = "`from` after `to`, or more than 366 days before it", body = Problem, content_type = "application/problem+json")))]
 pub async fn spend(State(state): State<AppState>, scope: OrgScope, Query(q): Query<SpendQuery>) -> Result<Json<SpendList>, ApiError> {
     scope.require(Role::Viewer)?;
     let to = q.to.unwrap_or_else(|| Utc::now().date_naive());

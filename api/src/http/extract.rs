@@ -31,9 +31,45 @@ fn is_json(ct: &str) -> bool {
     ct == "application/json" || (ct.starts_with("application/") && ct.ends_with("+json"))
 }
 
-/// Parses JSON, naming what is wrong (with its line and column) in a 400.
+/// Parses JSON, naming what is wrong (with its line and column) in a 400. Every body of
+/// this API is an object (serde would also fill a struct from an array), and no text in it
+/// may hold NUL (`\u0000`), which PostgreSQL cannot store.
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| *b != b'{') {
+        return Err(ApiError::BadRequest("invalid JSON body: it must be an object, `{…}`".into()));
+    }
+    if has_nul_escape(bytes) {
+        return Err(ApiError::BadRequest("invalid JSON body: text may not contain NUL (\\u0000)".into()));
+    }
     serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+}
+
+/// Whether JSON text holds the escape `\u0000`. A backslash in valid JSON only starts an
+/// escape inside a string, so the bytes after each one say which; `\\u0000` (an escaped
+/// backslash, then text) is not one.
+fn has_nul_escape(bytes: &[u8]) -> bool {
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            if bytes.get(i + 1) == Some(&b'u') && bytes.get(i + 2..i + 6) == Some(b"0000") {
+                return true;
+            }
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    false
+}
+
+/// Refuses a request whose path or query holds NUL (`%00`), which no id, name or filter can
+/// contain and PostgreSQL cannot compare: a 400, before any handler reads it.
+pub async fn refuse_nul(req: Request, next: axum::middleware::Next) -> Response {
+    let uri = req.uri();
+    if uri.path().contains("%00") || uri.query().is_some_and(|q| q.contains("%00")) {
+        return ApiError::BadRequest("the path and query may not contain NUL (%00)".into()).into_response();
+    }
+    next.run(req).await
 }
 
 /// A JSON request body.
@@ -102,9 +138,11 @@ impl<S: Send + Sync> FromRequest<S> for WorkflowSource {
         if !yaml {
             return Err(ApiError::UnsupportedMediaType("send the workflow as application/yaml, or as JSON {\"source\": \"…\"}".into()));
         }
-        String::from_utf8(bytes.to_vec())
-            .map(WorkflowSource)
-            .map_err(|e| ApiError::BadRequest(format!("the workflow is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to())))
+        let text = String::from_utf8(bytes.to_vec()).map_err(|e| ApiError::BadRequest(format!("the workflow is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to())))?;
+        if text.contains('\0') {
+            return Err(ApiError::BadRequest("the workflow may not contain NUL characters".into()));
+        }
+        Ok(WorkflowSource(text))
     }
 }
 
@@ -136,6 +174,15 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
     }
 }
 
+/// A short text field of a body, refused (never cut) past `max` characters, as the
+/// document's `maxLength` for it says.
+pub fn at_most(field: &str, value: Option<String>, max: usize) -> Result<Option<String>, ApiError> {
+    match value {
+        Some(v) if v.chars().count() > max => Err(ApiError::Unprocessable(format!("{field} must be at most {max} characters"))),
+        other => Ok(other),
+    }
+}
+
 /// The `Idempotency-Key` header of a create-POST, when given: 1 to 255 visible ASCII
 /// characters.
 pub struct IdempotencyKey(pub Option<String>);
@@ -153,5 +200,19 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
             return Err(bad());
         }
         Ok(IdempotencyKey(Some(text.to_owned())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_nul_escape;
+
+    #[test]
+    fn a_nul_escape_is_told_from_an_escaped_backslash_before_the_same_text() {
+        assert!(has_nul_escape(br#"{"a": "x\u0000"}"#));
+        assert!(has_nul_escape(br#"{"a": "\\\u0000"}"#));
+        assert!(!has_nul_escape(br#"{"a": "\\u0000"}"#));
+        assert!(has_nul_escape(br#"{"a": "\u00001"}"#), "NUL, then the text 1");
+        assert!(!has_nul_escape(br#"{"a": "\u0001 \n \\"}"#));
     }
 }

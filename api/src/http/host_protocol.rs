@@ -92,10 +92,12 @@ pub struct StepPath {
 pub struct RegisterHost {
     /// The host's name in lists (`build-box-3`).
     pub name: String,
-    /// What it offers: `linux`, `arm64`, `gpu`, `harness:claude-code`, …
+    /// What it offers: `linux`, `arm64`, `gpu`, `harness:claude-code`, …; at most 64.
     #[serde(default)]
+    #[schema(max_items = 64)]
     pub capabilities: Vec<String>,
     /// Steps it runs at once, 1 to 64 (1 by default).
+    #[schema(minimum = 1, maximum = 64)]
     pub max_concurrent: Option<u32>,
 }
 
@@ -122,11 +124,11 @@ pub async fn register(State(state): State<AppState>, caller: Caller, Json(body):
     for c in &body.capabilities {
         caps.push(Capability::parse(c).map_err(|e| ApiError::Unprocessable(e.to_string()))?);
     }
-    caps.sort();
-    caps.dedup();
     if caps.len() > 64 {
         return Err(ApiError::Unprocessable("at most 64 capabilities".into()));
     }
+    caps.sort();
+    caps.dedup();
     let mut ch = Change::begin(&state.db, Actor::Token(caller.jti)).await?;
     let new = NewHost { org: caller.org, project, name: &body.name, capabilities: &caps, max_concurrent: body.max_concurrent.unwrap_or(1), registration: caller.jti };
     let host = store::register(&mut ch, &new).await?;
@@ -144,11 +146,15 @@ pub struct ClaimRequest {
     /// Steps wanted now, 0 to 64 (the host's free slots; the server also counts them against
     /// the host's `max_concurrent`). 0 only watches the held steps.
     #[serde(default)]
+    #[schema(maximum = 64)]
     pub max: u32,
     /// Seconds to wait for work, 0 to 30 (30 by default).
+    #[schema(maximum = 30)]
     pub wait_secs: Option<u32>,
-    /// The steps the host runs now (`step-…`): the answer names those it must stop.
+    /// The steps the host runs now (`step-…`), at most 64: the answer names those it must
+    /// stop.
     #[serde(default)]
+    #[schema(max_items = 64)]
     pub held: Vec<String>,
 }
 
@@ -259,7 +265,11 @@ pub async fn claim(State(state): State<AppState>, me: HostCaller, Json(body): Js
     if body.held.len() > store::MAX_SLOTS as usize {
         return Err(ApiError::Unprocessable(format!("held names at most {} steps", store::MAX_SLOTS)));
     }
-    let wait = Duration::from_secs(u64::from(body.wait_secs.unwrap_or(MAX_WAIT_SECS).min(MAX_WAIT_SECS)));
+    let wait_secs = body.wait_secs.unwrap_or(MAX_WAIT_SECS);
+    if wait_secs > MAX_WAIT_SECS {
+        return Err(ApiError::Unprocessable(format!("wait_secs is at most {MAX_WAIT_SECS}")));
+    }
+    let wait = Duration::from_secs(u64::from(wait_secs));
     let held: Vec<StepId> = body.held.iter().map(|s| s.parse().map_err(|_| ApiError::BadRequest(format!("`{}` is not a step id", cap(s))))).collect::<Result<_, _>>()?;
     let deadline = tokio::time::Instant::now() + wait;
     // Subscribed before the first look, so nothing that happens meanwhile is missed.

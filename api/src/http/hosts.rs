@@ -49,9 +49,12 @@ pub struct HostList {
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRegistration {
-    /// What the token is for (`build-box-3`); `host registration` by default.
+    /// What the token is for (`build-box-3`), at most 100 printable characters; `host
+    /// registration` by default.
+    #[schema(max_length = 100)]
     pub name: Option<String>,
     /// 1 to 168 hours (24 by default).
+    #[schema(minimum = 1, maximum = 168)]
     pub expires_in_hours: Option<u32>,
 }
 
@@ -71,6 +74,7 @@ pub struct ListQuery {
     #[serde(default)]
     pub include_deregistered: bool,
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -116,8 +120,9 @@ pub async fn register(State(state): State<AppState>, scope: ProjectScope, JsonOr
     if !(1..=MAX_HOURS).contains(&hours) {
         return Err(ApiError::Unprocessable(format!("expires_in_hours must be between 1 and {MAX_HOURS}")));
     }
-    let name = body.name.as_deref().map(str::trim).filter(|n| !n.is_empty()).unwrap_or("host registration").to_owned();
-    if name.chars().count() > 100 || name.chars().any(char::is_control) {
+    let given = body.name.as_deref().unwrap_or_default();
+    let name = Some(given.trim()).filter(|n| !n.is_empty()).unwrap_or("host registration").to_owned();
+    if given.chars().count() > 100 || name.chars().any(char::is_control) {
         return Err(ApiError::Unprocessable("name must be at most 100 printable characters".into()));
     }
     let mut ch = scope.change(&state).await?;

@@ -46,9 +46,11 @@ pub struct InstallationList {
 #[serde(deny_unknown_fields)]
 pub struct ClaimInstallation {
     /// GitHub's installation id (the setup URL's `installation_id`).
+    #[schema(minimum = 1)]
     pub installation_id: i64,
     /// A GitHub user access token of this App for a person who can access the installation:
-    /// it is used once, to ask GitHub, and never stored.
+    /// it is used once, to ask GitHub, and never stored. Up to 1,000 visible ASCII characters.
+    #[schema(min_length = 1, max_length = 1000, pattern = "^[!-~]+$")]
     pub github_token: String,
 }
 
@@ -96,8 +98,9 @@ pub async fn claim(State(state): State<AppState>, scope: OrgScope, Json(body): J
     if body.installation_id <= 0 {
         return Err(ApiError::Unprocessable("installation_id must be a GitHub installation id".into()));
     }
-    let token = body.github_token.trim();
-    if token.is_empty() || token.len() > 1_000 {
+    // Sent to GitHub as a header: visible ASCII only (GitHub's tokens are `gh?_` and base62).
+    let token = body.github_token.as_str();
+    if token.is_empty() || token.len() > 1_000 || !token.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ApiError::Unprocessable("github_token must be a GitHub user access token".into()));
     }
     let id = body.installation_id;

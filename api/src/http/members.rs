@@ -52,6 +52,7 @@ pub struct ChangeRole {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -108,7 +109,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 
 /// Adds a person by email with a role (admin; owner to add an owner).
 #[utoipa::path(post, path = "/orgs/{org}/members", operation_id = "add_member", tag = "members",
-    params(("org" = String, Path, description = "Org slug"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe")),
+    params(("org" = String, Path, description = "Org slug"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body = AddMember,
     responses((status = 201, body = Member), (status = 409, description = "Already a member", body = Problem, content_type = "application/problem+json")))]
 pub async fn add(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<AddMember>) -> Result<Response, ApiError> {

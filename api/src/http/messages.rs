@@ -30,6 +30,7 @@ pub struct StepPath {
 #[serde(deny_unknown_fields)]
 pub struct SendMessage {
     /// What to tell the agent, 1 to 20,000 characters.
+    #[schema(min_length = 1, max_length = 20_000)]
     pub text: String,
 }
 

@@ -276,6 +276,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(extract::refuse_nul))
         // From the inside out: a declared body over the limit is refused before it is read; the
         // handler is bounded in time; the rates are checked before anything else runs.
         .layer(axum::middleware::from_fn(limits::declared_body_limit))

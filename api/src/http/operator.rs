@@ -13,14 +13,16 @@ use utoipa::ToSchema;
 
 use super::auth::Role;
 use super::error::{ApiError, Problem};
-use super::extract::{Json, JsonOrEmpty, Path};
+use super::extract::{at_most, Json, JsonOrEmpty, Path};
 use super::tenant::ProjectScope;
 use super::AppState;
 
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResolveRun {
-    /// Why it needs nothing more (kept in the event and the audit log).
+    /// Why it needs nothing more (kept in the event and the audit log), at most 200
+    /// characters.
+    #[schema(max_length = 200)]
     pub note: Option<String>,
 }
 
@@ -60,7 +62,7 @@ pub async fn resolve(State(state): State<AppState>, scope: ProjectScope, Path(p)
         .fetch_optional(ch.conn())
         .await?;
     in_project.ok_or_else(not_found)?;
-    let note = body.note.map(|n| n.chars().take(200).collect::<String>());
+    let note = at_most("note", body.note, 200)?;
     operator::resolve(&mut ch, scope.org.org, run, note.as_deref()).await?;
     let (resolved_at, resolved_by): (DateTime<Utc>, String) =
         sqlx::query_as("SELECT resolved_at, resolved_by FROM runs WHERE run_id = $1").bind(run).fetch_one(ch.conn()).await?;

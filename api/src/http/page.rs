@@ -1,4 +1,5 @@
-//! Keyset paging for every list: `limit` (50 by default, at most 200) and an opaque `cursor`,
+//! Keyset paging for every list: `limit` (50 by default, 1 to 200: anything else is refused,
+//! as the document's bounds say) and an opaque `cursor`,
 //! the base64url of the last row's sort key as JSON. Never `OFFSET`: a page is "the rows
 //! after this key", so rows inserted while a client pages cannot shift or repeat what it reads.
 
@@ -12,11 +13,12 @@ use super::error::ApiError;
 pub const DEFAULT_LIMIT: u32 = 50;
 pub const MAX_LIMIT: u32 = 200;
 
-/// The page size to use; a limit above the maximum is lowered to it, zero is refused.
+/// The page size to use: the default when none is asked, and a limit outside 1 to
+/// [`MAX_LIMIT`] refused (never lowered to fit), as the document's bounds for `limit` say.
 pub fn limit(asked: Option<u32>) -> Result<i64, ApiError> {
     match asked {
-        Some(0) => Err(ApiError::BadRequest("limit must be between 1 and 200".into())),
-        Some(n) => Ok(i64::from(n.min(MAX_LIMIT))),
+        Some(n) if (1..=MAX_LIMIT).contains(&n) => Ok(i64::from(n)),
+        Some(_) => Err(ApiError::BadRequest(format!("limit must be between 1 and {MAX_LIMIT}"))),
         None => Ok(i64::from(DEFAULT_LIMIT)),
     }
 }

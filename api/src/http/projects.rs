@@ -32,9 +32,11 @@ pub struct ProjectList {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateProject {
-    /// 1-63 lowercase letters, digits and dashes.
+    /// 1-63 lowercase letters, digits and dashes, not starting with a dash.
+    #[schema(min_length = 1, max_length = 63, pattern = "^[a-z0-9][a-z0-9-]*$")]
     pub slug: String,
-    /// Display name (the slug by default).
+    /// Display name (the slug by default), at most 200 characters.
+    #[schema(max_length = 200)]
     pub name: Option<String>,
 }
 
@@ -43,6 +45,7 @@ pub struct CreateProject {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -73,14 +76,14 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 
 /// Creates a project (admin).
 #[utoipa::path(post, path = "/orgs/{org}/projects", operation_id = "create_project", tag = "projects",
-    params(("org" = String, Path, description = "Org slug"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe")),
+    params(("org" = String, Path, description = "Org slug"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body = CreateProject,
     responses((status = 201, body = Project), (status = 409, description = "The slug is taken", body = Problem, content_type = "application/problem+json")))]
 pub async fn create(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<CreateProject>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     let slug = Slug::parse(&body.slug).map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     let name = body.name.as_deref().map(str::trim).filter(|n| !n.is_empty()).unwrap_or(slug.as_str()).to_owned();
-    if name.chars().count() > 200 {
+    if body.name.as_deref().unwrap_or_default().chars().count() > 200 {
         return Err(ApiError::Unprocessable("name must be at most 200 characters".into()));
     }
     let mut ch = scope.change(&state).await?;

@@ -21,7 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::auth::Role;
 use super::error::{ApiError, Problem};
 use super::events::RunEvent;
-use super::extract::{IdempotencyKey, Json, JsonOrEmpty, Path, Query};
+use super::extract::{at_most, IdempotencyKey, Json, JsonOrEmpty, Path, Query};
 use super::tenant::ProjectScope;
 use super::{idempotency, page, AppState};
 
@@ -183,6 +183,8 @@ pub struct SubmitRun {
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelRun {
+    /// Why, at most 200 characters.
+    #[schema(max_length = 200)]
     pub reason: Option<String>,
 }
 
@@ -203,6 +205,8 @@ pub struct RetryRun {
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RejectApproval {
+    /// Why, at most 200 characters.
+    #[schema(max_length = 200)]
     pub reason: Option<String>,
 }
 
@@ -225,9 +229,11 @@ pub struct Decision {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// `running`, `completed`, `failed` or `cancelled`.
+    #[param(pattern = "^(running|completed|failed|cancelled)$")]
     pub status: Option<String>,
     /// A running run's substate: `queued`, `executing`, `waiting_for_agent`, `unroutable`,
     /// `sleeping`, `awaiting_signal`, `awaiting_child`, `awaiting_lease` or `held`.
+    #[param(pattern = "^(queued|executing|waiting_for_agent|unroutable|sleeping|awaiting_signal|awaiting_child|awaiting_lease|held)$")]
     pub substate: Option<String>,
     /// A workflow's name.
     pub workflow: Option<String>,
@@ -236,6 +242,7 @@ pub struct ListQuery {
     /// Dry runs are listed apart: `true` lists only them, `false` (the default) none of them.
     pub dry_run: Option<bool>,
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -256,6 +263,7 @@ pub struct EventsQuery {
     /// Events after this sequence number (0 by default: from the first).
     pub after: Option<i64>,
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
 }
 
@@ -355,12 +363,19 @@ async fn load(conn: &mut PgConnection, scope: &ProjectScope, run: RunId) -> Resu
 }
 
 /// A run read inside the change that just made or ended it: a new run has started nothing
-/// yet, so it is queued; an ended one has no substate.
-async fn load_fresh(conn: &mut PgConnection, scope: &ProjectScope, run: RunId) -> Result<Run, ApiError> {
-    let mut run = load(conn, scope, run).await?;
+/// yet, so it is queued, or waits for its `$start` approval when its workflow says
+/// `approval: required` (`substate::start_approval`); an ended one has no substate.
+async fn load_fresh(conn: &mut PgConnection, scope: &ProjectScope, id: RunId) -> Result<Run, ApiError> {
+    let mut run = load(conn, scope, id).await?;
     if run.status == "running" {
-        run.substate = Some("queued".into());
-        run.words = "queued".into();
+        let awaits_start: bool = sqlx::query_scalar("SELECT needs_approval AND NOT dry_run FROM runs WHERE org_id = $1 AND run_id = $2")
+            .bind(scope.org.org)
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?;
+        let substate = if awaits_start { substate::start_approval() } else { substate::Substate::Queued { held_by: None, ahead: None } };
+        run.substate = Some(substate.name().to_owned());
+        run.words = substate.words();
     }
     Ok(run)
 }
@@ -508,7 +523,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
 /// `held`: `why` says by what) or refuse it.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs", operation_id = "submit_run", tag = "runs",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried submit safe")),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried submit safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body = SubmitRun,
     responses((status = 201, body = Run),
               (status = 409, description = "Refused by its concurrency group (policy `skip`, the group is full)", body = Problem, content_type = "application/problem+json"),
@@ -608,8 +623,9 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
 pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<CancelRun>) -> Result<Json<Run>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
-    let reason = match body.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
-        Some(why) => format!("cancelled: {}", why.chars().take(200).collect::<String>()),
+    let reason = at_most("reason", body.reason, 200)?;
+    let reason = match reason.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
+        Some(why) => format!("cancelled: {why}"),
         None => "cancelled".to_owned(),
     };
     let (state, scope, reason) = (&state, &scope, &reason);
@@ -684,7 +700,7 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
 /// `run.edit_retry`, with a `run.edited` event). A retry keeps the edits of the run it retries.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/retry", operation_id = "retry_run", tag = "runs",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"),
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe")),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body(content = Option<RetryRun>, description = "Optional: a crew node to run with a new prompt, model or harness"),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json"),
               (status = 422, description = "No such crew node, or an invalid prompt, model or harness", body = Problem, content_type = "application/problem+json")))]
@@ -701,7 +717,7 @@ pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: Idem
 /// Reruns a finished run with the same input, from the start or from `?from=<node>` (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/rerun", operation_id = "rerun_run", tag = "runs",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), RerunQuery,
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe")),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running", body = Problem, content_type = "application/problem+json"),
               (status = 422, description = "No such node", body = Problem, content_type = "application/problem+json")))]
 pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
@@ -772,7 +788,7 @@ pub async fn approve(State(state): State<AppState>, scope: ProjectScope, Path(p)
 pub async fn reject(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(body): JsonOrEmpty<RejectApproval>) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
-    let reason = body.reason.map(|r| r.chars().take(200).collect::<String>());
+    let reason = at_most("reason", body.reason, 200)?;
     let (state, scope, node, reason) = (&state, &scope, &p.node, reason.as_deref());
     let (step, answer) = retry_busy(move || async move {
         let mut ch = scope.change(state).await?;

@@ -46,11 +46,13 @@ pub struct TokenList {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
-    /// What the token is for, e.g. `ci`.
+    /// What the token is for, e.g. `ci`: 1 to 100 printable characters.
+    #[schema(min_length = 1, max_length = 100)]
     pub name: String,
     /// At most the caller's own role, which is the default.
     pub role: Option<Role>,
     /// 1 to 365 days (90 by default).
+    #[schema(minimum = 1, maximum = 365)]
     pub expires_in_days: Option<u32>,
 }
 
@@ -67,6 +69,7 @@ pub struct CreatedToken {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -116,7 +119,7 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): 
         return Err(ApiError::Forbidden(format!("a token cannot have a higher role ({}) than its creator's ({})", role.as_str(), scope.role().as_str())));
     }
     let name = body.name.trim();
-    if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
+    if name.is_empty() || body.name.chars().count() > 100 || name.chars().any(char::is_control) {
         return Err(ApiError::Unprocessable("name must be 1 to 100 printable characters".into()));
     }
     let days = body.expires_in_days.unwrap_or(DEFAULT_DAYS);

@@ -118,6 +118,7 @@ pub struct DeliveryList {
 #[into_params(parameter_in = Query)]
 pub struct DeliveryQuery {
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,

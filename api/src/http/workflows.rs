@@ -88,6 +88,7 @@ pub struct SourceBody {
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -166,8 +167,8 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
 /// when the text is the latest version's already; 422 lists every problem.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/workflows", operation_id = "create_workflow_version", tag = "workflows",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe")),
-    request_body(content((String = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
               (status = 422, description = "Every validation problem", body = Problem, content_type = "application/problem+json")))]
 pub async fn create(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {
@@ -180,7 +181,7 @@ pub async fn create(State(state): State<AppState>, scope: ProjectScope, key: Ide
 /// Validates a workflow without saving it (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/validate-workflow", operation_id = "validate_workflow", tag = "workflows",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
-    request_body(content((String = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML"),
+    request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 200, body = Validation)))]
 pub async fn validate(scope: ProjectScope, WorkflowSource(source): WorkflowSource) -> Result<Json<Validation>, ApiError> {
     scope.require(Role::Member)?;
@@ -212,7 +213,7 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
 /// as the POST.
 #[utoipa::path(put, path = "/orgs/{org}/projects/{project}/workflows/{name}", operation_id = "put_workflow_version", tag = "workflows",
     params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("name" = String, Path, description = "Workflow name")),
-    request_body(content((String = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML"),
+    request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
               (status = 422, description = "Every validation problem", body = Problem, content_type = "application/problem+json")))]
 pub async fn put(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {

@@ -29,6 +29,7 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
     let json = Some("application/json");
     let (post, get, patch, delete) = (Method::POST, Method::GET, Method::PATCH, Method::DELETE);
     let runs = format!("{p}/runs");
+    let long_reason = format!("{{\"reason\": \"{}\"}}", "r".repeat(201));
     let deep = format!("{{\"workflow\":\"approve\",\"input\":{{\"x\":{}1{}}}}}", "[".repeat(5000), "]".repeat(5000));
     let cases = vec![
         // Malformed JSON, wrong types, unknown fields.
@@ -50,9 +51,38 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         bad(post.clone(), &format!("{runs}/{run}/approvals/ask"), json, b"{\"ticket\": 1e999}", 400, "bad-request"),
         bad(get.clone(), &format!("{runs}?limit=99999999999999999999"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{runs}?limit=-1"), None, b"", 400, "bad-request"),
+        // Outside a documented bound: refused, never cut or lowered to fit.
+        bad(get.clone(), &format!("{runs}?limit=2147483648"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}?limit=201"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}/{run}/events?limit=0"), None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/audit?limit=500", None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/spend?from=2025-01-01&to=2026-01-03", None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/spend?from=2025-02-01&to=2025-01-01", None, b"", 400, "bad-request"),
+        bad(post.clone(), &format!("{runs}/{run}/cancel"), json, long_reason.as_bytes(), 422, "unprocessable"),
+        bad(post.clone(), &format!("{runs}/{run}/approvals/ask/reject"), json, long_reason.as_bytes(), 422, "unprocessable"),
+        bad(post.clone(), "/api/v1/orgs/acme/tokens", json, format!("{{\"name\": \"{}\"}}", "n".repeat(101)).as_bytes(), 422, "unprocessable"),
+        bad(post.clone(), &format!("{p}/host-registrations"), json, format!("{{\"name\": \"{}\"}}", "n".repeat(101)).as_bytes(), 422, "unprocessable"),
+        bad(post.clone(), &format!("{p}/host-registrations"), json, b"{\"expires_in_hours\": 169}", 422, "unprocessable"),
+        bad(Method::PUT, &format!("{p}/budgets/day"), json, b"{\"usd_limit\": 100000000}", 422, "unprocessable"),
+        bad(Method::PUT, "/api/v1/orgs/acme/budgets/day", json, b"{\"usd_limit\": 99999999.999999}", 422, "unprocessable"),
+        // Just past the largest: floats are read exactly, not to the nearest unit in the last place.
+        bad(Method::PUT, "/api/v1/orgs/acme/budgets/day", json, b"{\"usd_limit\": 99999999.99000001}", 422, "unprocessable"),
         bad(get.clone(), &format!("{runs}/{run}/events?after=1e999"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{runs}/{run}/events?after=99999999999999999999"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{p}/workflows/approve/versions/99999999999999999999"), None, b"", 404, "not-found"),
+        // NUL, which PostgreSQL cannot hold: in a path, a query, a JSON body and a workflow.
+        bad(get.clone(), &format!("{p}/workflows/a%00b"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{runs}?workflow=a%00b"), None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/audit?actor=user:%00", None, b"", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"a\\u0000b\"}", 400, "bad-request"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"input\": {\"x\": \"\\u0000\"}}", 400, "bad-request"),
+        bad(post.clone(), &format!("{p}/workflows"), Some("application/yaml"), b"name: a\x00b\nnodes: {}\n", 400, "bad-request"),
+        bad(post.clone(), &format!("{p}/validate-workflow"), json, b"{\"source\": \"name: a\\u0000\"}", 400, "bad-request"),
+        // A body that is not an object, though serde would read a struct from an array.
+        bad(post.clone(), &format!("{p}/host-registrations"), json, b"[null, null]", 400, "bad-request"),
+        bad(post.clone(), &format!("{runs}/{run}/cancel"), json, b"[\"why\"]", 400, "bad-request"),
+        // A GitHub token that cannot be a header is refused before GitHub is asked.
+        bad(post.clone(), "/api/v1/orgs/acme/github/installations", json, b"{\"installation_id\": 1, \"github_token\": \"gho_a\\nb\"}", 422, "unprocessable"),
         // Invalid UTF-8: in a JSON body, a YAML body, and a path.
         bad(post.clone(), &runs, json, b"\xff\xfe{", 400, "bad-request"),
         bad(post.clone(), &runs, json, b"{\"workflow\": \"\xff\"}", 400, "bad-request"),
@@ -98,6 +128,11 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         let answer = problem(status, &headers, &body);
         assert_eq!(answer.kind, format!("https://shopfloor.dev/problems/{}", case.kind), "{what}");
     }
+
+    // The largest documented budget is stored, not a 500 of the column's overflow.
+    let most = serde_json::json!({ "usd_limit": 99_999_999.99 });
+    let (status, _, body) = app.send(Method::PUT, &format!("{p}/budgets/day"), Some(&org.owner), Some(&most)).await;
+    assert!(status.is_success(), "{status}: {}", String::from_utf8_lossy(&body));
 
     // A body over 1 MiB is refused with 413, whether its length is announced or streamed.
     let big = format!("{{\"workflow\": \"approve\", \"input\": {{\"x\": \"{}\"}}}}", "a".repeat(2 << 20));

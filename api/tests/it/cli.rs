@@ -45,6 +45,14 @@ nodes:
     output: { github: comment, body: done }
 ";
 
+/// A run waits for a person before it starts.
+const GATED: &str = "name: gated
+approval: required
+nodes:
+  build:
+    crew: { harness: command, command: make, prompt: build it }
+";
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/workflows").join(name)
 }
@@ -270,6 +278,12 @@ async fn workflows_are_validated_pushed_listed_and_paused_on_the_server() {
     assert!(ran.stdout.contains(&format!("{}:7:19: nodes.build.after: there is no node `desing`", broken.display())), "{}", ran.stdout);
     let ran = s.cli(&["workflows", "validate", good.to_str().unwrap()]).ok();
     assert_eq!(ran.stdout.trim(), format!("{}: valid (issue-to-pr)", good.display()));
+    // Offline, each valid file says so; a broken one prints its problems as before.
+    let ran = Server::output(s.command(&["validate", good.to_str().unwrap(), broken.to_str().unwrap()]), None);
+    assert_eq!(ran.code, 1);
+    assert_eq!(ran.stdout, format!("ok {}\n{}", good.display(), offline.stdout));
+    let ran = Server::output(s.command(&["validate", good.to_str().unwrap()]), None).ok();
+    assert_eq!(ran.stdout, format!("ok {}\n", good.display()));
 
     // An invalid push is refused with every problem; nothing is stored.
     let ran = s.cli(&["workflows", "push", broken.to_str().unwrap()]);
@@ -356,7 +370,13 @@ async fn runs_are_submitted_shown_answered_rejected_cancelled_retried_and_rerun(
     assert_eq!(ran.stdout.trim(), format!("rejected ask on {run2}: the run is cancelled"));
     let got = s.until(&run2, "cancelled", |r| r["status"] == "cancelled").await;
     assert_eq!(got["reason"], "rejected at ask: too big");
-    assert_eq!(s.cli(&["reject", &run2, "ask"]).code, 2, "--reason is required");
+    // The reason may be left out, as the API allows.
+    let run2b = s.cli(&["runs", "submit", "ship"]).ok().stdout.trim().to_owned();
+    s.until(&run2b, "its approval", is_waiting).await;
+    let ran = s.cli(&["reject", &run2b]).ok();
+    assert_eq!(ran.stdout.trim(), format!("rejected ask on {run2b}: the run is cancelled"));
+    let got = s.until(&run2b, "cancelled", |r| r["status"] == "cancelled").await;
+    assert_eq!(got["reason"], "rejected at ask: no reason given");
 
     // Cancel, then retry and rerun: new runs that name their source.
     let run3 = s.cli(&["runs", "submit", "ship"]).ok().stdout.trim().to_owned();
@@ -481,7 +501,12 @@ async fn tokens_hosts_and_budgets() {
     assert_eq!(ci.split('.').count(), 3, "a JWT alone on standard output: {}", ran.stdout);
     assert!(ran.stderr.contains("shown this once"), "{}", ran.stderr);
 
+    // A role that is none: the roles, on one line, and nothing is made.
+    let ran = s.cli(&["tokens", "create", "--name", "root", "--role", "superuser"]).fails(2, "error: --role `superuser` is not a role: give one of viewer, member, admin, owner");
+    assert_eq!(ran.stdout, "");
+
     let ran = s.cli(&["tokens", "list"]).ok();
+    assert!(!ran.stdout.contains("root"), "{}", ran.stdout);
     assert!(ran.stdout.lines().any(|l| l.contains("  ci  ") && l.contains("member") && l.ends_with("active")), "{}", ran.stdout);
     let listed = s.cli(&["tokens", "list", "--json"]).ok();
     assert_eq!(listed.stdout.trim_end(), s.api_bytes("/api/v1/orgs/acme/tokens").await);
@@ -541,7 +566,26 @@ async fn tokens_hosts_and_budgets() {
     assert!(s.cli(&["hosts", "list"]).ok().stdout.contains("(drained "));
     assert_eq!(s.cli(&["hosts", "undrain", &id]).ok().stdout.trim(), "box-1 claims again");
     assert!(s.api("/api/v1/orgs/acme/projects/web/hosts").await["items"][0]["drained_at"].is_null());
-    s.cli(&["hosts", "drain", "host-nope"]).fails(1, "error: ");
+    // By its name, as `hosts list` shows it.
+    assert_eq!(s.cli(&["hosts", "drain", "box-1"]).ok().stdout.trim(), "box-1 drained: it claims nothing new");
+    assert!(s.api("/api/v1/orgs/acme/projects/web/hosts").await["items"][0]["drained_at"].is_string());
+    assert_eq!(s.cli(&["hosts", "undrain", "box-1"]).ok().stdout.trim(), "box-1 claims again");
+    assert!(s.api("/api/v1/orgs/acme/projects/web/hosts").await["items"][0]["drained_at"].is_null());
+    s.cli(&["hosts", "drain", "host-nope"]).fails(1, "error: no host named `host-nope` in acme/web: `shopfloor hosts list` shows their names and ids");
+    s.cli(&["hosts", "undrain", "host-nope"]).fails(1, "error: no host named `host-nope`");
+    s.cli(&["hosts", "drain", "00000000-0000-0000-0000-000000000000"]).fails(1, "error: Not found: host not found");
+    // Two hosts of one name: which one?
+    let reg: Value = s.http.post(format!("{}/api/v1/orgs/acme/projects/web/host-registrations", s.base)).bearer_auth(&s.token).send().await.unwrap().json().await.unwrap();
+    let again = s
+        .http
+        .post(format!("{}/api/v1/host/register", s.base))
+        .bearer_auth(reg["token"].as_str().unwrap())
+        .json(&json!({ "name": "box-1", "capabilities": ["linux"], "max_concurrent": 1 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 201);
+    s.cli(&["hosts", "drain", "box-1"]).fails(2, "2 hosts are named `box-1`: give one's id (");
 
     // Budgets: shown when the server has the route, else said plainly.
     let doc = s.api("/api/v1/openapi.json").await;
@@ -711,19 +755,191 @@ async fn runs_follow_in_a_terminal_answers_the_approval_with_a_and_sees_the_run_
     assert!(matches!(quit, expectrl::process::unix::WaitStatus::Exited(_, 0)), "{quit:?}");
     assert!(screen.contains("waiting for approval") && !screen.contains('\x1b'), "{screen}");
     assert!(is_waiting(&s.run(&run).await));
-    // `c` cancels, after a yes.
+    // `c` cancels, after a yes: the one key `y`, no Enter; any other key is a no.
     let cmd = s.with_env(s.command(&["runs", "follow", &run]));
     let question = format!("cancel {run}? [y/N] ");
     let cancelled = cmd_in_pty(cmd, move |p| {
         p.expect("press a to answer").unwrap();
         p.send("c").unwrap();
         p.expect(question.as_str()).unwrap();
-        p.send("y\r").unwrap();
+        p.send("n").unwrap();
+        p.expect("no").unwrap();
+        p.send("c").unwrap();
+        p.expect(question.as_str()).unwrap();
+        p.send("y").unwrap();
+        p.expect("yes").unwrap();
         p.expect("cancelled").unwrap();
         p.expect(Eof).unwrap();
     });
     assert!(matches!(cancelled, expectrl::process::unix::WaitStatus::Exited(_, 1)), "{cancelled:?}");
     assert_eq!(s.run(&run).await["status"], "cancelled");
+    s.finish().await;
+}
+
+/// `runs submit` says what the API says of the new run: a run of an `approval: required`
+/// workflow waits for its approval from the start, and is never shown `queued`.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_submit_says_a_run_waits_for_its_start_approval() {
+    let s = Server::start().await;
+    let gated = s.write("gated.yaml", GATED);
+    s.cli(&["workflows", "push", gated.to_str().unwrap()]).ok();
+    let ran = s.cli(&["runs", "submit", "gated"]).ok();
+    let run = ran.line().to_owned();
+    assert_eq!(ran.stderr.trim(), "submitted gated v1: waiting for approval");
+    assert!(!ran.stderr.contains("queued"), "{}", ran.stderr);
+    let ran = s.cli(&["runs", "submit", "gated", "--json"]).ok();
+    let answer: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!((answer["substate"].as_str(), answer["words"].as_str()), (Some("awaiting_signal"), Some("waiting for approval")), "{answer}");
+    let second = answer["id"].as_str().unwrap().to_owned();
+    // What the run says afterwards, before and after the engine opens the approval.
+    let why = s.cli(&["runs", "why", &run]).ok();
+    assert_eq!(why.stdout.trim(), "Waiting for approval to start: Start this run?");
+    s.until(&run, "its approval", is_waiting).await;
+    assert_eq!(s.run(&run).await["substate"], "awaiting_signal");
+    // A run of a workflow with no such approval is queued, as the API says.
+    let quick = s.write("quick.yaml", QUICK);
+    s.cli(&["workflows", "push", quick.to_str().unwrap()]).ok();
+    let ran = s.cli(&["runs", "submit", "quick", "--json"]).ok();
+    let answer: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(answer["substate"], "queued", "{answer}");
+    // A dry run answers its approval at once: it does not wait.
+    let ran = s.cli(&["runs", "submit", "gated", "--dry-run", "--json"]).ok();
+    let answer: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(answer["substate"], "queued", "{answer}");
+    let dry = answer["id"].as_str().unwrap().to_owned();
+    s.until(&dry, "completed", |r| r["status"] == "completed").await;
+    let quick_run = s.cli(&["runs", "list", "--json", "--workflow", "quick"]).ok();
+    let quick_run: Value = serde_json::from_str(&quick_run.stdout).unwrap();
+    s.until(quick_run["items"][0]["id"].as_str().unwrap(), "completed", |r| r["status"] == "completed").await;
+    for run in [run, second] {
+        s.until(&run, "its approval", is_waiting).await;
+        s.cli(&["runs", "cancel", &run]).ok();
+    }
+    s.finish().await;
+}
+
+/// A host's report over the host protocol, as the test's own host.
+async fn host_post(s: &Server, path: &str, token: &str, body: Value) -> Value {
+    let resp = s.http.post(format!("{}{path}", s.base)).bearer_auth(token).json(&body).send().await.unwrap();
+    assert!(resp.status().is_success(), "{path}: {}", resp.status());
+    resp.json::<Value>().await.unwrap()
+}
+
+/// The lines a running command prints on standard output, one a message.
+fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    rx
+}
+
+/// Waits for a line that contains `text`; returns every line seen until then.
+fn until_line(rx: &std::sync::mpsc::Receiver<String>, text: &str, seen: &mut Vec<String>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !seen.iter().any(|l| l.contains(text)) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) => seen.push(l),
+            Err(_) => panic!("`{text}` never showed; the lines so far: {seen:#?}"),
+        }
+    }
+}
+
+/// `runs submit --follow` follows the run as `runs follow` does: every transcript line of a
+/// crew step that starts running after the follower began, as the host reports them.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_submit_follow_shows_every_transcript_line_of_a_running_crew_step() {
+    let s = Server::for_hosts().await;
+    let solo = "name: solo\nnodes:\n  build:\n    crew: { harness: command, command: make, prompt: build it }\n";
+    let path = s.write("solo.yaml", solo);
+    s.cli(&["workflows", "push", path.to_str().unwrap()]).ok();
+    let reg = host_post(&s, "/api/v1/orgs/acme/projects/web/host-registrations", &s.token, json!({ "name": "box" })).await;
+    let cred = host_post(&s, "/api/v1/host/register", reg["token"].as_str().unwrap(), json!({ "name": "box", "capabilities": ["harness:command"], "max_concurrent": 1 })).await;
+    let host = cred["token"].as_str().unwrap().to_owned();
+
+    let mut follow = KillOnDrop(s.with_env(s.command(&["runs", "submit", "solo", "--follow"])).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let rx = lines_of(&mut follow.0);
+    let run = rx.recv_timeout(Duration::from_secs(30)).expect("the run's id");
+    assert!(run.starts_with("run-"), "{run}");
+
+    // The host claims the step (the claim waits until it is ready) and starts it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let step = loop {
+        let claimed = host_post(&s, "/api/v1/host/claim", &host, json!({ "max": 1, "wait_secs": 5 })).await;
+        if let Some(a) = claimed["assignments"].as_array().and_then(|a| a.first()) {
+            break a["step"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the step was never claimed: {claimed}");
+    };
+    host_post(&s, &format!("/api/v1/host/steps/{step}/start"), &host, json!({ "harness": "command" })).await;
+    let mut seen = Vec::new();
+    until_line(&rx, "running", &mut seen);
+    // Each line the session reports shows, one report after another.
+    for (seq, line) in [(1, "compiling widgets"), (2, "linking widgets"), (3, "all tests pass")] {
+        host_post(&s, &format!("/api/v1/host/steps/{step}/session"), &host, json!({ "harness": "command", "lines": [{ "seq": seq, "stream": "stdout", "line": line }] })).await;
+        until_line(&rx, line, &mut seen);
+    }
+    host_post(&s, &format!("/api/v1/host/steps/{step}/complete"), &host, json!({ "outcome": "succeeded" })).await;
+    until_line(&rx, &format!("{run} · solo v1 · completed"), &mut seen);
+    let status = follow.0.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{seen:#?}");
+    let transcript: Vec<&String> = seen.iter().filter(|l| l.contains("│")).collect();
+    assert_eq!(transcript.len(), 3, "each line once: {seen:#?}");
+    s.finish().await;
+}
+
+/// `hosts register` prints the command that starts a host with a new registration token;
+/// run as printed, on a machine of its own (here a directory), the host comes online.
+#[tokio::test(flavor = "multi_thread")]
+async fn hosts_register_prints_the_command_that_brings_a_host_online() {
+    let s = Server::for_hosts().await;
+    let ran = s.cli(&["hosts", "register", "--name", "box-2", "--capabilities", "linux,harness:command"]).ok();
+    let command = ran.line().to_owned();
+    let prefix = format!("shopfloor host --server {} --token ", s.base);
+    assert!(command.starts_with(&prefix) && command.ends_with(" --name box-2 --capabilities linux,harness:command"), "{command}");
+    assert!(ran.stderr.contains("shown this once") && ran.stderr.contains("acme/web"), "{}", ran.stderr);
+    // The token in it is the registration's, shown only here.
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let token = words[5];
+    assert_eq!(token.split('.').count(), 3, "{command}");
+    assert!(!ran.stderr.contains(token), "{}", ran.stderr);
+
+    let machine = tempfile::tempdir().unwrap();
+    let mut host = Command::new(BIN);
+    host.args(&words[1..]).current_dir(machine.path()).env("SHOPFLOOR_LOG", "warn").stdout(Stdio::null()).stderr(Stdio::inherit());
+    for (var, _) in std::env::vars().filter(|(k, _)| k.starts_with("SHOPFLOOR_") || k == "DATABASE_URL") {
+        host.env_remove(var);
+    }
+    let mut host = KillOnDrop(host.spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let online = loop {
+        let hosts = s.api("/api/v1/orgs/acme/projects/web/hosts").await;
+        if let Some(h) = hosts["items"].as_array().and_then(|a| a.iter().find(|h| h["name"] == "box-2" && h["last_seen_at"].is_string())) {
+            break h.clone();
+        }
+        assert!(Instant::now() < deadline, "the host never came online: {hosts}");
+        assert!(matches!(host.0.try_wait(), Ok(None)), "the host exited");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(online["capabilities"], json!(["harness:command", "linux"]));
+    assert!(s.cli(&["hosts", "list"]).ok().stdout.lines().any(|l| l.starts_with("box-2  ")));
+    // Drained by the name it came online with.
+    assert_eq!(s.cli(&["hosts", "drain", "box-2"]).ok().stdout.trim(), "box-2 drained: it claims nothing new");
+    // SAFETY: signalling our own child by its pid.
+    unsafe {
+        libc::kill(host.0.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let _ = host.0.wait();
+
+    // --json: the API's answer; bad input is the server's one line.
+    let ran = s.cli(&["hosts", "register", "--json"]).ok();
+    let reg: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert!(reg["token"].is_string() && reg["expires_at"].is_string(), "{reg}");
+    s.cli(&["hosts", "register", "--expires-in-hours", "1000"]).fails(1, "expires_in_hours must be between 1 and 168");
     s.finish().await;
 }
 

@@ -73,3 +73,29 @@ fn the_document_is_valid_openapi_3_1() {
     }
     assert!(ids.len() >= 30, "only {} operations documented", ids.len());
 }
+
+/// Every bound a handler enforces on a list is in the document: each `limit` parameter says
+/// 1 to the largest page, which is what the handlers accept (a value outside is refused, see
+/// `paging`), and the spend route says its window.
+#[test]
+fn the_document_states_the_bounds_the_handlers_enforce() {
+    let doc: serde_json::Value = serde_json::from_str(&generated()).unwrap();
+    let mut limits = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            for p in op["parameters"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                if p["name"] == "limit" && p["in"] == "query" {
+                    limits += 1;
+                    let s = &p["schema"];
+                    assert_eq!((s["minimum"].as_u64(), s["maximum"].as_u64()), (Some(1), Some(u64::from(api::http::page::MAX_LIMIT))), "{method} {path}: {s}");
+                }
+            }
+        }
+    }
+    assert!(limits >= 10, "only {limits} lists");
+    let spend = &doc["paths"]["/api/v1/orgs/{org}/spend"]["get"];
+    let from = spend["parameters"].as_array().unwrap().iter().find(|p| p["name"] == "from").unwrap();
+    assert!(from["description"].as_str().unwrap().contains("366 days"), "{from}");
+    assert_eq!(from["schema"]["format"], "date", "{from}");
+    assert!(spend["responses"]["400"]["description"].as_str().is_some_and(|d| d.contains("366 days")), "{spend}");
+}

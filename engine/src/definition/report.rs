@@ -1,5 +1,6 @@
 //! The offline check behind `shopfloor validate FILE…`: parse each file and print its
-//! problems as `FILE:LINE:COL: message`, one a line, as compilers do so editors can jump.
+//! problems as `FILE:LINE:COL: message`, one a line, as compilers do so editors can jump, or
+//! `ok FILE` for a file that is a valid workflow.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -20,6 +21,9 @@ pub fn validate_files(paths: &[PathBuf], out: &mut impl Write) -> bool {
             }],
         };
         all_valid &= problems.is_empty();
+        if problems.is_empty() {
+            let _ = writeln!(out, "ok {}", path.display());
+        }
         for problem in &problems {
             // A failed write (a closed pipe) must not turn into a verdict on the workflow,
             // which the return value gives either way.

@@ -777,19 +777,21 @@ fn validate_files_prints_file_line_col_message() {
     assert!(!report::validate_files(&paths, &mut out));
     let out = String::from_utf8(out).expect("utf-8");
     let lines: Vec<&str> = out.lines().collect();
+    let good = paths[0].display().to_string();
     let edges = paths[1].display().to_string();
     let missing = paths[2].display().to_string();
-    assert_eq!(lines.len(), 6, "{out}");
+    assert_eq!(lines.len(), 7, "{out}");
+    assert_eq!(lines[0], format!("ok {good}"));
     assert_eq!(
-        lines[0],
+        lines[1],
         format!("{edges}:5:14: nodes.plan.failure: there is no node `notify`")
     );
     assert_eq!(
-        lines[1],
+        lines[2],
         format!("{edges}:7:19: nodes.build.after: there is no node `desing`")
     );
     assert!(
-        lines[5].starts_with(&format!("{missing}:1:1: cannot read the file: ")),
+        lines[6].starts_with(&format!("{missing}:1:1: cannot read the file: ")),
         "{out}"
     );
 
@@ -801,7 +803,15 @@ fn validate_files_prints_file_line_col_message() {
         ],
         &mut out
     ));
-    assert!(out.is_empty());
+    let out = String::from_utf8(out).expect("utf-8");
+    assert_eq!(
+        out,
+        format!(
+            "ok {}\nok {}\n",
+            fixture_path("issue-to-pr.yaml").display(),
+            fixture_path("all-kinds.yaml").display()
+        )
+    );
 }
 
 #[test]

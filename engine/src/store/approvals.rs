@@ -12,6 +12,8 @@ use crate::state::{run, step};
 
 /// The node name of the run-level approval that `approval: required` adds.
 pub const RUN_APPROVAL_NODE: &str = "$start";
+/// The prompt of the `$start` approval.
+pub const START_PROMPT: &str = "Start this run?";
 
 /// Creates a waiting approval step with its form; with a timeout, the wake that resolves it.
 pub async fn open(

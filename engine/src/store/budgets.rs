@@ -217,12 +217,16 @@ fn check_period(period: &str) -> Result<()> {
     if period == "day" || period == "month" { Ok(()) } else { Err(StoreError::Invalid("period must be day or month".into())) }
 }
 
+/// The largest limit of a budget, in dollars.
+pub const MAX_USD_LIMIT: f64 = 99_999_999.99;
+
 /// Sets a limit of the org (`project: None`) or a project. Raising one releases the runs it
 /// held: they are admitted again, and those no other limit holds start.
 pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period: &str, usd_limit: f64, hard: bool) -> Result<()> {
     check_period(period)?;
-    if !usd_limit.is_finite() || !(0.0..=1e8).contains(&usd_limit) {
-        return Err(StoreError::Invalid("usd_limit must be between 0 and 100000000".into()));
+    // The column is numeric(12, 4): the largest limit that it holds, rounded, is below 1e8.
+    if !usd_limit.is_finite() || !(0.0..=MAX_USD_LIMIT).contains(&usd_limit) {
+        return Err(StoreError::Invalid(format!("usd_limit must be between 0 and {MAX_USD_LIMIT}")));
     }
     // The old limit, locked: admissions read it FOR SHARE.
     let before: Option<f64> = sqlx::query_scalar(

@@ -11,8 +11,9 @@
 //! read on a timer otherwise.
 //!
 //! On a terminal the screen is in raw mode and keys act: `a` answers the approval the run
-//! waits on (asking each field in turn), `c` cancels the run (after a yes), `q` or Ctrl-C
-//! quits. With `--json`, each of the run's events is printed as the API's JSON, one a line.
+//! waits on (asking each field in turn), `c` cancels the run (after a yes: the one key `y`,
+//! no Enter), `q` or Ctrl-C quits. Without a terminal no key is read: the follower says which
+//! commands answer or cancel instead. With `--json`, each of the run's events is printed as the API's JSON, one a line.
 //! The exit code is 0 when the run completes (or the user quits), 1 when it fails or is
 //! cancelled.
 
@@ -163,10 +164,11 @@ pub(crate) async fn follow(api: &Api, run: &str, json: bool, style: Style) -> Re
                 if !shown {
                     continue;
                 }
+                // The run first: the transcripts read next know from it which steps still run.
+                refresh(api, &screen, &mut state, json, keys).await?;
                 if !json {
                     transcripts(api, &screen, &mut state).await?;
                 }
-                refresh(api, &screen, &mut state, json, keys).await?;
             }
             _ = tick.tick(), if reading_logs => {
                 transcripts(api, &screen, &mut state).await?;
@@ -280,7 +282,9 @@ async fn refresh(api: &Api, screen: &Screen, state: &mut State, json: bool, keys
             if keys {
                 screen.line(&format!("  {}", screen.paint(Tint::Bold, "press a to answer, c to cancel the run, q to quit")));
             } else {
+                // No keys without a terminal: the commands that do the same.
                 screen.line(&format!("  answer with: shopfloor approve {} {}", state.run, a.node));
+                screen.line(&format!("  or cancel with: shopfloor runs cancel {}", state.run));
             }
         }
     }
@@ -314,10 +318,16 @@ async fn finish(api: &Api, screen: &Screen, state: &mut State, json: bool) -> Re
     Ok(if state.detail.run.status == "completed" { 0 } else { 1 })
 }
 
-/// Prints the new lines of each running crew step's log; forgets steps that have ended.
+/// Prints the new lines of each running crew step's log; forgets steps that have ended, after
+/// their last lines.
+///
+/// A step is forgotten only when the run, read before its log, shows it ended: the lines a
+/// step wrote before it ended are then all in the log read after. A step the run does not
+/// show yet (its `step.running` event came before the run was read again) is still running.
 async fn transcripts(api: &Api, screen: &Screen, state: &mut State) -> Result<(), ClientError> {
     let steps: Vec<(String, i64)> = state.transcripts.iter().map(|(k, v)| (k.clone(), *v)).collect();
     for (step, mut after) in steps {
+        let ended = state.detail.steps.iter().any(|s| s.id == step && !matches!(s.state.as_str(), "pending" | "running" | "leased"));
         loop {
             let url = with_query(api.project_url(&["runs", &state.run, "steps", &step, "logs"])?, &[("after", Some(&after.to_string())), ("limit", Some("200"))]);
             let page: LogPage = api.get(url).await?.json()?;
@@ -330,11 +340,10 @@ async fn transcripts(api: &Api, screen: &Screen, state: &mut State) -> Result<()
                 break;
             }
         }
-        let still_running = state.detail.steps.iter().any(|s| s.id == step && matches!(s.state.as_str(), "running" | "leased"));
-        if still_running {
-            state.transcripts.insert(step, after);
-        } else {
+        if ended {
             state.transcripts.remove(&step);
+        } else {
+            state.transcripts.insert(step, after);
         }
     }
     Ok(())
@@ -428,11 +437,32 @@ async fn answer(api: &Api, screen: &Screen, state: &mut State, term: &mut EventS
     }
 }
 
-/// `c`: cancels the run after a yes.
+impl RawPrompt<'_> {
+    /// Asks a yes-or-no question answered with one key, as the other keys of the screen act
+    /// at once: `y` is yes, any other key (or the terminal gone) no.
+    async fn yes(&mut self, question: &str) -> bool {
+        self.screen.partial(&format!("  {question}"));
+        loop {
+            match self.term.next().await {
+                Some(Ok(TermEvent::Key(k))) if k.kind != KeyEventKind::Release => {
+                    let yes = matches!(k.code, KeyCode::Char('y' | 'Y')) && !k.modifiers.contains(KeyModifiers::CONTROL);
+                    self.screen.line(if yes { "yes" } else { "no" });
+                    return yes;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => {
+                    self.screen.line("");
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// `c`: cancels the run after a yes (the one key `y`).
 async fn cancel(api: &Api, screen: &Screen, state: &State, term: &mut EventStream) {
     let mut prompt = RawPrompt { screen, term };
-    let Some(yes) = prompt.line(&format!("cancel {}? [y/N] ", state.run)).await else { return };
-    if !matches!(yes.trim(), "y" | "Y" | "yes") {
+    if !prompt.yes(&format!("cancel {}? [y/N] ", state.run)).await {
         return;
     }
     let sent = match api.project_url(&["runs", &state.run, "cancel"]) {

@@ -1,4 +1,5 @@
-//! `shopfloor workflows …`, `hosts list|drain|undrain`, `audit list`, `tokens …` and `budgets show`.
+//! `shopfloor workflows …`, `hosts list|register|drain|undrain`, `audit list`, `tokens …` and
+//! `budgets show`.
 
 use std::path::{Path, PathBuf};
 
@@ -203,14 +204,29 @@ enum HostsCommand {
         #[command(flatten)]
         page: PageArgs,
     },
+    /// Make a registration token for a new host and print the command that starts the host
+    /// with it, to paste on that machine; the token is in the command, shown this once (admin).
+    Register {
+        /// The new host's name, in lists (and the registration's); the machine's hostname
+        /// when not given.
+        #[arg(long)]
+        name: Option<String>,
+        /// What the host offers, comma-separated (`linux,harness:claude-code`), put in the
+        /// command; the host's default (`linux`) when not given.
+        #[arg(long)]
+        capabilities: Option<String>,
+        /// Hours the token may wait to be used, 1 to 168 (the server's default is 24).
+        #[arg(long)]
+        expires_in_hours: Option<u32>,
+    },
     /// Stops new claims for a host; the steps it holds run to their end (admin).
     Drain {
-        /// The host's id (`hosts list` shows it).
+        /// The host's name or id (`hosts list` shows them).
         host: String,
     },
     /// Lets a drained host claim again (admin).
     Undrain {
-        /// The host's id.
+        /// The host's name or id.
         host: String,
     },
 }
@@ -234,6 +250,9 @@ pub(super) async fn hosts(args: HostsArgs) -> Result<u8, ClientError> {
     let api = connect(&args.conn)?;
     let (all, page) = match args.cmd {
         HostsCommand::List { all, page } => (all, page),
+        HostsCommand::Register { name, capabilities, expires_in_hours } => {
+            return register(&api, name, capabilities, expires_in_hours, args.conn.json).await;
+        }
         HostsCommand::Drain { host } => return drain(&api, &host, "drain", args.conn.json).await,
         HostsCommand::Undrain { host } => return drain(&api, &host, "undrain", args.conn.json).await,
     };
@@ -260,8 +279,87 @@ pub(super) async fn hosts(args: HostsArgs) -> Result<u8, ClientError> {
     Ok(0)
 }
 
+#[derive(Deserialize)]
+struct Registration {
+    id: String,
+    token: String,
+    expires_at: DateTime<Utc>,
+}
+
+/// `hosts register`: the registration, then the command that starts the host with it.
+async fn register(api: &Api, name: Option<String>, capabilities: Option<String>, hours: Option<u32>, json: bool) -> Result<u8, ClientError> {
+    let mut body = serde_json::json!({});
+    if let Some(n) = &name {
+        body["name"] = n.as_str().into();
+    }
+    if let Some(h) = hours {
+        body["expires_in_hours"] = h.into();
+    }
+    let answer = api.post(api.project_url(&["host-registrations"])?, Body::Json(body)).await?;
+    if json {
+        say!("{}", answer.text());
+        return Ok(0);
+    }
+    let r: Registration = answer.json()?;
+    say!("{}", host_command(api.server(), &r.token, name.as_deref(), capabilities.as_deref()));
+    eprintln!(
+        "registration {} for {}/{}, usable once until {}; run the command above on the host (it holds the token, shown this once)",
+        r.id,
+        api.org()?,
+        api.project()?,
+        stamp(r.expires_at)
+    );
+    Ok(0)
+}
+
+/// The command that starts a host with a registration token: `shopfloor host --server … --token …`.
+fn host_command(server: &str, token: &str, name: Option<&str>, capabilities: Option<&str>) -> String {
+    let mut words = vec!["shopfloor".to_owned(), "host".into(), "--server".into(), shell_word(server), "--token".into(), shell_word(token)];
+    if let Some(n) = name {
+        words.extend(["--name".into(), shell_word(n)]);
+    }
+    if let Some(c) = capabilities {
+        words.extend(["--capabilities".into(), shell_word(c)]);
+    }
+    words.join(" ")
+}
+
+/// A word a POSIX shell reads back as itself: as is when it is plain, else single-quoted.
+fn shell_word(text: &str) -> String {
+    let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "-_.,:/@%+=".contains(c));
+    if plain {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// A host named by its id, or by its name among the project's registered hosts.
+async fn host_id(api: &Api, host: &str) -> Result<String, ClientError> {
+    if uuid::Uuid::parse_str(host).is_ok() {
+        return Ok(host.to_owned());
+    }
+    let mut found: Vec<String> = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let url = with_query(api.project_url(&["hosts"])?, &[("limit", Some("200")), ("cursor", cursor.as_deref())]);
+        let page: Page<Host> = api.get(url).await?.json()?;
+        found.extend(page.items.into_iter().filter(|h| h.name == host).map(|h| h.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    match found.as_slice() {
+        [id] => Ok(id.clone()),
+        [] => Err(ClientError::Failed(format!("no host named `{host}` in {}/{}: `shopfloor hosts list` shows their names and ids", api.org()?, api.project()?))),
+        many => Err(ClientError::Usage(format!("{} hosts are named `{host}`: give one's id ({})", many.len(), many.join(", ")))),
+    }
+}
+
 async fn drain(api: &Api, host: &str, verb: &str, json: bool) -> Result<u8, ClientError> {
-    let answer = api.post(api.project_url(&["hosts", host, verb])?, Body::None).await?;
+    let id = host_id(api, host).await?;
+    let answer = api.post(api.project_url(&["hosts", &id, verb])?, Body::None).await?;
     if json {
         say!("{}", answer.text());
     } else {
@@ -375,6 +473,19 @@ enum TokensCommand {
     Revoke { id: String },
 }
 
+/// The roles a token may have, lowest first.
+const ROLES: [&str; 4] = ["viewer", "member", "admin", "owner"];
+
+/// A role given on the command line, checked here so that a typo gets the roles in one line
+/// rather than the server's words about JSON.
+fn parse_role(text: &str) -> Result<&str, ClientError> {
+    if ROLES.contains(&text) {
+        Ok(text)
+    } else {
+        Err(ClientError::Usage(format!("--role `{text}` is not a role: give one of {}", ROLES.join(", "))))
+    }
+}
+
 #[derive(Deserialize)]
 struct Token {
     id: String,
@@ -400,8 +511,8 @@ pub(super) async fn tokens(args: TokensArgs) -> Result<u8, ClientError> {
     match args.cmd {
         TokensCommand::Create { name, role, expires_in_days } => {
             let mut body = serde_json::json!({ "name": name });
-            if let Some(r) = role {
-                body["role"] = r.into();
+            if let Some(r) = &role {
+                body["role"] = parse_role(r)?.into();
             }
             if let Some(d) = expires_in_days {
                 body["expires_in_days"] = d.into();

@@ -175,9 +175,10 @@ pub struct RejectArgs {
     run: String,
     /// The approval's node; needed only when the run waits on more than one.
     node: Option<String>,
-    /// Why: the run is cancelled with `rejected at <node>: <reason>`.
+    /// Why: the run is cancelled with `rejected at <node>: <reason>` (`rejected at <node>`
+    /// without one).
     #[arg(long)]
-    reason: String,
+    reason: Option<String>,
 }
 
 /// A run as the API describes it (the fields this client shows).
@@ -666,9 +667,8 @@ pub(super) async fn reject(args: RejectArgs) -> Result<u8, ClientError> {
             pick(&detail.approvals, None, &id)?.node.clone()
         }
     };
-    let answer = api
-        .post(api.project_url(&["runs", &id, "approvals", &node, "reject"])?, Body::Json(serde_json::json!({ "reason": args.reason })))
-        .await?;
+    let body = args.reason.map_or(Body::None, |r| Body::Json(serde_json::json!({ "reason": r })));
+    let answer = api.post(api.project_url(&["runs", &id, "approvals", &node, "reject"])?, body).await?;
     if conn.json {
         say!("{}", answer.text());
     } else {
