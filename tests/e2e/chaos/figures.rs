@@ -103,6 +103,8 @@ pub(super) fn external_effects(github: &FakeGithub, acked: &Acked) -> (Vec<i64>,
 pub(super) struct Reexecution {
     pub(super) visit: String,
     pub(super) holder: String,
+    /// How the earlier attempt ended (`lease_expired` when its holder lost it).
+    pub(super) reason: String,
     /// What befell the holder, last first: the last is why its lease lapsed.
     pub(super) fates: Vec<Fate>,
 }
@@ -129,24 +131,25 @@ pub(super) async fn reexecutions(db: &Db, effects: &Path, fates: &HashMap<String
     for (run, node, visit, attempt) in outputs {
         visits.entry((RunId(run.parse().unwrap()).to_string(), node, visit.to_string())).or_default().insert(attempt);
     }
-    // Who held each earlier attempt.
-    let holders: HashMap<(String, String, i32, i32), String> = sqlx::query_as::<_, (String, String, i32, i32, Option<String>)>(
-        "SELECT run_id::text, node, visit, attempt, holder FROM steps WHERE reason = 'lease_expired'",
-    )
-    .fetch_all(db)
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|(run, node, visit, attempt, holder)| ((RunId(run.parse().unwrap()).to_string(), node, visit, attempt), holder.unwrap_or_default()))
-    .collect();
+    // Who held each attempt, and how it ended.
+    type Attempt = (String, String, i32, i32, Option<String>, Option<String>);
+    let ended: HashMap<(String, String, i32, i32), (String, String)> =
+        sqlx::query_as::<_, Attempt>("SELECT run_id::text, node, visit, attempt, holder, reason FROM steps")
+            .fetch_all(db)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(run, node, visit, attempt, holder, reason)| ((RunId(run.parse().unwrap()).to_string(), node, visit, attempt), (holder.unwrap_or_default(), reason.unwrap_or_default())))
+            .collect();
     let mut out = Vec::new();
     for ((run, node, visit), attempts) in visits {
         if attempts.len() < 2 {
             continue;
         }
         let first = *attempts.iter().next().unwrap();
-        let holder = holders.get(&(run.clone(), node.clone(), visit.parse().unwrap_or(0), first)).cloned().unwrap_or_default();
-        out.push(Reexecution { visit: format!("{run} {node} v{visit} attempts {attempts:?}"), fates: fates.get(&holder).map(|f| f.iter().rev().copied().collect()).unwrap_or_default(), holder });
+        let (holder, reason) = ended.get(&(run.clone(), node.clone(), visit.parse().unwrap_or(0), first)).cloned().unwrap_or_default();
+        let fates = fates.get(&holder).map(|f| f.iter().rev().copied().collect()).unwrap_or_default();
+        out.push(Reexecution { visit: format!("{run} {node} v{visit} attempts {attempts:?}"), holder, reason, fates });
     }
     out
 }

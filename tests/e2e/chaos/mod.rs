@@ -574,13 +574,14 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
     println!("stale_results_dropped: {}", fleet.log_lines("dropping a stale result").len());
     let mut causes: BTreeMap<String, usize> = BTreeMap::new();
     for r in &reexecuted {
-        let why = match r.fates.first() {
-            Some(last) => last.words().to_owned(),
-            None => format!("its holder {} lost its lease with no fault of the driver's (a slow machine)", r.holder),
+        let why = match (r.reason.as_str(), r.fates.first()) {
+            ("lease_expired", Some(last)) => last.words().to_owned(),
+            ("lease_expired", None) => format!("its holder {} lost its lease with no fault of the driver's (a slow machine)", r.holder),
+            (reason, _) => format!("its earlier attempt ended `{reason}` and was retried"),
         };
         *causes.entry(why).or_default() += 1;
     }
-    println!("reexecutions: {} (visits executed by more than one attempt, each after its earlier attempt's lease lapsed)", reexecuted.len());
+    println!("reexecutions: {} (visits executed by more than one attempt)", reexecuted.len());
     for (why, n) in &causes {
         println!("  {n}: {why}");
     }
