@@ -509,9 +509,16 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
             fleet.kill_one(&mut rng, Kind::Replica);
             next_replica_kill = Instant::now() + rng.duration(REPLICA_KILL_EVERY);
         }
+        // Past the window, the two faults that need a moment of their own give up waiting for
+        // it; the asserts at the end say so, rather than the suite waiting for ever.
+        if late {
+            for name in ["freeze", "poison"] {
+                if schedule.due(name) && frozen.is_none() {
+                    schedule.record(name, elapsed, "never found its moment".into());
+                }
+            }
+        }
         let all_faults = at.keys().all(|name| !schedule.due(name));
-        let overdue: Vec<&&str> = at.keys().filter(|name| schedule.due(name)).collect();
-        assert!(elapsed < window + Duration::from_secs(240), "faults that never found their moment: {overdue:?} (seed {seed_value})");
         if late && requested == runs_total && all_faults && blackholed.is_none() && fleet.slots.iter().all(|s| s.stalled_until.is_none()) {
             break;
         }
