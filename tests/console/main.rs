@@ -4,6 +4,7 @@
 //! a loopback port against a database of its own (`DATABASE_URL` names the server).
 
 mod browser;
+mod chromium;
 mod connect;
 mod pages;
 mod scale;

@@ -4,7 +4,7 @@
 
 use reqwest::StatusCode;
 
-use crate::support::{count, field, page_csrf, App, Browser};
+use crate::support::{App, Browser, count, field, page_csrf};
 
 /// Every `<input>`, `<select>` and `<textarea>` that is not hidden has a `<label for>` naming
 /// its id, and the page has one `<h1>`.
@@ -18,8 +18,15 @@ fn accessible(html: &str, page: &str) {
             if element.contains("type=\"hidden\"") {
                 continue;
             }
-            let id = element.split("id=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or_else(|| panic!("{page}: a field without an id: {element}"));
-            assert!(html.contains(&format!("for=\"{id}\"")), "{page}: field #{id} has no label");
+            let id = element
+                .split("id=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_else(|| panic!("{page}: a field without an id: {element}"));
+            assert!(
+                html.contains(&format!("for=\"{id}\"")),
+                "{page}: field #{id} has no label"
+            );
         }
     }
 }
@@ -29,30 +36,63 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
     let app = App::start(true).await;
     let org = app.org("acme").await;
     let run = app.submit(&org, org.approve).await;
-    app.until(run, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
+    app.until(
+        run,
+        "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)",
+        "an open approval",
+    )
+    .await;
     let mut b = Browser::new(&app.base);
 
     // Not signed in: to the sign-in page, and back afterwards.
     let first = b.get("/orgs/acme").await;
     assert_eq!(first.status, StatusCode::SEE_OTHER);
-    assert!(first.location().starts_with("/signin?next="), "{}", first.location());
+    assert!(
+        first.location().starts_with("/signin?next="),
+        "{}",
+        first.location()
+    );
 
     let signin = b.get("/signin").await;
     accessible(&signin.body, "sign-in");
-    let pre = signin.headers.get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_owned()).collect::<Vec<_>>().join("\n");
-    assert!(pre.contains("HttpOnly") && pre.contains("SameSite=Lax") && !pre.contains("Secure"), "{pre}");
+    let pre = signin
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        pre.contains("HttpOnly") && pre.contains("SameSite=Lax") && !pre.contains("Secure"),
+        "{pre}"
+    );
 
     // A wrong token stays signed out.
     let csrf = page_csrf(&signin.body);
-    let bad = b.post("/signin/token", &[("_csrf", &csrf), ("token", "nope"), ("next", "/")]).await;
+    let bad = b
+        .post(
+            "/signin/token",
+            &[("_csrf", &csrf), ("token", "nope"), ("next", "/")],
+        )
+        .await;
     assert!(bad.location().contains("error=token"), "{}", bad.location());
 
     let today = b.sign_in_with_token(&org.owner_token).await;
     assert_eq!(today.status, StatusCode::OK, "{}", today.body);
     assert!(today.body.contains("Today in acme"));
-    let cookie = b.cookies.get("shopfloor_session").cloned().expect("a session cookie");
-    assert!(cookie.starts_with("acme.") && !cookie.contains(&org.owner_token), "the pasted token is never the session");
-    assert!(today.body.contains("Ship the release?"), "the approval is under Needs you");
+    let cookie = b
+        .cookies
+        .get("shopfloor_session")
+        .cloned()
+        .expect("a session cookie");
+    assert!(
+        cookie.starts_with("acme.") && !cookie.contains(&org.owner_token),
+        "the pasted token is never the session"
+    );
+    assert!(
+        today.body.contains("Ship the release?"),
+        "the approval is under Needs you"
+    );
     accessible(&today.body, "today");
 
     let base = "/orgs/acme/projects/web";
@@ -70,11 +110,21 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
         let page = b.get(&path).await;
         assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
         accessible(&page.body, &path);
-        assert!(page.headers.get("content-security-policy").is_some(), "{path}");
+        assert!(
+            page.headers.get("content-security-policy").is_some(),
+            "{path}"
+        );
     }
     let run_page = b.get(&format!("{base}/runs/{run}")).await;
-    assert!(run_page.body.contains("Waiting for approval at review"), "the headline says what it does");
-    assert!(run_page.body.contains("<svg class=\"graph\"") && run_page.body.contains("‖ approval · waiting"), "the graph shows node states in words");
+    assert!(
+        run_page.body.contains("Waiting for approval at review"),
+        "the headline says what it does"
+    );
+    assert!(
+        run_page.body.contains("<svg class=\"graph\"")
+            && run_page.body.contains("‖ approval · waiting"),
+        "the graph shows node states in words"
+    );
     app.discard().await;
 }
 
@@ -83,7 +133,12 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     let app = App::start(true).await;
     let org = app.org("acme").await;
     let run = app.submit(&org, org.approve).await;
-    app.until(run, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
+    app.until(
+        run,
+        "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)",
+        "an open approval",
+    )
+    .await;
     let mut b = Browser::new(&app.base);
     b.sign_in_with_token(&org.owner_token).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");
@@ -91,46 +146,111 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     let csrf = page_csrf(&page.body);
 
     // Without the field, or with another session's, nothing happens.
-    let forged = b.post(&format!("{path}/approve/review"), &[("ticket", "T-1")]).await;
+    let forged = b
+        .post(&format!("{path}/approve/review"), &[("ticket", "T-1")])
+        .await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
     let forged = b.post(&format!("{path}/cancel"), &[("_csrf", "x")]).await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
-    let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
+    let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1")
+        .bind(run)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
     assert_eq!(status, "running");
 
     // A required field left empty and a number that is not one: both messages, nothing decided.
-    let refused = b.post(&format!("{path}/approve/review"), &[("_csrf", &csrf), ("ticket", " "), ("risk", "high")]).await;
+    let refused = b
+        .post(
+            &format!("{path}/approve/review"),
+            &[("_csrf", &csrf), ("ticket", " "), ("risk", "high")],
+        )
+        .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(refused.body.contains("ticket is required"), "{}", refused.body);
-    assert!(refused.body.contains("risk must be a number"), "{}", refused.body);
+    assert!(
+        refused.body.contains("ticket is required"),
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body.contains("risk must be a number"),
+        "{}",
+        refused.body
+    );
     assert!(refused.body.contains("aria-invalid=\"true\""));
-    let open: bool = sqlx::query_scalar("SELECT decision IS NULL FROM approvals WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
+    let open: bool = sqlx::query_scalar("SELECT decision IS NULL FROM approvals WHERE run_id = $1")
+        .bind(run)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
     assert!(open, "the run keeps waiting");
 
-    let approved = b.post(&format!("{path}/approve/review"), &[("_csrf", &csrf), ("ticket", "T-42"), ("risk", "2")]).await;
+    let approved = b
+        .post(
+            &format!("{path}/approve/review"),
+            &[("_csrf", &csrf), ("ticket", "T-42"), ("risk", "2")],
+        )
+        .await;
     assert_eq!(approved.status, StatusCode::SEE_OTHER, "{}", approved.body);
-    let answer: serde_json::Value = sqlx::query_scalar("SELECT answer FROM approvals WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
+    let answer: serde_json::Value =
+        sqlx::query_scalar("SELECT answer FROM approvals WHERE run_id = $1")
+            .bind(run)
+            .fetch_one(app.pool())
+            .await
+            .unwrap();
     assert_eq!(answer, serde_json::json!({ "ticket": "T-42", "risk": 2 }));
-    let approver: String = sqlx::query_scalar("SELECT decided_by FROM approvals WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
-    assert!(approver.contains(&org.owner.to_string()), "decided by the signed-in person: {approver}");
+    let approver: String = sqlx::query_scalar("SELECT decided_by FROM approvals WHERE run_id = $1")
+        .bind(run)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
+    assert!(
+        approver.contains(&org.owner.to_string()),
+        "decided by the signed-in person: {approver}"
+    );
 
     // Cancel another run.
     let slow = app.submit(&org, org.slow).await;
-    let cancelled = b.post(&format!("/orgs/acme/projects/web/runs/{slow}/cancel"), &[("_csrf", &csrf), ("reason", "not today")]).await;
+    let cancelled = b
+        .post(
+            &format!("/orgs/acme/projects/web/runs/{slow}/cancel"),
+            &[("_csrf", &csrf), ("reason", "not today")],
+        )
+        .await;
     assert_eq!(cancelled.status, StatusCode::SEE_OTHER);
-    let (status, reason): (String, Option<String>) = sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(slow).fetch_one(app.pool()).await.unwrap();
-    assert_eq!((status.as_str(), reason.as_deref()), ("cancelled", Some("cancelled: not today")));
+    let (status, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1")
+            .bind(slow)
+            .fetch_one(app.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_deref()),
+        ("cancelled", Some("cancelled: not today"))
+    );
 
     // A viewer reads, and has no forms to act with; a post is refused by the REST API's role check.
     let mut v = Browser::new(&app.base);
     v.sign_in_with_token(&org.viewer_token).await;
     let page = v.get(&format!("/orgs/acme/projects/web/runs/{slow}")).await;
-    assert!(!page.body.contains("/rerun\""), "no rerun form for a viewer");
+    assert!(
+        !page.body.contains("/rerun\""),
+        "no rerun form for a viewer"
+    );
     // The tokens page has a form for everyone; its CSRF field is the session's.
     let vcsrf = page_csrf(&v.get("/orgs/acme/tokens").await.body);
-    let refused = v.post(&format!("/orgs/acme/projects/web/runs/{slow}/rerun"), &[("_csrf", &vcsrf)]).await;
+    let refused = v
+        .post(
+            &format!("/orgs/acme/projects/web/runs/{slow}/rerun"),
+            &[("_csrf", &vcsrf)],
+        )
+        .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(refused.body.contains("needs the member role"), "{}", refused.body);
+    assert!(
+        refused.body.contains("needs the member role"),
+        "{}",
+        refused.body
+    );
 
     // Sign-out revokes the console token: the old cookie no longer works.
     let old = b.cookies.clone();
@@ -141,7 +261,11 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     assert!(!b.cookies.contains_key("shopfloor_session"));
     b.cookies = old;
     let after = b.get("/orgs/acme").await;
-    assert_eq!(after.status, StatusCode::SEE_OTHER, "a revoked session signs in again");
+    assert_eq!(
+        after.status,
+        StatusCode::SEE_OTHER,
+        "a revoked session signs in again"
+    );
     app.discard().await;
 }
 
@@ -155,28 +279,54 @@ async fn github_sign_in_finds_the_person_by_login_or_verified_email() {
     let mut b = Browser::new(&app.base);
 
     // By login: the owner of acme.
-    oauth.sign_in_as(Account { login: "ACME-owner".into(), id: 7, emails: vec![("someone@else.test".into(), true)] });
+    oauth.sign_in_as(Account {
+        login: "ACME-owner".into(),
+        id: 7,
+        emails: vec![("someone@else.test".into(), true)],
+    });
     let signin = b.get("/signin?next=/orgs/acme/audit").await;
     assert!(signin.body.contains("Sign in with GitHub"));
     let start = b.get("/auth/github?next=/orgs/acme/audit").await;
     let authorize = start.location();
-    assert!(authorize.starts_with(&oauth.url) && authorize.contains("state="), "{authorize}");
+    assert!(
+        authorize.starts_with(&oauth.url) && authorize.contains("state="),
+        "{authorize}"
+    );
     let back = b.get(&authorize).await; // the fake approves at once
-    assert!(back.location().contains("/auth/github/callback?code="), "{}", back.location());
+    assert!(
+        back.location().contains("/auth/github/callback?code="),
+        "{}",
+        back.location()
+    );
     let landed = b.get(&back.location()).await;
     assert_eq!(landed.location(), "/orgs/acme/audit");
     let audit = b.follow(landed).await;
     assert_eq!(audit.status, StatusCode::OK, "{}", audit.body);
     assert!(b.cookies["shopfloor_session"].starts_with("acme."));
-    assert_eq!(oauth.seen().iter().filter(|s| s.as_str() == "POST /login/oauth/access_token").count(), 1);
+    assert_eq!(
+        oauth
+            .seen()
+            .iter()
+            .filter(|s| s.as_str() == "POST /login/oauth/access_token")
+            .count(),
+        1
+    );
 
     // A replayed callback (same code, same state) is refused: the state was spent.
     let replay = b.get(&back.location()).await;
-    assert!(replay.location().contains("error="), "{}", replay.location());
+    assert!(
+        replay.location().contains("error="),
+        "{}",
+        replay.location()
+    );
 
     // By verified email, for a person with no login recorded: the viewer of `other`.
     let mut c = Browser::new(&app.base);
-    oauth.sign_in_as(Account { login: "stranger".into(), id: 8, emails: vec![("viewer@other.test".into(), true)] });
+    oauth.sign_in_as(Account {
+        login: "stranger".into(),
+        id: 8,
+        emails: vec![("viewer@other.test".into(), true)],
+    });
     let start = c.get("/auth/github").await;
     let back = c.get(&start.location()).await;
     let callback = c.get(&back.location()).await;
@@ -185,17 +335,29 @@ async fn github_sign_in_finds_the_person_by_login_or_verified_email() {
 
     // An unverified email is not enough, and a stranger gets no session.
     let mut d = Browser::new(&app.base);
-    oauth.sign_in_as(Account { login: "mallory".into(), id: 9, emails: vec![("owner@acme.test".into(), false)] });
+    oauth.sign_in_as(Account {
+        login: "mallory".into(),
+        id: 9,
+        emails: vec![("owner@acme.test".into(), false)],
+    });
     let start = d.get("/auth/github").await;
     let back = d.get(&start.location()).await;
     let landed = d.get(&back.location()).await;
-    assert!(landed.location().contains("error=nomember"), "{}", landed.location());
+    assert!(
+        landed.location().contains("error=nomember"),
+        "{}",
+        landed.location()
+    );
     assert!(!d.cookies.contains_key("shopfloor_session"));
 
     // A callback whose state does not match the browser's is refused.
     let mut e = Browser::new(&app.base);
     let forged = e.get("/auth/github/callback?code=code1&state=guess").await;
-    assert!(forged.location().contains("error=state"), "{}", forged.location());
+    assert!(
+        forged.location().contains("error=state"),
+        "{}",
+        forged.location()
+    );
     app.discard().await;
 }
 
@@ -208,21 +370,61 @@ async fn workflows_page_shows_problems_at_their_lines() {
     let page = b.get("/orgs/acme/projects/web/workflows").await;
     let csrf = page_csrf(&page.body);
     let broken = "name: broken\nnodes:\n  a:\n    crew: { harness: nope }\n  b:\n    after: [missing]\n    wait: { for: 1m }\n";
-    let checked = b.post("/orgs/acme/projects/web/workflows/validate", &[("_csrf", &csrf), ("source", broken)]).await;
+    let checked = b
+        .post(
+            "/orgs/acme/projects/web/workflows/validate",
+            &[("_csrf", &csrf), ("source", broken)],
+        )
+        .await;
     assert_eq!(checked.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(checked.body.contains("class=\"problem\""), "{}", checked.body);
+    assert!(
+        checked.body.contains("class=\"problem\""),
+        "{}",
+        checked.body
+    );
     assert!(checked.body.contains("Not valid"));
-    let uploaded = b.post("/orgs/acme/projects/web/workflows", &[("_csrf", &csrf), ("source", broken)]).await;
+    let uploaded = b
+        .post(
+            "/orgs/acme/projects/web/workflows",
+            &[("_csrf", &csrf), ("source", broken)],
+        )
+        .await;
     assert_eq!(uploaded.status, StatusCode::UNPROCESSABLE_ENTITY);
     let good = "name: tiny\nnodes:\n  nap:\n    wait: { for: 1m }\n";
-    let uploaded = b.post("/orgs/acme/projects/web/workflows", &[("_csrf", &csrf), ("source", good)]).await;
-    assert_eq!(uploaded.location(), "/orgs/acme/projects/web/workflows/tiny");
-    let paused = b.post("/orgs/acme/projects/web/workflows/tiny/pause", &[("_csrf", &csrf)]).await;
+    let uploaded = b
+        .post(
+            "/orgs/acme/projects/web/workflows",
+            &[("_csrf", &csrf), ("source", good)],
+        )
+        .await;
+    assert_eq!(
+        uploaded.location(),
+        "/orgs/acme/projects/web/workflows/tiny"
+    );
+    let paused = b
+        .post(
+            "/orgs/acme/projects/web/workflows/tiny/pause",
+            &[("_csrf", &csrf)],
+        )
+        .await;
     assert_eq!(paused.status, StatusCode::SEE_OTHER);
-    let is_paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE name = 'tiny'").fetch_one(app.pool()).await.unwrap();
+    let is_paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE name = 'tiny'")
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
     assert!(is_paused);
     // Tokens: made once, shown once.
-    let made = b.post("/orgs/acme/tokens", &[("_csrf", &csrf), ("name", "ci"), ("role", "member"), ("days", "7")]).await;
+    let made = b
+        .post(
+            "/orgs/acme/tokens",
+            &[
+                ("_csrf", &csrf),
+                ("name", "ci"),
+                ("role", "member"),
+                ("days", "7"),
+            ],
+        )
+        .await;
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
     assert!(made.body.contains("not shown again"));
     app.discard().await;
@@ -234,14 +436,29 @@ async fn the_live_stream_carries_the_projects_run_events() {
     let org = app.org("acme").await;
     let mut b = Browser::new(&app.base);
     b.sign_in_with_token(&org.owner_token).await;
-    let cookie = b.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ");
-    let mut resp = b.http.get(app.url("/orgs/acme/projects/web/live")).header("cookie", cookie).send().await.unwrap();
+    let cookie = b
+        .cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let mut resp = b
+        .http
+        .get(app.url("/orgs/acme/projects/web/live"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let run = app.submit(&org, org.approve).await;
     let mut seen = String::new();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
     while !seen.contains("run.awaiting") {
-        let chunk = tokio::time::timeout_at(deadline, resp.chunk()).await.expect("an event within 10 s").unwrap().expect("the stream stays open");
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+            .await
+            .expect("an event within 10 s")
+            .unwrap()
+            .expect("the stream stays open");
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(seen.contains(&run.to_string()), "{seen}");
@@ -250,21 +467,36 @@ async fn the_live_stream_carries_the_projects_run_events() {
 
 #[tokio::test]
 async fn a_resolved_failure_leaves_todays_failures_to_resolve() {
-    use engine::store::{runs, Actor, Change};
+    use engine::store::{Actor, Change, runs};
     let app = App::start(false).await;
     let org = app.org("acme").await;
     let run = app.submit(&org, org.approve).await;
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     ch.lock_run(org.id, run).await.unwrap().unwrap();
-    runs::finish::<engine::state::run::Failed>(&mut ch, run, Some("exit_code:1")).await.unwrap();
+    runs::finish::<engine::state::run::Failed>(&mut ch, run, Some("exit_code:1"))
+        .await
+        .unwrap();
     ch.commit().await.unwrap();
     let mut b = Browser::new(&app.base);
     let today = b.sign_in_with_token(&org.owner_token).await;
-    let section = |html: &str| html.split("Failures to resolve").nth(1).map(|rest| rest.split("</section>").next().unwrap_or_default().to_owned());
-    assert!(section(&today.body).is_some_and(|s| s.contains(&run.to_string())), "the failed run is to resolve: {}", today.body);
+    let section = |html: &str| {
+        html.split("Failures to resolve").nth(1).map(|rest| {
+            rest.split("</section>")
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+    };
+    assert!(
+        section(&today.body).is_some_and(|s| s.contains(&run.to_string())),
+        "the failed run is to resolve: {}",
+        today.body
+    );
 
     let resolved = reqwest::Client::new()
-        .post(app.url(&format!("/api/v1/orgs/acme/projects/web/runs/{run}/resolve")))
+        .post(app.url(&format!(
+            "/api/v1/orgs/acme/projects/web/runs/{run}/resolve"
+        )))
         .bearer_auth(&org.owner_token)
         .json(&serde_json::json!({ "note": "known flake" }))
         .send()
@@ -273,9 +505,16 @@ async fn a_resolved_failure_leaves_todays_failures_to_resolve() {
     assert_eq!(resolved.status(), StatusCode::OK);
     let today = b.get("/orgs/acme").await;
     assert_eq!(today.status, StatusCode::OK);
-    assert!(section(&today.body).is_none(), "a resolved failure is not to resolve any more: {}", today.body);
+    assert!(
+        section(&today.body).is_none(),
+        "a resolved failure is not to resolve any more: {}",
+        today.body
+    );
     // Still failed, and still listed among the runs that finished.
-    assert!(today.body.contains(&run.to_string()), "it still shows as finished lately");
+    assert!(
+        today.body.contains(&run.to_string()),
+        "it still shows as finished lately"
+    );
     app.discard().await;
 }
 
@@ -293,41 +532,114 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
     let post = |path: String, token: String, body: serde_json::Value| {
         let (http, url) = (http.clone(), app.url(&path));
         async move {
-            let resp = http.post(url).bearer_auth(token).json(&body).send().await.unwrap();
+            let resp = http
+                .post(url)
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
             assert!(resp.status().is_success(), "{path}: {}", resp.status());
             resp.json::<serde_json::Value>().await.unwrap()
         }
     };
-    let reg = post("/api/v1/orgs/acme/projects/web/host-registrations".into(), org.owner_token.clone(), serde_json::json!({ "name": "box" })).await;
+    let reg = post(
+        "/api/v1/orgs/acme/projects/web/host-registrations".into(),
+        org.owner_token.clone(),
+        serde_json::json!({ "name": "box" }),
+    )
+    .await;
     let body = serde_json::json!({ "name": "box", "capabilities": ["linux", "harness:command"] });
-    let host = post("/api/v1/host/register".into(), reg["token"].as_str().unwrap().into(), body).await["token"].as_str().unwrap().to_owned();
-    let claimed = post("/api/v1/host/claim".into(), host.clone(), serde_json::json!({ "max": 1, "wait_secs": 10 })).await;
-    let step = claimed["assignments"][0]["step"].as_str().unwrap().to_owned();
+    let host = post(
+        "/api/v1/host/register".into(),
+        reg["token"].as_str().unwrap().into(),
+        body,
+    )
+    .await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let claimed = post(
+        "/api/v1/host/claim".into(),
+        host.clone(),
+        serde_json::json!({ "max": 1, "wait_secs": 10 }),
+    )
+    .await;
+    let step = claimed["assignments"][0]["step"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     // Started as Claude Code would be (the form does not look at the harness; the REST route does).
-    post(format!("/api/v1/host/steps/{step}/start"), host.clone(), serde_json::json!({ "harness": "claude-code" })).await;
+    post(
+        format!("/api/v1/host/steps/{step}/start"),
+        host.clone(),
+        serde_json::json!({ "harness": "claude-code" }),
+    )
+    .await;
 
     let mut b = Browser::new(&app.base);
     b.sign_in_with_token(&org.owner_token).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");
     let page = b.get(&path).await;
     let action = format!("{path}/steps/{step}/messages").replace('/', "&#x2f;");
-    assert!(page.body.contains(&format!("action=\"{action}\" class=\"card\" id=\"say-form\"")), "{}", page.body);
+    assert!(
+        page.body.contains(&format!(
+            "action=\"{action}\" class=\"card\" id=\"say-form\""
+        )),
+        "{}",
+        page.body
+    );
     accessible(&page.body, "run page with a live session");
     let csrf = page_csrf(&page.body);
-    let forged = b.post(&format!("{path}/steps/{step}/messages"), &[("_csrf", "x"), ("text", "hi")]).await;
+    let forged = b
+        .post(
+            &format!("{path}/steps/{step}/messages"),
+            &[("_csrf", "x"), ("text", "hi")],
+        )
+        .await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
-    let sent = b.post(&format!("{path}/steps/{step}/messages"), &[("_csrf", &csrf), ("text", "Prefer the blue widget.")]).await;
+    let sent = b
+        .post(
+            &format!("{path}/steps/{step}/messages"),
+            &[("_csrf", &csrf), ("text", "Prefer the blue widget.")],
+        )
+        .await;
     assert_eq!(sent.status, StatusCode::SEE_OTHER, "{}", sent.body);
     assert_eq!(sent.location(), path);
-    let beat = post(format!("/api/v1/host/steps/{step}/heartbeat"), host.clone(), serde_json::json!({})).await;
-    assert_eq!(beat["messages"][0]["text"], "Prefer the blue widget.", "{beat}");
-    let by: String = sqlx::query_scalar("SELECT sent_by FROM step_messages WHERE run_id = $1").bind(run).fetch_one(app.pool()).await.unwrap();
-    assert_eq!(by, format!("user:{}", org.owner), "sent as the signed-in person");
+    let beat = post(
+        format!("/api/v1/host/steps/{step}/heartbeat"),
+        host.clone(),
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(
+        beat["messages"][0]["text"], "Prefer the blue widget.",
+        "{beat}"
+    );
+    let by: String = sqlx::query_scalar("SELECT sent_by FROM step_messages WHERE run_id = $1")
+        .bind(run)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        by,
+        format!("user:{}", org.owner),
+        "sent as the signed-in person"
+    );
 
     // An empty message is refused beside the form, nothing sent.
-    let refused = b.post(&format!("{path}/steps/{step}/messages"), &[("_csrf", &csrf), ("text", "  ")]).await;
+    let refused = b
+        .post(
+            &format!("{path}/steps/{step}/messages"),
+            &[("_csrf", &csrf), ("text", "  ")],
+        )
+        .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(refused.body.contains("id=\"say-form\"") && refused.body.contains("role=\"alert\""), "{}", refused.body);
+    assert!(
+        refused.body.contains("id=\"say-form\"") && refused.body.contains("role=\"alert\""),
+        "{}",
+        refused.body
+    );
 
     // A viewer reads the transcript without the form.
     let mut v = Browser::new(&app.base);

@@ -11,11 +11,11 @@ use api::http::AppState;
 use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId, WorkflowId};
 use engine::pool::{self, PoolConfig};
 use engine::store::runs::{self as store_runs, NewRun};
-use engine::store::{api_writes, tenants, workflows, Actor, Change};
-use engine::testkit::{test_db, TestDb};
-use reqwest::header::{HeaderMap, COOKIE, LOCATION, SET_COOKIE};
+use engine::store::{Actor, Change, api_writes, tenants, workflows};
+use engine::testkit::{TestDb, test_db};
 use reqwest::StatusCode;
-use shopfloor_tests::github_fake::oauth::{FakeOauth, CLIENT_ID, CLIENT_SECRET};
+use reqwest::header::{COOKIE, HeaderMap, LOCATION, SET_COOKIE};
+use shopfloor_tests::github_fake::oauth::{CLIENT_ID, CLIENT_SECRET, FakeOauth};
 use tokio_util::sync::CancellationToken;
 
 /// Parks at an approval with a required field and an optional number, sleeps 3 s, then ends:
@@ -86,8 +86,13 @@ pub(crate) const WEBHOOK_SECRET: &str = "the console tests' webhook secret";
 /// The whole app as `shopfloor api` serves it: REST, GitHub's webhooks, then the console beside
 /// them.
 pub(crate) fn app(state: AppState, cfg: ConsoleConfig) -> axum::Router {
-    let webhooks = api::webhooks::WebhookState::new(state.system.clone(), Some(WEBHOOK_SECRET.to_owned().into()));
-    api::http::router(state.clone()).merge(api::webhooks::router(webhooks)).merge(api::console::router(state, cfg))
+    let webhooks = api::webhooks::WebhookState::new(
+        state.system.clone(),
+        Some(WEBHOOK_SECRET.to_owned().into()),
+    );
+    api::http::router(state.clone())
+        .merge(api::webhooks::router(webhooks))
+        .merge(api::console::router(state, cfg))
 }
 
 impl App {
@@ -96,16 +101,25 @@ impl App {
     }
 
     /// Also acting as the GitHub App (`github_app`) where the REST API calls GitHub as the App.
-    pub(crate) async fn start_with(with_engine: bool, github_app: Option<std::sync::Arc<engine::github::GithubApp>>) -> App {
+    pub(crate) async fn start_with(
+        with_engine: bool,
+        github_app: Option<std::sync::Arc<engine::github::GithubApp>>,
+    ) -> App {
         init_tracing();
         let db = test_db().await;
         let oauth = FakeOauth::start().await;
-        let state = AppState::new(db.pool.clone(), db.url.parse().unwrap(), engine::testkit::secret_key());
+        let state = AppState::new(
+            db.pool.clone(),
+            db.url.parse().unwrap(),
+            engine::testkit::secret_key(),
+        );
         if let Some(app) = github_app {
             state.use_github_app(app);
         }
         let router = app(state.clone(), console_config(&oauth));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
         let base = format!("http://{}", listener.local_addr().expect("local addr"));
         let stop = CancellationToken::new();
         let closing = stop.clone();
@@ -115,7 +129,9 @@ impl App {
                 closing.cancelled().await;
                 serving.close_streams();
             };
-            let _ = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+            let _ = axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await;
         });
         let engine = if with_engine {
             let stop = CancellationToken::new();
@@ -127,7 +143,8 @@ impl App {
                 drain: Duration::from_secs(2),
                 test_executor: None,
                 outputs: None,
-                webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
+                webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default())
+                    .unwrap(),
                 event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
             };
             tokio::spawn(pool::run(db.pool.clone(), cfg, stop.clone(), stop.clone()));
@@ -135,7 +152,13 @@ impl App {
         } else {
             None
         };
-        App { db, base, oauth: Some(oauth), stop, engine }
+        App {
+            db,
+            base,
+            oauth: Some(oauth),
+            stop,
+            engine,
+        }
     }
 
     pub(crate) fn pool(&self) -> &engine::db::Db {
@@ -164,19 +187,69 @@ impl App {
     pub(crate) async fn org(&self, slug: &str) -> Org {
         let pool = self.pool();
         let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-        let (id, owner) = tenants::create_org(&mut ch, &Slug::parse(slug).unwrap(), slug, &format!("owner@{slug}.test")).await.unwrap();
-        let project = tenants::create_project(&mut ch, id, &Slug::parse("web").unwrap(), "web").await.unwrap();
-        let (approve, _) = workflows::put_version(&mut ch, id, project, "approve", APPROVAL).await.unwrap();
-        let (agent, _) = workflows::put_version(&mut ch, id, project, "agent", AGENT).await.unwrap();
-        let (slow, _) = workflows::put_version(&mut ch, id, project, "slow", SLOW).await.unwrap();
-        let viewer = api_writes::add_member(&mut ch, id, &format!("viewer@{slug}.test"), "viewer").await.unwrap();
-        let issue = |user, role| api::auth::UserToken { org: id, user, project: None, role, name: "test", ttl: chrono::Duration::days(1) };
-        let owner_token = api::auth::issue_user_token(&mut ch, &engine::testkit::secret_key(), issue(owner, "owner")).await.unwrap();
-        let viewer_token = api::auth::issue_user_token(&mut ch, &engine::testkit::secret_key(), issue(viewer, "viewer")).await.unwrap();
+        let (id, owner) = tenants::create_org(
+            &mut ch,
+            &Slug::parse(slug).unwrap(),
+            slug,
+            &format!("owner@{slug}.test"),
+        )
+        .await
+        .unwrap();
+        let project = tenants::create_project(&mut ch, id, &Slug::parse("web").unwrap(), "web")
+            .await
+            .unwrap();
+        let (approve, _) = workflows::put_version(&mut ch, id, project, "approve", APPROVAL)
+            .await
+            .unwrap();
+        let (agent, _) = workflows::put_version(&mut ch, id, project, "agent", AGENT)
+            .await
+            .unwrap();
+        let (slow, _) = workflows::put_version(&mut ch, id, project, "slow", SLOW)
+            .await
+            .unwrap();
+        let viewer = api_writes::add_member(&mut ch, id, &format!("viewer@{slug}.test"), "viewer")
+            .await
+            .unwrap();
+        let issue = |user, role| api::auth::UserToken {
+            org: id,
+            user,
+            project: None,
+            role,
+            name: "test",
+            ttl: chrono::Duration::days(1),
+        };
+        let owner_token = api::auth::issue_user_token(
+            &mut ch,
+            &engine::testkit::secret_key(),
+            issue(owner, "owner"),
+        )
+        .await
+        .unwrap();
+        let viewer_token = api::auth::issue_user_token(
+            &mut ch,
+            &engine::testkit::secret_key(),
+            issue(viewer, "viewer"),
+        )
+        .await
+        .unwrap();
         ch.commit().await.unwrap();
         // Test setup: people's GitHub logins are recorded by whoever adds them (not yet an API).
-        sqlx::query("UPDATE users SET github_login = $2 WHERE user_id = $1").bind(owner).bind(format!("{slug}-owner")).execute(pool).await.unwrap();
-        Org { id, project, owner, owner_token, viewer_token, approve, agent, slow }
+        sqlx::query("UPDATE users SET github_login = $2 WHERE user_id = $1")
+            .bind(owner)
+            .bind(format!("{slug}-owner"))
+            .execute(pool)
+            .await
+            .unwrap();
+        Org {
+            id,
+            project,
+            owner,
+            owner_token,
+            viewer_token,
+            approve,
+            agent,
+            slow,
+        }
     }
 
     /// Submits a run of `workflow` through the store, as the REST submit does.
@@ -208,11 +281,18 @@ impl App {
     pub(crate) async fn until(&self, run: RunId, sql: &str, what: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
-            let done: bool = sqlx::query_scalar(sql).bind(run).fetch_one(self.pool()).await.unwrap();
+            let done: bool = sqlx::query_scalar(sql)
+                .bind(run)
+                .fetch_one(self.pool())
+                .await
+                .unwrap();
             if done {
                 return;
             }
-            assert!(tokio::time::Instant::now() < deadline, "{run} never reached: {what}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{run} never reached: {what}"
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -233,25 +313,42 @@ pub(crate) struct Answer {
 
 impl Answer {
     pub(crate) fn location(&self) -> String {
-        self.headers.get(LOCATION).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+        self.headers
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
     }
 }
 
 impl Browser {
     pub(crate) fn new(base: &str) -> Browser {
-        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-        Browser { http, cookies: HashMap::new(), base: base.to_owned() }
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        Browser {
+            http,
+            cookies: HashMap::new(),
+            base: base.to_owned(),
+        }
     }
 
     fn cookie_header(&self) -> String {
-        self.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ")
+        self.cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     fn keep(&mut self, headers: &HeaderMap) {
         for v in headers.get_all(SET_COOKIE) {
             let text = v.to_str().unwrap_or_default();
             let pair = text.split(';').next().unwrap_or_default();
-            let Some((k, v)) = pair.split_once('=') else { continue };
+            let Some((k, v)) = pair.split_once('=') else {
+                continue;
+            };
             if text.contains("Max-Age=0") || v.is_empty() {
                 self.cookies.remove(k);
             } else {
@@ -261,16 +358,33 @@ impl Browser {
     }
 
     fn absolute(&self, path: &str) -> String {
-        if path.starts_with("http") { path.to_owned() } else { format!("{}{path}", self.base) }
+        if path.starts_with("http") {
+            path.to_owned()
+        } else {
+            format!("{}{path}", self.base)
+        }
     }
 
     pub(crate) async fn get(&mut self, path: &str) -> Answer {
-        let resp = self.http.get(self.absolute(path)).header(COOKIE, self.cookie_header()).send().await.expect("request");
+        let resp = self
+            .http
+            .get(self.absolute(path))
+            .header(COOKIE, self.cookie_header())
+            .send()
+            .await
+            .expect("request");
         self.answer(resp).await
     }
 
     pub(crate) async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Answer {
-        let resp = self.http.post(self.absolute(path)).header(COOKIE, self.cookie_header()).form(form).send().await.expect("request");
+        let resp = self
+            .http
+            .post(self.absolute(path))
+            .header(COOKIE, self.cookie_header())
+            .form(form)
+            .send()
+            .await
+            .expect("request");
         self.answer(resp).await
     }
 
@@ -278,9 +392,19 @@ impl Browser {
         let status = resp.status();
         let headers = resp.headers().clone();
         self.keep(&headers);
-        let streaming = headers.get(reqwest::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        let body = if streaming { String::new() } else { resp.text().await.unwrap_or_default() };
-        Answer { status, headers, body }
+        let streaming = headers
+            .get(reqwest::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let body = if streaming {
+            String::new()
+        } else {
+            resp.text().await.unwrap_or_default()
+        };
+        Answer {
+            status,
+            headers,
+            body,
+        }
     }
 
     /// Follows redirects (by hand, so cookies set on the way are kept) up to a page.
@@ -299,7 +423,12 @@ impl Browser {
     pub(crate) async fn sign_in_with_token(&mut self, token: &str) -> Answer {
         let page = self.get("/signin").await;
         let csrf = page_csrf(&page.body);
-        let answer = self.post("/signin/token", &[("_csrf", &csrf), ("token", token), ("next", "/")]).await;
+        let answer = self
+            .post(
+                "/signin/token",
+                &[("_csrf", &csrf), ("token", token), ("next", "/")],
+            )
+            .await;
         self.follow(answer).await
     }
 }
@@ -310,7 +439,12 @@ pub(crate) fn field(html: &str, name: &str) -> Option<String> {
     let rest = &html[at..];
     let v = rest.find("value=\"")?;
     let rest = &rest[v + 7..];
-    Some(rest[..rest.find('"')?].replace("&amp;", "&").replace("&#x2f;", "/").replace("&#x2F;", "/"))
+    Some(
+        rest[..rest.find('"')?]
+            .replace("&amp;", "&")
+            .replace("&#x2f;", "/")
+            .replace("&#x2F;", "/"),
+    )
 }
 
 /// The CSRF field of the page's own forms (the header's sign-out form has another).
@@ -322,12 +456,17 @@ pub(crate) fn page_csrf(html: &str) -> String {
 /// Installs, once per test binary, the tracing subscriber: errors to the test's output, and the
 /// count of statements sqlx sends on each thread (for `scale`).
 pub(crate) fn init_tracing() {
-    use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
     static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     INSTALLED.get_or_init(|| {
-        let errors = tracing_subscriber::fmt::layer().with_test_writer().with_filter(tracing_subscriber::filter::LevelFilter::WARN);
-        let subscriber = tracing_subscriber::registry().with(errors).with(crate::scale::CountStatements.with_filter(tracing_subscriber::filter::filter_fn(crate::scale::counted)));
+        let errors = tracing_subscriber::fmt::layer()
+            .with_test_writer()
+            .with_filter(tracing_subscriber::filter::LevelFilter::WARN);
+        let subscriber = tracing_subscriber::registry().with(errors).with(
+            crate::scale::CountStatements
+                .with_filter(tracing_subscriber::filter::filter_fn(crate::scale::counted)),
+        );
         let _ = tracing::subscriber::set_global_default(subscriber);
     });
 }

@@ -19,7 +19,10 @@ async fn one_org_sees_nothing_of_another() {
 
     let today = b.get("/orgs/other").await;
     assert_eq!(today.status, StatusCode::OK);
-    assert!(!today.body.contains("Ship the release?") && !today.body.contains(&secret.to_string()), "acme's approval is not on other's Today");
+    assert!(
+        !today.body.contains("Ship the release?") && !today.body.contains(&secret.to_string()),
+        "acme's approval is not on other's Today"
+    );
     for path in [
         "/orgs/acme".to_owned(),
         "/orgs/acme/audit".to_owned(),
@@ -37,14 +40,32 @@ async fn one_org_sees_nothing_of_another() {
         assert_eq!(page.status, StatusCode::NOT_FOUND, "{path}: {}", page.body);
         assert!(!page.body.contains("Ship the release?"), "{path}");
     }
-    let posted = b.post(&format!("/orgs/other/projects/web/runs/{secret}/cancel"), &[("_csrf", "x")]).await;
-    assert!(matches!(posted.status, StatusCode::FORBIDDEN | StatusCode::NOT_FOUND), "{}", posted.status);
-    let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1").bind(secret).fetch_one(app.pool()).await.unwrap();
+    let posted = b
+        .post(
+            &format!("/orgs/other/projects/web/runs/{secret}/cancel"),
+            &[("_csrf", "x")],
+        )
+        .await;
+    assert!(
+        matches!(posted.status, StatusCode::FORBIDDEN | StatusCode::NOT_FOUND),
+        "{}",
+        posted.status
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1")
+        .bind(secret)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
     assert_eq!(status, "running");
 
     // A cookie that files other's token under acme's name opens nothing of acme.
-    let token = b.cookies["shopfloor_session"].split_once('.').unwrap().1.to_owned();
-    b.cookies.insert("shopfloor_session".into(), format!("acme.{token}"));
+    let token = b.cookies["shopfloor_session"]
+        .split_once('.')
+        .unwrap()
+        .1
+        .to_owned();
+    b.cookies
+        .insert("shopfloor_session".into(), format!("acme.{token}"));
     let forged = b.get("/orgs/acme").await;
     assert_eq!(forged.status, StatusCode::NOT_FOUND);
 
@@ -53,6 +74,13 @@ async fn one_org_sees_nothing_of_another() {
     c.sign_in_with_token(&other.owner_token).await;
     let live = c.get("/orgs/other/projects/web/live").await;
     assert_eq!(live.status, StatusCode::OK);
-    assert!(live.headers.get("content-type").unwrap().to_str().unwrap().starts_with("text/event-stream"));
+    assert!(
+        live.headers
+            .get("content-type")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
     app.discard().await;
 }
