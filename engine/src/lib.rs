@@ -17,6 +17,7 @@ pub mod listen;
 pub mod metrics;
 pub mod net_guard;
 pub mod pool;
+pub mod reasons;
 pub mod schedule;
 pub mod sealing;
 pub mod state;

@@ -373,7 +373,7 @@ pub fn explain(facts: &RunFacts, substate: &Substate, now: DateTime<Utc>) -> Str
         }
         Substate::AwaitingChild { node, child: Some(c) } => format!("Waiting on run {c} started by {node}"),
         Substate::AwaitingChild { node, child: None } => format!("Waiting on the child run of {node}"),
-        Substate::AwaitingLease { group, ahead } => format!("Waiting for the lock of concurrency group {group}{}", in_line(Some(*ahead))),
+        Substate::AwaitingLease { group, ahead } => format!("Waiting for the lock of {}{}", crate::reasons::group_words(group), in_line(Some(*ahead))),
         Substate::Held { by } => format!("Held: {by}"),
     };
     match more {

@@ -15,7 +15,8 @@
 //! - `internal` — calls to the REST router; `error` — the console's error pages.
 //! - `pages/` — Today, runs, the run page, hosts, workflows, audit log, tokens, GitHub
 //!   (installations and the install flow that claims one).
-//! - `svg` — the run page's waterfall and graph; `view` — templates and formatting.
+//! - `svg` — the run page's waterfall and graph; `view` — templates and formatting; `people` —
+//!   who did something, by name; `transcript` — agents' lines in words.
 //!
 //! **Architecture Invariant:** no handler here writes to the database; every change goes
 //! through a REST handler (and so through `engine::store`), or through `crate::auth` for the
@@ -32,8 +33,10 @@ mod error;
 mod internal;
 mod oauth;
 mod pages;
+mod people;
 mod session;
 mod svg;
+mod transcript;
 mod view;
 
 use std::sync::Arc;
@@ -177,6 +180,8 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
         .route("/github/setup", get(pages::github::setup))
         .route("/github/setup/callback", get(pages::github::callback))
         .route(&format!("{project}/live"), get(pages::live))
+        .route(&format!("{project}/cycle-asks/{{item}}/reset"), post(pages::today::reset))
+        .route(&format!("{run}/resolve"), post(pages::today::resolve))
         .route(&format!("{project}/runs"), get(pages::runs::page))
         .route(&format!("{project}/hosts"), get(pages::hosts::page))
         .route(&format!("{project}/workflows"), get(pages::workflows::list).post(pages::workflows::upload))

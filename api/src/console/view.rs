@@ -39,7 +39,10 @@ pub fn templates() -> Result<Environment<'static>, minijinja::Error> {
     env.add_filter("ago", |t: String| ago(&t));
     env.add_filter("clock", |t: String| clock(&t));
     env.add_filter("duration", |secs: f64| duration(secs));
-    env.add_filter("reason_words", |r: String| reason_words(&r).unwrap_or_default());
+    env.add_filter("reason_words", |r: String| engine::reasons::words(&r).unwrap_or_default());
+    env.add_filter("item_name", |k: String| item_name(&k));
+    // The server's clock, which the page's relative times count from.
+    env.add_function("now", || Utc::now().to_rfc3339());
     env.add_filter("urlencode_path", |s: String| urlencode(&s));
     env.add_filter("json", |v: Value| serde_json::to_string(&v).unwrap_or_default());
     Ok(env)
@@ -208,22 +211,26 @@ pub(super) fn duration(secs: f64) -> String {
     }
 }
 
-/// A step's failure reason in words, for the reasons a host's session ends with; the page
-/// shows the machine string beside them.
-pub(super) fn reason_words(reason: &str) -> Option<&'static str> {
-    Some(match reason {
-        "no_changes" => "Changed no file, though a pull request is opened from this work",
-        "budget_hard_stop" => "Stopped: a hard budget is spent",
-        "turn_cap" => "Stopped: the session passed its turn cap",
-        "turn cap reached" => "The agent reached its turn cap",
-        "budget cap reached" => "The agent reached its budget cap",
-        "stalled" => "The session reported nothing for too long",
-        "lease_expired" => "The host stopped answering",
-        "harness_not_found" => "The host could not start the harness",
-        "host_draining" => "The host was shutting down",
-        "push_failed" => "The work could not be pushed",
-        _ => return None,
-    })
+/// A link to the item on GitHub, from its key `["github","owner/name",12]`.
+pub(super) fn item_link(key: &str) -> Option<(String, String)> {
+    let v: serde_json::Value = serde_json::from_str(key).ok()?;
+    let a = v.as_array()?;
+    if a.first()?.as_str()? != "github" {
+        return None;
+    }
+    let repo = a.get(1)?.as_str()?;
+    if !repo.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/')) {
+        return None;
+    }
+    match a.get(2).and_then(serde_json::Value::as_i64) {
+        Some(n) => Some((format!("https://github.com/{repo}/issues/{n}"), format!("{repo}#{n}"))),
+        None => Some((format!("https://github.com/{repo}"), repo.to_owned())),
+    }
+}
+
+/// An item's name for people (`acme/web#12`), or its key when it is not a GitHub item.
+pub(super) fn item_name(key: &str) -> String {
+    item_link(key).map_or_else(|| key.to_owned(), |(_, name)| name)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 // listens to its project's event stream (Server-Sent Events) and, when something it shows
 // changed, fetches itself again and swaps the regions marked `data-live` in place, leaving a
 // region alone while the person is typing in it. A running crew step's transcript streams its
-// lines as they are reported.
+// lines as they are reported. Relative times ("2 s ago") move on as the page stays open.
 (function () {
   'use strict';
   var body = document.body;
@@ -70,6 +70,25 @@
     });
   }
 
+  // Relative times, as the server writes them (`view::ago`), counted from the server's clock.
+  var serverNow = Date.parse(body.dataset.now || '');
+  var skew = isNaN(serverNow) ? 0 : serverNow - Date.now();
+  function ago(ms) {
+    var secs = Math.trunc((Date.now() + skew - ms) / 1000);
+    var n = Math.abs(secs);
+    var span = n < 60 ? n + ' s' : n < 3600 ? Math.floor(n / 60) + ' min' : n < 86400 ? Math.floor(n / 3600) + ' h' : Math.floor(n / 86400) + ' d';
+    return secs < 0 ? 'in ' + span : span + ' ago';
+  }
+  function tick() {
+    document.querySelectorAll('time[data-ago]').forEach(function (t) {
+      var ms = Date.parse(t.getAttribute('datetime'));
+      if (isNaN(ms)) return;
+      var text = ago(ms);
+      if (t.textContent !== text) t.textContent = text;
+    });
+  }
+  setInterval(tick, 1000);
+
   // The transcript of a running crew step.
   var source = null, sourceUrl = '';
   function tail() {
@@ -88,16 +107,16 @@
       if (l.seq <= last) return;
       last = l.seq;
       var list = document.getElementById('transcript-lines');
-      if (!list) return;
+      if (!list || !l.text) return;
       var near = list.scrollTop + list.clientHeight >= list.scrollHeight - 30;
       var li = document.createElement('li');
       li.dataset.seq = String(l.seq);
-      li.className = l.stream;
+      li.className = l.kind;
       var s = document.createElement('span');
       s.className = 'stream';
-      s.textContent = l.stream;
+      s.textContent = l.stream.replace(/_/g, ' ');
       li.appendChild(s);
-      li.appendChild(document.createTextNode(' ' + l.line));
+      li.appendChild(document.createTextNode(' ' + l.text));
       list.appendChild(li);
       var empty = document.getElementById('transcript-empty');
       if (empty) empty.remove();

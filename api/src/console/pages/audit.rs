@@ -6,6 +6,7 @@ use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 
+use super::super::people;
 use super::super::view::{urlencode, Page};
 use super::super::{Console, ConsoleError};
 use super::here;
@@ -64,7 +65,8 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<Str
         k.push(format!("cursor={}", urlencode(cur)));
         format!("?{}", k.join("&"))
     });
+    let names = people::names(c.db(), s.caller.org, list.items.iter().map(|e| format!("{}:{}", e.actor_kind, e.actor_id))).await?;
     let mut page = Page::of(&s, format!("Audit log · {org}"), "audit");
     page.projects = c.projects(&s).await?;
-    c.page("audit.html", ctx! { page => page, entries => list.items, next => next, filters => f, paged => !f.cursor.is_empty() })
+    c.page("audit.html", ctx! { page => page, entries => list.items, names => names, next => next, filters => f, paged => !f.cursor.is_empty() })
 }

@@ -1,5 +1,6 @@
 //! API tokens: the person's own (everyone's for an admin), a form to make one (shown once),
-//! and revoking. Console sessions are tokens too, named `console session`.
+//! and revoking. Console sessions are tokens too, named `console session`: the page counts the
+//! open ones and lists only the others.
 
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
@@ -7,7 +8,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::super::session::OrgSession;
+use super::super::session::{OrgSession, SESSION_TOKEN_NAME};
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::{here, see_other, FormMap};
@@ -15,12 +16,16 @@ use crate::http::tokens::TokenList;
 
 async fn render(c: &Console, s: &OrgSession, created: Option<Value>, error: Option<String>, status: StatusCode) -> Result<Response, ConsoleError> {
     let list: TokenList = c.read(&s.caller, &format!("/orgs/{}/tokens?limit=200", s.org)).await?;
+    // Console sessions are tokens the console makes at each sign-in: counted, not listed.
+    let (sessions, tokens): (Vec<_>, Vec<_>) = list.items.into_iter().partition(|t| t.name == SESSION_TOKEN_NAME && t.kind == "user");
+    let now = chrono::Utc::now();
+    let open_sessions = sessions.iter().filter(|t| t.revoked_at.is_none() && t.expires_at > now).count();
     let mut page = Page::of(s, format!("Tokens · {}", s.org), "tokens");
     page.projects = c.projects(s).await?;
     let roles: Vec<&str> = ["viewer", "member", "admin", "owner"].into_iter().filter(|r| crate::http::auth::Role::parse(r).is_some_and(|r| r <= s.role())).collect();
     let html = c.render(
         "tokens.html",
-        ctx! { page => page, tokens => list.items, created => created, error => error, roles => roles, me => s.caller.jti.to_string() },
+        ctx! { page => page, tokens => tokens, open_sessions => open_sessions, created => created, error => error, roles => roles },
     )?;
     Ok(view::html(status, html))
 }

@@ -9,6 +9,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::super::people;
 use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
@@ -134,6 +135,7 @@ pub(in super::super) async fn detail(State(c): State<Console>, Path(p): Path<Nam
         Ok(_) => Vec::new(),
         Err(problems) => problems.iter().map(WorkflowProblem::from).collect(),
     };
+    let names = people::names(c.db(), s.caller.org, versions.items.iter().map(|v| v.created_by.clone())).await?;
     let projects = c.projects(&s).await?;
     let page = Page::of(&s, format!("{} · workflows", p.name), "workflows").project(&p.project, projects);
     let can_edit = s.can(crate::http::auth::Role::Member);
@@ -144,6 +146,7 @@ pub(in super::super) async fn detail(State(c): State<Console>, Path(p): Path<Nam
             workflow => detail.workflow,
             version => shown.as_ref().map(|v| v.version),
             versions => versions.items,
+            names => names,
             lines => annotate(&source, &problems),
             valid => problems.is_empty(),
             can_edit => can_edit,
