@@ -2,6 +2,7 @@
 //! GitHub), the session cookie's attributes, CSRF on every form, each page's one h1 and
 //! labelled fields, approving with validation messages, cancel, sign-out.
 
+use engine::store::{workflows, Actor, Change};
 use reqwest::StatusCode;
 
 use crate::support::{App, Browser, count, field, page_csrf};
@@ -645,5 +646,58 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
     let mut v = Browser::new(&app.base);
     v.sign_in_with_token(&org.viewer_token).await;
     assert!(!v.get(&path).await.body.contains("say-form"));
+    app.discard().await;
+}
+
+/// The run page draws the workflow's graph from its definition: the DESIGN example, with its
+/// `$start`, the gate's `on_fail` as a dashed back edge, and every node with its state in words.
+#[tokio::test]
+async fn the_run_page_draws_the_graph_with_start_and_the_loop_back() {
+    let source = include_str!("../../engine/tests/fixtures/workflows/issue-to-pr.yaml");
+    let app = App::start(false).await;
+    let org = app.org("acme").await;
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    let (workflow, _) = workflows::put_version(&mut ch, org.id, org.project, "issue-to-pr", source).await.unwrap();
+    ch.commit().await.unwrap();
+    let run = app.submit(&org, workflow).await;
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let page = b.get(&format!("/orgs/acme/projects/web/runs/{run}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let at = page.body.find("<svg class=\"graph\"").expect("the graph's svg");
+    let svg = &page.body[at..at + page.body[at..].find("</svg>").expect("the svg's end")];
+    assert!(svg.contains("role=\"img\"") && svg.contains("aria-label=\"Graph of 7 nodes"), "{svg}");
+    assert!(svg.contains("data-node=\"$start\"") && svg.contains("data-from=\"$start\" data-to=\"plan\""), "{svg}");
+    assert!(svg.contains("class=\"edge loop back\" data-from=\"ci\" data-to=\"build\""), "{svg}");
+    for node in ["plan", "review_plan", "build", "ci", "route", "big_change_review", "open_pr"] {
+        assert!(svg.contains(&format!("data-node=\"{node}\"")), "{node} is drawn");
+    }
+    assert!(svg.contains("○ decision · not reached"), "{svg}");
+    app.discard().await;
+}
+
+/// Workflow YAML keeps its indentation, on a workflow's page and in a validation's result: the
+/// lines are sent as they are and the stylesheet keeps their whitespace.
+#[tokio::test]
+async fn workflow_source_keeps_its_indentation() {
+    let app = App::start(false).await;
+    let org = app.org("acme").await;
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let page = b.get("/orgs/acme/projects/web/workflows/approve").await;
+    assert_eq!(page.status, StatusCode::OK);
+    for line in ["<code>  review:</code>", "<code>    approval:</code>", "<code>      timeout: 24h</code>"] {
+        assert!(page.body.contains(line), "{line} in {}", page.body);
+    }
+    let csrf = page_csrf(&b.get("/orgs/acme/projects/web/workflows").await.body);
+    let broken = "name: broken\nnodes:\n  a:\n    crew: { harness: nope }\n";
+    let checked = b.post("/orgs/acme/projects/web/workflows/validate", &[("_csrf", &csrf), ("source", broken)]).await;
+    assert_eq!(checked.status, StatusCode::UNPROCESSABLE_ENTITY);
+    for line in ["<code>  a:</code>", "<code>    crew: { harness: nope }</code>"] {
+        assert!(checked.body.contains(line), "{line} in {}", checked.body);
+    }
+    let css = b.get("/static/console.css").await.body;
+    let rule = css.find(".source code {").map(|at| &css[at..at + css[at..].find('}').unwrap()]).expect("a rule for .source code");
+    assert!(rule.contains("white-space: pre;"), "{rule}");
     app.discard().await;
 }
