@@ -840,7 +840,8 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
     assert_eq!(done.status, StatusCode::SEE_OTHER);
     let page = b.follow(done).await;
     assert!(
-        page.body.contains("<span aria-hidden=\"true\">‖</span> drained"),
+        page.body
+            .contains("<span aria-hidden=\"true\">‖</span> drained"),
         "{}",
         page.body
     );
@@ -966,7 +967,10 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     )
     .await;
     let page = b.follow(set).await;
-    let row = &page.body[page.body.find("id=\"limit-web:day\"").expect("the limit's row")..];
+    let row = &page.body[page
+        .body
+        .find("id=\"limit-web:day\"")
+        .expect("the limit's row")..];
     let row = &row[..row.find("</tr>").unwrap()];
     assert!(
         row.contains("project web") && row.contains("$2.00") && row.contains("hard"),
@@ -1137,7 +1141,11 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     let refused = b
         .post(
             "/orgs/acme/projects/web/webhooks",
-            &[("_csrf", &csrf), ("url", "http://127.0.0.1:9/hook"), ("events", "")],
+            &[
+                ("_csrf", &csrf),
+                ("url", "http://127.0.0.1:9/hook"),
+                ("events", ""),
+            ],
         )
         .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -1159,7 +1167,10 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
         .await;
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
     accessible(&made.body, "webhooks, answered");
-    let at = made.body.find("id=\"new-secret\"").expect("the secret's field");
+    let at = made
+        .body
+        .find("id=\"new-secret\"")
+        .expect("the secret's field");
     let rest = &made.body[at..];
     let rest = &rest[rest.find("value=\"").unwrap() + 7..];
     let secret = rest[..rest.find('"').unwrap()].to_owned();
@@ -1168,13 +1179,12 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     let reload = b.get("/orgs/acme/projects/web/webhooks").await;
     assert!(!reload.body.contains(&secret), "the secret is shown again");
     assert!(reload.body.contains("step.failed"));
-    let webhook: uuid::Uuid = sqlx::query_scalar(
-        "SELECT subscription_id FROM webhook_subscriptions WHERE org_id = $1",
-    )
-    .bind(org.id)
-    .fetch_one(app.pool())
-    .await
-    .unwrap();
+    let webhook: uuid::Uuid =
+        sqlx::query_scalar("SELECT subscription_id FROM webhook_subscriptions WHERE org_id = $1")
+            .bind(org.id)
+            .fetch_one(app.pool())
+            .await
+            .unwrap();
 
     // A run's events make deliveries; one is replayed as a new delivery.
     let run = app.submit(&org, org.slow).await;
@@ -1205,7 +1215,11 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
         .await;
     assert_eq!(replayed.status, StatusCode::SEE_OTHER);
     let page = b.follow(replayed).await;
-    assert!(page.body.contains("<span class=\"tag\">replay</span>"), "{}", page.body);
+    assert!(
+        page.body.contains("<span class=\"tag\">replay</span>"),
+        "{}",
+        page.body
+    );
 
     // A viewer is told webhooks are for admins, in the REST API's words.
     let mut viewer = Browser::new(&app.base);
