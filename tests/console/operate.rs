@@ -337,6 +337,21 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
     );
     check(&c, "budgets-held").await;
 
+    // The org's page lists it too, with its project.
+    click(&c, "#org-budgets").await;
+    until(
+        &c,
+        "return document.querySelector('h1').textContent.includes('Budgets of acme')",
+        "the org's budgets",
+    )
+    .await;
+    let held = text(&c, "#held").await;
+    assert!(
+        held.contains(&run.to_string()) && held.contains("web"),
+        "{held}"
+    );
+    check(&c, "budgets-org").await;
+
     // The run's own page says what holds it.
     click(&c, &format!("#held a[href$='{run}']")).await;
     until(

@@ -969,7 +969,7 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     let page = b.follow(set).await;
     let row = &page.body[page
         .body
-        .find("id=\"limit-web:day\"")
+        .find("id=\"limit-project:web:day\"")
         .expect("the limit's row")..];
     let row = &row[..row.find("</tr>").unwrap()];
     assert!(
@@ -982,6 +982,20 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     assert!(
         held.contains("the project&#x27;s daily budget of $2.00 (hard) is spent"),
         "{held}"
+    );
+
+    // A viewer's removal is refused beside the limit's row.
+    let refused = viewer
+        .post(
+            "/orgs/acme/projects/web/budgets/day/remove",
+            &[("_csrf", &page_csrf(&seen.body))],
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    let row = &refused.body[refused.body.find("id=\"limit-project:web:day\"").unwrap()..];
+    assert!(
+        row[..row.find("</tr>").unwrap()].contains("this needs the admin role"),
+        "{row}"
     );
 
     // The org's page: every project's limits, and the org's own, set there.
@@ -1029,7 +1043,7 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     .await;
     let page = b.get("/orgs/acme/projects/web/budgets").await;
     assert!(page.body.contains("No run is held by a budget"));
-    assert!(!page.body.contains("id=\"limit-web:day\""));
+    assert!(!page.body.contains("id=\"limit-project:web:day\""));
     app.discard().await;
 }
 

@@ -50,8 +50,15 @@ struct LimitView {
     spent_usd: String,
     reached: bool,
     resets_at: DateTime<Utc>,
-    /// Names the row a refused removal is shown beside: `org:day`, `<project>:month`.
+    /// Names the row a refused removal is shown beside: `org:day`, `project:<slug>:month`.
     key: String,
+}
+
+fn key(project: Option<&str>, period: &str) -> String {
+    match project {
+        Some(p) => format!("project:{p}:{period}"),
+        None => format!("org:{period}"),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -110,7 +117,7 @@ async fn render(c: &Console, s: &OrgSession, scope: &Scope<'_>, refused: Refused
         .items
         .into_iter()
         .map(|b| LimitView {
-            key: format!("{}:{}", b.project.as_deref().unwrap_or("org"), b.period),
+            key: key(b.project.as_deref(), &b.period),
             reached: b.spent_usd >= b.usd_limit,
             usd_limit: usd(b.usd_limit),
             spent_usd: usd(b.spent_usd),
@@ -196,8 +203,7 @@ async fn remove(c: &Console, org: &str, scope: &Scope<'_>, period: &str, headers
         Ok(_) => Ok(see_other(&scope.base(org))),
         Err(r) => {
             let r = shown(r)?;
-            let key = format!("{}:{period}", scope.project.unwrap_or("org"));
-            render(c, &s, scope, Some((key, r.detail)), r.status).await
+            render(c, &s, scope, Some((key(scope.project, period), r.detail)), r.status).await
         }
     }
 }
