@@ -1,11 +1,13 @@
 //! The web console's tests: pages and forms over HTTP (`pages`), tenancy across orgs
 //! (`tenancy`), statements and index use per page on 10,000 seeded runs (`scale`), and the
-//! browser tests in headless Chromium (`browser`). Each test serves the API with the console on
+//! browser tests in headless Chromium (`browser`; `operate`: adding a host and running it,
+//! draining, budgets, members and webhooks). Each test serves the API with the console on
 //! a loopback port against a database of its own (`DATABASE_URL` names the server).
 
 mod browser;
 mod chromium;
 mod connect;
+mod operate;
 mod pages;
 mod scale;
 mod support;

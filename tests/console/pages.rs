@@ -701,3 +701,640 @@ async fn workflow_source_keeps_its_indentation() {
     assert!(rule.contains("white-space: pre;"), "{rule}");
     app.discard().await;
 }
+
+/// The text of the element with `id` (a `<textarea>`, a cell), its HTML escapes read back.
+fn text_of(html: &str, id: &str) -> String {
+    let at = html
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id}"));
+    let rest = &html[at..];
+    let rest = &rest[rest.find('>').expect("the tag ends") + 1..];
+    unescape(&rest[..rest.find('<').expect("the text ends")])
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("&#x2f;", "/")
+        .replace("&#x2F;", "/")
+        .replace("&#x27;", "'")
+        .replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// The registration token in a `shopfloor host … --token <token> …` command.
+pub(crate) fn token_in(command: &str) -> String {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| *w == "--token")
+        .expect("a --token word");
+    words[at + 1].to_owned()
+}
+
+#[tokio::test]
+async fn adding_a_host_shows_the_command_with_its_token_once() {
+    let app = App::start(false).await;
+    let org = app.org("acme").await;
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let hosts = b.get("/orgs/acme/projects/web/hosts").await;
+    assert!(
+        hosts
+            .body
+            .contains("href=\"/orgs/acme/projects/web/hosts/add\""),
+        "the hosts page links to Add a host"
+    );
+    let form = b.get("/orgs/acme/projects/web/hosts/add").await;
+    assert_eq!(form.status, StatusCode::OK);
+    accessible(&form.body, "add a host");
+    let csrf = page_csrf(&form.body);
+
+    let made = b
+        .post(
+            "/orgs/acme/projects/web/hosts/add",
+            &[
+                ("_csrf", &csrf),
+                ("name", "box 1"),
+                ("capabilities", "linux, harness:command"),
+                ("hours", "2"),
+            ],
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    accessible(&made.body, "add a host, answered");
+    let command = text_of(&made.body, "host-command");
+    let token = token_in(&command);
+    // The CLI's command, word for word, aimed at the address the console was reached at.
+    assert_eq!(
+        command,
+        api::http::hosts::host_command(
+            &app.base,
+            &token,
+            Some("box 1"),
+            Some("linux,harness:command")
+        )
+    );
+    assert!(
+        command.contains("--name 'box 1'"),
+        "a name with a space is quoted: {command}"
+    );
+    assert_eq!(count(&made.body, &token), 1, "the token appears once");
+    assert!(made.body.contains("once"), "{}", made.body);
+    let kind: String =
+        sqlx::query_scalar("SELECT kind FROM api_tokens WHERE org_id = $1 AND name = 'box 1'")
+            .bind(org.id)
+            .fetch_one(app.pool())
+            .await
+            .unwrap();
+    assert_eq!(kind, "registration");
+
+    // A reload shows the form, never the token again.
+    for path in [
+        "/orgs/acme/projects/web/hosts/add",
+        "/orgs/acme/projects/web/hosts",
+    ] {
+        let again = b.get(path).await;
+        assert_eq!(again.status, StatusCode::OK);
+        assert!(!again.body.contains(&token), "{path} shows the token again");
+        assert!(!again.body.contains("--token"), "{path}");
+    }
+
+    // A capability the host would refuse is caught before a token is made.
+    let bad = b
+        .post(
+            "/orgs/acme/projects/web/hosts/add",
+            &[
+                ("_csrf", &csrf),
+                ("name", "box-2"),
+                ("capabilities", "Linux!"),
+                ("hours", "2"),
+            ],
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(bad.body.contains("is not a capability"), "{}", bad.body);
+
+    // A viewer is refused by the REST route, in its words.
+    let mut viewer = Browser::new(&app.base);
+    viewer.sign_in_with_token(&org.viewer_token).await;
+    let form = viewer.get("/orgs/acme/projects/web/hosts/add").await;
+    let refused = viewer
+        .post(
+            "/orgs/acme/projects/web/hosts/add",
+            &[
+                ("_csrf", &page_csrf(&form.body)),
+                ("name", "box-3"),
+                ("hours", "2"),
+            ],
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(
+        refused.body.contains("this needs the admin role"),
+        "{}",
+        refused.body
+    );
+    assert!(!refused.body.contains("--token"));
+    // No such project: not found.
+    let none = b.get("/orgs/acme/projects/nope/hosts/add").await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND);
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() {
+    let app = App::start(false).await;
+    let org = app.org("acme").await;
+    let other = app.org("globex").await;
+    let host = crate::browser::register_host(&app, &org).await;
+    let theirs = crate::browser::register_host(&app, &other).await;
+    let id = host.host_id.to_string();
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let page = b.get("/orgs/acme/projects/web/hosts").await;
+    accessible(&page.body, "hosts");
+    assert!(page.body.contains("Drain builder-1"), "{}", page.body);
+    assert!(!page.body.contains("drained</span>"));
+    let csrf = page_csrf(&page.body);
+
+    // A viewer sees the page and the buttons, and the REST refusal beside them.
+    let mut viewer = Browser::new(&app.base);
+    viewer.sign_in_with_token(&org.viewer_token).await;
+    let seen = viewer.get("/orgs/acme/projects/web/hosts").await;
+    let refused = viewer
+        .post(
+            &format!("/orgs/acme/projects/web/hosts/{id}/drain"),
+            &[("_csrf", &page_csrf(&seen.body))],
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(
+        refused
+            .body
+            .contains("this needs the admin role or above; the token has viewer"),
+        "{}",
+        refused.body
+    );
+    let drained: bool =
+        sqlx::query_scalar("SELECT drained_at IS NOT NULL FROM hosts WHERE host_id = $1")
+            .bind(host.host_id)
+            .fetch_one(app.pool())
+            .await
+            .unwrap();
+    assert!(!drained, "a viewer drained a host");
+
+    // Drained: its own badge, and the undrain button.
+    let done = b
+        .post(
+            &format!("/orgs/acme/projects/web/hosts/{id}/drain"),
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER);
+    let page = b.follow(done).await;
+    assert!(
+        page.body
+            .contains("<span aria-hidden=\"true\">‖</span> drained"),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains("online</span>"));
+    assert!(page.body.contains("Undrain builder-1"));
+    let done = b
+        .post(
+            &format!("/orgs/acme/projects/web/hosts/{id}/undrain"),
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    let page = b.follow(done).await;
+    assert!(!page.body.contains("drained</span>"), "{}", page.body);
+    assert!(page.body.contains("Drain builder-1"));
+
+    // Another org's host is not found, and stays as it was.
+    let theirs_id = theirs.host_id.to_string();
+    for verb in ["drain", "deregister"] {
+        let answer = b
+            .post(
+                &format!("/orgs/acme/projects/web/hosts/{theirs_id}/{verb}"),
+                &[("_csrf", &csrf)],
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{verb}");
+    }
+    let untouched: bool = sqlx::query_scalar(
+        "SELECT drained_at IS NULL AND deregistered_at IS NULL FROM hosts WHERE host_id = $1",
+    )
+    .bind(theirs.host_id)
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert!(untouched);
+
+    let gone = b
+        .post(
+            &format!("/orgs/acme/projects/web/hosts/{id}/deregister"),
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    let page = b.follow(gone).await;
+    assert!(!page.body.contains("builder-1"), "{}", page.body);
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
+    let app = App::start(true).await;
+    let org = app.org("acme").await;
+    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System)
+        .await
+        .unwrap();
+    engine::store::budgets::record_spend(&mut ch, org.id, org.project, 3.5, 1000)
+        .await
+        .unwrap();
+    ch.commit().await.unwrap();
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let page = b.get("/orgs/acme/projects/web/budgets").await;
+    assert_eq!(page.status, StatusCode::OK);
+    accessible(&page.body, "budgets");
+    assert!(page.body.contains("No limit is set"), "{}", page.body);
+    assert!(
+        page.body.contains("aria-current=\"page\">Budgets"),
+        "the nav marks Budgets"
+    );
+    assert!(
+        page.body.contains("<td>$3.50</td><td>$3.50</td>"),
+        "today's and this month's spend: {}",
+        page.body
+    );
+    let csrf = page_csrf(&page.body);
+
+    // A viewer cannot set one: the REST refusal is shown at the form.
+    let mut viewer = Browser::new(&app.base);
+    viewer.sign_in_with_token(&org.viewer_token).await;
+    let seen = viewer.get("/orgs/acme/projects/web/budgets").await;
+    let refused = viewer
+        .post(
+            "/orgs/acme/projects/web/budgets",
+            &[
+                ("_csrf", &page_csrf(&seen.body)),
+                ("period", "day"),
+                ("usd_limit", "1"),
+                ("kind", "hard"),
+            ],
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(refused.body.contains("this needs the admin role"));
+    let bad = b
+        .post(
+            "/orgs/acme/projects/web/budgets",
+            &[
+                ("_csrf", &csrf),
+                ("period", "day"),
+                ("usd_limit", "lots"),
+                ("kind", "hard"),
+            ],
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // A hard daily limit below what was spent today: reached, and a new run is held by it.
+    let set = b
+        .post(
+            "/orgs/acme/projects/web/budgets",
+            &[
+                ("_csrf", &csrf),
+                ("period", "day"),
+                ("usd_limit", "2"),
+                ("kind", "hard"),
+            ],
+        )
+        .await;
+    assert_eq!(set.status, StatusCode::SEE_OTHER, "{}", set.body);
+    let run = app.submit(&org, org.slow).await;
+    app.until(
+        run,
+        "SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1 AND hold = 'budget')",
+        "held by the budget",
+    )
+    .await;
+    let page = b.follow(set).await;
+    let row = &page.body[page
+        .body
+        .find("id=\"limit-project:web:day\"")
+        .expect("the limit's row")..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("project web") && row.contains("$2.00") && row.contains("hard"),
+        "{row}"
+    );
+    assert!(row.contains("$3.50") && row.contains("reached"), "{row}");
+    let held = &page.body[page.body.find("id=\"held\"").unwrap()..];
+    assert!(held.contains(&run.to_string()), "{held}");
+    assert!(
+        held.contains("the project&#x27;s daily budget of $2.00 (hard) is spent"),
+        "{held}"
+    );
+
+    // A viewer's removal is refused beside the limit's row.
+    let refused = viewer
+        .post(
+            "/orgs/acme/projects/web/budgets/day/remove",
+            &[("_csrf", &page_csrf(&seen.body))],
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    let row = &refused.body[refused.body.find("id=\"limit-project:web:day\"").unwrap()..];
+    assert!(
+        row[..row.find("</tr>").unwrap()].contains("this needs the admin role"),
+        "{row}"
+    );
+
+    // The org's page: every project's limits, and the org's own, set there.
+    let org_page = b.get("/orgs/acme/budgets").await;
+    assert_eq!(org_page.status, StatusCode::OK);
+    accessible(&org_page.body, "org budgets");
+    assert!(org_page.body.contains(&run.to_string()));
+    let set = b
+        .post(
+            "/orgs/acme/budgets",
+            &[
+                ("_csrf", &page_csrf(&org_page.body)),
+                ("period", "month"),
+                ("usd_limit", "500"),
+                ("kind", "soft"),
+            ],
+        )
+        .await;
+    let org_page = b.follow(set).await;
+    let row = &org_page.body[org_page.body.find("id=\"limit-org:month\"").unwrap()..];
+    assert!(
+        row[..row.find("</tr>").unwrap()].contains("$500.00"),
+        "{row}"
+    );
+    assert!(row.contains("soft"));
+    // Removing a limit that is not set is the REST API's not found.
+    let none = b
+        .post("/orgs/acme/budgets/day/remove", &[("_csrf", &csrf)])
+        .await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND);
+
+    // Removing the project's limit releases the run.
+    let removed = b
+        .post(
+            "/orgs/acme/projects/web/budgets/day/remove",
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(removed.status, StatusCode::SEE_OTHER);
+    app.until(
+        run,
+        "SELECT NOT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1)",
+        "released",
+    )
+    .await;
+    let page = b.get("/orgs/acme/projects/web/budgets").await;
+    assert!(page.body.contains("No run is held by a budget"));
+    assert!(!page.body.contains("id=\"limit-project:web:day\""));
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn members_page_adds_people_changes_roles_and_removes_them() {
+    let app = App::start(false).await;
+    let org = app.org("acme").await;
+    let other = app.org("globex").await;
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let page = b.get("/orgs/acme/members").await;
+    assert_eq!(page.status, StatusCode::OK);
+    accessible(&page.body, "members");
+    assert!(page.body.contains("owner@acme.test") && page.body.contains("acme-owner"));
+    assert!(page.body.contains("viewer@acme.test"));
+    assert!(page.body.contains("aria-current=\"page\">Members"));
+    let csrf = page_csrf(&page.body);
+
+    let added = b
+        .post(
+            "/orgs/acme/members",
+            &[
+                ("_csrf", &csrf),
+                ("email", "dana@acme.test"),
+                ("role", "member"),
+            ],
+        )
+        .await;
+    assert_eq!(added.status, StatusCode::SEE_OTHER, "{}", added.body);
+    let page = b.follow(added).await;
+    let user: uuid::Uuid = sqlx::query_scalar(
+        "SELECT user_id FROM users WHERE org_id = $1 AND email = 'dana@acme.test'",
+    )
+    .bind(org.id)
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    let row = &page.body[page.body.find(&format!("id=\"member-{user}\"")).unwrap()..];
+    assert!(row.contains("<td class=\"role\">member</td>"), "{row}");
+    let again = b
+        .post(
+            "/orgs/acme/members",
+            &[
+                ("_csrf", &csrf),
+                ("email", "dana@acme.test"),
+                ("role", "member"),
+            ],
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    assert!(again.body.contains("id=\"add-error\""), "{}", again.body);
+
+    let changed = b
+        .post(
+            &format!("/orgs/acme/members/{user}/role"),
+            &[("_csrf", &csrf), ("role", "admin")],
+        )
+        .await;
+    let page = b.follow(changed).await;
+    let row = &page.body[page.body.find(&format!("id=\"member-{user}\"")).unwrap()..];
+    assert!(row.contains("<td class=\"role\">admin</td>"), "{row}");
+
+    // A viewer is refused by the REST route, shown beside the form.
+    let mut viewer = Browser::new(&app.base);
+    viewer.sign_in_with_token(&org.viewer_token).await;
+    let seen = viewer.get("/orgs/acme/members").await;
+    let refused = viewer
+        .post(
+            &format!("/orgs/acme/members/{user}/remove"),
+            &[("_csrf", &page_csrf(&seen.body))],
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(refused.body.contains("this needs the admin role"));
+
+    // Another org's member is not found here.
+    let theirs = b
+        .post(
+            &format!("/orgs/acme/members/{}/remove", other.owner),
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+
+    let removed = b
+        .post(
+            &format!("/orgs/acme/members/{user}/remove"),
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    let page = b.follow(removed).await;
+    assert!(!page.body.contains("dana@acme.test"), "{}", page.body);
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliveries() {
+    let app = App::start(true).await;
+    let org = app.org("acme").await;
+    let other = app.org("globex").await;
+    let mut b = Browser::new(&app.base);
+    b.sign_in_with_token(&org.owner_token).await;
+    let page = b.get("/orgs/acme/projects/web/webhooks").await;
+    assert_eq!(page.status, StatusCode::OK);
+    accessible(&page.body, "webhooks");
+    assert!(page.body.contains("No outgoing webhook"));
+    let csrf = page_csrf(&page.body);
+
+    let refused = b
+        .post(
+            "/orgs/acme/projects/web/webhooks",
+            &[
+                ("_csrf", &csrf),
+                ("url", "http://127.0.0.1:9/hook"),
+                ("events", ""),
+            ],
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        refused.body.contains("id=\"create-error\""),
+        "{}",
+        refused.body
+    );
+
+    let made = b
+        .post(
+            "/orgs/acme/projects/web/webhooks",
+            &[
+                ("_csrf", &csrf),
+                ("url", "https://hooks.example.com/shopfloor"),
+                ("events", "run.*, step.failed"),
+            ],
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    accessible(&made.body, "webhooks, answered");
+    let at = made
+        .body
+        .find("id=\"new-secret\"")
+        .expect("the secret's field");
+    let rest = &made.body[at..];
+    let rest = &rest[rest.find("value=\"").unwrap() + 7..];
+    let secret = rest[..rest.find('"').unwrap()].to_owned();
+    assert!(secret.len() >= 16, "{secret}");
+    assert_eq!(count(&made.body, &secret), 1);
+    let reload = b.get("/orgs/acme/projects/web/webhooks").await;
+    assert!(!reload.body.contains(&secret), "the secret is shown again");
+    assert!(reload.body.contains("step.failed"));
+    let webhook: uuid::Uuid =
+        sqlx::query_scalar("SELECT subscription_id FROM webhook_subscriptions WHERE org_id = $1")
+            .bind(org.id)
+            .fetch_one(app.pool())
+            .await
+            .unwrap();
+
+    // A run's events make deliveries; one is replayed as a new delivery.
+    let run = app.submit(&org, org.slow).await;
+    app.until(
+        run,
+        "SELECT EXISTS (SELECT 1 FROM webhook_deliveries WHERE run_id = $1)",
+        "a delivery",
+    )
+    .await;
+    let page = b.get("/orgs/acme/projects/web/webhooks").await;
+    let delivery: uuid::Uuid = sqlx::query_scalar(
+        "SELECT delivery_id FROM webhook_deliveries WHERE run_id = $1 ORDER BY created_at LIMIT 1",
+    )
+    .bind(run)
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert!(
+        page.body.contains(&format!("id=\"delivery-{delivery}\"")),
+        "{}",
+        page.body
+    );
+    let replayed = b
+        .post(
+            &format!("/orgs/acme/projects/web/webhooks/{webhook}/deliveries/{delivery}/replay"),
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(replayed.status, StatusCode::SEE_OTHER);
+    let page = b.follow(replayed).await;
+    assert!(
+        page.body.contains("<span class=\"tag\">replay</span>"),
+        "{}",
+        page.body
+    );
+
+    // A viewer is told webhooks are for admins, in the REST API's words.
+    let mut viewer = Browser::new(&app.base);
+    viewer.sign_in_with_token(&org.viewer_token).await;
+    let seen = viewer.get("/orgs/acme/projects/web/webhooks").await;
+    assert_eq!(seen.status, StatusCode::OK);
+    assert!(seen.body.contains("this needs the admin role"));
+    assert!(!seen.body.contains("hooks.example.com"));
+
+    // Another org's webhook is not found here.
+    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System)
+        .await
+        .unwrap();
+    let (theirs, _) = engine::store::webhooks_out::create(
+        &mut ch,
+        other.id,
+        other.project,
+        "https://hooks.example.com/globex",
+        None,
+        &["run.*".to_owned()],
+        engine::net_guard::Policy::default(),
+    )
+    .await
+    .unwrap();
+    ch.commit().await.unwrap();
+    let answer = b
+        .post(
+            &format!("/orgs/acme/projects/web/webhooks/{theirs}/delete"),
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    let answer = b
+        .post(
+            &format!("/orgs/acme/projects/web/webhooks/{theirs}/deliveries/{delivery}/replay"),
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+
+    let deleted = b
+        .post(
+            &format!("/orgs/acme/projects/web/webhooks/{webhook}/delete"),
+            &[("_csrf", &csrf)],
+        )
+        .await;
+    let page = b.follow(deleted).await;
+    assert!(page.body.contains("No outgoing webhook"), "{}", page.body);
+    app.discard().await;
+}

@@ -13,8 +13,11 @@
 //!   tokens named `console session`, revoked at sign-out), CSRF tokens derived from it.
 //! - `oauth` — sign-in with GitHub (authorize, code exchange, `/user`), and with a token.
 //! - `internal` — calls to the REST router; `error` — the console's error pages.
-//! - `pages/` — Today, runs, the run page, hosts, workflows, audit log, tokens, GitHub
-//!   (installations and the install flow that claims one).
+//! - `pages/` — Today (with resolve and cycle-budget reset), runs, the run page, hosts (drain,
+//!   undrain, deregister) and "Add a host" (a registration and the command that uses it),
+//!   workflows, budgets (the org's and a project's: limits, spend, the runs they hold),
+//!   members, outgoing webhooks (deliveries, replay), audit log, tokens, GitHub (installations
+//!   and the install flow that claims one).
 //! - `svg` — the run page's waterfall and graph; `view` — templates and formatting; `people` —
 //!   who did something, by name; `transcript` — agents' lines in words.
 //!
@@ -174,6 +177,11 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
         .route("/orgs/{org}/audit", get(pages::audit::page))
         .route("/orgs/{org}/tokens", get(pages::tokens::page).post(pages::tokens::create))
         .route("/orgs/{org}/tokens/{token}/revoke", post(pages::tokens::revoke))
+        .route("/orgs/{org}/members", get(pages::members::page).post(pages::members::add))
+        .route("/orgs/{org}/members/{user}/role", post(pages::members::role))
+        .route("/orgs/{org}/members/{user}/remove", post(pages::members::remove))
+        .route("/orgs/{org}/budgets", get(pages::budgets::org_page).post(pages::budgets::org_set))
+        .route("/orgs/{org}/budgets/{period}/remove", post(pages::budgets::org_remove))
         .route("/orgs/{org}/github", get(pages::github::page))
         .route("/orgs/{org}/github/connect", post(pages::github::connect))
         .route("/orgs/{org}/github/installations/{installation}/release", post(pages::github::release))
@@ -184,6 +192,15 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
         .route(&format!("{run}/resolve"), post(pages::today::resolve))
         .route(&format!("{project}/runs"), get(pages::runs::page))
         .route(&format!("{project}/hosts"), get(pages::hosts::page))
+        .route(&format!("{project}/hosts/add"), get(pages::host_add::page).post(pages::host_add::create))
+        .route(&format!("{project}/hosts/{{host}}/drain"), post(pages::hosts::drain))
+        .route(&format!("{project}/hosts/{{host}}/undrain"), post(pages::hosts::undrain))
+        .route(&format!("{project}/hosts/{{host}}/deregister"), post(pages::hosts::deregister))
+        .route(&format!("{project}/budgets"), get(pages::budgets::project_page).post(pages::budgets::project_set))
+        .route(&format!("{project}/budgets/{{period}}/remove"), post(pages::budgets::project_remove))
+        .route(&format!("{project}/webhooks"), get(pages::webhooks::page).post(pages::webhooks::create))
+        .route(&format!("{project}/webhooks/{{webhook}}/delete"), post(pages::webhooks::delete))
+        .route(&format!("{project}/webhooks/{{webhook}}/deliveries/{{delivery}}/replay"), post(pages::webhooks::replay))
         .route(&format!("{project}/workflows"), get(pages::workflows::list).post(pages::workflows::upload))
         .route(&format!("{project}/workflows/validate"), post(pages::workflows::validate))
         .route(&format!("{project}/workflows/{{name}}"), get(pages::workflows::detail))

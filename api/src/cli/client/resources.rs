@@ -301,7 +301,7 @@ async fn register(api: &Api, name: Option<String>, capabilities: Option<String>,
         return Ok(0);
     }
     let r: Registration = answer.json()?;
-    say!("{}", host_command(api.server(), &r.token, name.as_deref(), capabilities.as_deref()));
+    say!("{}", crate::http::hosts::host_command(api.server(), &r.token, name.as_deref(), capabilities.as_deref()));
     eprintln!(
         "registration {} for {}/{}, usable once until {}; run the command above on the host (it holds the token, shown this once)",
         r.id,
@@ -310,28 +310,6 @@ async fn register(api: &Api, name: Option<String>, capabilities: Option<String>,
         stamp(r.expires_at)
     );
     Ok(0)
-}
-
-/// The command that starts a host with a registration token: `shopfloor host --server … --token …`.
-fn host_command(server: &str, token: &str, name: Option<&str>, capabilities: Option<&str>) -> String {
-    let mut words = vec!["shopfloor".to_owned(), "host".into(), "--server".into(), shell_word(server), "--token".into(), shell_word(token)];
-    if let Some(n) = name {
-        words.extend(["--name".into(), shell_word(n)]);
-    }
-    if let Some(c) = capabilities {
-        words.extend(["--capabilities".into(), shell_word(c)]);
-    }
-    words.join(" ")
-}
-
-/// A word a POSIX shell reads back as itself: as is when it is plain, else single-quoted.
-fn shell_word(text: &str) -> String {
-    let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "-_.,:/@%+=".contains(c));
-    if plain {
-        text.to_owned()
-    } else {
-        format!("'{}'", text.replace('\'', r"'\''"))
-    }
 }
 
 /// A host named by its id, or by its name among the project's registered hosts.

@@ -1,17 +1,22 @@
-//! The project's hosts: online or offline, capabilities, slots in use and the step each runs.
-//! The list is the REST API's; the steps held are one indexed read (`steps_by_holder`) for the
+//! The project's hosts: online, offline or drained, capabilities, slots in use and the step
+//! each runs, with drain, undrain and deregister forms (the REST routes decide who may). The
+//! list is the REST API's; the steps held are one indexed read (`steps_by_holder`) for the
 //! whole page.
 
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Uri};
+use std::collections::HashMap;
+
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use engine::ids::{RunId, StepId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::super::view::Page;
+use super::super::session::OrgSession;
+use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, ProjectPath};
+use super::act::shown;
+use super::{here, see_other, FormMap, ProjectPath};
 use crate::http::hosts::HostList;
 
 /// A host counts as online when it reported this recently (it reports every 10 s at most).
@@ -32,42 +37,97 @@ struct Held {
 
 #[derive(Debug, Serialize)]
 struct HostView {
+    id: String,
     name: String,
-    online: bool,
+    /// `drained` (it claims nothing new, whether or not it reports), `online` or `offline`.
+    status: &'static str,
     capabilities: Vec<String>,
     max_concurrent: i32,
     last_seen_at: Option<DateTime<Utc>>,
+    drained_at: Option<DateTime<Utc>>,
     steps: Vec<Held>,
 }
 
-pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    let list: HostList = c.read(&s.caller, &format!("/orgs/{}/projects/{}/hosts?limit=200", p.org, p.project)).await?;
+fn status(last_seen_at: Option<DateTime<Utc>>, drained: bool, now: DateTime<Utc>) -> &'static str {
+    if drained {
+        "drained"
+    } else if last_seen_at.is_some_and(|t| (now - t).num_seconds() < ONLINE_SECS) {
+        "online"
+    } else {
+        "offline"
+    }
+}
+
+/// The page, with a REST refusal shown beside the form of the host it was about.
+async fn render(c: &Console, s: &OrgSession, project: &str, refused: Option<(String, String)>, code: StatusCode) -> Result<Response, ConsoleError> {
+    let list: HostList = c.read(&s.caller, &format!("/orgs/{}/projects/{project}/hosts?limit=200", s.org)).await?;
     let holders: Vec<String> = list.items.iter().map(|h| format!("host:{}", h.id)).collect();
-    let mut held: Vec<Held> = if holders.is_empty() {
+    let held: Vec<Held> = if holders.is_empty() {
         Vec::new()
     } else {
         sqlx::query_as(HELD_SQL).bind(s.caller.org).bind(&holders).fetch_all(c.db()).await?
     };
+    let mut by_holder: HashMap<String, Vec<Held>> = HashMap::new();
+    for h in held {
+        by_holder.entry(h.holder.clone()).or_default().push(h);
+    }
     let now = Utc::now();
     let hosts: Vec<HostView> = list
         .items
         .into_iter()
-        .map(|h| {
-            let me = format!("host:{}", h.id);
-            let (mine, rest): (Vec<Held>, Vec<Held>) = std::mem::take(&mut held).into_iter().partition(|s| s.holder == me);
-            held = rest;
-            HostView {
-                online: h.last_seen_at.is_some_and(|t| (now - t).num_seconds() < ONLINE_SECS),
-                name: h.name,
-                capabilities: h.capabilities,
-                max_concurrent: h.max_concurrent,
-                last_seen_at: h.last_seen_at,
-                steps: mine,
-            }
+        .map(|h| HostView {
+            steps: by_holder.remove(&format!("host:{}", h.id)).unwrap_or_default(),
+            status: status(h.last_seen_at, h.drained_at.is_some(), now),
+            id: h.id.to_string(),
+            name: h.name,
+            capabilities: h.capabilities,
+            max_concurrent: h.max_concurrent,
+            last_seen_at: h.last_seen_at,
+            drained_at: h.drained_at,
         })
         .collect();
-    let projects = c.projects(&s).await?;
-    let page = Page::of(&s, format!("Hosts · {}", p.project), "hosts").project(&p.project, projects);
-    c.page("hosts.html", ctx! { page => page, hosts => hosts })
+    let projects = c.projects(s).await?;
+    let page = Page::of(s, format!("Hosts · {project}"), "hosts").project(project, projects);
+    let (refused_host, refusal) = refused.unzip();
+    let html = c.render("hosts.html", ctx! { page => page, hosts => hosts, refused_host => refused_host, refusal => refusal })?;
+    Ok(view::html(code, html))
+}
+
+pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri) -> Result<Response, ConsoleError> {
+    let s = c.session(&headers, &p.org, &here(&uri)).await?;
+    render(&c, &s, &p.project, None, StatusCode::OK).await
+}
+
+#[derive(Debug, Deserialize)]
+pub(in super::super) struct HostPath {
+    org: String,
+    project: String,
+    host: String,
+}
+
+/// Drain, undrain or deregister, through the REST route; back to the list.
+async fn act(c: &Console, p: &HostPath, headers: &HeaderMap, uri: &Uri, f: &FormMap, method: Method, verb: Option<&str>) -> Result<Response, ConsoleError> {
+    let s = c.session(headers, &p.org, &here(uri)).await?;
+    s.check(headers, f.get("_csrf").map(String::as_str))?;
+    let base = format!("/orgs/{}/projects/{}/hosts/{}", p.org, p.project, view::urlencode(&p.host));
+    let path = verb.map_or_else(|| base.clone(), |v| format!("{base}/{v}"));
+    match c.call(&s.caller, method, &path, None).await? {
+        Ok(_) => Ok(see_other(&format!("/orgs/{}/projects/{}/hosts", p.org, p.project))),
+        Err(r) => {
+            let r = shown(r)?;
+            render(c, &s, &p.project, Some((p.host.clone(), r.detail)), r.status).await
+        }
+    }
+}
+
+pub(in super::super) async fn drain(State(c): State<Console>, Path(p): Path<HostPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+    act(&c, &p, &headers, &uri, &f, Method::POST, Some("drain")).await
+}
+
+pub(in super::super) async fn undrain(State(c): State<Console>, Path(p): Path<HostPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+    act(&c, &p, &headers, &uri, &f, Method::POST, Some("undrain")).await
+}
+
+pub(in super::super) async fn deregister(State(c): State<Console>, Path(p): Path<HostPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+    act(&c, &p, &headers, &uri, &f, Method::DELETE, None).await
 }

@@ -2,13 +2,18 @@
 //! shows (its own SQL filtered by org, or the REST API in-process), and renders a template.
 //! Forms post back here; the handlers check the CSRF field, then act through the REST API.
 
+mod act;
 pub(super) mod audit;
+pub(super) mod budgets;
 pub(super) mod github;
+pub(super) mod host_add;
 pub(super) mod hosts;
+pub(super) mod members;
 pub(super) mod run;
 pub(super) mod runs;
 pub(super) mod today;
 pub(super) mod tokens;
+pub(super) mod webhooks;
 pub(super) mod workflows;
 
 use std::collections::HashMap;
