@@ -237,7 +237,7 @@ async fn start_node(
                 Some(_) => crate::store::operator::node_override(ch, run_id, &node.id).await?.and_then(|o| o.harness),
                 None => None,
             };
-            let harness = edited.as_deref().unwrap_or(crate::store::hosts::harness_name(c.harness));
+            let harness = edited.as_deref().unwrap_or(c.harness.name());
             crate::hosts::crew_requires(&node.requires, harness)
         }
         _ => node.requires.clone(),
@@ -448,7 +448,7 @@ async fn lease_to_self(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow,
             let edited = edit.is_some();
             let edit = edit.unwrap_or_default();
             Some(CrewSpec {
-                harness: edit.harness.unwrap_or_else(|| crate::store::hosts::harness_name(c.harness).to_owned()),
+                harness: edit.harness.unwrap_or_else(|| c.harness.name().to_owned()),
                 model: edit.model.or_else(|| c.model.clone()),
                 prompt: edit.prompt.unwrap_or_else(|| c.prompt.clone()),
                 edited,

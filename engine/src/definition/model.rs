@@ -160,6 +160,17 @@ pub enum Harness {
     Command,
 }
 
+impl Harness {
+    /// The name a workflow and the host protocol use: `claude-code`, `codex`, `command`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Harness::ClaudeCode => "claude-code",
+            Harness::Codex => "codex",
+            Harness::Command => "command",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Crew {
     pub harness: Harness,

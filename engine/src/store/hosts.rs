@@ -25,7 +25,7 @@ use crate::db::Db;
 use super::steps::{self, Failure, FailureClass, StepRow, LEASE};
 use super::{budgets, cap, runs, Actor, Change, Result, StoreError};
 use crate::catalog::Catalog;
-use crate::definition::{self, Harness, NodeKind, OutputKind};
+use crate::definition::{self, NodeKind, OutputKind};
 use crate::hosts::{self as model, Assignment, Capability, Caps, ItemRef, RepositoryRef, Usage};
 use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, WorkflowId};
 use crate::state::StepState;
@@ -255,14 +255,6 @@ pub async fn claim(pool: &Db, catalog: &Catalog, host: &HostRow, want: u32) -> R
     Ok(claimed)
 }
 
-pub(crate) fn harness_name(h: Harness) -> &'static str {
-    match h {
-        Harness::ClaudeCode => "claude-code",
-        Harness::Codex => "codex",
-        Harness::Command => "command",
-    }
-}
-
 /// What a host needs to run a leased crew step; `Err` with a reason when the step cannot run
 /// anywhere (its node is gone from the definition, its prompt does not render).
 async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &StepRow) -> Result<std::result::Result<Assignment, String>> {
@@ -315,7 +307,7 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
         node: step.node.clone(),
         visit: step.visit,
         attempt: step.attempt,
-        harness: edit.harness.unwrap_or_else(|| harness_name(crew.harness).to_owned()),
+        harness: edit.harness.unwrap_or_else(|| crew.harness.name().to_owned()),
         model: edit.model.or_else(|| crew.model.clone()),
         prompt,
         command: crew.command.clone(),

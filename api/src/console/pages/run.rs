@@ -650,6 +650,24 @@ async fn render(
         .as_deref()
         .map(|d| svg::graph(d, &states))
         .unwrap_or_default();
+    // The crew nodes an edit-and-retry can change, the failed one first, with what they run now.
+    let failed_crew: Vec<&str> = detail.steps.iter().filter(|st| st.kind == "crew" && st.state == "failed").map(|st| st.node.as_str()).collect();
+    let mut crews: Vec<Value> = def
+        .as_deref()
+        .map(|d| {
+            d.nodes
+                .iter()
+                .filter_map(|n| match &n.kind {
+                    engine::definition::NodeKind::Crew(crew) => Some(json!({
+                        "id": n.id.to_string(), "prompt": crew.prompt, "model": crew.model, "harness": crew.harness.name(),
+                        "failed": failed_crew.contains(&n.id.to_string().as_str()),
+                    })),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    crews.sort_by_key(|c| c["failed"] != true);
     let nodes: Vec<String> = def
         .as_deref()
         .map(|d| d.nodes.iter().map(|n| n.id.to_string()).collect())
@@ -721,7 +739,7 @@ async fn render(
         Some((_, node)) => member && approvals.iter().any(|a| a.node == node),
         None => match key {
             "cancel" => can_cancel,
-            "retry" => can_retry,
+            "retry" | "edit" => can_retry,
             "rerun" => can_rerun,
             "say" => transcript.as_ref().is_some_and(|t| t["can_say"] == true),
             _ => false,
@@ -756,6 +774,7 @@ async fn render(
             graph => minijinja::Value::from_safe_string(graph),
             transcript => transcript,
             nodes => nodes,
+            crews => crews,
             item => detail.run.item.as_deref().and_then(view::item_link),
             links => output_links(&detail),
             can_act => member,
@@ -1058,8 +1077,14 @@ pub(in super::super) async fn retry(
         "/orgs/{}/projects/{}/runs/{}/retry",
         p.org, p.project, p.run
     );
-    let result = c.call(&s.caller, Method::POST, &path, None).await?;
-    answer(&c, &s, &p, "retry", result, Feedback::default()).await
+    // Edit-and-retry names a crew node and what to change; a plain retry sends no body.
+    let text = |k: &str| form.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let body = text("node").map(|node| {
+        json!({ "node": node, "prompt": form.get("prompt").filter(|p| !p.trim().is_empty()), "model": text("model"), "harness": text("harness") })
+    });
+    let key = if body.is_some() { "edit" } else { "retry" };
+    let result = c.call(&s.caller, Method::POST, &path, body).await?;
+    answer(&c, &s, &p, key, result, Feedback::default()).await
 }
 
 pub(in super::super) async fn rerun(

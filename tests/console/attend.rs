@@ -1,0 +1,203 @@
+//! What needs a person, answered in a real browser: an approval card that says which run it is
+//! about, the run page saying who approved and with what, a failed crew step's headline in
+//! words and its edit-and-retry, a failure resolved from Today, a used-up cycle budget reset
+//! from Today, and relative times that move on while the page stays open. Every page it visits
+//! gets `accessibility` and `fits`.
+
+use engine::hosts::Usage;
+use engine::ids::RunId;
+use engine::store::hosts::{self as host_store, Completion};
+use engine::store::steps::{Failure, FailureClass};
+use engine::store::{Actor, Change};
+use fantoccini::{Client, Locator};
+use serde_json::json;
+use shopfloor_tests::github_fake::oauth::Account;
+
+use crate::browser::register_host;
+use crate::chromium::{accessibility, browser, driver, fits, h1, until};
+use crate::support::{App, Org};
+
+async fn sign_in(app: &App, c: &Client) {
+    app.oauth.as_ref().unwrap().sign_in_as(Account { login: "acme-owner".into(), id: 1, emails: vec![] });
+    c.goto(&app.url("/")).await.unwrap();
+    until(c, "return !!document.getElementById('github-signin')", "the sign-in page").await;
+    c.find(Locator::Id("github-signin")).await.unwrap().click().await.unwrap();
+    until(c, "return document.querySelector('h1') && document.querySelector('h1').textContent.includes('Today in acme')", "Today after sign-in").await;
+}
+
+/// A run of `agent` whose crew step a host took and failed with exit code 2.
+async fn failed_crew_run(app: &App, org: &Org, host: &host_store::HostRow) -> RunId {
+    let run = app.submit(org, org.agent).await;
+    app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')", "a crew step for a host").await;
+    let catalog = engine::catalog::Catalog::default();
+    let claimed = host_store::claim(app.pool(), &catalog, host, 1).await.expect("claim");
+    let step = claimed.assignments.first().expect("the crew step is claimed").step;
+    host_store::start(app.pool(), host, step, "command").await.expect("start");
+    let failed = Completion {
+        output: json!({ "text": "make: *** [build] Error 2" }),
+        failure: Some(Failure { reason: "exit code 2".into(), class: FailureClass::Final, exit_code: Some(2) }),
+        usage: Usage::default(),
+        harness: Some("command".into()),
+    };
+    host_store::complete(app.pool(), host, step, &failed).await.expect("complete");
+    app.until(run, "SELECT status = 'failed' FROM runs WHERE run_id = $1", "the run fails").await;
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
+    let d = driver().await;
+    let app = App::start(true).await;
+    let org = app.org("acme").await;
+    let approval = app.submit(&org, org.approve).await;
+    app.until(approval, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
+    let c = browser(&d).await;
+    sign_in(&app, &c).await;
+
+    // The approval card says which workflow and what the run is about.
+    let card = c.find(Locator::Css("#needs-you li.approval")).await.unwrap().text().await.unwrap();
+    assert!(card.contains("approve") && card.contains("no input") && card.contains("Ship the release?"), "{card}");
+    // Relative times move on while the page stays open, without a reload.
+    c.execute("window.__sameDocument = 'yes'", vec![]).await.unwrap();
+    let first = c.find(Locator::Css("#needs-you time[data-ago]")).await.unwrap().text().await.unwrap();
+    let script = format!("return document.querySelector('#needs-you time[data-ago]').textContent !== {}", json!(first));
+    until(&c, &script, "the approval's relative time moves on").await;
+    assert_eq!(c.execute("return window.__sameDocument || null", vec![]).await.unwrap(), json!("yes"));
+    accessibility(&c, "today with an approval").await;
+    fits(&c, "attend-today").await;
+
+    // Approve with a ticket: the run page then says who approved, and what they entered.
+    c.find(Locator::Css("#needs-you a.button")).await.unwrap().click().await.unwrap();
+    until(&c, "return !!document.querySelector('form.approve')", "the approval form").await;
+    c.find(Locator::Css("form.approve input[name=ticket]")).await.unwrap().send_keys("T-77").await.unwrap();
+    c.find(Locator::Css("form.approve button[type=submit]")).await.unwrap().click().await.unwrap();
+    until(&c, "return !!document.querySelector('#decisions:not([hidden])')", "the decision on the run page").await;
+    let decided = c.find(Locator::Id("decisions")).await.unwrap().text().await.unwrap();
+    assert!(decided.contains("approved at review by acme-owner") && decided.contains("ticket") && decided.contains("T-77"), "{decided}");
+    let meta = c.find(Locator::Css("#headline .meta")).await.unwrap().text().await.unwrap();
+    // The test made the run as the system, which the page names in words.
+    assert!(meta.contains("created by shopfloor") && !meta.contains("system:"), "{meta}");
+    accessibility(&c, "run with a decision").await;
+    fits(&c, "attend-run-decided").await;
+
+    // A crew step fails: the headline says where and why in words, the machine reason beside.
+    let host = register_host(&app, &org).await;
+    let failed = failed_crew_run(&app, &org, &host).await;
+    c.goto(&app.url(&format!("/orgs/acme/projects/web/runs/{failed}"))).await.unwrap();
+    until(&c, "return document.querySelector('h1').textContent.includes('Failed at build')", "the failed run").await;
+    assert_eq!(h1(&c).await.trim_start_matches(|ch: char| !ch.is_alphabetic()), "Failed at build: The command exited with code 2");
+    let why = c.find(Locator::Css("#headline .why")).await.unwrap().text().await.unwrap();
+    assert!(why.contains("build (crew) failed: The command exited with code 2") && why.contains("exit code 2"), "{why}");
+    let steps = c.find(Locator::Id("steps")).await.unwrap().text().await.unwrap();
+    assert!(!steps.contains("exit 2") && !steps.contains("0/0 tokens") && !steps.contains("tokens in"), "{steps}");
+    accessibility(&c, "failed run").await;
+    fits(&c, "attend-run-failed").await;
+
+    // Edit and retry it: the new run's crew step runs the edited prompt with the other harness.
+    let prompt = c.find(Locator::Id("edit-prompt")).await.unwrap();
+    assert_eq!(prompt.prop("value").await.unwrap().as_deref(), Some("Build it"));
+    prompt.clear().await.unwrap();
+    prompt.send_keys("Build it again, with the cache cleared").await.unwrap();
+    c.find(Locator::Id("edit-retry-submit")).await.unwrap().click().await.unwrap();
+    let retried: RunId = loop_until_new_run(&app, failed).await;
+    until(&c, &format!("return location.pathname.endsWith({})", json!(retried.to_string())), "the new run's page").await;
+    app.until(retried, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')", "the edited step for a host").await;
+    let catalog = engine::catalog::Catalog::default();
+    let claimed = host_store::claim(app.pool(), &catalog, &host, 1).await.expect("claim the edited step");
+    let edited = claimed.assignments.first().expect("the edited step is claimed");
+    assert_eq!(edited.prompt, "Build it again, with the cache cleared");
+    let meta = c.find(Locator::Css("#headline .meta")).await.unwrap().text().await.unwrap();
+    assert!(meta.contains(&format!("rerun of {failed}")) || meta.contains(&failed.to_string()), "{meta}");
+
+    // Another failure, resolved from Today: it leaves the list.
+    host_store::start(app.pool(), &host, edited.step, "command").await.expect("start the edited step");
+    let done = Completion { output: json!({ "text": "built" }), failure: None, usage: Usage::default(), harness: Some("command".into()) };
+    host_store::complete(app.pool(), &host, edited.step, &done).await.expect("complete the edited step");
+    app.until(retried, "SELECT status = 'completed' FROM runs WHERE run_id = $1", "the retry completes").await;
+    let other = failed_crew_run(&app, &org, &host).await;
+    c.goto(&app.url("/orgs/acme")).await.unwrap();
+    let card = format!("#needs-you li.failure a[href$='{other}']");
+    until(&c, &format!("return !!document.querySelector({})", json!(card)), "the failure under Needs you").await;
+    let failures = c.find(Locator::Css("#needs-you")).await.unwrap().text().await.unwrap();
+    assert!(failures.contains("The command exited with code 2"), "{failures}");
+    fits(&c, "attend-today-failure").await;
+    let form = format!("form.resolve[action$='/runs/{other}/resolve']");
+    c.find(Locator::Css(&format!("{form} input[name=note]"))).await.unwrap().send_keys("flaky runner, fixed").await.unwrap();
+    c.find(Locator::Css(&format!("{form} button[type=submit]"))).await.unwrap().click().await.unwrap();
+    until(&c, &format!("return document.querySelector('h1').textContent.includes('Today') && !document.querySelector({})", json!(card)), "the failure resolved").await;
+    let resolved: bool = sqlx::query_scalar("SELECT resolved_at IS NOT NULL FROM runs WHERE run_id = $1").bind(other).fetch_one(app.pool()).await.unwrap();
+    assert!(resolved, "the run is marked resolved");
+
+    // A used-up cycle budget, reset from Today: the event it blocked opens a run.
+    let item = used_up_cycle_budget(&app, &org).await;
+    c.goto(&app.url("/orgs/acme")).await.unwrap();
+    until(&c, "return !!document.querySelector('#needs-you li.ask')", "the cycle-budget ask").await;
+    let ask = c.find(Locator::Css("#needs-you li.ask")).await.unwrap().text().await.unwrap();
+    assert!(ask.contains("acme/web#7") && ask.contains("triaged"), "{ask}");
+    accessibility(&c, "today with an ask").await;
+    fits(&c, "attend-today-ask").await;
+    c.find(Locator::Css("#needs-you li.ask button.reset-cycle")).await.unwrap().click().await.unwrap();
+    until(&c, "return document.querySelector('h1').textContent.includes('Today') && !document.querySelector('#needs-you li.ask')", "the ask answered").await;
+    let opened: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM runs WHERE item_id = $1)").bind(item).fetch_one(app.pool()).await.unwrap();
+    assert!(opened, "the blocked event opened a run");
+
+    c.close().await.unwrap();
+    app.discard().await;
+}
+
+/// The run a retry of `source` made (the form's answer redirects to it).
+async fn loop_until_new_run(app: &App, source: RunId) -> RunId {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let found: Option<RunId> = sqlx::query_scalar("SELECT run_id FROM runs WHERE source_run_id = $1").bind(source).fetch_optional(app.pool()).await.unwrap();
+        if let Some(run) = found {
+            return run;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no retry of {source} was made");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// A GitHub-triggered workflow whose cycle budget on `acme/web#7` is used up, with the event it
+/// blocked waiting (as ingest leaves them). Returns the item.
+async fn used_up_cycle_budget(app: &App, org: &Org) -> uuid::Uuid {
+    let pool = app.pool();
+    let source = "name: triaged\non:\n  github: { events: [issues.labeled] }\nbudget: { max_cycles: 1 }\nnodes:\n  ask:\n    approval: { prompt: ok? }\n";
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let (workflow, _) = engine::store::workflows::put_version(&mut ch, org.id, org.project, "triaged", source).await.unwrap();
+    let item = engine::store::triggers::ensure_item(&mut ch, org.id, org.project, r#"["github","acme/web",7]"#).await.unwrap();
+    ch.commit().await.unwrap();
+    sqlx::query("UPDATE items SET data = $2 WHERE item_id = $1")
+        .bind(item)
+        .bind(json!({ "repository": "acme/web", "number": 7, "state": "open", "labels": ["ready"] }))
+        .execute(pool)
+        .await
+        .unwrap();
+    let event = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO trigger_events (org_id, project_id, event_id, workflow_id, item_id, dedup_key, source, payload, status) \
+         VALUES ($1, $2, $3, $4, $5, 'blocked-one', 'github', $6, 'blocked')",
+    )
+    .bind(org.id)
+    .bind(org.project)
+    .bind(event)
+    .bind(workflow)
+    .bind(item)
+    .bind(json!({ "trigger": { "event": "issues", "action": "labeled" } }))
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used, asked_at, ask) \
+         VALUES ($1, $2, $3, $4, 0, 1, now(), $5)",
+    )
+    .bind(org.id)
+    .bind(org.project)
+    .bind(item)
+    .bind(workflow)
+    .bind(json!({ "event": event, "workflow": "triaged", "cycles_used": 1, "max_cycles": 1 }))
+    .execute(pool)
+    .await
+    .unwrap();
+    item.0
+}
