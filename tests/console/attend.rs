@@ -14,7 +14,7 @@ use serde_json::json;
 use shopfloor_tests::github_fake::oauth::Account;
 
 use crate::browser::register_host;
-use crate::chromium::{accessibility, browser, driver, fits, h1, until};
+use crate::chromium::{accessibility, browser, driver, fits, fits_here, h1, resize, until, VIEWPORTS};
 use crate::support::{App, Org};
 
 async fn sign_in(app: &App, c: &Client) {
@@ -200,4 +200,61 @@ async fn used_up_cycle_budget(app: &App, org: &Org) -> uuid::Uuid {
     .await
     .unwrap();
     item.0
+}
+
+/// Every page of the console, as an owner with runs, a host and workflows to show: one h1,
+/// every field labelled, state in words, and no text outside its box at a laptop's and a
+/// phone's size (a screenshot of each under `target/screenshots/`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_reads_at_a_laptops_and_a_phones_size() {
+    let d = driver().await;
+    let app = App::start(true).await;
+    let org = app.org("acme").await;
+    let waiting = app.submit(&org, org.approve).await;
+    app.submit(&org, org.slow).await;
+    app.until(waiting, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
+    let host = register_host(&app, &org).await;
+    let failed = failed_crew_run(&app, &org, &host).await;
+    let c = browser(&d).await;
+    sign_in(&app, &c).await;
+    let project = "/orgs/acme/projects/web";
+    let pages = [
+        ("today", "/orgs/acme".to_owned()),
+        ("runs", format!("{project}/runs")),
+        ("runs-failed", format!("{project}/runs?status=failed")),
+        ("run-waiting", format!("{project}/runs/{waiting}")),
+        ("run-failed", format!("{project}/runs/{failed}")),
+        ("hosts", format!("{project}/hosts")),
+        ("host-add", format!("{project}/hosts/add")),
+        ("workflows", format!("{project}/workflows")),
+        ("workflow", format!("{project}/workflows/approve")),
+        ("budgets", format!("{project}/budgets")),
+        ("org-budgets", "/orgs/acme/budgets".to_owned()),
+        ("webhooks", format!("{project}/webhooks")),
+        ("audit", "/orgs/acme/audit".to_owned()),
+        ("members", "/orgs/acme/members".to_owned()),
+        ("tokens", "/orgs/acme/tokens".to_owned()),
+        ("github", "/orgs/acme/github".to_owned()),
+    ];
+    for viewport in VIEWPORTS {
+        resize(&c, viewport).await;
+        for (name, path) in &pages {
+            c.goto(&app.url(path)).await.unwrap();
+            until(&c, "return document.readyState === 'complete' && !!document.querySelector('h1')", &format!("the {name} page")).await;
+            let title = h1(&c).await;
+            assert!(!title.contains("not found") && !title.contains("went wrong"), "{name}: {title}");
+            accessibility(&c, name).await;
+            fits_here(&c, &format!("page-{name}")).await;
+        }
+    }
+    // Going from live page to live page leaves no stream open behind: the session may hold 8
+    // (`SHOPFLOOR_STREAMS_PER_TOKEN`), and each page here connects its own.
+    for round in 0..5 {
+        for path in ["/orgs/acme".to_owned(), format!("{project}/runs/{waiting}")] {
+            c.goto(&app.url(&path)).await.unwrap();
+            until(&c, "return document.body.dataset.live === 'on'", &format!("round {round}: {path} live")).await;
+        }
+    }
+    c.close().await.unwrap();
+    app.discard().await;
 }

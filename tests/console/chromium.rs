@@ -224,29 +224,31 @@ return out;
 /// as `target/screenshots/<name>-<width>.png`. Leaves the window at the laptop's size.
 pub(crate) async fn fits(c: &Client, name: &str) {
     let mut problems = Vec::new();
-    for (w, h) in VIEWPORTS {
-        c.set_window_size(w, h).await.expect("the window resizes");
-        until(
-            c,
-            &format!("return window.innerWidth === {w}"),
-            &format!("a window {w} px wide"),
-        )
-        .await;
-        screenshot(c, &format!("{name}-{w}.png")).await;
-        let found = c
-            .execute(OVERFLOWS, vec![])
-            .await
-            .expect("the overflow script runs");
-        for p in found.as_array().into_iter().flatten() {
-            problems.push(format!("{w}×{h}: {}", p.as_str().unwrap_or_default()));
-        }
+    for viewport in VIEWPORTS {
+        problems.extend(overflows_at(c, name, viewport).await);
     }
-    c.set_window_size(VIEWPORTS[0].0, VIEWPORTS[0].1)
-        .await
-        .expect("the window resizes");
-    assert!(
-        problems.is_empty(),
-        "{name}: text outside its box:\n{}",
-        problems.join("\n")
-    );
+    resize(c, VIEWPORTS[0]).await;
+    assert!(problems.is_empty(), "{name}: text outside its box:\n{}", problems.join("\n"));
+}
+
+/// `fits` at the window's size as it is (`resize` first): for a test that visits many pages
+/// at one size, then at the other.
+pub(crate) async fn fits_here(c: &Client, name: &str) {
+    let size = c.get_window_rect().await.expect("the window's size");
+    let problems = overflows_at(c, name, (size.2 as u32, size.3 as u32)).await;
+    assert!(problems.is_empty(), "{name}: text outside its box:\n{}", problems.join("\n"));
+}
+
+pub(crate) async fn resize(c: &Client, (w, h): (u32, u32)) {
+    c.set_window_size(w, h).await.expect("the window resizes");
+    until(c, &format!("return window.innerWidth === {w}"), &format!("a window {w} px wide")).await;
+}
+
+async fn overflows_at(c: &Client, name: &str, (w, h): (u32, u32)) -> Vec<String> {
+    if c.execute("return window.innerWidth", vec![]).await.ok() != Some(json!(w)) {
+        resize(c, (w, h)).await;
+    }
+    screenshot(c, &format!("{name}-{w}.png")).await;
+    let found = c.execute(OVERFLOWS, vec![]).await.expect("the overflow script runs");
+    found.as_array().into_iter().flatten().map(|p| format!("{w}×{h}: {}", p.as_str().unwrap_or_default())).collect()
 }

@@ -59,10 +59,21 @@
     }
     schedule();
   }
+  // Open streams are closed when the page is left: a browser keeps a few connections per
+  // server, and streams of pages left behind (kept in its back-forward cache) would hold them
+  // and stall the next page. A page shown again from that cache loads afresh.
+  var open = [];
+  window.addEventListener('pagehide', function () {
+    open.forEach(function (es) { es.close(); });
+    open = [];
+    if (source) { source.close(); source = null; sourceUrl = ''; }
+  });
+  window.addEventListener('pageshow', function (e) { if (e.persisted) location.reload(); });
   if (streams.length && window.EventSource) {
     say('Connecting…');
     streams.forEach(function (url) {
       var es = new EventSource(url);
+      open.push(es);
       kinds.forEach(function (k) { es.addEventListener(k, onEvent); });
       es.onmessage = onEvent;
       es.onopen = function () { say('Live'); body.dataset.live = 'on'; };
