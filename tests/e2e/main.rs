@@ -17,6 +17,7 @@ mod lifecycle;
 mod metrics;
 mod pgbouncer;
 mod poolers;
+mod readme;
 mod secrets;
 mod serve;
 mod sessions;

@@ -622,7 +622,7 @@ pub(super) async fn approve(args: ApproveArgs) -> Result<u8, ClientError> {
     let mut conn = args.conn;
     let id = run_ref(&mut conn, &args.run)?;
     let api = connect(&conn)?;
-    let detail: RunDetail = api.get(api.project_url(&["runs", &id])?).await?.json()?;
+    let detail = once_start_is_open(&api, &id, args.node.as_deref()).await?;
     let approval = pick(&detail.approvals, args.node.as_deref(), &id)?;
     let fields = form::fields(&approval.fields);
     let mut answer = form::given(&fields, &args.field)?;
@@ -641,6 +641,46 @@ pub(super) async fn approve(args: ApproveArgs) -> Result<u8, ClientError> {
         say!("approved {} on {}{}", approval.node, id, answer_words(d.get("answer")));
     }
     Ok(0)
+}
+
+/// How long `approve` waits for the engine to open a new run's start approval.
+const START_OPENS_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The run, read once the start approval it waits for is open. A run of a workflow with
+/// `approval: required` is "waiting for approval" from its submission, but the engine opens
+/// its `$start` approval a moment later: without this wait, `RUN=$(shopfloor runs submit …)`
+/// then `shopfloor approve $RUN '$start'` (the README's tour) is refused when it comes first.
+async fn once_start_is_open(api: &Api, id: &str, node: Option<&str>) -> Result<RunDetail, ClientError> {
+    let url = api.project_url(&["runs", id])?;
+    let detail: RunDetail = api.get(url.clone()).await?.json()?;
+    if !start_not_open_yet(&detail, node) {
+        return Ok(detail);
+    }
+    // The stream first, then the run again: the event that opens the approval cannot fall
+    // between the two.
+    let mut stream = sse::Stream::open(api).await?;
+    let deadline = tokio::time::Instant::now() + START_OPENS_WITHIN;
+    loop {
+        let detail: RunDetail = api.get(url.clone()).await?.json()?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if !start_not_open_yet(&detail, node) || left.is_zero() {
+            return Ok(detail);
+        }
+        // Read the run again after its next event, or at the deadline (then `pick` refuses).
+        while let Some(event) = stream.next_within(api, deadline.saturating_duration_since(tokio::time::Instant::now())).await? {
+            if event.data.get("run").and_then(Value::as_str) == Some(id) {
+                break;
+            }
+        }
+    }
+}
+
+/// Whether `node` (none: the only approval) is the start approval of a run that waits for it
+/// and the engine has not opened yet.
+fn start_not_open_yet(d: &RunDetail, node: Option<&str>) -> bool {
+    let start = engine::store::approvals::RUN_APPROVAL_NODE;
+    let only_start = d.steps.iter().all(|s| s.node == start && matches!(s.state.as_str(), "pending" | "leased" | "running"));
+    node.is_none_or(|n| n == start) && d.approvals.is_empty() && only_start && d.run.status == "running" && d.run.substate.as_deref() == Some("awaiting_signal")
 }
 
 /// POSTs an approval's answer.
