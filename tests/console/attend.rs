@@ -9,21 +9,13 @@ use engine::ids::RunId;
 use engine::store::hosts::{self as host_store, Completion};
 use engine::store::steps::{Failure, FailureClass};
 use engine::store::{Actor, Change};
-use fantoccini::{Client, Locator};
+use fantoccini::Locator;
 use serde_json::json;
-use shopfloor_tests::github_fake::oauth::Account;
 
 use crate::browser::register_host;
-use crate::chromium::{accessibility, browser, driver, fits, fits_here, h1, resize, until, VIEWPORTS};
+use crate::chromium::{accessibility, driver, fits, fits_here, h1, resize, until, VIEWPORTS};
+use crate::operate::sign_in;
 use crate::support::{App, Org};
-
-async fn sign_in(app: &App, c: &Client) {
-    app.oauth.as_ref().unwrap().sign_in_as(Account { login: "acme-owner".into(), id: 1, emails: vec![] });
-    c.goto(&app.url("/")).await.unwrap();
-    until(c, "return !!document.getElementById('github-signin')", "the sign-in page").await;
-    c.find(Locator::Id("github-signin")).await.unwrap().click().await.unwrap();
-    until(c, "return document.querySelector('h1') && document.querySelector('h1').textContent.includes('Today in acme')", "Today after sign-in").await;
-}
 
 /// A run of `agent` whose crew step a host took and failed with exit code 2.
 async fn failed_crew_run(app: &App, org: &Org, host: &host_store::HostRow) -> RunId {
@@ -51,8 +43,7 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     let org = app.org("acme").await;
     let approval = app.submit(&org, org.approve).await;
     app.until(approval, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
-    let c = browser(&d).await;
-    sign_in(&app, &c).await;
+    let c = sign_in(&d, &app, "acme").await;
 
     // The approval card says which workflow and what the run is about.
     let card = c.find(Locator::Css("#needs-you li.approval")).await.unwrap().text().await.unwrap();
@@ -215,8 +206,7 @@ async fn every_page_reads_at_a_laptops_and_a_phones_size() {
     app.until(waiting, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
     let host = register_host(&app, &org).await;
     let failed = failed_crew_run(&app, &org, &host).await;
-    let c = browser(&d).await;
-    sign_in(&app, &c).await;
+    let c = sign_in(&d, &app, "acme").await;
     let project = "/orgs/acme/projects/web";
     let pages = [
         ("today", "/orgs/acme".to_owned()),

@@ -25,7 +25,7 @@ impl Drop for Proc {
 }
 
 /// Signs in as the org's owner through the fake GitHub, and lands on Today.
-async fn sign_in(d: &Driver, app: &App, slug: &str) -> Client {
+pub(crate) async fn sign_in(d: &Driver, app: &App, slug: &str) -> Client {
     app.oauth
         .as_ref()
         .expect("the fake GitHub")
