@@ -13,7 +13,7 @@ use fantoccini::Locator;
 use serde_json::json;
 
 use crate::browser::register_host;
-use crate::chromium::{accessibility, driver, fits, fits_here, h1, resize, until, VIEWPORTS};
+use crate::chromium::{accessibility, click_on, driver, fits, fits_here, h1, resize, type_into, until, VIEWPORTS};
 use crate::operate::sign_in;
 use crate::support::{App, Org};
 
@@ -60,8 +60,8 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     // Approve with a ticket: the run page then says who approved, and what they entered.
     c.find(Locator::Css("#needs-you a.button")).await.unwrap().click().await.unwrap();
     until(&c, "return !!document.querySelector('form.approve')", "the approval form").await;
-    c.find(Locator::Css("form.approve input[name=ticket]")).await.unwrap().send_keys("T-77").await.unwrap();
-    c.find(Locator::Css("form.approve button[type=submit]")).await.unwrap().click().await.unwrap();
+    type_into(&c, "form.approve input[name=ticket]", "T-77").await;
+    click_on(&c, "form.approve button[type=submit]").await;
     until(&c, "return !!document.querySelector('#decisions:not([hidden])')", "the decision on the run page").await;
     let decided = c.find(Locator::Id("decisions")).await.unwrap().text().await.unwrap();
     assert!(decided.contains("approved at review by acme-owner") && decided.contains("ticket") && decided.contains("T-77"), "{decided}");
@@ -113,8 +113,8 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     assert!(failures.contains("The command exited with code 2"), "{failures}");
     fits(&c, "attend-today-failure").await;
     let form = format!("form.resolve[action$='/runs/{other}/resolve']");
-    c.find(Locator::Css(&format!("{form} input[name=note]"))).await.unwrap().send_keys("flaky runner, fixed").await.unwrap();
-    c.find(Locator::Css(&format!("{form} button[type=submit]"))).await.unwrap().click().await.unwrap();
+    type_into(&c, &format!("{form} input[name=note]"), "flaky runner, fixed").await;
+    click_on(&c, &format!("{form} button[type=submit]")).await;
     until(&c, &format!("return document.querySelector('h1').textContent.includes('Today') && !document.querySelector({})", json!(card)), "the failure resolved").await;
     let resolved: bool = sqlx::query_scalar("SELECT resolved_at IS NOT NULL FROM runs WHERE run_id = $1").bind(other).fetch_one(app.pool()).await.unwrap();
     assert!(resolved, "the run is marked resolved");
@@ -127,7 +127,7 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     assert!(ask.contains("acme/web#7") && ask.contains("triaged"), "{ask}");
     accessibility(&c, "today with an ask").await;
     fits(&c, "attend-today-ask").await;
-    c.find(Locator::Css("#needs-you li.ask button.reset-cycle")).await.unwrap().click().await.unwrap();
+    click_on(&c, "#needs-you li.ask button.reset-cycle").await;
     until(&c, "return document.querySelector('h1').textContent.includes('Today') && !document.querySelector('#needs-you li.ask')", "the ask answered").await;
     let opened: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM runs WHERE item_id = $1)").bind(item).fetch_one(app.pool()).await.unwrap();
     assert!(opened, "the blocked event opened a run");

@@ -97,6 +97,32 @@ pub(crate) async fn browser(d: &Driver) -> Client {
         .unwrap_or_else(|e| panic!("chromedriver could not start Chromium: {e}"))
 }
 
+/// Types into the element `css` finds, finding it afresh until it takes the keys: a live page
+/// may swap the region it is in between the finding and the typing (a hang guard of 120 s).
+pub(crate) async fn type_into(c: &Client, css: &str, text: &str) {
+    retry(css, || async { c.find(Locator::Css(css)).await?.send_keys(text).await }).await;
+}
+
+/// Clicks the element `css` finds, finding it afresh until the click lands (see `type_into`).
+pub(crate) async fn click_on(c: &Client, css: &str) {
+    retry(css, || async { c.find(Locator::Css(css)).await?.click().await.map(|_| ()) }).await;
+}
+
+async fn retry<F, Fut>(css: &str, mut act: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), fantoccini::error::CmdError>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        match act().await {
+            Ok(()) => return,
+            Err(e) if tokio::time::Instant::now() > deadline => panic!("{css}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
 /// Runs a script until it returns true (a hang guard of 120 s).
 pub(crate) async fn until(c: &Client, script: &str, what: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);

@@ -363,7 +363,12 @@ async fn an_approval_prompt_shows_the_item_and_a_rerun_parks_for_approval() {
     let run = env.runs_of("gated").await[0].0;
     env.until_substate(run, &["awaiting_signal"]).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");
-    assert_eq!(env.get(&path).await["approvals"][0]["node"], "$start");
+    let opened = async {
+        while env.get(&path).await["approvals"][0]["node"] != "$start" {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), opened).await.expect("the run's $start approval opens");
     let (status, answer) = env.post(&format!("{path}/approvals/$start"), &json!({})).await;
     assert_eq!(status, 200, "{answer}");
 
@@ -388,6 +393,17 @@ async fn an_approval_prompt_shows_the_item_and_a_rerun_parks_for_approval() {
     assert_eq!(status, 201, "{rerun}");
     let again: RunId = rerun["id"].as_str().unwrap().parse().unwrap();
     env.until_substate(again, &["awaiting_signal"]).await;
-    assert_eq!(env.get(&format!("/orgs/acme/projects/web/runs/{again}")).await["approvals"][0]["node"], "$start");
+    // The substate says "waiting for approval" as soon as the rerun is made; the engine opens
+    // the `$start` approval itself a moment later (the CLI's `approve` waits for it too).
+    let parked = async {
+        loop {
+            let detail = env.get(&format!("/orgs/acme/projects/web/runs/{again}")).await;
+            if detail["approvals"][0]["node"] == "$start" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), parked).await.expect("the rerun's $start approval opens");
     env.finish().await;
 }
