@@ -299,6 +299,49 @@ pub async fn events_told() {
     tokio::time::timeout(Duration::from_secs(60), told).await.expect("the trailing events notice is sent");
 }
 
+/// Makes `workflow`'s cycle budget on `acme/web#7` used up, as ingest leaves it: the item (an
+/// open issue labelled `ready`), an `issues.labeled` event it blocked, and the budget's ask.
+/// Returns the item.
+pub async fn used_up_cycle_budget(pool: &Db, org: crate::ids::OrgId, project: crate::ids::ProjectId, workflow: crate::ids::WorkflowId, workflow_name: &str) -> crate::ids::ItemId {
+    use serde_json::json;
+    let mut ch = crate::store::Change::begin(pool, crate::store::Actor::System).await.expect("a change");
+    let item = crate::store::triggers::ensure_item(&mut ch, org, project, r#"["github","acme/web",7]"#).await.expect("the item");
+    ch.commit().await.expect("commit the item");
+    sqlx::query("UPDATE items SET data = $2 WHERE item_id = $1")
+        .bind(item)
+        .bind(json!({ "repository": "acme/web", "number": 7, "state": "open", "labels": ["ready"] }))
+        .execute(pool)
+        .await
+        .expect("the item's data");
+    let event = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO trigger_events (org_id, project_id, event_id, workflow_id, item_id, dedup_key, source, payload, status) \
+         VALUES ($1, $2, $3, $4, $5, 'blocked-one', 'github', $6, 'blocked')",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(event)
+    .bind(workflow)
+    .bind(item)
+    .bind(json!({ "trigger": { "event": "issues", "action": "labeled" } }))
+    .execute(pool)
+    .await
+    .expect("the blocked event");
+    sqlx::query(
+        "INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used, asked_at, ask) \
+         VALUES ($1, $2, $3, $4, 0, 1, now(), $5)",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(item)
+    .bind(workflow)
+    .bind(json!({ "event": event, "workflow": workflow_name, "cycles_used": 1, "max_cycles": 1 }))
+    .execute(pool)
+    .await
+    .expect("the budget's ask");
+    item
+}
+
 #[cfg(test)]
 mod tests {
     use super::with_database;
@@ -316,3 +359,4 @@ mod tests {
         );
     }
 }
+

@@ -152,45 +152,11 @@ async fn loop_until_new_run(app: &App, source: RunId) -> RunId {
 /// A GitHub-triggered workflow whose cycle budget on `acme/web#7` is used up, with the event it
 /// blocked waiting (as ingest leaves them). Returns the item.
 async fn used_up_cycle_budget(app: &App, org: &Org) -> uuid::Uuid {
-    let pool = app.pool();
     let source = "name: triaged\non:\n  github: { events: [issues.labeled] }\nbudget: { max_cycles: 1 }\nnodes:\n  ask:\n    approval: { prompt: ok? }\n";
-    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     let (workflow, _) = engine::store::workflows::put_version(&mut ch, org.id, org.project, "triaged", source).await.unwrap();
-    let item = engine::store::triggers::ensure_item(&mut ch, org.id, org.project, r#"["github","acme/web",7]"#).await.unwrap();
     ch.commit().await.unwrap();
-    sqlx::query("UPDATE items SET data = $2 WHERE item_id = $1")
-        .bind(item)
-        .bind(json!({ "repository": "acme/web", "number": 7, "state": "open", "labels": ["ready"] }))
-        .execute(pool)
-        .await
-        .unwrap();
-    let event = uuid::Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO trigger_events (org_id, project_id, event_id, workflow_id, item_id, dedup_key, source, payload, status) \
-         VALUES ($1, $2, $3, $4, $5, 'blocked-one', 'github', $6, 'blocked')",
-    )
-    .bind(org.id)
-    .bind(org.project)
-    .bind(event)
-    .bind(workflow)
-    .bind(item)
-    .bind(json!({ "trigger": { "event": "issues", "action": "labeled" } }))
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used, asked_at, ask) \
-         VALUES ($1, $2, $3, $4, 0, 1, now(), $5)",
-    )
-    .bind(org.id)
-    .bind(org.project)
-    .bind(item)
-    .bind(workflow)
-    .bind(json!({ "event": event, "workflow": "triaged", "cycles_used": 1, "max_cycles": 1 }))
-    .execute(pool)
-    .await
-    .unwrap();
-    item.0
+    engine::testkit::used_up_cycle_budget(app.pool(), org.id, org.project, workflow, "triaged").await.0
 }
 
 /// Every page of the console, as an owner with runs, a host and workflows to show: one h1,

@@ -195,42 +195,8 @@ async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_
 async fn reset_cycle_budget(app: &App, org: &Org, pool: &Db, member: UserId) {
     upload(app, org, "triaged", "name: triaged\non:\n  github: { events: [issues.labeled] }\nbudget: { max_cycles: 1 }\nnodes:\n  ask:\n    approval: { prompt: ok? }\n").await;
     let key = r#"["github","acme/web",7]"#;
-    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    let item = engine::store::triggers::ensure_item(&mut ch, org.id, org.project, key).await.unwrap();
-    ch.commit().await.unwrap();
-    sqlx::query("UPDATE items SET data = $2 WHERE item_id = $1")
-        .bind(item)
-        .bind(json!({ "repository": "acme/web", "number": 7, "state": "open", "labels": ["ready"] }))
-        .execute(pool)
-        .await
-        .unwrap();
-    let workflow: uuid::Uuid = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE name = 'triaged'").fetch_one(pool).await.unwrap();
-    let event = uuid::Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO trigger_events (org_id, project_id, event_id, workflow_id, item_id, dedup_key, source, payload, status) \
-         VALUES ($1, $2, $3, $4, $5, 'blocked-one', 'github', $6, 'blocked')",
-    )
-    .bind(org.id)
-    .bind(org.project)
-    .bind(event)
-    .bind(workflow)
-    .bind(item)
-    .bind(json!({ "trigger": { "event": "issues", "action": "labeled" } }))
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used, asked_at, ask) \
-         VALUES ($1, $2, $3, $4, 0, 1, now(), $5)",
-    )
-    .bind(org.id)
-    .bind(org.project)
-    .bind(item)
-    .bind(workflow)
-    .bind(json!({ "event": event, "workflow": "triaged", "cycles_used": 1, "max_cycles": 1 }))
-    .execute(pool)
-    .await
-    .unwrap();
+    let workflow: engine::ids::WorkflowId = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE name = 'triaged'").fetch_one(pool).await.unwrap();
+    let item = engine::testkit::used_up_cycle_budget(pool, org.id, org.project, workflow, "triaged").await;
     let asks = app.json(Method::GET, &format!("{BASE}/cycle-asks"), &org.viewer, None, StatusCode::OK).await;
     assert_eq!((asks["items"][0]["key"].as_str(), asks["items"][0]["workflow"].as_str()), (Some(key), Some("triaged")));
     let item_id = asks["items"][0]["item"].as_str().unwrap().to_owned();
