@@ -357,6 +357,9 @@ pub(crate) async fn webhook_ingest(b: &Bench, n: usize) -> Result<Webhooks> {
     .fetch_one(&db.pool)
     .await?;
     ensure!(one_each == n as i64, "{one_each} of {n} deliveries are recorded with exactly one run");
+    if std::env::var("BENCH_PROFILE").as_deref() == Ok("1") {
+        crate::measures::print_top_statements(&db, n).await?;
+    }
     db.close().await;
 
     let mut ms: Vec<f64> = answers.iter().map(|a| a.2.as_secs_f64() * 1000.0).collect();

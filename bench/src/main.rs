@@ -21,8 +21,8 @@
 //! | `engine_rss_mb_10k_open` | one engine's resident memory with 10,000 runs asleep |
 //!
 //! `BENCH_ONLY=engine` measures only the engine's throughput, `BENCH_ONLY=fleet` only the host
-//! and webhook figures, `BENCH_ONLY=peer` only the peer's; such partial runs are printed, not
-//! recorded.
+//! and webhook figures, `BENCH_ONLY=webhooks` and `BENCH_ONLY=wake` one of those, `BENCH_ONLY=peer`
+//! only the peer's; such partial runs are printed, not recorded.
 
 mod fleet;
 mod measures;
@@ -72,7 +72,12 @@ async fn main() -> Result<()> {
         Some("engine") => measure_engine(&b, &bindir, runs, &mut r).await,
         Some("fleet") => measure_fleet(&b, &root, runs, &mut r).await,
         Some("peer") => measure_peer(&b, &root, &mut r).await.map(|_| ()),
-        Some(other) => Err(anyhow::anyhow!("BENCH_ONLY={other}: expected `engine`, `fleet` or `peer`")),
+        Some("webhooks") => measure_webhooks(&b, runs, &mut r).await,
+        Some("wake") => measures::wake_latency_and_idle(&b, 0).await.map(|w| {
+            r.add("wake_p50_ms", format!("{:.2}", w.p50_ms));
+            r.add("wake_p99_ms", format!("{:.2}", w.p99_ms));
+        }),
+        Some(other) => Err(anyhow::anyhow!("BENCH_ONLY={other}: expected `engine`, `fleet`, `webhooks`, `wake` or `peer`")),
         None => measure(&b, &bindir, &root, runs, &mut r).await,
     };
     let _ = pg.stop();
@@ -155,18 +160,23 @@ async fn measure_peer(b: &Bench, root: &std::path::Path, r: &mut Report) -> Resu
     Ok(p)
 }
 
+async fn measure_wake(b: &Bench, p: &peer::Peer, r: &mut Report) -> Result<()> {
+    let w = measures::wake_latency_and_idle(b, 60).await?;
+    r.add("wake_p50_ms", format!("{:.2}", w.p50_ms));
+    r.add("wake_p99_ms", format!("{:.2}", w.p99_ms));
+    r.add("wake_p50_vs_peer", format!("{:.2}", w.p50_ms / p.wake_p50_ms));
+    r.add("wake_p99_vs_peer", format!("{:.2}", w.p99_ms / p.wake_p99_ms));
+    r.add("idle_statements_60s", w.idle_statements_60s);
+    Ok(())
+}
+
 async fn measure(b: &Bench, bindir: &std::path::Path, root: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
     measure_engine(b, bindir, runs, r).await?;
     let ours = r.lines.iter().find(|(n, _)| n == "engine_runs_per_s").and_then(|(_, v)| v.parse::<f64>().ok()).unwrap_or(0.0);
     let p = measure_peer(b, root, r).await?;
     r.add("engine_runs_per_s_vs_peer", format!("{:.2}", ours / p.chains_per_s));
     measure_hosts(b, root, runs, r).await?;
-    let w = measures::wake_latency_and_idle(b, 60).await?;
-    r.add("wake_p50_ms", format!("{:.1}", w.p50_ms));
-    r.add("wake_p99_ms", format!("{:.1}", w.p99_ms));
-    r.add("wake_p50_vs_peer", format!("{:.2}", w.p50_ms / p.wake_p50_ms));
-    r.add("wake_p99_vs_peer", format!("{:.2}", w.p99_ms / p.wake_p99_ms));
-    r.add("idle_statements_60s", w.idle_statements_60s);
+    measure_wake(b, &p, r).await?;
     r.add("recovery_s", format!("{:.1}", measures::recovery(b).await?));
     measure_webhooks(b, runs, r).await?;
     if std::env::var("BENCH_SOAK").as_deref() == Ok("1") {

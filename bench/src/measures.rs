@@ -36,7 +36,7 @@ nodes:
 
 /// With `BENCH_PROFILE=1`: the statements the engines sent for the runs, by total time, with
 /// their calls per run — what to make cheaper or fewer next.
-async fn print_top_statements(db: &crate::setup::Db, runs: usize) -> Result<()> {
+pub(crate) async fn print_top_statements(db: &crate::setup::Db, runs: usize) -> Result<()> {
     sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&db.pool).await?;
     let top: Vec<(i64, f64, f64, String)> = sqlx::query_as(
         "SELECT calls, total_exec_time, mean_exec_time, regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
@@ -152,6 +152,10 @@ pub(crate) async fn wake_latency_and_idle(b: &Bench, idle_secs: u64) -> Result<W
     lat.sort_by(f64::total_cmp);
     let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
     let (p50_ms, p99_ms) = (pct(0.50), pct(0.99));
+    if idle_secs == 0 {
+        db.close().await;
+        return Ok(Wake { p50_ms, p99_ms, idle_statements_60s: 0 });
+    }
 
     // Quiescence: timers set for lease wakes (30 s + 15 s grace) fire once and find them gone.
     tokio::time::sleep(Duration::from_secs(47)).await;

@@ -223,7 +223,14 @@ impl Pool {
     /// taken; returns the delay until the earliest future wake, and whether it stopped for
     /// want of slots (so more may be due).
     async fn claim_due(&mut self) -> Result<(Option<Duration>, bool), StoreError> {
-        // Schedule ticks first: the runs they open are wakes this same claim then takes.
+        // Wakes first, so that nothing stands between a notification and the claim of the wake
+        // it announces; then schedule ticks (the runs they open announce their own wakes) and
+        // jobs, on every scan, so that a busy pool still fires them.
+        let more = self.claim_wakes().await?;
+        if self.drain.is_cancelled() {
+            // A draining engine starts nothing new.
+            return Ok((None, false));
+        }
         loop {
             let fired = crate::store::schedules::fire_due(&self.db, Actor::Engine(self.cfg.id.clone()), self.cfg.batch).await?;
             if fired.schedules < self.cfg.batch as usize {
@@ -231,6 +238,12 @@ impl Pool {
             }
         }
         self.claim_jobs().await?;
+        Ok(if more { (None, true) } else { (self.next_due().await?, false) })
+    }
+
+    /// Claims and advances due wakes in batches until one comes back short (false) or every
+    /// execution slot is taken (true: more may be due).
+    async fn claim_wakes(&mut self) -> Result<bool, StoreError> {
         loop {
             // Finished executions stay in the set until reaped; they hold no slot.
             while self.tasks.try_join_next().is_some() {}
@@ -259,7 +272,7 @@ impl Pool {
                 // starts nothing new.
                 Ok(_) if self.drain.is_cancelled() => {
                     drop(ch);
-                    return Ok((None, false));
+                    return Ok(false);
                 }
                 Ok(jobs) => {
                     ch.commit().await?;
@@ -277,10 +290,10 @@ impl Pool {
             };
             self.spawn(jobs);
             if self.tasks.len() >= self.cfg.max_in_flight && n == limit {
-                return Ok((None, true));
+                return Ok(true);
             }
             if n < limit {
-                return Ok((self.next_due().await?, false));
+                return Ok(false);
             }
         }
     }
@@ -351,14 +364,17 @@ impl Pool {
         Ok(())
     }
 
+    /// The delay until the earliest wake, schedule tick or job falls due: one statement, each
+    /// minimum read from its table's due-time index.
     async fn next_due(&self) -> Result<Option<Duration>, StoreError> {
-        let ms: Option<f64> = sqlx::query_scalar("SELECT (extract(epoch FROM min(due_at) - now()) * 1000)::float8 FROM wakes")
-            .fetch_one(&self.db)
-            .await?;
-        let wake = ms.map(|ms| Duration::from_millis(ms.max(0.0) as u64));
-        let tick = crate::store::schedules::next_due(&self.db).await?;
-        let job = crate::store::jobs::next_due(&self.db).await?;
-        Ok([wake, tick, job].into_iter().flatten().min())
+        let ms: Option<f64> = sqlx::query_scalar(
+            "SELECT (extract(epoch FROM least((SELECT min(due_at) FROM wakes), \
+                                              (SELECT min(next_at) FROM schedules WHERE next_at < 'infinity'), \
+                                              (SELECT min(due_at) FROM jobs)) - now()) * 1000)::float8",
+        )
+        .fetch_one(&self.db)
+        .await?;
+        Ok(ms.map(|ms| Duration::from_millis(ms.max(0.0).ceil() as u64)))
     }
 
     /// Runs each leased step outside any transaction, renewing its lease while it runs.

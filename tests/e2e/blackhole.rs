@@ -97,8 +97,8 @@ async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
     tokio::time::timeout(GUARD, found).await.unwrap_or_else(|_| panic!("never: {what}"))
 }
 
-/// Whether the statement that ends every scan (`store::jobs::next_due`, after the wakes' and
-/// the schedules') has been counted in `database`.
+/// Whether the statement that ends every scan (the pool's `next_due`: the earliest wake,
+/// schedule tick and job) has been counted in `database`.
 async fn scanned(admin: &engine::db::Db, database: &str) -> bool {
     scalar(
         admin,

@@ -13,6 +13,10 @@
 //! text `<xid>.<event_id>`) never has an event appear behind it. While committed events wait
 //! for an older transaction to end, the hub looks again after a short, doubling delay (10 ms
 //! to 1 s) until they pass: that is the only timer, and it runs only while events wait.
+//!
+//! A replica nobody follows reads nothing: on a notification with no subscriber the hub forgets
+//! its position, and the next subscriber sets it to the horizon before reading its own backlog
+//! (both under one lock), so the hub resumes at or before where that subscriber's backlog ends.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -141,6 +145,10 @@ async fn horizon(db: &Db) -> Result<Position, sqlx::Error> {
 /// The replica's event hub. Dropping the last `AppState` stops its task.
 pub struct EventHub {
     tx: broadcast::Sender<Arc<StreamEvent>>,
+    /// Where the hub has read to; `None` while nobody subscribed since it last had no one to
+    /// tell. Held across a read and across a subscription's first look at the horizon.
+    pos: Arc<tokio::sync::Mutex<Option<Position>>>,
+    db: Db,
     /// Bumped on each notification that a wake is due now (a step may have become ready for a
     /// host) and after each (re)connect: hosts' claims wait on it (`host_protocol`), on this
     /// same `LISTEN` connection.
@@ -158,12 +166,20 @@ impl EventHub {
         let (ready, _) = watch::channel(0);
         let (logs, _) = broadcast::channel(CHANNEL);
         let stop = CancellationToken::new();
-        tokio::spawn(follow(db, listen, tx.clone(), ready.clone(), logs.clone(), stop.clone()));
-        EventHub { tx, ready, logs, _stop: stop.drop_guard() }
+        let pos = Arc::new(tokio::sync::Mutex::new(None));
+        tokio::spawn(follow(db.clone(), listen, tx.clone(), pos.clone(), ready.clone(), logs.clone(), stop.clone()));
+        EventHub { tx, pos, db, ready, logs, _stop: stop.drop_guard() }
     }
 
-    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<StreamEvent>> {
-        self.tx.subscribe()
+    /// A feed of every event the hub reads from now on. Call it before reading any backlog:
+    /// the hub then resumes no later than the horizon as it is now.
+    pub(crate) async fn subscribe(&self) -> Result<broadcast::Receiver<Arc<StreamEvent>>, sqlx::Error> {
+        let mut pos = self.pos.lock().await;
+        let rx = self.tx.subscribe();
+        if pos.is_none() {
+            *pos = Some(horizon(&self.db).await?);
+        }
+        Ok(rx)
     }
 
     /// Changes when a step may have become ready for a host.
@@ -187,12 +203,12 @@ async fn follow(
     db: Db,
     target: Target,
     tx: broadcast::Sender<Arc<StreamEvent>>,
+    pos: Arc<tokio::sync::Mutex<Option<Position>>>,
     ready: watch::Sender<u64>,
     logs: broadcast::Sender<RunId>,
     stop: CancellationToken,
 ) {
     let mut backoff = Duration::from_secs(1);
-    let mut pos: Option<Position> = None;
     let mut listener = Listener::new(&target, NOTIFY_CHANNEL);
     loop {
         let subscribed = tokio::select! {
@@ -212,7 +228,7 @@ async fn follow(
         ready.send_modify(|n| *n += 1);
         let mut wait: Option<Duration> = None;
         loop {
-            wait = match read(&db, &mut pos, &tx).await {
+            wait = match read(&db, &mut *pos.lock().await, &tx).await {
                 Ok(false) => None,
                 Ok(true) => Some(wait.map_or(Duration::from_millis(10), |w| (w * 2).min(Duration::from_secs(1)))),
                 Err(e) => {
@@ -257,6 +273,11 @@ async fn pause(stop: &CancellationToken, backoff: &mut Duration) -> bool {
 /// Reads and sends the events settled since `pos`; true when some committed events still wait
 /// for an older transaction.
 async fn read(db: &Db, pos: &mut Option<Position>, tx: &broadcast::Sender<Arc<StreamEvent>>) -> Result<bool, sqlx::Error> {
+    if tx.receiver_count() == 0 {
+        // Nobody to tell: the next subscriber sets where to resume (`EventHub::subscribe`).
+        *pos = None;
+        return Ok(false);
+    }
     let mut at = match *pos {
         Some(p) => p,
         None => {
@@ -388,7 +409,7 @@ pub async fn stream(
         None => None,
     };
     // Subscribe before reading anything, so no event falls between the backlog and the feed.
-    let rx = state.shared.events.subscribe();
+    let rx = state.shared.events.subscribe().await?;
     let pos = match resume {
         Some(p) => p,
         None => horizon(&state.db).await?,

@@ -275,7 +275,7 @@ pub async fn claim(State(state): State<AppState>, me: HostCaller, Json(body): Js
     // Subscribed before the first look, so nothing that happens meanwhile is missed.
     let mut ready = state.shared.events.ready();
     ready.mark_unchanged();
-    let mut feed = state.shared.events.subscribe();
+    let mut feed = state.shared.events.subscribe().await?;
     let closing = state.shared.closing.clone();
     loop {
         let stop = store::to_stop(&state.db, &me.host, &held).await?;

@@ -109,6 +109,7 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
     }
     let review = detail["steps"].as_array().unwrap().iter().find(|s| s["node"] == "review_plan").unwrap();
     assert_eq!(review["output"], json!({ "ticket": "T-1" }));
+    audit_trail(&app, &owner, &run1, &detail).await;
 
     // Run 2: rejected at review_plan.
     let run = app.json(Method::POST, &format!("{base}/runs"), &owner, Some(&json!({ "workflow": "issue-to-pr" })), StatusCode::CREATED).await;
@@ -159,4 +160,44 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
     drop(sse);
     drop(again);
     app.finish().await;
+}
+
+/// The audit log shows the people's acts (from `audit_log`) and the engine's moves (from the
+/// runs' journal, never copied into `audit_log`) as one list, in one order, paged as one.
+async fn audit_trail(app: &App, owner: &str, run: &str, detail: &serde_json::Value) {
+    let entries = |v: &serde_json::Value| -> Vec<(String, String, i64)> {
+        v["items"].as_array().unwrap().iter().map(|e| (e["action"].as_str().unwrap().to_owned(), e["actor_kind"].as_str().unwrap().to_owned(), e["id"].as_i64().unwrap())).collect()
+    };
+    let build = detail["steps"].as_array().unwrap().iter().find(|s| s["node"] == "build").unwrap()["id"].as_str().unwrap().to_owned();
+    let step = app.json(Method::GET, &format!("/api/v1/orgs/acme/audit?target=step:{build}"), owner, None, StatusCode::OK).await;
+    let moves: Vec<String> = entries(&step).iter().map(|(a, k, _)| format!("{a} by {k}")).collect();
+    assert_eq!(moves, ["step.succeeded by engine", "step.running by engine", "step.leased by engine", "step.create by engine"], "{step}");
+    assert!(entries(&step).iter().all(|(_, _, id)| *id < 0), "the engine's moves are read from the journal: {step}");
+    assert_eq!(step["items"][3]["detail"]["node"], "build");
+    let copied: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor_kind = 'engine' AND target_kind = 'step'").fetch_one(app.pool()).await.unwrap();
+    assert_eq!(copied, 0, "the engine's moves are not written twice");
+
+    let of_run = app.json(Method::GET, &format!("/api/v1/orgs/acme/audit?target=run:{run}&limit=200"), owner, None, StatusCode::OK).await;
+    let acts: Vec<(String, String)> = entries(&of_run).into_iter().map(|(a, k, _)| (a, k)).collect();
+    for want in [("run.completed", "engine"), ("approval.approve", "user"), ("run.submit", "user")] {
+        assert!(acts.contains(&(want.0.to_owned(), want.1.to_owned())), "{want:?} not in {acts:?}");
+    }
+    let created = app.json(Method::GET, "/api/v1/orgs/acme/audit?action=step.create&limit=200", owner, None, StatusCode::OK).await;
+    let steps = detail["steps"].as_array().unwrap().len();
+    assert_eq!(entries(&created).len(), steps, "one step.create per step of the run: {created}");
+
+    // Paging seven at a time reads the whole list once, in its order.
+    let whole = entries(&app.json(Method::GET, "/api/v1/orgs/acme/audit?limit=200", owner, None, StatusCode::OK).await);
+    assert!(whole.len() > 7 && whole.len() < 200, "{whole:?}");
+    let mut paged = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let page = app.json(Method::GET, &format!("/api/v1/orgs/acme/audit?limit=7{cursor}"), owner, None, StatusCode::OK).await;
+        paged.extend(entries(&page));
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = format!("&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(paged, whole);
 }

@@ -425,6 +425,17 @@ impl Change {
         Ok(())
     }
 
+    /// The audit entry of a move of a step or a run, which the move's run event also records.
+    /// An engine's moves are not copied into the audit log: the event names the engine
+    /// (`run_events.actor`), and the audit view reads them from the journal
+    /// (`run_events_engine_moves`). Every other actor's move is audited here as any action is.
+    pub(super) fn audit_move(&mut self, org: OrgId, project: Option<ProjectId>, action: &str, target: (&str, String), detail: Value) -> Result<()> {
+        if matches!(self.actor, Actor::Engine(_)) {
+            return Ok(());
+        }
+        self.audit(org, project, action, target, detail)
+    }
+
     /// Inserts the buffered events and audit entries, one statement each.
     async fn flush(&mut self) -> Result<()> {
         if !self.events.is_empty() {
@@ -433,9 +444,10 @@ impl Change {
             // The rows go in the order given (no join to reorder them): event ids, which the
             // streams order by, follow the events' sequence numbers. Each carries its run's
             // `created_at` (known from the run's lock), the partition key.
+            // Every event names this change's actor: the engine's moves are audited by it.
             let sql = format!(
-                "WITH e AS (INSERT INTO run_events (org_id, project_id, run_id, run_created_at, seq, kind, step_id, node, attrs) \
-                 SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $9::timestamptz[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) \
+                "WITH e AS (INSERT INTO run_events (org_id, project_id, run_id, run_created_at, seq, kind, step_id, node, attrs, actor) \
+                 SELECT *, $10 FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $9::timestamptz[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) \
                  RETURNING org_id, project_id, run_id, kind, event_id) {}",
                 super::webhooks_out::DELIVERIES_CTE
             );
@@ -449,6 +461,7 @@ impl Change {
             .bind(e.iter().map(|x| x.node.as_deref()).collect::<Vec<_>>())
             .bind(e.iter().map(|x| &x.attrs).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.run_created_at).collect::<Vec<_>>())
+            .bind(self.actor.label())
             .fetch_one(&mut *self.tx)
             .await?;
             if event_log::enabled() {

@@ -45,14 +45,6 @@ pub async fn claim_due(pool: &crate::db::Db, limit: i64) -> Result<Vec<Job>> {
     Ok(jobs)
 }
 
-/// The delay until the earliest job falls due, if any.
-pub async fn next_due(pool: &crate::db::Db) -> Result<Option<Duration>> {
-    let ms: Option<f64> = sqlx::query_scalar("SELECT (extract(epoch FROM min(due_at) - now()) * 1000)::float8 FROM jobs")
-        .fetch_one(pool)
-        .await?;
-    Ok(ms.map(|ms| Duration::from_millis(ms.max(0.0) as u64)))
-}
-
 /// Schedules the job of `kind` for `subject` after `delay` (creating it, or moving it).
 pub(crate) async fn schedule(ch: &mut Change, org: OrgId, kind: &str, subject: uuid::Uuid, delay: Duration) -> Result<()> {
     sqlx::query(

@@ -224,7 +224,7 @@ where
     if let (Some(start), Some(end)) = (row.started_at, row.ended_at) {
         ch.event_extra(crate::event_log::Extra { duration_ms: Some((end - start).num_milliseconds()), ..Default::default() });
     }
-    ch.audit(ctx.org, Some(ctx.project), &format!("run.{}", T::NAME), ("run", run_id.to_string()), attrs)?;
+    ch.audit_move(ctx.org, Some(ctx.project), &format!("run.{}", T::NAME), ("run", run_id.to_string()), attrs)?;
     ch.tally.run_finished(T::NAME);
     super::triggers::on_run_finished(ch, &row).await?;
     Ok(row)

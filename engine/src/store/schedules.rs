@@ -53,14 +53,6 @@ pub async fn sync(ch: &mut Change, org: OrgId, project: ProjectId, workflow: Wor
     Ok(())
 }
 
-/// The delay until the earliest schedule tick, for an engine's timer.
-pub async fn next_due(pool: &Db) -> Result<Option<Duration>> {
-    let ms: Option<f64> = sqlx::query_scalar("SELECT (extract(epoch FROM min(next_at) - now()) * 1000)::float8 FROM schedules")
-        .fetch_one(pool)
-        .await?;
-    Ok(ms.map(|ms| Duration::from_millis(ms.max(0.0).ceil() as u64)))
-}
-
 /// A due schedule row, locked.
 #[derive(Debug, sqlx::FromRow)]
 struct Due {

@@ -154,7 +154,7 @@ pub async fn create(ch: &mut Change, run: RunId, new: NewStep<'_>) -> Result<Ste
         attrs["delay_ms"] = json!(new.delay.as_millis() as u64);
     }
     ch.event(run, "step.created", Some((step, new.node)), attrs)?;
-    ch.audit(org, Some(ch.locked(run)?.project), "step.create", ("step", step.to_string()), json!({ "run": run.to_string(), "node": new.node }))?;
+    ch.audit_move(org, Some(ch.locked(run)?.project), "step.create", ("step", step.to_string()), json!({ "run": run.to_string(), "node": new.node }))?;
     Ok(step)
 }
 
@@ -181,7 +181,7 @@ pub async fn reuse(ch: &mut Change, run: RunId, from: &StepRow) -> Result<StepId
     .execute(&mut *ch.tx)
     .await?;
     ch.event(run, "step.reused", Some((step, &from.node)), json!({ "from": from.step_id.to_string() }))?;
-    ch.audit(org, Some(ch.locked(run)?.project), "step.reuse", ("step", step.to_string()), json!({ "from": from.step_id.to_string() }))?;
+    ch.audit_move(org, Some(ch.locked(run)?.project), "step.reuse", ("step", step.to_string()), json!({ "from": from.step_id.to_string() }))?;
     Ok(step)
 }
 
@@ -265,7 +265,7 @@ async fn apply<F: MoveTo<T>, T: State>(
         ch.event_extra(extra);
     }
     let project = ch.locked(run)?.project;
-    ch.audit(row.org_id, Some(project), &format!("step.{}", T::NAME), ("step", step.to_string()), attrs)?;
+    ch.audit_move(row.org_id, Some(project), &format!("step.{}", T::NAME), ("step", step.to_string()), attrs)?;
     tally_move(ch, &row, T::NAME, set.failure.map(|f| f.reason.as_str()));
     Ok(row)
 }
@@ -311,7 +311,7 @@ pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: 
     let project = ch.locked(run)?.project;
     for (state, attrs) in [(leased, json!({ "holder": holder, "attempt": row.attempt })), (running, json!({ "attempt": row.attempt }))] {
         ch.event(run, &format!("step.{state}"), Some((step, &row.node)), attrs.clone())?;
-        ch.audit(row.org_id, Some(project), &format!("step.{state}"), ("step", step.to_string()), attrs)?;
+        ch.audit_move(row.org_id, Some(project), &format!("step.{state}"), ("step", step.to_string()), attrs)?;
     }
     ch.note_wake(watch);
     ch.tally.step_started(&row.kind);
@@ -376,7 +376,7 @@ pub async fn defer_held(ch: &mut Change, run: RunId, step: StepId, holder: &str,
     let attrs = json!({ "visit": row.visit, "attempt": row.attempt, "reason": reason, "delay_ms": delay.as_millis() as u64 });
     ch.event(run, "step.deferred", Some((step, &row.node)), attrs.clone())?;
     let project = ch.locked(run)?.project;
-    ch.audit(row.org_id, Some(project), "step.deferred", ("step", step.to_string()), attrs)?;
+    ch.audit_move(row.org_id, Some(project), "step.deferred", ("step", step.to_string()), attrs)?;
     ch.wake(run, Some(step), delay, "execute", true).await?;
     Ok(row)
 }
@@ -431,7 +431,7 @@ pub async fn cancel_open(ch: &mut Change, run: RunId, reason: &str) -> Result<us
         ch.tally.step_finished(kind, "cancelled", None);
         let attrs = json!({ "visit": visit, "attempt": attempt, "reason": reason, "class": "final" });
         ch.event(run, "step.cancelled", Some((*step, node)), attrs.clone())?;
-        ch.audit(org, Some(project), "step.cancelled", ("step", step.to_string()), attrs)?;
+        ch.audit_move(org, Some(project), "step.cancelled", ("step", step.to_string()), attrs)?;
     }
     let ids: Vec<uuid::Uuid> = cancelled.iter().map(|c| c.0 .0).collect();
     // Skip wakes an engine has claimed: it locks wakes before runs (see `runs::finish`).

@@ -154,15 +154,23 @@ pub(super) async fn reexecutions(db: &Db, effects: &Path, fates: &HashMap<String
     out
 }
 
-/// The audit, entry by entry: every step event has its own audit entry (same step, same
-/// change), and every person's and GitHub's action has one: each acknowledged submit a
+/// The audit, entry by entry: every event names its actor; every step event by an actor other
+/// than the engine has its own audit entry (same step, same change; the engine's moves are
+/// audited by the journal, which names the engine), and every person's and GitHub's action has
+/// one: each acknowledged submit a
 /// `run.submit` on its run, each decided approval an `approval.approve`, each run a delivery
 /// started a `run.submit` by GitHub. What is missing, as lines.
 pub(super) async fn audit_missing(db: &Db, acked: &Acked) -> Vec<String> {
     let mut missing = Vec::new();
     // Step events and step audit entries, paired one to one per (step, kind).
-    let events: Vec<(String, String, i64)> =
-        sqlx::query_as("SELECT step_id::text, kind, count(*) FROM run_events WHERE step_id IS NOT NULL AND kind LIKE 'step.%' GROUP BY 1, 2").fetch_all(db).await.unwrap();
+    let unnamed: Vec<(String, i64, String)> = sqlx::query_as("SELECT run_id::text, seq, kind FROM run_events WHERE actor IS NULL").fetch_all(db).await.unwrap();
+    missing.extend(unnamed.into_iter().map(|(run, seq, kind)| format!("{run} #{seq} {kind}: the event names no actor")));
+    let events: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT step_id::text, kind, count(*) FROM run_events WHERE step_id IS NOT NULL AND kind LIKE 'step.%' AND actor NOT LIKE 'engine:%' GROUP BY 1, 2",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
     let audits: HashMap<(String, String), i64> = sqlx::query_as::<_, (String, String, i64)>(
         "SELECT target_id, action, count(*) FROM audit_log WHERE target_kind = 'step' GROUP BY 1, 2",
     )
