@@ -8,7 +8,7 @@
 //! | figure | what |
 //! |---|---|
 //! | `pgbench_tps` | `pgbench -N -c 8 -j 2 -T 20`: the cluster's durable-commit limit |
-//! | `engine_runs_per_s`, `engine_steps_per_s` | `BENCH_RUNS` (20,000) runs of three crew steps in a row on 2 engines with the test executor, first step's start to last run's end |
+//! | `engine_runs_per_s`, `engine_steps_per_s` | `BENCH_RUNS` (20,000) runs of three crew steps in a row on `BENCH_ENGINES` (2) engines with the test executor, first step's start to last run's end |
 //! | `engine_runs_per_s_vs_pgbench_tps` | the two above, as a ratio |
 //! | `host_steps_per_s` | the same workflow's steps run by 4 `shopfloor host` processes (4 slots each, the `command` harness running `true`, no repository) claiming from one `shopfloor api`, 2 engines without the test executor; `BENCH_HOST_RUNS` runs (at most 2,000 by default), first step's lease to last run's end; `host_steps_note` says how many |
 //! | `wake_p50_ms`, `wake_p99_ms` | an idle pool: submit's commit to the first step's start |

@@ -94,8 +94,9 @@ pub(crate) async fn engine_throughput(b: &Bench, n: usize) -> Result<Throughput>
         sqlx::query(&format!("ALTER DATABASE {} SET session_preload_libraries = 'auto_explain'", db.name)).execute(&db.pool).await?;
         sqlx::query(&format!("ALTER DATABASE {} SET auto_explain.log_min_duration = '3ms'", db.name)).execute(&db.pool).await?;
     }
-    let _e1 = b.engine(&db, "e1")?;
-    let _e2 = b.engine(&db, "e2")?;
+    // BENCH_ENGINES processes (2 unless told), for the scaling figures of ARCHITECTURE.md.
+    let engines: usize = std::env::var("BENCH_ENGINES").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    let _engines = (1..=engines).map(|i| b.engine(&db, &format!("e{i}"))).collect::<Result<Vec<_>>>()?;
     until_count(&db.pool, "SELECT count(*) FROM runs WHERE status <> 'running'", n as i64, Duration::from_secs(1800)).await?;
     let failed = scalar_i64(&db.pool, "SELECT count(*) FROM runs WHERE status <> 'completed'").await?;
     if failed > 0 {

@@ -279,13 +279,15 @@ pub async fn lease(ch: &mut Change, run: RunId, step: StepId, holder: &str) -> R
 }
 
 /// The engine takes a ready step for itself and starts it at once: the two legal moves
-/// pending → leased → running in one statement. One wake watches the step: at the lease's
-/// end plus its grace, or at the step's timeout if sooner.
+/// pending → leased → running in one statement, journalled as one event, `step.running`,
+/// which names the holder (`step.leased` is the event of a lease that starts later, a
+/// host's). One wake watches the step: at the lease's end plus its grace, or at the step's
+/// timeout if sooner.
 pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: &str, timeout: Duration) -> Result<StepRow> {
     // Both moves must be legal; the first one's sources guard the statement.
     let from = <step::Pending as MoveTo<step::Leased>>::sources();
     let _checked = <step::Leased as MoveTo<step::Running>>::sources();
-    let (leased, running) = (step::Leased::NAME, step::Running::NAME);
+    let running = step::Running::NAME;
     // The wake that watches the held step is written by the same statement. Its condition
     // reads the step as the UPDATE does; no one else writes this run's steps meanwhile, since
     // the run is locked.
@@ -309,10 +311,9 @@ pub async fn lease_and_start(ch: &mut Change, run: RunId, step: StepId, holder: 
         .await?
         .ok_or_else(|| StoreError::Stale(format!("{step} is no longer pending")))?;
     let project = ch.locked(run)?.project;
-    for (state, attrs) in [(leased, json!({ "holder": holder, "attempt": row.attempt })), (running, json!({ "attempt": row.attempt }))] {
-        ch.event(run, &format!("step.{state}"), Some((step, &row.node)), attrs.clone())?;
-        ch.audit_move(row.org_id, Some(project), &format!("step.{state}"), ("step", step.to_string()), attrs)?;
-    }
+    let attrs = json!({ "holder": holder, "attempt": row.attempt });
+    ch.event(run, &format!("step.{running}"), Some((step, &row.node)), attrs.clone())?;
+    ch.audit_move(row.org_id, Some(project), &format!("step.{running}"), ("step", step.to_string()), attrs)?;
     ch.note_wake(watch);
     ch.tally.step_started(&row.kind);
     Ok(row)
