@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod net_guard;
 pub mod pool;
 pub mod reasons;
+pub mod run_context;
 pub mod schedule;
 pub mod sealing;
 pub mod state;

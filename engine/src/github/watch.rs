@@ -109,7 +109,7 @@ pub async fn start_gate(
     };
     let watch = Watch { repository: &target.repository, number: Some(target.number), head_sha: target.head_sha.as_deref(), watch: "checks" };
     sg::watch(ch, run.run_id, step, &watch).await?;
-    let timeout = node.timeout.or(gate.timeout).unwrap_or(crate::advance::GATE_TIMEOUT);
+    let timeout = node.timeout.or(gate.timeout).unwrap_or(crate::definition::timeouts::GATE_TIMEOUT);
     ch.wake(run.run_id, Some(step), timeout, "timeout", true).await?;
     let sha = target.head_sha.unwrap_or_default();
     decide_gate(ch, run, step, gate, &target.repository, &sha).await.map(Some)

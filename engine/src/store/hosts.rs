@@ -268,7 +268,7 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
         None => super::operator::NodeOverride::default(),
     };
     let history = steps::of_run(ch, run_id).await?;
-    let ctx = crate::advance::context(ch, &run, &history).await?;
+    let ctx = crate::run_context::context(ch, &run, &history).await?;
     let prompt = match definition::template::render(edit.prompt.as_deref().unwrap_or(&crew.prompt), &ctx) {
         Ok(p) => p,
         Err(e) => return Ok(Err(format!("prompt_error: {e}"))),
@@ -311,7 +311,7 @@ async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId, step: &St
         model: edit.model.or_else(|| crew.model.clone()),
         prompt,
         command: crew.command.clone(),
-        caps: Caps { turns: crew.caps.turns, usd, timeout_secs: crate::advance::step_timeout(node).as_secs().max(1) },
+        caps: Caps { turns: crew.caps.turns, usd, timeout_secs: crate::definition::timeouts::step_timeout(node).as_secs().max(1) },
         repository,
         branch,
         item: (number.is_some() || title.is_some()).then_some(ItemRef { number, title }),
