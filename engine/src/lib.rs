@@ -12,6 +12,8 @@ pub mod executor;
 pub mod github;
 pub mod hosts;
 pub mod ids;
+pub mod item_keys;
+pub mod judge;
 pub mod jobs;
 pub mod listen;
 pub mod metrics;

@@ -24,7 +24,7 @@ use crate::store::github::{self as sg, Watch, WAKE_PREFIX};
 use crate::store::runs::RunRow;
 use crate::store::steps::{self, Failure, FailureClass, Initial, NewStep, StepRow};
 use crate::store::{Change, Result};
-use crate::triggers::item_key;
+use crate::item_keys::item_key;
 use crate::walk;
 
 /// Conclusions that let a gate pass.
