@@ -12,17 +12,15 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::catalog::Catalog;
+use crate::definition::timeouts::{step_timeout, OUTPUT_TIMEOUT};
 use crate::definition::{self, Definition, Node, NodeKind, Wait};
 use crate::ids::{RunId, StepId, WorkflowId};
+use crate::run_context::context;
 use crate::state::{run, step, StepState};
 use crate::store::steps::{self, Failure, FailureClass, Initial, NewStep, StepRow, LEASE_GRACE};
 use crate::store::{admission, approvals, budgets, runs, Change, Result, StoreError};
 use crate::walk::{self, Outcome, StepRecord};
 
-/// Default step timeouts (DESIGN.md "Safety defaults").
-pub const CREW_TIMEOUT: Duration = Duration::from_secs(3600);
-pub const GATE_TIMEOUT: Duration = Duration::from_secs(3600);
-pub const OUTPUT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a `wait: { event: … }` waits without its own `timeout:`; then it resolves with
 /// `timed_out: true`, like other waits.
 pub const EVENT_WAIT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -471,14 +469,6 @@ async fn lease_to_self(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow,
     Ok(())
 }
 
-pub(crate) fn step_timeout(node: &Node) -> Duration {
-    node.timeout.unwrap_or(match &node.kind {
-        NodeKind::Crew(c) => c.caps.timeout.unwrap_or(CREW_TIMEOUT),
-        NodeKind::Gate(g) => g.timeout.unwrap_or(GATE_TIMEOUT),
-        _ => OUTPUT_TIMEOUT,
-    })
-}
-
 /// A wake that came due for one step.
 async fn on_step_wake(
     ch: &mut Change,
@@ -565,36 +555,6 @@ async fn settle_children(ch: &mut Change, run_id: RunId) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The variables expressions and templates see: `run`, `input`, `item`, `trigger` (what
-/// started the run: the webhook's event, action, sender, label… as `if:` saw it, or
-/// `{source: manual}`), `project` (`slug`, `name`), `nodes.<id>.output`. Also what a host's
-/// prompt is rendered over (`store::hosts::claim`). One statement.
-pub(crate) async fn context(ch: &mut Change, run: &runs::RunRow, history: &[StepRow]) -> Result<Value> {
-    let mut nodes = Map::new();
-    for s in history.iter().filter(|s| s.state() == StepState::Succeeded) {
-        nodes.insert(s.node.clone(), json!({ "output": s.output.clone().unwrap_or(Value::Null) }));
-    }
-    let (item, trigger, project): (Option<Value>, Option<Value>, Option<Value>) = sqlx::query_as(
-        "SELECT (SELECT data FROM items WHERE item_id = $1), \
-                (SELECT coalesce(te.payload->'trigger', jsonb_build_object('source', te.source)) FROM runs r \
-                   JOIN trigger_events te ON te.event_id = r.trigger_event_id WHERE r.run_id = $2), \
-                (SELECT jsonb_build_object('slug', slug, 'name', name) FROM projects WHERE project_id = $3)",
-    )
-    .bind(run.item_id)
-    .bind(run.run_id)
-    .bind(run.project_id)
-    .fetch_one(ch.conn())
-    .await?;
-    Ok(json!({
-        "run": { "id": run.run_id.to_string(), "input": run.input },
-        "input": run.input,
-        "item": item.unwrap_or(Value::Null),
-        "trigger": trigger.unwrap_or_else(|| json!({ "source": "manual" })),
-        "project": project.unwrap_or(Value::Null),
-        "nodes": nodes,
-    }))
 }
 
 /// A wake for one of this run's steps; every engine's timer must learn of it.

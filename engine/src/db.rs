@@ -133,7 +133,7 @@ impl Db {
             Route::Pooler => self.pool.begin_with(self.pooler_preamble()).await?,
         };
         if self.tenant {
-            crate::tenancy::enter(&mut tx).await?;
+            crate::tenancy::scope::enter(&mut tx).await?;
         }
         Ok(tx)
     }

@@ -69,13 +69,15 @@
 //! A cancelled step takes no edge and is no failure: cancelling the run is the engine's
 //! decision, not the walker's.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::definition::{Definition, EndOutcome, Node, NodeId, NodeKind};
 
+mod graph;
 #[cfg(test)]
 mod tests;
+
+use graph::{Edge, EdgeKind, Graph};
 
 /// Infrastructure failures (lease expired, host lost, stalled) are retried by themselves up
 /// to this many attempts in total, or the node's `retry.attempts` if larger.
@@ -252,141 +254,6 @@ pub fn retry_delay(node: &Node, failed_attempt: u32) -> Duration {
     1u32.checked_shl(failed_attempt.saturating_sub(1))
         .and_then(|factor| retry.backoff.checked_mul(factor))
         .map_or(retry.max_backoff, |delay| delay.min(retry.max_backoff))
-}
-
-/// The definition with its edges indexed by node position.
-struct Graph<'d> {
-    def: &'d Definition,
-    nodes: &'d [Node],
-    index: HashMap<&'d str, usize>,
-    /// Edges into each node.
-    incoming: Vec<Vec<Edge>>,
-    /// Each node's predecessors: sources of its plain and route edges, itself excluded.
-    preds: Vec<Vec<usize>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Edge {
-    from: usize,
-    kind: EdgeKind,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EdgeKind {
-    Plain,
-    Route,
-    Loop,
-    Failure,
-}
-
-impl<'d> Graph<'d> {
-    fn new(def: &'d Definition) -> Self {
-        let nodes = def.nodes.as_slice();
-        let index: HashMap<&str, usize> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.id.as_str(), i))
-            .collect();
-        let mut graph = Graph {
-            def,
-            nodes,
-            index,
-            incoming: vec![Vec::new(); nodes.len()],
-            preds: vec![Vec::new(); nodes.len()],
-        };
-        for (to, node) in nodes.iter().enumerate() {
-            for from in &node.after {
-                let kind = match graph.kind_of(from) {
-                    Some(NodeKind::Decision(_)) => EdgeKind::Route,
-                    _ => EdgeKind::Plain,
-                };
-                graph.add_edge(from, to, kind);
-            }
-        }
-        for node in nodes {
-            match &node.kind {
-                NodeKind::Decision(decision) => {
-                    for to in decision
-                        .cases
-                        .iter()
-                        .map(|c| &c.to)
-                        .chain(&decision.default)
-                    {
-                        graph.add_edge_to(&node.id, to, EdgeKind::Route);
-                    }
-                }
-                NodeKind::Gate(gate) => {
-                    if let Some(to) = &gate.on_fail {
-                        graph.add_edge_to(&node.id, to, EdgeKind::Loop);
-                    }
-                }
-                _ => {}
-            }
-            if let Some(to) = &node.failure {
-                graph.add_edge_to(&node.id, to, EdgeKind::Failure);
-            }
-        }
-        graph
-    }
-
-    fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
-    fn kind_of(&self, id: &str) -> Option<&'d NodeKind> {
-        self.index.get(id).map(|&i| &self.nodes[i].kind)
-    }
-
-    fn add_edge_to(&mut self, from: &str, to: &str, kind: EdgeKind) {
-        // A validated definition names only existing nodes; an edge to nowhere is dropped.
-        if let Some(&to) = self.index.get(to) {
-            self.add_edge(from, to, kind);
-        }
-    }
-
-    fn add_edge(&mut self, from: &str, to: usize, kind: EdgeKind) {
-        let Some(&from) = self.index.get(from) else {
-            return;
-        };
-        let edge = Edge { from, kind };
-        if !self.incoming[to].contains(&edge) {
-            self.incoming[to].push(edge);
-        }
-        if matches!(kind, EdgeKind::Plain | EdgeKind::Route)
-            && from != to
-            && !self.preds[to].contains(&from)
-        {
-            self.preds[to].push(from);
-        }
-    }
-
-    /// Whether the node starts a run: every edge into it only loops back to it, from a gate's
-    /// `on_fail` or from a decision downstream of it. Without this, a first node that a gate
-    /// sends work back to could never start.
-    fn is_root(&self, n: usize) -> bool {
-        self.incoming[n].iter().all(|edge| match edge.kind {
-            EdgeKind::Loop => true,
-            EdgeKind::Route => self.nodes[n].after.is_empty() && self.reaches(n, edge.from),
-            EdgeKind::Plain | EdgeKind::Failure => false,
-        })
-    }
-
-    /// Whether `to` can be reached from `from` along predecessor edges (plain and route).
-    fn reaches(&self, from: usize, to: usize) -> bool {
-        let mut seen = vec![false; self.len()];
-        let mut stack = vec![from];
-        while let Some(n) = stack.pop() {
-            if n == to {
-                return true;
-            }
-            if std::mem::replace(&mut seen[n], true) {
-                continue;
-            }
-            // Successors of n are the nodes that list n among their predecessors.
-            stack.extend((0..self.len()).filter(|&m| !seen[m] && self.preds[m].contains(&n)));
-        }
-        false
-    }
 }
 
 /// The history grouped by node.

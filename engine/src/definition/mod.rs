@@ -6,6 +6,7 @@ pub mod model;
 mod parse;
 pub mod report;
 pub mod template;
+pub mod timeouts;
 
 #[cfg(test)]
 mod tests;

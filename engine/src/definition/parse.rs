@@ -7,6 +7,7 @@
 //! that every cycle passes a gate or a decision.
 
 mod graph;
+mod kinds;
 mod node;
 mod read;
 mod yaml;

@@ -24,7 +24,7 @@ use crate::store::github::{self as sg, Watch, WAKE_PREFIX};
 use crate::store::runs::RunRow;
 use crate::store::steps::{self, Failure, FailureClass, Initial, NewStep, StepRow};
 use crate::store::{Change, Result};
-use crate::triggers::item_key;
+use crate::item_keys::item_key;
 use crate::walk;
 
 /// Conclusions that let a gate pass.
@@ -109,7 +109,7 @@ pub async fn start_gate(
     };
     let watch = Watch { repository: &target.repository, number: Some(target.number), head_sha: target.head_sha.as_deref(), watch: "checks" };
     sg::watch(ch, run.run_id, step, &watch).await?;
-    let timeout = node.timeout.or(gate.timeout).unwrap_or(crate::advance::GATE_TIMEOUT);
+    let timeout = node.timeout.or(gate.timeout).unwrap_or(crate::definition::timeouts::GATE_TIMEOUT);
     ch.wake(run.run_id, Some(step), timeout, "timeout", true).await?;
     let sha = target.head_sha.unwrap_or_default();
     decide_gate(ch, run, step, gate, &target.repository, &sha).await.map(Some)

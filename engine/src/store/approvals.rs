@@ -204,25 +204,6 @@ pub async fn answer_dry(ch: &mut Change, run: RunId, step: StepId) -> Result<Val
     Ok(answer)
 }
 
-/// A run that ends withdraws the approvals it still waited for, so that no person is asked to
-/// answer them any more; each writes `run.wait_withdrawn`.
-pub(super) async fn withdraw_open(ch: &mut Change, run: RunId) -> Result<()> {
-    ch.locked(run)?;
-    let by = ch.actor.label();
-    let withdrawn: Vec<(StepId, String)> = sqlx::query_as(
-        "UPDATE approvals SET decision = 'withdrawn', decided_by = $2, decided_at = now() \
-         WHERE run_id = $1 AND decision IS NULL RETURNING step_id, node",
-    )
-    .bind(run)
-    .bind(cap(&by))
-    .fetch_all(&mut *ch.tx)
-    .await?;
-    for (step, node) in withdrawn {
-        ch.event(run, "run.wait_withdrawn", Some((step, &node)), json!({ "waits_on": "person" }))?;
-    }
-    Ok(())
-}
-
 /// An approval's deadline passed unanswered: the wait resolves (the step succeeds with
 /// `timed_out`), and the run goes on.
 pub async fn expire(ch: &mut Change, run: RunId, step: StepId) -> Result<()> {

@@ -251,7 +251,7 @@ pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period
     .await?;
     ch.audit(org, project, "budget.set", ("budget", format!("{}:{period}", project.map_or("org".into(), |p| p.to_string()))), json!({ "usd_limit": usd_limit, "hard": hard, "before": before }))?;
     if before.is_some_and(|b| usd_limit > b) {
-        admission::release_gate(ch, org, rules::BUDGET_QUEUE).await?;
+        admission::lines::release_gate(ch, org, rules::BUDGET_QUEUE).await?;
     }
     Ok(())
 }
@@ -269,7 +269,7 @@ pub async fn remove(ch: &mut Change, org: OrgId, project: Option<ProjectId>, per
         return Err(StoreError::NotFound("budget"));
     }
     ch.audit(org, project, "budget.remove", ("budget", format!("{}:{period}", project.map_or("org".into(), |p| p.to_string()))), json!({}))?;
-    admission::release_gate(ch, org, rules::BUDGET_QUEUE).await
+    admission::lines::release_gate(ch, org, rules::BUDGET_QUEUE).await
 }
 
 /// One project's spend on one UTC day.

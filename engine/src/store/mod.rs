@@ -23,6 +23,8 @@ pub mod jobs;
 pub mod messages;
 pub mod operator;
 pub mod retention;
+mod run_ended;
+mod run_rows;
 pub mod runs;
 pub mod schedules;
 pub mod signing_keys;

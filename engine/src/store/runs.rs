@@ -1,79 +1,28 @@
-//! Run rows: submit, finish (the only way a run leaves `running`), cancel, rerun.
+//! Runs: submit, finish (the only way a run leaves `running`), cancel, rerun. The rows
+//! themselves are in `run_rows.rs`; what a run's end sets off, in order, in `run_ended.rs`.
+//!
+//! This stands above admission, approvals and the trigger claim: they never end or submit a
+//! run by calling back here. Admission hands back the victim of a `drop` group for its caller
+//! to end ([`drop_victim`]); the claim rule is handed [`CLAIM_RUNS`].
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
+use futures::future::BoxFuture;
+use serde_json::json;
 use sqlx::{FromRow, Row};
 
+use super::admission::plan as admission;
+use super::run_ended::{self, Held};
 use super::steps::{self, StepRow};
-use super::{admission, approvals, cap, Change, Result, StoreError};
+use super::triggers::claim::RunOps;
+use super::{cap, Change, Result, StoreError};
 use crate::definition::Definition;
-use crate::ids::{ItemId, OrgId, ProjectId, RunId, StepId, WorkflowId};
-use crate::state::{run, MoveTo, RunStatus, State};
+use crate::ids::{OrgId, RunId};
+use crate::state::{run, MoveTo, State};
 
-/// How long a finished dry run is kept.
-pub const DRY_RUN_RETENTION: Duration = Duration::from_secs(24 * 3600);
-
-/// A run as stored.
-#[derive(Debug, Clone, FromRow)]
-pub struct RunRow {
-    pub org_id: OrgId,
-    pub project_id: ProjectId,
-    pub run_id: RunId,
-    pub workflow_id: WorkflowId,
-    pub workflow_version: i32,
-    pub item_id: Option<ItemId>,
-    pub parent_run_id: Option<RunId>,
-    pub parent_step_id: Option<StepId>,
-    pub source_run_id: Option<RunId>,
-    pub source_from_node: Option<String>,
-    pub status: String,
-    pub reason: Option<String>,
-    pub needs_approval: bool,
-    pub input: Value,
-    pub dry_run: bool,
-    pub created_by: String,
-    pub created_at: DateTime<Utc>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub ended_at: Option<DateTime<Utc>>,
-    /// When admission let it start (`store::admission`); `None` while it is held or not yet
-    /// looked at by the engine.
-    pub admitted_at: Option<DateTime<Utc>>,
-    /// The trace of the run (`crate::trace`): its id, and the W3C `traceparent` of the span
-    /// that created it, which its steps' spans take as their parent.
-    pub trace_id: Option<String>,
-    pub traceparent: Option<String>,
-}
-
-impl RunRow {
-    pub fn status(&self) -> RunStatus {
-        RunStatus::parse(&self.status).unwrap_or(RunStatus::Failed)
-    }
-}
-
-pub(crate) const RUN_COLUMNS: &str = "org_id, project_id, run_id, workflow_id, workflow_version, item_id, \
-     parent_run_id, parent_step_id, source_run_id, source_from_node, status, reason, needs_approval, input, \
-     dry_run, created_by, created_at, started_at, ended_at, admitted_at, trace_id, traceparent";
-
-/// What a new run is made of.
-#[derive(Debug, Clone)]
-pub struct NewRun {
-    pub org: OrgId,
-    pub project: ProjectId,
-    pub workflow: WorkflowId,
-    pub version: i32,
-    pub input: Value,
-    pub item: Option<ItemId>,
-    pub trigger_event: Option<uuid::Uuid>,
-    /// The parent run and its `workflow` step, for a child run.
-    pub parent: Option<(RunId, StepId)>,
-    pub dry_run: bool,
-    /// `approval: required`: park until a person approves.
-    pub needs_approval: bool,
-    /// The run this one reruns, and the nodes it starts again from.
-    pub source: Option<(RunId, Vec<String>)>,
-}
+pub(crate) use super::run_rows::{clear_needs_approval, RUN_COLUMNS};
+pub use super::run_rows::{check_input, get, pending_wakes, NewRun, RunRow, DRY_RUN_RETENTION};
 
 /// Creates a run and the wake that starts it. The run stores the trace context the change was
 /// given (`Change::set_trace`); a child run without one joins its parent's trace. Admission (`store::admission`) decides first,
@@ -144,22 +93,16 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     ch.event(run, "run.started", None, attrs.clone())?;
     ch.audit(new.org, Some(new.project), "run.submit", ("run", run.to_string()), attrs)?;
     ch.tally.run_started();
-    if let Some((candidate, plan)) = admission {
+    if let Some((candidate, mut plan)) = admission {
+        if let Some((victim, reason)) = plan.take_victim() {
+            drop_victim(ch, victim, &reason).await?;
+        }
         admission::apply_submit(ch, &candidate, plan).await?;
     }
     if starts {
         ch.wake(run, None, Duration::ZERO, "advance", true).await?;
     }
     Ok(run)
-}
-
-/// Reads a run inside the change.
-pub async fn get(ch: &mut Change, run: RunId) -> Result<Option<RunRow>> {
-    if let Some(row) = ch.run_row(run) {
-        return Ok(Some(row.clone()));
-    }
-    let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1");
-    Ok(sqlx::query_as(&sql).bind(run).fetch_optional(&mut *ch.tx).await?)
 }
 
 /// Ends a running run: cancels its open steps, drops its wakes, releases its concurrency
@@ -196,38 +139,31 @@ where
     let leases: Vec<String> = found.try_get("leases")?;
     let left_queue: Option<String> = found.try_get("left_queue")?;
     ch.forget_run_row(run_id);
-    // The room it held, or its place in line, goes to the runs waiting.
-    if !leases.is_empty() || left_queue.is_some() {
-        admission::on_finish(ch, ctx.org, &leases, left_queue.as_deref());
-    }
-    let step_reason = match T::NAME {
-        "cancelled" => reason.unwrap_or("cancelled").to_owned(),
-        _ => "run ended".to_owned(),
-    };
-    // An open approval always has its waiting step, so a run that ends with no open step
-    // (most do) has none to withdraw and spends no statement on it.
-    if steps::cancel_open(ch, run_id, &step_reason).await? > 0 {
-        approvals::withdraw_open(ch, run_id).await?;
-        super::github::withdraw_waits(ch, run_id).await?;
-    }
-    if let Some(parent) = row.parent_run_id {
-        ch.wake_other(ctx.org, parent, "child_done").await?;
-    }
-    for child in children {
-        ch.wake_other(ctx.org, RunId(child), "parent_gone").await?;
-    }
-    if row.dry_run {
-        ch.wake(run_id, None, DRY_RUN_RETENTION, "retention", true).await?;
-    }
-    let attrs = json!({ "reason": reason.map(cap) });
-    ch.event(run_id, &format!("run.{}", T::NAME), None, attrs.clone())?;
-    if let (Some(start), Some(end)) = (row.started_at, row.ended_at) {
-        ch.event_extra(crate::event_log::Extra { duration_ms: Some((end - start).num_milliseconds()), ..Default::default() });
-    }
-    ch.audit_move(ctx.org, Some(ctx.project), &format!("run.{}", T::NAME), ("run", run_id.to_string()), attrs)?;
-    ch.tally.run_finished(T::NAME);
-    super::triggers::on_run_finished(ch, &row).await?;
+    run_ended::run_ended(ch, &ctx, &row, T::NAME, reason, Held { children, leases, left_queue }, &CLAIM_RUNS).await?;
     Ok(row)
+}
+
+/// Ends the victim of a `drop` group, before the plan that took its place is applied
+/// (`admission::plan::PlanRef::take_victim`).
+pub(super) async fn drop_victim(ch: &mut Change, victim: RunId, reason: &str) -> Result<()> {
+    match finish::<run::Cancelled>(ch, victim, Some(reason)).await {
+        // It ended meanwhile: its place is free already.
+        Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What the trigger claim does to runs: it opens one, and cancels the unstarted ones an event
+/// supersedes or revokes. Boxed: a run's end judges the events queued behind it again
+/// (`run_ended`), which may submit and cancel runs, whose end may do so in turn.
+pub(crate) const CLAIM_RUNS: RunOps = RunOps { submit: submit_boxed, cancel: cancel_boxed };
+
+fn submit_boxed(ch: &mut Change, new: NewRun) -> BoxFuture<'_, Result<RunId>> {
+    Box::pin(submit(ch, new))
+}
+
+fn cancel_boxed<'a>(ch: &'a mut Change, run: RunId, reason: &'a str) -> BoxFuture<'a, Result<()>> {
+    Box::pin(async move { finish::<run::Cancelled>(ch, run, Some(reason)).await.map(drop) })
 }
 
 /// An operator's cancel. A run that already ended is a conflict, not a silent success.
@@ -322,25 +258,4 @@ pub async fn delete_dry(ch: &mut Change, run: RunId) -> Result<bool> {
     .fetch_optional(&mut *ch.tx)
     .await?;
     Ok(done.is_some())
-}
-
-/// Clears `needs_approval` once the run-level approval was given.
-pub(crate) async fn clear_needs_approval(ch: &mut Change, run: RunId) -> Result<()> {
-    ch.locked(run)?;
-    sqlx::query("UPDATE runs SET needs_approval = false WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
-    ch.forget_run_row(run);
-    Ok(())
-}
-
-/// A quick check used by tests and `why`: wakes still queued for a run.
-pub async fn pending_wakes(pool: &crate::db::Db, run: RunId) -> Result<Vec<(String, DateTime<Utc>)>> {
-    Ok(sqlx::query_as("SELECT reason, due_at FROM wakes WHERE run_id = $1 ORDER BY due_at")
-        .bind(run)
-        .fetch_all(pool)
-        .await?)
-}
-
-/// Keeps `Value` inputs objects, as the API promises.
-pub fn check_input(input: &Value) -> Result<()> {
-    if input.is_object() { Ok(()) } else { Err(StoreError::Invalid("run input must be a JSON object".into())) }
 }

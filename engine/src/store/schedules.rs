@@ -17,12 +17,12 @@ use crate::db::Db;
 use uuid::Uuid;
 
 use super::runs::{self, NewRun};
-use super::triggers::ensure_item;
+use super::triggers::items::{ensure_item, CATALOG};
 use super::{Actor, Change, Result, StoreError};
 use crate::definition::Definition;
 use crate::ids::{OrgId, ProjectId, RunId, WorkflowId};
 use crate::schedule::Schedule;
-use crate::triggers::{canonical_json, item_key, CATALOG};
+use crate::item_keys::{canonical_json, item_key};
 
 /// Writes or removes the schedule of a workflow for its new version `def`, and tells the
 /// engines when its next tick falls due.

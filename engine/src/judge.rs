@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use super::projection::comment_fields;
+use crate::triggers::projection::comment_fields;
 use crate::definition::{expr, GithubTrigger, Senders};
 
 /// The outcome of an `if:`.
@@ -156,7 +156,7 @@ pub fn trigger_context(delivery: &str, event: &str, payload: &Value, sender: &Se
         obj.insert("comment".into(), comment_fields(comment));
     }
     if let Some(review) = payload.get("review") {
-        obj.insert("review".into(), super::projection::review_fields(review));
+        obj.insert("review".into(), crate::triggers::projection::review_fields(review));
     }
     if let Some(changes) = payload.get("changes") {
         // Which fields an edit changed, without the old text (it may be long, and is not the

@@ -1,0 +1,509 @@
+//! Reading each kind of node: its own keys (a crew's harness and caps, a gate's checks, an
+//! approval's form, a decision's cases, an output, a wait, a child workflow, an end), and the
+//! edges it declares (a gate's `on_fail`, a decision's routes).
+
+use std::collections::BTreeMap;
+
+use super::graph::{Edge, EdgeKind};
+use super::read::{
+    Cx, Fields, boolean, count, duration, entries, mapping, missing, nonempty_string, one_of,
+    scalar_json, string, string_list, type_error, usd,
+};
+use super::yaml::{Key, Node as YNode, Pos, Value};
+use super::{expression, template_text};
+use crate::definition::model::{
+    Approval, Caps, Case, ChildWorkflow, Crew, Decision, End, EndOutcome, Field, FieldType, Gate,
+    Harness, NodeKind, Output, OutputKind, Wait,
+};
+
+/// The name of a node, kept with where it was written so that a missing one can be shown.
+pub(crate) fn node_ref(cx: &mut Cx, node: &YNode, path: &str) -> Option<(String, Pos)> {
+    nonempty_string(cx, node, path).map(|s| (s, node.pos))
+}
+
+pub(crate) fn trigger(cx: &mut Cx, node: &YNode, path: &str) -> Option<NodeKind> {
+    match &node.value {
+        Value::Null => Some(NodeKind::Trigger),
+        Value::Map(entries) if entries.is_empty() => Some(NodeKind::Trigger),
+        _ => {
+            type_error(cx, node, path, "nothing (`trigger: {}`)");
+            None
+        }
+    }
+}
+
+pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
+    let f = mapping(
+        cx,
+        node,
+        path,
+        &["harness", "model", "prompt", "command", "caps", "expect"],
+    )?;
+    let harness = f.must(cx, "harness", |cx, n, p| {
+        one_of(
+            cx,
+            n,
+            p,
+            &[
+                ("claude-code", Harness::ClaudeCode),
+                ("codex", Harness::Codex),
+                ("command", Harness::Command),
+            ],
+        )
+    });
+    let model = f.optional(cx, "model", nonempty_string);
+    let prompt = f.optional(cx, "prompt", template_text);
+    let command = f.optional(cx, "command", |cx, n, p| {
+        let argv = string_list(cx, n, p)?;
+        if argv.is_empty() {
+            cx.report(n.pos, p, "give the program to run and its arguments");
+            return None;
+        }
+        Some(argv)
+    });
+    let caps = f.optional(cx, "caps", caps);
+    let expect = f.optional(cx, "expect", |cx, n, p| {
+        one_of(cx, n, p, &[("changes", true), ("any", false)])
+    });
+
+    let harness = harness?;
+    let mut ok = true;
+    if harness == Harness::Command {
+        if f.get("command").is_none() {
+            missing(cx, f.pos, path, "command");
+            ok = false;
+        }
+    } else {
+        if f.get("prompt").is_none() {
+            missing(cx, f.pos, path, "prompt");
+            ok = false;
+        }
+        if let Some(n) = f.get("command") {
+            cx.report(
+                n.pos,
+                &f.path("command"),
+                "`command` is only for the command harness",
+            );
+            ok = false;
+        }
+    }
+    if !ok {
+        return None;
+    }
+    Some(Crew {
+        harness,
+        model: model?,
+        prompt: prompt?.unwrap_or_default(),
+        command: command?.unwrap_or_default(),
+        caps: caps?.unwrap_or_default(),
+        expect_changes: expect?,
+    })
+}
+
+pub(crate) fn caps(cx: &mut Cx, node: &YNode, path: &str) -> Option<Caps> {
+    let f = mapping(cx, node, path, &["turns", "usd", "timeout"])?;
+    let turns = f.optional(cx, "turns", |cx, n, p| count(cx, n, p, 1));
+    let usd = f.optional(cx, "usd", usd);
+    let timeout = f.optional(cx, "timeout", duration);
+    Some(Caps {
+        turns: turns?,
+        usd: usd?,
+        timeout: timeout?,
+    })
+}
+
+pub(crate) fn gate(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<Gate> {
+    let f = mapping(cx, node, path, &["checks", "timeout", "on_fail"])?;
+    let checks = f.must(cx, "checks", |cx, n, p| {
+        let checks = string_list(cx, n, p)?;
+        if checks.is_empty() {
+            cx.report(n.pos, p, "name at least one check run");
+            return None;
+        }
+        Some(checks)
+    });
+    let timeout = f.optional(cx, "timeout", duration);
+    let on_fail = f.optional(cx, "on_fail", node_ref);
+    if let Some(Some((target, pos))) = &on_fail {
+        edges.push(Edge {
+            from: id.to_owned(),
+            to: target.clone(),
+            pos: *pos,
+            kind: EdgeKind::Loop,
+            path: f.path("on_fail"),
+        });
+    }
+    Some(Gate {
+        checks: checks?,
+        timeout: timeout?,
+        on_fail: on_fail?.map(|(t, _)| t),
+    })
+}
+
+pub(crate) fn approval(cx: &mut Cx, node: &YNode, path: &str) -> Option<Approval> {
+    let f = mapping(cx, node, path, &["prompt", "fields", "timeout"])?;
+    let prompt = f.must(cx, "prompt", template_text);
+    let fields = f.optional(cx, "fields", fields);
+    let timeout = f.optional(cx, "timeout", duration);
+    Some(Approval {
+        prompt: prompt?,
+        fields: fields?.unwrap_or_default(),
+        timeout: timeout?,
+    })
+}
+
+pub(crate) fn fields(cx: &mut Cx, node: &YNode, path: &str) -> Option<BTreeMap<String, Field>> {
+    let f = entries(cx, node, path)?;
+    let mut out = Some(BTreeMap::new());
+    for (key, value) in f.entries {
+        match (field(cx, value, &f.path(&key.name)), out.as_mut()) {
+            (Some(field), Some(map)) => {
+                map.entry(key.name.clone()).or_insert(field);
+            }
+            _ => out = None,
+        }
+    }
+    out
+}
+
+pub(crate) fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
+    let f = mapping(
+        cx,
+        node,
+        path,
+        &["type", "required", "options", "default", "description"],
+    )?;
+    let field_type = f.must(cx, "type", |cx, n, p| {
+        one_of(
+            cx,
+            n,
+            p,
+            &[
+                ("string", FieldType::String),
+                ("number", FieldType::Number),
+                ("boolean", FieldType::Boolean),
+                ("choice", FieldType::Choice),
+            ],
+        )
+    });
+    let required = f.optional(cx, "required", boolean);
+    let options = f.optional(cx, "options", string_list);
+    let default = f.optional(cx, "default", scalar_json);
+    let description = f.optional(cx, "description", string);
+
+    let field_type = field_type?;
+    let options = options?.unwrap_or_default();
+    let mut ok = true;
+    if field_type == FieldType::Choice && options.is_empty() {
+        cx.report(f.pos, path, "a choice field needs `options`");
+        ok = false;
+    }
+    if field_type != FieldType::Choice {
+        if let Some(n) = f.get("options") {
+            cx.report(
+                n.pos,
+                &f.path("options"),
+                "`options` are only for choice fields",
+            );
+            ok = false;
+        }
+    }
+    let default = default?;
+    if let (Some(value), Some(n)) = (&default, f.get("default")) {
+        ok &= default_fits(cx, n, &f.path("default"), field_type, &options, value);
+    }
+    if !ok {
+        return None;
+    }
+    Some(Field {
+        field_type,
+        required: required?.unwrap_or(false),
+        options,
+        default,
+        description: description?,
+    })
+}
+
+/// Whether a field's default has the field's type.
+pub(crate) fn default_fits(
+    cx: &mut Cx,
+    node: &YNode,
+    path: &str,
+    field_type: FieldType,
+    options: &[String],
+    value: &serde_json::Value,
+) -> bool {
+    let fits = match field_type {
+        FieldType::String => value.is_string(),
+        FieldType::Number => value.is_number(),
+        FieldType::Boolean => value.is_boolean(),
+        FieldType::Choice => value
+            .as_str()
+            .is_some_and(|v| options.iter().any(|o| o == v)),
+    };
+    if !fits {
+        let wanted = match field_type {
+            FieldType::String => "a string".to_owned(),
+            FieldType::Number => "a number".to_owned(),
+            FieldType::Boolean => "true or false".to_owned(),
+            FieldType::Choice => format!("one of the options ({})", options.join(", ")),
+        };
+        cx.report(node.pos, path, format!("the default must be {wanted}"));
+    }
+    fits
+}
+
+pub(crate) fn decision(
+    cx: &mut Cx,
+    node: &YNode,
+    path: &str,
+    id: &str,
+    edges: &mut Vec<Edge>,
+) -> Option<Decision> {
+    let f = mapping(cx, node, path, &["cases", "default"])?;
+    let cases = f.must(cx, "cases", |cx, n, p| cases(cx, n, p, id, edges));
+    let default = f.optional(cx, "default", node_ref);
+    if let Some(Some((target, pos))) = &default {
+        edges.push(Edge {
+            from: id.to_owned(),
+            to: target.clone(),
+            pos: *pos,
+            kind: EdgeKind::Route,
+            path: f.path("default"),
+        });
+    }
+    Some(Decision {
+        cases: cases?,
+        default: default?.map(|(t, _)| t),
+    })
+}
+
+pub(crate) fn cases(
+    cx: &mut Cx,
+    node: &YNode,
+    path: &str,
+    id: &str,
+    edges: &mut Vec<Edge>,
+) -> Option<Vec<Case>> {
+    let Value::Seq(items) = &node.value else {
+        type_error(cx, node, path, "a list of cases (`- { if: …, to: … }`)");
+        return None;
+    };
+    if items.is_empty() {
+        cx.report(node.pos, path, "give at least one case");
+        return None;
+    }
+    let mut out = Some(Vec::new());
+    for (i, item) in items.iter().enumerate() {
+        let case = case(cx, item, &format!("{path}[{i}]"), id, edges);
+        match (case, out.as_mut()) {
+            (Some(case), Some(list)) => list.push(case),
+            _ => out = None,
+        }
+    }
+    out
+}
+
+pub(crate) fn case(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<Case> {
+    let f = mapping(cx, node, path, &["if", "to"])?;
+    let condition = f.must(cx, "if", expression);
+    let to = f.must(cx, "to", node_ref);
+    if let Some((target, pos)) = &to {
+        edges.push(Edge {
+            from: id.to_owned(),
+            to: target.clone(),
+            pos: *pos,
+            kind: EdgeKind::Route,
+            path: f.path("to"),
+        });
+    }
+    Some(Case {
+        condition: condition?,
+        to: to?.0,
+    })
+}
+
+pub(crate) fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
+    let f = mapping(
+        cx,
+        node,
+        path,
+        &["github", "draft", "body", "labels", "remove", "column"],
+    )?;
+    let kind = f.must(cx, "github", |cx, n, p| {
+        one_of(
+            cx,
+            n,
+            p,
+            &[
+                ("pull_request", OutputKind::PullRequest),
+                ("comment", OutputKind::Comment),
+                ("label", OutputKind::Label),
+                ("board_move", OutputKind::BoardMove),
+            ],
+        )
+    });
+    let draft = f.optional(cx, "draft", boolean);
+    let body = f.optional(cx, "body", template_text);
+    let labels = f.optional(cx, "labels", string_list);
+    let remove = f.optional(cx, "remove", string_list);
+    let column = f.optional(cx, "column", nonempty_string);
+
+    let kind = kind?;
+    // Which keys each kind of output takes, and which it needs.
+    let (allowed, needed): (&[&str], &[&str]) = match kind {
+        OutputKind::PullRequest => (&["draft", "body"], &[]),
+        OutputKind::Comment => (&["body"], &["body"]),
+        // Labels to add, to remove, or both.
+        OutputKind::Label => (&["labels", "remove"], &[]),
+        OutputKind::BoardMove => (&["column"], &["column"]),
+    };
+    let mut ok = true;
+    for key in ["draft", "body", "labels", "remove", "column"] {
+        if let Some(n) = f.get(key).filter(|_| !allowed.contains(&key)) {
+            cx.report(
+                n.pos,
+                &f.path(key),
+                format!("`{key}` does not apply to a {} output", kind_word(kind)),
+            );
+            ok = false;
+        }
+    }
+    for key in needed {
+        if f.get(key).is_none() {
+            missing(cx, f.pos, path, key);
+            ok = false;
+        }
+    }
+    let labels = labels?.unwrap_or_default();
+    let remove_labels = remove?.unwrap_or_default();
+    if kind == OutputKind::Label && labels.is_empty() && remove_labels.is_empty() {
+        // `remove` alone is enough; with neither, `labels` is what is missing.
+        if f.get("labels").is_none() && f.get("remove").is_none() {
+            missing(cx, f.pos, path, "labels");
+        } else {
+            cx.report(f.pos, &f.path("labels"), "name at least one label");
+        }
+        ok = false;
+    }
+    if !ok {
+        return None;
+    }
+    Some(Output {
+        kind,
+        draft: draft?.unwrap_or(false),
+        body: body?,
+        labels,
+        remove_labels,
+        column: column?,
+    })
+}
+
+pub(crate) fn kind_word(kind: OutputKind) -> &'static str {
+    match kind {
+        OutputKind::PullRequest => "pull_request",
+        OutputKind::Comment => "comment",
+        OutputKind::Label => "label",
+        OutputKind::BoardMove => "board_move",
+    }
+}
+
+pub(crate) fn wait(cx: &mut Cx, node: &YNode, path: &str) -> Option<Wait> {
+    let f = mapping(cx, node, path, &["for", "until", "event"])?;
+    let given: Vec<&Key> = f
+        .keys()
+        .filter(|k| ["for", "until", "event"].contains(&k.name.as_str()))
+        .collect();
+    if given.is_empty() {
+        cx.report(
+            f.pos,
+            path,
+            "give one of `for` (a duration), `until` (an RFC 3339 time) or `event`",
+        );
+        return None;
+    }
+    for extra in given.iter().skip(1) {
+        cx.report(
+            extra.pos,
+            &f.path(&extra.name),
+            format!(
+                "a wait has one of for, until, event, and this one already has `{}`",
+                given[0].name
+            ),
+        );
+    }
+    let first = given[0].name.as_str();
+    let wait = wait_kind(cx, &f, first);
+    if given.len() > 1 {
+        return None;
+    }
+    wait
+}
+
+pub(crate) fn wait_kind(cx: &mut Cx, f: &Fields<'_>, key: &str) -> Option<Wait> {
+    let node = f.get(key)?;
+    let path = f.path(key);
+    match key {
+        "for" => duration(cx, node, &path).map(Wait::For),
+        "until" => {
+            let text = string(cx, node, &path)?;
+            match chrono::DateTime::parse_from_rfc3339(&text) {
+                Ok(t) => Some(Wait::Until(t.with_timezone(&chrono::Utc))),
+                Err(e) => {
+                    cx.report(
+                        node.pos,
+                        &path,
+                        format!(
+                            "`{text}` is not an RFC 3339 time such as 2026-01-31T09:00:00Z ({e})"
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        _ => nonempty_string(cx, node, &path).map(Wait::Event),
+    }
+}
+
+pub(crate) fn workflow(cx: &mut Cx, node: &YNode, path: &str) -> Option<ChildWorkflow> {
+    let f = mapping(cx, node, path, &["name", "input"])?;
+    let name = f.must(cx, "name", nonempty_string);
+    let input = f.optional(cx, "input", |cx, n, p| {
+        let inputs = entries(cx, n, p)?;
+        let mut out = Some(BTreeMap::new());
+        for (key, value) in inputs.entries {
+            match (
+                template_text(cx, value, &inputs.path(&key.name)),
+                out.as_mut(),
+            ) {
+                (Some(text), Some(map)) => {
+                    map.entry(key.name.clone()).or_insert(text);
+                }
+                _ => out = None,
+            }
+        }
+        out
+    });
+    Some(ChildWorkflow {
+        name: name?,
+        input: input?.unwrap_or_default(),
+    })
+}
+
+pub(crate) fn end(cx: &mut Cx, node: &YNode, path: &str) -> Option<End> {
+    if matches!(node.value, Value::Null) {
+        return Some(End {
+            outcome: EndOutcome::Completed,
+        });
+    }
+    one_of(
+        cx,
+        node,
+        path,
+        &[
+            ("completed", EndOutcome::Completed),
+            ("failed", EndOutcome::Failed),
+        ],
+    )
+    .map(|outcome| End { outcome })
+}

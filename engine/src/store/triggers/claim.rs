@@ -1,0 +1,430 @@
+//! The claim rule (see `store::triggers`): a trigger event is recorded under its dedup key
+//! and opens a run, waits behind an executing one, supersedes unstarted ones, or is blocked by
+//! the item's cycle budget; a change of the item revokes what no longer matches; a run's end
+//! judges the events queued behind it again ([`rejudge`]).
+//!
+//! Opening and cancelling runs stands above this file (`runs`): the claim is handed the two
+//! operations it needs, [`RunOps`], so that nothing here calls back into `runs`.
+
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde_json::{json, Value};
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::items::{lock_item, project_context, workflow, ItemRow, WorkflowInfo};
+use crate::ids::{ItemId, OrgId, ProjectId, RunId, WorkflowId};
+use crate::item_keys::{content_hash, dedup_key};
+use crate::judge::{self, Verdict};
+use crate::store::run_rows::{NewRun, RunRow};
+use crate::store::{cap, Change, Result, StoreError};
+
+/// What the claim does to runs, handed to it by `runs` (`runs::CLAIM_RUNS`): open one, and
+/// cancel an unstarted one with a reason.
+pub(crate) struct RunOps {
+    pub(crate) submit: for<'a> fn(&'a mut Change, NewRun) -> BoxFuture<'a, Result<RunId>>,
+    pub(crate) cancel: for<'a> fn(&'a mut Change, RunId, &'a str) -> BoxFuture<'a, Result<()>>,
+}
+
+/// What became of a trigger event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "claim", rename_all = "snake_case")]
+pub enum Claim {
+    /// The same workflow already acted on the same item content (its dedup key is stored).
+    Duplicate,
+    /// A new run, after cancelling the unstarted ones it supersedes.
+    Opened { event: Uuid, run: RunId, superseded: Vec<RunId> },
+    /// Waits behind an executing run.
+    Queued { event: Uuid, behind: RunId },
+    /// The cycle budget is used up: an ask waits under "Needs you".
+    Blocked { event: Uuid, superseded: Vec<RunId>, cycles: i32 },
+    /// Judged again when the run it waited behind ended, and no longer matching.
+    Revoked { event: Uuid },
+    /// Admission refused the run: its concurrency group is full with policy `skip`, or the
+    /// org's line is full. Its cycle is given back.
+    Skipped { event: Uuid, reason: String },
+}
+
+/// A trigger event to record and claim.
+#[derive(Debug, Clone)]
+pub struct NewEvent<'a> {
+    pub org: OrgId,
+    pub project: ProjectId,
+    pub workflow: &'a WorkflowInfo,
+    /// The item, locked in this change (`lock_item`).
+    pub item: &'a ItemRow,
+    pub repository: &'a str,
+    pub number: Option<i64>,
+    /// The `trigger` variable, kept so that the event can be judged again.
+    pub trigger: Value,
+    pub delivery: Option<&'a str>,
+}
+
+/// One event as the claim sees it.
+pub(crate) struct EventRef {
+    pub(crate) id: Uuid,
+    pub(crate) org: OrgId,
+    pub(crate) project: ProjectId,
+    pub(crate) item: ItemId,
+    pub(crate) generation: i32,
+    pub(crate) trigger: Value,
+}
+
+/// Records a trigger event under its dedup key and applies the claim rule.
+pub(crate) async fn submit_event(ch: &mut Change, new: NewEvent<'_>, runs: &RunOps) -> Result<Claim> {
+    let hash = new.item.content_hash.clone().unwrap_or_else(|| content_hash(&new.item.data));
+    let generation = new.item.generation;
+    let key = dedup_key(&new.workflow.name, new.repository, new.number, &hash, generation);
+    let id = Uuid::now_v7();
+    let payload = json!({ "trigger": new.trigger, "content_hash": hash });
+    let inserted: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO trigger_events (org_id, project_id, event_id, workflow_id, item_id, dedup_key, source, payload, status, generation, delivery_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, 'github', $7, 'accepted', $8, $9) \
+         ON CONFLICT ON CONSTRAINT trigger_events_dedup DO NOTHING RETURNING event_id",
+    )
+    .bind(new.org)
+    .bind(new.project)
+    .bind(id)
+    .bind(new.workflow.id)
+    .bind(new.item.item_id)
+    .bind(&key)
+    .bind(&payload)
+    .bind(generation)
+    .bind(new.delivery)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    if inserted.is_none() {
+        return Ok(Claim::Duplicate);
+    }
+    let ev = EventRef { id, org: new.org, project: new.project, item: new.item.item_id, generation, trigger: new.trigger };
+    claim(ch, &ev, new.workflow, runs).await
+}
+
+/// An open (top-level) run of a workflow on an item, locked.
+pub(crate) struct OpenRun {
+    pub(crate) run: RunId,
+    pub(crate) event: Option<Uuid>,
+    /// An attempt is running: a step leased or running, on an engine or a host.
+    pub(crate) running: bool,
+    /// An attempt ever began (a step was leased or started): its cycle is spent for good.
+    pub(crate) attempted: bool,
+}
+
+/// Whether a run `r` has an attempt running (the claim rule's "started").
+pub(crate) const ATTEMPT_RUNNING: &str = "EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id AND s.state IN ('leased', 'running'))";
+/// Whether any attempt of a run `r` ever began: an engine or a host held one of its steps
+/// (steps the engine resolves at once, approvals and waits are held by no one).
+pub(crate) const ATTEMPTED: &str = "EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id AND s.holder IS NOT NULL)";
+
+/// The open runs of `workflow` on `item`, locked, with whether each has an attempt running.
+pub(crate) async fn open_runs(ch: &mut Change, org: OrgId, item: ItemId, workflow: WorkflowId) -> Result<Vec<OpenRun>> {
+    let ids: Vec<RunId> = sqlx::query_scalar(
+        "SELECT run_id FROM runs WHERE item_id = $1 AND workflow_id = $2 AND status = 'running' AND org_id = $3 AND parent_run_id IS NULL ORDER BY run_id",
+    )
+    .bind(item)
+    .bind(workflow)
+    .bind(org)
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    ch.lock_runs(&ids).await?;
+    // Read again under the locks: a run may have ended, or leased a step, in between.
+    let sql = format!(
+        "SELECT r.run_id, r.trigger_event_id, {ATTEMPT_RUNNING} AS running, {ATTEMPTED} AS attempted \
+         FROM runs r WHERE r.run_id = ANY($1) AND r.status = 'running' ORDER BY r.run_id"
+    );
+    let rows = sqlx::query(&sql).bind(ids.iter().map(|r| r.0).collect::<Vec<_>>()).fetch_all(&mut *ch.tx).await?;
+    Ok(rows
+        .iter()
+        .map(|r| OpenRun { run: r.get("run_id"), event: r.get("trigger_event_id"), running: r.get("running"), attempted: r.get("attempted") })
+        .collect())
+}
+
+pub(crate) async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo, runs: &RunOps) -> Result<Claim> {
+    let open = open_runs(ch, ev.org, ev.item, wf.id).await?;
+    if let Some(executing) = open.iter().find(|r| r.running) {
+        set_event(ch, ev.id, "queued", Some(&format!("behind {}", executing.run)), None).await?;
+        return Ok(Claim::Queued { event: ev.id, behind: executing.run });
+    }
+    let mut superseded = Vec::new();
+    if !open.is_empty() {
+        // Events queued behind a run that no longer runs an attempt: this newer one wins. They
+        // leave the queue before the run ends, whose end would judge them again.
+        supersede_queued(ch, ev, wf.id).await?;
+    }
+    for old in &open {
+        cancel_unstarted(ch, ev.org, old, "superseded", &format!("superseded by {}", ev.id), runs).await?;
+        superseded.push(old.run);
+    }
+    if let Err(Spent { cycles, reason }) = admit(ch, ev, wf).await? {
+        set_event(ch, ev.id, "blocked", Some(&reason), None).await?;
+        ch.audit(
+            ev.org,
+            Some(ev.project),
+            "trigger.blocked",
+            ("item", ev.item.to_string()),
+            json!({ "workflow": wf.name, "event": ev.id, "cycles": cycles }),
+        )?;
+        return Ok(Claim::Blocked { event: ev.id, superseded, cycles });
+    }
+    let submitted = (runs.submit)(
+        ch,
+        NewRun {
+            org: ev.org,
+            project: ev.project,
+            workflow: wf.id,
+            version: wf.version,
+            input: json!({ "trigger": ev.trigger, "event": ev.id }),
+            item: Some(ev.item),
+            trigger_event: Some(ev.id),
+            parent: None,
+            dry_run: false,
+            needs_approval: wf.def.approval_required,
+            source: None,
+        },
+    )
+    .await;
+    let run = match submitted {
+        Ok(run) => run,
+        Err(StoreError::Refused(reason) | StoreError::Full(reason)) => {
+            sqlx::query("UPDATE item_cycle_budgets SET cycles_used = greatest(cycles_used - 1, 0) WHERE item_id = $1 AND workflow_id = $2")
+                .bind(ev.item)
+                .bind(wf.id)
+                .execute(&mut *ch.tx)
+                .await?;
+            set_event(ch, ev.id, "skipped", Some(&reason), None).await?;
+            return Ok(Claim::Skipped { event: ev.id, reason });
+        }
+        Err(e) => return Err(e),
+    };
+    set_event(ch, ev.id, "started", None, Some(run)).await?;
+    Ok(Claim::Opened { event: ev.id, run, superseded })
+}
+
+/// The events queued behind `ev`'s workflow on its item, superseded by `ev`.
+pub(crate) async fn supersede_queued(ch: &mut Change, ev: &EventRef, workflow: WorkflowId) -> Result<()> {
+    sqlx::query(
+        "UPDATE trigger_events SET status = 'superseded', reason = $4, decided_at = now() \
+         WHERE item_id = $1 AND workflow_id = $2 AND org_id = $3 AND status = 'queued'",
+    )
+    .bind(ev.item)
+    .bind(workflow)
+    .bind(ev.org)
+    .bind(format!("superseded by {}", ev.id))
+    .execute(&mut *ch.tx)
+    .await?;
+    Ok(())
+}
+
+/// Cancels a run with no attempt running (superseded, revoked): its event takes the same
+/// status, and its cycle is given back when no attempt of it ever began.
+pub(crate) async fn cancel_unstarted(ch: &mut Change, org: OrgId, old: &OpenRun, status: &str, reason: &str, runs: &RunOps) -> Result<()> {
+    ch.lock_run(org, old.run).await?;
+    (runs.cancel)(ch, old.run, reason).await?;
+    if let Some(event) = old.event {
+        set_event(ch, event, status, Some(reason), None).await?;
+        if !old.attempted {
+            sqlx::query(
+                "UPDATE item_cycle_budgets b SET cycles_used = greatest(b.cycles_used - 1, 0) FROM trigger_events e \
+                 WHERE e.event_id = $1 AND b.item_id = e.item_id AND b.workflow_id = e.workflow_id AND b.generation = e.generation",
+            )
+            .bind(event)
+            .execute(&mut *ch.tx)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn set_event(ch: &mut Change, event: Uuid, status: &str, reason: Option<&str>, run: Option<RunId>) -> Result<()> {
+    sqlx::query("UPDATE trigger_events SET status = $2, reason = $3, run_id = coalesce($4, run_id), decided_at = now() WHERE event_id = $1")
+        .bind(event)
+        .bind(status)
+        .bind(reason.map(cap))
+        .bind(run)
+        .execute(&mut *ch.tx)
+        .await?;
+    Ok(())
+}
+
+/// Why a claim opened nothing: the cycles the workflow used on the item, and the event's reason.
+pub(crate) struct Spent {
+    pub(crate) cycles: i32,
+    pub(crate) reason: String,
+}
+
+/// Takes one cycle of the item's budget for the workflow, under the budget row's lock (and the
+/// item's, which every claim holds). `Err` when this budget is spent (the ask is recorded then)
+/// or another workflow's budget on the item is spent and waits for a person.
+pub(crate) async fn admit(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Result<(), Spent>> {
+    let max = i32::try_from(wf.def.budget.max_cycles).unwrap_or(i32::MAX);
+    sqlx::query(
+        "INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used) VALUES ($1, $2, $3, $4, $5, 0) \
+         ON CONFLICT (item_id, workflow_id) DO NOTHING",
+    )
+    .bind(ev.org)
+    .bind(ev.project)
+    .bind(ev.item)
+    .bind(wf.id)
+    .bind(ev.generation)
+    .execute(&mut *ch.tx)
+    .await?;
+    let (generation, used): (i32, i32) =
+        sqlx::query_as("SELECT generation, cycles_used FROM item_cycle_budgets WHERE item_id = $1 AND workflow_id = $2 FOR UPDATE")
+            .bind(ev.item)
+            .bind(wf.id)
+            .fetch_one(&mut *ch.tx)
+            .await?;
+    let current: i32 = sqlx::query_scalar("SELECT generation FROM items WHERE item_id = $1").bind(ev.item).fetch_one(&mut *ch.tx).await?;
+    let used = if generation < current { 0 } else { used };
+    // An ask open on the item stops every workflow, not only the one that spent its budget.
+    let asked: Option<(String, i32, i32)> = sqlx::query_as(
+        "SELECT w.name, b.cycles_used, (b.ask->>'max_cycles')::int FROM item_cycle_budgets b JOIN workflows w ON w.workflow_id = b.workflow_id \
+         WHERE b.item_id = $1 AND b.workflow_id <> $2 AND b.asked_at IS NOT NULL ORDER BY b.asked_at LIMIT 1",
+    )
+    .bind(ev.item)
+    .bind(wf.id)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    if let Some((other, other_used, other_max)) = asked {
+        return Ok(Err(Spent { cycles: used, reason: format!("cycle budget of {other} spent on this item ({other_used}/{other_max}): waiting for a reset") }));
+    }
+    if used >= max {
+        let ask = json!({ "event": ev.id, "workflow": wf.name, "cycles_used": used, "max_cycles": max, "generation": current });
+        sqlx::query(
+            "UPDATE item_cycle_budgets SET generation = $3, cycles_used = $4, ask = $5, asked_at = coalesce(asked_at, now()) \
+             WHERE item_id = $1 AND workflow_id = $2",
+        )
+        .bind(ev.item)
+        .bind(wf.id)
+        .bind(current)
+        .bind(used)
+        .bind(&ask)
+        .execute(&mut *ch.tx)
+        .await?;
+        return Ok(Err(Spent { cycles: used, reason: format!("cycle budget {used}/{max}") }));
+    }
+    sqlx::query("UPDATE item_cycle_budgets SET generation = $3, cycles_used = $4 WHERE item_id = $1 AND workflow_id = $2")
+        .bind(ev.item)
+        .bind(wf.id)
+        .bind(current)
+        .bind(used + 1)
+        .execute(&mut *ch.tx)
+        .await?;
+    Ok(Ok(()))
+}
+
+/// Workflows with something a change of the item may revoke: open runs or queued events.
+pub async fn workflows_pending_on(ch: &mut Change, org: OrgId, item: ItemId) -> Result<Vec<WorkflowId>> {
+    Ok(sqlx::query_scalar(
+        "SELECT workflow_id FROM runs WHERE item_id = $1 AND org_id = $2 AND status = 'running' AND parent_run_id IS NULL \
+         UNION SELECT workflow_id FROM trigger_events WHERE item_id = $1 AND org_id = $2 AND status = 'queued'",
+    )
+    .bind(item)
+    .bind(org)
+    .fetch_all(&mut *ch.tx)
+    .await?)
+}
+
+/// What a revocation did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Revoked {
+    pub runs: Vec<RunId>,
+    pub events: usize,
+}
+
+/// The item stopped matching: cancels the workflow's runs on it that have no attempt running
+/// (`revoked`) and marks its queued events `revoked`, each judged with the `trigger` that
+/// caused it. `still_matches` gets that trigger and says whether the `if:` holds on the item
+/// now. The queued events are judged first: a revoked run's end judges what is still queued.
+pub(crate) async fn revoke_unmatched(
+    ch: &mut Change,
+    org: OrgId,
+    item: ItemId,
+    workflow: WorkflowId,
+    still_matches: &(dyn Fn(&Value) -> bool + Sync),
+    runs: &RunOps,
+) -> Result<Revoked> {
+    let mut out = Revoked::default();
+    let open = open_runs(ch, org, item, workflow).await?;
+    let queued: Vec<(Uuid, Value)> = sqlx::query_as(
+        "SELECT event_id, payload FROM trigger_events WHERE item_id = $1 AND workflow_id = $2 AND org_id = $3 AND status = 'queued' ORDER BY created_at",
+    )
+    .bind(item)
+    .bind(workflow)
+    .bind(org)
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    for (event, payload) in queued {
+        if !still_matches(payload.get("trigger").unwrap_or(&Value::Null)) {
+            set_event(ch, event, "revoked", Some("revoked"), None).await?;
+            out.events += 1;
+        }
+    }
+    for open in open {
+        let Some(event) = open.event.filter(|_| !open.running) else { continue };
+        let payload: Value = sqlx::query_scalar("SELECT payload FROM trigger_events WHERE event_id = $1")
+            .bind(event)
+            .fetch_optional(&mut *ch.tx)
+            .await?
+            .unwrap_or(Value::Null);
+        if !still_matches(payload.get("trigger").unwrap_or(&Value::Null)) {
+            cancel_unstarted(ch, org, &open, "revoked", "revoked", runs).await?;
+            out.runs.push(open.run);
+        }
+    }
+    Ok(out)
+}
+
+/// Called at the end of every run (`run_ended`, its last step), in its change: when trigger
+/// events wait behind this run, the newest is judged again against the item's stored
+/// projection (a failing `if:` counts as a match, as GitHub being unreachable would), and
+/// opens its run through the claim; the older ones are superseded by it. A false verdict
+/// revokes them all. The claim may supersede an unstarted run, whose end comes here again (and
+/// finds nothing queued, since the events are taken out of the queue first).
+pub(crate) async fn rejudge(ch: &mut Change, run: &RunRow, runs: &RunOps) -> Result<()> {
+    let Some(item) = run.item_id else { return Ok(()) };
+    if run.parent_run_id.is_some() {
+        return Ok(());
+    }
+    let waiting: Vec<(Uuid, Value, i32)> = sqlx::query_as(
+        "SELECT event_id, payload, generation FROM trigger_events \
+         WHERE item_id = $1 AND workflow_id = $2 AND org_id = $3 AND status = 'queued' ORDER BY created_at DESC, event_id DESC",
+    )
+    .bind(item)
+    .bind(run.workflow_id)
+    .bind(run.org_id)
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    let Some((newest, payload, generation)) = waiting.first().cloned() else { return Ok(()) };
+    let Some(item_row) = lock_item(ch, run.org_id, item).await? else { return Ok(()) };
+    // Another executing run of the workflow still holds them.
+    if open_runs(ch, run.org_id, item, run.workflow_id).await?.iter().any(|r| r.running) {
+        return Ok(());
+    }
+    // Take them out of the queue first: the claim below may finish other runs, whose own
+    // call here must not see these events again.
+    for (older, _, _) in waiting.iter().skip(1) {
+        set_event(ch, *older, "superseded", Some(&format!("superseded by {newest}")), None).await?;
+    }
+    set_event(ch, newest, "accepted", Some("judged again"), None).await?;
+    let trigger = payload.get("trigger").cloned().unwrap_or(Value::Null);
+    let Some(wf) = workflow(ch, run.org_id, run.workflow_id).await? else {
+        set_event(ch, newest, "revoked", Some("revoked: the workflow has no version"), None).await?;
+        return Ok(());
+    };
+    let project = project_context(ch, run.project_id).await?;
+    let verdict = match &wf.def.on.github {
+        Some(t) => judge::verdict(t, &item_row.data, &trigger, &project),
+        None => Verdict::DoesNotMatch,
+    };
+    if verdict == Verdict::DoesNotMatch {
+        set_event(ch, newest, "revoked", Some("revoked"), None).await?;
+        return Ok(());
+    }
+    let ev = EventRef { id: newest, org: run.org_id, project: run.project_id, item, generation, trigger };
+    claim(ch, &ev, &wf, runs).await?;
+    Ok(())
+}

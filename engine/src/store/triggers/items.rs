@@ -1,0 +1,294 @@
+//! What triggers write besides events: GitHub deliveries and where they route, items (the
+//! stored projection of an issue, a pull request or a repository) and check results, and the
+//! workflows of a project that listen to GitHub.
+
+use std::sync::{Arc, LazyLock};
+
+use serde_json::{json, Value};
+use sqlx::{FromRow, Row};
+
+use crate::catalog::Catalog;
+use crate::definition::Definition;
+use crate::ids::{ItemId, OrgId, ProjectId, RunId, WorkflowId};
+use crate::item_keys::content_hash;
+use crate::store::{cap, Change, Result, StoreError};
+
+/// Parsed workflow versions for ingest, re-judging and schedules. Versions are immutable, so
+/// one cache per process serves every org.
+pub(crate) static CATALOG: LazyLock<Catalog> = LazyLock::new(Catalog::default);
+
+/// A project a delivery is routed to: its repository is connected through the delivery's
+/// installation.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub org: OrgId,
+    pub project: ProjectId,
+    pub project_slug: String,
+    pub project_name: String,
+}
+
+impl Route {
+    /// The `project` variable of `if:` conditions.
+    pub fn context(&self) -> Value {
+        json!({ "slug": self.project_slug, "name": self.project_name })
+    }
+}
+
+/// The projects of `installation`'s org that connected `repository` through it.
+/// The payload's `repository.default_branch`, when given, is what pull requests from the
+/// repository go to from now on (written only when it changed: GitHub's word, as a renamed
+/// default branch or a `master` repository says it).
+pub async fn routes(ch: &mut Change, installation: i64, repository: &str, default_branch: Option<&str>) -> Result<Vec<Route>> {
+    let rows = sqlx::query(
+        "WITH moved AS (UPDATE repositories SET default_branch = $3 WHERE full_name = $1 AND installation_id = $2 \
+                          AND $3::text IS NOT NULL AND default_branch IS DISTINCT FROM $3 RETURNING 1) \
+         SELECT r.org_id, r.project_id, p.slug, p.name FROM repositories r JOIN projects p ON p.project_id = r.project_id \
+         WHERE r.full_name = $1 AND r.installation_id = $2 ORDER BY r.project_id",
+    )
+    .bind(repository.to_lowercase())
+    .bind(installation)
+    .bind(default_branch.filter(|b| !b.is_empty() && b.len() <= 255))
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    Ok(rows.iter().map(route_of).collect())
+}
+
+pub(crate) fn route_of(r: &sqlx::postgres::PgRow) -> Route {
+    Route { org: r.get("org_id"), project: r.get("project_id"), project_slug: r.get("slug"), project_name: r.get("name") }
+}
+
+/// What a delivery said on its envelope.
+#[derive(Debug, Clone)]
+pub struct DeliveryRow<'a> {
+    pub id: &'a str,
+    /// None: it names no connected repository or installation (stored all the same).
+    pub org: Option<OrgId>,
+    pub event: &'a str,
+    pub action: Option<&'a str>,
+    pub installation: Option<i64>,
+    pub repository: Option<&'a str>,
+}
+
+/// Records a delivery by its `X-GitHub-Delivery` id. Returns false for a redelivery: the id is
+/// already stored, and nothing more is to be done. A concurrent duplicate waits here until the
+/// first one commits.
+pub async fn record_delivery(ch: &mut Change, d: &DeliveryRow<'_>) -> Result<bool> {
+    let inserted = sqlx::query(
+        "INSERT INTO github_deliveries (org_id, delivery_id, event, action, outcome, installation_id, repository) \
+         VALUES ($1, $2, $3, $4, 'received', $5, $6) ON CONFLICT (delivery_id) DO NOTHING",
+    )
+    .bind(d.org)
+    .bind(cap(d.id))
+    .bind(cap(d.event))
+    .bind(d.action.map(cap))
+    .bind(d.installation)
+    .bind(d.repository.map(cap))
+    .execute(&mut *ch.tx)
+    .await?;
+    Ok(inserted.rows_affected() == 1)
+}
+
+/// Stores what became of a delivery.
+pub async fn finish_delivery(ch: &mut Change, id: &str, outcome: &str, detail: &Value) -> Result<()> {
+    sqlx::query("UPDATE github_deliveries SET outcome = $2, detail = $3 WHERE delivery_id = $1")
+        .bind(cap(id))
+        .bind(cap(outcome))
+        .bind(detail)
+        .execute(&mut *ch.tx)
+        .await?;
+    Ok(())
+}
+
+/// An item as stored, locked in the change.
+#[derive(Debug, Clone, FromRow)]
+pub struct ItemRow {
+    pub item_id: ItemId,
+    pub project_id: ProjectId,
+    pub key: String,
+    pub data: Value,
+    pub content_hash: Option<String>,
+    pub generation: i32,
+}
+
+/// The item's id, creating an empty item when it is new.
+pub async fn ensure_item(ch: &mut Change, org: OrgId, project: ProjectId, key: &str) -> Result<ItemId> {
+    let new: Option<ItemId> = sqlx::query_scalar(
+        "INSERT INTO items (org_id, project_id, item_id, key) VALUES ($1, $2, $3, $4) ON CONFLICT (project_id, key) DO NOTHING RETURNING item_id",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(ItemId::mint())
+    .bind(key)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    if let Some(id) = new {
+        return Ok(id);
+    }
+    sqlx::query_scalar("SELECT item_id FROM items WHERE project_id = $1 AND key = $2 AND org_id = $3")
+        .bind(project)
+        .bind(key)
+        .bind(org)
+        .fetch_optional(&mut *ch.tx)
+        .await?
+        .ok_or(StoreError::NotFound("item"))
+}
+
+/// Locks an item for judging: first the runs open on it (in id order), then its row.
+pub async fn lock_item(ch: &mut Change, org: OrgId, item: ItemId) -> Result<Option<ItemRow>> {
+    let open: Vec<RunId> = sqlx::query_scalar("SELECT run_id FROM runs WHERE item_id = $1 AND status = 'running' AND org_id = $2")
+        .bind(item)
+        .bind(org)
+        .fetch_all(&mut *ch.tx)
+        .await?;
+    if !open.is_empty() {
+        ch.lock_runs(&open).await?;
+    }
+    Ok(sqlx::query_as(
+        "SELECT item_id, project_id, key, data, content_hash, generation FROM items WHERE item_id = $1 AND org_id = $2 FOR UPDATE",
+    )
+    .bind(item)
+    .bind(org)
+    .fetch_optional(&mut *ch.tx)
+    .await?)
+}
+
+/// Stores a new projection of a locked item.
+pub async fn update_item(ch: &mut Change, item: &ItemRow, data: &Value, node_id: Option<&str>) -> Result<String> {
+    let hash = content_hash(data);
+    let head_sha = data.pointer("/head/sha").and_then(Value::as_str);
+    let org: OrgId = sqlx::query_scalar(
+        "UPDATE items SET data = $2, title = $3, state = $4, content_hash = $5, head_sha = $6, \
+         node_id = coalesce($7, node_id), updated_at = now() WHERE item_id = $1 RETURNING org_id",
+    )
+    .bind(item.item_id)
+    .bind(data)
+    .bind(data.get("title").and_then(Value::as_str).map(cap))
+    .bind(data.get("state").and_then(Value::as_str))
+    .bind(&hash)
+    .bind(head_sha)
+    .bind(node_id)
+    .fetch_one(&mut *ch.tx)
+    .await?;
+    // A card that left a board column makes room in it: the runs waiting for that column's
+    // WIP limit are woken as this change commits (`admission::release`).
+    let column = |d: &Value| d.pointer("/board/column").and_then(Value::as_str).map(crate::admission::column_key);
+    if let Some(left) = column(&item.data).filter(|old| column(data).as_ref() != Some(old)) {
+        ch.releases.push((org, crate::admission::board_queue(&item.project_id.0.to_string(), &left), false));
+    }
+    Ok(hash)
+}
+
+/// Pull requests of a project whose head is `sha` (check runs and statuses name a commit).
+pub async fn items_by_head(ch: &mut Change, org: OrgId, project: ProjectId, repository: &str, sha: &str) -> Result<Vec<ItemId>> {
+    Ok(sqlx::query_scalar("SELECT item_id FROM items WHERE project_id = $1 AND head_sha = $2 AND org_id = $3 AND data->>'repository' = $4 ORDER BY item_id")
+        .bind(project)
+        .bind(sha)
+        .bind(org)
+        .bind(repository.to_lowercase())
+        .fetch_all(&mut *ch.tx)
+        .await?)
+}
+
+/// Items of an org with a GraphQL node id (a board card names its content by node id only),
+/// with the project each belongs to.
+pub async fn items_by_node(ch: &mut Change, org: OrgId, node_id: &str) -> Result<Vec<(ItemId, Route)>> {
+    let rows = sqlx::query(
+        "SELECT i.item_id, i.org_id, i.project_id, p.slug, p.name FROM items i JOIN projects p ON p.project_id = i.project_id \
+         WHERE i.org_id = $1 AND i.node_id = $2 ORDER BY i.item_id",
+    )
+    .bind(org)
+    .bind(node_id)
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    Ok(rows.iter().map(|r| (r.get("item_id"), route_of(r))).collect())
+}
+
+/// One check result, for gates on checks.
+#[derive(Debug, Clone)]
+pub struct CheckResult<'a> {
+    pub repository: &'a str,
+    pub head_sha: &'a str,
+    pub name: &'a str,
+    pub source: &'a str,
+    pub external_id: i64,
+    pub status: &'a str,
+    pub conclusion: Option<&'a str>,
+    pub details_url: Option<&'a str>,
+}
+
+/// Stores a check result. Returns false when it was older news than what is stored: a report
+/// that the same check run is still in progress after it completed.
+pub async fn record_check(ch: &mut Change, org: OrgId, project: ProjectId, c: &CheckResult<'_>) -> Result<bool> {
+    let applied = sqlx::query(
+        "INSERT INTO github_checks (org_id, project_id, repository, head_sha, name, source, external_id, status, conclusion, details_url) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+         ON CONFLICT (project_id, repository, head_sha, name) DO UPDATE SET \
+           source = EXCLUDED.source, external_id = EXCLUDED.external_id, status = EXCLUDED.status, \
+           conclusion = EXCLUDED.conclusion, details_url = EXCLUDED.details_url, updated_at = now() \
+         WHERE NOT (github_checks.status = 'completed' AND EXCLUDED.status <> 'completed' AND github_checks.external_id = EXCLUDED.external_id)",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(c.repository.to_lowercase())
+    .bind(c.head_sha)
+    .bind(cap(c.name))
+    .bind(c.source)
+    .bind(c.external_id)
+    .bind(c.status)
+    .bind(c.conclusion)
+    .bind(c.details_url.map(cap))
+    .execute(&mut *ch.tx)
+    .await?;
+    Ok(applied.rows_affected() == 1)
+}
+
+/// A workflow of the project, at its latest version.
+#[derive(Debug, Clone)]
+pub struct WorkflowInfo {
+    pub id: WorkflowId,
+    pub name: String,
+    pub version: i32,
+    pub paused: bool,
+    pub def: Arc<Definition>,
+}
+
+/// The project's workflows that have an `on.github` trigger, at their latest versions.
+pub async fn github_workflows(ch: &mut Change, org: OrgId, project: ProjectId) -> Result<Vec<WorkflowInfo>> {
+    let rows: Vec<(WorkflowId, String, i32, bool)> = sqlx::query_as(
+        "SELECT workflow_id, name, latest_version, paused FROM workflows WHERE project_id = $1 AND org_id = $2 AND latest_version > 0 ORDER BY name",
+    )
+    .bind(project)
+    .bind(org)
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (id, name, version, paused) in rows {
+        match CATALOG.get(&mut ch.tx, id, version).await {
+            Ok(def) if def.on.github.is_some() => out.push(WorkflowInfo { id, name, version, paused, def }),
+            Ok(_) => {}
+            // One broken stored version must not stop the project's other workflows.
+            Err(e) => tracing::warn!(workflow.id = %id, workflow.version = version, error = %e, "workflow skipped by the triggers"),
+        }
+    }
+    Ok(out)
+}
+
+pub(crate) async fn workflow(ch: &mut Change, org: OrgId, id: WorkflowId) -> Result<Option<WorkflowInfo>> {
+    let row: Option<(String, i32, bool)> =
+        sqlx::query_as("SELECT name, latest_version, paused FROM workflows WHERE workflow_id = $1 AND org_id = $2 AND latest_version > 0")
+            .bind(id)
+            .bind(org)
+            .fetch_optional(&mut *ch.tx)
+            .await?;
+    let Some((name, version, paused)) = row else { return Ok(None) };
+    let def = CATALOG.get(&mut ch.tx, id, version).await?;
+    Ok(Some(WorkflowInfo { id, name, version, paused, def }))
+}
+
+pub(crate) async fn project_context(ch: &mut Change, project: ProjectId) -> Result<Value> {
+    let row: Option<(String, String)> = sqlx::query_as("SELECT slug, name FROM projects WHERE project_id = $1")
+        .bind(project)
+        .fetch_optional(&mut *ch.tx)
+        .await?;
+    Ok(row.map_or(Value::Null, |(slug, name)| json!({ "slug": slug, "name": name })))
+}
