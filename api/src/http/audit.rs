@@ -84,7 +84,7 @@ async fn read(state: &AppState, org: OrgId, project: Option<ProjectId>, q: Audit
     };
     let mut rows = audited(state, org, project, &q, after, limit).await?;
     rows.extend(journal::moves(state, org, project, &q, after, limit).await?);
-    rows.sort_by(|a, b| (b.at, b.id).cmp(&(a.at, a.id)));
+    rows.sort_by_key(|e| std::cmp::Reverse((e.at, e.id)));
     let (items, next_cursor) = page::finish(rows, limit, |e| (e.at.timestamp_micros(), e.id));
     Ok(AuditList { items, next_cursor })
 }
