@@ -11,7 +11,8 @@ fi
 # The peer (bench/peer): graphile-worker, pinned, installed with npm under target/peer.
 command -v node >/dev/null && command -v npm >/dev/null ||
     { echo "make bench: Node.js and npm are needed for the peer (graphile-worker): install nodejs and npm, then \`make bench\` again" >&2; exit 1; }
-peer=${CARGO_TARGET_DIR:-target}/peer
+# Always under ./target: `bench/src/peer.rs` looks for it there, whatever CARGO_TARGET_DIR says.
+peer=target/peer
 mkdir -p "$peer"
 if ! cmp -s bench/peer/package.json "$peer/package.json" || [[ ! -d $peer/node_modules/graphile-worker ]]; then
     echo "make bench: installing the peer (graphile-worker) with npm" >&2

@@ -271,23 +271,24 @@ pub(crate) async fn admit(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> 
     .bind(ev.generation)
     .execute(&mut *ch.tx)
     .await?;
-    let (generation, used): (i32, i32) =
-        sqlx::query_as("SELECT generation, cycles_used FROM item_cycle_budgets WHERE item_id = $1 AND workflow_id = $2 FOR UPDATE")
-            .bind(ev.item)
-            .bind(wf.id)
-            .fetch_one(&mut *ch.tx)
-            .await?;
-    let current: i32 = sqlx::query_scalar("SELECT generation FROM items WHERE item_id = $1").bind(ev.item).fetch_one(&mut *ch.tx).await?;
-    let used = if generation < current { 0 } else { used };
-    // An ask open on the item stops every workflow, not only the one that spent its budget.
-    let asked: Option<(String, i32, i32)> = sqlx::query_as(
-        "SELECT w.name, b.cycles_used, (b.ask->>'max_cycles')::int FROM item_cycle_budgets b JOIN workflows w ON w.workflow_id = b.workflow_id \
-         WHERE b.item_id = $1 AND b.workflow_id <> $2 AND b.asked_at IS NOT NULL ORDER BY b.asked_at LIMIT 1",
+    // The budget row locked, with the item's generation and the first ask open on the item
+    // for another workflow (an ask stops every workflow, not only the one that spent its
+    // budget): one statement.
+    type Row = (i32, i32, i32, Option<String>, Option<i32>, Option<i32>);
+    let (generation, used, current, other, other_used, other_max): Row = sqlx::query_as(
+        "SELECT b.generation, b.cycles_used, (SELECT i.generation FROM items i WHERE i.item_id = $1), a.name, a.cycles_used, a.max_cycles \
+         FROM item_cycle_budgets b \
+         LEFT JOIN LATERAL (SELECT w.name, o.cycles_used, (o.ask->>'max_cycles')::int AS max_cycles \
+                            FROM item_cycle_budgets o JOIN workflows w ON w.workflow_id = o.workflow_id \
+                            WHERE o.item_id = $1 AND o.workflow_id <> $2 AND o.asked_at IS NOT NULL ORDER BY o.asked_at LIMIT 1) a ON true \
+         WHERE b.item_id = $1 AND b.workflow_id = $2 FOR UPDATE OF b",
     )
     .bind(ev.item)
     .bind(wf.id)
-    .fetch_optional(&mut *ch.tx)
+    .fetch_one(&mut *ch.tx)
     .await?;
+    let used = if generation < current { 0 } else { used };
+    let asked = other.map(|name| (name, other_used.unwrap_or_default(), other_max.unwrap_or_default()));
     if let Some((other, other_used, other_max)) = asked {
         return Ok(Err(Spent { cycles: used, reason: format!("cycle budget of {other} spent on this item ({other_used}/{other_max}): waiting for a reset") }));
     }
