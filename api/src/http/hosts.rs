@@ -180,27 +180,3 @@ pub async fn drain(State(state): State<AppState>, scope: ProjectScope, Path(p): 
 pub async fn undrain(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<HostPath>) -> Result<Json<Host>, ApiError> {
     set_drained(&state, &scope, &p.host, false).await
 }
-
-/// The command that starts a host with a registration token: `shopfloor host --server …
-/// --token …`, with its name and capabilities when given. The CLI's `hosts register` prints it
-/// and the console's "Add a host" page shows it, so both say the same thing.
-pub fn host_command(server: &str, token: &str, name: Option<&str>, capabilities: Option<&str>) -> String {
-    let mut words = vec!["shopfloor".to_owned(), "host".into(), "--server".into(), shell_word(server), "--token".into(), shell_word(token)];
-    if let Some(n) = name {
-        words.extend(["--name".into(), shell_word(n)]);
-    }
-    if let Some(c) = capabilities {
-        words.extend(["--capabilities".into(), shell_word(c)]);
-    }
-    words.join(" ")
-}
-
-/// A word a POSIX shell reads back as itself: as is when it is plain, else single-quoted.
-fn shell_word(text: &str) -> String {
-    let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "-_.,:/@%+=".contains(c));
-    if plain {
-        text.to_owned()
-    } else {
-        format!("'{}'", text.replace('\'', r"'\''"))
-    }
-}

@@ -1,6 +1,6 @@
 //! "Add a host": a form that makes a registration token through the REST API and answers the
 //! command to paste on the machine, token included, shown this once (a reload shows the form
-//! again, not the token). The command is the CLI's own (`http::hosts::host_command`), aimed at
+//! again, not the token). The command is the CLI's own (`cli::host_command`), aimed at
 //! the console's public address.
 
 use axum::extract::{Form, Path, State};
@@ -16,7 +16,9 @@ use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
 use super::{here, FormMap, ProjectPath};
-use crate::http::hosts::{host_command, Registration};
+use cli::host_command;
+
+use crate::http::hosts::Registration;
 
 /// What was asked, to fill the form again after a refusal.
 #[derive(Debug, Default, Serialize)]
