@@ -66,12 +66,17 @@ pub fn slug(title: &str) -> String {
 /// is about no issue.
 pub fn branch_name(number: Option<i64>, title: Option<&str>, run: RunId) -> String {
     match number {
-        Some(n) => {
-            let s = title.map(slug).unwrap_or_default();
-            if s.is_empty() { format!("shopfloor/{n}") } else { format!("shopfloor/{n}-{s}") }
-        }
+        Some(n) => issue_branch(n, title.unwrap_or_default()),
         None => format!("shopfloor/{run}"),
     }
+}
+
+/// The branch of a run about issue `number`: `shopfloor/<n>-<slug of the title>`, or
+/// `shopfloor/<n>` when the title leaves no slug. A pull request output opens from it when
+/// its crew step named no branch (`github::outputs`).
+pub fn issue_branch(number: i64, title: &str) -> String {
+    let s = slug(title);
+    if s.is_empty() { format!("shopfloor/{number}") } else { format!("shopfloor/{number}-{s}") }
 }
 
 /// A step handed to a host by `claim`.
@@ -225,6 +230,13 @@ mod tests {
         assert_eq!(branch_name(Some(42), Some("Add state core"), run), "shopfloor/42-add-state-core");
         assert_eq!(branch_name(Some(42), Some("???"), run), "shopfloor/42");
         assert_eq!(branch_name(None, Some("x"), run), format!("shopfloor/{run}"));
+    }
+
+    #[test]
+    fn branch_names_are_slugs_of_the_title() {
+        assert_eq!(issue_branch(42, "Fix the Widget: it's broken!"), "shopfloor/42-fix-the-widget-it-s-broken");
+        assert_eq!(issue_branch(7, "!!!"), "shopfloor/7");
+        assert!(issue_branch(1, &"long ".repeat(40)).len() <= "shopfloor/1-".len() + 41);
     }
 
     #[test]
