@@ -91,8 +91,7 @@ pub struct HostPath {
     responses((status = 200, body = HostList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<HostList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let limit = page::limit(q.limit)?;
-    let after: Option<(String, uuid::Uuid)> = page::decode(q.cursor.as_deref())?;
+    let (limit, after) = page::start::<(String, uuid::Uuid)>(q.limit, q.cursor.as_deref())?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(
         "SELECT host_id, name, capabilities, max_concurrent, last_seen_at, deregistered_at, drained_at, drained_by, created_at FROM hosts WHERE org_id = ",
     );

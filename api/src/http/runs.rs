@@ -455,8 +455,7 @@ where
     responses((status = 200, body = RunList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<RunList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let limit = page::limit(q.limit)?;
-    let mut after: Option<(i64, RunId)> = page::decode(q.cursor.as_deref())?;
+    let (limit, mut after) = page::start::<(i64, RunId)>(q.limit, q.cursor.as_deref())?;
     if let Some(status) = &q.status {
         if !["running", "completed", "failed", "cancelled"].contains(&status.as_str()) {
             return Err(ApiError::BadRequest("status must be running, completed, failed or cancelled".into()));
