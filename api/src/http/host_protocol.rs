@@ -158,88 +158,6 @@ pub struct ClaimRequest {
     pub held: Vec<String>,
 }
 
-/// A step handed to the host, with what it needs to run it.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct AssignmentDoc {
-    #[schema(value_type = String, example = "step-aaaaaaaaaaaaaaaaaaaaaaaaaa")]
-    pub step: String,
-    #[schema(value_type = String, example = "run-aaaaaaaaaaaaaaaaaaaaaaaaaa")]
-    pub run: String,
-    pub node: String,
-    pub visit: i32,
-    pub attempt: i32,
-    /// `claude-code`, `codex` or `command`.
-    pub harness: String,
-    pub model: Option<String>,
-    /// The node's prompt, rendered.
-    pub prompt: String,
-    /// For the `command` harness: the program and its arguments.
-    pub command: Vec<String>,
-    pub caps: CapsDoc,
-    pub repository: Option<RepositoryDoc>,
-    /// `shopfloor/<issue>-<slug>`: commit here and push, never forced.
-    pub branch: Option<String>,
-    pub item: Option<ItemDoc>,
-    /// A pull request is opened from this work later: ask the agent for its description.
-    pub pr_body: bool,
-    /// The step fails with `no_changes` if no file changed.
-    pub expect_changes: bool,
-    /// The lease lasts this long without a heartbeat or a session report.
-    pub lease_secs: u64,
-    /// The run's W3C trace context (`00-<trace id>-<span id>-<flags>`): the host's span of
-    /// the attempt joins the run's trace. Absent when the server exports no traces.
-    pub traceparent: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct CapsDoc {
-    pub turns: Option<u32>,
-    pub usd: Option<f64>,
-    /// SIGINT at this point; the process group is killed after the host's grace.
-    pub timeout_secs: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct RepositoryDoc {
-    /// `owner/name`.
-    pub full_name: String,
-    pub clone_url: String,
-    pub default_branch: String,
-    /// A short-lived token for this repository only (fetch and push), when the GitHub App
-    /// is configured.
-    pub token: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ItemDoc {
-    pub number: Option<i64>,
-    pub title: Option<String>,
-}
-
-impl From<Assignment> for AssignmentDoc {
-    fn from(a: Assignment) -> Self {
-        AssignmentDoc {
-            step: a.step.to_string(),
-            run: a.run.to_string(),
-            node: a.node,
-            visit: a.visit,
-            attempt: a.attempt,
-            harness: a.harness,
-            model: a.model,
-            prompt: a.prompt,
-            command: a.command,
-            caps: CapsDoc { turns: a.caps.turns, usd: a.caps.usd, timeout_secs: a.caps.timeout_secs },
-            repository: a.repository.map(|r| RepositoryDoc { full_name: r.full_name, clone_url: r.clone_url, default_branch: r.default_branch, token: r.token }),
-            branch: a.branch,
-            item: a.item.map(|i| ItemDoc { number: i.number, title: i.title }),
-            pr_body: a.pr_body,
-            expect_changes: a.expect_changes,
-            lease_secs: a.lease_secs,
-            traceparent: a.traceparent,
-        }
-    }
-}
-
 /// A held step the host must stop, and why (its state now, or `gone`).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct StopStep {
@@ -249,7 +167,7 @@ pub struct StopStep {
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ClaimAnswer {
-    pub assignments: Vec<AssignmentDoc>,
+    pub assignments: Vec<Assignment>,
     pub stop: Vec<StopStep>,
 }
 
@@ -287,7 +205,7 @@ pub async fn claim(State(state): State<AppState>, me: HostCaller, Json(body): Js
         if body.max > 0 {
             let claimed = store::claim(&state.db, &state.shared.catalog, &me.host, body.max).await?;
             if !claimed.assignments.is_empty() {
-                let mut assignments: Vec<AssignmentDoc> = claimed.assignments.into_iter().map(AssignmentDoc::from).collect();
+                let mut assignments = claimed.assignments;
                 for a in &mut assignments {
                     if let Some(repo) = a.repository.as_mut() {
                         repo.token = installation_token(&state, &me.host, &repo.full_name).await;
