@@ -15,7 +15,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, FormMap, ProjectPath};
+use super::{here, posted, FormMap, ProjectPath};
 use cli::host_command;
 
 use crate::http::hosts::Registration;
@@ -62,8 +62,7 @@ fn capabilities(text: &str) -> Result<Option<String>, String> {
 }
 
 pub(in super::super) async fn create(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let text = |k: &str| f.get(k).map(|v| v.trim().to_owned()).unwrap_or_default();
     let asked = Asked { name: text("name"), capabilities: text("capabilities"), hours: text("hours") };
     let caps = match capabilities(&asked.capabilities) {

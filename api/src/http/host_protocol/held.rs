@@ -1,271 +1,23 @@
-//! The host protocol: what `shopfloor host` calls, under `/api/v1/host/…`.
-//!
-//! - `register` — a registration token (shown once to an admin) registers one host and is
-//!   revoked by doing so; the answer is the host's credential.
-//! - `claim` — a long poll (up to 30 s) with the host's credential: answered at once when a
-//!   crew step the host can run is ready (it is leased to the host with its assignment), or
-//!   when a step the host runs was cancelled or taken back (`stop`). The replica waits on its
-//!   event hub's single `LISTEN` connection (`events::EventHub::ready` and its event feed),
-//!   never on a connection or a loop of queries per request. A host keeps one claim open at all
-//!   times (with `max: 0` when its slots are full), so a cancel reaches it within a second.
-//! - `start`, `heartbeat`, `session` (transcript lines and usage; renews the lease) and
-//!   `complete` (the outcome, fenced on the holder) for each step it holds. The answers to
-//!   heartbeats and session reports carry the step's undelivered messages (intervene), which
-//!   the host acknowledges with `messages/delivered` once it wrote them to the harness.
-//! - `token` — a fresh installation token for the repository of a step the host holds, asked
-//!   before each fetch and push and after adopting an attempt (the claim's lasts an hour; the
-//!   journal keeps none).
-//!
-//! Every write goes through `engine::store::hosts`. Person tokens get 403 here, as host
-//! credentials do on every other route.
+//! What a host does with a step it holds: `start`, `heartbeat`, `session` (transcript lines
+//! and usage), `complete` (fenced on the holder), `messages/delivered` and `token` (a fresh
+//! installation token for the step's repository).
 
-use std::time::Duration;
 
-use axum::extract::{FromRequestParts, State};
-use axum::http::request::Parts;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
-use engine::hosts::{Assignment, Capability, Usage};
+use axum::extract::State;
+use engine::hosts::Usage;
 use engine::ids::StepId;
 use engine::state::StepState;
-use engine::store::hosts::{self as store, Completion, HostRow, LogLine, NewHost};
+use engine::store::hosts::{self as store, Completion, HostRow, LogLine};
 use engine::store::steps::{Failure, FailureClass};
-use engine::store::{cap, Actor, Change, StoreError};
+use engine::store::{cap, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tokio::sync::broadcast::error::RecvError;
 use utoipa::ToSchema;
 
-use super::auth::{Caller, TokenKind};
-use super::error::ApiError;
-use super::extract::{Json, Path};
-use super::AppState;
-use crate::auth::issue_host_credential;
-
-/// The longest a claim waits.
-pub const MAX_WAIT_SECS: u32 = 30;
-/// A host credential's lifetime; deregistering the host revokes it sooner.
-const CREDENTIAL_DAYS: i64 = 365;
-/// Lines per session report.
-const MAX_LINES: usize = 2_000;
-/// When a claim passed over a step because an engine held its run, it looks again after this.
-const CONTENDED_RETRY: Duration = Duration::from_millis(100);
-
-/// The host a host credential belongs to.
-#[derive(Debug, Clone)]
-pub struct HostCaller {
-    pub caller: Caller,
-    pub host: HostRow,
-}
-
-impl FromRequestParts<AppState> for HostCaller {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let caller = Caller::from_request_parts(parts, state).await?;
-        if caller.kind != TokenKind::Host {
-            return Err(ApiError::Forbidden("the host protocol needs a host credential".into()));
-        }
-        let host = store::by_token(&state.db, caller.org, caller.jti)
-            .await?
-            .ok_or_else(|| ApiError::Forbidden("this host was deregistered".into()))?;
-        store::seen(&state.db, &host).await?;
-        Ok(HostCaller { caller, host })
-    }
-}
-
-fn step_id(text: &str) -> Result<StepId, ApiError> {
-    text.parse().map_err(|_| ApiError::NotFound("step not found".into()))
-}
-
-#[derive(Debug, Deserialize)]
-pub struct StepPath {
-    step: String,
-}
-
-// ---------------------------------------------------------------------------------------------
-// register
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RegisterHost {
-    /// The host's name in lists (`build-box-3`).
-    pub name: String,
-    /// What it offers: `linux`, `arm64`, `gpu`, `harness:claude-code`, …; at most 64.
-    #[serde(default)]
-    #[schema(max_items = 64)]
-    pub capabilities: Vec<String>,
-    /// Steps it runs at once, 1 to 64 (1 by default).
-    #[schema(minimum = 1, maximum = 64)]
-    pub max_concurrent: Option<u32>,
-}
-
-/// A host's credential: `token` is shown this once.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct HostCredential {
-    pub host_id: uuid::Uuid,
-    pub token: String,
-    pub expires_at: DateTime<Utc>,
-    /// The org's slug.
-    pub org: String,
-}
-
-/// Registers a host with a registration token (which it revokes) and answers its credential.
-#[utoipa::path(post, path = "/host/register", operation_id = "register_host", tag = "host-protocol",
-    request_body = RegisterHost,
-    responses((status = 201, body = HostCredential)))]
-pub async fn register(State(state): State<AppState>, caller: Caller, Json(body): Json<RegisterHost>) -> Result<Response, ApiError> {
-    if caller.kind != TokenKind::Registration {
-        return Err(ApiError::Forbidden("registering a host needs a registration token".into()));
-    }
-    let project = caller.project.ok_or_else(|| ApiError::Forbidden("this registration token names no project".into()))?;
-    let mut caps = Vec::with_capacity(body.capabilities.len());
-    for c in &body.capabilities {
-        caps.push(Capability::parse(c).map_err(|e| ApiError::Unprocessable(e.to_string()))?);
-    }
-    if caps.len() > 64 {
-        return Err(ApiError::Unprocessable("at most 64 capabilities".into()));
-    }
-    caps.sort();
-    caps.dedup();
-    let mut ch = Change::begin(&state.db, Actor::Token(caller.jti)).await?;
-    let new = NewHost { org: caller.org, project, name: &body.name, capabilities: &caps, max_concurrent: body.max_concurrent.unwrap_or(1), registration: caller.jti };
-    let host = store::register(&mut ch, &new).await?;
-    let (_, token, expires_at) = issue_host_credential(&mut ch, state.secret_key(), caller.org, project, host, body.name.trim(), chrono::Duration::days(CREDENTIAL_DAYS)).await?;
-    ch.commit().await?;
-    Ok((StatusCode::CREATED, Json(HostCredential { host_id: host.0, token, expires_at, org: caller.org_slug })).into_response())
-}
-
-// ---------------------------------------------------------------------------------------------
-// claim
-
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimRequest {
-    /// Steps wanted now, 0 to 64 (the host's free slots; the server also counts them against
-    /// the host's `max_concurrent`). 0 only watches the held steps.
-    #[serde(default)]
-    #[schema(maximum = 64)]
-    pub max: u32,
-    /// Seconds to wait for work, 0 to 30 (30 by default).
-    #[schema(maximum = 30)]
-    pub wait_secs: Option<u32>,
-    /// The steps the host runs now (`step-…`), at most 64: the answer names those it must
-    /// stop.
-    #[serde(default)]
-    #[schema(max_items = 64)]
-    pub held: Vec<String>,
-}
-
-/// A held step the host must stop, and why (its state now, or `gone`).
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct StopStep {
-    pub step: String,
-    pub state: String,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ClaimAnswer {
-    pub assignments: Vec<Assignment>,
-    pub stop: Vec<StopStep>,
-}
-
-/// Claims ready crew steps for this host, waiting up to `wait_secs` for one; answers at once
-/// when a held step must stop.
-#[utoipa::path(post, path = "/host/claim", operation_id = "claim_steps", tag = "host-protocol",
-    request_body = ClaimRequest,
-    responses((status = 200, body = ClaimAnswer)))]
-pub async fn claim(State(state): State<AppState>, me: HostCaller, Json(body): Json<ClaimRequest>) -> Result<Json<ClaimAnswer>, ApiError> {
-    if body.max > store::MAX_SLOTS {
-        return Err(ApiError::Unprocessable(format!("max is at most {}", store::MAX_SLOTS)));
-    }
-    if body.held.len() > store::MAX_SLOTS as usize {
-        return Err(ApiError::Unprocessable(format!("held names at most {} steps", store::MAX_SLOTS)));
-    }
-    let wait_secs = body.wait_secs.unwrap_or(MAX_WAIT_SECS);
-    if wait_secs > MAX_WAIT_SECS {
-        return Err(ApiError::Unprocessable(format!("wait_secs is at most {MAX_WAIT_SECS}")));
-    }
-    let wait = Duration::from_secs(u64::from(wait_secs));
-    let held: Vec<StepId> = body.held.iter().map(|s| s.parse().map_err(|_| ApiError::BadRequest(format!("`{}` is not a step id", cap(s))))).collect::<Result<_, _>>()?;
-    let deadline = tokio::time::Instant::now() + wait;
-    // Subscribed before the first look, so nothing that happens meanwhile is missed.
-    let mut ready = state.shared.events.ready();
-    ready.mark_unchanged();
-    let mut feed = state.shared.events.subscribe();
-    let closing = state.shared.closing.clone();
-    loop {
-        let stop = store::to_stop(&state.db, &me.host, &held).await?;
-        if !stop.is_empty() {
-            let stop = stop.into_iter().map(|(s, state)| StopStep { step: s.to_string(), state }).collect();
-            return Ok(Json(ClaimAnswer { assignments: Vec::new(), stop }));
-        }
-        let mut contended = false;
-        if body.max > 0 {
-            let claimed = store::claim(&state.db, &state.shared.catalog, &me.host, body.max).await?;
-            if !claimed.assignments.is_empty() {
-                let mut assignments = claimed.assignments;
-                for a in &mut assignments {
-                    if let Some(repo) = a.repository.as_mut() {
-                        repo.token = installation_token(&state, &me.host, &repo.full_name).await;
-                    }
-                }
-                return Ok(Json(ClaimAnswer { assignments, stop: Vec::new() }));
-            }
-            contended = claimed.contended;
-        }
-        // Wait for something that may change the answer.
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => return Ok(Json(ClaimAnswer { assignments: Vec::new(), stop: Vec::new() })),
-                () = closing.cancelled() => return Ok(Json(ClaimAnswer { assignments: Vec::new(), stop: Vec::new() })),
-                () = tokio::time::sleep(CONTENDED_RETRY), if contended => break,
-                changed = ready.changed(), if body.max > 0 => {
-                    if changed.is_err() {
-                        return Err(ApiError::Unavailable("the event hub stopped".into()));
-                    }
-                    break;
-                }
-                event = feed.recv() => match event {
-                    Ok(e) if e.org == me.host.org_id && e.event.step.is_some_and(|s| held.contains(&s))
-                        && matches!(e.event.kind.as_str(), "step.cancelled" | "step.failed" | "step.succeeded") => break,
-                    Ok(_) => {}
-                    // Fell behind: look at the held steps again rather than guess.
-                    Err(RecvError::Lagged(_)) => break,
-                    Err(RecvError::Closed) => return Err(ApiError::Unavailable("the event hub stopped".into())),
-                },
-            }
-        }
-    }
-}
-
-/// A token for this repository alone from the GitHub App's installation, when the App is
-/// configured; minted after the claim committed (no transaction waits on GitHub). Without one
-/// the host uses its own git credentials, so a failure here is logged, not fatal.
-async fn installation_token(state: &AppState, host: &HostRow, repository: &str) -> Option<String> {
-    use secrecy::ExposeSecret;
-    let app = state.shared.github.get()?;
-    let installation: Option<Option<i64>> =
-        sqlx::query_scalar("SELECT installation_id FROM repositories WHERE org_id = $1 AND project_id = $2 AND full_name = $3")
-            .bind(host.org_id)
-            .bind(host.project_id)
-            .bind(repository)
-            .fetch_optional(&state.db)
-            .await
-            .ok()?;
-    let installation = installation.flatten()?;
-    match app.installation_token(installation, repository, engine::github::client::Scope::Push).await {
-        Ok(token) => Some(token.expose_secret().to_owned()),
-        Err(e) => {
-            tracing::warn!(github.repository = repository, error = %e, "cannot mint an installation token for an assignment; the host's own credentials apply");
-            None
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// start, heartbeat, session, complete
+use super::{step_id, HostCaller, StepPath, MAX_LINES};
+use crate::http::error::ApiError;
+use crate::http::extract::{Json, JsonOrEmpty, Path};
+use crate::http::AppState;
 
 /// Where a held step stands.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -313,7 +65,7 @@ pub struct StartStep {
     params(("step" = String, Path, description = "Step id, `step-…`")),
     request_body(content = Option<StartStep>, description = "The harness"),
     responses((status = 200, body = StepStanding)))]
-pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, super::extract::JsonOrEmpty(body): super::extract::JsonOrEmpty<StartStep>) -> Result<Json<StepStanding>, ApiError> {
+pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, JsonOrEmpty(body): JsonOrEmpty<StartStep>) -> Result<Json<StepStanding>, ApiError> {
     let step = step_id(&p.step)?;
     let harness = body.harness.as_deref().map(cap).unwrap_or_default();
     let row = store::start(&state.db, &me.host, step, &harness).await?;
@@ -514,9 +266,6 @@ pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Pa
     })?;
     Ok(Json(standing(row.state())))
 }
-
-// ---------------------------------------------------------------------------------------------
-// messages delivered, token
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
