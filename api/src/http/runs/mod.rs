@@ -289,12 +289,12 @@ fn run_not_found() -> ApiError {
 }
 
 /// A run id from the path; text that cannot be one names no run.
-fn run_id(text: &str) -> Result<RunId, ApiError> {
+pub(super) fn run_id(text: &str) -> Result<RunId, ApiError> {
     text.parse().map_err(|_| run_not_found())
 }
 
 /// Checks, inside a change, that the run is in this project (the store checks the org).
-async fn in_project(ch: &mut Change, scope: &ProjectScope, run: RunId) -> Result<(), ApiError> {
+pub(super) async fn in_project(ch: &mut Change, scope: &ProjectScope, run: RunId) -> Result<(), ApiError> {
     let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3")
         .bind(run)
         .bind(scope.org.org)
