@@ -167,6 +167,13 @@ impl App {
         &self.db.pool
     }
 
+    /// Submits a run of the org's `approve` workflow through the store, in a change of its own.
+    pub(crate) async fn submit_approval(&self, org: &Org) -> RunId {
+        let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(self.pool()).await.unwrap();
+        let seed = shopfloor_tests::Seed { org: org.id, project: org.project, workflow, version: 1 };
+        shopfloor_tests::submit_inputs(self.pool(), &seed, &[serde_json::json!({})]).await[0]
+    }
+
     /// Stops the server (and engine), then checks the teardown invariants and drops the db.
     pub(crate) async fn finish(self) {
         self.stop.cancel();
