@@ -1,7 +1,9 @@
 //! Helpers for end-to-end tests across real processes: the `shopfloor` binary, engine
-//! processes on a test database, and waiting on the database for what they did.
+//! processes on a test database, and waiting on the database for what they did; and
+//! (`in_process`) the API and an engine in a test's own process.
 
 pub mod github_fake;
+pub mod in_process;
 pub mod netns;
 pub mod pgbouncer;
 pub mod proxy;

@@ -66,18 +66,28 @@ pub fn slug(title: &str) -> String {
 /// is about no issue.
 pub fn branch_name(number: Option<i64>, title: Option<&str>, run: RunId) -> String {
     match number {
-        Some(n) => {
-            let s = title.map(slug).unwrap_or_default();
-            if s.is_empty() { format!("shopfloor/{n}") } else { format!("shopfloor/{n}-{s}") }
-        }
+        Some(n) => issue_branch(n, title.unwrap_or_default()),
         None => format!("shopfloor/{run}"),
     }
 }
 
-/// A step handed to a host by `claim`.
+/// The branch of a run about issue `number`: `shopfloor/<n>-<slug of the title>`, or
+/// `shopfloor/<n>` when the title leaves no slug. A pull request output opens from it when
+/// its crew step named no branch (`github::outputs`).
+pub fn issue_branch(number: i64, title: &str) -> String {
+    let s = slug(title);
+    if s.is_empty() { format!("shopfloor/{number}") } else { format!("shopfloor/{number}-{s}") }
+}
+
+/// A step handed to the host, with what it needs to run it: what `claim` answers.
+// The OpenAPI document names it `AssignmentDoc`, and its parts `CapsDoc`, `RepositoryDoc` and
+// `ItemDoc`, as before the API took this type for its own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = AssignmentDoc))]
 pub struct Assignment {
+    #[cfg_attr(feature = "schema", schema(value_type = String, example = "step-aaaaaaaaaaaaaaaaaaaaaaaaaa"))]
     pub step: StepId,
+    #[cfg_attr(feature = "schema", schema(value_type = String, example = "run-aaaaaaaaaaaaaaaaaaaaaaaaaa"))]
     pub run: RunId,
     pub node: String,
     pub visit: i32,
@@ -90,10 +100,11 @@ pub struct Assignment {
     /// For the `command` harness: the program and its arguments.
     pub command: Vec<String>,
     pub caps: Caps,
-    /// The repository to work in; none for a run about no connected repository (the step
-    /// runs in a scratch directory).
+    /// The repository to work in; none for a run about no connected repository (the step runs
+    /// in a scratch directory).
     pub repository: Option<RepositoryRef>,
-    /// The branch to commit to and push (never forced), when there is a repository.
+    /// The branch to commit to and push (never forced) when there is a repository:
+    /// `shopfloor/<issue>-<slug>`.
     pub branch: Option<String>,
     /// The issue or pull request the run is about.
     pub item: Option<ItemRef>,
@@ -102,21 +113,22 @@ pub struct Assignment {
     pub pr_body: bool,
     /// `expect: changes`: a step that changed no file fails with `no_changes`.
     pub expect_changes: bool,
-    /// How long the lease lasts without a heartbeat or a session report.
+    /// The lease lasts this long without a heartbeat or a session report.
     pub lease_secs: u64,
-    /// The run's W3C trace context (`crate::trace`): the host's span of the attempt joins the
-    /// run's trace.
+    /// The run's W3C trace context (`00-<trace id>-<span id>-<flags>`): the host's span of
+    /// the attempt joins the run's trace. Absent when the server exports no traces.
     pub traceparent: Option<String>,
 }
 
 /// The caps a host enforces (the server enforces them too, through heartbeats).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = CapsDoc))]
 pub struct Caps {
     /// The node's `caps.turns` (`--max-turns`); a session past it is stopped `turn_cap`.
     pub turns: Option<u32>,
-    /// What the session may spend (`--max-budget-usd`): the least of the node's `caps.usd`
-    /// and what is left of the run's `usd_per_run` and of the project's and org's hard limits,
-    /// at the claim.
+    /// What the session may spend (`--max-budget-usd`): the least of the node's `caps.usd` and
+    /// what is left of the run's `usd_per_run` and of the project's and org's hard limits, at
+    /// the claim.
     pub usd: Option<f64>,
     /// The step's timeout: SIGINT at this point, the process group killed after the host's
     /// grace.
@@ -124,6 +136,7 @@ pub struct Caps {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = RepositoryDoc))]
 pub struct RepositoryRef {
     /// `owner/name`, lowercased.
     pub full_name: String,
@@ -135,6 +148,7 @@ pub struct RepositoryRef {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = ItemDoc))]
 pub struct ItemRef {
     pub number: Option<i64>,
     pub title: Option<String>,
@@ -225,6 +239,13 @@ mod tests {
         assert_eq!(branch_name(Some(42), Some("Add state core"), run), "shopfloor/42-add-state-core");
         assert_eq!(branch_name(Some(42), Some("???"), run), "shopfloor/42");
         assert_eq!(branch_name(None, Some("x"), run), format!("shopfloor/{run}"));
+    }
+
+    #[test]
+    fn branch_names_are_slugs_of_the_title() {
+        assert_eq!(issue_branch(42, "Fix the Widget: it's broken!"), "shopfloor/42-fix-the-widget-it-s-broken");
+        assert_eq!(issue_branch(7, "!!!"), "shopfloor/7");
+        assert!(issue_branch(1, &"long ".repeat(40)).len() <= "shopfloor/1-".len() + 41);
     }
 
     #[test]

@@ -768,7 +768,7 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
     // The CLI's command, word for word, aimed at the address the console was reached at.
     assert_eq!(
         command,
-        api::http::hosts::host_command(
+        cli::host_command(
             &app.base,
             &token,
             Some("box 1"),

@@ -9,13 +9,14 @@ use std::time::Duration;
 use api::console::ConsoleConfig;
 use api::http::AppState;
 use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId, WorkflowId};
-use engine::pool::{self, PoolConfig};
-use engine::store::runs::{self as store_runs, NewRun};
+use engine::pool::PoolConfig;
 use engine::store::{Actor, Change, api_writes, tenants, workflows};
 use engine::testkit::{TestDb, test_db};
 use reqwest::StatusCode;
 use reqwest::header::{COOKIE, HeaderMap, LOCATION, SET_COOKIE};
 use shopfloor_tests::github_fake::oauth::{CLIENT_ID, CLIENT_SECRET, FakeOauth};
+use shopfloor_tests::in_process::{self, Served};
+use shopfloor_tests::Seed;
 use tokio_util::sync::CancellationToken;
 
 /// Parks at an approval with a required field and an optional number, sleeps 3 s, then ends:
@@ -117,41 +118,17 @@ impl App {
             state.use_github_app(app);
         }
         let router = app(state.clone(), console_config(&oauth));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let base = format!("http://{}", listener.local_addr().expect("local addr"));
-        let stop = CancellationToken::new();
-        let closing = stop.clone();
         let serving = state.clone();
-        tokio::spawn(async move {
-            let shutdown = async move {
-                closing.cancelled().await;
-                serving.close_streams();
-            };
-            let _ = axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await;
-        });
-        let engine = if with_engine {
-            let stop = CancellationToken::new();
+        let Served { base, stop } =
+            in_process::serve(router, false, move || serving.close_streams()).await;
+        let engine = with_engine.then(|| {
             let cfg = PoolConfig {
-                id: "console-test-engine".into(),
-                listen: db.url.parse().unwrap(),
-                batch: 64,
                 max_in_flight: 16,
                 drain: Duration::from_secs(2),
-                test_executor: None,
-                outputs: None,
-                webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default())
-                    .unwrap(),
-                event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
+                ..in_process::engine_config("console-test-engine", &db.url)
             };
-            tokio::spawn(pool::run(db.pool.clone(), cfg, stop.clone(), stop.clone()));
-            Some(stop)
-        } else {
-            None
-        };
+            in_process::spawn_engine(&db.pool, cfg)
+        });
         App {
             db,
             base,
@@ -254,27 +231,13 @@ impl App {
 
     /// Submits a run of `workflow` through the store, as the REST submit does.
     pub(crate) async fn submit(&self, org: &Org, workflow: WorkflowId) -> RunId {
-        let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
-        let run = store_runs::submit(
-            &mut ch,
-            NewRun {
-                org: org.id,
-                project: org.project,
-                workflow,
-                version: 1,
-                input: serde_json::json!({}),
-                item: None,
-                trigger_event: None,
-                parent: None,
-                dry_run: false,
-                needs_approval: false,
-                source: None,
-            },
-        )
-        .await
-        .unwrap();
-        ch.commit().await.unwrap();
-        run
+        let seed = Seed {
+            org: org.id,
+            project: org.project,
+            workflow,
+            version: 1,
+        };
+        shopfloor_tests::submit_inputs(self.pool(), &seed, &[serde_json::json!({})]).await[0]
     }
 
     /// Waits until `sql` (the run bound as $1) is true.

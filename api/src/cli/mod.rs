@@ -6,7 +6,6 @@
 
 mod admin;
 mod check;
-mod client;
 mod database;
 mod processes;
 mod secret_key;
@@ -59,9 +58,9 @@ pub enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
-    /// The operator's commands, which talk to a server over its REST API (`client/`).
+    /// The operator's commands, which talk to a server over its REST API (the `cli` crate).
     #[command(flatten)]
-    Client(client::ClientCommand),
+    Client(::cli::ClientCommand),
 }
 
 impl Command {
@@ -381,6 +380,6 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         }
         Command::Host(args) => host::run(args).await.map(|()| 0).map_err(CliError::msg),
         Command::Check(args) => Ok(check::run(args).await),
-        Command::Client(cmd) => Ok(client::run(cmd).await),
+        Command::Client(cmd) => Ok(::cli::run(cmd).await),
     }
 }

@@ -22,7 +22,7 @@ pub enum ConsoleError {
     #[error("{0}")]
     BadRequest(String),
     /// Too many sign-in attempts from this address (`http::limits`); sent with `Retry-After`.
-    #[error("too many sign-in attempts from this address; try again in {} s", crate::http::limits::retry_after_secs(*.0))]
+    #[error("too many sign-in attempts from this address; try again in {} s", crate::http::error::retry_after_secs(*.0))]
     TooManyRequests(std::time::Duration),
     /// The cause is logged, never shown.
     #[error("internal error")]
@@ -103,7 +103,7 @@ impl IntoResponse for ConsoleError {
         let mut response = (status, body).into_response();
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
         if let ConsoleError::TooManyRequests(wait) = self {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(crate::http::limits::retry_after_secs(wait)));
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(crate::http::error::retry_after_secs(wait)));
         }
         response
     }

@@ -80,7 +80,7 @@ pub enum ApiError {
     #[error("{0}")]
     TooManyRequests(String),
     /// Over a rate limit (`limits`): sent with `Retry-After`, the wait in whole seconds.
-    #[error("too many requests from this token or address; try again in {} s", super::limits::retry_after_secs(*.0))]
+    #[error("too many requests from this token or address; try again in {} s", retry_after_secs(*.0))]
     RateLimited(std::time::Duration),
     /// The handler took longer than its bound and was stopped. What it was doing may or may not
     /// have been committed: read before writing again, or repeat a create with its
@@ -160,7 +160,7 @@ impl IntoResponse for ApiError {
                 response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
             ApiError::RateLimited(wait) => {
-                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(super::limits::retry_after_secs(wait)));
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
             }
             ApiError::Busy => {
                 tracing::warn!("a change was rolled back by a deadlock or serialization failure");
@@ -227,6 +227,12 @@ pub async fn method_not_allowed() -> ApiError {
 /// Answers a path that names no route.
 pub async fn not_found() -> ApiError {
     ApiError::NotFound("no such route".into())
+}
+
+/// Whole seconds to wait, rounded up and at least 1: the `Retry-After` of a refusal (a rate
+/// limit's, `limits`).
+pub fn retry_after_secs(wait: std::time::Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 #[cfg(test)]

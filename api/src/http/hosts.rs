@@ -91,8 +91,7 @@ pub struct HostPath {
     responses((status = 200, body = HostList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<HostList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let limit = page::limit(q.limit)?;
-    let after: Option<(String, uuid::Uuid)> = page::decode(q.cursor.as_deref())?;
+    let (limit, after) = page::start::<(String, uuid::Uuid)>(q.limit, q.cursor.as_deref())?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(
         "SELECT host_id, name, capabilities, max_concurrent, last_seen_at, deregistered_at, drained_at, drained_by, created_at FROM hosts WHERE org_id = ",
     );
@@ -179,28 +178,4 @@ pub async fn drain(State(state): State<AppState>, scope: ProjectScope, Path(p): 
     responses((status = 200, body = Host)))]
 pub async fn undrain(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<HostPath>) -> Result<Json<Host>, ApiError> {
     set_drained(&state, &scope, &p.host, false).await
-}
-
-/// The command that starts a host with a registration token: `shopfloor host --server …
-/// --token …`, with its name and capabilities when given. The CLI's `hosts register` prints it
-/// and the console's "Add a host" page shows it, so both say the same thing.
-pub fn host_command(server: &str, token: &str, name: Option<&str>, capabilities: Option<&str>) -> String {
-    let mut words = vec!["shopfloor".to_owned(), "host".into(), "--server".into(), shell_word(server), "--token".into(), shell_word(token)];
-    if let Some(n) = name {
-        words.extend(["--name".into(), shell_word(n)]);
-    }
-    if let Some(c) = capabilities {
-        words.extend(["--capabilities".into(), shell_word(c)]);
-    }
-    words.join(" ")
-}
-
-/// A word a POSIX shell reads back as itself: as is when it is plain, else single-quoted.
-fn shell_word(text: &str) -> String {
-    let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "-_.,:/@%+=".contains(c));
-    if plain {
-        text.to_owned()
-    } else {
-        format!("'{}'", text.replace('\'', r"'\''"))
-    }
 }

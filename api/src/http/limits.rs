@@ -55,6 +55,7 @@ use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sha2::{Digest, Sha256};
 
+pub use super::error::retry_after_secs;
 use super::error::ApiError;
 
 /// The host protocol's routes, which have their own token buckets.
@@ -350,11 +351,6 @@ pub async fn declared_body_limit(request: Request, next: Next) -> Response {
         return ApiError::PayloadTooLarge.into_response();
     }
     next.run(request).await
-}
-
-/// Whole seconds to wait, rounded up and at least 1: the `Retry-After` of a refusal.
-pub fn retry_after_secs(wait: Duration) -> u64 {
-    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 #[cfg(test)]

@@ -9,13 +9,14 @@ use chrono::{DateTime, Utc};
 use engine::ids::UserId;
 use engine::store::api_writes;
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 
 use super::auth::Role;
 use super::error::{ApiError, Problem};
 use super::extract::{IdempotencyKey, Json, Path, Query};
+use super::page::{self, PageQuery};
 use super::tenant::OrgScope;
-use super::{idempotency, page, AppState};
+use super::{idempotency, AppState};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Member {
@@ -47,17 +48,6 @@ pub struct ChangeRole {
     pub role: Role,
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListQuery {
-    /// Page size, 1 to 200 (50 by default).
-    #[param(minimum = 1, maximum = 200)]
-    pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
-    pub cursor: Option<String>,
-}
-
 #[derive(Debug, Deserialize)]
 pub struct MemberPath {
     user: String,
@@ -87,12 +77,11 @@ fn guard_owner(scope: &OrgScope, roles: &[&str]) -> Result<(), ApiError> {
 
 /// The org's members, by email.
 #[utoipa::path(get, path = "/orgs/{org}/members", operation_id = "list_members", tag = "members",
-    params(("org" = String, Path, description = "Org slug"), ListQuery),
+    params(("org" = String, Path, description = "Org slug"), PageQuery),
     responses((status = 200, body = MemberList)))]
-pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<ListQuery>) -> Result<Json<MemberList>, ApiError> {
+pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<PageQuery>) -> Result<Json<MemberList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let limit = page::limit(q.limit)?;
-    let after: Option<(String, uuid::Uuid)> = page::decode(q.cursor.as_deref())?;
+    let (limit, after) = q.start::<(String, uuid::Uuid)>()?;
     let rows: Vec<Member> = match after {
         Some((email, user)) => sqlx::query_as(&format!("{SELECT} AND (u.email, u.user_id) > ($2, $3) ORDER BY u.email, u.user_id LIMIT $4"))
             .bind(scope.org)

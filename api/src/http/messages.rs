@@ -17,6 +17,7 @@ use utoipa::ToSchema;
 use super::auth::Role;
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path};
+use super::runs::{in_project, run_id};
 use super::tenant::ProjectScope;
 use super::AppState;
 
@@ -58,16 +59,10 @@ pub struct SentMessage {
               (status = 409, description = "Not a live session, or its harness cannot take messages", body = Problem, content_type = "application/problem+json")))]
 pub async fn send(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Json(body): Json<SendMessage>) -> Result<(StatusCode, Json<SentMessage>), ApiError> {
     scope.require(Role::Member)?;
-    let run: RunId = p.run.parse().map_err(|_| ApiError::NotFound("run not found".into()))?;
+    let run = run_id(&p.run)?;
     let step: StepId = p.step.parse().map_err(|_| ApiError::NotFound("step not found".into()))?;
     let mut ch = scope.change(&state).await?;
-    let in_project: Option<i32> = sqlx::query_scalar("SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3")
-        .bind(run)
-        .bind(scope.org.org)
-        .bind(scope.project)
-        .fetch_optional(ch.conn())
-        .await?;
-    in_project.ok_or_else(|| ApiError::NotFound("run not found".into()))?;
+    in_project(&mut ch, &scope, run).await?;
     let id = store::send(&mut ch, scope.org.org, run, step, &body.text).await?;
     let (chars, sent_at): (i32, DateTime<Utc>) =
         sqlx::query_as("SELECT length(text), created_at FROM step_messages WHERE message_id = $1").bind(id).fetch_one(ch.conn()).await?;

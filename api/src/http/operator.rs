@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 use super::auth::Role;
 use super::error::{ApiError, Problem};
 use super::extract::{at_most, Json, JsonOrEmpty, Path};
+use super::runs::{in_project, run_id};
 use super::tenant::ProjectScope;
 use super::AppState;
 
@@ -52,16 +53,9 @@ pub struct ItemPath {
     responses((status = 200, body = Resolved), (status = 409, description = "The run did not fail", body = Problem, content_type = "application/problem+json")))]
 pub async fn resolve(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<ResolveRun>) -> Result<Json<Resolved>, ApiError> {
     scope.require(Role::Member)?;
-    let not_found = || ApiError::NotFound("run not found".into());
-    let run: RunId = p.run.parse().map_err(|_| not_found())?;
+    let run = run_id(&p.run)?;
     let mut ch = scope.change(&state).await?;
-    let in_project: Option<i32> = sqlx::query_scalar("SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3")
-        .bind(run)
-        .bind(scope.org.org)
-        .bind(scope.project)
-        .fetch_optional(ch.conn())
-        .await?;
-    in_project.ok_or_else(not_found)?;
+    in_project(&mut ch, &scope, run).await?;
     let note = at_most("note", body.note, 200)?;
     operator::resolve(&mut ch, scope.org.org, run, note.as_deref()).await?;
     let (resolved_at, resolved_by): (DateTime<Utc>, String) =

@@ -6,9 +6,29 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use utoipa::IntoParams;
 
 use super::error::ApiError;
+
+/// A list's query, `?limit=&cursor=`, for the lists that take nothing else.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+impl PageQuery {
+    /// The page size and the sort key the page starts after (`start`).
+    pub fn start<K: DeserializeOwned>(&self) -> Result<(i64, Option<K>), ApiError> {
+        start(self.limit, self.cursor.as_deref())
+    }
+}
 
 pub const DEFAULT_LIMIT: u32 = 50;
 pub const MAX_LIMIT: u32 = 200;
@@ -21,6 +41,12 @@ pub fn limit(asked: Option<u32>) -> Result<i64, ApiError> {
         Some(_) => Err(ApiError::BadRequest(format!("limit must be between 1 and {MAX_LIMIT}"))),
         None => Ok(i64::from(DEFAULT_LIMIT)),
     }
+}
+
+/// A page's size and the sort key it starts after, from a list's `limit` and `cursor`, both
+/// checked: a bad limit or cursor is refused.
+pub fn start<K: DeserializeOwned>(limit: Option<u32>, cursor: Option<&str>) -> Result<(i64, Option<K>), ApiError> {
+    Ok((self::limit(limit)?, decode(cursor)?))
 }
 
 pub fn encode<T: Serialize>(key: &T) -> String {

@@ -7,13 +7,14 @@ use chrono::{DateTime, Utc};
 use engine::ids::Slug;
 use engine::store::tenants;
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 
 use super::auth::Role;
 use super::error::{ApiError, Problem};
 use super::extract::{IdempotencyKey, Json, Query};
+use super::page::{self, PageQuery};
 use super::tenant::{OrgScope, ProjectScope};
-use super::{idempotency, page, AppState};
+use super::{idempotency, AppState};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Project {
@@ -40,25 +41,13 @@ pub struct CreateProject {
     pub name: Option<String>,
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListQuery {
-    /// Page size, 1 to 200 (50 by default).
-    #[param(minimum = 1, maximum = 200)]
-    pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
-    pub cursor: Option<String>,
-}
-
 /// The org's projects, by slug.
 #[utoipa::path(get, path = "/orgs/{org}/projects", operation_id = "list_projects", tag = "projects",
-    params(("org" = String, Path, description = "Org slug"), ListQuery),
+    params(("org" = String, Path, description = "Org slug"), PageQuery),
     responses((status = 200, body = ProjectList)))]
-pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<ListQuery>) -> Result<Json<ProjectList>, ApiError> {
+pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<PageQuery>) -> Result<Json<ProjectList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let limit = page::limit(q.limit)?;
-    let after: Option<String> = page::decode(q.cursor.as_deref())?;
+    let (limit, after) = q.start::<String>()?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT slug, name, created_at FROM projects WHERE org_id = ");
     qb.push_bind(scope.org);
     // A token limited to one project sees only it.

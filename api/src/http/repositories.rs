@@ -13,13 +13,14 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use engine::store::installations;
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 
+use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{Json, Query};
+use super::page::{self, PageQuery};
 use super::tenant::ProjectScope;
-use super::{page, AppState};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Repository {
@@ -49,25 +50,13 @@ pub struct ConnectRepository {
     pub default_branch: Option<String>,
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListQuery {
-    /// Page size, 1 to 200 (50 by default).
-    #[param(minimum = 1, maximum = 200)]
-    pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
-    pub cursor: Option<String>,
-}
-
 /// The project's repositories, by name.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/repositories", operation_id = "list_repositories", tag = "repositories",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ListQuery),
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), PageQuery),
     responses((status = 200, body = RepositoryList)))]
-pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<RepositoryList>, ApiError> {
+pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<PageQuery>) -> Result<Json<RepositoryList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let limit = page::limit(q.limit)?;
-    let after: Option<String> = page::decode(q.cursor.as_deref())?;
+    let (limit, after) = q.start::<String>()?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT full_name, installation_id, default_branch, created_at FROM repositories WHERE org_id = ");
     qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
     if let Some(name) = after {

@@ -8,13 +8,14 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Duration, Utc};
 use engine::store::api_writes;
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 
+use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
+use super::page::{self, PageQuery};
 use super::tenant::OrgScope;
-use super::{page, AppState};
 use crate::auth::{issue_user_token_with_id, UserToken};
 
 /// Lifetime of a token when none is asked for.
@@ -64,17 +65,6 @@ pub struct CreatedToken {
     pub record: Token,
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListQuery {
-    /// Page size, 1 to 200 (50 by default).
-    #[param(minimum = 1, maximum = 200)]
-    pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
-    pub cursor: Option<String>,
-}
-
 #[derive(Debug, Deserialize)]
 pub struct TokenPath {
     token: String,
@@ -84,12 +74,11 @@ const COLUMNS: &str = "jti, name, kind, role, user_id, created_at, expires_at, r
 
 /// Tokens of the org, newest first: everyone's for an admin, the caller's own otherwise.
 #[utoipa::path(get, path = "/orgs/{org}/tokens", operation_id = "list_tokens", tag = "tokens",
-    params(("org" = String, Path, description = "Org slug"), ListQuery),
+    params(("org" = String, Path, description = "Org slug"), PageQuery),
     responses((status = 200, body = TokenList)))]
-pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<ListQuery>) -> Result<Json<TokenList>, ApiError> {
+pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<PageQuery>) -> Result<Json<TokenList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let limit = page::limit(q.limit)?;
-    let after: Option<(i64, uuid::Uuid)> = page::decode(q.cursor.as_deref())?;
+    let (limit, after) = q.start::<(i64, uuid::Uuid)>()?;
     // Not an admin: only the caller's own tokens (a person token always has a user).
     let only = if scope.role() >= Role::Admin { None } else { Some(scope.caller.user.map_or(uuid::Uuid::nil(), |u| u.0)) };
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!("SELECT {COLUMNS} FROM api_tokens WHERE org_id = "));

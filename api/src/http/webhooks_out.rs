@@ -11,14 +11,15 @@ use chrono::{DateTime, Utc};
 use engine::ids::RunId;
 use engine::store::webhooks_out::{self as store, Attempt, Delivery};
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
+use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
+use super::page::{self, PageQuery};
 use super::tenant::ProjectScope;
-use super::{page, AppState};
 
 /// A subscription, without its secret.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -111,17 +112,6 @@ pub struct DeliveryDetail {
 pub struct DeliveryList {
     pub items: Vec<WebhookDelivery>,
     pub next_cursor: Option<String>,
-}
-
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct DeliveryQuery {
-    /// Page size, 1 to 200 (50 by default).
-    #[param(minimum = 1, maximum = 200)]
-    pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
-    pub cursor: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -221,13 +211,12 @@ pub async fn delete(State(state): State<AppState>, scope: ProjectScope, Path(p):
 
 /// The subscription's deliveries, newest first (admin).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries", operation_id = "list_webhook_deliveries", tag = "webhooks",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id"), DeliveryQuery),
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id"), PageQuery),
     responses((status = 200, body = DeliveryList)))]
-pub async fn deliveries(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<WebhookPath>, Query(q): Query<DeliveryQuery>) -> Result<Json<DeliveryList>, ApiError> {
+pub async fn deliveries(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<WebhookPath>, Query(q): Query<PageQuery>) -> Result<Json<DeliveryList>, ApiError> {
     scope.require(Role::Admin)?;
     let webhook = subscription(&state, &scope, &p.webhook).await?;
-    let limit = page::limit(q.limit)?;
-    let after: Option<(i64, Uuid)> = page::decode(q.cursor.as_deref())?;
+    let (limit, after) = q.start::<(i64, Uuid)>()?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!("SELECT {} FROM webhook_deliveries WHERE org_id = ", store::DELIVERY_COLUMNS));
     qb.push_bind(scope.org.org).push(" AND subscription_id = ").push_bind(webhook.id);
     if let Some((micros, id)) = after {

@@ -10,13 +10,14 @@ use chrono::{DateTime, Utc};
 use engine::ids::WorkflowId;
 use engine::store::{cap, workflows as store};
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 
 use super::auth::Role;
 use super::error::{ApiError, Problem, WorkflowProblem};
 use super::extract::{IdempotencyKey, Json, Path, Query, WorkflowSource};
+use super::page::{self, PageQuery};
 use super::tenant::ProjectScope;
-use super::{idempotency, page, AppState};
+use super::{idempotency, AppState};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Workflow {
@@ -83,17 +84,6 @@ pub struct SourceBody {
     pub source: String,
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListQuery {
-    /// Page size, 1 to 200 (50 by default).
-    #[param(minimum = 1, maximum = 200)]
-    pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
-    pub cursor: Option<String>,
-}
-
 #[derive(Debug, Deserialize)]
 pub struct NamePath {
     name: String,
@@ -146,12 +136,11 @@ async fn upload(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, ha
 
 /// The project's workflows, by name.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/workflows", operation_id = "list_workflows", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ListQuery),
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), PageQuery),
     responses((status = 200, body = WorkflowList)))]
-pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<WorkflowList>, ApiError> {
+pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<PageQuery>) -> Result<Json<WorkflowList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let limit = page::limit(q.limit)?;
-    let after: Option<String> = page::decode(q.cursor.as_deref())?;
+    let (limit, after) = q.start::<String>()?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT name, latest_version, paused, created_at FROM workflows WHERE org_id = ");
     qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
     if let Some(name) = after {
@@ -227,12 +216,11 @@ pub async fn put(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
 
 /// The workflow's versions, newest first.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/workflows/{name}/versions", operation_id = "list_workflow_versions", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("name" = String, Path, description = "Workflow name"), ListQuery),
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("name" = String, Path, description = "Workflow name"), PageQuery),
     responses((status = 200, body = VersionList)))]
-pub async fn versions(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, Query(q): Query<ListQuery>) -> Result<Json<VersionList>, ApiError> {
+pub async fn versions(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, Query(q): Query<PageQuery>) -> Result<Json<VersionList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let limit = page::limit(q.limit)?;
-    let before: Option<i32> = page::decode(q.cursor.as_deref())?;
+    let (limit, before) = q.start::<i32>()?;
     let (id, _) = find(&state, &scope, &p.name).await?;
     let rows: Vec<Version> = sqlx::query_as(
         "SELECT version, sha256, created_by, created_at, NULL::text AS source FROM workflow_versions \

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use api::http::auth::Role;
 use engine::ids::RunId;
-use engine::store::runs::{self, NewRun};
+use engine::store::runs;
 use engine::net_guard::Policy;
 use engine::store::{api_writes, Actor, Change};
 use reqwest::{Method, StatusCode};
@@ -210,16 +210,7 @@ fn expected(case: &Case, who: Who) -> StatusCode {
 }
 
 async fn submit(app: &App, org: &Org) -> RunId {
-    let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(app.pool()).await.unwrap();
-    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-    let run = runs::submit(
-        &mut ch,
-        NewRun { org: org.id, project: org.project, workflow, version: 1, input: json!({}), item: None, trigger_event: None, parent: None, dry_run: false, needs_approval: false, source: None },
-    )
-    .await
-    .unwrap();
-    ch.commit().await.unwrap();
-    run
+    app.submit_approval(org).await
 }
 
 /// A registration token of the org's `web` project, made through the API.

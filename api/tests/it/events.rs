@@ -22,9 +22,7 @@ async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
     let mut sse = support::sse(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, None).await;
 
     // Run A waits at its approval.
-    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-    let a = runs::submit(&mut ch, new_run(&app, &org).await).await.unwrap();
-    ch.commit().await.unwrap();
+    let a = app.submit_approval(&org).await;
     sse.until("run A waiting at its approval", |e| e.data["run"] == a.to_string() && e.event == "run.awaiting").await;
 
     // A's approval is answered by a transaction that writes first but commits last; run B is
@@ -57,9 +55,7 @@ async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
     // event it shows is of its own run, submitted after all of the above.
     let other = app.org("other").await;
     let mut theirs = support::sse(&app, "/api/v1/orgs/other/projects/web/events", &other.owner, Some("0.0")).await;
-    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-    let own = runs::submit(&mut ch, new_run(&app, &other).await).await.unwrap();
-    ch.commit().await.unwrap();
+    let own = app.submit_approval(&other).await;
     let seen = theirs.next().await;
     assert_eq!(seen.data["run"], own.to_string(), "{seen:?}");
     drop((sse, again, theirs));
@@ -71,9 +67,7 @@ async fn the_hub_follows_on_after_its_listen_connection_is_ended() {
     let app = App::with_engine().await;
     let org = app.org("acme").await;
     let mut sse = support::sse(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, None).await;
-    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-    let a = runs::submit(&mut ch, new_run(&app, &org).await).await.unwrap();
-    ch.commit().await.unwrap();
+    let a = app.submit_approval(&org).await;
     sse.until("run A waiting at its approval", |e| e.data["run"] == a.to_string() && e.event == "run.awaiting").await;
 
     // The server ends every listening session (the hub's and the engine's), as a restart or
@@ -83,9 +77,7 @@ async fn the_hub_follows_on_after_its_listen_connection_is_ended() {
         .await
         .unwrap();
     assert_eq!(ended, [true, true], "the hub and the engine each listen once");
-    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-    let b = runs::submit(&mut ch, new_run(&app, &org).await).await.unwrap();
-    ch.commit().await.unwrap();
+    let b = app.submit_approval(&org).await;
     sse.until("run B waiting at its approval", |e| e.data["run"] == b.to_string() && e.event == "run.awaiting").await;
     drop(sse);
     app.finish().await;

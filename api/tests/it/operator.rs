@@ -7,10 +7,11 @@
 //! draining and budgets is in `host_budget`.
 
 use engine::ids::{OrgId, RunId, UserId};
-use engine::store::{admission, runs, Actor, Change};
+use engine::store::{admission, Actor, Change};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use engine::db::Db;
+use shopfloor_tests::Seed;
 
 use crate::support::{problem, App, Org};
 
@@ -226,26 +227,8 @@ async fn admission_refusals_are_problems_409_and_429() {
     admission::set_running_cap(&mut ch, org.id, 1).await.unwrap();
     ch.commit().await.unwrap();
     let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE name = 'approve'").fetch_one(app.pool()).await.unwrap();
-    for _ in 0..10 {
-        let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-        for _ in 0..100 {
-            let new = runs::NewRun {
-                org: org.id,
-                project: org.project,
-                workflow,
-                version: 1,
-                input: json!({}),
-                item: None,
-                trigger_event: None,
-                parent: None,
-                dry_run: false,
-                needs_approval: false,
-                source: None,
-            };
-            runs::submit(&mut ch, new).await.unwrap();
-        }
-        ch.commit().await.unwrap();
-    }
+    let seed = Seed { org: org.id, project: org.project, workflow, version: 1 };
+    shopfloor_tests::submit_many(app.pool(), &seed, 1_000, json!({})).await;
     let (status, headers, body) = app.send(Method::POST, &format!("{BASE}/runs"), Some(&org.member), Some(&json!({ "workflow": "approve" }))).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     let p = problem(status, &headers, &body);

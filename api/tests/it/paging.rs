@@ -4,26 +4,17 @@
 
 use std::collections::BTreeSet;
 
-use engine::store::runs::{self, NewRun};
+use engine::store::runs;
 use engine::store::{Actor, Change};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::support::{App, Org};
 
 async fn submit_many(app: &App, org: &Org, n: usize) -> Vec<String> {
-    let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(app.pool()).await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..n {
-        let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-        let run = runs::submit(
-            &mut ch,
-            NewRun { org: org.id, project: org.project, workflow, version: 1, input: json!({}), item: None, trigger_event: None, parent: None, dry_run: false, needs_approval: false, source: None },
-        )
-        .await
-        .unwrap();
-        ch.commit().await.unwrap();
-        ids.push(run.to_string());
+        ids.push(app.submit_approval(org).await.to_string());
     }
     ids
 }

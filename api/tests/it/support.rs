@@ -18,7 +18,7 @@ use engine::executor::TestExecutor;
 use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId};
 use engine::jobs::WebhookClient;
 use engine::net_guard::Policy;
-use engine::pool::{self, PoolConfig};
+use engine::pool::PoolConfig;
 use engine::store::{api_writes, tenants, workflows, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
@@ -27,6 +27,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use engine::db::Db;
 use shopfloor_tests::github_fake::oauth::FakeOauth;
+use shopfloor_tests::in_process::{self, Served};
 use tokio_util::sync::CancellationToken;
 
 /// A workflow that parks at an approval with one required field, then ends.
@@ -113,18 +114,7 @@ impl App {
         state.use_webhook_policy(webhooks);
         let github = FakeOauth::start().await;
         state.use_github_user_api(&github.url);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
-        let base = format!("http://{}", listener.local_addr().expect("local addr"));
-        let stop = CancellationToken::new();
-        let closing = stop.clone();
-        let app = router(state.clone());
-        tokio::spawn(async move {
-            let shutdown = async move {
-                closing.cancelled().await;
-                state.close_streams();
-            };
-            let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
-        });
+        let Served { base, stop } = in_process::serve(router(state.clone()), false, move || state.close_streams()).await;
         App { db, github, base, http: reqwest::Client::new(), stop, engine: None }
     }
 
@@ -158,42 +148,30 @@ impl App {
         state.use_limits(limits);
         let github = FakeOauth::start().await;
         let app = api::cli::app(&state, Some(webhook_secret.to_owned().into()), api::console::ConsoleConfig::default());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
-        let base = format!("http://{}", listener.local_addr().expect("local addr"));
-        let stop = CancellationToken::new();
-        let closing = stop.clone();
-        tokio::spawn(async move {
-            let shutdown = async move {
-                closing.cancelled().await;
-                state.close_streams();
-            };
-            let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-            let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
-        });
+        let Served { base, stop } = in_process::serve(app, true, move || state.close_streams()).await;
         let mut app = App { db, github, base, http: reqwest::Client::new(), stop, engine: None };
         app.start_engine(true, Webhooks::public());
         app
     }
 
     fn start_engine(&mut self, test_executor: bool, webhooks: Webhooks) {
-        let stop = CancellationToken::new();
         let cfg = PoolConfig {
-            id: "api-test-engine".into(),
-            listen: self.db.url.parse().unwrap(),
-            batch: 64,
-            max_in_flight: 64,
-            drain: Duration::from_secs(5),
             test_executor: test_executor.then_some(TestExecutor { effects: None }),
-            outputs: None,
             webhooks: WebhookClient::with_resolver(webhooks.engine, Arc::new(webhooks.names)).expect("the delivery client builds"),
-            event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
+            ..in_process::engine_config("api-test-engine", &self.db.url)
         };
-        tokio::spawn(pool::run(self.db.pool.clone(), cfg, stop.clone(), stop.clone()));
-        self.engine = Some(stop);
+        self.engine = Some(in_process::spawn_engine(&self.db.pool, cfg));
     }
 
     pub(crate) fn pool(&self) -> &Db {
         &self.db.pool
+    }
+
+    /// Submits a run of the org's `approve` workflow through the store, in a change of its own.
+    pub(crate) async fn submit_approval(&self, org: &Org) -> RunId {
+        let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(self.pool()).await.unwrap();
+        let seed = shopfloor_tests::Seed { org: org.id, project: org.project, workflow, version: 1 };
+        shopfloor_tests::submit_inputs(self.pool(), &seed, &[serde_json::json!({})]).await[0]
     }
 
     /// Stops the server (and engine), then checks the teardown invariants and drops the db.

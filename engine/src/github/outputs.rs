@@ -35,6 +35,7 @@ use super::client::{CallError, GithubApp, RepoClient, Scope, Verb};
 use crate::advance::ToExecute;
 use crate::catalog::Catalog;
 use crate::definition::{NodeKind, Output, OutputKind};
+use crate::hosts::issue_branch;
 use crate::store::steps::{Failure, FailureClass};
 
 /// How long an output waits after GitHub was unavailable through all the client's retries.
@@ -152,7 +153,7 @@ impl OutputExecutor {
     async fn pull_request(&self, client: &RepoClient, ctx: &Ctx) -> Result<Value, Step> {
         let number = ctx.number.ok_or_else(|| Step::Refused("output:no_item".into()))?;
         let title = ctx.item.get("title").and_then(Value::as_str).unwrap_or("shopfloor").to_owned();
-        let branch = ctx.crew.get("branch").and_then(Value::as_str).map_or_else(|| default_branch_name(number, &title), str::to_owned);
+        let branch = ctx.crew.get("branch").and_then(Value::as_str).map_or_else(|| issue_branch(number, &title), str::to_owned);
         let owner = ctx.repository.split('/').next().unwrap_or_default().to_owned();
         if let Some(pr) = open_pull(client, &ctx.repository, &owner, &branch).await? {
             return Ok(pr_output(&ctx.repository, &pr, false));
@@ -221,23 +222,6 @@ impl From<CallError> for Step {
     fn from(e: CallError) -> Step {
         Step::Call(e)
     }
-}
-
-/// `shopfloor/<n>-<slug>`: the branch hosts push a run's work to (DESIGN.md "Hosts").
-pub fn default_branch_name(number: i64, title: &str) -> String {
-    let mut slug = String::new();
-    for c in title.chars().flat_map(char::to_lowercase) {
-        if c.is_ascii_alphanumeric() {
-            slug.push(c);
-        } else if !slug.ends_with('-') && !slug.is_empty() {
-            slug.push('-');
-        }
-        if slug.len() >= 40 {
-            break;
-        }
-    }
-    let slug = slug.trim_end_matches('-');
-    if slug.is_empty() { format!("shopfloor/{number}") } else { format!("shopfloor/{number}-{slug}") }
 }
 
 /// Percent-encodes a path segment (RFC 3986 unreserved characters stay).
@@ -411,13 +395,6 @@ async fn load(db: &Db, catalog: &Catalog, job: &ToExecute) -> Result<Result<Ctx,
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn branch_names_are_slugs_of_the_title() {
-        assert_eq!(default_branch_name(42, "Fix the Widget: it's broken!"), "shopfloor/42-fix-the-widget-it-s-broken");
-        assert_eq!(default_branch_name(7, "!!!"), "shopfloor/7");
-        assert!(default_branch_name(1, &"long ".repeat(40)).len() <= "shopfloor/1-".len() + 41);
-    }
 
     #[test]
     fn query_values_are_encoded() {

@@ -18,7 +18,7 @@ use super::super::oauth::{authorize_url, base_url, exchange_code, random_token};
 use super::super::session::{constant_time_eq, cookie, secure, set_cookie, OrgSession};
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, see_other, FormMap};
+use super::{here, posted, see_other, FormMap};
 use crate::http::auth::Role;
 use crate::http::installations::InstallationList;
 
@@ -57,8 +57,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<Str
 
 /// The button: to the App's install page, with a `state` bound to this session.
 pub(in super::super) async fn connect(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &org, &uri, f.get("_csrf")).await?;
     if !s.can(Role::Admin) {
         return render(&c, &s, None, Some("Only an admin of the org connects GitHub.".into()), StatusCode::FORBIDDEN).await;
     }
@@ -175,8 +174,7 @@ pub(in super::super) async fn callback(State(c): State<Console>, headers: Header
 
 /// An admin gives an installation up.
 pub(in super::super) async fn release(State(c): State<Console>, Path((org, installation)): Path<(String, i64)>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &org, &uri, f.get("_csrf")).await?;
     match c.call(&s.caller, Method::DELETE, &format!("/orgs/{org}/github/installations/{installation}"), None).await? {
         Ok(_) => Ok(see_other(&format!("/orgs/{org}/github"))),
         Err(r) => render(&c, &s, None, Some(r.detail().to_owned()), r.status).await,

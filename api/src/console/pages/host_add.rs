@@ -1,6 +1,6 @@
 //! "Add a host": a form that makes a registration token through the REST API and answers the
 //! command to paste on the machine, token included, shown this once (a reload shows the form
-//! again, not the token). The command is the CLI's own (`http::hosts::host_command`), aimed at
+//! again, not the token). The command is the CLI's own (`cli::host_command`), aimed at
 //! the console's public address.
 
 use axum::extract::{Form, Path, State};
@@ -15,8 +15,10 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, FormMap, ProjectPath};
-use crate::http::hosts::{host_command, Registration};
+use super::{here, posted, FormMap, ProjectPath};
+use cli::host_command;
+
+use crate::http::hosts::Registration;
 
 /// What was asked, to fill the form again after a refusal.
 #[derive(Debug, Default, Serialize)]
@@ -60,8 +62,7 @@ fn capabilities(text: &str) -> Result<Option<String>, String> {
 }
 
 pub(in super::super) async fn create(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let text = |k: &str| f.get(k).map(|v| v.trim().to_owned()).unwrap_or_default();
     let asked = Asked { name: text("name"), capabilities: text("capabilities"), hours: text("hours") };
     let caps = match capabilities(&asked.capabilities) {

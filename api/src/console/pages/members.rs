@@ -12,7 +12,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, see_other, FormMap};
+use super::{here, posted, see_other, FormMap};
 use crate::http::auth::Role;
 use crate::http::members::MemberList;
 
@@ -46,8 +46,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<Str
 }
 
 pub(in super::super) async fn add(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &org, &uri, f.get("_csrf")).await?;
     let email = f.get("email").map(|e| e.trim().to_owned()).unwrap_or_default();
     let body = json!({ "email": email, "role": f.get("role").map(String::as_str).unwrap_or("member") });
     match c.call(&s.caller, Method::POST, &format!("/orgs/{org}/members"), Some(body)).await? {

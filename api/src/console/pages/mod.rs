@@ -23,7 +23,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
-use super::session::entries;
+use super::session::{entries, OrgSession};
 use super::{Console, ConsoleError};
 
 /// `/`: the first org's Today, or the sign-in page.
@@ -38,6 +38,14 @@ pub(super) async fn home(headers: HeaderMap) -> Response {
 pub(super) struct ProjectPath {
     pub org: String,
     pub project: String,
+}
+
+/// The session of a form posted to an org's page, once its origin and CSRF token (`csrf`,
+/// the form's `_csrf`) are checked.
+pub(super) async fn posted(c: &Console, headers: &HeaderMap, org: &str, uri: &Uri, csrf: Option<&String>) -> Result<OrgSession, ConsoleError> {
+    let s = c.session(headers, org, &here(uri)).await?;
+    s.check(headers, csrf.map(String::as_str))?;
+    Ok(s)
 }
 
 /// Where a request wants to come back to after signing in.

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{FormMap, here, see_other};
+use super::{here, posted, see_other, FormMap};
 
 /// Approvals waiting in the org ($1 org, $2 a project or NULL).
 pub(crate) const APPROVALS_SQL: &str = "SELECT a.run_id, a.node, a.prompt, a.deadline, s.created_at AS asked_at, p.slug AS project, w.name AS workflow, \
@@ -183,8 +183,7 @@ pub(in super::super) async fn resolve(
     uri: Uri,
     Form(f): Form<FormMap>,
 ) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let note = f.get("note").map(|n| n.trim()).filter(|n| !n.is_empty());
     let path = format!("/orgs/{}/projects/{}/runs/{}/resolve", p.org, p.project, view::urlencode(&p.run));
     act(&c, &s, &path, json!({ "note": note })).await
@@ -198,8 +197,7 @@ pub(in super::super) async fn reset(
     uri: Uri,
     Form(f): Form<FormMap>,
 ) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let path = format!("/orgs/{}/projects/{}/cycle-asks/{}/reset", p.org, p.project, view::urlencode(&p.item));
     act(&c, &s, &path, json!({})).await
 }

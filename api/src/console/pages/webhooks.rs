@@ -13,7 +13,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, see_other, FormMap, ProjectPath};
+use super::{here, posted, see_other, FormMap, ProjectPath};
 use crate::http::webhooks_out::{CreatedWebhook, DeliveryList, Webhook, WebhookDelivery, WebhookList};
 
 /// The deliveries shown per subscription, newest first.
@@ -66,8 +66,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
 }
 
 pub(in super::super) async fn create(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let url = f.get("url").map(|u| u.trim().to_owned()).unwrap_or_default();
     let events_text = f.get("events").map(|e| e.trim().to_owned()).unwrap_or_default();
     let events: Vec<&str> = events_text.split([',', ' ', '\n']).map(str::trim).filter(|e| !e.is_empty()).collect();
@@ -115,14 +114,12 @@ async fn act(c: &Console, s: &OrgSession, project: &str, at: &str, rest: &str, m
 }
 
 pub(in super::super) async fn delete(State(c): State<Console>, Path(p): Path<WebhookPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     act(&c, &s, &p.project, &p.webhook, &view::urlencode(&p.webhook), Method::DELETE).await
 }
 
 pub(in super::super) async fn replay(State(c): State<Console>, Path(p): Path<DeliveryPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let rest = format!("{}/deliveries/{}/replay", view::urlencode(&p.webhook), view::urlencode(&p.delivery));
     act(&c, &s, &p.project, &p.delivery, &rest, Method::POST).await
 }

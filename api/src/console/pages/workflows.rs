@@ -13,7 +13,7 @@ use super::super::people;
 use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, see_other, FormMap, ProjectPath};
+use super::{here, posted, see_other, FormMap, ProjectPath};
 use crate::http::error::WorkflowProblem;
 use crate::http::workflows::{Validation, VersionList, WorkflowDetail, WorkflowList};
 
@@ -78,8 +78,7 @@ fn checked(source: String, problems: Vec<WorkflowProblem>, name: Option<String>)
 
 /// Validates a definition without storing it.
 pub(in super::super) async fn validate(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let source = f.get("source").cloned().unwrap_or_default();
     let path = format!("/orgs/{}/projects/{}/validate-workflow", p.org, p.project);
     let check = match c.call(&s.caller, Method::POST, &path, Some(json!({ "source": source }))).await? {
@@ -95,8 +94,7 @@ pub(in super::super) async fn validate(State(c): State<Console>, Path(p): Path<P
 
 /// Uploads a definition as the next version of the workflow it names.
 pub(in super::super) async fn upload(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    s.check(&headers, f.get("_csrf").map(String::as_str))?;
+    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let source = f.get("source").cloned().unwrap_or_default();
     let path = format!("/orgs/{}/projects/{}/workflows", p.org, p.project);
     match c.call(&s.caller, Method::POST, &path, Some(json!({ "source": source }))).await? {

@@ -12,7 +12,8 @@ use futures::StreamExt as _;
 use reqwest::{Method, Url};
 use serde_json::Value;
 
-use super::http::{refused, Api, ClientError};
+use super::error::ClientError;
+use super::http::{refused, Api};
 
 /// One event: its kind (`event`) and its `data` as JSON (its `id` is kept by the stream).
 #[derive(Debug, Clone)]
@@ -21,9 +22,8 @@ pub(crate) struct Event {
     pub(crate) data: Value,
 }
 
-/// The body of the response, as chunks (`axum::body::Bytes` is the `bytes` crate's type that
-/// reqwest yields).
-type Bytes = std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>;
+/// The body of the response, as the chunks reqwest yields.
+type Bytes = std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
 
 /// A followed stream that reconnects by itself.
 pub(crate) struct Stream {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::http::ClientError;
+use super::error::ClientError;
 use super::Conn;
 
 /// What the file holds.

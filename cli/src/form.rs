@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value};
 
-use super::http::ClientError;
+use super::error::ClientError;
 
 /// One field of a form.
 #[derive(Debug, Clone)]

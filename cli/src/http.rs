@@ -1,5 +1,4 @@
-//! The HTTP client of the command line: one server, one bearer token, an org and a project,
-//! and the one error type every command returns.
+//! The HTTP client of the command line: one server, one bearer token, an org and a project.
 //!
 //! Paths are built segment by segment, so a node called `$start` or a workflow name with odd
 //! characters is percent-encoded, never spliced into the URL. An answer that is not a success
@@ -13,48 +12,13 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::config::Settings;
+use super::config::{self, Settings};
+use super::error::{ClientError, WorkflowProblem};
+use super::Conn;
 
 /// How long one ordinary request may take (the event stream has no limit).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Every way a command can fail.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ClientError {
-    /// The command line itself is wrong or incomplete (exit 2).
-    #[error("{0}")]
-    Usage(String),
-    /// The server refused the request: its problem's title and detail (exit 1).
-    #[error("{title}: {detail}")]
-    Refused { status: u16, title: String, detail: String, problems: Vec<WorkflowProblem> },
-    /// Anything else: the server cannot be reached, a file cannot be read (exit 1).
-    #[error("{0}")]
-    Failed(String),
-}
-
-impl ClientError {
-    pub(crate) fn exit_code(&self) -> u8 {
-        match self {
-            ClientError::Usage(_) => 2,
-            ClientError::Refused { .. } | ClientError::Failed(_) => 1,
-        }
-    }
-
-    pub(crate) fn failed(e: impl std::fmt::Display) -> ClientError {
-        ClientError::Failed(e.to_string())
-    }
-}
-
-/// One problem of an invalid workflow, as the API reports it.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct WorkflowProblem {
-    pub(crate) line: usize,
-    pub(crate) col: usize,
-    #[serde(default)]
-    pub(crate) path: String,
-    pub(crate) message: String,
-}
 
 #[derive(Deserialize)]
 struct Problem {
@@ -102,6 +66,12 @@ pub(crate) struct Api {
 }
 
 impl Api {
+    /// The client a command's connection settings say (`--server` and the rest, else the
+    /// environment and the config file).
+    pub(crate) fn connect(conn: &Conn) -> Result<Api, ClientError> {
+        Api::new(&config::settings(conn)?)
+    }
+
     pub(crate) fn new(settings: &Settings) -> Result<Api, ClientError> {
         let server = settings.server.as_deref().ok_or_else(|| ClientError::Usage("no server: run `shopfloor login --server URL` or set SHOPFLOOR_SERVER".into()))?;
         let token = settings.token.clone().ok_or_else(|| ClientError::Usage("no token: run `shopfloor login` or set SHOPFLOOR_TOKEN".into()))?;

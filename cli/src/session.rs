@@ -13,8 +13,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::config::{self, FileConfig, Source};
+use super::error::ClientError;
 use super::form::{Prompt as _, Terminal};
-use super::http::{parse_server, with_query, Api, ClientError};
+use super::http::{parse_server, with_query, Api};
 use super::{say, Conn};
 
 #[derive(Debug, Args)]

@@ -27,9 +27,11 @@ use futures::StreamExt as _;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::error::ClientError;
 use super::form::{self, Prompt};
-use super::http::{with_query, Api, Body, ClientError};
-use super::runs::{answer_words, pick, send_approval, Approval, RunDetail};
+use super::http::{with_query, Api, Body};
+use super::approvals::{answer_words, pick, send_approval};
+use super::model::{Approval, RunDetail};
 use super::sse;
 use super::table::{clock, status_tint, Style, Tint};
 

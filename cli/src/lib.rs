@@ -8,19 +8,29 @@
 //! API's own JSON, byte for byte, with `--json`. A refused request prints the problem's title
 //! and detail on one line and exits 1; a usage mistake exits 2.
 //!
-//! `http.rs` is the HTTP client, `sse.rs` reads the project's event stream, `table.rs` renders
-//! tables and colour, `form.rs` asks an approval's fields, `follow.rs` is `runs follow`, and
-//! `session.rs`, `runs.rs` and `resources.rs` hold the commands.
+//! `http.rs` is the HTTP client (`error.rs` its one error type), `sse.rs` reads the project's
+//! event stream, `table.rs` renders tables and colour, `list.rs` pages lists, `form.rs` asks an
+//! approval's fields, `model.rs` is a run as the API describes it, `follow.rs` is
+//! `runs follow`, and `session.rs`, `runs.rs`, `approvals.rs`, `workflows.rs`, `hosts.rs` and
+//! `resources.rs` (audit, tokens, budgets) hold the commands.
 
+mod approvals;
 mod config;
+mod error;
 mod follow;
 mod form;
+mod hosts;
 mod http;
+mod list;
+mod model;
 mod resources;
 mod runs;
 mod session;
 mod sse;
 mod table;
+mod workflows;
+
+pub use hosts::host_command;
 
 use clap::{Args, Subcommand};
 
@@ -34,13 +44,13 @@ pub enum ClientCommand {
     /// Runs: list, show, why, follow, submit, cancel, retry, rerun.
     Runs(runs::RunsArgs),
     /// Answer an approval a run waits on with the form's fields (asked in turn on a terminal).
-    Approve(runs::ApproveArgs),
+    Approve(approvals::ApproveArgs),
     /// Reject an approval: the run is cancelled with `rejected at <node>: <reason>`.
-    Reject(runs::RejectArgs),
+    Reject(approvals::RejectArgs),
     /// Workflows: list, push, validate (on the server), pause, unpause.
-    Workflows(resources::WorkflowsArgs),
+    Workflows(workflows::WorkflowsArgs),
     /// Hosts of the project.
-    Hosts(resources::HostsArgs),
+    Hosts(hosts::HostsArgs),
     /// The audit log.
     Audit(resources::AuditArgs),
     /// API tokens: create, list, revoke.
@@ -68,15 +78,15 @@ pub(crate) struct Conn {
 
 /// Runs a client command; returns the exit code. Errors are printed here, as one line: the
 /// caller has nothing left to add.
-pub(crate) async fn run(cmd: ClientCommand) -> u8 {
+pub async fn run(cmd: ClientCommand) -> u8 {
     let result = match cmd {
         ClientCommand::Login(args) => session::login(args).await,
         ClientCommand::Context(args) => session::context(args).await,
         ClientCommand::Runs(args) => runs::run(args).await,
-        ClientCommand::Approve(args) => runs::approve(args).await,
-        ClientCommand::Reject(args) => runs::reject(args).await,
-        ClientCommand::Workflows(args) => resources::workflows(args).await,
-        ClientCommand::Hosts(args) => resources::hosts(args).await,
+        ClientCommand::Approve(args) => approvals::approve(args).await,
+        ClientCommand::Reject(args) => approvals::reject(args).await,
+        ClientCommand::Workflows(args) => workflows::workflows(args).await,
+        ClientCommand::Hosts(args) => hosts::hosts(args).await,
         ClientCommand::Audit(args) => resources::audit(args).await,
         ClientCommand::Tokens(args) => resources::tokens(args).await,
         ClientCommand::Budgets(args) => resources::budgets(args).await,

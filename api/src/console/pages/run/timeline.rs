@@ -1,0 +1,127 @@
+//! The run's steps as the page shows them: the journal of steps with their sessions' figures,
+//! the waterfall and the graph's states, and the journal of events.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::console::svg::{self, symbol, Bar};
+use crate::http::runs::history::RunEventList;
+use crate::http::runs::{RunDetail, SessionFigures};
+
+#[derive(Debug, Serialize)]
+pub(super) struct StepView {
+    id: String,
+    node: String,
+    kind: String,
+    visit: i32,
+    attempt: i32,
+    state: String,
+    symbol: &'static str,
+    class: &'static str,
+    reason: Option<String>,
+    exit_code: Option<i32>,
+    reused: bool,
+    created_at: DateTime<Utc>,
+    started_at: Option<DateTime<Utc>>,
+    ended_at: Option<DateTime<Utc>>,
+    secs: Option<f64>,
+    session: Option<SessionFigures>,
+}
+
+/// The steps with their sessions' figures, and each node's latest state (for the graph).
+pub(super) fn steps(detail: &RunDetail, now: DateTime<Utc>) -> (Vec<StepView>, HashMap<String, String>) {
+    let mut states: HashMap<String, String> = HashMap::new();
+    let steps: Vec<StepView> = detail
+        .steps
+        .iter()
+        .map(|st| {
+            states.insert(st.node.clone(), st.state.clone());
+            let (sym, class) = symbol(&st.state);
+            let start = st.started_at.unwrap_or(st.created_at);
+            StepView {
+                id: st.id.to_string(),
+                node: st.node.clone(),
+                kind: st.kind.clone(),
+                visit: st.visit,
+                attempt: st.attempt,
+                state: st.state.clone(),
+                symbol: sym,
+                class,
+                reason: st.reason.clone(),
+                exit_code: st.exit_code,
+                reused: st.reused,
+                created_at: st.created_at,
+                started_at: st.started_at,
+                ended_at: st.ended_at,
+                secs: Some(
+                    (st.ended_at.unwrap_or(now) - start)
+                        .num_milliseconds()
+                        .max(0) as f64
+                        / 1000.0,
+                ),
+                session: st.session.clone(),
+            }
+        })
+        .collect();
+    (steps, states)
+}
+
+/// The waterfall of the run's steps (SVG); empty before any step.
+pub(super) fn waterfall(detail: &RunDetail, now: DateTime<Utc>) -> String {
+    let bars: Vec<Bar<'_>> = detail
+        .steps
+        .iter()
+        .map(|st| Bar {
+            label: if st.attempt > 1 || st.visit > 1 {
+                format!("{} (visit {}, attempt {})", st.node, st.visit, st.attempt)
+            } else {
+                st.node.clone()
+            },
+            state: &st.state,
+            start: st.started_at.unwrap_or(st.created_at),
+            end: st.ended_at,
+        })
+        .collect();
+    let run_end = detail.run.ended_at.unwrap_or(now);
+    if bars.is_empty() {
+        String::new()
+    } else {
+        svg::waterfall(&bars, detail.run.created_at, run_end, now)
+    }
+}
+
+/// The journal of the run's events, with people's names for the `by` they carry.
+pub(super) fn journal(events: &RunEventList, names: &HashMap<String, String>) -> Vec<Value> {
+    events
+        .items
+        .iter()
+        .map(|e| {
+            let mut attrs = e.attrs.clone();
+            if let Some(by) = attrs.get("by").and_then(Value::as_str).and_then(|b| names.get(b)) {
+                attrs["by"] = Value::String(by.clone());
+            }
+            json!({ "seq": e.seq, "at": e.at, "kind": e.kind, "node": e.node, "summary": summary(&attrs) })
+        })
+        .collect()
+}
+
+/// A one-line summary of an event's attributes.
+fn summary(attrs: &Value) -> String {
+    let Some(map) = attrs.as_object() else {
+        return String::new();
+    };
+    let mut parts: Vec<String> = Vec::new();
+    for (k, v) in map.iter().take(6) {
+        let v = match v {
+            Value::String(s) => s.chars().take(80).collect(),
+            Value::Null => continue,
+            Value::Object(_) | Value::Array(_) => continue,
+            other => other.to_string(),
+        };
+        parts.push(format!("{k}: {v}"));
+    }
+    parts.join(", ")
+}

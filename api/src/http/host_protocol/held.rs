@@ -1,0 +1,348 @@
+//! What a host does with a step it holds: `start`, `heartbeat`, `session` (transcript lines
+//! and usage), `complete` (fenced on the holder), `messages/delivered` and `token` (a fresh
+//! installation token for the step's repository).
+
+
+use axum::extract::State;
+use engine::hosts::Usage;
+use engine::ids::StepId;
+use engine::state::StepState;
+use engine::store::hosts::{self as store, Completion, HostRow, LogLine};
+use engine::store::steps::{Failure, FailureClass};
+use engine::store::{cap, StoreError};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use utoipa::ToSchema;
+
+use super::{step_id, HostCaller, StepPath, MAX_LINES};
+use crate::http::error::ApiError;
+use crate::http::extract::{Json, JsonOrEmpty, Path};
+use crate::http::AppState;
+
+/// Where a held step stands.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StepStanding {
+    /// `leased`, `running`, or the state it moved to without the host.
+    pub state: String,
+    /// The host must stop working on the step (cancelled, taken back, finished).
+    pub stop: bool,
+    /// Messages from people for the running session, oldest first (heartbeats only): write
+    /// each to the harness, then acknowledge it (`messages/delivered`); until then it is
+    /// offered again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<StepMessage>,
+}
+
+/// A person's message to a running session (intervene).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StepMessage {
+    pub id: uuid::Uuid,
+    pub text: String,
+}
+
+fn standing(state: StepState) -> StepStanding {
+    StepStanding { state: state.to_string(), stop: !matches!(state, StepState::Leased | StepState::Running), messages: Vec::new() }
+}
+
+/// The messages waiting for a step this host runs (none once it must stop).
+async fn waiting_messages(state: &AppState, host: &HostRow, step: StepId, now: StepState) -> Result<Vec<StepMessage>, ApiError> {
+    if now != StepState::Running {
+        return Ok(Vec::new());
+    }
+    let pending = engine::store::messages::pending(&state.db, host, step).await?;
+    Ok(pending.into_iter().map(|m| StepMessage { id: m.message_id, text: m.text }).collect())
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartStep {
+    /// The harness the host runs (`claude-code`, `codex`, `command`).
+    pub harness: Option<String>,
+}
+
+/// The host starts work on a leased step (`leased → running`). 409 when it no longer holds it.
+#[utoipa::path(post, path = "/host/steps/{step}/start", operation_id = "start_step", tag = "host-protocol",
+    params(("step" = String, Path, description = "Step id, `step-…`")),
+    request_body(content = Option<StartStep>, description = "The harness"),
+    responses((status = 200, body = StepStanding)))]
+pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, JsonOrEmpty(body): JsonOrEmpty<StartStep>) -> Result<Json<StepStanding>, ApiError> {
+    let step = step_id(&p.step)?;
+    let harness = body.harness.as_deref().map(cap).unwrap_or_default();
+    let row = store::start(&state.db, &me.host, step, &harness).await?;
+    Ok(Json(standing(row.state())))
+}
+
+/// Renews the lease of a held step; the answer says when the host must stop it (cancelled,
+/// taken back, failed `budget_hard_stop` because a hard budget is spent, or failed `stalled`
+/// because the crew step's session reported nothing for 10 minutes).
+#[utoipa::path(post, path = "/host/steps/{step}/heartbeat", operation_id = "heartbeat_step", tag = "host-protocol",
+    params(("step" = String, Path, description = "Step id, `step-…`")),
+    responses((status = 200, body = StepStanding)))]
+pub async fn heartbeat(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepStanding>, ApiError> {
+    let step = step_id(&p.step)?;
+    // A hard budget spent or a silent session stops the step here; the answer says stop.
+    let now = store::heartbeat(&state.db, &me.host, step, state.stall_after()).await?;
+    let mut answer = standing(now);
+    answer.messages = waiting_messages(&state, &me.host, step, now).await?;
+    Ok(Json(answer))
+}
+
+/// One transcript line.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionLine {
+    /// The host's number for the line, from 1; a line sent again is stored once.
+    pub seq: i64,
+    /// `assistant`, `tool_result`, `result`, `stdout`, `stderr`, …
+    pub stream: String,
+    pub line: String,
+}
+
+/// A session's running totals (cumulative).
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UsageDoc {
+    #[serde(default)]
+    pub input_tokens: i64,
+    #[serde(default)]
+    pub output_tokens: i64,
+    /// Null while unknown.
+    pub cost_usd: Option<f64>,
+    #[serde(default)]
+    pub turns: i32,
+    #[serde(default)]
+    pub tool_calls: i32,
+    pub model: Option<String>,
+    /// The host's estimate of the cost so far, from each message's token counts and its price
+    /// table (Claude Code reports its cost only at the end, Codex never). Budgets count the
+    /// larger of this and `cost_usd`.
+    #[serde(default)]
+    pub estimated_cost_usd: Option<f64>,
+    /// `price_table`, or `unknown_model` when a model was priced at the table's dearest row.
+    #[serde(default)]
+    pub estimate_basis: Option<String>,
+    /// The output tokens are a lower bound: no result line counted them.
+    #[serde(default)]
+    pub output_tokens_lower_bound: bool,
+}
+
+impl From<&UsageDoc> for Usage {
+    fn from(u: &UsageDoc) -> Usage {
+        Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cost_usd: u.cost_usd,
+            turns: u.turns,
+            tool_calls: u.tool_calls,
+            model: u.model.clone(),
+            estimated_cost_usd: u.estimated_cost_usd,
+            estimate_basis: u.estimate_basis.clone(),
+            output_tokens_lower_bound: u.output_tokens_lower_bound,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionReport {
+    pub harness: Option<String>,
+    #[serde(default)]
+    pub lines: Vec<SessionLine>,
+    #[serde(default)]
+    pub usage: UsageDoc,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionAnswer {
+    pub state: String,
+    pub stop: bool,
+    /// Lines stored by this report.
+    pub stored: usize,
+    /// Lines dropped because the run's transcript reached its cap.
+    pub dropped: usize,
+    /// Messages from people for the session, as in a heartbeat's answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<StepMessage>,
+}
+
+/// Reports a held step's session: transcript lines and running usage. Renews the lease.
+#[utoipa::path(post, path = "/host/steps/{step}/session", operation_id = "report_session", tag = "host-protocol",
+    params(("step" = String, Path, description = "Step id, `step-…`")),
+    request_body = SessionReport,
+    responses((status = 200, body = SessionAnswer)))]
+pub async fn session(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<SessionReport>) -> Result<Json<SessionAnswer>, ApiError> {
+    let step = step_id(&p.step)?;
+    if body.lines.len() > MAX_LINES {
+        return Err(ApiError::Unprocessable(format!("at most {MAX_LINES} lines per report")));
+    }
+    if body.lines.iter().any(|l| l.seq < 1) {
+        return Err(ApiError::Unprocessable("line numbers start at 1".into()));
+    }
+    let lines: Vec<LogLine> = body.lines.into_iter().map(|l| LogLine { seq: l.seq, stream: l.stream, line: l.line }).collect();
+    let harness = body.harness.as_deref().map(cap);
+    let r = store::report(&state.db, &me.host, step, harness.as_deref(), &lines, &Usage::from(&body.usage), store::RUN_LOG_CAP_BYTES).await?;
+    let s = standing(r.state);
+    let messages = waiting_messages(&state, &me.host, step, r.state).await?;
+    Ok(Json(SessionAnswer { state: s.state, stop: s.stop, stored: r.stored, dropped: r.dropped, messages }))
+}
+
+/// How a step ended on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteStep {
+    pub outcome: Outcome,
+    /// A failure's short machine reason: `timeout`, `turn cap reached`, `budget cap reached`,
+    /// `exit code 1`, `no_changes`, `push_failed`, …
+    pub reason: Option<String>,
+    /// `ordinary` (the node's `retry:` decides), `infrastructure` (retried by itself) or
+    /// `final` (never retried). `ordinary` by default.
+    pub class: Option<String>,
+    pub exit_code: Option<i32>,
+    /// The step's output: `text`, `files_changed`, `files`, `pr_body`, `branch`, `head_sha`,
+    /// `commits`, … An object.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub output: Value,
+    #[serde(default)]
+    pub usage: UsageDoc,
+    pub harness: Option<String>,
+}
+
+/// Records how a held step ended. 409 when the host no longer holds it (cancelled, taken
+/// back after its lease lapsed): the result is dropped.
+#[utoipa::path(post, path = "/host/steps/{step}/complete", operation_id = "complete_step", tag = "host-protocol",
+    params(("step" = String, Path, description = "Step id, `step-…`")),
+    request_body = CompleteStep,
+    responses((status = 200, body = StepStanding)))]
+pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<CompleteStep>) -> Result<Json<StepStanding>, ApiError> {
+    let step = step_id(&p.step)?;
+    let mut output = match body.output {
+        Value::Object(map) => map,
+        Value::Null => serde_json::Map::new(),
+        _ => return Err(ApiError::Unprocessable("output must be a JSON object".into())),
+    };
+    let usage = Usage::from(&body.usage);
+    // The figures are part of the output, so templates and decisions can read them
+    // (`nodes.plan.output.usage.cost_usd`).
+    output.insert(
+        "usage".into(),
+        json!({
+            "cost_usd": usage.reported(),
+            "estimated_cost_usd": usage.estimated(),
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "turns": usage.turns,
+            "tool_calls": usage.tool_calls,
+            "model": usage.model,
+        }),
+    );
+    let failure = match body.outcome {
+        Outcome::Succeeded => None,
+        Outcome::Failed => {
+            let class = match body.class.as_deref().unwrap_or("ordinary") {
+                "ordinary" => FailureClass::Ordinary,
+                "infrastructure" => FailureClass::Infrastructure,
+                "final" => FailureClass::Final,
+                other => return Err(ApiError::Unprocessable(format!("`{}` is not a failure class (ordinary, infrastructure, final)", cap(other)))),
+            };
+            let reason = body.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).unwrap_or("failed");
+            if reason.chars().count() > 200 {
+                return Err(ApiError::Unprocessable("a reason is a short machine string (at most 200 characters); text belongs in the session".into()));
+            }
+            Some(Failure { reason: reason.to_owned(), class, exit_code: body.exit_code })
+        }
+    };
+    let completion = Completion { output: Value::Object(output), failure, usage, harness: body.harness.as_deref().map(cap) };
+    let row = store::complete(&state.db, &me.host, step, &completion).await.map_err(|e| match e {
+        StoreError::Stale(_) => ApiError::Conflict("this host no longer holds the step: it was cancelled or taken back".into()),
+        e => e.into(),
+    })?;
+    Ok(Json(standing(row.state())))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveredMessages {
+    /// The ids of the messages the host wrote to the harness.
+    pub messages: Vec<uuid::Uuid>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeliveredAnswer {
+    /// Messages newly marked delivered (one acknowledged twice counts once).
+    pub marked: u64,
+}
+
+/// Acknowledges messages of a step the host holds as written to its harness: they are not
+/// offered again.
+#[utoipa::path(post, path = "/host/steps/{step}/messages/delivered", operation_id = "ack_step_messages", tag = "host-protocol",
+    params(("step" = String, Path, description = "Step id, `step-…`")),
+    request_body = DeliveredMessages,
+    responses((status = 200, body = DeliveredAnswer)))]
+pub async fn messages_delivered(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<DeliveredMessages>) -> Result<Json<DeliveredAnswer>, ApiError> {
+    let step = step_id(&p.step)?;
+    if body.messages.len() > 100 {
+        return Err(ApiError::Unprocessable("at most 100 messages per acknowledgement".into()));
+    }
+    let marked = engine::store::messages::delivered(&state.db, &me.host, step, &body.messages).await?;
+    Ok(Json(DeliveredAnswer { marked }))
+}
+
+/// A fresh installation token for a held step's repository.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StepToken {
+    /// `owner/name`: the repository of the step's run, when it is about a connected one.
+    pub repository: Option<String>,
+    /// A token for that repository alone with `contents: write` (fetch and push); null when
+    /// the GitHub App is not configured here or the run is about no connected repository (the
+    /// host's own git credentials apply).
+    pub token: Option<String>,
+}
+
+/// Mints a fresh installation token for the repository of a step this host holds (leased or
+/// running), scoped to that one repository with the push permission. The repository is the
+/// step's run's, connected to the host's project — never one the caller names. 404 for a step
+/// that is not the org's; 409 when this host no longer holds it; 503 when GitHub cannot mint
+/// one now (the host keeps the token it has).
+#[utoipa::path(post, path = "/host/steps/{step}/token", operation_id = "step_token", tag = "host-protocol",
+    params(("step" = String, Path, description = "Step id, `step-…`")),
+    responses((status = 200, body = StepToken)))]
+pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepToken>, ApiError> {
+    use secrecy::ExposeSecret;
+    let step = step_id(&p.step)?;
+    let mut conn = state.db.begin().await?;
+    let held: Option<(String, Option<String>, engine::ids::RunId)> = sqlx::query_as(
+        "SELECT s.state, s.holder, s.run_id FROM steps s JOIN runs r ON r.run_id = s.run_id AND r.org_id = s.org_id \
+         WHERE s.step_id = $1 AND s.org_id = $2 AND r.project_id = $3",
+    )
+    .bind(step)
+    .bind(me.host.org_id)
+    .bind(me.host.project_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let (now, holder, run) = held.ok_or_else(|| ApiError::NotFound("step not found".into()))?;
+    if !matches!(now.as_str(), "leased" | "running") || holder.as_deref() != Some(store::holder(me.host.host_id).as_str()) {
+        return Err(ApiError::Conflict(format!("this host no longer holds the step (it is {now})")));
+    }
+    // The repository the claim's assignment named, never one the caller names.
+    let found = store::run_repository(&mut conn, me.host.org_id, run).await?;
+    drop(conn);
+    let (repository, installation) = (found.as_ref().map(|r| r.full_name.clone()), found.and_then(|r| r.installation_id));
+    let (Some(app), Some(name), Some(installation)) = (state.shared.github.get(), repository.as_deref(), installation) else {
+        return Ok(Json(StepToken { repository, token: None }));
+    };
+    match app.installation_token(installation, name, engine::github::client::Scope::Push).await {
+        Ok(token) => Ok(Json(StepToken { repository: repository.clone(), token: Some(token.expose_secret().to_owned()) })),
+        Err(e) => {
+            tracing::warn!(github.repository = name, step.id = %step, error = %e, "cannot mint an installation token for a held step");
+            Err(ApiError::Unavailable("GitHub cannot mint a token now; try again".into()))
+        }
+    }
+}

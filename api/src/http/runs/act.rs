@@ -1,0 +1,238 @@
+//! Acting on runs (member): submit one (with `Idempotency-Key`), cancel one, retry one (rerun
+//! from the failed nodes, with an optional edit), rerun one (from the start or
+//! `?from=<node>`).
+
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::Response;
+use engine::ids::{RunId, WorkflowId};
+use engine::store::runs::{self as store, NewRun};
+use engine::store::{cap, operator};
+use engine::trace::TraceParent;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::http::auth::Role;
+use crate::http::error::{ApiError, Problem};
+use crate::http::extract::{at_most, IdempotencyKey, Json, JsonOrEmpty, Path, Query};
+use crate::http::tenant::ProjectScope;
+use crate::http::{idempotency, AppState};
+use super::{in_project, load_fresh, retry_busy, run_id, Run, RunPath};
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRun {
+    /// The workflow's name.
+    pub workflow: String,
+    /// A JSON object, available to templates and expressions as `run.input`.
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Map<String, Value>>,
+    /// A version number; the latest by default.
+    pub version: Option<i32>,
+    /// Stub effects and answer approvals at once; deleted a day after it ends.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRun {
+    /// Why, at most 200 characters.
+    #[schema(max_length = 200)]
+    pub reason: Option<String>,
+}
+
+/// Edit-and-retry: the retry runs `node` (a crew node) with a new prompt, model or harness,
+/// kept for every later attempt of that node in the new run (and the retries of it).
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryRun {
+    /// The crew node to edit; the retry also starts again from it if it did not fail.
+    pub node: String,
+    /// The node's prompt template instead of the workflow's.
+    pub prompt: Option<String>,
+    pub model: Option<String>,
+    /// `claude-code`, `codex` or `command`.
+    pub harness: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RerunQuery {
+    /// Start again from this node, reusing the outputs recorded before it.
+    pub from: Option<String>,
+}
+
+/// Submits a run of a workflow (member). `approval: required` workflows park it at `$start`
+/// until a person approves. Admission may hold it (`queued`, `awaiting_lease`, `sleeping`,
+/// `held`: `why` says by what) or refuse it.
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs", operation_id = "submit_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried submit safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    request_body = SubmitRun,
+    responses((status = 201, body = Run),
+              (status = 409, description = "Refused by its concurrency group (policy `skip`, the group is full)", body = Problem, content_type = "application/problem+json"),
+              (status = 429, description = "1,000 runs already wait for the org's cap on running runs", body = Problem, content_type = "application/problem+json")))]
+pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<SubmitRun>) -> Result<Response, ApiError> {
+    scope.require(Role::Member)?;
+    // The request's span is the root of the new run's trace (`engine::trace`).
+    let span = tracing::info_span!(parent: None, "runs.submit", otel.name = "POST runs", otel.kind = "server", shopfloor.workflow = %cap(&body.workflow));
+    let mut ch = scope.change(&state).await?;
+    ch.set_trace(TraceParent::of_span(&span));
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, &key, &idempotency::fingerprint(method.as_str(), &uri, &body)).await? {
+        return Ok(replay);
+    }
+    let found: Option<(WorkflowId, i32)> =
+        sqlx::query_as("SELECT workflow_id, latest_version FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3")
+            .bind(scope.org.org)
+            .bind(scope.project)
+            .bind(&body.workflow)
+            .fetch_optional(ch.conn())
+            .await?;
+    let (workflow, latest) = found.ok_or_else(|| ApiError::Unprocessable(format!("no workflow `{}` in this project", cap(&body.workflow))))?;
+    let version = body.version.unwrap_or(latest);
+    let exists: Option<i32> = sqlx::query_scalar("SELECT version FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3")
+        .bind(scope.org.org)
+        .bind(workflow)
+        .bind(version)
+        .fetch_optional(ch.conn())
+        .await?;
+    if exists.is_none() {
+        return Err(ApiError::Unprocessable(format!("workflow `{}` has no version {version}", cap(&body.workflow))));
+    }
+    let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
+    let run = store::submit(
+        &mut ch,
+        NewRun {
+            org: scope.org.org,
+            project: scope.project,
+            workflow,
+            version,
+            input: Value::Object(body.input.clone().unwrap_or_default()),
+            item: None,
+            trigger_event: None,
+            parent: None,
+            dry_run: body.dry_run,
+            needs_approval: def.approval_required,
+            source: None,
+        },
+    )
+    .await?;
+    let created = load_fresh(ch.conn(), &scope, run).await?;
+    let response = idempotency::answer(&mut ch, scope.org.org, &key, StatusCode::CREATED, &created).await?;
+    ch.commit().await?;
+    Ok(response)
+}
+
+/// Cancels a running run and the children it waits for (member).
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/cancel", operation_id = "cancel_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`")),
+    request_body(content = Option<CancelRun>, description = "Optional reason"),
+    responses((status = 200, body = Run), (status = 409, description = "The run already ended", body = Problem, content_type = "application/problem+json")))]
+pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<CancelRun>) -> Result<Json<Run>, ApiError> {
+    scope.require(Role::Member)?;
+    let id = run_id(&p.run)?;
+    let reason = at_most("reason", body.reason, 200)?;
+    let reason = match reason.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
+        Some(why) => format!("cancelled: {why}"),
+        None => "cancelled".to_owned(),
+    };
+    let (state, scope, reason) = (&state, &scope, &reason);
+    let run = retry_busy(move || async move {
+        let mut ch = scope.change(state).await?;
+        in_project(&mut ch, scope, id).await?;
+        store::cancel(&mut ch, scope.org.org, id, reason).await?;
+        let run = load_fresh(ch.conn(), scope, id).await?;
+        ch.commit().await?;
+        Ok(run)
+    })
+    .await?;
+    Ok(Json(run))
+}
+
+/// Submits a new run from a finished one: from `from` (or the start), reusing earlier outputs.
+/// A retry keeps the run's edits (`edit` adds one: edit-and-retry).
+#[expect(clippy::too_many_arguments, reason = "the retry and rerun handlers' one helper")]
+async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, hash: &str, source: RunId, retry: bool, from: Option<String>, edit: Option<RetryRun>) -> Result<Response, ApiError> {
+    // The request's span is the root of the new run's trace (`engine::trace`).
+    let span = tracing::info_span!(parent: None, "runs.rerun", otel.name = if retry { "POST runs retry" } else { "POST runs rerun" }, otel.kind = "server", shopfloor.source_run = %source);
+    let mut ch = scope.change(state).await?;
+    ch.set_trace(TraceParent::of_span(&span));
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, hash).await? {
+        return Ok(replay);
+    }
+    in_project(&mut ch, scope, source).await?;
+    let (workflow, version, status): (WorkflowId, i32, String) =
+        sqlx::query_as("SELECT workflow_id, workflow_version, status FROM runs WHERE run_id = $1 AND org_id = $2")
+            .bind(source)
+            .bind(scope.org.org)
+            .fetch_one(ch.conn())
+            .await?;
+    let mut nodes = if retry {
+        match status.as_str() {
+            "running" => return Err(ApiError::Conflict("the run is still running; cancel it first or wait for it to end".into())),
+            "completed" => return Err(ApiError::Conflict("the run completed: nothing failed to retry (rerun it instead)".into())),
+            _ => store::failed_nodes(&mut ch, scope.org.org, source).await?,
+        }
+    } else {
+        from.into_iter().collect()
+    };
+    let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
+    if let Some(e) = &edit {
+        if def.node(&e.node).is_none() {
+            return Err(ApiError::Unprocessable(format!("node `{}` is not in this run's workflow", cap(&e.node))));
+        }
+        if !nodes.contains(&e.node) {
+            nodes.push(e.node.clone());
+        }
+    }
+    let run = store::rerun(&mut ch, scope.org.org, source, &def, &nodes).await?;
+    if retry {
+        let org = scope.org.org;
+        match &edit {
+            Some(e) => {
+                let change = operator::NodeOverride { prompt: e.prompt.clone(), model: e.model.clone(), harness: e.harness.clone() };
+                operator::edit_retry(&mut ch, org, run, source, &def, &e.node, &change).await?;
+            }
+            None => operator::inherit_overrides(&mut ch, org, run, source).await?,
+        }
+    }
+    let created = load_fresh(ch.conn(), scope, run).await?;
+    let response = idempotency::answer(&mut ch, scope.org.org, key, StatusCode::CREATED, &created).await?;
+    ch.commit().await?;
+    Ok(response)
+}
+
+/// Retries a failed or cancelled run: a new run that starts again from the nodes that failed,
+/// reusing the outputs before them (member). With a body, edit-and-retry: the new run runs
+/// `node` with the prompt, model or harness given, at every attempt of that node (audited as
+/// `run.edit_retry`, with a `run.edited` event). A retry keeps the edits of the run it retries.
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/retry", operation_id = "retry_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    request_body(content = Option<RetryRun>, description = "Optional: a crew node to run with a new prompt, model or harness"),
+    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json"),
+              (status = 422, description = "No such crew node, or an invalid prompt, model or harness", body = Problem, content_type = "application/problem+json")))]
+pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>) -> Result<Response, ApiError> {
+    scope.require(Role::Member)?;
+    let id = run_id(&p.run)?;
+    let hash = match &body {
+        None => idempotency::fingerprint(method.as_str(), &uri, &()),
+        Some(edit) => idempotency::fingerprint(method.as_str(), &uri, edit),
+    };
+    rerun_from(&state, &scope, &key, &hash, id, true, None, body).await
+}
+
+/// Reruns a finished run with the same input, from the start or from `?from=<node>` (member).
+#[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/rerun", operation_id = "rerun_run", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), RerunQuery,
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running", body = Problem, content_type = "application/problem+json"),
+              (status = 422, description = "No such node", body = Problem, content_type = "application/problem+json")))]
+pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
+    scope.require(Role::Member)?;
+    let id = run_id(&p.run)?;
+    rerun_from(&state, &scope, &key, &idempotency::fingerprint(method.as_str(), &uri, &()), id, false, q.from, None).await
+}

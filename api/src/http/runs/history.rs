@@ -1,0 +1,114 @@
+//! What a run left behind, paged by sequence number: its events and a step's log lines.
+
+use axum::extract::State;
+use chrono::{DateTime, Utc};
+use engine::ids::StepId;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::http::auth::Role;
+use crate::http::error::ApiError;
+use crate::http::events::RunEvent;
+use crate::http::extract::{Json, Path, Query};
+use crate::http::tenant::ProjectScope;
+use crate::http::{page, AppState};
+use super::{run_id, run_not_found, RunPath, StepPath};
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Events after this sequence number (0 by default: from the first).
+    pub after: Option<i64>,
+    /// Page size, 1 to 200 (50 by default).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunEventList {
+    pub items: Vec<RunEvent>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// The run's events, by sequence number.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/events", operation_id = "list_run_events", tag = "events",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), EventsQuery),
+    responses((status = 200, body = RunEventList)))]
+pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, Query(q): Query<EventsQuery>) -> Result<Json<RunEventList>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let id = run_id(&p.run)?;
+    let limit = page::limit(q.limit)?;
+    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3")
+        .bind(id)
+        .bind(scope.org.org)
+        .bind(scope.project)
+        .fetch_optional(&state.db)
+        .await?;
+    found.ok_or_else(run_not_found)?;
+    let items: Vec<RunEvent> = sqlx::query_as(
+        "SELECT run_id AS run, seq, kind, node, step_id AS step, at, attrs FROM run_events \
+         WHERE run_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+    )
+    .bind(id)
+    .bind(scope.org.org)
+    .bind(q.after.unwrap_or(0))
+    .bind(limit + 1)
+    .fetch_all(&state.db)
+    .await?;
+    let (items, next_after) = page::finish_after(items, limit, |e| e.seq);
+    Ok(Json(RunEventList { items, next_after }))
+}
+
+/// One line a step's executor logged.
+#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct LogLine {
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    /// `stdout`, `stderr`, `session`, …
+    pub stream: String,
+    pub line: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogPage {
+    pub items: Vec<LogLine>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// A step's log lines, by sequence number.
+#[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/steps/{step}/logs", operation_id = "list_step_logs", tag = "runs",
+    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"),
+           ("step" = String, Path, description = "Step id, `step-…`"), EventsQuery),
+    responses((status = 200, body = LogPage)))]
+pub async fn step_logs(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Query(q): Query<EventsQuery>) -> Result<Json<LogPage>, ApiError> {
+    scope.require(Role::Viewer)?;
+    let run = run_id(&p.run)?;
+    let not_found = || ApiError::NotFound("step not found".into());
+    let step: StepId = p.step.parse().map_err(|_| not_found())?;
+    let limit = page::limit(q.limit)?;
+    let found: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM steps s JOIN runs r ON r.run_id = s.run_id \
+         WHERE s.step_id = $1 AND s.run_id = $2 AND s.org_id = $3 AND r.org_id = $3 AND r.project_id = $4",
+    )
+    .bind(step)
+    .bind(run)
+    .bind(scope.org.org)
+    .bind(scope.project)
+    .fetch_optional(&state.db)
+    .await?;
+    found.ok_or_else(not_found)?;
+    let items: Vec<LogLine> = sqlx::query_as(
+        "SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
+    )
+    .bind(step)
+    .bind(scope.org.org)
+    .bind(q.after.unwrap_or(0))
+    .bind(limit + 1)
+    .fetch_all(&state.db)
+    .await?;
+    let (items, next_after) = page::finish_after(items, limit, |l| l.seq);
+    Ok(Json(LogPage { items, next_after }))
+}

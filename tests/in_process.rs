@@ -1,0 +1,64 @@
+//! The API and an engine in the test's own process: a router served on a loopback port until
+//! a token is cancelled, and an engine pool on the test's database. Shared by the API's own
+//! tests (`api/tests/it/support.rs`) and the console's (`tests/console/support.rs`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use engine::db::Db;
+use engine::pool::{self, PoolConfig};
+use tokio_util::sync::CancellationToken;
+
+/// A router served on loopback at `base`, until `stop` is cancelled.
+pub struct Served {
+    pub base: String,
+    pub stop: CancellationToken,
+}
+
+/// Serves `router` on a port of its own on 127.0.0.1; each request carries its peer's address
+/// when `peers` (`ConnectInfo<SocketAddr>`, as `shopfloor api` serves it). `closing` runs once
+/// `stop` is cancelled, before the server drains (an app's event streams end there).
+pub async fn serve(router: axum::Router, peers: bool, closing: impl FnOnce() + Send + 'static) -> Served {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let base = format!("http://{}", listener.local_addr().expect("local addr"));
+    let stop = CancellationToken::new();
+    let cancelled = stop.clone();
+    let shutdown = async move {
+        cancelled.cancelled().await;
+        closing();
+    };
+    tokio::spawn(async move {
+        if peers {
+            let app = router.into_make_service_with_connect_info::<SocketAddr>();
+            let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+        } else {
+            let _ = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+        }
+    });
+    Served { base, stop }
+}
+
+/// An in-process engine's settings: `id`, listening on the database at `url`, 64 wakes a
+/// batch and 64 steps at once, 5 s to drain; crew steps wait for hosts (no test executor),
+/// no GitHub App, webhooks only to public targets. A test changes what it needs with
+/// `PoolConfig { …, ..engine_config(…) }`.
+pub fn engine_config(id: &str, url: &str) -> PoolConfig {
+    PoolConfig {
+        id: id.into(),
+        listen: url.parse().unwrap(),
+        batch: 64,
+        max_in_flight: 64,
+        drain: Duration::from_secs(5),
+        test_executor: None,
+        outputs: None,
+        webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).expect("the delivery client builds"),
+        event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
+    }
+}
+
+/// Runs an engine pool on `pool` until the token it answers is cancelled.
+pub fn spawn_engine(pool: &Db, cfg: PoolConfig) -> CancellationToken {
+    let stop = CancellationToken::new();
+    tokio::spawn(pool::run(pool.clone(), cfg, stop.clone(), stop.clone()));
+    stop
+}
