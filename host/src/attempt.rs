@@ -33,7 +33,7 @@ use crate::harness::{self, Ended, Exit, Kind, Reader};
 use crate::journal::{self, Entry, Phase};
 use crate::process;
 
-mod session;
+pub(crate) mod session;
 mod signal;
 
 use session::{converse, interrupt, POLL, reporter, sleep_until, stop_reason, Proc, Session, Tail, ToReporter, ToStdin};

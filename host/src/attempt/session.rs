@@ -321,6 +321,7 @@ pub(crate) async fn converse(shared: Arc<Shared>, step: String, mut stdin: tokio
     }
 }
 
+/// Sleeps until `at`, or forever without one (a `select!` branch that never fires).
 pub(crate) async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
