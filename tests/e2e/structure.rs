@@ -374,12 +374,9 @@ fn without_tests(code: &str) -> (String, Vec<String>, usize) {
             .split(|c: char| !(c.is_alphanumeric() || c == '_'))
             .filter(|w| !w.is_empty())
             .collect();
-        if let Some(pos) = words.iter().position(|w| *w == "mod") {
-            if !item.contains('{') {
-                if let Some(name) = words.get(pos + 1) {
-                    test_mods.push((*name).to_owned());
-                }
-            }
+        let declared = words.iter().position(|w| *w == "mod").and_then(|pos| words.get(pos + 1));
+        if let Some(name) = declared.filter(|_| !item.contains('{')) {
+            test_mods.push((*name).to_owned());
         }
         test_lines += 1;
         for ch in out.iter_mut().take(j + 1).skip(start) {
