@@ -342,6 +342,47 @@ pub async fn used_up_cycle_budget(pool: &Db, org: crate::ids::OrgId, project: cr
     item
 }
 
+/// The nodes of a fan-out, a join and a gate that loops back once, which several tests walk:
+/// `plan`; `left` and `right` after it; `ci` after both, sending the run back to `left` when
+/// its check fails. Each test adds what follows `ci`.
+pub const FAN_OUT_JOIN_LOOP: &str = "  plan:
+    crew: { harness: claude-code, prompt: plan }
+  left:
+    after: [plan]
+    crew: { harness: claude-code, prompt: left }
+  right:
+    after: [plan]
+    crew: { harness: claude-code, prompt: right }
+  ci:
+    after: [left, right]
+    gate: { checks: [test], on_fail: left }
+";
+
+/// The workflow `join-and-loop`: [`FAN_OUT_JOIN_LOOP`], then an output `ship` after `ci` that
+/// comments `body`. With the test executor, a run takes seven steps: plan, left, right, ci
+/// (fails), left, ci, ship.
+pub fn join_and_loop(body: &str) -> String {
+    format!("name: join-and-loop\nnodes:\n{FAN_OUT_JOIN_LOOP}  ship:\n    after: [ci]\n    output: {{ github: comment, body: {body} }}\n")
+}
+
+/// The configuration of an engine pool in a test's own process: `id`, its `LISTEN` connection
+/// to `listen_url`, 64 wakes a batch and 64 steps at once, a 5 s drain, no GitHub outputs, the
+/// default webhook policy and event-wait timeout, and `test_executor` (or `None`: crew, gate
+/// and output steps wait for hosts).
+pub fn pool_config(id: &str, listen_url: &str, test_executor: Option<crate::executor::TestExecutor>) -> crate::pool::PoolConfig {
+    crate::pool::PoolConfig {
+        id: id.to_owned(),
+        listen: listen_url.parse().unwrap_or_else(|e| panic!("the listen URL {listen_url}: {e:?}")),
+        batch: 64,
+        max_in_flight: 64,
+        drain: Duration::from_secs(5),
+        test_executor,
+        outputs: None,
+        webhooks: crate::jobs::WebhookClient::new(crate::net_guard::Policy::default()).unwrap_or_else(|e| panic!("the webhook client: {e:?}")),
+        event_wait_timeout: crate::advance::EVENT_WAIT_TIMEOUT,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::with_database;
@@ -359,4 +400,3 @@ mod tests {
         );
     }
 }
-

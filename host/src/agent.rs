@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::attempt::session::sleep_until;
 use crate::attempt::{self, Shared, Stop, StopSignal};
 use crate::client::{ClaimAnswer, Client, ClientError, Credential, RegisterHost};
 use crate::config::{HostArgs, Settings};
@@ -374,13 +375,6 @@ fn find_by_step(step: &str) -> Option<i32> {
         }
     }
     None
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 #[cfg(test)]

@@ -17,10 +17,8 @@
 //! nothing is reported: its result would be refused anyway. Tasks started here (the stdin
 //! writer, the reporter) belong to the attempt and end with it.
 
-use std::collections::HashMap;
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -28,310 +26,18 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::client::{Assignment, Client, ClientError, Complete, Line, Message, SessionReport, Usage};
-use crate::config::Settings;
-use crate::git::{self, Git};
+use crate::client::{Assignment, ClientError, Complete};
+use crate::git::{self};
 use crate::harness::{self, Ended, Exit, Kind, Reader};
-use crate::journal::{self, Entry, Journal, Phase};
+use crate::journal::{self, Entry, Phase};
 use crate::process;
 
-/// What every attempt of this host shares.
-pub struct Shared {
-    pub client: Client,
-    pub settings: Settings,
-    pub journal: Journal,
-    /// One lock per cached clone: fetches, worktree changes and pushes of one cache take turns.
-    caches: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
-}
+pub(crate) mod session;
+mod signal;
 
-impl Shared {
-    pub fn new(client: Client, settings: Settings, journal: Journal) -> Shared {
-        Shared { client, settings, journal, caches: Mutex::new(HashMap::new()) }
-    }
-
-    fn cache_lock(&self, cache: &Path) -> Arc<tokio::sync::Mutex<()>> {
-        let mut map = self.caches.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.entry(cache.to_path_buf()).or_default().clone()
-    }
-
-    fn git(&self, token: Option<String>) -> Git {
-        Git { timeout: self.settings.git_timeout, token, author_name: self.settings.author_name.clone(), author_email: self.settings.author_email.clone() }
-    }
-}
-
-/// Why an attempt must stop before its harness is done.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stop {
-    /// The server moved on (its state: `cancelled`, `failed`, `gone`, …): nothing to report.
-    Server(String),
-    /// The host drains: hand the step back (an infrastructure failure, retried elsewhere).
-    Drain,
-}
-
-/// Set by whoever learns first that an attempt must stop: the claim's answer, a heartbeat, a
-/// session report, the drain.
-#[derive(Debug, Default)]
-pub struct StopSignal {
-    token: CancellationToken,
-    why: Mutex<Option<Stop>>,
-}
-
-impl StopSignal {
-    pub fn stop(&self, why: Stop) {
-        let mut w = self.why.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if w.is_none() {
-            *w = Some(why);
-        }
-        drop(w);
-        self.token.cancel();
-    }
-
-    pub fn why(&self) -> Option<Stop> {
-        self.why.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-    }
-
-    pub fn is_stopped(&self) -> bool {
-        self.token.is_cancelled()
-    }
-}
-
-/// Lines per session report, and their bytes (the server takes 1 MiB bodies).
-const BATCH_LINES: usize = 200;
-const BATCH_BYTES: usize = 512 << 10;
-/// The longest line sent; the server cuts at the same length.
-const LINE_MAX: usize = 64 << 10;
-/// How often the harness's output file is read while it runs.
-const POLL: Duration = Duration::from_millis(200);
-/// How often the session is sent while lines arrive.
-const REPORT_EVERY: Duration = Duration::from_secs(1);
-
-enum ToReporter {
-    Line(Line),
-    Usage(Usage),
-}
-
-/// Sends an attempt's session and heartbeats, beside its supervision, so that a slow or absent
-/// server never holds up a timeout or a kill.
-async fn reporter(
-    shared: Arc<Shared>,
-    step: String,
-    harness: &'static str,
-    stop: Arc<StopSignal>,
-    mut rx: mpsc::UnboundedReceiver<ToReporter>,
-    stdin: Option<mpsc::UnboundedSender<ToStdin>>,
-) {
-    // People's messages in the answers go to the harness's input (when it takes them).
-    let forward = |messages: Vec<Message>| {
-        if let Some(tx) = &stdin {
-            for m in messages {
-                let _ = tx.send(ToStdin::Message(m));
-            }
-        }
-    };
-    let mut lines: Vec<Line> = Vec::new();
-    let mut usage = Usage::default();
-    let mut dirty = false;
-    let mut open = true;
-    let mut tick = tokio::time::interval(REPORT_EVERY);
-    let beat_every = shared.settings.heartbeat;
-    let mut beat = tokio::time::interval_at(Instant::now() + beat_every, beat_every);
-    let mut last_renewed = Instant::now();
-    loop {
-        tokio::select! {
-            msg = rx.recv(), if open => match msg {
-                Some(ToReporter::Line(l)) => { lines.push(l); dirty = true; }
-                Some(ToReporter::Usage(u)) => { if u != usage { usage = u; dirty = true; } }
-                None => {
-                    open = false;
-                    // The harness is gone: send what is left now, not at the next tick.
-                    tick.reset_immediately();
-                }
-            },
-            _ = tick.tick(), if dirty || !open => {
-                while dirty {
-                    let mut size = 0;
-                    let n = lines.iter().take(BATCH_LINES).take_while(|l| { size += l.line.len(); size <= BATCH_BYTES }).count().max(1).min(lines.len());
-                    let report = SessionReport { harness, lines: &lines[..n], usage: &usage };
-                    match shared.client.session(&step, &report).await {
-                        Ok(answer) => {
-                            last_renewed = Instant::now();
-                            forward(answer.messages);
-                            lines.drain(..n);
-                            dirty = !lines.is_empty();
-                            if answer.stop {
-                                stop.stop(Stop::Server(answer.state));
-                                // Nothing more will be stored; stop sending.
-                                lines.clear();
-                                dirty = false;
-                            }
-                        }
-                        Err(ClientError::Conflict(_)) => { lines.clear(); dirty = false; }
-                        Err(e) if e.is_not_found() => { stop.stop(Stop::Server("gone".into())); lines.clear(); dirty = false; }
-                        Err(e) => {
-                            tracing::warn!(step.id = %step, error = %e, "cannot send the session; keeping it for the next try");
-                            break;
-                        }
-                    }
-                }
-                if !open && !dirty {
-                    return;
-                }
-                if !open {
-                    // The server is away at the very end: the lines go with the result's
-                    // report failing too; give up after this round.
-                    return;
-                }
-            }
-            _ = beat.tick() => {
-                // A session report renews the lease too: no heartbeat needed right after one.
-                if last_renewed.elapsed() < beat_every / 2 {
-                    continue;
-                }
-                match shared.client.heartbeat(&step).await {
-                    Ok(s) => {
-                        last_renewed = Instant::now();
-                        if s.stop {
-                            stop.stop(Stop::Server(s.state));
-                        } else {
-                            forward(s.messages);
-                        }
-                    }
-                    Err(e) if e.is_not_found() => stop.stop(Stop::Server("gone".into())),
-                    Err(e) => tracing::warn!(step.id = %step, error = %e, "heartbeat failed"),
-                }
-            }
-        }
-    }
-}
-
-/// The harness process: a child of ours, or one adopted after a restart (not our child: its
-/// end is seen by polling its liveness, and its exit status is unknown).
-enum Proc {
-    Child(tokio::process::Child),
-    Adopted { pid: i32, start: Option<u64> },
-}
-
-impl Proc {
-    async fn wait(&mut self) -> Exit {
-        match self {
-            Proc::Child(c) => match c.wait().await {
-                Ok(status) => Exit { code: status.code(), signal: status.signal() },
-                Err(_) => Exit { code: None, signal: None },
-            },
-            Proc::Adopted { pid, start } => {
-                while process::alive(*pid, *start) {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Exit { code: None, signal: None }
-            }
-        }
-    }
-}
-
-/// Reads a growing file line by line.
-struct Tail {
-    file: Option<std::fs::File>,
-    path: PathBuf,
-    partial: Vec<u8>,
-}
-
-impl Tail {
-    fn new(path: PathBuf) -> Tail {
-        Tail { file: None, path, partial: Vec::new() }
-    }
-
-    /// The complete lines written since the last call.
-    fn lines(&mut self) -> Vec<String> {
-        use std::io::Read;
-        if self.file.is_none() {
-            self.file = std::fs::File::open(&self.path).ok();
-        }
-        let Some(f) = self.file.as_mut() else { return Vec::new() };
-        let mut buf = [0u8; 64 << 10];
-        let mut out = Vec::new();
-        loop {
-            match f.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    self.partial.extend_from_slice(&buf[..n]);
-                    while let Some(i) = self.partial.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = self.partial.drain(..=i).collect();
-                        out.push(String::from_utf8_lossy(&line[..line.len() - 1]).trim_end_matches('\r').to_owned());
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// What is left after the last newline, once the writer is gone.
-    fn rest(&mut self) -> Option<String> {
-        let mut lines = self.lines();
-        if !self.partial.is_empty() {
-            lines.push(String::from_utf8_lossy(&std::mem::take(&mut self.partial)).into_owned());
-        }
-        (!lines.is_empty()).then(|| lines.join("\n"))
-    }
-}
-
-fn cut(line: &str) -> String {
-    if line.len() <= LINE_MAX {
-        return line.to_owned();
-    }
-    let mut end = LINE_MAX;
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    line[..end].to_owned()
-}
-
-/// Feeds the harness's lines to its reader and the session.
-struct Session {
-    reader: Reader,
-    seq: i64,
-    tx: mpsc::UnboundedSender<ToReporter>,
-    /// Claude Code's input, kept open while it runs: told of each result line.
-    stdin: Option<mpsc::UnboundedSender<ToStdin>>,
-}
-
-impl Session {
-    fn feed(&mut self, line: String) {
-        if let Some(stdin) = &self.stdin {
-            if is_result_line(&line) {
-                let _ = stdin.send(ToStdin::ResultSeen);
-            }
-        }
-        let before = self.reader.usage().clone();
-        let stream = self.reader.line(&line);
-        self.seq += 1;
-        // The receiver lives as long as the attempt; a send can only fail at its very end.
-        let _ = self.tx.send(ToReporter::Line(Line { seq: self.seq, stream, line: cut(&line) }));
-        if *self.reader.usage() != before {
-            let _ = self.tx.send(ToReporter::Usage(self.reader.usage().clone()));
-        }
-    }
-}
-
-fn stop_reason(why: &Stop) -> String {
-    match why {
-        Stop::Server(state) => format!("step {state} on the server"),
-        Stop::Drain => "host_draining".to_owned(),
-    }
-}
-
-/// Journals why the harness is being stopped, then interrupts its group. The journal comes
-/// first: after a crash, the reason recorded is still the true one.
-fn interrupt(shared: &Shared, e: &mut Entry, reason: &str) {
-    e.terminating = Some(reason.to_owned());
-    if let Err(err) = shared.journal.write(e) {
-        tracing::error!(step.id = %e.assignment.step, error = %err, "cannot journal the termination; stopping the harness anyway");
-    }
-    if let Some(pid) = e.pid {
-        process::signal_group(pid, libc::SIGINT);
-    }
-}
+use session::{converse, interrupt, POLL, reporter, sleep_until, stop_reason, Proc, Session, Tail, ToReporter, ToStdin};
+pub use signal::{Shared, Stop, StopSignal};
 
 /// Runs an attempt from a fresh claim to its cleanup.
 pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSignal>) {
@@ -469,72 +175,6 @@ async fn refresh_token(shared: &Shared, e: &mut Entry) -> Option<String> {
         Err(err) => tracing::warn!(step.id = %step, error = %err, "cannot get a fresh installation token; using the one at hand"),
     }
     repo.token.clone()
-}
-
-/// What the writer of Claude Code's input is told.
-enum ToStdin {
-    /// A person's message, from an answer of the server.
-    Message(Message),
-    /// The harness printed a result line: a turn ended.
-    ResultSeen,
-}
-
-/// Whether a Claude Code output line is its `result` (one per user turn).
-fn is_result_line(line: &str) -> bool {
-    line.contains("\"result\"") && serde_json::from_str::<Value>(line).is_ok_and(|v| v.get("type").and_then(Value::as_str) == Some("result"))
-}
-
-/// One user turn as Claude Code reads it with `--input-format stream-json`: an `SDKUserMessage`
-/// (`type: user`, an Anthropic `MessageParam`), one JSON object a line.
-pub(crate) fn user_line(text: &str) -> String {
-    let mut line = json!({
-        "type": "user",
-        "message": { "role": "user", "content": [{ "type": "text", "text": text }] },
-        "parent_tool_use_id": null,
-        "session_id": "default",
-    })
-    .to_string();
-    line.push('\n');
-    line
-}
-
-/// Writes Claude Code's input: the prompt as the first user line, then each person's message
-/// as a further one (acknowledged to the server once written). Claude Code queues the user
-/// lines it reads, answers them turn by turn (each turn ends with a result line), and exits
-/// once its input has ended and its queue is done; so the input is closed at a result line when
-/// no message waits to be written, and a message written before that is still answered.
-async fn converse(shared: Arc<Shared>, step: String, mut stdin: tokio::process::ChildStdin, prompt: String, mut rx: mpsc::UnboundedReceiver<ToStdin>) {
-    if stdin.write_all(user_line(&prompt).as_bytes()).await.is_err() {
-        // A harness that exits without reading its prompt closes the pipe: not ours to report.
-        return;
-    }
-    let _ = stdin.flush().await;
-    let mut written: std::collections::HashSet<String> = std::collections::HashSet::new();
-    // A result line came and nothing was written since: the harness waits for input.
-    let mut idle = false;
-    while let Some(msg) = rx.recv().await {
-        match msg {
-            ToStdin::Message(m) => {
-                // Offered again until the server heard it was delivered: written once.
-                if written.insert(m.id.clone()) {
-                    if stdin.write_all(user_line(&m.text).as_bytes()).await.is_err() || stdin.flush().await.is_err() {
-                        return;
-                    }
-                    idle = false;
-                    tracing::info!(step.id = %step, message.id = %m.id, "a person's message was written to the session");
-                }
-                if let Err(err) = shared.client.messages_delivered(&step, std::slice::from_ref(&m.id)).await {
-                    tracing::warn!(step.id = %step, message.id = %m.id, error = %err, "cannot acknowledge a message; it will be offered again");
-                }
-            }
-            ToStdin::ResultSeen => idle = true,
-        }
-        if idle && rx.is_empty() {
-            // A turn ended and nothing waits: let Claude Code finish what it has.
-            let _ = stdin.shutdown().await;
-            return;
-        }
-    }
 }
 
 /// What to report when the attempt was stopped before its harness ran.
@@ -677,13 +317,6 @@ async fn supervise(
     Some(finish(shared, e, ended, kind).await)
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Turns a harness's end into the result to report: on success, the work is committed and
 /// pushed; a step that must change files and changed none fails with `no_changes`.
 pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: Kind) -> Complete {
@@ -824,26 +457,4 @@ pub(crate) async fn conclude_from_output(shared: &Shared, e: &mut Entry) -> Comp
     }
     let ended = reader.finish(Exit { code: None, signal: None }, e.terminating.as_deref());
     finish(shared, e, ended, kind).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_user_turn_is_one_stream_json_line_claude_code_reads() {
-        let line = user_line("Use the \"blue\" one\nplease");
-        assert!(line.ends_with('\n') && line.matches('\n').count() == 1, "one line: {line:?}");
-        let v: Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v["type"], "user");
-        assert_eq!(v["message"], json!({ "role": "user", "content": [{ "type": "text", "text": "Use the \"blue\" one\nplease" }] }));
-        assert!(v["parent_tool_use_id"].is_null());
-    }
-
-    #[test]
-    fn only_a_result_line_ends_a_turn() {
-        assert!(is_result_line(r#"{"type":"result","subtype":"success","is_error":false,"result":"done"}"#));
-        assert!(!is_result_line(r#"{"type":"assistant","message":{"content":[{"type":"text","text":"\"result\""}]}}"#));
-        assert!(!is_result_line("\"result\" but not JSON"));
-    }
 }

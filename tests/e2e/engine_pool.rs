@@ -4,46 +4,40 @@
 use std::time::Duration;
 
 use engine::cluster::{self, ClusterOptions};
-use engine::testkit::test_db;
+use engine::testkit::{join_and_loop, test_db, TestDb};
 use serde_json::json;
 use shopfloor_tests::{check_invariants, effects_count, scalar, seed, submit_many, until_all_done, EngineProcess, Invariants};
-
-/// Five nodes: a fan-out, a join, a gate that loops back once, an output.
-const JOIN_AND_LOOP: &str = "name: join-and-loop
-nodes:
-  plan:
-    crew: { harness: claude-code, prompt: plan }
-  left:
-    after: [plan]
-    crew: { harness: claude-code, prompt: left }
-  right:
-    after: [plan]
-    crew: { harness: claude-code, prompt: right }
-  ci:
-    after: [left, right]
-    gate: { checks: [test], on_fail: left }
-  ship:
-    after: [ci]
-    output: { github: comment, body: shipped }
-";
 
 /// Steps per run: plan, left, right, ci (fails), left, ci, ship.
 const STEPS_PER_RUN: i64 = 7;
 
+/// Engines `a` and `b` on a test's database, recording what they execute under a temporary
+/// directory, with `runs` join-and-loop runs submitted, each failing its gate once.
+struct TwoEngines {
+    effects: std::path::PathBuf,
+    _engines: [EngineProcess; 2],
+    _dir: tempfile::TempDir,
+}
+
+async fn two_engines_with_runs(db: &TestDb, runs: usize) -> TwoEngines {
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects");
+    let s = seed(&db.pool, &join_and_loop("shipped")).await;
+    let engines = [EngineProcess::start(&db.url, "a", &effects), EngineProcess::start(&db.url, "b", &effects)];
+    submit_many(&db.pool, &s, runs, json!({ "test": { "gate_fail_visits": [1] } })).await;
+    TwoEngines { effects, _engines: engines, _dir: dir }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn two_engine_processes_complete_a_thousand_runs_exactly_once() {
     let db = test_db().await;
-    let dir = tempfile::tempdir().unwrap();
-    let effects = dir.path().join("effects");
-    let s = seed(&db.pool, JOIN_AND_LOOP).await;
-    let _a = EngineProcess::start(&db.url, "a", &effects);
-    let _b = EngineProcess::start(&db.url, "b", &effects);
-    submit_many(&db.pool, &s, 1000, json!({ "test": { "gate_fail_visits": [1] } })).await;
+    let two = two_engines_with_runs(&db, 1000).await;
+    let effects = &two.effects;
 
     assert_eq!(until_all_done(&db.pool, Duration::from_secs(300)).await, 0, "runs still running");
-    assert_eq!(check_invariants(&db.pool, &effects).await, Invariants::default());
+    assert_eq!(check_invariants(&db.pool, effects).await, Invariants::default());
     assert_eq!(scalar(&db.pool, "SELECT count(*) FROM steps").await, 1000 * STEPS_PER_RUN);
-    assert_eq!(effects_count(&effects) as i64, 1000 * STEPS_PER_RUN);
+    assert_eq!(effects_count(effects) as i64, 1000 * STEPS_PER_RUN);
     // Both processes did part of the work.
     let by_engine: Vec<(String, i64)> = sqlx::query_as("SELECT holder, count(*) FROM steps WHERE holder IS NOT NULL GROUP BY holder ORDER BY holder")
         .fetch_all(&db.pool)
@@ -58,7 +52,7 @@ async fn a_killed_engines_leased_steps_are_recovered_by_the_other() {
     let db = test_db().await;
     let dir = tempfile::tempdir().unwrap();
     let effects = dir.path().join("effects");
-    let s = seed(&db.pool, JOIN_AND_LOOP).await;
+    let s = seed(&db.pool, &join_and_loop("shipped")).await;
     let mut victim = EngineProcess::start(&db.url, "victim", &effects);
     // Each step takes 3 s, so the victim is sure to hold leased steps when it dies.
     submit_many(&db.pool, &s, 20, json!({ "test": { "step_ms": 3000, "gate_fail_visits": [1] } })).await;
@@ -95,7 +89,7 @@ async fn engines_reconnect_after_a_postgres_restart_and_finish_every_run() {
     let pool = engine::db::connect(&pg.url, 4).await.unwrap();
     engine::db::migrate(&pool).await.unwrap();
     let effects = dir.path().join("effects");
-    let s = seed(&pool, JOIN_AND_LOOP).await;
+    let s = seed(&pool, &join_and_loop("shipped")).await;
     let _a = EngineProcess::start(&pg.url, "a", &effects);
     let _b = EngineProcess::start(&pg.url, "b", &effects);
     submit_many(&pool, &s, 200, json!({ "test": { "step_ms": 50, "gate_fail_visits": [1] } })).await;
@@ -123,12 +117,7 @@ async fn engines_reconnect_after_a_postgres_restart_and_finish_every_run() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_pool_sends_no_statements() {
     let db = test_db().await;
-    let dir = tempfile::tempdir().unwrap();
-    let effects = dir.path().join("effects");
-    let s = seed(&db.pool, JOIN_AND_LOOP).await;
-    let _a = EngineProcess::start(&db.url, "a", &effects);
-    let _b = EngineProcess::start(&db.url, "b", &effects);
-    submit_many(&db.pool, &s, 10, json!({ "test": { "gate_fail_visits": [1] } })).await;
+    let _two = two_engines_with_runs(&db, 10).await;
     assert_eq!(until_all_done(&db.pool, Duration::from_secs(60)).await, 0);
     // Quiescence: the engines' timers for the lease wakes they were told of (30 s lease + 15 s
     // grace) fire once, find those wakes gone with their steps, and then nothing is left to

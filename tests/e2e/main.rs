@@ -21,6 +21,7 @@ mod readme;
 mod secrets;
 mod serve;
 mod sessions;
+mod structure;
 mod telemetry;
 mod webhook_targets;
 mod webhooks;

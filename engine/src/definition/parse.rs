@@ -12,39 +12,16 @@ mod node;
 mod read;
 mod yaml;
 
-use std::fmt;
 use std::str::FromStr;
 
-use read::{Cx, boolean, count, duration, mapping, nonempty_string, one_of, string, usd};
+pub use read::Problem;
+use read::{Cx, boolean, expression, count, duration, mapping, nonempty_string, one_of, string, usd};
 use yaml::Node as YNode;
 
 use super::model::{
     Budget, Concurrency, ConcurrencyPolicy, Definition, GithubTrigger, ScheduleTrigger, Senders, Throttle,
     Triggers,
 };
-use super::{expr, template};
-
-/// One thing wrong with a workflow definition.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// 1-based line of the offending YAML node.
-    pub line: usize,
-    /// 1-based column of the offending YAML node.
-    pub col: usize,
-    /// Where in the document, such as `nodes.build.retry.attempts`; empty for the whole file.
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            write!(f, "{}", self.message)
-        } else {
-            write!(f, "{}: {}", self.path, self.message)
-        }
-    }
-}
 
 const TOP_KEYS: &[&str] = &[
     "name",
@@ -283,37 +260,4 @@ fn budget(cx: &mut Cx, node: &YNode, path: &str) -> Option<Budget> {
         usd_per_run: usd_per_run?,
         hard: hard?.unwrap_or(defaults.hard),
     })
-}
-
-/// A CEL expression, compiled to check it.
-fn expression(cx: &mut Cx, node: &YNode, path: &str) -> Option<String> {
-    let text = string(cx, node, path)?;
-    match expr::compile(&text) {
-        Ok(()) => Some(text),
-        Err(e) => {
-            cx.report(node.pos, path, format!("expression does not compile: {e}"));
-            None
-        }
-    }
-}
-
-/// A template, parsed to check it. A problem inside a `|` block is placed on its own line.
-fn template_text(cx: &mut Cx, node: &YNode, path: &str) -> Option<String> {
-    let text = string(cx, node, path)?;
-    match template::syntax_error(&text) {
-        None => Some(text),
-        Some(e) => {
-            let pos = read::text_line_pos(node, e.line);
-            let at = e
-                .line
-                .map(|l| format!(" (line {l} of the template)"))
-                .unwrap_or_default();
-            cx.report(
-                pos,
-                path,
-                format!("template does not parse: {}{at}", e.message),
-            );
-            None
-        }
-    }
 }

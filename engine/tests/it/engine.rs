@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use engine::executor::TestExecutor;
 use engine::ids::RunId;
-use engine::pool::{self, PoolConfig};
+use engine::pool;
 use engine::store::{approvals, runs, Actor, Change};
 use engine::testkit::test_db;
 use serde_json::{json, Map};
@@ -13,24 +13,6 @@ use engine::db::Db;
 use tokio_util::sync::CancellationToken;
 
 use crate::fixtures::{new_run, seed, Seed};
-
-pub(crate) const JOIN_AND_LOOP: &str = "name: join-and-loop
-nodes:
-  plan:
-    crew: { harness: claude-code, prompt: plan }
-  left:
-    after: [plan]
-    crew: { harness: claude-code, prompt: left }
-  right:
-    after: [plan]
-    crew: { harness: claude-code, prompt: right }
-  ci:
-    after: [left, right]
-    gate: { checks: [test], on_fail: left }
-  ship:
-    after: [ci]
-    output: { github: comment, body: done }
-";
 
 /// An engine running in this process until the returned token is cancelled.
 pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> CancellationToken {
@@ -41,17 +23,7 @@ pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> CancellationToken {
 /// engine has drained.
 pub(crate) fn start_engine_joined(db: &Db, url: &str, id: &str) -> (CancellationToken, tokio::task::JoinHandle<Result<(), engine::store::StoreError>>) {
     let stop = CancellationToken::new();
-    let cfg = PoolConfig {
-        id: id.to_owned(),
-        listen: url.parse().unwrap(),
-        batch: 64,
-        max_in_flight: 64,
-        drain: Duration::from_secs(5),
-        test_executor: Some(TestExecutor { effects: None }),
-        outputs: None,
-        webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
-        event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
-    };
+    let cfg = engine::testkit::pool_config(id, url, Some(TestExecutor { effects: None }));
     let task = tokio::spawn(pool::run(db.clone(), cfg, stop.clone(), stop.clone()));
     (stop, task)
 }
@@ -84,7 +56,7 @@ async fn nodes_in_order(pool: &Db, run: RunId) -> Vec<String> {
 #[tokio::test]
 async fn a_run_walks_a_join_and_a_gate_loop_to_completion() {
     let db = test_db().await;
-    let s = seed(&db.pool, "acme", JOIN_AND_LOOP).await;
+    let s = seed(&db.pool, "acme", &engine::testkit::join_and_loop("done")).await;
     let stop = start_engine(&db.pool, &db.url, "e1");
     let run = submit_with(&db.pool, &s, json!({ "test": { "gate_fail_visits": [1] } })).await;
     let (status, reason) = until_done(&db.pool, run, Duration::from_secs(20)).await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use engine::executor::TestExecutor;
 use engine::ids::{HostId, OrgId, RunId, StepId, WorkflowId};
-use engine::pool::{self, PoolConfig};
+use engine::pool;
 use engine::state::StepState;
 use engine::store::runs::{self, NewRun};
 use engine::store::steps;
@@ -41,17 +41,7 @@ impl Eng {
 /// each execution in `effects` when given), otherwise they wait for hosts.
 fn engine(db: &engine::testkit::TestDb, id: &str, executor: bool, effects: Option<&Path>) -> Eng {
     let (drain, abort) = (CancellationToken::new(), CancellationToken::new());
-    let cfg = PoolConfig {
-        id: id.to_owned(),
-        listen: db.url.parse().unwrap(),
-        batch: 64,
-        max_in_flight: 64,
-        drain: Duration::from_secs(5),
-        test_executor: executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) }),
-        outputs: None,
-        webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).unwrap(),
-        event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
-    };
+    let cfg = engine::testkit::pool_config(id, &db.url, executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) }));
     let task = tokio::spawn(pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     Eng { drain, abort, task }
 }

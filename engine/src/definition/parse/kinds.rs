@@ -5,12 +5,11 @@
 use std::collections::BTreeMap;
 
 use super::graph::{Edge, EdgeKind};
-use super::read::{
+use super::read::{expression, template_text, 
     Cx, Fields, boolean, count, duration, entries, mapping, missing, nonempty_string, one_of,
     scalar_json, string, string_list, type_error, usd,
 };
 use super::yaml::{Key, Node as YNode, Pos, Value};
-use super::{expression, template_text};
 use crate::definition::model::{
     Approval, Caps, Case, ChildWorkflow, Crew, Decision, End, EndOutcome, Field, FieldType, Gate,
     Harness, NodeKind, Output, OutputKind, Wait,

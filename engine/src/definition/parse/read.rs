@@ -2,10 +2,11 @@
 //! a problem at the offending node and returns `None`, so that a whole file is read and every
 //! problem found in one pass.
 
+use std::fmt;
 use std::time::Duration;
 
-use super::Problem;
 use super::yaml::{Key, Node, Pos, Value};
+use crate::definition::{expr, template};
 
 /// The problems found so far.
 #[derive(Default)]
@@ -336,5 +337,60 @@ pub(super) fn text_line_pos(node: &Node, line: Option<usize>) -> Pos {
             col: node.pos.col,
         },
         _ => node.pos,
+    }
+}
+
+/// One thing wrong with a workflow definition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// 1-based line of the offending YAML node.
+    pub line: usize,
+    /// 1-based column of the offending YAML node.
+    pub col: usize,
+    /// Where in the document, such as `nodes.build.retry.attempts`; empty for the whole file.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// A CEL expression, compiled to check it.
+pub(super) fn expression(cx: &mut Cx, node: &Node, path: &str) -> Option<String> {
+    let text = string(cx, node, path)?;
+    match expr::compile(&text) {
+        Ok(()) => Some(text),
+        Err(e) => {
+            cx.report(node.pos, path, format!("expression does not compile: {e}"));
+            None
+        }
+    }
+}
+
+/// A template, parsed to check it. A problem inside a `|` block is placed on its own line.
+pub(super) fn template_text(cx: &mut Cx, node: &Node, path: &str) -> Option<String> {
+    let text = string(cx, node, path)?;
+    match template::syntax_error(&text) {
+        None => Some(text),
+        Some(e) => {
+            let pos = text_line_pos(node, e.line);
+            let at = e
+                .line
+                .map(|l| format!(" (line {l} of the template)"))
+                .unwrap_or_default();
+            cx.report(
+                pos,
+                path,
+                format!("template does not parse: {}{at}", e.message),
+            );
+            None
+        }
     }
 }
