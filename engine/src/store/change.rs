@@ -9,6 +9,8 @@ use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 use crate::db::Db;
 
+use super::events_notice::EventsNotice;
+
 use super::runs::RunRow;
 use crate::event_log::{self, Extra};
 use crate::trace::TraceParent;
@@ -23,11 +25,8 @@ use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
 /// At most one NOTIFY per transaction. Notifying commits are serialized cluster-wide, so a
 /// change that wrote only run events (most of an engine's) does not notify by itself: the
 /// event streams learn of them through [`EventsNotice`], at most one `e` per process every
-/// [`EVENTS_NOTICE_INTERVAL`], sent after the commits it covers.
+/// `EVENTS_NOTICE_INTERVAL` (50 ms), sent after the commits it covers.
 pub const NOTIFY_CHANNEL: &str = "shopfloor_wakes";
-
-/// How often a process tells the event streams of events it committed without a wake.
-const EVENTS_NOTICE_INTERVAL: Duration = Duration::from_millis(50);
 
 /// What a notification says, parsed from its payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,78 +54,6 @@ impl Notice {
     /// The runs whose transcripts a notification says grew.
     pub fn transcripts(payload: &str) -> impl Iterator<Item = RunId> + '_ {
         payload.split(' ').filter_map(|w| w.strip_prefix('l')).filter_map(|r| r.parse().ok())
-    }
-}
-
-/// The `e` notices of this process: one is sent at most every [`EVENTS_NOTICE_INTERVAL`]; a
-/// commit that may not send one marks the process dirty, and a trailing notice follows.
-pub(crate) struct EventsNotice {
-    last: Option<std::time::Instant>,
-    dirty: bool,
-    /// When the task that sends the trailing notice last looked; a task gone with its runtime
-    /// (a test's) stops looking, and the next commit starts another.
-    trailing: Option<std::time::Instant>,
-}
-
-static EVENTS_NOTICE: std::sync::Mutex<EventsNotice> = std::sync::Mutex::new(EventsNotice { last: None, dirty: false, trailing: None });
-
-impl EventsNotice {
-    /// Whether events committed in this process still wait for their trailing notice.
-    #[cfg(feature = "testkit")]
-    pub(crate) fn owed() -> bool {
-        EVENTS_NOTICE.lock().is_ok_and(|n| n.dirty || n.trailing.is_some())
-    }
-
-    /// Whether the commit about to happen may carry an `e` itself (and is counted as sent).
-    fn take_now() -> bool {
-        let Ok(mut n) = EVENTS_NOTICE.lock() else { return true };
-        let now = std::time::Instant::now();
-        if n.last.is_none_or(|t| now.duration_since(t) >= EVENTS_NOTICE_INTERVAL) {
-            n.last = Some(now);
-            n.dirty = false;
-            return true;
-        }
-        false
-    }
-
-    /// After a commit whose events went untold: make sure a notice follows it.
-    fn owe(pool: &Db) {
-        let Ok(mut n) = EVENTS_NOTICE.lock() else { return };
-        n.dirty = true;
-        if n.trailing.is_some_and(|t| t.elapsed() < EVENTS_NOTICE_INTERVAL * 20) {
-            return;
-        }
-        n.trailing = Some(std::time::Instant::now());
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            loop {
-                let wait = {
-                    let Ok(mut n) = EVENTS_NOTICE.lock() else { return };
-                    if !n.dirty {
-                        n.trailing = None;
-                        return;
-                    }
-                    n.trailing = Some(std::time::Instant::now());
-                    let since = n.last.map_or(EVENTS_NOTICE_INTERVAL, |t| t.elapsed());
-                    if since >= EVENTS_NOTICE_INTERVAL {
-                        n.dirty = false;
-                        n.last = Some(std::time::Instant::now());
-                        None
-                    } else {
-                        Some(EVENTS_NOTICE_INTERVAL - since)
-                    }
-                };
-                match wait {
-                    Some(d) => tokio::time::sleep(d).await,
-                    None => {
-                        if let Err(e) = sqlx::query("SELECT pg_notify($1, 'e')").bind(NOTIFY_CHANNEL).execute(&pool).await {
-                            // The streams catch up at their next notice or reconnect.
-                            tracing::warn!(error = %e, "cannot tell the event streams of new events");
-                        }
-                    }
-                }
-            }
-        });
     }
 }
 
@@ -555,7 +482,7 @@ impl Change {
 
     /// Writes the buffered events and audit entries and commits, with at most one `NOTIFY`:
     /// when a wake was written for another process, a transcript grew, or (at most every
-    /// [`EVENTS_NOTICE_INTERVAL`] per process) events were appended.
+    /// `EVENTS_NOTICE_INTERVAL` per process) events were appended.
     pub async fn commit(mut self) -> Result<()> {
         // Queue rows are locked last, so that a change never holds one while it waits for a
         // run's lock or takes a stronger lock on the same row later.

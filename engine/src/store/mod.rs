@@ -15,6 +15,7 @@ pub mod api_writes;
 pub mod approvals;
 pub mod budgets;
 mod change;
+mod events_notice;
 pub mod github;
 pub mod engine_errors;
 pub mod hosts;
@@ -36,7 +37,7 @@ pub mod workflows;
 
 pub use change::{Actor, Change, Notice, RunCtx, NOTIFY_CHANNEL};
 #[cfg(feature = "testkit")]
-pub(crate) use change::EventsNotice;
+pub(crate) use events_notice::EventsNotice;
 
 /// What a store operation can refuse, besides a database error.
 #[derive(Debug, thiserror::Error)]
