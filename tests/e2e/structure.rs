@@ -46,11 +46,10 @@ fn engine_files_import_each_other_in_one_direction() {
 }
 
 /// The circles of `api/src` not yet broken (#21), as the groups of files that reach each other:
-/// in each, a module's `mod.rs` wires its children (routes, subcommands, the graph's parts)
+/// in each, a module's `mod.rs` wires its children (routes, pages)
 /// while they use items it defines. Moving those items into a file of their own breaks one.
 /// The test fails on any circle outside these groups, so none can be added.
-const API_CIRCLES_LEFT: [&[&str]; 4] = [
-    &["cli/admin.rs", "cli/check.rs", "cli/mod.rs", "cli/processes.rs", "cli/secret_key.rs"],
+const API_CIRCLES_LEFT: [&[&str]; 2] = [
     &[
         "console/internal.rs", "console/mod.rs", "console/oauth.rs", "console/pages/act.rs", "console/pages/audit.rs",
         "console/pages/budgets.rs", "console/pages/github.rs", "console/pages/host_add.rs", "console/pages/hosts.rs",
@@ -59,7 +58,6 @@ const API_CIRCLES_LEFT: [&[&str]; 4] = [
         "console/pages/runs.rs", "console/pages/today.rs", "console/pages/tokens.rs", "console/pages/webhooks.rs",
         "console/pages/workflows.rs", "console/session.rs", "console/transcript.rs", "console/view.rs",
     ],
-    &["console/svg/graph/edges.rs", "console/svg/graph/mod.rs", "console/svg/graph/route.rs"],
     &[
         "http/admission.rs", "http/audit.rs", "http/auth.rs", "http/budgets.rs", "http/error.rs", "http/events.rs",
         "http/extract.rs", "http/health.rs", "http/host_protocol/claim.rs", "http/host_protocol/held.rs",

@@ -16,7 +16,9 @@ use engine::ids::Slug;
 use engine::sealing::SecretKey;
 use engine::store::{signing_keys, tenants, Actor, Change};
 
-use super::{CliError, Database, DbArgs, SecretKeyArgs};
+use super::args::{DbArgs, SecretKeyArgs};
+use super::database::Database;
+use super::error::CliError;
 use crate::auth::{self, UserToken};
 
 /// How long the first owner token lives.

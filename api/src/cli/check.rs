@@ -18,7 +18,7 @@ use clap::Args;
 use secrecy::ExposeSecret;
 use engine::db::Db;
 
-use super::{DbArgs, GithubAppArgs, GithubArgs, SecretKeyArgs};
+use super::args::{DbArgs, GithubAppArgs, GithubArgs, SecretKeyArgs};
 
 /// `shopfloor check`'s settings: those of the processes it checks.
 #[derive(Debug, Args)]

@@ -3,7 +3,8 @@
 use engine::cluster::{self, Cluster, ClusterOptions};
 use engine::db::Db;
 
-use super::{CliError, DbArgs};
+use super::args::DbArgs;
+use super::error::CliError;
 
 /// A connected database, and the embedded cluster when this process started it.
 pub struct Database {

@@ -8,7 +8,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::secret_key;
-use super::{ApiArgs, CliError, Database, EngineArgs, GithubAppArgs, MigrateArgs, PoolArgs, ServeArgs, WebhooksArgs};
+use super::args::{ApiArgs, EngineArgs, GithubAppArgs, MigrateArgs, PoolArgs, ServeArgs, WebhooksArgs};
+use super::database::Database;
+use super::error::CliError;
 use crate::http::{self, AppState};
 
 /// Applies the migrations, then seals the signing keys an earlier release stored in plaintext

@@ -13,28 +13,16 @@ use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
-use clap::Args;
 use engine::sealing::SecretKey;
 use engine::store::{signing_keys, Actor, Change};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use engine::db::Db;
 
-use super::{CliError, DbArgs};
+use super::args::{DbArgs, SecretKeyArgs};
+use super::error::CliError;
 
 /// What to write in SHOPFLOOR_SECRET_KEY, said by every error about it.
 const HOW: &str = "set SHOPFLOOR_SECRET_KEY to 32 random bytes in base64, e.g. the output of `openssl rand -base64 32`, the same on every process of this database";
-
-/// The key that seals the signing keys: `SHOPFLOOR_SECRET_KEY` (no default on a
-/// `DATABASE_URL`; with the embedded cluster, `SHOPFLOOR_DATA_DIR/secret-key`, made on first
-/// need).
-#[derive(Debug, Clone, Args)]
-pub struct SecretKeyArgs {
-    /// The key that seals the JWT signing keys at rest: 32 random bytes in base64
-    /// (`openssl rand -base64 32`), the same on every process of one database. Unset with the
-    /// embedded cluster: SHOPFLOOR_DATA_DIR/secret-key, made on first need.
-    #[arg(long = "secret-key", env = "SHOPFLOOR_SECRET_KEY", hide_env_values = true)]
-    pub secret_key: Option<SecretString>,
-}
 
 impl SecretKeyArgs {
     /// The key given by the flag or the variable, if one is.

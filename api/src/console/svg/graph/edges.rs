@@ -4,8 +4,10 @@
 use std::collections::HashMap;
 
 use engine::definition::{Definition, Node, NodeKind};
+use engine::store::approvals::RUN_APPROVAL_NODE;
 
-use super::START;
+/// The drawn entry, named as the engine names a run's own approval step.
+pub(super) const START: &str = RUN_APPROVAL_NODE;
 
 /// One edge as drawn.
 pub(super) struct Link {

@@ -31,24 +31,16 @@ use std::fmt::Write as _;
 
 use dagre_dgl_rs::Point;
 use engine::definition::Definition;
-use engine::store::approvals::RUN_APPROVAL_NODE;
 
 use crate::console::error::escape;
 use crate::console::svg::{symbol, text_width};
-use edges::{links, Link};
+use edges::{links, Link, START};
 use route::{backward, bands, forward, lay_out, path_d, self_loop};
 
-/// The drawn entry, named as the engine names a run's own approval step.
-const START: &str = RUN_APPROVAL_NODE;
 const BOX_H: f64 = 46.0;
 const START_H: f64 = 28.0;
 const NAME_FONT: f64 = 12.0;
 const STATE_FONT: f64 = 11.0;
-/// How far a back edge leaves its box's side before it turns. Less than half the layout's
-/// `nodesep`, so the turn stays clear of the next box in the layer.
-const STUB: f64 = 16.0;
-/// The radius of an edge's rounded corners.
-const CORNER: f64 = 8.0;
 /// The room around the drawing.
 const PAD: f64 = 10.0;
 

@@ -7,7 +7,12 @@ use std::fmt::Write as _;
 use dagre_dgl_rs::{EdgeLabel, Graph, GraphLabel, NodeLabel, Point};
 
 use super::edges::Link;
-use super::{CORNER, STUB};
+
+/// How far a back edge leaves its box's side before it turns. Less than half the layout's
+/// `nodesep`, so the turn stays clear of the next box in the layer.
+pub(super) const STUB: f64 = 16.0;
+/// The radius of an edge's rounded corners.
+pub(super) const CORNER: f64 = 8.0;
 
 /// A box, by its top-left corner.
 #[derive(Clone, Copy)]
