@@ -227,9 +227,12 @@ async fn on_item(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installatio
         Some(action) => format!("{}.{action}", d.event),
         None => d.event.to_owned(),
     };
+    // What a new item holds: the update applied to nothing.
+    let first = projection::apply(&Value::Null, &update).unwrap_or_else(|| json!({}));
     for route in &routes {
-        let item = st::ensure_item(ch, route.org, route.project, &update.key()).await?;
-        judge_item(ch, d, route, item, &update, &sender, &trigger, report).await?;
+        if let Some(item) = st::item_for_update(ch, route.org, route.project, &update.key(), &first, update.node_id.as_deref()).await? {
+            judge_item(ch, d, route, item, &update, &sender, &trigger, report).await?;
+        }
         if let Some(number) = update.number {
             // Steps waiting on this pull request or issue (a gate following its head, a wait
             // for `pull_request.closed`) look again, after the projection is updated.
@@ -281,7 +284,8 @@ async fn on_check(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installati
         }
         // Gates watching this commit look at their checks again.
         crate::store::github::wake_checks(ch, route.org, route.project, &repository, &sha).await?;
-        for item in st::items_by_head(ch, route.org, route.project, &repository, &sha).await? {
+        for id in st::items_by_head(ch, route.org, route.project, &repository, &sha).await? {
+            let Some(item) = st::lock_item(ch, route.org, id).await? else { continue };
             let update = ItemUpdate {
                 repository: repository.clone(),
                 number: None,
@@ -325,35 +329,35 @@ async fn on_board(ch: &mut Change, d: &Delivery<'_>, payload: &Value, org: crate
     }
     let sender = Sender::of(d.event, payload);
     let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
-    for (item, route) in &items {
+    for (id, route) in &items {
+        let Some(item) = st::lock_item(ch, route.org, *id).await? else { continue };
         let update = ItemUpdate { repository: String::new(), number: None, node_id: None, updated_at: None, patches: vec![patch.clone()] };
-        judge_item(ch, d, route, *item, &update, &sender, &trigger, report).await?;
+        judge_item(ch, d, route, item, &update, &sender, &trigger, report).await?;
     }
     Ok("accepted")
 }
 
-/// Applies an update to one item (locked, with its open runs), then judges the project's
-/// workflows on it.
+/// Applies an update to one item (locked, with its open runs; a fresh one holds it already),
+/// then judges the project's workflows on it.
 #[expect(clippy::too_many_arguments, reason = "one call site per event family; a struct would only rename them")]
 async fn judge_item(
     ch: &mut Change,
     d: &Delivery<'_>,
     route: &Route,
-    item: crate::ids::ItemId,
+    mut item: ItemRow,
     update: &ItemUpdate,
     sender: &Sender,
     trigger: &Value,
     report: &mut Report,
 ) -> Result<(), StoreError> {
-    let Some(mut item) = st::lock_item(ch, route.org, item).await? else { return Ok(()) };
-    let mut changed = false;
+    let mut changed = item.fresh;
     let mut update = update.clone();
     if update.repository.is_empty() {
         // Board and check updates name the item, not its repository: keep the stored one.
         update.repository = item.data.get("repository").and_then(Value::as_str).unwrap_or_default().to_owned();
         update.number = item.data.get("number").and_then(Value::as_i64);
     }
-    if let Some(data) = projection::apply(&item.data, &update).filter(|data| *data != item.data) {
+    if let Some(data) = projection::apply(&item.data, &update).filter(|data| !item.fresh && *data != item.data) {
         let hash = st::update_item(ch, &item, &data, update.node_id.as_deref()).await?;
         changed = item.content_hash.as_deref() != Some(hash.as_str());
         item.data = data;
@@ -363,7 +367,7 @@ async fn judge_item(
     let number = item.data.get("number").and_then(Value::as_i64);
     let project = route.context();
     let action = trigger.get("action").and_then(Value::as_str);
-    let pending = if changed { st::workflows_pending_on(ch, route.org, item.item_id).await? } else { Vec::new() };
+    let pending = if changed && !item.fresh { st::workflows_pending_on(ch, route.org, item.item_id).await? } else { Vec::new() };
     for wf in st::github_workflows(ch, route.org, route.project).await? {
         let Some(t) = wf.def.on.github.clone() else { continue };
         if wf.paused {

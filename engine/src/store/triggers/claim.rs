@@ -68,6 +68,8 @@ pub(crate) struct EventRef {
     pub(crate) item: ItemId,
     pub(crate) generation: i32,
     pub(crate) trigger: Value,
+    /// The item was created by this change: no run is open on it ([`ItemRow::fresh`]).
+    pub(crate) fresh_item: bool,
 }
 
 /// Records a trigger event under its dedup key and applies the claim rule.
@@ -96,7 +98,7 @@ pub(crate) async fn submit_event(ch: &mut Change, new: NewEvent<'_>, runs: &RunO
     if inserted.is_none() {
         return Ok(Claim::Duplicate);
     }
-    let ev = EventRef { id, org: new.org, project: new.project, item: new.item.item_id, generation, trigger: new.trigger };
+    let ev = EventRef { id, org: new.org, project: new.project, item: new.item.item_id, generation, trigger: new.trigger, fresh_item: new.item.fresh };
     claim(ch, &ev, new.workflow, runs).await
 }
 
@@ -143,7 +145,7 @@ pub(crate) async fn open_runs(ch: &mut Change, org: OrgId, item: ItemId, workflo
 }
 
 pub(crate) async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo, runs: &RunOps) -> Result<Claim> {
-    let open = open_runs(ch, ev.org, ev.item, wf.id).await?;
+    let open = if ev.fresh_item { Vec::new() } else { open_runs(ch, ev.org, ev.item, wf.id).await? };
     if let Some(executing) = open.iter().find(|r| r.running) {
         set_event(ch, ev.id, "queued", Some(&format!("behind {}", executing.run)), None).await?;
         return Ok(Claim::Queued { event: ev.id, behind: executing.run });
@@ -260,31 +262,26 @@ pub(crate) struct Spent {
 /// or another workflow's budget on the item is spent and waits for a person.
 pub(crate) async fn admit(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Result<(), Spent>> {
     let max = i32::try_from(wf.def.budget.max_cycles).unwrap_or(i32::MAX);
-    sqlx::query(
-        "INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used) VALUES ($1, $2, $3, $4, $5, 0) \
-         ON CONFLICT (item_id, workflow_id) DO NOTHING",
-    )
-    .bind(ev.org)
-    .bind(ev.project)
-    .bind(ev.item)
-    .bind(wf.id)
-    .bind(ev.generation)
-    .execute(&mut *ch.tx)
-    .await?;
-    // The budget row locked, with the item's generation and the first ask open on the item
+    // The budget row, created when new and locked either way (an upsert's update locks the
+    // row as `FOR UPDATE` would), with the item's generation and the first ask open on the item
     // for another workflow (an ask stops every workflow, not only the one that spent its
     // budget): one statement.
     type Row = (i32, i32, i32, Option<String>, Option<i32>, Option<i32>);
     let (generation, used, current, other, other_used, other_max): Row = sqlx::query_as(
-        "SELECT b.generation, b.cycles_used, (SELECT i.generation FROM items i WHERE i.item_id = $1), a.name, a.cycles_used, a.max_cycles \
-         FROM item_cycle_budgets b \
-         LEFT JOIN LATERAL (SELECT w.name, o.cycles_used, (o.ask->>'max_cycles')::int AS max_cycles \
-                            FROM item_cycle_budgets o JOIN workflows w ON w.workflow_id = o.workflow_id \
-                            WHERE o.item_id = $1 AND o.workflow_id <> $2 AND o.asked_at IS NOT NULL ORDER BY o.asked_at LIMIT 1) a ON true \
-         WHERE b.item_id = $1 AND b.workflow_id = $2 FOR UPDATE OF b",
+        "WITH b AS (INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used) \
+                    VALUES ($3, $4, $1, $2, $5, 0) \
+                    ON CONFLICT (item_id, workflow_id) DO UPDATE SET cycles_used = item_cycle_budgets.cycles_used \
+                    RETURNING generation, cycles_used) \
+         SELECT b.generation, b.cycles_used, (SELECT i.generation FROM items i WHERE i.item_id = $1), a.name, a.cycles_used, a.max_cycles \
+         FROM b LEFT JOIN LATERAL (SELECT w.name, o.cycles_used, (o.ask->>'max_cycles')::int AS max_cycles \
+                                   FROM item_cycle_budgets o JOIN workflows w ON w.workflow_id = o.workflow_id \
+                                   WHERE o.item_id = $1 AND o.workflow_id <> $2 AND o.asked_at IS NOT NULL ORDER BY o.asked_at LIMIT 1) a ON true",
     )
     .bind(ev.item)
     .bind(wf.id)
+    .bind(ev.org)
+    .bind(ev.project)
+    .bind(ev.generation)
     .fetch_one(&mut *ch.tx)
     .await?;
     let used = if generation < current { 0 } else { used };
@@ -425,7 +422,7 @@ pub(crate) async fn rejudge(ch: &mut Change, run: &RunRow, runs: &RunOps) -> Res
         set_event(ch, newest, "revoked", Some("revoked"), None).await?;
         return Ok(());
     }
-    let ev = EventRef { id: newest, org: run.org_id, project: run.project_id, item, generation, trigger };
+    let ev = EventRef { id: newest, org: run.org_id, project: run.project_id, item, generation, trigger, fresh_item: false };
     claim(ch, &ev, &wf, runs).await?;
     Ok(())
 }

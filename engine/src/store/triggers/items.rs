@@ -108,6 +108,10 @@ pub struct ItemRow {
     pub data: Value,
     pub content_hash: Option<String>,
     pub generation: i32,
+    /// Created by this change ([`item_for_update`]): locked already, and no run or trigger
+    /// event can be on it yet, so the claim need not look for them.
+    #[sqlx(skip)]
+    pub fresh: bool,
 }
 
 /// The item's id, creating an empty item when it is new.
@@ -131,6 +135,43 @@ pub async fn ensure_item(ch: &mut Change, org: OrgId, project: ProjectId, key: &
         .fetch_optional(&mut *ch.tx)
         .await?
         .ok_or(StoreError::NotFound("item"))
+}
+
+/// The item an update is about, locked for judging. A new one is inserted with `data` (the
+/// update applied to nothing) and comes back `fresh`; a known one is locked as [`lock_item`]
+/// does, for the caller to apply the update to what is stored.
+pub async fn item_for_update(ch: &mut Change, org: OrgId, project: ProjectId, key: &str, data: &Value, node_id: Option<&str>) -> Result<Option<ItemRow>> {
+    let hash = content_hash(data);
+    let fresh: Option<ItemRow> = sqlx::query_as(
+        "INSERT INTO items (org_id, project_id, item_id, key, data, title, state, content_hash, head_sha, node_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (project_id, key) DO NOTHING \
+         RETURNING item_id, project_id, key, data, content_hash, generation",
+    )
+    .bind(org)
+    .bind(project)
+    .bind(ItemId::mint())
+    .bind(key)
+    .bind(data)
+    .bind(data.get("title").and_then(Value::as_str).map(cap))
+    .bind(data.get("state").and_then(Value::as_str))
+    .bind(&hash)
+    .bind(data.pointer("/head/sha").and_then(Value::as_str))
+    .bind(node_id)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
+    if let Some(item) = fresh {
+        return Ok(Some(ItemRow { fresh: true, ..item }));
+    }
+    let known: Option<ItemId> = sqlx::query_scalar("SELECT item_id FROM items WHERE project_id = $1 AND key = $2 AND org_id = $3")
+        .bind(project)
+        .bind(key)
+        .bind(org)
+        .fetch_optional(&mut *ch.tx)
+        .await?;
+    match known {
+        Some(item) => lock_item(ch, org, item).await,
+        None => Ok(None),
+    }
 }
 
 /// Locks an item for judging: first the runs open on it (in id order), then its row.
