@@ -148,16 +148,9 @@ pub(crate) fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
         path,
         &["type", "required", "options", "default", "description"],
     )?;
-    let field_type = f.must_one_of(
-        cx,
-        "type",
-        &[
-            ("string", FieldType::String),
-            ("number", FieldType::Number),
-            ("boolean", FieldType::Boolean),
-            ("choice", FieldType::Choice),
-        ],
-    );
+    let types =
+        [("string", FieldType::String), ("number", FieldType::Number), ("boolean", FieldType::Boolean), ("choice", FieldType::Choice)];
+    let field_type = f.must_one_of(cx, "type", &types);
     let required = f.optional(cx, "required", boolean);
     let options = f.optional(cx, "options", string_list);
     let default = f.optional(cx, "default", scalar_json);
@@ -290,16 +283,8 @@ pub(crate) fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
         path,
         &["github", "draft", "body", "labels", "remove", "column"],
     )?;
-    let kind = f.must_one_of(
-        cx,
-        "github",
-        &[
-            ("pull_request", OutputKind::PullRequest),
-            ("comment", OutputKind::Comment),
-            ("label", OutputKind::Label),
-            ("board_move", OutputKind::BoardMove),
-        ],
-    );
+    let kinds = [OutputKind::PullRequest, OutputKind::Comment, OutputKind::Label, OutputKind::BoardMove];
+    let kind = f.must_one_of(cx, "github", &kinds.map(|k| (kind_word(k), k)));
     let draft = f.optional(cx, "draft", boolean);
     let body = f.optional(cx, "body", template_text);
     let labels = f.optional(cx, "labels", string_list);
