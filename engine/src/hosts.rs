@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{RunId, StepId};
+use crate::ids::{is_word, RunId, StepId};
 
 /// A capability a host advertises and a node `requires`: `linux`, `arm64`, `gpu`,
 /// `harness:claude-code`. Lowercase letters, digits and `:._-`, 1 to 64 characters.
@@ -17,11 +17,7 @@ pub struct BadCapability(pub String);
 
 impl Capability {
     pub fn parse(s: &str) -> Result<Capability, BadCapability> {
-        let ok = !s.is_empty()
-            && s.len() <= 64
-            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b":._-".contains(&b))
-            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric());
-        if ok { Ok(Capability(s.to_owned())) } else { Err(BadCapability(s.chars().take(80).collect())) }
+        if is_word(s, 64, b":._-") { Ok(Capability(s.to_owned())) } else { Err(BadCapability(s.chars().take(80).collect())) }
     }
 
     pub fn as_str(&self) -> &str {

@@ -100,6 +100,14 @@ plain_id!(UserId);
 plain_id!(HostId);
 plain_id!(ItemId);
 
+/// Whether `s` is 1 to `max` lowercase letters, digits and bytes of `extra`, starting with a
+/// letter or digit: the rule of slugs and of hosts' capabilities (`hosts::Capability`).
+pub(crate) fn is_word(s: &str, max: usize, extra: &[u8]) -> bool {
+    (1..=max).contains(&s.len())
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || extra.contains(&b))
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
 /// An org or project slug: lowercase letters, digits and dashes, 1–63 characters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Slug(String);
@@ -110,11 +118,7 @@ pub struct BadSlug(pub String);
 
 impl Slug {
     pub fn parse(s: &str) -> Result<Slug, BadSlug> {
-        let ok = !s.is_empty()
-            && s.len() <= 63
-            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !s.starts_with('-');
-        if ok { Ok(Slug(s.to_owned())) } else { Err(BadSlug(s.chars().take(80).collect())) }
+        if is_word(s, 63, b"-") { Ok(Slug(s.to_owned())) } else { Err(BadSlug(s.chars().take(80).collect())) }
     }
 
     pub fn as_str(&self) -> &str {

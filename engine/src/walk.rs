@@ -71,13 +71,14 @@
 
 use std::time::Duration;
 
+use crate::definition::edges::EdgeKind;
 use crate::definition::{Definition, EndOutcome, Node, NodeId, NodeKind};
 
 mod graph;
 #[cfg(test)]
 mod tests;
 
-use graph::{Edge, EdgeKind, Graph};
+use graph::{Edge, Graph};
 
 /// Infrastructure failures (lease expired, host lost, stalled) are retried by themselves up
 /// to this many attempts in total, or the node's `retry.attempts` if larger.

@@ -133,11 +133,13 @@ pub struct ClaimAnswer {
     pub stop: Vec<StopStep>,
 }
 
+/// Where a held step stands: the answer to a start, a heartbeat, a session report (whose line
+/// counts the host does not read) and a completion.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Standing {
     pub state: String,
     pub stop: bool,
-    /// People's messages for the running session (heartbeats' answers).
+    /// People's messages for the running session (heartbeats' and session reports' answers).
     #[serde(default)]
     pub messages: Vec<Message>,
 }
@@ -200,14 +202,6 @@ pub struct SessionReport<'a> {
     pub harness: &'a str,
     pub lines: &'a [Line],
     pub usage: &'a Usage,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct SessionAnswer {
-    pub state: String,
-    pub stop: bool,
-    #[serde(default)]
-    pub messages: Vec<Message>,
 }
 
 /// How a step ended, as reported (and journalled before it is reported).
@@ -305,7 +299,7 @@ impl Client {
         answer(sent).await
     }
 
-    pub async fn session(&self, step: &str, report: &SessionReport<'_>) -> Result<SessionAnswer, ClientError> {
+    pub async fn session(&self, step: &str, report: &SessionReport<'_>) -> Result<Standing, ClientError> {
         let sent = self.post(&format!("steps/{step}/session")).json(report).send().await;
         answer(sent).await
     }

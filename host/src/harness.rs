@@ -481,16 +481,22 @@ impl Reader {
             usage: usage.clone(),
             subtype,
         };
-        match self.kind {
+        let (mut text, subtype) = match self.kind {
             Kind::ClaudeCode => {
                 let r = self.result.as_ref();
-                let subtype = r.and_then(|r| r.get("subtype")).and_then(Value::as_str).map(str::to_owned);
-                let mut text = r.and_then(|r| r.get("result")).and_then(Value::as_str).unwrap_or_default().to_owned();
-                keep_tail(&mut text);
-                if let Some(why) = interrupted {
-                    return fail(why.to_owned(), "ordinary", text, subtype);
-                }
-                let Some(r) = r else { return fail(format!("no result line ({})", exit_reason(exit)), "ordinary", text, None) };
+                let text = r.and_then(|r| r.get("result")).and_then(Value::as_str).unwrap_or_default().to_owned();
+                (text, r.and_then(|r| r.get("subtype")).and_then(Value::as_str).map(str::to_owned))
+            }
+            Kind::Codex => (self.last_message, None),
+            Kind::Command => (self.output, None),
+        };
+        keep_tail(&mut text);
+        if let Some(why) = interrupted {
+            return fail(why.to_owned(), "ordinary", text, subtype);
+        }
+        match self.kind {
+            Kind::ClaudeCode => {
+                let Some(r) = self.result.as_ref() else { return fail(format!("no result line ({})", exit_reason(exit)), "ordinary", text, None) };
                 // `is_error` decides, whatever the subtype (an API error says `success`).
                 if !r.get("is_error").and_then(Value::as_bool).unwrap_or(false) {
                     return Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype };
@@ -513,29 +519,15 @@ impl Reader {
                     _ => fail(first_error.or_else(|| (!text.trim().is_empty()).then(|| short(&text, 150))).map_or_else(|| "harness error".to_owned(), |e| format!("harness error: {e}")), "ordinary", text, subtype),
                 }
             }
-            Kind::Codex => {
-                let mut text = self.last_message;
-                keep_tail(&mut text);
-                if let Some(why) = interrupted {
-                    return fail(why.to_owned(), "ordinary", text, None);
-                }
-                match self.codex_failure {
-                    Some(why) => fail(format!("turn failed: {why}"), "ordinary", text, None),
-                    None if self.codex_turns_done && exit.signal.is_none() => Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype: None },
-                    None => fail(format!("no turn completed ({})", exit_reason(exit)), "ordinary", text, None),
-                }
-            }
-            Kind::Command => {
-                let mut text = self.output;
-                keep_tail(&mut text);
-                if let Some(why) = interrupted {
-                    return fail(why.to_owned(), "ordinary", text, None);
-                }
-                match exit.code {
-                    Some(0) => Ended { success: true, reason: None, class: "ordinary", exit_code: Some(0), text, usage, subtype: None },
-                    _ => fail(exit_reason(exit), "ordinary", text, None),
-                }
-            }
+            Kind::Codex => match self.codex_failure {
+                Some(why) => fail(format!("turn failed: {why}"), "ordinary", text, None),
+                None if self.codex_turns_done && exit.signal.is_none() => Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype: None },
+                None => fail(format!("no turn completed ({})", exit_reason(exit)), "ordinary", text, None),
+            },
+            Kind::Command => match exit.code {
+                Some(0) => Ended { success: true, reason: None, class: "ordinary", exit_code: Some(0), text, usage, subtype: None },
+                _ => fail(exit_reason(exit), "ordinary", text, None),
+            },
         }
     }
 }

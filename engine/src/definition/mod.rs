@@ -1,6 +1,7 @@
 //! Workflow definitions: the typed model, parsing with validation, and expression/template
 //! compilation.
 
+pub(crate) mod edges;
 pub mod expr;
 pub mod model;
 mod parse;

@@ -143,9 +143,7 @@ fn github(cx: &mut Cx, node: &YNode, path: &str) -> Option<GithubTrigger> {
     let events = f.must(cx, "events", events);
     let condition = f.optional(cx, "if", expression);
     let senders = f
-        .optional(cx, "senders", |cx, n, p| {
-            one_of(cx, n, p, &[("trusted", Senders::Trusted), ("any", Senders::Any)])
-        })
+        .optional_one_of(cx, "senders", &[("trusted", Senders::Trusted), ("any", Senders::Any)])
         .map(Option::unwrap_or_default);
     Some(GithubTrigger {
         events: events?,
@@ -220,18 +218,11 @@ fn concurrency(cx: &mut Cx, node: &YNode, path: &str) -> Option<Concurrency> {
     let f = mapping(cx, node, path, &["group", "limit", "policy"])?;
     let group = f.optional(cx, "group", nonempty_string);
     let limit = f.optional(cx, "limit", |cx, n, p| count(cx, n, p, 1));
-    let policy = f.optional(cx, "policy", |cx, n, p| {
-        one_of(
-            cx,
-            n,
-            p,
-            &[
-                ("queue", ConcurrencyPolicy::Queue),
-                ("skip", ConcurrencyPolicy::Skip),
-                ("drop", ConcurrencyPolicy::Drop),
-            ],
-        )
-    });
+    let policy = f.optional_one_of(
+        cx,
+        "policy",
+        &[("queue", ConcurrencyPolicy::Queue), ("skip", ConcurrencyPolicy::Skip), ("drop", ConcurrencyPolicy::Drop)],
+    );
     Some(Concurrency {
         group: group?.unwrap_or_else(|| "item".to_owned()),
         limit: limit?.unwrap_or(1),

@@ -22,23 +22,8 @@ pub async fn add_member(ch: &mut Change, org: OrgId, email: &str, role: &str) ->
     if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_control) {
         return Err(StoreError::Invalid(format!("`{}` is not an email address", cap(email))));
     }
-    // The same email may have been a member before: its user row is kept and reused.
-    let user: UserId = sqlx::query_scalar(
-        "INSERT INTO users (org_id, user_id, email) VALUES ($1, $2, $3) \
-         ON CONFLICT (org_id, email) DO UPDATE SET email = EXCLUDED.email RETURNING user_id",
-    )
-    .bind(org)
-    .bind(UserId::mint())
-    .bind(email)
-    .fetch_one(&mut *ch.tx)
-    .await?;
-    let inserted = sqlx::query("INSERT INTO memberships (org_id, user_id, role) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
-        .bind(org)
-        .bind(user)
-        .bind(role)
-        .execute(&mut *ch.tx)
-        .await?;
-    if inserted.rows_affected() == 0 {
+    let (user, added) = super::tenants::add_membership(ch, org, email, role).await?;
+    if !added {
         return Err(StoreError::Conflict(format!("{} is already a member", cap(email))));
     }
     ch.audit(org, None, "member.add", ("user", user.to_string()), json!({ "email": cap(email), "role": role }))?;

@@ -213,6 +213,11 @@ pub async fn list(conn: &mut sqlx::PgConnection, org: OrgId, project: Option<Pro
     .await?)
 }
 
+/// A limit's name in the audit log: `org:day`, `<project>:month`.
+fn budget_key(project: Option<ProjectId>, period: &str) -> String {
+    format!("{}:{period}", project.map_or("org".into(), |p| p.to_string()))
+}
+
 fn check_period(period: &str) -> Result<()> {
     if period == "day" || period == "month" { Ok(()) } else { Err(StoreError::Invalid("period must be day or month".into())) }
 }
@@ -249,7 +254,7 @@ pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period
     .bind(hard)
     .execute(&mut *ch.tx)
     .await?;
-    ch.audit(org, project, "budget.set", ("budget", format!("{}:{period}", project.map_or("org".into(), |p| p.to_string()))), json!({ "usd_limit": usd_limit, "hard": hard, "before": before }))?;
+    ch.audit(org, project, "budget.set", ("budget", budget_key(project, period)), json!({ "usd_limit": usd_limit, "hard": hard, "before": before }))?;
     if before.is_some_and(|b| usd_limit > b) {
         admission::lines::release_gate(ch, org, rules::BUDGET_QUEUE).await?;
     }
@@ -268,7 +273,7 @@ pub async fn remove(ch: &mut Change, org: OrgId, project: Option<ProjectId>, per
     if gone.rows_affected() == 0 {
         return Err(StoreError::NotFound("budget"));
     }
-    ch.audit(org, project, "budget.remove", ("budget", format!("{}:{period}", project.map_or("org".into(), |p| p.to_string()))), json!({}))?;
+    ch.audit(org, project, "budget.remove", ("budget", budget_key(project, period)), json!({}))?;
     admission::lines::release_gate(ch, org, rules::BUDGET_QUEUE).await
 }
 

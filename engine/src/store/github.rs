@@ -110,42 +110,45 @@ pub async fn forget(ch: &mut Change, step: StepId) -> Result<()> {
 /// A check run or status was stored for `sha`: wakes the gates watching that commit. Returns
 /// how many steps were woken.
 pub async fn wake_checks(ch: &mut Change, org: OrgId, project: ProjectId, repository: &str, sha: &str) -> Result<u64> {
-    let woken = sqlx::query(
-        "INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
-         SELECT org_id, run_id, step_id, now(), $5 FROM github_watches \
-         WHERE project_id = $2 AND repository = $3 AND head_sha = $4 AND org_id = $1 AND watch = 'checks'",
-    )
-    .bind(org)
-    .bind(project)
-    .bind(repository.to_lowercase())
-    .bind(sha)
-    .bind(format!("{WAKE_PREFIX}checks"))
-    .execute(&mut *ch.tx)
-    .await?
-    .rows_affected();
-    if woken > 0 {
-        ch.note_wake(Duration::ZERO);
-    }
-    Ok(woken)
+    let watching = "head_sha = $4 AND watch = 'checks'";
+    wake_watching(ch, watching, org, project, repository, sha.to_owned(), "checks").await
 }
 
 /// An event arrived about a pull request or issue: wakes every step watching it, with the
 /// event as the wake's reason (`github:pull_request.closed`). A gate re-reads the head commit
 /// and its checks; a wait resolves when the event is the one it waits for.
 pub async fn wake_item(ch: &mut Change, org: OrgId, project: ProjectId, repository: &str, number: i64, event: &str) -> Result<u64> {
-    let woken = sqlx::query(
+    wake_watching(ch, "number = $4", org, project, repository, number, event).await
+}
+
+/// Writes a `github:<what>` wake, due now, for each step of the repository's watches that
+/// `watching` (a condition on `$4`, `key`) picks.
+async fn wake_watching<K>(
+    ch: &mut Change,
+    watching: &str,
+    org: OrgId,
+    project: ProjectId,
+    repository: &str,
+    key: K,
+    what: &str,
+) -> Result<u64>
+where
+    K: 'static + Send + for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    let sql = format!(
         "INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
          SELECT org_id, run_id, step_id, now(), $5 FROM github_watches \
-         WHERE project_id = $2 AND repository = $3 AND number = $4 AND org_id = $1",
-    )
-    .bind(org)
-    .bind(project)
-    .bind(repository.to_lowercase())
-    .bind(number)
-    .bind(crate::store::cap(&format!("{WAKE_PREFIX}{event}")))
-    .execute(&mut *ch.tx)
-    .await?
-    .rows_affected();
+         WHERE project_id = $2 AND repository = $3 AND {watching} AND org_id = $1"
+    );
+    let woken = sqlx::query(&sql)
+        .bind(org)
+        .bind(project)
+        .bind(repository.to_lowercase())
+        .bind(key)
+        .bind(crate::store::cap(&format!("{WAKE_PREFIX}{what}")))
+        .execute(&mut *ch.tx)
+        .await?
+        .rows_affected();
     if woken > 0 {
         ch.note_wake(Duration::ZERO);
     }

@@ -22,20 +22,30 @@ pub async fn create_org(ch: &mut Change, slug: &Slug, name: &str, owner_email: &
     if inserted.rows_affected() == 0 {
         return Err(StoreError::Conflict(format!("an org with slug `{slug}` already exists")));
     }
-    let user = UserId::mint();
-    sqlx::query("INSERT INTO users (org_id, user_id, email) VALUES ($1, $2, $3)")
-        .bind(org)
-        .bind(user)
-        .bind(email)
-        .execute(&mut *ch.tx)
-        .await?;
-    sqlx::query("INSERT INTO memberships (org_id, user_id, role) VALUES ($1, $2, 'owner')")
-        .bind(org)
-        .bind(user)
-        .execute(&mut *ch.tx)
-        .await?;
+    let (user, _) = add_membership(ch, org, email, "owner").await?;
     ch.audit(org, None, "org.create", ("org", slug.to_string()), json!({ "owner": email }))?;
     Ok((org, user))
+}
+
+/// Makes `email` a member of `org` with `role`, and says whether it was not one already. The
+/// same email may have been a member before: its user row is kept and reused.
+pub(crate) async fn add_membership(ch: &mut Change, org: OrgId, email: &str, role: &str) -> Result<(UserId, bool)> {
+    let user: UserId = sqlx::query_scalar(
+        "INSERT INTO users (org_id, user_id, email) VALUES ($1, $2, $3) \
+         ON CONFLICT (org_id, email) DO UPDATE SET email = EXCLUDED.email RETURNING user_id",
+    )
+    .bind(org)
+    .bind(UserId::mint())
+    .bind(email)
+    .fetch_one(&mut *ch.tx)
+    .await?;
+    let inserted = sqlx::query("INSERT INTO memberships (org_id, user_id, role) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+        .bind(org)
+        .bind(user)
+        .bind(role)
+        .execute(&mut *ch.tx)
+        .await?;
+    Ok((user, inserted.rows_affected() == 1))
 }
 
 /// Finds an org by slug.

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use crate::definition::edges::{EdgeKind, reaches, starts_a_run};
 use crate::definition::{Definition, Node, NodeKind};
 
 /// The definition with its edges indexed by node position.
@@ -98,32 +99,17 @@ impl<'d> Graph<'d> {
         }
     }
 
-    /// Whether the node starts a run: every edge into it only loops back to it, from a gate's
-    /// `on_fail` or from a decision downstream of it. Without this, a first node that a gate
-    /// sends work back to could never start.
+    /// Whether the node starts a run (`definition::edges::starts_a_run`, the rule validation
+    /// checks reachability with).
     pub(super) fn is_root(&self, n: usize) -> bool {
-        self.incoming[n].iter().all(|edge| match edge.kind {
-            EdgeKind::Loop => true,
-            EdgeKind::Route => self.nodes[n].after.is_empty() && self.reaches(n, edge.from),
-            EdgeKind::Plain | EdgeKind::Failure => false,
-        })
+        let incoming = self.incoming[n].iter().map(|edge| (edge.from, edge.kind));
+        starts_a_run(incoming, !self.nodes[n].after.is_empty(), |from| self.reaches(n, from))
     }
 
     /// Whether `to` can be reached from `from` along predecessor edges (plain and route).
     pub(super) fn reaches(&self, from: usize, to: usize) -> bool {
-        let mut seen = vec![false; self.len()];
-        let mut stack = vec![from];
-        while let Some(n) = stack.pop() {
-            if n == to {
-                return true;
-            }
-            if std::mem::replace(&mut seen[n], true) {
-                continue;
-            }
-            // Successors of n are the nodes that list n among their predecessors.
-            stack.extend((0..self.len()).filter(|&m| !seen[m] && self.preds[m].contains(&n)));
-        }
-        false
+        // Successors of n are the nodes that list n among their predecessors.
+        reaches(self.len(), from, to, |n| (0..self.len()).filter(move |&m| self.preds[m].contains(&n)))
     }
 }
 
@@ -131,12 +117,4 @@ impl<'d> Graph<'d> {
 pub(super) struct Edge {
     pub(super) from: usize,
     pub(super) kind: EdgeKind,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum EdgeKind {
-    Plain,
-    Route,
-    Loop,
-    Failure,
 }

@@ -9,6 +9,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::read::Cx;
 use super::yaml::Pos;
+use crate::definition::edges::{EdgeKind, reaches, starts_a_run};
 
 /// What the graph checks need to know of a node, gathered even when the node has problems.
 pub(super) struct Skeleton {
@@ -31,17 +32,11 @@ pub(super) struct Edge {
     pub(super) path: String,
 }
 
-/// What an edge is, for deciding which nodes start a run (the walker's rule, `walk::is_root`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum EdgeKind {
-    /// `after`.
-    Plain,
-    /// A decision's case or default.
-    Route,
-    /// A gate's `on_fail`.
-    Loop,
-    /// A `failure` handler.
-    Failure,
+impl Edge {
+    /// The edge that node `id` declares with the key at `path`, to the node named at `target`.
+    pub(super) fn declared(id: &str, target: &(String, Pos), kind: EdgeKind, path: String) -> Edge {
+        Edge { from: id.to_owned(), to: target.0.clone(), kind, pos: target.1, path }
+    }
 }
 
 pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
@@ -70,34 +65,16 @@ pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
             }
         }
     }
-    let starts: Vec<usize> = (0..nodes.len()).filter(|&n| starts_a_run(n, &incoming, &successors)).collect();
+    let starts: Vec<usize> = (0..nodes.len())
+        .filter(|&n| {
+            let has_after = incoming[n].iter().any(|(_, k)| *k == EdgeKind::Plain);
+            starts_a_run(incoming[n].iter().copied(), has_after, |from| {
+                reaches(nodes.len(), n, from, |i| successors[i].iter().copied())
+            })
+        })
+        .collect();
     unreachable(cx, nodes, &successors, &starts);
     ungated_cycles(cx, nodes, &successors);
-}
-
-/// Whether a node starts a run, by the walker's rule: every edge into it only loops back to it,
-/// from a gate's `on_fail` or from a decision downstream of it (when it has no `after`).
-fn starts_a_run(n: usize, incoming: &[Vec<(usize, EdgeKind)>], successors: &[Vec<usize>]) -> bool {
-    let has_after = incoming[n].iter().any(|(_, k)| *k == EdgeKind::Plain);
-    incoming[n].iter().all(|&(from, kind)| match kind {
-        EdgeKind::Loop => true,
-        EdgeKind::Route => !has_after && reaches(successors, n, from),
-        EdgeKind::Plain | EdgeKind::Failure => false,
-    })
-}
-
-fn reaches(successors: &[Vec<usize>], from: usize, to: usize) -> bool {
-    let mut seen = vec![false; successors.len()];
-    let mut stack = vec![from];
-    while let Some(n) = stack.pop() {
-        if n == to {
-            return true;
-        }
-        if !std::mem::replace(&mut seen[n], true) {
-            stack.extend(&successors[n]);
-        }
-    }
-    false
 }
 
 /// Nodes that no path leads to from a node that starts a run.

@@ -4,12 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use super::graph::{Edge, EdgeKind};
-use super::read::{expression, template_text, 
-    Cx, Fields, boolean, count, duration, entries, mapping, missing, nonempty_string, one_of,
-    scalar_json, string, string_list, type_error, usd,
+use super::graph::Edge;
+use super::read::{
+    Cx, Fields, boolean, count, duration, each_entry, expression, mapping, missing, nonempty_string, one_of, scalar_json,
+    string, string_list, template_text, type_error, usd,
 };
 use super::yaml::{Key, Node as YNode, Pos, Value};
+use crate::definition::edges::EdgeKind;
 use crate::definition::model::{
     Approval, Caps, Case, ChildWorkflow, Crew, Decision, End, EndOutcome, Field, FieldType, Gate,
     Harness, NodeKind, Output, OutputKind, Wait,
@@ -38,18 +39,11 @@ pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
         path,
         &["harness", "model", "prompt", "command", "caps", "expect"],
     )?;
-    let harness = f.must(cx, "harness", |cx, n, p| {
-        one_of(
-            cx,
-            n,
-            p,
-            &[
-                ("claude-code", Harness::ClaudeCode),
-                ("codex", Harness::Codex),
-                ("command", Harness::Command),
-            ],
-        )
-    });
+    let harness = f.must_one_of(
+        cx,
+        "harness",
+        &[("claude-code", Harness::ClaudeCode), ("codex", Harness::Codex), ("command", Harness::Command)],
+    );
     let model = f.optional(cx, "model", nonempty_string);
     let prompt = f.optional(cx, "prompt", template_text);
     let command = f.optional(cx, "command", |cx, n, p| {
@@ -61,9 +55,7 @@ pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
         Some(argv)
     });
     let caps = f.optional(cx, "caps", caps);
-    let expect = f.optional(cx, "expect", |cx, n, p| {
-        one_of(cx, n, p, &[("changes", true), ("any", false)])
-    });
+    let expect = f.optional_one_of(cx, "expect", &[("changes", true), ("any", false)]);
 
     let harness = harness?;
     let mut ok = true;
@@ -123,14 +115,8 @@ pub(crate) fn gate(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut 
     });
     let timeout = f.optional(cx, "timeout", duration);
     let on_fail = f.optional(cx, "on_fail", node_ref);
-    if let Some(Some((target, pos))) = &on_fail {
-        edges.push(Edge {
-            from: id.to_owned(),
-            to: target.clone(),
-            pos: *pos,
-            kind: EdgeKind::Loop,
-            path: f.path("on_fail"),
-        });
+    if let Some(Some(target)) = &on_fail {
+        edges.push(Edge::declared(id, target, EdgeKind::Loop, f.path("on_fail")));
     }
     Some(Gate {
         checks: checks?,
@@ -152,17 +138,7 @@ pub(crate) fn approval(cx: &mut Cx, node: &YNode, path: &str) -> Option<Approval
 }
 
 pub(crate) fn fields(cx: &mut Cx, node: &YNode, path: &str) -> Option<BTreeMap<String, Field>> {
-    let f = entries(cx, node, path)?;
-    let mut out = Some(BTreeMap::new());
-    for (key, value) in f.entries {
-        match (field(cx, value, &f.path(&key.name)), out.as_mut()) {
-            (Some(field), Some(map)) => {
-                map.entry(key.name.clone()).or_insert(field);
-            }
-            _ => out = None,
-        }
-    }
-    out
+    each_entry(cx, node, path, field)
 }
 
 pub(crate) fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
@@ -172,19 +148,9 @@ pub(crate) fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
         path,
         &["type", "required", "options", "default", "description"],
     )?;
-    let field_type = f.must(cx, "type", |cx, n, p| {
-        one_of(
-            cx,
-            n,
-            p,
-            &[
-                ("string", FieldType::String),
-                ("number", FieldType::Number),
-                ("boolean", FieldType::Boolean),
-                ("choice", FieldType::Choice),
-            ],
-        )
-    });
+    let types =
+        [("string", FieldType::String), ("number", FieldType::Number), ("boolean", FieldType::Boolean), ("choice", FieldType::Choice)];
+    let field_type = f.must_one_of(cx, "type", &types);
     let required = f.optional(cx, "required", boolean);
     let options = f.optional(cx, "options", string_list);
     let default = f.optional(cx, "default", scalar_json);
@@ -262,14 +228,8 @@ pub(crate) fn decision(
     let f = mapping(cx, node, path, &["cases", "default"])?;
     let cases = f.must(cx, "cases", |cx, n, p| cases(cx, n, p, id, edges));
     let default = f.optional(cx, "default", node_ref);
-    if let Some(Some((target, pos))) = &default {
-        edges.push(Edge {
-            from: id.to_owned(),
-            to: target.clone(),
-            pos: *pos,
-            kind: EdgeKind::Route,
-            path: f.path("default"),
-        });
+    if let Some(Some(target)) = &default {
+        edges.push(Edge::declared(id, target, EdgeKind::Route, f.path("default")));
     }
     Some(Decision {
         cases: cases?,
@@ -307,14 +267,8 @@ pub(crate) fn case(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut 
     let f = mapping(cx, node, path, &["if", "to"])?;
     let condition = f.must(cx, "if", expression);
     let to = f.must(cx, "to", node_ref);
-    if let Some((target, pos)) = &to {
-        edges.push(Edge {
-            from: id.to_owned(),
-            to: target.clone(),
-            pos: *pos,
-            kind: EdgeKind::Route,
-            path: f.path("to"),
-        });
+    if let Some(target) = &to {
+        edges.push(Edge::declared(id, target, EdgeKind::Route, f.path("to")));
     }
     Some(Case {
         condition: condition?,
@@ -329,19 +283,8 @@ pub(crate) fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
         path,
         &["github", "draft", "body", "labels", "remove", "column"],
     )?;
-    let kind = f.must(cx, "github", |cx, n, p| {
-        one_of(
-            cx,
-            n,
-            p,
-            &[
-                ("pull_request", OutputKind::PullRequest),
-                ("comment", OutputKind::Comment),
-                ("label", OutputKind::Label),
-                ("board_move", OutputKind::BoardMove),
-            ],
-        )
-    });
+    let kinds = [OutputKind::PullRequest, OutputKind::Comment, OutputKind::Label, OutputKind::BoardMove];
+    let kind = f.must_one_of(cx, "github", &kinds.map(|k| (kind_word(k), k)));
     let draft = f.optional(cx, "draft", boolean);
     let body = f.optional(cx, "body", template_text);
     let labels = f.optional(cx, "labels", string_list);
@@ -467,22 +410,7 @@ pub(crate) fn wait_kind(cx: &mut Cx, f: &Fields<'_>, key: &str) -> Option<Wait> 
 pub(crate) fn workflow(cx: &mut Cx, node: &YNode, path: &str) -> Option<ChildWorkflow> {
     let f = mapping(cx, node, path, &["name", "input"])?;
     let name = f.must(cx, "name", nonempty_string);
-    let input = f.optional(cx, "input", |cx, n, p| {
-        let inputs = entries(cx, n, p)?;
-        let mut out = Some(BTreeMap::new());
-        for (key, value) in inputs.entries {
-            match (
-                template_text(cx, value, &inputs.path(&key.name)),
-                out.as_mut(),
-            ) {
-                (Some(text), Some(map)) => {
-                    map.entry(key.name.clone()).or_insert(text);
-                }
-                _ => out = None,
-            }
-        }
-        out
-    });
+    let input = f.optional(cx, "input", |cx, n, p| each_entry(cx, n, p, template_text));
     Some(ChildWorkflow {
         name: name?,
         input: input?.unwrap_or_default(),

@@ -5,11 +5,12 @@
 use std::time::Duration;
 
 use super::kinds::{approval, crew, decision, end, gate, node_ref, output, trigger, wait, workflow};
-use super::graph::{Edge, EdgeKind, Skeleton};
+use super::graph::{Edge, Skeleton};
 use super::read::{
     Cx, boolean, count, duration, entries, mapping, string_list, strings_at, type_error, unknown_key,
 };
 use super::yaml::{Key, Node as YNode, Value};
+use crate::definition::edges::EdgeKind;
 use crate::definition::model::{
     Node, NodeKind, Retry,
 };
@@ -137,14 +138,8 @@ fn one(cx: &mut Cx, key: &Key, value: &YNode, path: &str) -> (Skeleton, Option<N
         });
     }
     let failure = f.optional(cx, "failure", node_ref);
-    if let Some(Some((target, pos))) = &failure {
-        skeleton.edges.push(Edge {
-            from: id.clone(),
-            to: target.clone(),
-            pos: *pos,
-            kind: EdgeKind::Failure,
-            path: f.path("failure"),
-        });
+    if let Some(Some(target)) = &failure {
+        skeleton.edges.push(Edge::declared(&id, target, EdgeKind::Failure, f.path("failure")));
     }
     let requires = f.optional(cx, "requires", string_list);
     let retry = f.optional(cx, "retry", retry);

@@ -2,6 +2,7 @@
 //! a problem at the offending node and returns `None`, so that a whole file is read and every
 //! problem found in one pass.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -111,6 +112,16 @@ impl<'a> Fields<'a> {
         read(cx, node, &self.path(key))
     }
 
+    /// Reads a required key that is one of a fixed set of words.
+    pub(super) fn must_one_of<T: Copy>(&self, cx: &mut Cx, key: &str, options: &[(&str, T)]) -> Option<T> {
+        self.must(cx, key, |cx, n, p| one_of(cx, n, p, options))
+    }
+
+    /// Reads an optional key that is one of a fixed set of words; `Some(None)` when it is absent.
+    pub(super) fn optional_one_of<T: Copy>(&self, cx: &mut Cx, key: &str, options: &[(&str, T)]) -> Option<Option<T>> {
+        self.optional(cx, key, |cx, n, p| one_of(cx, n, p, options))
+    }
+
     pub(super) fn keys(&self) -> impl Iterator<Item = &'a Key> + use<'a> {
         self.entries.iter().map(|(k, _)| k)
     }
@@ -136,6 +147,27 @@ pub(super) fn entries<'a>(cx: &mut Cx, node: &'a Node, path: &str) -> Option<Fie
         pos: node.pos,
         entries,
     })
+}
+
+/// Reads a mapping whose keys are free (field names, inputs), each value with `read`; `None`
+/// when any value has a problem, all of them reported.
+pub(super) fn each_entry<T>(
+    cx: &mut Cx,
+    node: &Node,
+    path: &str,
+    mut read: impl FnMut(&mut Cx, &Node, &str) -> Option<T>,
+) -> Option<BTreeMap<String, T>> {
+    let f = entries(cx, node, path)?;
+    let mut out = Some(BTreeMap::new());
+    for (key, value) in f.entries {
+        match (read(cx, value, &f.path(&key.name)), out.as_mut()) {
+            (Some(read), Some(map)) => {
+                map.entry(key.name.clone()).or_insert(read);
+            }
+            _ => out = None,
+        }
+    }
+    out
 }
 
 /// Reads a mapping that may hold only the keys in `allowed`.
