@@ -5,16 +5,15 @@
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
-use engine::definition::Definition;
 use serde_json::{json, Value};
 
 use super::super::{posted, see_other, FormMap};
-use super::{render, Feedback, RunPath, StepPath};
+use super::page::render;
+use super::{Feedback, RunPath, StepPath};
 use crate::console::internal::Refusal;
 use crate::console::session::OrgSession;
 use crate::console::view;
 use crate::console::{Console, ConsoleError};
-use crate::http::runs::RunDetail;
 
 /// A form's answer: on success, back to the run (or to the new run); on a refusal, the page
 /// again with the message beside the form (422), nothing changed.
@@ -53,27 +52,6 @@ pub(super) async fn answer(
             .await
         }
     }
-}
-
-/// The crew nodes an edit-and-retry can change, the failed one first, with what they run now.
-pub(super) fn edit_choices(def: Option<&Definition>, detail: &RunDetail) -> Vec<Value> {
-    let failed_crew: Vec<&str> = detail.steps.iter().filter(|st| st.kind == "crew" && st.state == "failed").map(|st| st.node.as_str()).collect();
-    let mut crews: Vec<Value> = def
-        .map(|d| {
-            d.nodes
-                .iter()
-                .filter_map(|n| match &n.kind {
-                    engine::definition::NodeKind::Crew(crew) => Some(json!({
-                        "id": n.id.to_string(), "prompt": crew.prompt, "model": crew.model, "harness": crew.harness.name(),
-                        "failed": failed_crew.contains(&n.id.to_string().as_str()),
-                    })),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    crews.sort_by_key(|c| c["failed"] != true);
-    crews
 }
 
 /// Posts a form of the run page to the REST route `rest` under the run's own (`/cancel`,
