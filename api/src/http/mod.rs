@@ -146,8 +146,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     doc
 }
 
-/// This API's OpenAPI 3.1 document. It is served here, beside the list it is built from, since
-/// it is one of the routes it describes.
+// Served here, beside the list it is built from, since it is one of the routes it describes.
+/// This API's OpenAPI 3.1 document.
 #[utoipa::path(get, path = "/api/v1/openapi.json", operation_id = "openapi", tag = "health", security(()),
     responses((status = 200, description = "The OpenAPI document", body = Object)))]
 pub async fn openapi_json() -> Json<serde_json::Value> {

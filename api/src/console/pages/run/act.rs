@@ -2,12 +2,12 @@
 //! (from the start or a node) and a message to a running crew session, each posted through
 //! the REST route of the same name; and the answer every form of the page gets.
 
-use axum::extract::{Form, Path, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::extract::{Path, State};
+use axum::http::{Method, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::super::{posted, see_other, FormMap};
+use super::super::{see_other, FormMap, Posted};
 use super::page::render;
 use super::{Feedback, RunPath, StepPath};
 use crate::console::internal::Refusal;
@@ -70,22 +70,16 @@ pub(super) fn reason(form: &FormMap) -> Option<&str> {
 pub(in crate::console) async fn cancel(
     State(c): State<Console>,
     Path(p): Path<RunPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<FormMap>,
+    Posted { s, form }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, form.get("_csrf")).await?;
     post(&c, &s, &p, "cancel", "/cancel", Some(json!({ "reason": reason(&form) }))).await
 }
 
 pub(in crate::console) async fn retry(
     State(c): State<Console>,
     Path(p): Path<RunPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<FormMap>,
+    Posted { s, form }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, form.get("_csrf")).await?;
     // Edit-and-retry names a crew node and what to change; a plain retry sends no body.
     let text = |k: &str| form.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
     let body = text("node").map(|node| {
@@ -98,11 +92,8 @@ pub(in crate::console) async fn retry(
 pub(in crate::console) async fn rerun(
     State(c): State<Console>,
     Path(p): Path<RunPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<FormMap>,
+    Posted { s, form }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, form.get("_csrf")).await?;
     let rest = match form.get("from").map(|f| f.trim()).filter(|f| !f.is_empty()) {
         Some(from) => format!("/rerun?from={}", view::urlencode(from)),
         None => "/rerun".to_owned(),
@@ -115,11 +106,8 @@ pub(in crate::console) async fn rerun(
 pub(in crate::console) async fn say(
     State(c): State<Console>,
     Path(p): Path<StepPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<FormMap>,
+    Posted { s, form }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, form.get("_csrf")).await?;
     let text = form.get("text").map(String::as_str).unwrap_or_default();
     let rest = format!("/steps/{}/messages", view::urlencode(&p.step));
     post(&c, &s, &p.run(), "say", &rest, Some(json!({ "text": text }))).await

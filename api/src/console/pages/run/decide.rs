@@ -10,7 +10,7 @@ use axum::response::Response;
 use engine::store::approvals::check_answer;
 use serde_json::{json, Map, Value};
 
-use super::super::{posted, FormMap};
+use super::super::{posted, Posted};
 use super::act::{answer, post, reason};
 use super::page::render;
 use super::{run_id, Feedback, NodePath};
@@ -146,11 +146,8 @@ pub(in crate::console) async fn approve(
 pub(in crate::console) async fn reject(
     State(c): State<Console>,
     Path(p): Path<NodePath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<FormMap>,
+    Posted { s, form }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, form.get("_csrf")).await?;
     let rest = format!("/approvals/{}/reject", view::urlencode(&p.node));
     let body = json!({ "reason": reason(&form) });
     post(&c, &s, &p.run(), &format!("reject:{}", p.node), &rest, Some(body)).await
