@@ -7,19 +7,25 @@
 //! `use` declarations and from paths in code:
 //!
 //! - a path starts at `crate`, `super` (any number), `self`, a child module of the file's
-//!   module (`use change::Change` in a `mod.rs`), or a name a `use` of this file bound to a
-//!   module of the crate (`use super::steps;` then `steps::of_run`); paths into other crates are
-//!   not edges;
-//! - the edge goes to the longest prefix of the path that is a module with a file of its own:
-//!   `crate::store::steps::StepRow` is an edge to `store/steps.rs`, `super::Change` (an item of
-//!   the parent) to the parent's `mod.rs`, an item of an inline module to the file holding it;
+//!   module (`use change::Change` in a `mod.rs`), or a name a `use` of this file bound
+//!   (`use super::steps;` then `steps::of_run`); `self` and `super` inside an inline module
+//!   (`mod journal { use super::x; }`) start from that module; paths into other crates are not
+//!   edges;
+//! - the edge goes to the file that defines what the path names: the longest prefix of the
+//!   path that is a module with a file of its own (`crate::store::steps::StepRow` is an edge to
+//!   `store/steps.rs`, `super::Result` (an item of the parent) to the parent's `mod.rs`, an
+//!   item of an inline module to the file holding it), unless that file only forwards the next
+//!   name with a `use` of its own (a re-export, `pub use change::Change`, or a plain `use`) or
+//!   a glob (`pub use model::*`, when the module it names has that name): then the path is
+//!   followed through it, so `crate::store::Change` is an edge to `store/change.rs`, and a name
+//!   forwarded from another crate is no edge;
 //! - importing a module by name (`use super::steps;`, `{self, …}`) is no edge by itself: the
 //!   paths through it are;
 //! - `mod` declarations are no edges, and neither are re-exports (`pub use`, `pub(crate) use`,
-//!   …): a re-export forwards a name for others; a path through it counts for the file it
-//!   names. So a `mod.rs` that re-exports its children's items and whose children use items
-//!   it defines is no circle. (A file that also calls an item it re-exports, unqualified, is
-//!   not seen to depend on it: give it a plain `use` too.)
+//!   …) themselves: a re-export forwards a name for others. So a `mod.rs` that re-exports its
+//!   children's items and whose children use items it defines is no circle. (A file that also
+//!   calls an item it re-exports, unqualified, is not seen to depend on it: give it a plain
+//!   `use` too.)
 //! - test code is left out: `#[cfg(test)]` items (inline test modules, and the files of
 //!   `#[cfg(test)] mod x;`), files named `tests.rs` and files under a `tests/` directory.
 //!
@@ -45,40 +51,11 @@ fn engine_files_import_each_other_in_one_direction() {
     assert!(circles.is_empty(), "import circles between files of engine/src:\n{}", circles.join("\n"));
 }
 
-/// The circles of `api/src` not yet broken (#21), as the groups of files that reach each other:
-/// in each, a module's `mod.rs` wires its children (routes, pages)
-/// while they use items it defines. Moving those items into a file of their own breaks one.
-/// The test fails on any circle outside these groups, so none can be added.
-const API_CIRCLES_LEFT: [&[&str]; 2] = [
-    &[
-        "console/internal.rs", "console/mod.rs", "console/oauth.rs", "console/pages/act.rs", "console/pages/audit.rs",
-        "console/pages/budgets.rs", "console/pages/github.rs", "console/pages/host_add.rs", "console/pages/hosts.rs",
-        "console/pages/members.rs", "console/pages/mod.rs", "console/pages/run/act.rs", "console/pages/run/decide.rs",
-        "console/pages/run/forecast.rs", "console/pages/run/headline.rs", "console/pages/run/mod.rs", "console/pages/run/tail.rs",
-        "console/pages/runs.rs", "console/pages/today.rs", "console/pages/tokens.rs", "console/pages/webhooks.rs",
-        "console/pages/workflows.rs", "console/session.rs", "console/transcript.rs", "console/view.rs",
-    ],
-    &[
-        "http/admission.rs", "http/audit.rs", "http/auth.rs", "http/budgets.rs", "http/error.rs", "http/events.rs",
-        "http/extract.rs", "http/health.rs", "http/host_protocol/claim.rs", "http/host_protocol/held.rs",
-        "http/host_protocol/mod.rs", "http/hosts.rs", "http/idempotency.rs", "http/installations.rs", "http/limits.rs",
-        "http/members.rs", "http/messages.rs", "http/metrics.rs", "http/mod.rs", "http/openapi.rs", "http/operator.rs",
-        "http/page.rs", "http/projects.rs", "http/repositories.rs", "http/runs/act.rs", "http/runs/answers.rs",
-        "http/runs/history.rs", "http/runs/mod.rs", "http/runs/read.rs", "http/tenant.rs", "http/tokens.rs",
-        "http/webhooks_out.rs", "http/workflows.rs",
-    ],
-];
-
 #[test]
 fn api_files_import_each_other_in_one_direction() {
     let krate = Crate::read(&root().join("api/src"));
-    let new: Vec<String> = krate
-        .groups()
-        .into_iter()
-        .filter(|group| !API_CIRCLES_LEFT.iter().any(|left| group.iter().all(|f| left.contains(&f.as_str()))))
-        .map(|group| group.join(", "))
-        .collect();
-    assert!(new.is_empty(), "import circles between files of api/src beyond those left to break:\n{}", new.join("\n"));
+    let circles = krate.circles();
+    assert!(circles.is_empty(), "import circles between files of api/src:\n{}", circles.join("\n"));
 }
 
 #[test]
@@ -146,16 +123,17 @@ fn paths_become_edges_as_the_doc_says() {
         ("lib.rs", "pub mod store;\npub mod advance;\nmod walk;\n"),
         (
             "store/mod.rs",
-            "mod change;\npub mod runs;\npub use change::Change;\npub type Result<T> = std::result::Result<T, ()>;\n",
+            "mod change;\npub mod runs;\npub mod steps;\npub use change::Change;\npub type Result<T> = std::result::Result<T, ()>;\n",
         ),
-        ("store/change.rs", "use super::Result;\nfn f() { let _ = super::runs::COLUMNS; }\n"),
+        ("store/change.rs", "use super::Result;\nfn f() { let _ = super::steps::COLUMNS; }\n"),
+        ("store/steps.rs", "pub const COLUMNS: &str = \"\";\n"),
         (
             "store/runs.rs",
             "use super::{Change, Result};\n// crate::advance::x\nconst S: &str = \"crate::advance::y\";\npub const COLUMNS: &str = \"\";\n",
         ),
         (
             "advance.rs",
-            "use crate::store::{self, runs};\nfn f() { runs::go(); store::Change::new(); }\n#[cfg(test)]\nmod tests { use crate::walk::x; }\n",
+            "use crate::store::{self, runs};\nfn f() { runs::go(); store::Change::new(); }\nmod inner { use super::f; }\n#[cfg(test)]\nmod tests { use crate::walk::x; }\n",
         ),
         ("walk.rs", "pub fn walk() {}\n#[cfg(test)]\nmod tests;\n"),
         ("walk/tests.rs", "use crate::advance::f;\n"),
@@ -163,11 +141,44 @@ fn paths_become_edges_as_the_doc_says() {
     let krate = Crate::from_sources(sources.iter().map(|(f, s)| ((*f).to_owned(), (*s).to_owned())));
     let edges = |f: &str| krate.edges[f].iter().cloned().collect::<Vec<_>>();
     assert_eq!(edges("store/mod.rs"), Vec::<String>::new());
-    assert_eq!(edges("store/change.rs"), vec!["store/mod.rs", "store/runs.rs"]);
-    assert_eq!(edges("store/runs.rs"), vec!["store/mod.rs"]);
-    assert_eq!(edges("advance.rs"), vec!["store/mod.rs", "store/runs.rs"]);
+    assert_eq!(edges("store/change.rs"), vec!["store/mod.rs", "store/steps.rs"]);
+    // `Change` through the parent's `pub use change::Change` is the file that defines it.
+    assert_eq!(edges("store/runs.rs"), vec!["store/change.rs", "store/mod.rs"]);
+    assert_eq!(edges("advance.rs"), vec!["store/change.rs", "store/runs.rs"]);
     assert_eq!(edges("walk.rs"), Vec::<String>::new());
     assert!(!krate.edges.contains_key("walk/tests.rs"));
+    assert!(krate.circles().is_empty());
+}
+
+#[test]
+fn a_path_through_a_re_export_is_an_edge_to_the_file_that_defines_the_item() {
+    let sources = [
+        ("lib.rs", "pub mod store;\npub mod definition;\npub mod triggers;\npub mod advance;\n"),
+        ("store/mod.rs", "mod admission;\nmod change;\npub use change::Change;\npub(crate) use admission::release as free;\n"),
+        ("store/change.rs", "pub struct Change;\nfn f() { crate::store::free(); }\n"),
+        ("store/admission.rs", "use crate::store::Change;\npub fn release() {}\n"),
+        ("definition/mod.rs", "mod model;\npub use model::*;\n"),
+        ("definition/model.rs", "pub struct Definition;\n"),
+        // A re-export of a re-export, and one of another crate's item.
+        ("triggers.rs", "pub use crate::store::Change;\npub use serde::Serialize;\nfn f(_: crate::definition::Definition) {}\n"),
+        ("advance.rs", "use crate::triggers::{Change, Serialize};\n"),
+    ];
+    let mut krate = Crate::from_sources(sources.iter().map(|(f, s)| ((*f).to_owned(), (*s).to_owned())));
+    let edges = |krate: &Crate, f: &str| krate.edges[f].iter().cloned().collect::<Vec<_>>();
+    assert_eq!(edges(&krate, "store/change.rs"), vec!["store/admission.rs"]);
+    assert_eq!(edges(&krate, "store/admission.rs"), vec!["store/change.rs"]);
+    assert_eq!(edges(&krate, "triggers.rs"), vec!["definition/model.rs"]);
+    assert_eq!(edges(&krate, "advance.rs"), vec!["store/change.rs"]);
+    assert_eq!(krate.circles(), vec!["store/admission.rs → store/change.rs → store/admission.rs".to_owned()]);
+    let sources = [
+        ("lib.rs", "pub mod triggers;\npub mod advance;\n"),
+        ("triggers.rs", "pub use crate::advance::Step;\npub struct Event;\n"),
+        ("advance.rs", "pub struct Step;\nfn f(_: crate::triggers::Event) {}\n"),
+        ("walk.rs", "use crate::triggers::{Event, Step};\n"),
+    ];
+    krate = Crate::from_sources(sources.iter().map(|(f, s)| ((*f).to_owned(), (*s).to_owned())));
+    // `triggers.rs` forwards `Step` without using it: no circle with `advance.rs`.
+    assert_eq!(edges(&krate, "walk.rs"), vec!["advance.rs", "triggers.rs"]);
     assert!(krate.circles().is_empty());
 }
 
@@ -236,20 +247,18 @@ impl Crate {
             codes.insert(file, code);
         }
         let by_module: BTreeMap<Vec<String>, String> = files.iter().map(|(f, m)| (m.clone(), f.clone())).collect();
+        let names: BTreeMap<String, Names> =
+            codes.iter().map(|(file, code)| (file.clone(), names(&files[file], code, &by_module))).collect();
         let mut edges = BTreeMap::new();
-        for (file, code) in &codes {
-            edges.insert(file.clone(), imports(file, &files[file], code, &by_module));
+        for (file, named) in &names {
+            let targets = named.paths.iter().filter_map(|p| resolve(p.clone(), &names, &by_module));
+            edges.insert(file.clone(), targets.filter(|t| *t != file).cloned().collect());
         }
         Crate { files, edges, lines }
     }
 
     fn circles(&self) -> Vec<String> {
         circles(&self.edges)
-    }
-
-    /// The groups of files that reach each other, each sorted.
-    fn groups(&self) -> Vec<Vec<String>> {
-        groups(&self.edges)
     }
 }
 
@@ -451,19 +460,35 @@ fn tokens(code: &str) -> Vec<String> {
     out
 }
 
-/// The files `file` (holding `module`) imports from, as the module doc says.
-fn imports(file: &str, module: &[String], code: &str, by_module: &BTreeMap<Vec<String>, String>) -> BTreeSet<String> {
+/// What a file names: the paths its code and private `use`s lead to, what its `use`s bind,
+/// and the items it defines. The bindings and definitions let a path through a re-export be
+/// followed to the file that defines the item (`resolve`).
+#[derive(Default)]
+struct Names {
+    /// The paths in code and in private `use`s, made absolute (public `use`s are re-exports:
+    /// no edge of their own).
+    paths: Vec<Vec<String>>,
+    /// Name → the absolute path a `use` of this file binds it to (`None`: another crate's).
+    bound: BTreeMap<String, Option<Vec<String>>>,
+    /// The modules whose names a glob (`use x::*`) of this file brings in.
+    globs: Vec<Vec<String>>,
+    /// The items this file defines (`fn`, `struct`, `enum`, `type`, `const`, `static`, `trait`).
+    defined: BTreeSet<String>,
+}
+
+/// The names of `code`, the file of `module`, as the module doc says.
+fn names(module: &[String], code: &str, by_module: &BTreeMap<Vec<String>, String>) -> Names {
     let toks = tokens(code);
-    let is_module = |p: &[String]| by_module.contains_key(p);
-    // A path's first segment, made absolute (within the crate), or `None` for another crate.
-    let start = |first: &str, aliases: &BTreeMap<String, Vec<String>>| -> Option<Vec<String>> {
+    // A path's first segment, made absolute (within the crate), or `None` for another crate;
+    // `here` is the module the path is written in (the file's, or an inline one inside it).
+    let start = |first: &str, here: &[String], bound: &BTreeMap<String, Option<Vec<String>>>| -> Option<Vec<String>> {
         match first {
             "crate" => Some(Vec::new()),
-            "self" => Some(module.to_vec()),
-            "super" => Some(module[..module.len().saturating_sub(1)].to_vec()),
+            "self" => Some(here.to_vec()),
+            "super" => Some(here[..here.len().saturating_sub(1)].to_vec()),
             _ => {
-                if let Some(a) = aliases.get(first) {
-                    return Some(a.clone());
+                if let Some(a) = bound.get(first) {
+                    return a.clone();
                 }
                 let mut child = module.to_vec();
                 child.push(first.to_owned());
@@ -471,19 +496,34 @@ fn imports(file: &str, module: &[String], code: &str, by_module: &BTreeMap<Vec<S
             }
         }
     };
-    let mut aliases: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut targets = BTreeSet::new();
-    let edge = |path: &[String], targets: &mut BTreeSet<String>| {
-        if is_module(path) {
-            return;
+    let absolute = |mut abs: Vec<String>, rest: &[String]| {
+        for seg in rest {
+            if seg == "super" {
+                abs.pop();
+            } else {
+                abs.push(seg.clone());
+            }
         }
-        let found = (0..path.len()).rev().find_map(|n| by_module.get(&path[..n]));
-        if let Some(target) = found.filter(|t| t.as_str() != file) {
-            targets.insert(target.clone());
-        }
+        abs
     };
+    let mut out = Names::default();
+    // The inline modules (`mod x { … }`) the scan is in, each with the brace depth outside it.
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0usize;
     let mut i = 0;
     while i < toks.len() {
+        match toks[i].as_str() {
+            "{" => depth += 1,
+            "}" => {
+                depth = depth.saturating_sub(1);
+                if inline.last().is_some_and(|(_, outside)| *outside == depth) {
+                    inline.pop();
+                }
+            }
+            "mod" if toks.get(i + 2).is_some_and(|t| t == "{") => inline.push((toks[i + 1].clone(), depth)),
+            _ => {}
+        }
+        let here: Vec<String> = module.iter().cloned().chain(inline.iter().map(|(m, _)| m.clone())).collect();
         if toks[i] == "use" {
             let public = toks[..i].last().is_some_and(|t| t == "pub" || t == ")");
             let end = toks[i..].iter().position(|t| t == ";").map_or(toks.len(), |p| i + p);
@@ -491,57 +531,87 @@ fn imports(file: &str, module: &[String], code: &str, by_module: &BTreeMap<Vec<S
             use_tree(&toks[i + 1..end], &[], &mut leaves);
             for (path, name) in leaves {
                 let Some(first) = path.first() else { continue };
-                let Some(mut abs) = start(first, &aliases) else { continue };
-                for seg in &path[1..] {
-                    if seg == "super" {
-                        abs.pop();
-                    } else {
-                        abs.push(seg.clone());
+                let abs = start(first, &here, &out.bound).map(|abs| absolute(abs, &path[1..]));
+                match name {
+                    Some(name) => {
+                        out.bound.insert(name, abs.clone());
                     }
+                    None => out.globs.extend(abs.clone()),
                 }
-                if let Some(name) = name {
-                    aliases.insert(name, abs.clone());
-                }
-                if !public {
-                    edge(&abs, &mut targets);
+                if let Some(abs) = abs.filter(|_| !public) {
+                    out.paths.push(abs);
                 }
             }
             i = end + 1;
             continue;
         }
+        let is_ident = |t: &String| t.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_');
+        if ["fn", "struct", "enum", "type", "const", "static", "trait", "union"].contains(&toks[i].as_str()) {
+            let name = toks[i + 1..].iter().find(|t| *t != "mut");
+            if let Some(name) = name.filter(|t| is_ident(t)) {
+                out.defined.insert(name.clone());
+            }
+        }
         // A path in code: `a::b…`, not the tail of a longer one.
         let at_path = toks.get(i + 1).is_some_and(|t| t == "::")
-            && toks
-                .get(i + 2)
-                .is_some_and(|t| t.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_'))
+            && toks.get(i + 2).is_some_and(is_ident)
             && !(i > 0 && toks[i - 1] == "::");
-        if at_path && toks[i].chars().next().is_some_and(|c| c.is_alphabetic() || c == '_') {
+        if at_path && is_ident(&toks[i]) {
             let mut path = vec![toks[i].clone()];
             let mut j = i + 1;
-            while toks.get(j).is_some_and(|t| t == "::")
-                && toks
-                    .get(j + 1)
-                    .is_some_and(|t| t.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_'))
-            {
+            while toks.get(j).is_some_and(|t| t == "::") && toks.get(j + 1).is_some_and(is_ident) {
                 path.push(toks[j + 1].clone());
                 j += 2;
             }
-            if let Some(mut abs) = start(&path[0], &aliases) {
-                for seg in &path[1..] {
-                    if seg == "super" {
-                        abs.pop();
-                    } else {
-                        abs.push(seg.clone());
-                    }
-                }
-                edge(&abs, &mut targets);
+            if let Some(abs) = start(&path[0], &here, &out.bound) {
+                out.paths.push(absolute(abs, &path[1..]));
             }
             i = j;
             continue;
         }
         i += 1;
     }
-    targets
+    out
+}
+
+/// The file that defines what an absolute path names: the longest prefix of the path that is a
+/// module with a file of its own, unless that file only re-exports the next segment (a `use`
+/// binding it, or a glob over a module that has it), which is then followed. `None` for a
+/// module named by itself, or a name re-exported from another crate.
+fn resolve<'a>(
+    mut path: Vec<String>,
+    names: &BTreeMap<String, Names>,
+    by_module: &'a BTreeMap<Vec<String>, String>,
+) -> Option<&'a String> {
+    let has = |module: &[String], item: &String| {
+        by_module.get(module).is_some_and(|f| names[f].defined.contains(item) || names[f].bound.contains_key(item))
+    };
+    // Each step follows one re-export; a chain longer than the crate has files is a loop.
+    for _ in 0..=by_module.len() {
+        if by_module.contains_key(&path) {
+            return None;
+        }
+        let n = (0..path.len()).rev().find(|n| by_module.contains_key(&path[..*n]))?;
+        let file = &by_module[&path[..n]];
+        let item = &path[n];
+        let here = &names[file];
+        let via = match here.bound.get(item) {
+            Some(to) => Some(to.clone()?),
+            None if here.defined.contains(item) => None,
+            None => here.globs.iter().find(|g| has(g, item)).map(|g| absolute_item(g, item)),
+        };
+        match via {
+            Some(to) if to[..] != path[..=n] => path = to.into_iter().chain(path[n + 1..].iter().cloned()).collect(),
+            _ => return Some(file),
+        }
+    }
+    None
+}
+
+fn absolute_item(module: &[String], item: &str) -> Vec<String> {
+    let mut path = module.to_vec();
+    path.push(item.to_owned());
+    path
 }
 
 /// The leaves of a `use` tree: each full path, and the name it binds (`None` for a glob).
@@ -672,11 +742,6 @@ fn sccs(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<&str>> {
         }
     }
     t.groups
-}
-
-/// Each group of files that reach each other, sorted.
-fn groups(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
-    sccs(edges).into_iter().map(|g| g.into_iter().map(str::to_owned).collect()).collect()
 }
 
 /// One circle for each group of files that reach each other (strongly connected, found by

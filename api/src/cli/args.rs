@@ -204,16 +204,17 @@ pub struct GithubAppArgs {
     pub test_crash_after: Option<String>,
 }
 
+/// What `serve` and `api` share: the HTTP server with its database, secret key and address,
+/// GitHub (webhooks and the App, which mints the installation tokens hosts' assignments carry),
+/// the console, hosts, the abuse limits and outgoing webhooks.
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub struct ServerArgs {
     #[command(flatten)]
     pub db: DbArgs,
     #[command(flatten)]
     pub secret_key: SecretKeyArgs,
     #[command(flatten)]
     pub listen: ListenArgs,
-    #[command(flatten)]
-    pub pool: PoolArgs,
     #[command(flatten)]
     pub github: GithubArgs,
     #[command(flatten)]
@@ -228,27 +229,20 @@ pub struct ServeArgs {
     pub webhooks: WebhooksArgs,
 }
 
+/// `serve`: the server and the engine's pool in one process.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+}
+
+/// `api`: the server alone.
 #[derive(Debug, Args)]
 pub struct ApiArgs {
     #[command(flatten)]
-    pub db: DbArgs,
-    #[command(flatten)]
-    pub secret_key: SecretKeyArgs,
-    #[command(flatten)]
-    pub listen: ListenArgs,
-    #[command(flatten)]
-    pub github: GithubArgs,
-    /// The App mints the installation tokens hosts' assignments carry.
-    #[command(flatten)]
-    pub github_app: GithubAppArgs,
-    #[command(flatten)]
-    pub console: crate::console::ConsoleConfig,
-    #[command(flatten)]
-    pub hosts: HostsArgs,
-    #[command(flatten)]
-    pub limits: crate::http::limits::LimitArgs,
-    #[command(flatten)]
-    pub webhooks: WebhooksArgs,
+    pub server: ServerArgs,
 }
 
 #[derive(Debug, Args)]

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 
-pub use args::{ApiArgs, DbArgs, EngineArgs, GithubAppArgs, GithubArgs, HostsArgs, ListenArgs, ListenDbArgs, MigrateArgs, PoolArgs, SecretKeyArgs, ServeArgs, WebhooksArgs};
+pub use args::{ApiArgs, DbArgs, EngineArgs, GithubAppArgs, GithubArgs, HostsArgs, ListenArgs, ListenDbArgs, MigrateArgs, PoolArgs, SecretKeyArgs, ServeArgs, ServerArgs, WebhooksArgs};
 pub use database::Database;
 pub use error::CliError;
 pub use processes::app;

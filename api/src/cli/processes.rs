@@ -8,7 +8,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::secret_key;
-use super::args::{ApiArgs, EngineArgs, GithubAppArgs, MigrateArgs, PoolArgs, ServeArgs, WebhooksArgs};
+use super::args::{ApiArgs, EngineArgs, GithubAppArgs, MigrateArgs, PoolArgs, ServeArgs, ServerArgs, WebhooksArgs};
 use super::database::Database;
 use super::error::CliError;
 use crate::http::{self, AppState};
@@ -32,12 +32,12 @@ pub(super) async fn migrate(args: MigrateArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
+pub(super) async fn serve(ServeArgs { server: args, pool: pool_args }: ServeArgs) -> Result<(), CliError> {
     // Bind first: a port in use should fail before anything else starts.
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
     let webhooks = webhook_client(&args.webhooks)?;
     let key = args.secret_key.require(&args.db)?;
-    let db = Database::open(&args.db, args.pool.db_connections + 8).await?;
+    let db = Database::open(&args.db, pool_args.db_connections + 8).await?;
     let prepared = async {
         db.migrate().await?;
         secret_key::prepare(&db.pool, &key).await
@@ -62,8 +62,8 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     };
     let outputs = app.clone().map(|a| engine::github::OutputExecutor::new(a, args.github_app.test_crash_after.clone()));
     let (drain, abort) = host::process::shutdown_signals();
-    let cfg = pool_config(&args.pool, listen.clone(), outputs, webhooks);
-    let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
+    let cfg = pool_config(&pool_args, listen.clone(), outputs, webhooks);
+    let settings = HttpSettings::of(&args);
     let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen, key, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, settings));
     let pool = tokio::spawn(engine::pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
@@ -73,7 +73,7 @@ pub(super) async fn serve(args: ServeArgs) -> Result<(), CliError> {
     pooled.map_err(CliError::msg)?.map_err(CliError::msg)
 }
 
-pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
+pub(super) async fn api(ApiArgs { server: args }: ApiArgs) -> Result<(), CliError> {
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
     let key = args.secret_key.require(&args.db)?;
     let db = Database::open_migrated(&args.db, 16).await?;
@@ -84,7 +84,7 @@ pub(super) async fn api(args: ApiArgs) -> Result<(), CliError> {
         return Err(e);
     }
     let (drain, _abort) = host::process::shutdown_signals();
-    let settings = HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() };
+    let settings = HttpSettings::of(&args);
     let served = serve_http(listener, db.pool.clone(), listen, key, drain, args.github.webhook_secret.clone(), args.console.clone(), app, settings).await;
     db.close().await;
     served
@@ -174,6 +174,12 @@ struct HttpSettings {
     webhooks: engine::net_guard::Policy,
     /// The abuse limits (`SHOPFLOOR_RATE_*`, `SHOPFLOOR_REQUEST_TIMEOUT_SECS`, …).
     limits: http::limits::LimitArgs,
+}
+
+impl HttpSettings {
+    fn of(args: &ServerArgs) -> HttpSettings {
+        HttpSettings { stall_after: Duration::from_secs(args.hosts.stall_secs.max(1)), webhooks: args.webhooks.policy(), limits: args.limits.clone() }
+    }
 }
 
 /// Binds `addr`; a failure names the setting (`var`) to change.

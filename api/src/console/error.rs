@@ -4,6 +4,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 
+use super::escape::{escape, urlencode};
 use crate::http::ApiError;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,28 +61,11 @@ impl From<ApiError> for ConsoleError {
     }
 }
 
-/// Minimal HTML escaping for the error page, which is rendered without the template engine
-/// (so that it works even when a template fails).
-pub(super) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 impl IntoResponse for ConsoleError {
     fn into_response(self) -> Response {
         let (status, title) = match &self {
             ConsoleError::SignIn { next } => {
-                let to = format!("/signin?next={}", super::view::urlencode(next));
+                let to = format!("/signin?next={}", urlencode(next));
                 return Redirect::to(&to).into_response();
             }
             ConsoleError::NotFound(_) => (StatusCode::NOT_FOUND, "Not found"),

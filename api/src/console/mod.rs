@@ -12,7 +12,9 @@
 //! - `session` — sign-in state: the session cookie holds one console token per org (API
 //!   tokens named `console session`, revoked at sign-out), CSRF tokens derived from it.
 //! - `oauth` — sign-in with GitHub (authorize, code exchange, `/user`), and with a token.
-//! - `internal` — calls to the REST router; `error` — the console's error pages.
+//! - `config` — the console's settings; `state` — `Console`, what its handlers share.
+//! - `internal` — calls to the REST router; `error` — the console's error pages; `escape` —
+//!   text made safe for HTML and URLs.
 //! - `pages/` — Today (with resolve and cycle-budget reset), runs, the run page, hosts (drain,
 //!   undrain, deregister) and "Add a host" (a registration and the command that uses it),
 //!   workflows, budgets (the org's and a project's: limits, spend, the runs they hold),
@@ -32,12 +34,15 @@ macro_rules! ctx {
     };
 }
 
+mod config;
 mod error;
+mod escape;
 mod internal;
 mod oauth;
 mod pages;
 mod people;
 mod session;
+mod state;
 mod svg;
 mod transcript;
 mod view;
@@ -48,100 +53,15 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use secrecy::SecretString;
+
+use state::Inner;
 
 use crate::http::AppState;
 
+pub use config::ConsoleConfig;
 pub use error::ConsoleError;
+pub use state::Console;
 pub use view::templates;
-
-/// The console's settings: `SHOPFLOOR_PUBLIC_URL` (the address people use, e.g.
-/// `https://shopfloor.example.com`; it makes the OAuth callback URL and, when `https`, marks
-/// cookies `Secure`; by default the request's `Host` over plain HTTP, or HTTPS when a proxy
-/// says `X-Forwarded-Proto: https`), `SHOPFLOOR_GITHUB_CLIENT_ID` and
-/// `SHOPFLOOR_GITHUB_CLIENT_SECRET` (a GitHub OAuth App's; without them only token sign-in is
-/// offered), `SHOPFLOOR_GITHUB_OAUTH_URL` (default `https://github.com`),
-/// `SHOPFLOOR_GITHUB_OAUTH_API_URL` (default `https://api.github.com`; both point at a fake in
-/// tests, or at a GitHub Enterprise server), `SHOPFLOOR_GITHUB_APP_SLUG` (the install flow of
-/// "Connect GitHub"), `SHOPFLOOR_CONSOLE_SESSION_HOURS` (12).
-#[derive(Debug, Clone, clap::Args)]
-pub struct ConsoleConfig {
-    /// The console's public base URL.
-    #[arg(long = "public-url", env = "SHOPFLOOR_PUBLIC_URL")]
-    pub public_url: Option<String>,
-    /// The GitHub OAuth App's client id.
-    #[arg(long = "github-client-id", env = "SHOPFLOOR_GITHUB_CLIENT_ID")]
-    pub github_client_id: Option<String>,
-    /// The GitHub OAuth App's client secret.
-    #[arg(long = "github-client-secret", env = "SHOPFLOOR_GITHUB_CLIENT_SECRET", hide_env_values = true)]
-    pub github_client_secret: Option<SecretString>,
-    /// Where GitHub's OAuth pages are (`/login/oauth/authorize`, `/login/oauth/access_token`).
-    #[arg(long = "github-oauth-url", env = "SHOPFLOOR_GITHUB_OAUTH_URL", default_value = "https://github.com")]
-    pub github_oauth_url: String,
-    /// GitHub's REST API as people's tokens reach it: `/user` during sign-in, and
-    /// `/user/installations`, the proof an installation claim needs.
-    #[arg(long = "github-oauth-api-url", env = "SHOPFLOOR_GITHUB_OAUTH_API_URL", default_value = "https://api.github.com")]
-    pub github_oauth_api_url: String,
-    /// The GitHub App's slug (`github.com/apps/<slug>`): "Connect GitHub" sends people to its
-    /// install page. The App's setup URL is `<public url>/github/setup`, and
-    /// `<public url>/github/setup/callback` is one of its OAuth callback URLs.
-    #[arg(long = "github-app-slug", env = "SHOPFLOOR_GITHUB_APP_SLUG")]
-    pub github_app_slug: Option<String>,
-    /// How long a console session lasts.
-    #[arg(long = "console-session-hours", env = "SHOPFLOOR_CONSOLE_SESSION_HOURS", default_value_t = 12)]
-    pub session_hours: u32,
-}
-
-impl Default for ConsoleConfig {
-    fn default() -> Self {
-        ConsoleConfig {
-            public_url: None,
-            github_client_id: None,
-            github_client_secret: None,
-            github_oauth_url: "https://github.com".into(),
-            github_oauth_api_url: "https://api.github.com".into(),
-            github_app_slug: None,
-            session_hours: 12,
-        }
-    }
-}
-
-impl ConsoleConfig {
-    fn github_enabled(&self) -> bool {
-        self.github_client_id.is_some() && self.github_client_secret.is_some()
-    }
-}
-
-/// What the console's handlers share.
-#[derive(Clone)]
-pub struct Console {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    app: AppState,
-    /// The REST API's routes, served in-process for the console's actions and reads.
-    api: Router,
-    env: minijinja::Environment<'static>,
-    cfg: ConsoleConfig,
-    http: reqwest::Client,
-    /// Parsed workflow versions, for the run page's graph.
-    catalog: engine::catalog::Catalog,
-}
-
-impl Console {
-    fn state(&self) -> &AppState {
-        &self.inner.app
-    }
-
-    fn db(&self) -> &engine::db::Db {
-        &self.inner.app.db
-    }
-
-    fn cfg(&self) -> &ConsoleConfig {
-        &self.inner.cfg
-    }
-}
 
 /// The console's routes, to merge into the app beside the REST API. Panics only if a template
 /// does not compile, which the tests catch.

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::Serialize;
 
+pub(super) use super::escape::{urldecode, urlencode};
 use super::session::OrgSession;
 use super::{Console, ConsoleError};
 
@@ -133,43 +134,6 @@ pub(super) fn html(status: StatusCode, body: String) -> Response {
         HeaderValue::from_static("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self' https:"),
     );
     response
-}
-
-/// Percent-encodes everything but unreserved characters.
-pub(super) fn urlencode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-pub(super) fn urldecode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn parse_time(t: &str) -> Option<DateTime<Utc>> {

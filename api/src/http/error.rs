@@ -10,6 +10,10 @@ use engine::store::StoreError;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+/// Request bodies above this are refused with 413 (webhooks, which get GitHub's 25 MB, are
+/// routed apart).
+pub const BODY_LIMIT: usize = 1 << 20;
+
 /// The base of every problem `type` URI; the kind follows it.
 pub const PROBLEM_BASE: &str = "https://shopfloor.dev/problems/";
 
@@ -64,7 +68,7 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("{0}")]
     Conflict(String),
-    #[error("the request body is larger than {} bytes", super::BODY_LIMIT)]
+    #[error("the request body is larger than {} bytes", BODY_LIMIT)]
     PayloadTooLarge,
     #[error("{0}")]
     UnsupportedMediaType(String),

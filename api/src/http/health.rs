@@ -1,5 +1,6 @@
-//! `GET /healthz` (the process is up), `GET /readyz` (the database answers and holds this
-//! binary's schema) and `GET /api/v1/openapi.json` (this API's document). None needs a token.
+//! `GET /healthz` (the process is up) and `GET /readyz` (the database answers and holds this
+//! binary's schema). Neither needs a token. (`GET /api/v1/openapi.json` is served beside the
+//! routes it describes, in `http/mod.rs`.)
 
 use axum::extract::State;
 use axum::Json;
@@ -36,11 +37,3 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
     }
 }
 
-/// This API's OpenAPI 3.1 document.
-#[utoipa::path(get, path = "/api/v1/openapi.json", operation_id = "openapi", tag = "health", security(()),
-    responses((status = 200, description = "The OpenAPI document", body = Object)))]
-pub async fn openapi_json() -> Json<serde_json::Value> {
-    // Built once per process: the routes do not change while it runs.
-    static DOC: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
-    Json(DOC.get_or_init(|| serde_json::to_value(super::openapi()).unwrap_or_default()).clone())
-}

@@ -62,6 +62,9 @@ use super::error::ApiError;
 const HOST_PREFIX: &str = "/api/v1/host/";
 /// The long poll, which may legitimately wait `MAX_WAIT_SECS`.
 const CLAIM_PATH: &str = "/api/v1/host/claim";
+/// The longest a host's claim waits (`host_protocol::claim`): here, since its request's time
+/// bound is this and `CLAIM_MARGIN`.
+pub const MAX_WAIT_SECS: u32 = 30;
 /// What the claim's bound adds to its longest wait: its last look and its answer.
 const CLAIM_MARGIN: Duration = Duration::from_secs(15);
 /// Checks between two sweeps of a bucket set.
@@ -228,7 +231,7 @@ impl Limits {
     pub fn timeout_for(&self, path: &str) -> Option<Duration> {
         let timeout = self.timeout?;
         if path == CLAIM_PATH {
-            return Some(timeout.max(Duration::from_secs(u64::from(super::host_protocol::MAX_WAIT_SECS)) + CLAIM_MARGIN));
+            return Some(timeout.max(Duration::from_secs(u64::from(MAX_WAIT_SECS)) + CLAIM_MARGIN));
         }
         Some(timeout)
     }
@@ -347,7 +350,7 @@ pub async fn timeout(State(limits): State<Arc<Limits>>, request: Request, next: 
 /// Refuses a body whose `Content-Length` is over the REST API's limit before reading it (a
 /// chunked body is still cut at the limit while it is read).
 pub async fn declared_body_limit(request: Request, next: Next) -> Response {
-    if declared_length(request.headers()).is_some_and(|n| n > super::BODY_LIMIT as u64) {
+    if declared_length(request.headers()).is_some_and(|n| n > super::error::BODY_LIMIT as u64) {
         return ApiError::PayloadTooLarge.into_response();
     }
     next.run(request).await

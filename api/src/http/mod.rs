@@ -6,11 +6,13 @@
 //! parse input with extractors whose rejection is an `ApiError` (`extract`), read with plain
 //! SQL filtered by org, and write only through `engine::store`.
 //!
+//! - `state` — `AppState`, what every handler shares.
 //! - `error` — `ApiError` and problem+json; 5xx causes logged once by `log_failures`.
-//! - `auth` — bearer-token verification and roles; `tenant` — org and project scopes.
+//! - `auth` — bearer-token verification and roles (`keys`: the signing keys' cache);
+//!   `tenant` — org and project scopes.
 //! - `extract` — JSON, YAML, path, query and `Idempotency-Key` extractors.
 //! - `page` — keyset cursors; `idempotency` — replaying create-POSTs.
-//! - `events` — the replica's event hub (one `LISTEN`) and the SSE stream.
+//! - `event_hub` — the replica's event hub (one `LISTEN`); `events` — the SSE stream.
 //! - `members`, `tokens`, `projects`, `repositories`, `workflows`, `runs`, `hosts`, `audit` — the resources.
 //! - `host_protocol` — what `shopfloor host` calls: register, claim (a long poll), start,
 //!   heartbeat, session reports, complete, a held step's fresh installation token, messages
@@ -21,7 +23,8 @@
 //!   resolving a failed run, cycle-budget asks and their reset.
 //! - `metrics` — `GET /metrics` (unauthenticated, not in the document) and the middleware
 //!   counting requests by route template and status.
-//! - `openapi` — the document's header, security scheme and shared problem responses.
+//! - `openapi` — the document's header, security scheme and shared problem responses; the
+//!   document itself is served here, beside the list of routes it is built from.
 //! - `limits` — abuse limits: rates per token and per address, open event streams per token,
 //!   the request timeout, bodies refused by their declared length.
 
@@ -30,6 +33,7 @@ pub mod audit;
 pub mod auth;
 pub mod budgets;
 pub mod error;
+pub mod event_hub;
 pub mod events;
 pub mod extract;
 pub mod health;
@@ -37,6 +41,7 @@ pub mod host_protocol;
 pub mod hosts;
 pub mod idempotency;
 pub mod installations;
+mod keys;
 pub mod limits;
 pub mod members;
 pub mod messages;
@@ -47,147 +52,20 @@ pub mod page;
 pub mod projects;
 pub mod repositories;
 pub mod runs;
+mod state;
 pub mod tenant;
 pub mod tokens;
 pub mod webhooks_out;
 pub mod workflows;
 
-use std::sync::Arc;
-
 use axum::extract::DefaultBodyLimit;
-use axum::Router;
-use engine::db::Db;
+use axum::{Json, Router};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use error::{problem, ApiError, Problem};
-
-/// Request bodies above this are refused with 413 (webhooks, which get GitHub's 25 MB, are
-/// routed apart).
-pub const BODY_LIMIT: usize = 1 << 20;
-
-/// What every handler shares: the database pools and the replica's caches and event hub.
-#[derive(Clone)]
-pub struct AppState {
-    /// The tenant pool (`engine::tenancy`): its statements see only the rows of the org the
-    /// request acts for (its verified caller's), and none outside a request. Handlers use it.
-    pub db: Db,
-    /// The pool the state was given, as the tables' owner: only for cross-tenant work (token
-    /// verification, webhook ingest, the event hub and the streams' reads, sign-in, health,
-    /// metrics). Every query on it filters by org itself.
-    pub system: Db,
-    pub(crate) shared: Arc<Shared>,
-}
-
-pub(crate) struct Shared {
-    catalog: engine::catalog::Catalog,
-    keys: auth::KeyCache,
-    events: events::EventHub,
-    /// Cancelled at shutdown: event streams end so that connections can drain.
-    closing: tokio_util::sync::CancellationToken,
-    /// The GitHub App, when configured: hosts' assignments get installation tokens from it.
-    github: std::sync::OnceLock<Arc<engine::github::GithubApp>>,
-    /// GitHub's REST API as people's tokens reach it (`/user/installations`): the console's
-    /// `SHOPFLOOR_GITHUB_OAUTH_API_URL` (GitHub's public API unless set at start).
-    github_user_api: std::sync::OnceLock<String>,
-    /// For the calls the API makes to GitHub with a person's token.
-    http: reqwest::Client,
-    /// Seals and opens the signing keys (`SHOPFLOOR_SECRET_KEY`).
-    secret_key: engine::sealing::SecretKey,
-    /// How long a crew step's session may stay silent before a heartbeat fails it `stalled`
-    /// (`engine::store::hosts::STALL_AFTER` unless set at start).
-    stall_after: std::sync::OnceLock<std::time::Duration>,
-    /// The abuse limits (`limits::LimitArgs::default()` unless set at start).
-    limits: std::sync::OnceLock<Arc<limits::Limits>>,
-    /// Which targets a webhook subscription may name (only public ones unless set at start).
-    webhooks: std::sync::OnceLock<engine::net_guard::Policy>,
-}
-
-impl AppState {
-    /// Builds the state and starts the event hub, whose `LISTEN` connection goes to `listen`
-    /// (a direct URL: a transaction pooler cannot LISTEN). `secret_key` seals and
-    /// opens the signing keys. Needs a Tokio runtime; the hub stops when the last clone of the
-    /// state is dropped.
-    pub fn new(db: Db, listen: engine::listen::Target, secret_key: engine::sealing::SecretKey) -> AppState {
-        let system = db;
-        let db = engine::tenancy::tenant(&system);
-        let events = events::EventHub::start(system.clone(), listen);
-        let shared = Shared {
-            catalog: engine::catalog::Catalog::default(),
-            keys: auth::KeyCache::default(),
-            events,
-            closing: tokio_util::sync::CancellationToken::new(),
-            github: std::sync::OnceLock::new(),
-            github_user_api: std::sync::OnceLock::new(),
-            http: reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .timeout(std::time::Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
-            secret_key,
-            stall_after: std::sync::OnceLock::new(),
-            limits: std::sync::OnceLock::new(),
-            webhooks: std::sync::OnceLock::new(),
-        };
-        AppState { db, system, shared: Arc::new(shared) }
-    }
-
-    /// Mints installation tokens for hosts' assignments with this App (set once, at start).
-    pub fn use_github_app(&self, app: Arc<engine::github::GithubApp>) {
-        // Set once by the process that builds the state; a second call changes nothing.
-        let _ = self.shared.github.set(app);
-    }
-
-    /// Where people's GitHub tokens are checked (set once, at start).
-    pub fn use_github_user_api(&self, url: &str) {
-        let _ = self.shared.github_user_api.set(url.trim_end_matches('/').to_owned());
-    }
-
-    pub(crate) fn github_user_api(&self) -> &str {
-        self.shared.github_user_api.get().map_or(engine::github::client::PUBLIC_API, String::as_str)
-    }
-
-    /// Sets how long a crew step's session may stay silent (set once, at start).
-    pub fn use_stall_after(&self, after: std::time::Duration) {
-        let _ = self.shared.stall_after.set(after);
-    }
-
-    /// The key that seals the signing keys: issuing a token needs it.
-    pub fn secret_key(&self) -> &engine::sealing::SecretKey {
-        &self.shared.secret_key
-    }
-
-    pub(crate) fn stall_after(&self) -> std::time::Duration {
-        self.shared.stall_after.get().copied().unwrap_or(engine::store::hosts::STALL_AFTER)
-    }
-
-    /// Sets the abuse limits (once, at start, before the routers are built: they take the
-    /// limits then). A second call changes nothing.
-    pub fn use_limits(&self, args: &limits::LimitArgs) {
-        let _ = self.shared.limits.set(Arc::new(limits::Limits::new(args)));
-    }
-
-    /// The abuse limits in force.
-    pub fn limits(&self) -> Arc<limits::Limits> {
-        self.shared.limits.get_or_init(|| Arc::new(limits::Limits::new(&limits::LimitArgs::default()))).clone()
-    }
-
-    /// Sets which targets webhook subscriptions may name (set once, at start:
-    /// `SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`; tests that deliver to loopback receivers set it too).
-    pub fn use_webhook_policy(&self, policy: engine::net_guard::Policy) {
-        let _ = self.shared.webhooks.set(policy);
-    }
-
-    pub(crate) fn webhook_policy(&self) -> engine::net_guard::Policy {
-        self.shared.webhooks.get().copied().unwrap_or_default()
-    }
-
-    /// Ends every open event stream (at shutdown).
-    pub fn close_streams(&self) {
-        self.shared.closing.cancel();
-    }
-}
+pub use error::{problem, ApiError, Problem, BODY_LIMIT};
+pub use state::AppState;
 
 /// The documented routes; `router` serves them and `openapi` describes them.
 pub fn api_router() -> OpenApiRouter<AppState> {
@@ -257,7 +135,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
-        .routes(routes!(health::openapi_json))
+        .routes(routes!(openapi_json))
         .nest("/api/v1", v1)
 }
 
@@ -266,6 +144,16 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = api_router().into_openapi();
     openapi::finish(&mut doc);
     doc
+}
+
+// Served here, beside the list it is built from, since it is one of the routes it describes.
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/api/v1/openapi.json", operation_id = "openapi", tag = "health", security(()),
+    responses((status = 200, description = "The OpenAPI document", body = Object)))]
+pub async fn openapi_json() -> Json<serde_json::Value> {
+    // Built once per process: the routes do not change while it runs.
+    static DOC: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    Json(DOC.get_or_init(|| serde_json::to_value(openapi()).unwrap_or_default()).clone())
 }
 
 pub fn router(state: AppState) -> Router {

@@ -1,4 +1,4 @@
-//! Run rows: what a run is as stored, and reading one inside a change. Below everything else
+//! Run rows: what a run is as stored (`runs::get` reads one inside a change). Below everything else
 //! of the store that touches runs; `runs` (submit, finish, cancel, rerun) stands above it.
 
 use std::time::Duration;
@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::FromRow;
 
-use super::{Change, Result, StoreError};
+use super::{Result, StoreError};
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, StepId, WorkflowId};
 use crate::state::RunStatus;
 
@@ -72,23 +72,6 @@ pub struct NewRun {
     pub needs_approval: bool,
     /// The run this one reruns, and the nodes it starts again from.
     pub source: Option<(RunId, Vec<String>)>,
-}
-
-/// Reads a run inside the change.
-pub async fn get(ch: &mut Change, run: RunId) -> Result<Option<RunRow>> {
-    if let Some(row) = ch.run_row(run) {
-        return Ok(Some(row.clone()));
-    }
-    let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1");
-    Ok(sqlx::query_as(&sql).bind(run).fetch_optional(&mut *ch.tx).await?)
-}
-
-/// Clears `needs_approval` once the run-level approval was given.
-pub(crate) async fn clear_needs_approval(ch: &mut Change, run: RunId) -> Result<()> {
-    ch.locked(run)?;
-    sqlx::query("UPDATE runs SET needs_approval = false WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
-    ch.forget_run_row(run);
-    Ok(())
 }
 
 /// A quick check used by tests and `why`: wakes still queued for a run.

@@ -21,8 +21,25 @@ use crate::definition::Definition;
 use crate::ids::{OrgId, RunId};
 use crate::state::{run, MoveTo, State};
 
-pub(crate) use super::run_rows::{clear_needs_approval, RUN_COLUMNS};
-pub use super::run_rows::{check_input, get, pending_wakes, NewRun, RunRow, DRY_RUN_RETENTION};
+pub(crate) use super::run_rows::RUN_COLUMNS;
+pub use super::run_rows::{check_input, pending_wakes, NewRun, RunRow, DRY_RUN_RETENTION};
+
+/// Reads a run inside the change.
+pub async fn get(ch: &mut Change, run: RunId) -> Result<Option<RunRow>> {
+    if let Some(row) = ch.run_row(run) {
+        return Ok(Some(row.clone()));
+    }
+    let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1");
+    Ok(sqlx::query_as(&sql).bind(run).fetch_optional(&mut *ch.tx).await?)
+}
+
+/// Clears `needs_approval` once the run-level approval was given.
+pub(crate) async fn clear_needs_approval(ch: &mut Change, run: RunId) -> Result<()> {
+    ch.locked(run)?;
+    sqlx::query("UPDATE runs SET needs_approval = false WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
+    ch.forget_run_row(run);
+    Ok(())
+}
 
 /// Creates a run and the wake that starts it. The run stores the trace context the change was
 /// given (`Change::set_trace`); a child run without one joins its parent's trace. Admission (`store::admission`) decides first,

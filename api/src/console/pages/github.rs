@@ -8,7 +8,7 @@
 //! which accepts only an installation GitHub lists for that person (`GET /user/installations`).
 //! The token is used for that one request and never stored.
 
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
@@ -18,7 +18,7 @@ use super::super::oauth::{authorize_url, base_url, exchange_code, random_token};
 use super::super::session::{constant_time_eq, cookie, secure, set_cookie, OrgSession};
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, posted, see_other, FormMap};
+use super::{here, see_other, Posted};
 use crate::http::auth::Role;
 use crate::http::installations::InstallationList;
 
@@ -56,8 +56,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<Str
 }
 
 /// The button: to the App's install page, with a `state` bound to this session.
-pub(in super::super) async fn connect(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn connect(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
     if !s.can(Role::Admin) {
         return render(&c, &s, None, Some("Only an admin of the org connects GitHub.".into()), StatusCode::FORBIDDEN).await;
     }
@@ -173,8 +172,7 @@ pub(in super::super) async fn callback(State(c): State<Console>, headers: Header
 }
 
 /// An admin gives an installation up.
-pub(in super::super) async fn release(State(c): State<Console>, Path((org, installation)): Path<(String, i64)>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn release(State(c): State<Console>, Path((org, installation)): Path<(String, i64)>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
     match c.call(&s.caller, Method::DELETE, &format!("/orgs/{org}/github/installations/{installation}"), None).await? {
         Ok(_) => Ok(see_other(&format!("/orgs/{org}/github"))),
         Err(r) => render(&c, &s, None, Some(r.detail().to_owned()), r.status).await,

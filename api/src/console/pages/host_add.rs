@@ -3,7 +3,7 @@
 //! again, not the token). The command is the CLI's own (`cli::host_command`), aimed at
 //! the console's public address.
 
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
@@ -15,7 +15,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, posted, FormMap, ProjectPath};
+use super::{here, Posted, ProjectPath};
 use cli::host_command;
 
 use crate::http::hosts::Registration;
@@ -61,8 +61,7 @@ fn capabilities(text: &str) -> Result<Option<String>, String> {
     Ok(Some(words.join(",")).filter(|w| !w.is_empty()))
 }
 
-pub(in super::super) async fn create(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn create(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
     let text = |k: &str| f.get(k).map(|v| v.trim().to_owned()).unwrap_or_default();
     let asked = Asked { name: text("name"), capabilities: text("capabilities"), hours: text("hours") };
     let caps = match capabilities(&asked.capabilities) {

@@ -2,7 +2,7 @@
 //! person, change a role and remove a member, all through the REST API (`members`), whose
 //! role checks decide who may: an admin, and an owner where the owner role is given or taken.
 
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, posted, see_other, FormMap};
+use super::{here, see_other, Posted};
 use crate::http::auth::Role;
 use crate::http::members::MemberList;
 
@@ -45,8 +45,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<Str
     render(&c, &s, Outcome::default(), StatusCode::OK).await
 }
 
-pub(in super::super) async fn add(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn add(State(c): State<Console>, Path(org): Path<String>, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
     let email = f.get("email").map(|e| e.trim().to_owned()).unwrap_or_default();
     let body = json!({ "email": email, "role": f.get("role").map(String::as_str).unwrap_or("member") });
     match c.call(&s.caller, Method::POST, &format!("/orgs/{org}/members"), Some(body)).await? {
@@ -65,23 +64,21 @@ pub(in super::super) struct MemberPath {
 }
 
 /// A change to one member, through the REST route; back to the list.
-async fn change(c: &Console, p: &MemberPath, headers: &HeaderMap, uri: &Uri, f: &FormMap, method: Method, body: Option<serde_json::Value>) -> Result<Response, ConsoleError> {
-    let s = c.session(headers, &p.org, &here(uri)).await?;
-    s.check(headers, f.get("_csrf").map(String::as_str))?;
+async fn change(c: &Console, p: &MemberPath, s: &OrgSession, method: Method, body: Option<serde_json::Value>) -> Result<Response, ConsoleError> {
     match c.call(&s.caller, method, &format!("/orgs/{}/members/{}", p.org, view::urlencode(&p.user)), body).await? {
         Ok(_) => Ok(see_other(&format!("/orgs/{}/members", p.org))),
         Err(r) => {
             let r = shown(r)?;
-            render(c, &s, Outcome { refused_at: Some(p.user.clone()), refusal: Some(r.detail), email: String::new() }, r.status).await
+            render(c, s, Outcome { refused_at: Some(p.user.clone()), refusal: Some(r.detail), email: String::new() }, r.status).await
         }
     }
 }
 
-pub(in super::super) async fn role(State(c): State<Console>, Path(p): Path<MemberPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn role(State(c): State<Console>, Path(p): Path<MemberPath>, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
     let body = json!({ "role": f.get("role").map(String::as_str).unwrap_or_default() });
-    change(&c, &p, &headers, &uri, &f, Method::PATCH, Some(body)).await
+    change(&c, &p, &s, Method::PATCH, Some(body)).await
 }
 
-pub(in super::super) async fn remove(State(c): State<Console>, Path(p): Path<MemberPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    change(&c, &p, &headers, &uri, &f, Method::DELETE, None).await
+pub(in super::super) async fn remove(State(c): State<Console>, Path(p): Path<MemberPath>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
+    change(&c, &p, &s, Method::DELETE, None).await
 }

@@ -18,7 +18,7 @@ pub(super) mod workflows;
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, State};
+use axum::extract::{Form, FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
@@ -46,6 +46,33 @@ pub(super) async fn posted(c: &Console, headers: &HeaderMap, org: &str, uri: &Ur
     let s = c.session(headers, org, &here(uri)).await?;
     s.check(headers, csrf.map(String::as_str))?;
     Ok(s)
+}
+
+/// A form posted to a page under an org (`/orgs/{org}/…`): its fields, and the session of the
+/// org in its path once `posted` checked the form's origin and CSRF field. It reads the body:
+/// the last of a handler's extractors.
+pub(super) struct Posted {
+    pub s: OrgSession,
+    pub form: FormMap,
+}
+
+/// The org of a page's path, whatever else the path names.
+#[derive(Deserialize)]
+struct OrgOf {
+    org: String,
+}
+
+impl FromRequest<Console> for Posted {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, c: &Console) -> Result<Self, Response> {
+        let (mut parts, body) = request.into_parts();
+        let Path(OrgOf { org }) = Path::<OrgOf>::from_request_parts(&mut parts, c).await.map_err(IntoResponse::into_response)?;
+        let (headers, uri) = (parts.headers.clone(), parts.uri.clone());
+        let Form(form) = Form::<FormMap>::from_request(Request::from_parts(parts, body), c).await.map_err(IntoResponse::into_response)?;
+        let s = posted(c, &headers, &org, &uri, form.get("_csrf")).await.map_err(IntoResponse::into_response)?;
+        Ok(Posted { s, form })
+    }
 }
 
 /// Where a request wants to come back to after signing in.

@@ -5,7 +5,7 @@
 //! `runs_running_by_org`, `runs_ended_by_org`), the substates in `engine::substate`'s three
 //! queries for the whole page.
 
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, posted, see_other, FormMap};
+use super::{here, see_other, Posted};
 
 /// Approvals waiting in the org ($1 org, $2 a project or NULL).
 pub(crate) const APPROVALS_SQL: &str = "SELECT a.run_id, a.node, a.prompt, a.deadline, s.created_at AS asked_at, p.slug AS project, w.name AS workflow, \
@@ -179,11 +179,8 @@ pub(in super::super) struct AskPath {
 pub(in super::super) async fn resolve(
     State(c): State<Console>,
     Path(p): Path<TodayRunPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(f): Form<FormMap>,
+    Posted { s, form: f }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let note = f.get("note").map(|n| n.trim()).filter(|n| !n.is_empty());
     let path = format!("/orgs/{}/projects/{}/runs/{}/resolve", p.org, p.project, view::urlencode(&p.run));
     act(&c, &s, &path, json!({ "note": note })).await
@@ -193,11 +190,8 @@ pub(in super::super) async fn resolve(
 pub(in super::super) async fn reset(
     State(c): State<Console>,
     Path(p): Path<AskPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(f): Form<FormMap>,
+    Posted { s, .. }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
     let path = format!("/orgs/{}/projects/{}/cycle-asks/{}/reset", p.org, p.project, view::urlencode(&p.item));
     act(&c, &s, &path, json!({})).await
 }

@@ -2,7 +2,7 @@
 //! and revoking. Console sessions are tokens too, named `console session`: the page counts the
 //! open ones and lists only the others.
 
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde::Deserialize;
@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::super::session::{OrgSession, SESSION_TOKEN_NAME};
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, posted, see_other, FormMap};
+use super::{here, see_other, Posted};
 use crate::http::tokens::TokenList;
 
 async fn render(c: &Console, s: &OrgSession, created: Option<Value>, error: Option<String>, status: StatusCode) -> Result<Response, ConsoleError> {
@@ -35,8 +35,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<Str
     render(&c, &s, None, None, StatusCode::OK).await
 }
 
-pub(in super::super) async fn create(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn create(State(c): State<Console>, Path(org): Path<String>, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
     let days = f.get("days").and_then(|d| d.trim().parse::<u32>().ok());
     let body = json!({ "name": f.get("name").map(|n| n.trim()).unwrap_or_default(), "role": f.get("role").filter(|r| !r.is_empty()), "expires_in_days": days });
     match c.call(&s.caller, Method::POST, &format!("/orgs/{org}/tokens"), Some(body)).await? {
@@ -52,8 +51,7 @@ pub(in super::super) struct TokenPath {
     token: String,
 }
 
-pub(in super::super) async fn revoke(State(c): State<Console>, Path(p): Path<TokenPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn revoke(State(c): State<Console>, Path(p): Path<TokenPath>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
     match c.call(&s.caller, Method::DELETE, &format!("/orgs/{}/tokens/{}", p.org, view::urlencode(&p.token)), None).await? {
         Ok(_) => Ok(see_other(&format!("/orgs/{}/tokens", p.org))),
         Err(r) => render(&c, &s, None, Some(r.detail().to_owned()), StatusCode::UNPROCESSABLE_ENTITY).await,

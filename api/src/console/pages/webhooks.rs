@@ -3,7 +3,7 @@
 //! secret shown once, in the answer), and deleting. All of it is the REST API's
 //! (`webhooks_out`), which is for admins: anyone else sees its refusal.
 
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, posted, see_other, FormMap, ProjectPath};
+use super::{here, see_other, Posted, ProjectPath};
 use crate::http::webhooks_out::{CreatedWebhook, DeliveryList, Webhook, WebhookDelivery, WebhookList};
 
 /// The deliveries shown per subscription, newest first.
@@ -65,8 +65,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
     render(&c, &s, &p.project, Outcome::default(), StatusCode::OK).await
 }
 
-pub(in super::super) async fn create(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn create(State(c): State<Console>, Path(p): Path<ProjectPath>, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
     let url = f.get("url").map(|u| u.trim().to_owned()).unwrap_or_default();
     let events_text = f.get("events").map(|e| e.trim().to_owned()).unwrap_or_default();
     let events: Vec<&str> = events_text.split([',', ' ', '\n']).map(str::trim).filter(|e| !e.is_empty()).collect();
@@ -85,16 +84,15 @@ pub(in super::super) async fn create(State(c): State<Console>, Path(p): Path<Pro
     }
 }
 
+/// The org of the path is `Posted`'s.
 #[derive(Debug, Deserialize)]
 pub(in super::super) struct WebhookPath {
-    org: String,
     project: String,
     webhook: String,
 }
 
 #[derive(Debug, Deserialize)]
 pub(in super::super) struct DeliveryPath {
-    org: String,
     project: String,
     webhook: String,
     delivery: String,
@@ -113,13 +111,11 @@ async fn act(c: &Console, s: &OrgSession, project: &str, at: &str, rest: &str, m
     }
 }
 
-pub(in super::super) async fn delete(State(c): State<Console>, Path(p): Path<WebhookPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn delete(State(c): State<Console>, Path(p): Path<WebhookPath>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
     act(&c, &s, &p.project, &p.webhook, &view::urlencode(&p.webhook), Method::DELETE).await
 }
 
-pub(in super::super) async fn replay(State(c): State<Console>, Path(p): Path<DeliveryPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn replay(State(c): State<Console>, Path(p): Path<DeliveryPath>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
     let rest = format!("{}/deliveries/{}/replay", view::urlencode(&p.webhook), view::urlencode(&p.delivery));
     act(&c, &s, &p.project, &p.delivery, &rest, Method::POST).await
 }

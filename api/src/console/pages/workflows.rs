@@ -3,7 +3,7 @@
 //! line. All of it is the REST API's: `validate-workflow` answers the problems, an upload that
 //! does not validate is refused with them.
 
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use super::super::people;
 use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, posted, see_other, FormMap, ProjectPath};
+use super::{here, see_other, Posted, ProjectPath};
 use crate::http::error::WorkflowProblem;
 use crate::http::workflows::{Validation, VersionList, WorkflowDetail, WorkflowList};
 
@@ -77,8 +77,7 @@ fn checked(source: String, problems: Vec<WorkflowProblem>, name: Option<String>)
 }
 
 /// Validates a definition without storing it.
-pub(in super::super) async fn validate(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn validate(State(c): State<Console>, Path(p): Path<ProjectPath>, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
     let source = f.get("source").cloned().unwrap_or_default();
     let path = format!("/orgs/{}/projects/{}/validate-workflow", p.org, p.project);
     let check = match c.call(&s.caller, Method::POST, &path, Some(json!({ "source": source }))).await? {
@@ -93,8 +92,7 @@ pub(in super::super) async fn validate(State(c): State<Console>, Path(p): Path<P
 }
 
 /// Uploads a definition as the next version of the workflow it names.
-pub(in super::super) async fn upload(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, f.get("_csrf")).await?;
+pub(in super::super) async fn upload(State(c): State<Console>, Path(p): Path<ProjectPath>, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
     let source = f.get("source").cloned().unwrap_or_default();
     let path = format!("/orgs/{}/projects/{}/workflows", p.org, p.project);
     match c.call(&s.caller, Method::POST, &path, Some(json!({ "source": source }))).await? {
@@ -153,9 +151,7 @@ pub(in super::super) async fn detail(State(c): State<Console>, Path(p): Path<Nam
     )
 }
 
-async fn set_paused(c: &Console, p: &NamePath, headers: &HeaderMap, uri: &Uri, f: &FormMap, what: &str) -> Result<Response, ConsoleError> {
-    let s = c.session(headers, &p.org, &here(uri)).await?;
-    s.check(headers, f.get("_csrf").map(String::as_str))?;
+async fn set_paused(c: &Console, p: &NamePath, s: &OrgSession, what: &str) -> Result<Response, ConsoleError> {
     let path = format!("/orgs/{}/projects/{}/workflows/{}/{what}", p.org, p.project, view::urlencode(&p.name));
     match c.call(&s.caller, Method::POST, &path, None).await? {
         Ok(_) => Ok(see_other(&format!("/orgs/{}/projects/{}/workflows", p.org, p.project))),
@@ -163,10 +159,10 @@ async fn set_paused(c: &Console, p: &NamePath, headers: &HeaderMap, uri: &Uri, f
     }
 }
 
-pub(in super::super) async fn pause(State(c): State<Console>, Path(p): Path<NamePath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    set_paused(&c, &p, &headers, &uri, &f, "pause").await
+pub(in super::super) async fn pause(State(c): State<Console>, Path(p): Path<NamePath>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
+    set_paused(&c, &p, &s, "pause").await
 }
 
-pub(in super::super) async fn unpause(State(c): State<Console>, Path(p): Path<NamePath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
-    set_paused(&c, &p, &headers, &uri, &f, "unpause").await
+pub(in super::super) async fn unpause(State(c): State<Console>, Path(p): Path<NamePath>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
+    set_paused(&c, &p, &s, "unpause").await
 }

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 
-use super::super::error::escape;
+use super::super::escape::escape;
 use super::super::view::duration;
 use super::{symbol, text_width};
 

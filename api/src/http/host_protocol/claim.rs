@@ -12,9 +12,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use utoipa::ToSchema;
 
-use super::{HostCaller, CONTENDED_RETRY, MAX_WAIT_SECS};
+use super::{HostCaller, CONTENDED_RETRY};
 use crate::http::error::ApiError;
 use crate::http::extract::Json;
+use crate::http::limits::MAX_WAIT_SECS;
 use crate::http::AppState;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]

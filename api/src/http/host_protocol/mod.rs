@@ -43,8 +43,6 @@ use super::extract::Json;
 use super::AppState;
 use crate::auth::issue_host_credential;
 
-/// The longest a claim waits.
-pub const MAX_WAIT_SECS: u32 = 30;
 /// A host credential's lifetime; deregistering the host revokes it sooner.
 const CREDENTIAL_DAYS: i64 = 365;
 /// Lines per session report.

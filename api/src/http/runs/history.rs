@@ -8,7 +8,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
-use crate::http::events::RunEvent;
+use crate::http::event_hub::RunEvent;
 use crate::http::extract::{Json, Path, Query};
 use crate::http::tenant::ProjectScope;
 use crate::http::{page, AppState};

@@ -2,19 +2,18 @@
 //! (from the start or a node) and a message to a running crew session, each posted through
 //! the REST route of the same name; and the answer every form of the page gets.
 
-use axum::extract::{Form, Path, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::extract::{Path, State};
+use axum::http::{Method, StatusCode};
 use axum::response::Response;
-use engine::definition::Definition;
 use serde_json::{json, Value};
 
-use super::super::{posted, see_other, FormMap};
-use super::{render, Feedback, RunPath, StepPath};
+use super::super::{see_other, FormMap, Posted};
+use super::page::render;
+use super::{Feedback, RunPath, StepPath};
 use crate::console::internal::Refusal;
 use crate::console::session::OrgSession;
 use crate::console::view;
 use crate::console::{Console, ConsoleError};
-use crate::http::runs::RunDetail;
 
 /// A form's answer: on success, back to the run (or to the new run); on a refusal, the page
 /// again with the message beside the form (422), nothing changed.
@@ -55,27 +54,6 @@ pub(super) async fn answer(
     }
 }
 
-/// The crew nodes an edit-and-retry can change, the failed one first, with what they run now.
-pub(super) fn edit_choices(def: Option<&Definition>, detail: &RunDetail) -> Vec<Value> {
-    let failed_crew: Vec<&str> = detail.steps.iter().filter(|st| st.kind == "crew" && st.state == "failed").map(|st| st.node.as_str()).collect();
-    let mut crews: Vec<Value> = def
-        .map(|d| {
-            d.nodes
-                .iter()
-                .filter_map(|n| match &n.kind {
-                    engine::definition::NodeKind::Crew(crew) => Some(json!({
-                        "id": n.id.to_string(), "prompt": crew.prompt, "model": crew.model, "harness": crew.harness.name(),
-                        "failed": failed_crew.contains(&n.id.to_string().as_str()),
-                    })),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    crews.sort_by_key(|c| c["failed"] != true);
-    crews
-}
-
 /// Posts a form of the run page to the REST route `rest` under the run's own (`/cancel`,
 /// `/approvals/<node>/reject`, …), and answers as every form does (`answer`).
 pub(super) async fn post(c: &Console, s: &OrgSession, run: &RunPath, form: &str, rest: &str, body: Option<Value>) -> Result<Response, ConsoleError> {
@@ -92,22 +70,16 @@ pub(super) fn reason(form: &FormMap) -> Option<&str> {
 pub(in crate::console) async fn cancel(
     State(c): State<Console>,
     Path(p): Path<RunPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<FormMap>,
+    Posted { s, form }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, form.get("_csrf")).await?;
     post(&c, &s, &p, "cancel", "/cancel", Some(json!({ "reason": reason(&form) }))).await
 }
 
 pub(in crate::console) async fn retry(
     State(c): State<Console>,
     Path(p): Path<RunPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<FormMap>,
+    Posted { s, form }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, form.get("_csrf")).await?;
     // Edit-and-retry names a crew node and what to change; a plain retry sends no body.
     let text = |k: &str| form.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
     let body = text("node").map(|node| {
@@ -120,11 +92,8 @@ pub(in crate::console) async fn retry(
 pub(in crate::console) async fn rerun(
     State(c): State<Console>,
     Path(p): Path<RunPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<FormMap>,
+    Posted { s, form }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, form.get("_csrf")).await?;
     let rest = match form.get("from").map(|f| f.trim()).filter(|f| !f.is_empty()) {
         Some(from) => format!("/rerun?from={}", view::urlencode(from)),
         None => "/rerun".to_owned(),
@@ -137,11 +106,8 @@ pub(in crate::console) async fn rerun(
 pub(in crate::console) async fn say(
     State(c): State<Console>,
     Path(p): Path<StepPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<FormMap>,
+    Posted { s, form }: Posted,
 ) -> Result<Response, ConsoleError> {
-    let s = posted(&c, &headers, &p.org, &uri, form.get("_csrf")).await?;
     let text = form.get("text").map(String::as_str).unwrap_or_default();
     let rest = format!("/steps/{}/messages", view::urlencode(&p.step));
     post(&c, &s, &p.run(), "say", &rest, Some(json!({ "text": text }))).await

@@ -32,7 +32,7 @@ use std::fmt::Write as _;
 use dagre_dgl_rs::Point;
 use engine::definition::Definition;
 
-use crate::console::error::escape;
+use crate::console::escape::escape;
 use crate::console::svg::{symbol, text_width};
 use edges::{links, Link, START};
 use route::{backward, bands, forward, lay_out, path_d, self_loop};

@@ -1,5 +1,8 @@
 //! `Change`: one transaction of the write path, with its audit entries, run events, wakes and
-//! the single `NOTIFY` sent at commit.
+//! the single `NOTIFY` sent at commit (`commit.rs`, which stands above what a commit does:
+//! admission lines released, outgoing deliveries, the events notice).
+
+mod commit;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -9,10 +12,8 @@ use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 use crate::db::Db;
 
-use super::events_notice::EventsNotice;
-
-use super::runs::RunRow;
-use crate::event_log::{self, Extra};
+use super::run_rows::RunRow;
+use crate::event_log::Extra;
 use crate::trace::TraceParent;
 use super::{Result, StoreError};
 use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
@@ -24,7 +25,7 @@ use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
 ///
 /// At most one NOTIFY per transaction. Notifying commits are serialized cluster-wide, so a
 /// change that wrote only run events (most of an engine's) does not notify by itself: the
-/// event streams learn of them through [`EventsNotice`], at most one `e` per process every
+/// event streams learn of them through `EventsNotice`, at most one `e` per process every
 /// `EVENTS_NOTICE_INTERVAL` (50 ms), sent after the commits it covers.
 pub const NOTIFY_CHANNEL: &str = "shopfloor_wakes";
 
@@ -116,7 +117,7 @@ pub struct RunCtx {
 /// One transaction of the write path.
 pub struct Change {
     pub(super) tx: Transaction<'static, Postgres>,
-    /// For the trailing events notice after commit ([`EventsNotice`]).
+    /// For the trailing events notice after commit (`EventsNotice`).
     pool: Db,
     /// Runs whose transcripts grew (`l<run>` in the notification).
     transcripts: Vec<RunId>,
@@ -233,7 +234,7 @@ impl Change {
 
     async fn lock_runs_with(&mut self, runs: &[RunId], lock: &str) -> Result<Vec<RunCtx>> {
         let ids: Vec<uuid::Uuid> = runs.iter().filter(|r| !self.runs.contains_key(r)).map(|r| r.0).collect();
-        let sql = format!("SELECT {} FROM runs WHERE run_id = ANY($1) ORDER BY run_id {lock}", super::runs::RUN_COLUMNS);
+        let sql = format!("SELECT {} FROM runs WHERE run_id = ANY($1) ORDER BY run_id {lock}", super::run_rows::RUN_COLUMNS);
         let rows: Vec<RunRow> = sqlx::query_as(&sql).bind(&ids).fetch_all(&mut *self.tx).await?;
         let locked: Vec<RunId> = rows.iter().map(|r| r.run_id).collect();
         for row in rows {
@@ -363,63 +364,6 @@ impl Change {
         self.audit(org, project, action, target, detail)
     }
 
-    /// Inserts the buffered events and audit entries, one statement each.
-    async fn flush(&mut self) -> Result<()> {
-        if !self.events.is_empty() {
-            let e = std::mem::take(&mut self.events);
-            // With the events, the outgoing webhook deliveries they make, in the same statement.
-            // The rows go in the order given (no join to reorder them): event ids, which the
-            // streams order by, follow the events' sequence numbers. Each carries its run's
-            // `created_at` (known from the run's lock), the partition key.
-            // Every event names this change's actor: the engine's moves are audited by it.
-            let sql = format!(
-                "WITH e AS (INSERT INTO run_events (org_id, project_id, run_id, run_created_at, seq, kind, step_id, node, attrs, actor) \
-                 SELECT *, $10 FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $9::timestamptz[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) \
-                 RETURNING org_id, project_id, run_id, kind, event_id) {}",
-                super::webhooks_out::DELIVERIES_CTE
-            );
-            let deliveries: i64 = sqlx::query_scalar(&sql)
-            .bind(e.iter().map(|x| x.org.0).collect::<Vec<_>>())
-            .bind(e.iter().map(|x| x.project.0).collect::<Vec<_>>())
-            .bind(e.iter().map(|x| x.run.0).collect::<Vec<_>>())
-            .bind(e.iter().map(|x| x.seq).collect::<Vec<_>>())
-            .bind(e.iter().map(|x| x.kind.as_str()).collect::<Vec<_>>())
-            .bind(e.iter().map(|x| x.step.map(|s| s.0)).collect::<Vec<_>>())
-            .bind(e.iter().map(|x| x.node.as_deref()).collect::<Vec<_>>())
-            .bind(e.iter().map(|x| &x.attrs).collect::<Vec<_>>())
-            .bind(e.iter().map(|x| x.run_created_at).collect::<Vec<_>>())
-            .bind(self.actor.label())
-            .fetch_one(&mut *self.tx)
-            .await?;
-            if event_log::enabled() {
-                self.written.extend(e);
-            }
-            if deliveries > 0 {
-                self.notify_delay = Some(Duration::ZERO);
-            }
-            self.wrote_events = true;
-        }
-        if !self.audits.is_empty() {
-            let a = std::mem::take(&mut self.audits);
-            let (kind, id) = (self.actor.kind(), self.actor.id());
-            sqlx::query(
-                "INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, detail) \
-                 SELECT o, p, $3, $4, a, tk, ti, d FROM UNNEST($1::uuid[], $2::uuid[], $5::text[], $6::text[], $7::text[], $8::jsonb[]) AS u(o, p, a, tk, ti, d)",
-            )
-            .bind(a.iter().map(|x| x.org.0).collect::<Vec<_>>())
-            .bind(a.iter().map(|x| x.project.map(|p| p.0)).collect::<Vec<_>>())
-            .bind(kind)
-            .bind(id)
-            .bind(a.iter().map(|x| x.action.as_str()).collect::<Vec<_>>())
-            .bind(a.iter().map(|x| x.target_kind.as_str()).collect::<Vec<_>>())
-            .bind(a.iter().map(|x| x.target_id.as_str()).collect::<Vec<_>>())
-            .bind(a.iter().map(|x| &x.detail).collect::<Vec<_>>())
-            .execute(&mut *self.tx)
-            .await?;
-        }
-        Ok(())
-    }
-
     /// Writes a wake for `run` (and `step`) due after `delay`. `tell_others` says whether
     /// another process must learn of it: false only when this process will act on it itself
     /// right after commit.
@@ -478,50 +422,6 @@ impl Change {
         if !self.transcripts.contains(&run) {
             self.transcripts.push(run);
         }
-    }
-
-    /// Writes the buffered events and audit entries and commits, with at most one `NOTIFY`:
-    /// when a wake was written for another process, a transcript grew, or (at most every
-    /// `EVENTS_NOTICE_INTERVAL` per process) events were appended.
-    pub async fn commit(mut self) -> Result<()> {
-        // Queue rows are locked last, so that a change never holds one while it waits for a
-        // run's lock or takes a stronger lock on the same row later.
-        if !self.releases.is_empty() {
-            let releases = std::mem::take(&mut self.releases);
-            super::admission::release(&mut self, releases).await?;
-        }
-        self.flush().await?;
-        let mut words: Vec<String> = Vec::new();
-        if let Some(delay) = self.notify_delay {
-            words.push(format!("w{}", delay.as_millis()));
-        }
-        words.extend(self.transcripts.iter().map(|run| format!("l{run}")));
-        // Any notice makes the streams read; only a change with nothing else to say needs an `e`.
-        let owes_events = self.wrote_events && words.is_empty() && !EventsNotice::take_now();
-        if self.wrote_events && words.is_empty() && !owes_events {
-            words.push("e".to_owned());
-        }
-        if !words.is_empty() {
-            sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(words.join(" ")).execute(&mut *self.tx).await?;
-        }
-        self.tx.commit().await?;
-        if owes_events {
-            EventsNotice::owe(&self.pool);
-        }
-        // The event log sees only what committed, and is written outside the transaction.
-        event_log::emit(self.written.iter().map(|e| event_log::Event {
-            org: e.org,
-            project: e.project,
-            run: e.run,
-            kind: &e.kind,
-            node: e.node.as_deref(),
-            attrs: &e.attrs,
-            workflow_version: e.version,
-            traceparent: e.traceparent.as_deref(),
-            extra: &e.extra,
-        }));
-        std::mem::take(&mut self.tally).committed();
-        Ok(())
     }
 
     /// The transaction, for reads that must see this change's own writes.

@@ -1,0 +1,116 @@
+//! A change's commit: the admission lines its ended runs leave handed on, its buffered events
+//! (with the outgoing webhook deliveries they make) and audit entries written, at most one
+//! `NOTIFY`, then the event log. Apart from `Change` itself, so that what a commit calls
+//! (`admission::lines`, `webhooks_out`) may use a `Change` without a circle.
+
+use std::time::Duration;
+
+use super::{Change, NOTIFY_CHANNEL};
+use crate::event_log;
+use crate::store::admission::release;
+use crate::store::events_notice::EventsNotice;
+use crate::store::webhooks_out::DELIVERIES_CTE;
+use crate::store::Result;
+
+impl Change {
+    /// Inserts the buffered events and audit entries, one statement each.
+    async fn flush(&mut self) -> Result<()> {
+        if !self.events.is_empty() {
+            let e = std::mem::take(&mut self.events);
+            // With the events, the outgoing webhook deliveries they make, in the same statement.
+            // The rows go in the order given (no join to reorder them): event ids, which the
+            // streams order by, follow the events' sequence numbers. Each carries its run's
+            // `created_at` (known from the run's lock), the partition key.
+            // Every event names this change's actor: the engine's moves are audited by it.
+            let sql = format!(
+                "WITH e AS (INSERT INTO run_events (org_id, project_id, run_id, run_created_at, seq, kind, step_id, node, attrs, actor) \
+                 SELECT *, $10 FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $9::timestamptz[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) \
+                 RETURNING org_id, project_id, run_id, kind, event_id) {}",
+                DELIVERIES_CTE
+            );
+            let deliveries: i64 = sqlx::query_scalar(&sql)
+            .bind(e.iter().map(|x| x.org.0).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.project.0).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.run.0).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.seq).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.kind.as_str()).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.step.map(|s| s.0)).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.node.as_deref()).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| &x.attrs).collect::<Vec<_>>())
+            .bind(e.iter().map(|x| x.run_created_at).collect::<Vec<_>>())
+            .bind(self.actor.label())
+            .fetch_one(&mut *self.tx)
+            .await?;
+            if event_log::enabled() {
+                self.written.extend(e);
+            }
+            if deliveries > 0 {
+                self.notify_delay = Some(Duration::ZERO);
+            }
+            self.wrote_events = true;
+        }
+        if !self.audits.is_empty() {
+            let a = std::mem::take(&mut self.audits);
+            let (kind, id) = (self.actor.kind(), self.actor.id());
+            sqlx::query(
+                "INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, detail) \
+                 SELECT o, p, $3, $4, a, tk, ti, d FROM UNNEST($1::uuid[], $2::uuid[], $5::text[], $6::text[], $7::text[], $8::jsonb[]) AS u(o, p, a, tk, ti, d)",
+            )
+            .bind(a.iter().map(|x| x.org.0).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.project.map(|p| p.0)).collect::<Vec<_>>())
+            .bind(kind)
+            .bind(id)
+            .bind(a.iter().map(|x| x.action.as_str()).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.target_kind.as_str()).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.target_id.as_str()).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| &x.detail).collect::<Vec<_>>())
+            .execute(&mut *self.tx)
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the buffered events and audit entries and commits, with at most one `NOTIFY`:
+    /// when a wake was written for another process, a transcript grew, or (at most every
+    /// `EVENTS_NOTICE_INTERVAL` per process) events were appended.
+    pub async fn commit(mut self) -> Result<()> {
+        // Queue rows are locked last, so that a change never holds one while it waits for a
+        // run's lock or takes a stronger lock on the same row later.
+        if !self.releases.is_empty() {
+            let releases = std::mem::take(&mut self.releases);
+            release(&mut self, releases).await?;
+        }
+        self.flush().await?;
+        let mut words: Vec<String> = Vec::new();
+        if let Some(delay) = self.notify_delay {
+            words.push(format!("w{}", delay.as_millis()));
+        }
+        words.extend(self.transcripts.iter().map(|run| format!("l{run}")));
+        // Any notice makes the streams read; only a change with nothing else to say needs an `e`.
+        let owes_events = self.wrote_events && words.is_empty() && !EventsNotice::take_now();
+        if self.wrote_events && words.is_empty() && !owes_events {
+            words.push("e".to_owned());
+        }
+        if !words.is_empty() {
+            sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(words.join(" ")).execute(&mut *self.tx).await?;
+        }
+        self.tx.commit().await?;
+        if owes_events {
+            EventsNotice::owe(&self.pool);
+        }
+        // The event log sees only what committed, and is written outside the transaction.
+        event_log::emit(self.written.iter().map(|e| event_log::Event {
+            org: e.org,
+            project: e.project,
+            run: e.run,
+            kind: &e.kind,
+            node: e.node.as_deref(),
+            attrs: &e.attrs,
+            workflow_version: e.version,
+            traceparent: e.traceparent.as_deref(),
+            extra: &e.extra,
+        }));
+        std::mem::take(&mut self.tally).committed();
+        Ok(())
+    }
+}
