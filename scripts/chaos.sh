@@ -15,15 +15,7 @@ cd "$(dirname "$0")/.."
 say() { echo "make chaos: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-# PostgreSQL's server binaries, looked for where the `shopfloor` binary looks (as scripts/test.sh).
-have_pg_server() {
-    local dir
-    dir=$(pg_config --bindir 2>/dev/null || true)
-    for dir in "$dir" /usr/lib/postgresql/*/bin; do
-        [[ -n $dir && -x $dir/pg_ctl && -x $dir/initdb && -x $dir/postgres ]] && return 0
-    done
-    command -v pg_ctl >/dev/null && command -v initdb >/dev/null && command -v postgres >/dev/null
-}
+source scripts/lib.sh  # have_pg_server
 
 if ! have_pg_server; then
     sudo=()

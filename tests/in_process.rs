@@ -3,7 +3,6 @@
 //! tests (`api/tests/it/support.rs`) and the console's (`tests/console/support.rs`).
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use engine::db::Db;
 use engine::pool::{self, PoolConfig};
@@ -43,17 +42,7 @@ pub async fn serve(router: axum::Router, peers: bool, closing: impl FnOnce() + S
 /// no GitHub App, webhooks only to public targets. A test changes what it needs with
 /// `PoolConfig { …, ..engine_config(…) }`.
 pub fn engine_config(id: &str, url: &str) -> PoolConfig {
-    PoolConfig {
-        id: id.into(),
-        listen: url.parse().unwrap(),
-        batch: 64,
-        max_in_flight: 64,
-        drain: Duration::from_secs(5),
-        test_executor: None,
-        outputs: None,
-        webhooks: engine::jobs::WebhookClient::new(engine::net_guard::Policy::default()).expect("the delivery client builds"),
-        event_wait_timeout: engine::advance::EVENT_WAIT_TIMEOUT,
-    }
+    engine::testkit::pool_config(id, url, None)
 }
 
 /// Runs an engine pool on `pool` until the token it answers is cancelled.

@@ -6,6 +6,7 @@ pub mod github_fake;
 pub mod in_process;
 pub mod netns;
 pub mod pgbouncer;
+pub mod process;
 pub mod proxy;
 pub mod sse;
 
@@ -14,8 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use engine::ids::RunId;
-use engine::store::runs::{self, NewRun};
-use engine::store::{tenants, workflows, Actor, Change};
+use engine::store::runs;
+use engine::store::{Actor, Change};
 use engine::db::Db;
 
 /// Waits until `url` answers 200 (a server's `/readyz` once it has started). The deadline only
@@ -94,24 +95,11 @@ impl Drop for EngineProcess {
     }
 }
 
-/// An org, a project and one workflow version, written through the store.
-pub struct Seed {
-    pub org: engine::ids::OrgId,
-    pub project: engine::ids::ProjectId,
-    pub workflow: engine::ids::WorkflowId,
-    pub version: i32,
-}
+pub use engine::testkit::Seed;
 
+/// Org `acme` with project `web` and `source` as its workflow ([`engine::testkit::seed`]).
 pub async fn seed(pool: &Db, source: &str) -> Seed {
-    if let Err(problems) = engine::definition::parse(source) {
-        panic!("test workflow does not validate: {problems:?}");
-    }
-    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    let (org, _) = tenants::create_org(&mut ch, &engine::ids::Slug::parse("acme").unwrap(), "acme", "o@example.com").await.unwrap();
-    let project = tenants::create_project(&mut ch, org, &engine::ids::Slug::parse("web").unwrap(), "web").await.unwrap();
-    let (workflow, version) = workflows::put_version(&mut ch, org, project, "wf", source).await.unwrap();
-    ch.commit().await.unwrap();
-    Seed { org, project, workflow, version }
+    engine::testkit::seed(pool, "acme", source).await
 }
 
 /// Submits `n` runs with `input`, 100 per transaction.
@@ -125,19 +113,7 @@ pub async fn submit_inputs(pool: &Db, s: &Seed, inputs: &[serde_json::Value]) ->
     for chunk in inputs.chunks(100) {
         let mut ch = Change::begin(pool, Actor::System).await.unwrap();
         for input in chunk {
-            let new = NewRun {
-                org: s.org,
-                project: s.project,
-                workflow: s.workflow,
-                version: s.version,
-                input: input.clone(),
-                item: None,
-                trigger_event: None,
-                parent: None,
-                dry_run: false,
-                needs_approval: false,
-                source: None,
-            };
+            let new = engine::testkit::new_run(s, input.clone());
             ids.push(runs::submit(&mut ch, new).await.unwrap());
         }
         ch.commit().await.unwrap();
@@ -147,6 +123,19 @@ pub async fn submit_inputs(pool: &Db, s: &Seed, inputs: &[serde_json::Value]) ->
 
 pub async fn scalar(pool: &Db, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Waits until `sql` counts `want`, up to `limit` (the test reads; the processes never poll).
+pub async fn until_count(pool: &Db, sql: &str, want: i64, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let got = scalar(pool, sql).await;
+        if got == want {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{sql}: still {got}, expected {want} after {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits until no run is `running`, up to `limit`; returns how many still are.

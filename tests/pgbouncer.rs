@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::process::free_port;
+
 /// A running PgBouncer, killed when dropped.
 pub struct PgBouncer {
     child: Child,
@@ -142,8 +144,4 @@ async fn reachable(url: &str) -> bool {
         Ok(mut conn) => sqlx::Executor::execute(&mut conn, "SELECT 1").await.is_ok(),
         Err(_) => false,
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }

@@ -27,7 +27,7 @@ use secrecy::ExposeSecret as _;
 use serde_json::{json, Value};
 use sha2::Sha256;
 
-use crate::setup::{scalar_f64, scalar_i64, submit_many, Bench, Db};
+use crate::setup::{scalar_i64, steps_and_seconds, submit_many, Bench, Db};
 
 /// The three-in-a-row of `engine_steps_per_s`, for hosts: each step runs `true`.
 const HOST_SEQUENTIAL: &str = r#"name: three-on-hosts
@@ -215,12 +215,7 @@ pub(crate) async fn host_throughput(b: &Bench, root: &Path, n: usize) -> Result<
     if retried > 0 {
         eprintln!("host_steps_per_s: {retried} steps were retried (counted in the figure)");
     }
-    let secs = scalar_f64(
-        &db.pool,
-        "SELECT extract(epoch FROM (SELECT max(ended_at) FROM runs) - (SELECT min(started_at) FROM steps))::float8",
-    )
-    .await?;
-    let steps = scalar_i64(&db.pool, "SELECT count(*) FROM steps").await?;
+    let (steps, secs) = steps_and_seconds(&db.pool).await?;
     db.close().await;
     let _ = std::fs::remove_dir_all(&work);
     Ok(HostThroughput { steps_per_s: steps as f64 / secs, steps })

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use engine::store::{runs, Actor, Change};
 use serde_json::json;
 
-use crate::setup::{scalar_f64, scalar_i64, submit_many, until_count, Bench};
+use crate::setup::{scalar_i64, steps_and_seconds, submit_many, until_count, Bench};
 
 /// Three leased steps in a row.
 const SEQUENTIAL: &str = "name: three-in-a-row
@@ -102,12 +102,7 @@ pub(crate) async fn engine_throughput(b: &Bench, n: usize) -> Result<Throughput>
     if failed > 0 {
         bail!("{failed} bench runs did not complete");
     }
-    let secs = scalar_f64(
-        &db.pool,
-        "SELECT extract(epoch FROM (SELECT max(ended_at) FROM runs) - (SELECT min(started_at) FROM steps))::float8",
-    )
-    .await?;
-    let steps = scalar_i64(&db.pool, "SELECT count(*) FROM steps").await?;
+    let (steps, secs) = steps_and_seconds(&db.pool).await?;
     if std::env::var("BENCH_PROFILE").as_deref() == Ok("1") {
         print_top_statements(&db, n).await?;
     }

@@ -132,6 +132,13 @@ pub(crate) async fn scalar_f64(pool: &engine::db::Db, sql: &str) -> Result<f64> 
     v.context("no value")
 }
 
+/// The steps taken, and the seconds from the first step's start to the last run's end: what a
+/// throughput figure divides by.
+pub(crate) async fn steps_and_seconds(pool: &engine::db::Db) -> Result<(i64, f64)> {
+    let secs = scalar_f64(pool, "SELECT extract(epoch FROM (SELECT max(ended_at) FROM runs) - (SELECT min(started_at) FROM steps))::float8").await?;
+    Ok((scalar_i64(pool, "SELECT count(*) FROM steps").await?, secs))
+}
+
 /// Waits until `sql` (a count) reaches `want`, checking every second (the harness reads; the
 /// engines never poll).
 pub(crate) async fn until_count(pool: &engine::db::Db, sql: &str, want: i64, limit: Duration) -> Result<()> {

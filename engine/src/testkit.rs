@@ -342,6 +342,50 @@ pub async fn used_up_cycle_budget(pool: &Db, org: crate::ids::OrgId, project: cr
     item
 }
 
+/// An org, its project `web` and one workflow version, written through the store.
+pub struct Seed {
+    pub org: crate::ids::OrgId,
+    pub project: crate::ids::ProjectId,
+    pub workflow: crate::ids::WorkflowId,
+    pub version: i32,
+}
+
+/// Org `slug` (its owner `owner@example.com`) with project `web`, and `source` as its workflow
+/// `wf`; a source that does not validate fails the test.
+pub async fn seed(pool: &Db, slug: &str, source: &str) -> Seed {
+    use crate::ids::Slug;
+    use crate::store::{tenants, workflows, Actor, Change};
+    if let Err(problems) = crate::definition::parse(source) {
+        panic!("test workflow does not validate: {problems:?}");
+    }
+    let mut ch = Change::begin(pool, Actor::System).await.expect("begin the seed");
+    let slug = Slug::parse(slug).unwrap_or_else(|e| panic!("the org's slug: {e:?}"));
+    let (org, _) = tenants::create_org(&mut ch, &slug, slug.as_str(), "owner@example.com").await.expect("the org");
+    let web = Slug::parse("web").expect("a slug");
+    let project = tenants::create_project(&mut ch, org, &web, "web").await.expect("the project");
+    let (workflow, version) = workflows::put_version(&mut ch, org, project, "wf", source).await.expect("the workflow");
+    ch.commit().await.expect("commit the seed");
+    Seed { org, project, workflow, version }
+}
+
+/// A run of the seeded workflow with `input`, as a person submits it: no item, trigger event,
+/// parent or approval.
+pub fn new_run(s: &Seed, input: serde_json::Value) -> crate::store::runs::NewRun {
+    crate::store::runs::NewRun {
+        org: s.org,
+        project: s.project,
+        workflow: s.workflow,
+        version: s.version,
+        input,
+        item: None,
+        trigger_event: None,
+        parent: None,
+        dry_run: false,
+        needs_approval: false,
+        source: None,
+    }
+}
+
 /// The nodes of a fan-out, a join and a gate that loops back once, which several tests walk:
 /// `plan`; `left` and `right` after it; `ci` after both, sending the run back to `left` when
 /// its check fails. Each test adds what follows `ci`.

@@ -11,7 +11,7 @@ use shopfloor_tests::github_fake::oauth::Account;
 use shopfloor_tests::github_fake::payloads::{self, WebhookClient};
 use shopfloor_tests::github_fake::server::FakeGithub;
 
-use crate::support::{App, Browser, WEBHOOK_SECRET, page_csrf};
+use crate::support::{App, WEBHOOK_SECRET, page_csrf};
 
 const INSTALLATION: i64 = 4242;
 
@@ -87,8 +87,7 @@ async fn githubs_install_flow_connects_an_installation_and_then_its_repositories
     oauth.grant("acme-owner", INSTALLATION, "Acme");
     oauth.will_install(INSTALLATION, &app.url("/github/setup"));
     oauth.sign_in_as(person("acme-owner"));
-    let mut browser = Browser::new(&app.base);
-    browser.sign_in_with_token(&acme.owner_token).await;
+    let mut browser = app.signed_in(&acme.owner_token).await;
     let page = browser.get("/orgs/acme/github").await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     assert!(
@@ -99,12 +98,7 @@ async fn githubs_install_flow_connects_an_installation_and_then_its_repositories
     );
 
     // The button sends the browser to the App's install page with a fresh state.
-    let to_github = browser
-        .post(
-            "/orgs/acme/github/connect",
-            &[("_csrf", &page_csrf(&page.body))],
-        )
-        .await;
+    let to_github = browser.press("/orgs/acme/github/connect", &page_csrf(&page.body)).await;
     assert!(to_github.status.is_redirection(), "{}", to_github.body);
     let install = to_github.location();
     assert!(
@@ -248,20 +242,14 @@ async fn a_state_that_is_not_this_browsers_claims_nothing() {
     announce(&WebhookClient::new(&app.base, WEBHOOK_SECRET), "d-created").await;
     oauth.grant("acme-owner", INSTALLATION, "Acme");
     oauth.sign_in_as(person("acme-owner"));
-    let mut browser = Browser::new(&app.base);
-    browser.sign_in_with_token(&acme.owner_token).await;
+    let mut browser = app.signed_in(&acme.owner_token).await;
 
     // A setup link that this browser never started (someone else's, or forged).
     let forged = browser.get("/github/setup?installation_id=4242&setup_action=install&state=forgedforgedforgedforged").await;
     assert_eq!(forged.status, StatusCode::BAD_REQUEST, "{}", forged.body);
     // Started here, but GitHub (or someone) comes back with another state.
     let page = browser.get("/orgs/acme/github").await;
-    browser
-        .post(
-            "/orgs/acme/github/connect",
-            &[("_csrf", &page_csrf(&page.body))],
-        )
-        .await;
+    browser.press("/orgs/acme/github/connect", &page_csrf(&page.body)).await;
     let other = browser.get("/github/setup?installation_id=4242&setup_action=install&state=anotherstateanotherstate").await;
     assert_eq!(other.status, StatusCode::BAD_REQUEST, "{}", other.body);
     let callback = browser

@@ -280,13 +280,7 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
     let app = App::start(true).await;
     let org = app.org("acme").await;
     // Today's spend so far, as hosts' session reports record it.
-    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System)
-        .await
-        .unwrap();
-    engine::store::budgets::record_spend(&mut ch, org.id, org.project, 3.5, 1000)
-        .await
-        .unwrap();
-    ch.commit().await.unwrap();
+    app.record_spend(&org, 3.5).await;
     let c = sign_in(&d, &app, "acme").await;
 
     open(&c, &app, "/orgs/acme/projects/web/hosts", "Hosts of web").await;

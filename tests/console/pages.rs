@@ -140,8 +140,7 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
         "an open approval",
     )
     .await;
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");
     let page = b.get(&path).await;
     let csrf = page_csrf(&page.body);
@@ -153,11 +152,7 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
     let forged = b.post(&format!("{path}/cancel"), &[("_csrf", "x")]).await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
-    let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1")
-        .bind(run)
-        .fetch_one(app.pool())
-        .await
-        .unwrap();
+    let status: String = app.read("SELECT status FROM runs WHERE run_id = $1", run).await;
     assert_eq!(status, "running");
 
     // A required field left empty and a number that is not one: both messages, nothing decided.
@@ -168,22 +163,10 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
         )
         .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(
-        refused.body.contains("ticket is required"),
-        "{}",
-        refused.body
-    );
-    assert!(
-        refused.body.contains("risk must be a number"),
-        "{}",
-        refused.body
-    );
+    refused.shows("ticket is required");
+    refused.shows("risk must be a number");
     assert!(refused.body.contains("aria-invalid=\"true\""));
-    let open: bool = sqlx::query_scalar("SELECT decision IS NULL FROM approvals WHERE run_id = $1")
-        .bind(run)
-        .fetch_one(app.pool())
-        .await
-        .unwrap();
+    let open: bool = app.read("SELECT decision IS NULL FROM approvals WHERE run_id = $1", run).await;
     assert!(open, "the run keeps waiting");
 
     let approved = b
@@ -194,17 +177,9 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
         .await;
     assert_eq!(approved.status, StatusCode::SEE_OTHER, "{}", approved.body);
     let answer: serde_json::Value =
-        sqlx::query_scalar("SELECT answer FROM approvals WHERE run_id = $1")
-            .bind(run)
-            .fetch_one(app.pool())
-            .await
-            .unwrap();
+        app.read("SELECT answer FROM approvals WHERE run_id = $1", run).await;
     assert_eq!(answer, serde_json::json!({ "ticket": "T-42", "risk": 2 }));
-    let approver: String = sqlx::query_scalar("SELECT decided_by FROM approvals WHERE run_id = $1")
-        .bind(run)
-        .fetch_one(app.pool())
-        .await
-        .unwrap();
+    let approver: String = app.read("SELECT decided_by FROM approvals WHERE run_id = $1", run).await;
     assert!(
         approver.contains(&org.owner.to_string()),
         "decided by the signed-in person: {approver}"
@@ -231,8 +206,7 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     );
 
     // A viewer reads, and has no forms to act with; a post is refused by the REST API's role check.
-    let mut v = Browser::new(&app.base);
-    v.sign_in_with_token(&org.viewer_token).await;
+    let mut v = app.signed_in(&org.viewer_token).await;
     let page = v.get(&format!("/orgs/acme/projects/web/runs/{slow}")).await;
     assert!(
         !page.body.contains("/rerun\""),
@@ -240,24 +214,15 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     );
     // The tokens page has a form for everyone; its CSRF field is the session's.
     let vcsrf = page_csrf(&v.get("/orgs/acme/tokens").await.body);
-    let refused = v
-        .post(
-            &format!("/orgs/acme/projects/web/runs/{slow}/rerun"),
-            &[("_csrf", &vcsrf)],
-        )
-        .await;
+    let refused = v.press(&format!("/orgs/acme/projects/web/runs/{slow}/rerun"), &vcsrf).await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(
-        refused.body.contains("needs the member role"),
-        "{}",
-        refused.body
-    );
+    refused.shows("needs the member role");
 
     // Sign-out revokes the console token: the old cookie no longer works.
     let old = b.cookies.clone();
     let today = b.get("/orgs/acme").await;
     let out_csrf = field(&today.body[today.body.find("/signout").unwrap()..], "_csrf").unwrap();
-    let out = b.post("/signout", &[("_csrf", &out_csrf)]).await;
+    let out = b.press("/signout", &out_csrf).await;
     assert_eq!(out.location(), "/signin");
     assert!(!b.cookies.contains_key("shopfloor_session"));
     b.cookies = old;
@@ -332,7 +297,7 @@ async fn github_sign_in_finds_the_person_by_login_or_verified_email() {
     let back = c.get(&start.location()).await;
     let callback = c.get(&back.location()).await;
     let landed = c.follow(callback).await;
-    assert!(landed.body.contains("Today in other"), "{}", landed.body);
+    landed.shows("Today in other");
 
     // An unverified email is not enough, and a stranger gets no session.
     let mut d = Browser::new(&app.base);
@@ -366,8 +331,7 @@ async fn github_sign_in_finds_the_person_by_login_or_verified_email() {
 async fn workflows_page_shows_problems_at_their_lines() {
     let app = App::start(false).await;
     let org = app.org("acme").await;
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let page = b.get("/orgs/acme/projects/web/workflows").await;
     let csrf = page_csrf(&page.body);
     let broken = "name: broken\nnodes:\n  a:\n    crew: { harness: nope }\n  b:\n    after: [missing]\n    wait: { for: 1m }\n";
@@ -378,11 +342,7 @@ async fn workflows_page_shows_problems_at_their_lines() {
         )
         .await;
     assert_eq!(checked.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(
-        checked.body.contains("class=\"problem\""),
-        "{}",
-        checked.body
-    );
+    checked.shows("class=\"problem\"");
     assert!(checked.body.contains("Not valid"));
     let uploaded = b
         .post(
@@ -402,12 +362,7 @@ async fn workflows_page_shows_problems_at_their_lines() {
         uploaded.location(),
         "/orgs/acme/projects/web/workflows/tiny"
     );
-    let paused = b
-        .post(
-            "/orgs/acme/projects/web/workflows/tiny/pause",
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let paused = b.press("/orgs/acme/projects/web/workflows/tiny/pause", &csrf).await;
     assert_eq!(paused.status, StatusCode::SEE_OTHER);
     let is_paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE name = 'tiny'")
         .fetch_one(app.pool())
@@ -435,8 +390,7 @@ async fn workflows_page_shows_problems_at_their_lines() {
 async fn the_live_stream_carries_the_projects_run_events() {
     let app = App::start(true).await;
     let org = app.org("acme").await;
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let b = app.signed_in(&org.owner_token).await;
     let cookie = b
         .cookies
         .iter()
@@ -578,8 +532,7 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
     )
     .await;
 
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");
     let page = b.get(&path).await;
     let action = format!("{path}/steps/{step}/messages").replace('/', "&#x2f;");
@@ -617,11 +570,7 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
         beat["messages"][0]["text"], "Prefer the blue widget.",
         "{beat}"
     );
-    let by: String = sqlx::query_scalar("SELECT sent_by FROM step_messages WHERE run_id = $1")
-        .bind(run)
-        .fetch_one(app.pool())
-        .await
-        .unwrap();
+    let by: String = app.read("SELECT sent_by FROM step_messages WHERE run_id = $1", run).await;
     assert_eq!(
         by,
         format!("user:{}", org.owner),
@@ -636,15 +585,11 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
         )
         .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(
-        refused.body.contains("id=\"say-form\"") && refused.body.contains("role=\"alert\""),
-        "{}",
-        refused.body
-    );
+    refused.shows("id=\"say-form\"");
+    refused.shows("role=\"alert\"");
 
     // A viewer reads the transcript without the form.
-    let mut v = Browser::new(&app.base);
-    v.sign_in_with_token(&org.viewer_token).await;
+    let mut v = app.signed_in(&org.viewer_token).await;
     assert!(!v.get(&path).await.body.contains("say-form"));
     app.discard().await;
 }
@@ -660,8 +605,7 @@ async fn the_run_page_draws_the_graph_with_start_and_the_loop_back() {
     let (workflow, _) = workflows::put_version(&mut ch, org.id, org.project, "issue-to-pr", source).await.unwrap();
     ch.commit().await.unwrap();
     let run = app.submit(&org, workflow).await;
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let page = b.get(&format!("/orgs/acme/projects/web/runs/{run}")).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     let at = page.body.find("<svg class=\"graph\"").expect("the graph's svg");
@@ -682,8 +626,7 @@ async fn the_run_page_draws_the_graph_with_start_and_the_loop_back() {
 async fn workflow_source_keeps_its_indentation() {
     let app = App::start(false).await;
     let org = app.org("acme").await;
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let page = b.get("/orgs/acme/projects/web/workflows/approve").await;
     assert_eq!(page.status, StatusCode::OK);
     for line in ["<code>  review:</code>", "<code>    approval:</code>", "<code>      timeout: 24h</code>"] {
@@ -736,8 +679,7 @@ pub(crate) fn token_in(command: &str) -> String {
 async fn adding_a_host_shows_the_command_with_its_token_once() {
     let app = App::start(false).await;
     let org = app.org("acme").await;
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let hosts = b.get("/orgs/acme/projects/web/hosts").await;
     assert!(
         hosts
@@ -780,13 +722,9 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
         "a name with a space is quoted: {command}"
     );
     assert_eq!(count(&made.body, &token), 1, "the token appears once");
-    assert!(made.body.contains("once"), "{}", made.body);
+    made.shows("once");
     let kind: String =
-        sqlx::query_scalar("SELECT kind FROM api_tokens WHERE org_id = $1 AND name = 'box 1'")
-            .bind(org.id)
-            .fetch_one(app.pool())
-            .await
-            .unwrap();
+        app.read("SELECT kind FROM api_tokens WHERE org_id = $1 AND name = 'box 1'", org.id).await;
     assert_eq!(kind, "registration");
 
     // A reload shows the form, never the token again.
@@ -813,11 +751,10 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
         )
         .await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(bad.body.contains("is not a capability"), "{}", bad.body);
+    bad.shows("is not a capability");
 
     // A viewer is refused by the REST route, in its words.
-    let mut viewer = Browser::new(&app.base);
-    viewer.sign_in_with_token(&org.viewer_token).await;
+    let mut viewer = app.signed_in(&org.viewer_token).await;
     let form = viewer.get("/orgs/acme/projects/web/hosts/add").await;
     let refused = viewer
         .post(
@@ -830,11 +767,7 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
         )
         .await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
-    assert!(
-        refused.body.contains("this needs the admin role"),
-        "{}",
-        refused.body
-    );
+    refused.shows("this needs the admin role");
     assert!(!refused.body.contains("--token"));
     // No such project: not found.
     let none = b.get("/orgs/acme/projects/nope/hosts/add").await;
@@ -850,24 +783,17 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
     let host = crate::browser::register_host(&app, &org).await;
     let theirs = crate::browser::register_host(&app, &other).await;
     let id = host.host_id.to_string();
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let page = b.get("/orgs/acme/projects/web/hosts").await;
     accessible(&page.body, "hosts");
-    assert!(page.body.contains("Drain builder-1"), "{}", page.body);
+    page.shows("Drain builder-1");
     assert!(!page.body.contains("drained</span>"));
     let csrf = page_csrf(&page.body);
 
     // A viewer sees the page and the buttons, and the REST refusal beside them.
-    let mut viewer = Browser::new(&app.base);
-    viewer.sign_in_with_token(&org.viewer_token).await;
+    let mut viewer = app.signed_in(&org.viewer_token).await;
     let seen = viewer.get("/orgs/acme/projects/web/hosts").await;
-    let refused = viewer
-        .post(
-            &format!("/orgs/acme/projects/web/hosts/{id}/drain"),
-            &[("_csrf", &page_csrf(&seen.body))],
-        )
-        .await;
+    let refused = viewer.press(&format!("/orgs/acme/projects/web/hosts/{id}/drain"), &page_csrf(&seen.body)).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     assert!(
         refused
@@ -877,20 +803,11 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
         refused.body
     );
     let drained: bool =
-        sqlx::query_scalar("SELECT drained_at IS NOT NULL FROM hosts WHERE host_id = $1")
-            .bind(host.host_id)
-            .fetch_one(app.pool())
-            .await
-            .unwrap();
+        app.read("SELECT drained_at IS NOT NULL FROM hosts WHERE host_id = $1", host.host_id).await;
     assert!(!drained, "a viewer drained a host");
 
     // Drained: its own badge, and the undrain button.
-    let done = b
-        .post(
-            &format!("/orgs/acme/projects/web/hosts/{id}/drain"),
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let done = b.press(&format!("/orgs/acme/projects/web/hosts/{id}/drain"), &csrf).await;
     assert_eq!(done.status, StatusCode::SEE_OTHER);
     let page = b.follow(done).await;
     assert!(
@@ -901,12 +818,7 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
     );
     assert!(!page.body.contains("online</span>"));
     assert!(page.body.contains("Undrain builder-1"));
-    let done = b
-        .post(
-            &format!("/orgs/acme/projects/web/hosts/{id}/undrain"),
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let done = b.press(&format!("/orgs/acme/projects/web/hosts/{id}/undrain"), &csrf).await;
     let page = b.follow(done).await;
     assert!(!page.body.contains("drained</span>"), "{}", page.body);
     assert!(page.body.contains("Drain builder-1"));
@@ -914,12 +826,7 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
     // Another org's host is not found, and stays as it was.
     let theirs_id = theirs.host_id.to_string();
     for verb in ["drain", "deregister"] {
-        let answer = b
-            .post(
-                &format!("/orgs/acme/projects/web/hosts/{theirs_id}/{verb}"),
-                &[("_csrf", &csrf)],
-            )
-            .await;
+        let answer = b.press(&format!("/orgs/acme/projects/web/hosts/{theirs_id}/{verb}"), &csrf).await;
         assert_eq!(answer.status, StatusCode::NOT_FOUND, "{verb}");
     }
     let untouched: bool = sqlx::query_scalar(
@@ -931,12 +838,7 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
     .unwrap();
     assert!(untouched);
 
-    let gone = b
-        .post(
-            &format!("/orgs/acme/projects/web/hosts/{id}/deregister"),
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let gone = b.press(&format!("/orgs/acme/projects/web/hosts/{id}/deregister"), &csrf).await;
     let page = b.follow(gone).await;
     assert!(!page.body.contains("builder-1"), "{}", page.body);
     app.discard().await;
@@ -946,19 +848,12 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
 async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     let app = App::start(true).await;
     let org = app.org("acme").await;
-    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System)
-        .await
-        .unwrap();
-    engine::store::budgets::record_spend(&mut ch, org.id, org.project, 3.5, 1000)
-        .await
-        .unwrap();
-    ch.commit().await.unwrap();
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    app.record_spend(&org, 3.5).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let page = b.get("/orgs/acme/projects/web/budgets").await;
     assert_eq!(page.status, StatusCode::OK);
     accessible(&page.body, "budgets");
-    assert!(page.body.contains("No limit is set"), "{}", page.body);
+    page.shows("No limit is set");
     assert!(
         page.body.contains("aria-current=\"page\">Budgets"),
         "the nav marks Budgets"
@@ -971,8 +866,7 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     let csrf = page_csrf(&page.body);
 
     // A viewer cannot set one: the REST refusal is shown at the form.
-    let mut viewer = Browser::new(&app.base);
-    viewer.sign_in_with_token(&org.viewer_token).await;
+    let mut viewer = app.signed_in(&org.viewer_token).await;
     let seen = viewer.get("/orgs/acme/projects/web/budgets").await;
     let refused = viewer
         .post(
@@ -1039,12 +933,7 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     );
 
     // A viewer's removal is refused beside the limit's row.
-    let refused = viewer
-        .post(
-            "/orgs/acme/projects/web/budgets/day/remove",
-            &[("_csrf", &page_csrf(&seen.body))],
-        )
-        .await;
+    let refused = viewer.press("/orgs/acme/projects/web/budgets/day/remove", &page_csrf(&seen.body)).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     let row = &refused.body[refused.body.find("id=\"limit-project:web:day\"").unwrap()..];
     assert!(
@@ -1077,17 +966,12 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     assert!(row.contains("soft"));
     // Removing a limit that is not set is the REST API's not found.
     let none = b
-        .post("/orgs/acme/budgets/day/remove", &[("_csrf", &csrf)])
+        .press("/orgs/acme/budgets/day/remove", &csrf)
         .await;
     assert_eq!(none.status, StatusCode::NOT_FOUND);
 
     // Removing the project's limit releases the run.
-    let removed = b
-        .post(
-            "/orgs/acme/projects/web/budgets/day/remove",
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let removed = b.press("/orgs/acme/projects/web/budgets/day/remove", &csrf).await;
     assert_eq!(removed.status, StatusCode::SEE_OTHER);
     app.until(
         run,
@@ -1106,8 +990,7 @@ async fn members_page_adds_people_changes_roles_and_removes_them() {
     let app = App::start(false).await;
     let org = app.org("acme").await;
     let other = app.org("globex").await;
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let page = b.get("/orgs/acme/members").await;
     assert_eq!(page.status, StatusCode::OK);
     accessible(&page.body, "members");
@@ -1148,7 +1031,7 @@ async fn members_page_adds_people_changes_roles_and_removes_them() {
         )
         .await;
     assert_eq!(again.status, StatusCode::CONFLICT);
-    assert!(again.body.contains("id=\"add-error\""), "{}", again.body);
+    again.shows("id=\"add-error\"");
 
     let changed = b
         .post(
@@ -1161,33 +1044,17 @@ async fn members_page_adds_people_changes_roles_and_removes_them() {
     assert!(row.contains("<td class=\"role\">admin</td>"), "{row}");
 
     // A viewer is refused by the REST route, shown beside the form.
-    let mut viewer = Browser::new(&app.base);
-    viewer.sign_in_with_token(&org.viewer_token).await;
+    let mut viewer = app.signed_in(&org.viewer_token).await;
     let seen = viewer.get("/orgs/acme/members").await;
-    let refused = viewer
-        .post(
-            &format!("/orgs/acme/members/{user}/remove"),
-            &[("_csrf", &page_csrf(&seen.body))],
-        )
-        .await;
+    let refused = viewer.press(&format!("/orgs/acme/members/{user}/remove"), &page_csrf(&seen.body)).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     assert!(refused.body.contains("this needs the admin role"));
 
     // Another org's member is not found here.
-    let theirs = b
-        .post(
-            &format!("/orgs/acme/members/{}/remove", other.owner),
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let theirs = b.press(&format!("/orgs/acme/members/{}/remove", other.owner), &csrf).await;
     assert_eq!(theirs.status, StatusCode::NOT_FOUND);
 
-    let removed = b
-        .post(
-            &format!("/orgs/acme/members/{user}/remove"),
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let removed = b.press(&format!("/orgs/acme/members/{user}/remove"), &csrf).await;
     let page = b.follow(removed).await;
     assert!(!page.body.contains("dana@acme.test"), "{}", page.body);
     app.discard().await;
@@ -1198,8 +1065,7 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     let app = App::start(true).await;
     let org = app.org("acme").await;
     let other = app.org("globex").await;
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&org.owner_token).await;
+    let mut b = app.signed_in(&org.owner_token).await;
     let page = b.get("/orgs/acme/projects/web/webhooks").await;
     assert_eq!(page.status, StatusCode::OK);
     accessible(&page.body, "webhooks");
@@ -1217,11 +1083,7 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
         )
         .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(
-        refused.body.contains("id=\"create-error\""),
-        "{}",
-        refused.body
-    );
+    refused.shows("id=\"create-error\"");
 
     let made = b
         .post(
@@ -1248,11 +1110,7 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     assert!(!reload.body.contains(&secret), "the secret is shown again");
     assert!(reload.body.contains("step.failed"));
     let webhook: uuid::Uuid =
-        sqlx::query_scalar("SELECT subscription_id FROM webhook_subscriptions WHERE org_id = $1")
-            .bind(org.id)
-            .fetch_one(app.pool())
-            .await
-            .unwrap();
+        app.read("SELECT subscription_id FROM webhook_subscriptions WHERE org_id = $1", org.id).await;
 
     // A run's events make deliveries; one is replayed as a new delivery.
     let run = app.submit(&org, org.slow).await;
@@ -1270,28 +1128,14 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     .fetch_one(app.pool())
     .await
     .unwrap();
-    assert!(
-        page.body.contains(&format!("id=\"delivery-{delivery}\"")),
-        "{}",
-        page.body
-    );
-    let replayed = b
-        .post(
-            &format!("/orgs/acme/projects/web/webhooks/{webhook}/deliveries/{delivery}/replay"),
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    page.shows(&format!("id=\"delivery-{delivery}\""));
+    let replayed = b.press(&format!("/orgs/acme/projects/web/webhooks/{webhook}/deliveries/{delivery}/replay"), &csrf).await;
     assert_eq!(replayed.status, StatusCode::SEE_OTHER);
     let page = b.follow(replayed).await;
-    assert!(
-        page.body.contains("<span class=\"tag\">replay</span>"),
-        "{}",
-        page.body
-    );
+    page.shows("<span class=\"tag\">replay</span>");
 
     // A viewer is told webhooks are for admins, in the REST API's words.
-    let mut viewer = Browser::new(&app.base);
-    viewer.sign_in_with_token(&org.viewer_token).await;
+    let mut viewer = app.signed_in(&org.viewer_token).await;
     let seen = viewer.get("/orgs/acme/projects/web/webhooks").await;
     assert_eq!(seen.status, StatusCode::OK);
     assert!(seen.body.contains("this needs the admin role"));
@@ -1313,28 +1157,13 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     .await
     .unwrap();
     ch.commit().await.unwrap();
-    let answer = b
-        .post(
-            &format!("/orgs/acme/projects/web/webhooks/{theirs}/delete"),
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let answer = b.press(&format!("/orgs/acme/projects/web/webhooks/{theirs}/delete"), &csrf).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
-    let answer = b
-        .post(
-            &format!("/orgs/acme/projects/web/webhooks/{theirs}/deliveries/{delivery}/replay"),
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let answer = b.press(&format!("/orgs/acme/projects/web/webhooks/{theirs}/deliveries/{delivery}/replay"), &csrf).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
 
-    let deleted = b
-        .post(
-            &format!("/orgs/acme/projects/web/webhooks/{webhook}/delete"),
-            &[("_csrf", &csrf)],
-        )
-        .await;
+    let deleted = b.press(&format!("/orgs/acme/projects/web/webhooks/{webhook}/delete"), &csrf).await;
     let page = b.follow(deleted).await;
-    assert!(page.body.contains("No outgoing webhook"), "{}", page.body);
+    page.shows("No outgoing webhook");
     app.discard().await;
 }

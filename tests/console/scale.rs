@@ -292,11 +292,7 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
         "seeded 2 x 10,000 runs in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let completed: RunId = sqlx::query_scalar("SELECT run_id FROM runs WHERE org_id = $1 AND status = 'failed' ORDER BY created_at DESC LIMIT 1")
-        .bind(acme.id)
-        .fetch_one(app.pool())
-        .await
-        .unwrap();
+    let completed: RunId = app.read("SELECT run_id FROM runs WHERE org_id = $1 AND status = 'failed' ORDER BY created_at DESC LIMIT 1", acme.id).await;
     let waiting: RunId = sqlx::query_scalar(
         "SELECT a.run_id FROM approvals a WHERE a.org_id = $1 AND a.decision IS NULL LIMIT 1",
     )

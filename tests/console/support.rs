@@ -146,6 +146,36 @@ impl App {
         format!("{}{path}", self.base)
     }
 
+    /// The one value `sql` reads, with `arg` as $1.
+    pub(crate) async fn read<T, A>(&self, sql: &str, arg: A) -> T
+    where
+        T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+        A: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + 'static,
+    {
+        sqlx::query_scalar(sql)
+            .bind(arg)
+            .fetch_one(self.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Records `usd` spent today by the org's project (1,000 tokens), as hosts' session
+    /// reports do.
+    pub(crate) async fn record_spend(&self, org: &Org, usd: f64) {
+        let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
+        engine::store::budgets::record_spend(&mut ch, org.id, org.project, usd, 1000)
+            .await
+            .unwrap();
+        ch.commit().await.unwrap();
+    }
+
+    /// A browser signed in with `token`.
+    pub(crate) async fn signed_in(&self, token: &str) -> Browser {
+        let mut browser = Browser::new(&self.base);
+        browser.sign_in_with_token(token).await;
+        browser
+    }
+
     /// Stops everything and drops the database (tests leave waiting runs on purpose).
     pub(crate) async fn discard(mut self) {
         self.stop.cancel();
@@ -275,6 +305,11 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
+    /// Fails the test, showing the body, unless the body holds `needle`.
+    pub(crate) fn shows(&self, needle: &str) {
+        assert!(self.body.contains(needle), "{needle:?} is not in:\n{}", self.body);
+    }
+
     pub(crate) fn location(&self) -> String {
         self.headers
             .get(LOCATION)
@@ -349,6 +384,11 @@ impl Browser {
             .await
             .expect("request");
         self.answer(resp).await
+    }
+
+    /// Presses a form's only button: posts its CSRF field alone.
+    pub(crate) async fn press(&mut self, path: &str, csrf: &str) -> Answer {
+        self.post(path, &[("_csrf", csrf)]).await
     }
 
     async fn answer(&mut self, resp: reqwest::Response) -> Answer {

@@ -4,7 +4,7 @@
 
 use reqwest::StatusCode;
 
-use crate::support::{App, Browser};
+use crate::support::App;
 
 #[tokio::test]
 async fn one_org_sees_nothing_of_another() {
@@ -14,8 +14,7 @@ async fn one_org_sees_nothing_of_another() {
     let secret = app.submit(&acme, acme.approve).await;
     let mine = app.submit(&other, other.slow).await;
     // A step of acme's run, for the transcript route.
-    let mut b = Browser::new(&app.base);
-    b.sign_in_with_token(&other.owner_token).await;
+    let mut b = app.signed_in(&other.owner_token).await;
 
     let today = b.get("/orgs/other").await;
     assert_eq!(today.status, StatusCode::OK);
@@ -51,11 +50,7 @@ async fn one_org_sees_nothing_of_another() {
         "{}",
         posted.status
     );
-    let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1")
-        .bind(secret)
-        .fetch_one(app.pool())
-        .await
-        .unwrap();
+    let status: String = app.read("SELECT status FROM runs WHERE run_id = $1", secret).await;
     assert_eq!(status, "running");
 
     // A cookie that files other's token under acme's name opens nothing of acme.
@@ -70,8 +65,7 @@ async fn one_org_sees_nothing_of_another() {
     assert_eq!(forged.status, StatusCode::NOT_FOUND);
 
     // The live stream of other's project is other's only: its events name other's runs.
-    let mut c = Browser::new(&app.base);
-    c.sign_in_with_token(&other.owner_token).await;
+    let mut c = app.signed_in(&other.owner_token).await;
     let live = c.get("/orgs/other/projects/web/live").await;
     assert_eq!(live.status, StatusCode::OK);
     assert!(

@@ -11,15 +11,12 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::process::Command;
 
-use engine::ids::Slug;
-use engine::store::{installations, tenants, Actor, Change};
+use engine::store::{installations, Actor, Change};
 use engine::testkit::test_db;
 use shopfloor_tests::github_fake::FakeGithub;
 use shopfloor_tests::shopfloor_bin;
 
-fn key_file() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake").join("test_app_key.pem")
-}
+use crate::support::{acme, owner_token};
 
 /// Runs `shopfloor check ARGS` with only the given settings; answers (exit code, stdout).
 fn check(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
@@ -77,14 +74,12 @@ async fn a_ready_server_passes_every_check() {
     let fake = FakeGithub::start().await;
     let (code, out) = {
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-        let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-        let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-        installations::connect_for_test(&mut ch, org, project, 77, "Acme", "Acme/Widgets").await.unwrap();
+        let acme = acme(&mut ch).await;
+        installations::connect_for_test(&mut ch, acme.org, acme.project, 77, "Acme", "Acme/Widgets").await.unwrap();
         // The first token makes the first signing key.
-        let user = api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "first", ttl: chrono::Duration::hours(1) };
-        api::auth::issue_user_token(&mut ch, &engine::testkit::secret_key(), user).await.unwrap();
+        owner_token(&mut ch, &acme, "first", 1).await;
         ch.commit().await.unwrap();
-        let key = key_file();
+        let key = shopfloor_tests::github_fake::app_key();
         let env = [
             ("DATABASE_URL", db.url.as_str()),
             ("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY),

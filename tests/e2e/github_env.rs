@@ -4,17 +4,17 @@
 //! processes acting as the GitHub App (`tests/github_fake/test_app_key.pem`, a key made for
 //! these tests only) against the fake.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::ids::Slug;
-use engine::store::{installations, tenants, workflows, Actor, Change};
+use engine::store::{installations, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use engine::triggers::{ingest, Delivery, IngestOutcome};
 use serde_json::Value;
-use shopfloor_tests::github_fake::{FakeGithub, Repo};
+use shopfloor_tests::github_fake::{self, FakeGithub, Repo};
 use shopfloor_tests::shopfloor_bin;
+
+use crate::support::{acme, put_workflows};
 
 pub(crate) const INSTALLATION: i64 = 77;
 
@@ -54,21 +54,13 @@ impl Drop for Engine {
     }
 }
 
-pub(crate) fn app_key() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake").join("test_app_key.pem")
-}
-
 impl GhEnv {
     pub(crate) async fn start(sources: &[&str]) -> GhEnv {
         let db = test_db().await;
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-        let (org, _) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-        let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-        for source in sources {
-            let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
-            workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
-        }
-        installations::connect_for_test(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+        let acme = acme(&mut ch).await;
+        put_workflows(&mut ch, acme.org, acme.project, sources).await;
+        installations::connect_for_test(&mut ch, acme.org, acme.project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
         ch.commit().await.unwrap();
         let fake = FakeGithub::start().await;
         GhEnv { db, fake, repo: Repo::new("Acme/Widgets", INSTALLATION) }
@@ -81,14 +73,10 @@ impl GhEnv {
         cmd.args(["engine", "--test-executor", "--engine-id", id, "--log", "warn"])
             .env("DATABASE_URL", &self.db.url)
             .env("SHOPFLOOR_DRAIN_SECS", "2")
-            .env("SHOPFLOOR_GITHUB_APP_ID", "1")
-            .env("SHOPFLOOR_GITHUB_APP_KEY_FILE", app_key())
-            .env("SHOPFLOOR_GITHUB_API_URL", &self.fake.url)
-            .env("SHOPFLOOR_GITHUB_GRAPHQL_URL", format!("{}/graphql", self.fake.url))
-            .env("SHOPFLOOR_GITHUB_TIMEOUT_SECS", "2")
             .env_remove("SHOPFLOOR_TEST_CRASH_AFTER")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
+        github_fake::as_app(&mut cmd, &self.fake.url, 2);
         if let Some(point) = crash_after {
             cmd.env("SHOPFLOOR_TEST_CRASH_AFTER", point);
         }
@@ -103,7 +91,7 @@ impl GhEnv {
     }
 
     pub(crate) async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sql).fetch_one(&self.db.pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+        shopfloor_tests::scalar(&self.db.pool, sql).await
     }
 
     pub(crate) async fn text(&self, sql: &str) -> Option<String> {
@@ -112,15 +100,7 @@ impl GhEnv {
 
     /// Waits until `sql` gives `want`, up to `limit` (the test reads; engines never poll).
     pub(crate) async fn until(&self, sql: &str, want: i64, limit: Duration) {
-        let started = Instant::now();
-        loop {
-            let got = self.scalar(sql).await;
-            if got == want {
-                return;
-            }
-            assert!(started.elapsed() < limit, "{sql}: still {got}, expected {want} after {limit:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        shopfloor_tests::until_count(&self.db.pool, sql, want, limit).await;
     }
 
     pub(crate) async fn finish(self) {

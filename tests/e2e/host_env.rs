@@ -2,17 +2,19 @@
 //! processes registered through the API, a stand-in for Claude Code that prints its real
 //! stream-json format, and a local bare repository as the remote.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
-use engine::store::{installations, tenants, workflows, Actor, Change};
+use engine::ids::{OrgId, ProjectId, RunId, WorkflowId};
+use engine::store::{installations, Actor, Change};
 use engine::testkit::{test_db, TestDb};
-use serde_json::{json, Value};
-use shopfloor_tests::github_fake::{FakeGithub, Repo, WebhookClient};
+use serde_json::Value;
+use shopfloor_tests::github_fake::{self, FakeGithub, Repo, WebhookClient};
+use shopfloor_tests::process::{listen, sh, shopfloor, Listening, Proc};
 use shopfloor_tests::shopfloor_bin;
+
+use crate::support::{acme, owner_token, put_workflows, registration, Acme};
 
 const SECRET: &str = "host tests' webhook secret";
 
@@ -91,36 +93,9 @@ while IFS= read -r more; do
 done
 "#;
 
-pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-pub(crate) fn sh(dir: &Path, script: &str) {
-    let out = Command::new("sh").arg("-c").arg(script).current_dir(dir).output().unwrap();
-    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 pub(crate) fn git_out(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git").args(args).current_dir(dir).output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// A child process killed when dropped.
-pub(crate) struct Proc(pub(crate) Child);
-
-impl Proc {
-    pub(crate) fn sigkill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            self.sigkill();
-        }
-    }
 }
 
 pub(crate) struct Env {
@@ -163,22 +138,10 @@ impl Env {
         let db = test_db().await;
         let dir = tempfile::tempdir().unwrap();
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-        let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-        let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-        let mut wfs = Vec::new();
-        for source in sources {
-            let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
-            let (id, _) = workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
-            wfs.push((def.name.clone(), id));
-        }
-        installations::connect_for_test(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
-        let owner_token = api::auth::issue_user_token(
-            &mut ch,
-            &engine::testkit::secret_key(),
-            api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "test", ttl: chrono::Duration::hours(2) },
-        )
-        .await
-        .unwrap();
+        let acme = acme(&mut ch).await;
+        let wfs = put_workflows(&mut ch, acme.org, acme.project, sources).await;
+        installations::connect_for_test(&mut ch, acme.org, acme.project, 77, "acme", "acme/widgets").await.unwrap();
+        let owner_token = owner_token(&mut ch, &acme, "test", 2).await;
         ch.commit().await.unwrap();
 
         let d = dir.path();
@@ -191,31 +154,19 @@ impl Env {
         std::fs::write(&fake, FAKE_CLAUDE).unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 
-        let port = free_port();
-        let mut cmd = Command::new(shopfloor_bin());
-        cmd.args(["serve", "--log", "warn"])
-            .env("DATABASE_URL", &db.url)
-            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
-            .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
-            .env("SHOPFLOOR_DRAIN_SECS", "2")
+        let mut cmd = shopfloor(&["serve", "--log", "warn"], &db.url);
+        cmd.env("SHOPFLOOR_DRAIN_SECS", "2")
             .env("SHOPFLOOR_DB_CONNECTIONS", "16")
             .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
             .env("SHOPFLOOR_STALL_SECS", stall_secs.to_string())
-            .envs(vars.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .envs(vars.iter().copied());
         let fake = if github { Some(FakeGithub::start().await) } else { None };
         if let Some(fake) = &fake {
-            cmd.env("SHOPFLOOR_GITHUB_APP_ID", "1")
-                .env("SHOPFLOOR_GITHUB_APP_KEY_FILE", PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake/test_app_key.pem"))
-                .env("SHOPFLOOR_GITHUB_API_URL", &fake.url)
-                .env("SHOPFLOOR_GITHUB_GRAPHQL_URL", format!("{}/graphql", fake.url))
-                .env("SHOPFLOOR_GITHUB_TIMEOUT_SECS", "2");
+            github_fake::as_app(&mut cmd, &fake.url, 2);
         }
-        let child = cmd.spawn().expect("spawn shopfloor serve");
-        let env = Env { db, _server: Proc(child), github: fake, base: format!("http://127.0.0.1:{port}"), dir, org, project, workflows: wfs, owner_token };
-        shopfloor_tests::until_ok(&format!("{}/readyz", env.base)).await;
-        env
+        let Listening { proc, base } = listen(cmd).await;
+        let Acme { org, project, .. } = acme;
+        Env { db, _server: proc, github: fake, base, dir, org, project, workflows: wfs, owner_token }
     }
 
     /// Stops the server, checks that no due wake was left unclaimed, and drops the database.
@@ -243,17 +194,7 @@ impl Env {
 
     /// A registration token for one host, made through the API as an admin would.
     pub(crate) async fn registration(&self) -> String {
-        let made: Value = reqwest::Client::new()
-            .post(format!("{}/api/v1/orgs/acme/projects/web/host-registrations", self.base))
-            .bearer_auth(&self.owner_token)
-            .json(&json!({ "name": "test host" }))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        made["token"].as_str().unwrap_or_else(|| panic!("no token in {made}")).to_owned()
+        registration(&self.base, &self.owner_token, "test host").await
     }
 
     /// Starts `shopfloor host` with its own work directory (reused when started again).

@@ -82,6 +82,19 @@ fn assert_pushed_with_a_fresh_token(env: &Env, after: usize) {
     assert!(lives > chrono::Duration::minutes(30), "the push's token is not one minted after the claim's token expired");
 }
 
+/// Waits until the claim's token (the first minted to push) has expired, lets the harness of
+/// `step` finish, and checks that the run completed.
+async fn finish_past_the_claim_tokens_expiry(env: &Env, run: engine::ids::RunId, step: &str) {
+    let claims = push_tokens(env)[0].expires_at;
+    wait_for("past the claim token's expiry", Duration::from_secs(120), || chrono::Utc::now() > claims + chrono::Duration::seconds(1)).await;
+    // From now on tokens live an hour: the one the push carries must be asked for after this.
+    env.github.as_ref().unwrap().set_token_lifetime(Duration::from_secs(3600));
+    std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
+
+    env.until(run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(60), "ended").await;
+    assert_eq!(env.status(run).await, ("completed".to_owned(), None));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_step_that_outlives_its_token_pushes_with_a_fresh_one() {
     let env = Env::start_with(&[LONG], true).await;
@@ -93,14 +106,7 @@ async fn a_step_that_outlives_its_token_pushes_with_a_fresh_one() {
 
     // The claim's token (the first minted to push) expires while the harness works.
     wait_for("a token minted at the claim", Duration::from_secs(120), || !push_tokens(&env).is_empty()).await;
-    let claims = push_tokens(&env)[0].expires_at;
-    wait_for("past the claim token's expiry", Duration::from_secs(120), || chrono::Utc::now() > claims + chrono::Duration::seconds(1)).await;
-    // From now on tokens live an hour: the one the push carries must be asked for after this.
-    env.github.as_ref().unwrap().set_token_lifetime(Duration::from_secs(3600));
-    std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
-
-    env.until(run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(60), "ended").await;
-    assert_eq!(env.status(run).await, ("completed".to_owned(), None));
+    finish_past_the_claim_tokens_expiry(&env, run, &step).await;
     let remote = env.dir.path().join("remotes/acme/widgets.git");
     assert_eq!(git_out(&remote, &["log", "-1", "--format=%s", "shopfloor/9-long-work"]), "work: Long work");
     // The fetch asked for a token too (the claim's, or a fresh one: any the fake minted).
@@ -127,14 +133,7 @@ async fn an_adopted_attempt_pushes_with_a_fresh_token() {
     let before = push_tokens(&env).len();
     let _again = env.host_env("victim", 1, &[("PATH", path)]).await;
     wait_for("a token asked for by the adopting host", Duration::from_secs(120), || push_tokens(&env).len() > before).await;
-    let claims = push_tokens(&env)[0].expires_at;
-    wait_for("past the claim token's expiry", Duration::from_secs(120), || chrono::Utc::now() > claims + chrono::Duration::seconds(1)).await;
-    // From now on tokens live an hour: the one the push carries must be asked for after this.
-    env.github.as_ref().unwrap().set_token_lifetime(Duration::from_secs(3600));
-    std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
-
-    env.until(run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(60), "ended").await;
-    assert_eq!(env.status(run).await, ("completed".to_owned(), None));
+    finish_past_the_claim_tokens_expiry(&env, run, &step).await;
     // The one attempt, finished by the adopting host: not taken back.
     let attempts: Vec<(i32, String)> = sqlx::query_as("SELECT attempt, state FROM steps WHERE run_id = $1 AND node = 'work'").bind(run).fetch_all(&env.db.pool).await.unwrap();
     assert_eq!(attempts, [(1, "succeeded".to_owned())]);

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use engine::ids::RunId;
 use serde_json::{json, Value};
-use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::github_fake::Issue;
 use shopfloor_tests::sse::Sse;
 
@@ -105,21 +104,6 @@ impl Env {
         answer
     }
 
-    fn label(&self, issue: &mut Issue, name: &str) -> Value {
-        issue.labels.push(name.to_owned());
-        payloads::issues_event("labeled", &self.repo(), issue, &user("bob"), Some(name))
-    }
-
-    fn unlabel(&self, issue: &mut Issue, name: &str) -> Value {
-        issue.labels.retain(|l| l != name);
-        payloads::issues_event("unlabeled", &self.repo(), issue, &user("bob"), Some(name))
-    }
-
-    fn edit(&self, issue: &mut Issue, body: &str) -> Value {
-        issue.body = body.to_owned();
-        payloads::issues_event("edited", &self.repo(), issue, &user("bob"), None)
-    }
-
     /// `POST /api/v1{path}` as the org's owner: the status and the answer's JSON.
     async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let answer = reqwest::Client::new().post(format!("{}/api/v1{path}", self.base)).bearer_auth(&self.owner_token).json(body).send().await.unwrap();
@@ -180,14 +164,14 @@ impl Env {
 async fn a_run_waiting_for_a_host_is_superseded_and_revoked() {
     let env = Env::start(&[CREW]).await;
     let mut issue = Issue::new(5, "the widget");
-    assert_eq!(env.send("issues", &env.label(&mut issue, "ready")).await["runs_opened"], 1);
+    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "ready")).await["runs_opened"], 1);
     let first = env.runs_of("crew").await[0].0;
     // No host is connected: the crew step waits for one (with no host registered at all, the
     // console says none can run it).
     env.until_substate(first, WAITING_FOR_A_HOST).await;
 
     // Another label: a new event for the item, which the if: still admits.
-    assert_eq!(env.send("issues", &env.label(&mut issue, "urgent")).await["runs_opened"], 1);
+    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "urgent")).await["runs_opened"], 1);
     let runs = env.runs_of("crew").await;
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[0].1, "cancelled");
@@ -196,7 +180,7 @@ async fn a_run_waiting_for_a_host_is_superseded_and_revoked() {
     env.until_substate(second, WAITING_FOR_A_HOST).await;
 
     // The label goes: the run waiting for a host is revoked, and nothing opens.
-    assert_eq!(env.send("issues", &env.unlabel(&mut issue, "ready")).await["runs_opened"], 0);
+    assert_eq!(env.send("issues", &issue.unlabeled(&env.repo(), "ready")).await["runs_opened"], 0);
     assert_eq!(env.status(second).await, ("cancelled".to_owned(), Some("revoked".to_owned())));
     let events: Vec<String> = env.events_of("crew").await.into_iter().map(|e| e.0).collect();
     assert_eq!(events, ["superseded", "revoked"]);
@@ -213,11 +197,11 @@ async fn a_running_crew_step_is_never_superseded_and_the_queued_event_is_judged_
     let env = Env::start(&[CREW]).await;
     let _host = env.host("builder", 1).await;
     let mut issue = Issue::new(6, "the gizmo");
-    assert_eq!(env.send("issues", &env.label(&mut issue, "ready")).await["runs_opened"], 1);
+    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "ready")).await["runs_opened"], 1);
     let first = env.runs_of("crew").await[0].0;
     let (step, _pid) = env.running_harness(first, "work").await;
 
-    let answer = env.send("issues", &env.edit(&mut issue, "More detail while it runs")).await;
+    let answer = env.send("issues", &issue.edited(&env.repo(), "More detail while it runs", "bob")).await;
     assert_eq!(answer["runs_opened"], 0, "{answer}");
     assert_eq!(env.events_of("crew").await[1].0, "queued");
     assert_eq!(env.runs_of("crew").await.len(), 1, "the running run is never superseded");
@@ -235,9 +219,9 @@ async fn a_running_crew_step_is_never_superseded_and_the_queued_event_is_judged_
     // matches and is revoked, the running run is not, and nothing opens when it ends (the end
     // judges the queue in its own transaction, so the count after it is final).
     let (second_step, _) = env.running_harness(runs[1].0, "work").await;
-    assert_eq!(env.send("issues", &env.edit(&mut issue, "Changed again")).await["runs_opened"], 0);
+    assert_eq!(env.send("issues", &issue.edited(&env.repo(), "Changed again", "bob")).await["runs_opened"], 0);
     assert_eq!(env.events_of("crew").await[2].0, "queued");
-    assert_eq!(env.send("issues", &env.unlabel(&mut issue, "ready")).await["runs_opened"], 0);
+    assert_eq!(env.send("issues", &issue.unlabeled(&env.repo(), "ready")).await["runs_opened"], 0);
     assert_eq!(env.events_of("crew").await[2], ("revoked".to_owned(), Some("revoked".to_owned())));
     assert_eq!(env.status(runs[1].0).await.0, "running", "a running attempt is never revoked");
     std::fs::write(env.marks().join(format!("{second_step}.go")), "").unwrap();
@@ -252,7 +236,7 @@ async fn a_running_crew_step_is_never_superseded_and_the_queued_event_is_judged_
 async fn a_spent_cycle_budget_stops_every_workflow_on_the_item_until_reset() {
     let env = Env::start(&[ALPHA, BETA]).await;
     let mut issue = Issue::new(9, "Keeps changing");
-    assert_eq!(env.send("issues", &env.label(&mut issue, "ready")).await["runs_opened"], 2);
+    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "ready")).await["runs_opened"], 2);
     for wf in ["alpha", "beta"] {
         let run = env.runs_of(wf).await[0].0;
         env.until_status(run, "completed").await;
@@ -260,13 +244,13 @@ async fn a_spent_cycle_budget_stops_every_workflow_on_the_item_until_reset() {
 
     // alpha's one cycle is spent: its event is blocked and asks; beta (judged after alpha)
     // opens nothing either.
-    let answer = env.send("issues", &env.edit(&mut issue, "v2")).await;
+    let answer = env.send("issues", &issue.edited(&env.repo(), "v2", "bob")).await;
     assert_eq!(answer["runs_opened"], 0, "{answer}");
     assert_eq!(env.events_of("alpha").await[1], ("blocked".to_owned(), Some("cycle budget 1/1".to_owned())));
     let beta = env.events_of("beta").await;
     assert_eq!(beta[1].0, "blocked", "{beta:?}");
     assert!(beta[1].1.as_deref().is_some_and(|r| r.contains("alpha")), "the reason names the spent budget: {beta:?}");
-    let answer = env.send("issues", &env.edit(&mut issue, "v3")).await;
+    let answer = env.send("issues", &issue.edited(&env.repo(), "v3", "bob")).await;
     assert_eq!(answer["runs_opened"], 0, "{answer}");
     assert_eq!(env.runs_of("beta").await.len(), 1);
 
@@ -295,7 +279,7 @@ async fn an_event_wait_announces_itself_expires_at_the_default_deadline_or_is_wi
     let env = Env::start_setting(&[MERGE_WAIT, LONG_WAIT], &[("SHOPFLOOR_EVENT_WAIT_TIMEOUT_SECS", "3")]).await;
     let mut sse = env.stream().await;
     let mut issue = Issue::new(12, "Waits for its pull request");
-    assert_eq!(env.send("issues", &env.label(&mut issue, "wait")).await["runs_opened"], 1);
+    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "wait")).await["runs_opened"], 1);
     let run = env.runs_of("merge-wait").await[0].0.to_string();
     let seen = sse.until("the waiting run's end", |e| e.data["run"] == run.as_str() && e.event.starts_with("run.") && e.event != "run.started" && e.event != "run.awaiting" && e.event != "run.wait_expired").await;
     let lifecycle: Vec<&str> = seen.iter().filter(|e| e.data["run"] == run.as_str() && e.event.starts_with("run.")).map(|e| e.event.as_str()).collect();
@@ -309,7 +293,7 @@ async fn an_event_wait_announces_itself_expires_at_the_default_deadline_or_is_wi
 
     // Cancelled while it waits: the wait is withdrawn.
     let mut other = Issue::new(13, "Not needed after all");
-    assert_eq!(env.send("issues", &env.label(&mut other, "hold")).await["runs_opened"], 1);
+    assert_eq!(env.send("issues", &other.labeled(&env.repo(), "hold")).await["runs_opened"], 1);
     let held = env.runs_of("long-wait").await[0].0;
     let held_id = held.to_string();
     sse.until("the second wait", |e| e.data["run"] == held_id.as_str() && e.event == "run.awaiting").await;
@@ -359,7 +343,7 @@ async fn dry_runs_and_child_runs_stay_off_the_stream_and_dry_runs_off_the_list()
 async fn an_approval_prompt_shows_the_item_and_a_rerun_parks_for_approval() {
     let env = Env::start(&[GATED]).await;
     let mut issue = Issue::new(21, "the sprocket");
-    assert_eq!(env.send("issues", &env.label(&mut issue, "ship")).await["runs_opened"], 1);
+    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "ship")).await["runs_opened"], 1);
     let run = env.runs_of("gated").await[0].0;
     env.until_substate(run, &["awaiting_signal"]).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");

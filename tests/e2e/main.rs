@@ -22,6 +22,7 @@ mod secrets;
 mod serve;
 mod sessions;
 mod structure;
+mod support;
 mod telemetry;
 mod webhook_targets;
 mod webhooks;

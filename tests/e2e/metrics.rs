@@ -3,18 +3,17 @@
 //! webhook that opens a run, and an outgoing webhook delivered to a receiver in the test; then
 //! `shopfloor serve`, whose one `/metrics` shows its engine's figures too.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use engine::ids::Slug;
 use engine::net_guard::Policy;
-use engine::store::{installations, tenants, webhooks_out, workflows, Actor, Change};
+use engine::store::{installations, webhooks_out, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::json;
 use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::github_fake::{Issue, Repo, WebhookClient};
-use shopfloor_tests::shopfloor_bin;
+use shopfloor_tests::process::{free_port, listen, shopfloor, Listening, Proc};
+
+use crate::support::{acme, owner_token, put_workflows};
 
 const SECRET: &str = "metrics-test-webhook-secret";
 const INSTALLATION: i64 = 77;
@@ -38,19 +37,6 @@ nodes:
 ";
 
 const SUBMIT_ROUTE: &str = "/api/v1/orgs/{org}/projects/{project}/runs";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The value of the samples named `name` whose labels include every one of `labels`, summed;
 /// 0 when there is none.
@@ -80,40 +66,23 @@ async fn scrape(url: &str) -> String {
     r.text().await.unwrap()
 }
 
-/// Waits until `url` answers 200.
+/// Waits until `sql` counts `want`.
 async fn until(db: &TestDb, sql: &str, want: i64) {
-    let started = Instant::now();
-    loop {
-        let got: i64 = sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap();
-        if got == want {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "{sql}: still {got}, expected {want}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    shopfloor_tests::until_count(&db.pool, sql, want, Duration::from_secs(60)).await;
 }
 
 /// Org `acme`, project `web`, both workflows, `Acme/Widgets` connected, an outgoing webhook
 /// of `run.completed` to `receiver`; answers the owner's token.
 async fn seed(db: &TestDb, receiver: &str) -> String {
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-    let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-    for source in [BUILD, QUICK] {
-        let def = engine::definition::parse(source).unwrap();
-        workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
-    }
-    installations::connect_for_test(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+    let acme = acme(&mut ch).await;
+    put_workflows(&mut ch, acme.org, acme.project, &[BUILD, QUICK]).await;
+    installations::connect_for_test(&mut ch, acme.org, acme.project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
     // The receiver is on loopback: allowed only with SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE, which
     // the engine gets too.
-    webhooks_out::create(&mut ch, org, project, receiver, None, &["run.completed".to_owned()], Policy { allow_private: true }).await.unwrap();
-    let token = api::auth::issue_user_token(
-        &mut ch,
-        &engine::testkit::secret_key(),
-        api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "metrics", ttl: chrono::Duration::hours(1) },
-    )
-    .await
-    .unwrap();
+    let events = ["run.completed".to_owned()];
+    webhooks_out::create(&mut ch, acme.org, acme.project, receiver, None, &events, Policy { allow_private: true }).await.unwrap();
+    let token = owner_token(&mut ch, &acme, "metrics", 1).await;
     ch.commit().await.unwrap();
     token
 }
@@ -145,34 +114,19 @@ async fn api_and_engine_count_what_they_did() {
     let db = test_db().await;
     let (hook, _receiver) = receiver().await;
     let token = seed(&db, &hook).await;
-    let (api_port, engine_port) = (free_port(), free_port());
-    let _api = Killed(
-        Command::new(shopfloor_bin())
-            .args(["api", "--log", "warn"])
-            .env("DATABASE_URL", &db.url)
-            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
-            .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{api_port}"))
-            .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let _engine = Killed(
-        Command::new(shopfloor_bin())
-            .args(["engine", "--test-executor", "--log", "warn"])
-            .env("DATABASE_URL", &db.url)
+    let engine_port = free_port();
+    let mut api = shopfloor(&["api", "--log", "warn"], &db.url);
+    api.env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET);
+    let Listening { proc: _api, base } = listen(api).await;
+    let _engine = Proc(
+        shopfloor(&["engine", "--test-executor", "--log", "warn"], &db.url)
             .env("SHOPFLOOR_METRICS_ADDR", format!("127.0.0.1:{engine_port}"))
             .env("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true")
             .env("SHOPFLOOR_DRAIN_SECS", "2")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
             .spawn()
             .unwrap(),
     );
-    let (api_metrics, engine_metrics) = (format!("http://127.0.0.1:{api_port}/metrics"), format!("http://127.0.0.1:{engine_port}/metrics"));
-    let base = format!("http://127.0.0.1:{api_port}");
-    shopfloor_tests::until_ok(&format!("{base}/readyz")).await;
+    let (api_metrics, engine_metrics) = (format!("{base}/metrics"), format!("http://127.0.0.1:{engine_port}/metrics"));
     shopfloor_tests::until_ok(&engine_metrics).await;
 
     let api_before = scrape(&api_metrics).await;
@@ -232,22 +186,9 @@ async fn serve_shows_its_engine_on_its_one_metrics() {
     let db = test_db().await;
     let (hook, _receiver) = receiver().await;
     let token = seed(&db, &hook).await;
-    let port = free_port();
-    let _serve = Killed(
-        Command::new(shopfloor_bin())
-            .args(["serve", "--test-executor", "--log", "warn"])
-            .env("DATABASE_URL", &db.url)
-            .env("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true")
-            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
-            .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
-            .env("SHOPFLOOR_DRAIN_SECS", "2")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    shopfloor_tests::until_ok(&format!("{base}/readyz")).await;
+    let mut serve = shopfloor(&["serve", "--test-executor", "--log", "warn"], &db.url);
+    serve.env("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true").env("SHOPFLOOR_DRAIN_SECS", "2");
+    let Listening { proc: _serve, base } = listen(serve).await;
     let before = scrape(&format!("{base}/metrics")).await;
     submit(&base, &token).await;
     until(&db, "SELECT count(*) FROM runs WHERE status = 'completed'", 1).await;

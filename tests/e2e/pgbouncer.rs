@@ -13,14 +13,15 @@ use std::time::Duration;
 
 use engine::db::{self, Route};
 use engine::ids::{OrgId, RunId, Slug};
-use engine::store::{tenants, workflows, Actor, Change};
+use engine::store::{tenants, Actor, Change};
 use engine::testkit::test_db;
 use serde_json::{json, Value};
 use shopfloor_tests::pgbouncer::PgBouncer;
+use shopfloor_tests::process::{free_port, shopfloor, Proc};
 use shopfloor_tests::shopfloor_bin;
 use tokio::task::JoinSet;
 
-use crate::host_env::{free_port, Proc};
+use crate::support::{acme, owner_token, put_workflows, registration};
 
 /// Server connections PgBouncer keeps per database and user: fewer than the clients of every
 /// test here, so sharing is certain.
@@ -183,19 +184,9 @@ const RUNS: usize = 4;
 async fn two_apis_and_two_engines_behind_pgbouncer_run_workflows_to_completion() {
     let db = test_db().await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-    let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-    for source in [BUILD, ASK, NAP] {
-        let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
-        workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
-    }
-    let token = api::auth::issue_user_token(
-        &mut ch,
-        &engine::testkit::secret_key(),
-        api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "test", ttl: chrono::Duration::hours(2) },
-    )
-    .await
-    .unwrap();
+    let acme = acme(&mut ch).await;
+    put_workflows(&mut ch, acme.org, acme.project, &[BUILD, ASK, NAP]).await;
+    let token = owner_token(&mut ch, &acme, "test", 2).await;
     ch.commit().await.unwrap();
 
     let bouncer = PgBouncer::start(&db.url, 4).await;
@@ -203,14 +194,8 @@ async fn two_apis_and_two_engines_behind_pgbouncer_run_workflows_to_completion()
     let dir = tempfile::tempdir().unwrap();
     let spawn = |name: &str, args: &[&str], port: Option<u16>| {
         let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
-        let mut cmd = Command::new(shopfloor_bin());
-        cmd.args(args)
-            .env("DATABASE_URL", &pooled_url)
-            .env("SHOPFLOOR_LISTEN_DATABASE_URL", &db.url)
-            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
-            .env("SHOPFLOOR_DRAIN_SECS", "2")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log));
+        let mut cmd = shopfloor(args, &pooled_url);
+        cmd.env("SHOPFLOOR_LISTEN_DATABASE_URL", &db.url).env("SHOPFLOOR_DRAIN_SECS", "2").stderr(Stdio::from(log));
         if let Some(port) = port {
             cmd.env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"));
         }
@@ -250,18 +235,8 @@ async fn two_apis_and_two_engines_behind_pgbouncer_run_workflows_to_completion()
     });
 
     // A host on the first replica runs the crew steps.
-    let registration: Value = http
-        .post(format!("{}/api/v1/orgs/acme/projects/web/host-registrations", bases[0]))
-        .bearer_auth(&token)
-        .json(&json!({ "name": "builder" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let host_token = registration["token"].as_str().unwrap_or_else(|| panic!("no registration token in {registration}"));
-    procs.push(host(&bases[0], host_token, dir.path()));
+    let host_token = registration(&bases[0], &token, "builder").await;
+    procs.push(host(&bases[0], &host_token, dir.path()));
 
     // Runs submitted on both replicas in turn.
     let mut runs: Vec<(RunId, &str, usize)> = Vec::new();

@@ -2,13 +2,10 @@
 //! `shopfloor api` and `shopfloor engine` listen on `SHOPFLOOR_LISTEN_DATABASE_URL`, never on
 //! `DATABASE_URL` (a pooler would hand the listening session to other clients).
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use engine::testkit::test_db;
-use shopfloor_tests::shopfloor_bin;
-
-use crate::host_env::{free_port, Proc};
+use shopfloor_tests::process::{free_port, shopfloor, Proc};
 
 /// The application names of the backends that `LISTEN`, once there are `want` of them.
 async fn listeners(pool: &engine::db::Db, want: usize) -> Vec<String> {
@@ -37,14 +34,9 @@ async fn every_process_listens_on_the_listen_url() {
     let listen_url = format!("{}{sep}application_name=shopfloor-listen", db.url);
     let port = free_port();
     let spawn = |args: &[&str]| {
-        Command::new(shopfloor_bin())
-            .args(args)
-            .env("DATABASE_URL", &db.url)
+        shopfloor(args, &db.url)
             .env("SHOPFLOOR_LISTEN_DATABASE_URL", &listen_url)
-            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
             .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn shopfloor")
     };

@@ -29,9 +29,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::testkit::test_db;
+use shopfloor_tests::process::{free_port, shopfloor, Proc};
 use shopfloor_tests::shopfloor_bin;
-
-use super::host_env::{free_port, Proc};
 
 const README: &str = include_str!("../../README.md");
 
@@ -435,16 +434,8 @@ async fn the_readme_tour_runs_as_written() {
     let stage = Stage::new();
     let port = free_port();
     // What `make run` does with DATABASE_URL set: `shopfloor serve` on it.
-    let server = Command::new(shopfloor_bin())
-        .args(["serve", "--log", "warn"])
-        .env("DATABASE_URL", &db.url)
-        .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
-        .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn shopfloor serve");
-    let server = Proc(server);
+    let mut server = shopfloor(&["serve", "--log", "warn"], &db.url);
+    let server = Proc(server.env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}")).spawn().expect("spawn shopfloor serve"));
     shopfloor_tests::until_ok(&format!("http://127.0.0.1:{port}/readyz")).await;
 
     let script = session(&tour, port, &stage, &run_variable(&tour));

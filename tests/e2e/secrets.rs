@@ -8,43 +8,26 @@
 //! debug for shopfloor's own crates), every answer, every run event and the project's event
 //! stream are searched for each secret, as written and in base64: none may appear.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use data_encoding::{BASE64, BASE64URL_NOPAD, HEXLOWER};
-use engine::ids::{RunId, Slug};
-use engine::store::{installations, tenants, workflows, Actor, Change};
+use engine::ids::RunId;
+use engine::store::{installations, workflows, Actor, Change};
 use engine::testkit::test_db;
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, user};
-use shopfloor_tests::github_fake::{FakeGithub, Issue, Repo, WebhookClient};
+use shopfloor_tests::github_fake::{self, FakeGithub, Issue, Repo, WebhookClient};
+use shopfloor_tests::process::{listen, sh, shopfloor, Listening, Proc};
 use shopfloor_tests::shopfloor_bin;
 
 use crate::host_env::FAKE_CLAUDE;
 use crate::hosts::ISSUE_TO_PR;
+use crate::support::{acme, owner_token, registration};
 
 const WEBHOOK_SECRET: &str = "whsec-leaktest-5c1f0e9a7b3d";
 const LOG: &str = "info,engine=debug,api=debug,host=debug,shopfloor=debug";
-
-struct Proc(std::process::Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn sh(dir: &std::path::Path, script: &str) {
-    let out = Command::new("sh").arg("-c").arg(script).current_dir(dir).output().unwrap();
-    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// Standard output and error of a child, to files.
 fn to_files(cmd: &mut Command, dir: &std::path::Path, name: &str) {
@@ -77,20 +60,13 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_owned();
     let fake = FakeGithub::start().await;
-    let key_file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake/test_app_key.pem");
+    let key_file = github_fake::app_key();
 
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-    let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-    workflows::put_version(&mut ch, org, project, "issue-to-pr", ISSUE_TO_PR).await.unwrap();
-    installations::connect_for_test(&mut ch, org, project, 77, "acme", "acme/widgets").await.unwrap();
-    let owner_token = api::auth::issue_user_token(
-        &mut ch,
-        &engine::testkit::secret_key(),
-        api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "leak test", ttl: chrono::Duration::hours(2) },
-    )
-    .await
-    .unwrap();
+    let acme = acme(&mut ch).await;
+    workflows::put_version(&mut ch, acme.org, acme.project, "issue-to-pr", ISSUE_TO_PR).await.unwrap();
+    installations::connect_for_test(&mut ch, acme.org, acme.project, 77, "acme", "acme/widgets").await.unwrap();
+    let owner_token = owner_token(&mut ch, &acme, "leak test", 2).await;
     ch.commit().await.unwrap();
 
     std::fs::create_dir_all(d.join("remotes/acme")).unwrap();
@@ -102,23 +78,12 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     std::fs::write(&claude, FAKE_CLAUDE).unwrap();
     std::fs::set_permissions(&claude, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut cmd = Command::new(shopfloor_bin());
-    cmd.args(["serve", "--log", LOG])
-        .env("DATABASE_URL", &db.url)
-        .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
-        .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
-        .env("SHOPFLOOR_DRAIN_SECS", "2")
-        .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", WEBHOOK_SECRET)
-        .env("SHOPFLOOR_GITHUB_APP_ID", "1")
-        .env("SHOPFLOOR_GITHUB_APP_KEY_FILE", &key_file)
-        .env("SHOPFLOOR_GITHUB_API_URL", &fake.url)
-        .env("SHOPFLOOR_GITHUB_GRAPHQL_URL", format!("{}/graphql", fake.url))
-        .env("SHOPFLOOR_GITHUB_TIMEOUT_SECS", "2");
+    let mut cmd = shopfloor(&["serve", "--log", LOG], &db.url);
+    cmd.env("SHOPFLOOR_DRAIN_SECS", "2")
+        .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", WEBHOOK_SECRET);
+    github_fake::as_app(&mut cmd, &fake.url, 2);
     to_files(&mut cmd, &d, "serve");
-    let serve = Proc(cmd.spawn().unwrap());
-    shopfloor_tests::until_ok(&format!("{base}/readyz")).await;
+    let Listening { proc: serve, base } = listen(cmd).await;
     let http = reqwest::Client::new();
     let mut answers = Vec::new();
 
@@ -162,17 +127,7 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     // (The sign-in's own answer carries the cookie: that is its job, so it is not searched.)
 
     // A host, registered with a registration token made over the API.
-    let made: Value = http
-        .post(format!("{base}/api/v1/orgs/acme/projects/web/host-registrations"))
-        .bearer_auth(&owner_token)
-        .json(&json!({ "name": "leak-test host" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let registration = made["token"].as_str().unwrap().to_owned();
+    let registration = registration(&base, &owner_token, "leak-test host").await;
     let work = d.join("host");
     let mut cmd = Command::new(shopfloor_bin());
     cmd.args(["host", "--log", LOG, "--capabilities", "linux,harness:claude-code", "--name", "leaky", "--max-concurrent", "2"])

@@ -4,19 +4,8 @@ use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Stdio};
 
+use shopfloor_tests::process::{free_port, Proc};
 use shopfloor_tests::shopfloor_bin;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
-    // SAFETY: signalling our own child by its pid.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-    }
-    child.wait().unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn serve_runs_its_own_postgres_and_keeps_the_data_across_restarts() {
@@ -33,17 +22,21 @@ async fn serve_runs_its_own_postgres_and_keeps_the_data_across_restarts() {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
+            .map(Proc)
+            .unwrap()
+    };
+    let create_org = || {
+        Command::new(shopfloor_bin())
+            .args(["admin", "create-org", "--slug", "acme", "--owner-email", "o@example.com"])
+            .env_remove("DATABASE_URL")
+            .env("SHOPFLOOR_DATA_DIR", &data)
+            .output()
             .unwrap()
     };
 
     let mut first = serve();
     shopfloor_tests::until_ok(&format!("http://127.0.0.1:{port}/readyz")).await;
-    let created = Command::new(shopfloor_bin())
-        .args(["admin", "create-org", "--slug", "acme", "--owner-email", "o@example.com"])
-        .env_remove("DATABASE_URL")
-        .env("SHOPFLOOR_DATA_DIR", &data)
-        .output()
-        .unwrap();
+    let created = create_org();
     assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
     let token = String::from_utf8(created.stdout).unwrap();
     assert_eq!(token.lines().count(), 1, "the token is alone on standard output");
@@ -55,21 +48,16 @@ async fn serve_runs_its_own_postgres_and_keeps_the_data_across_restarts() {
     assert_eq!(mode & 0o777, 0o600, "{}", key_file.display());
     let key = std::fs::read_to_string(&key_file).unwrap();
     assert!(engine::sealing::SecretKey::parse(&key).is_ok(), "32 bytes of base64");
-    assert!(sigterm(&mut first).success());
+    assert!(first.terminate().success());
 
     // The second start reuses the cluster and its data: the org is still there.
     let mut second = serve();
     shopfloor_tests::until_ok(&format!("http://127.0.0.1:{port}/readyz")).await;
-    let again = Command::new(shopfloor_bin())
-        .args(["admin", "create-org", "--slug", "acme", "--owner-email", "o@example.com"])
-        .env_remove("DATABASE_URL")
-        .env("SHOPFLOOR_DATA_DIR", &data)
-        .output()
-        .unwrap();
+    let again = create_org();
     assert!(!again.status.success());
     assert_eq!(String::from_utf8_lossy(&again.stderr).trim(), "error: an org with slug `acme` already exists");
     assert_eq!(std::fs::read_to_string(&key_file).unwrap(), key, "the same key on every start");
-    assert!(sigterm(&mut second).success());
+    assert!(second.terminate().success());
     // Stopped with the server: nothing answers on the cluster's port any more.
     let port_file = std::fs::read_to_string(data.join("pg.port")).unwrap();
     let pg_port: u16 = port_file.trim().parse().unwrap();

@@ -11,9 +11,8 @@
 //! `OTEL_BLRP_SCHEDULE_DELAY`, and every wait has a deadline.
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,8 +20,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use engine::ids::Slug;
-use engine::store::{installations, tenants, workflows, Actor, Change};
+use engine::store::{installations, workflows, Actor, Change};
 use engine::testkit::test_db;
 use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
@@ -33,7 +31,9 @@ use prost::Message;
 use serde_json::Value;
 use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::github_fake::{Issue, Repo, WebhookClient};
-use shopfloor_tests::shopfloor_bin;
+use shopfloor_tests::process::{listen, shopfloor, Listening, Proc};
+
+use crate::support::{acme, owner_token};
 
 const SECRET: &str = "It's a Secret to Everybody";
 
@@ -138,42 +138,15 @@ async fn receiver(got: Shared) -> String {
     url
 }
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    /// SIGTERM and wait: the process drains and flushes what it batched.
-    fn terminate(mut self) {
-        // SAFETY: a signal to our own child, by its pid.
-        unsafe {
-            libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn shopfloor(args: &[&str], db_url: &str, otlp: &str, stderr: &Path) -> Command {
-    let mut cmd = Command::new(shopfloor_bin());
-    cmd.args(args)
-        .env("DATABASE_URL", db_url)
-        .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
-        .env("SHOPFLOOR_DRAIN_SECS", "2")
+/// `shopfloor <args>` exporting to the receiver at `otlp`, batching briefly; its errors to `stderr`.
+fn exporting(args: &[&str], db_url: &str, otlp: &str, stderr: &Path) -> Command {
+    let mut cmd = shopfloor(args, db_url);
+    cmd.env("SHOPFLOOR_DRAIN_SECS", "2")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
         .env("OTEL_SERVICE_NAME", "shopfloor-test")
         .env("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env("OTEL_BLRP_SCHEDULE_DELAY", "100")
-        .stdout(Stdio::null())
         .stderr(std::fs::File::create(stderr).unwrap());
     cmd
 }
@@ -200,37 +173,23 @@ async fn a_webhook_run_is_one_trace_and_its_events_are_log_records() {
     let otlp = receiver(got.clone()).await;
     let db = test_db().await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-    let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-    workflows::put_version(&mut ch, org, project, "traced", TRACED).await.unwrap();
-    installations::connect_for_test(&mut ch, org, project, 77, "Acme", "Acme/Widgets").await.unwrap();
-    let token = api::auth::issue_user_token(
-        &mut ch,
-        &engine::testkit::secret_key(),
-        api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "test", ttl: chrono::Duration::hours(1) },
-    )
-    .await
-    .unwrap();
+    let acme = acme(&mut ch).await;
+    workflows::put_version(&mut ch, acme.org, acme.project, "traced", TRACED).await.unwrap();
+    installations::connect_for_test(&mut ch, acme.org, acme.project, 77, "Acme", "Acme/Widgets").await.unwrap();
+    let token = owner_token(&mut ch, &acme, "test", 1).await;
     ch.commit().await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
     let api_log = dir.path().join("api.log");
-    let api = Proc(
-        shopfloor(&["api", "--log", "info"], &db.url, &otlp, &api_log)
-            .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
-            .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
-            .spawn()
-            .expect("spawn shopfloor api"),
-    );
-    let engine = Proc(
-        shopfloor(&["engine", "--test-executor", "--engine-id", "traced-1", "--log", "warn"], &db.url, &otlp, &dir.path().join("engine.log"))
+    let mut api = exporting(&["api", "--log", "info"], &db.url, &otlp, &api_log);
+    api.env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET);
+    let Listening { proc: mut api, base } = listen(api).await;
+    let mut engine = Proc(
+        exporting(&["engine", "--test-executor", "--engine-id", "traced-1", "--log", "warn"], &db.url, &otlp, &dir.path().join("engine.log"))
             .spawn()
             .expect("spawn shopfloor engine"),
     );
     let http = reqwest::Client::new();
-    shopfloor_tests::until_ok(&format!("{base}/readyz")).await;
 
     // The webhook opens the run.
     let repo = Repo::new("Acme/Widgets", 77);

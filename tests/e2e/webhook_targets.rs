@@ -4,14 +4,12 @@
 //! URL is taken. With `SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE=true` loopback and private targets are
 //! taken, and metadata, link-local and unspecified ones are still refused.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-
-use engine::ids::Slug;
-use engine::store::{tenants, Actor, Change};
+use engine::store::{Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
-use shopfloor_tests::shopfloor_bin;
+use shopfloor_tests::process::{listen, shopfloor, Listening};
+
+use crate::support::{acme, owner_token};
 
 const WEBHOOKS: &str = "/api/v1/orgs/acme/projects/web/webhooks";
 
@@ -54,41 +52,18 @@ const INTERNAL: &[(&str, &str)] = &[
     ("http://240.0.0.1/hook", "240.0.0.1 is a reserved address"),
 ];
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A `shopfloor api` on the test's database with these extra variables; its base URL.
-async fn api(db: &TestDb, env: &[(&str, &str)]) -> (Killed, String) {
-    let port = free_port();
-    let mut cmd = Command::new(shopfloor_bin());
-    cmd.args(["api", "--log", "warn"]).env("DATABASE_URL", &db.url).env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}")).env_remove("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE").env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let child = Killed(cmd.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().expect("spawn shopfloor api"));
-    let base = format!("http://127.0.0.1:{port}");
-    shopfloor_tests::until_ok(&format!("{base}/readyz")).await;
-    (child, base)
+/// A `shopfloor api` on the test's database with these extra variables.
+async fn api(db: &TestDb, env: &[(&str, &str)]) -> Listening {
+    let mut cmd = shopfloor(&["api", "--log", "warn"], &db.url);
+    cmd.env_remove("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE").envs(env.iter().copied());
+    listen(cmd).await
 }
 
 /// Org `acme` with project `web`; the owner's token.
 async fn seed(db: &TestDb) -> String {
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-    tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-    let token = api::auth::issue_user_token(&mut ch, &engine::testkit::secret_key(), api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "targets", ttl: chrono::Duration::hours(1) })
-        .await
-        .unwrap();
+    let acme = acme(&mut ch).await;
+    let token = owner_token(&mut ch, &acme, "targets", 1).await;
     ch.commit().await.unwrap();
     token
 }
@@ -116,7 +91,7 @@ async fn stored(db: &TestDb) -> (i64, i64) {
 async fn internal_targets_are_refused_when_a_webhook_is_made() {
     let db = test_db().await;
     let token = seed(&db).await;
-    let (server, base) = api(&db, &[]).await;
+    let Listening { proc: server, base } = api(&db, &[]).await;
 
     for (url, why) in INTERNAL {
         let (status, problem) = subscribe(&base, &token, url).await;
@@ -139,7 +114,7 @@ async fn internal_targets_are_refused_when_a_webhook_is_made() {
     drop(server);
 
     // On premises: loopback and private targets are taken; metadata and the like are not.
-    let (_server, base) = api(&db, &[("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true")]).await;
+    let Listening { proc: _server, base } = api(&db, &[("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true")]).await;
     for url in ["http://127.0.0.1:8080/hook", "http://2130706433/hook", "http://[::1]/hook", "http://10.0.0.1/hook", "http://localhost:3000/hook", "http://100.64.0.1/hook"] {
         let (status, made) = subscribe(&base, &token, url).await;
         assert_eq!(status, 201, "{url}: {made}");

@@ -7,17 +7,17 @@
 //! Deliveries are built with GitHub's payload shapes and signed with the real algorithm
 //! (`shopfloor_tests::github_fake`). The fake GitHub API server is exercised at the end.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::ids::{OrgId, ProjectId, Slug};
-use engine::store::{installations, tenants, triggers, workflows, Actor, Change};
+use engine::ids::{OrgId, ProjectId};
+use engine::store::{installations, triggers, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, bot, user};
 use shopfloor_tests::github_fake::{Fault, FakeGithub, Issue, PullRequest, Repo, WebhookClient};
-use shopfloor_tests::shopfloor_bin;
+use shopfloor_tests::process::{listen, shopfloor, Listening};
+
+use crate::support::{acme, put_workflows, Acme};
 
 const SECRET: &str = "It's a Secret to Everybody";
 const INSTALLATION: i64 = 77;
@@ -73,30 +73,13 @@ nodes:
   start: { trigger: {} }
 ";
 
-/// A `shopfloor serve` on the test's database; killed when dropped.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 struct Env {
     db: TestDb,
-    server: Server,
+    server: Listening,
     hooks: WebhookClient,
     org: OrgId,
     project: ProjectId,
     repo: Repo,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A test database with org `acme`, project `web`, the given workflows and `Acme/Widgets`
@@ -104,50 +87,27 @@ fn free_port() -> u16 {
 async fn start(sources: &[&str]) -> Env {
     let db = test_db().await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let (org, _) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-    let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-    for source in sources {
-        let def = engine::definition::parse(source).unwrap_or_else(|p| panic!("test workflow does not validate: {p:?}"));
-        workflows::put_version(&mut ch, org, project, &def.name, source).await.unwrap();
-    }
+    let Acme { org, project, .. } = acme(&mut ch).await;
+    put_workflows(&mut ch, org, project, sources).await;
     installations::connect_for_test(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
     ch.commit().await.unwrap();
 
-    let port = free_port();
-    let child = Command::new(shopfloor_bin())
-        .args(["serve", "--log", "warn"])
-        .env("DATABASE_URL", &db.url)
-        .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
-        .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"))
-        .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET)
-        .env("SHOPFLOOR_DRAIN_SECS", "2")
-        .env("SHOPFLOOR_DB_CONNECTIONS", "16")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn shopfloor serve");
-    let server = Server { child, base: format!("http://127.0.0.1:{port}") };
-    shopfloor_tests::until_ok(&format!("{}/readyz", server.base)).await;
+    let mut serve = shopfloor(&["serve", "--log", "warn"], &db.url);
+    serve.env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET).env("SHOPFLOOR_DRAIN_SECS", "2").env("SHOPFLOOR_DB_CONNECTIONS", "16");
+    let server = listen(serve).await;
     let hooks = WebhookClient::new(&server.base, SECRET);
     Env { db, server, hooks, org, project, repo: Repo::new("Acme/Widgets", INSTALLATION) }
 }
 
 impl Env {
     async fn scalar(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sql).fetch_one(&self.db.pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+        shopfloor_tests::scalar(&self.db.pool, sql).await
     }
 
     /// Waits until `sql` gives `want` (the test reads; the server never polls), under a hang
     /// guard that only fails a hung test.
     async fn until(&self, sql: &str, want: i64) {
-        let reached = async {
-            while self.scalar(sql).await != want {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
-        if tokio::time::timeout(Duration::from_secs(300), reached).await.is_err() {
-            panic!("{sql}: still {}, expected {want}", self.scalar(sql).await);
-        }
+        shopfloor_tests::until_count(&self.db.pool, sql, want, Duration::from_secs(300)).await;
     }
 
     /// Sends a signed delivery with a fresh id; returns the status and body.
@@ -183,26 +143,11 @@ impl Env {
     }
 }
 
-fn label(env: &Env, issue: &mut Issue, name: &str) -> Value {
-    issue.labels.push(name.to_owned());
-    payloads::issues_event("labeled", &env.repo, issue, &user("bob"), Some(name))
-}
-
-fn unlabel(env: &Env, issue: &mut Issue, name: &str) -> Value {
-    issue.labels.retain(|l| l != name);
-    payloads::issues_event("unlabeled", &env.repo, issue, &user("bob"), Some(name))
-}
-
-fn edit(env: &Env, issue: &mut Issue, body: &str) -> Value {
-    issue.body = body.to_owned();
-    payloads::issues_event("edited", &env.repo, issue, &user(&issue.author.clone()), None)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn signatures_sizes_and_unknown_deliveries() {
     let env = start(&[QUICK]).await;
     let mut issue = Issue::new(1, "Fix the widget");
-    let body = serde_json::to_vec(&label(&env, &mut issue, "ready")).unwrap();
+    let body = serde_json::to_vec(&issue.labeled(&env.repo, "ready")).unwrap();
 
     // No signature, a wrong one, one for another body, one with another secret: 401, nothing stored.
     let forged = payloads::sign(SECRET, b"{}");
@@ -251,7 +196,7 @@ async fn signatures_sizes_and_unknown_deliveries() {
 async fn redeliveries_and_the_same_content_open_one_run() {
     let env = start(&[QUICK, OPEN_DOOR]).await;
     let mut issue = Issue::new(7, "Fix the widget");
-    let labelled = label(&env, &mut issue, "ready");
+    let labelled = issue.labeled(&env.repo, "ready");
 
     // The same delivery twice: 202, then 200 and nothing done.
     assert_eq!(env.hooks.send("issues", "delivery-1", &labelled).await.0, 202);
@@ -262,8 +207,8 @@ async fn redeliveries_and_the_same_content_open_one_run() {
     env.until("SELECT count(*) FROM runs WHERE status = 'running'", 0).await;
 
     // Unlabelled and labelled again: the same content, the same dedup key, no second run.
-    assert_eq!(env.send("issues", &unlabel(&env, &mut issue, "ready")).await.0, 202);
-    let (status, answer) = env.send("issues", &label(&env, &mut issue, "ready")).await;
+    assert_eq!(env.send("issues", &issue.unlabeled(&env.repo, "ready")).await.0, 202);
+    let (status, answer) = env.send("issues", &issue.labeled(&env.repo, "ready")).await;
     assert_eq!(status, 202);
     assert_eq!(answer["runs_opened"], 0, "{answer}");
     assert_eq!(env.runs("quick").await.len(), 1);
@@ -271,7 +216,7 @@ async fn redeliveries_and_the_same_content_open_one_run() {
     assert_eq!(detail["claims"][0]["result"]["claim"], "duplicate", "{detail}");
 
     // New content opens a new run.
-    assert_eq!(env.send("issues", &edit(&env, &mut issue, "Now with steps to reproduce")).await.1["runs_opened"], 1);
+    assert_eq!(env.send("issues", &issue.edited(&env.repo, "Now with steps to reproduce", "alice")).await.1["runs_opened"], 1);
     assert_eq!(env.runs("quick").await.len(), 2);
 
     // Who may trigger: not an outsider, not a bot; `senders: any` lets both in.
@@ -297,11 +242,11 @@ async fn redeliveries_and_the_same_content_open_one_run() {
 async fn unstarted_runs_are_superseded_by_new_content_and_revoked_when_the_item_stops_matching() {
     let env = start(&[GATED]).await;
     let mut issue = Issue::new(11, "Gate me");
-    assert_eq!(env.send("issues", &label(&env, &mut issue, "ready")).await.1["runs_opened"], 1);
+    assert_eq!(env.send("issues", &issue.labeled(&env.repo, "ready")).await.1["runs_opened"], 1);
     // The run waits for its `$start` approval: not started.
     env.until("SELECT count(*) FROM steps WHERE node = '$start' AND state = 'waiting'", 1).await;
 
-    let (_, answer) = env.send("issues", &edit(&env, &mut issue, "More detail")).await;
+    let (_, answer) = env.send("issues", &issue.edited(&env.repo, "More detail", "alice")).await;
     assert_eq!(answer["runs_opened"], 1, "{answer}");
     let runs = env.runs("gated").await;
     assert_eq!(runs.len(), 2);
@@ -312,7 +257,7 @@ async fn unstarted_runs_are_superseded_by_new_content_and_revoked_when_the_item_
 
     // The label goes: the unstarted run is revoked, and no new one opens.
     env.until("SELECT count(*) FROM steps WHERE node = '$start' AND state = 'waiting'", 1).await;
-    let (_, answer) = env.send("issues", &unlabel(&env, &mut issue, "ready")).await;
+    let (_, answer) = env.send("issues", &issue.unlabeled(&env.repo, "ready")).await;
     assert_eq!(answer["runs_opened"], 0);
     let runs = env.runs("gated").await;
     assert_eq!(runs.len(), 2);
@@ -328,12 +273,12 @@ async fn unstarted_runs_are_superseded_by_new_content_and_revoked_when_the_item_
 async fn the_fourth_cycle_is_blocked_with_an_ask_and_a_reset_runs_again() {
     let env = start(&[QUICK]).await;
     let mut issue = Issue::new(31, "Keeps changing");
-    let deliveries = [label(&env, &mut issue, "ready"), edit(&env, &mut issue, "v2"), edit(&env, &mut issue, "v3")];
+    let deliveries = [issue.labeled(&env.repo, "ready"), issue.edited(&env.repo, "v2", "alice"), issue.edited(&env.repo, "v3", "alice")];
     for (i, d) in deliveries.iter().enumerate() {
         assert_eq!(env.send("issues", d).await.1["runs_opened"], 1, "cycle {}", i + 1);
         env.until("SELECT count(*) FROM runs WHERE status = 'completed'", i as i64 + 1).await;
     }
-    let (_, answer) = env.send("issues", &edit(&env, &mut issue, "v4")).await;
+    let (_, answer) = env.send("issues", &issue.edited(&env.repo, "v4", "alice")).await;
     assert_eq!(answer["runs_opened"], 0, "{answer}");
     assert_eq!(env.events("quick").await[3], ("blocked".to_owned(), Some("cycle budget 3/3".to_owned())));
 

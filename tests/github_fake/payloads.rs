@@ -122,6 +122,26 @@ impl Issue {
     }
 }
 
+impl Issue {
+    /// Adds the label `name`: the `issues.labeled` event `bob` sends.
+    pub fn labeled(&mut self, repo: &Repo, name: &str) -> Value {
+        self.labels.push(name.to_owned());
+        issues_event("labeled", repo, self, &user("bob"), Some(name))
+    }
+
+    /// Takes the label `name` off: the `issues.unlabeled` event `bob` sends.
+    pub fn unlabeled(&mut self, repo: &Repo, name: &str) -> Value {
+        self.labels.retain(|l| l != name);
+        issues_event("unlabeled", repo, self, &user("bob"), Some(name))
+    }
+
+    /// Sets the body: the `issues.edited` event `sender` sends.
+    pub fn edited(&mut self, repo: &Repo, body: &str, sender: &str) -> Value {
+        self.body = body.to_owned();
+        issues_event("edited", repo, self, &user(sender), None)
+    }
+}
+
 /// `issues` with `action` (opened, edited, labeled, unlabeled, closed, …). `label` is the
 /// label an `issues.labeled`/`unlabeled` carries; `issues.edited` gets `changes`.
 pub fn issues_event(action: &str, repo: &Repo, issue: &Issue, sender: &Value, label: Option<&str>) -> Value {

@@ -176,22 +176,22 @@ impl App {
 
     /// Stops the server (and engine), then checks the teardown invariants and drops the db.
     pub(crate) async fn finish(self) {
-        self.stop.cancel();
-        if let Some(e) = &self.engine {
-            e.cancel();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.stop_serving().await;
         self.db.finish().await;
     }
 
     /// Stops and drops the database without checks (for tests that leave wakes on purpose).
     pub(crate) async fn discard(self) {
+        self.stop_serving().await;
+        self.db.discard().await;
+    }
+
+    async fn stop_serving(&self) {
         self.stop.cancel();
         if let Some(e) = &self.engine {
             e.cancel();
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        self.db.discard().await;
     }
 
     pub(crate) fn url(&self, path: &str) -> String {

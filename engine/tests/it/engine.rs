@@ -6,13 +6,13 @@ use std::time::Duration;
 use engine::executor::TestExecutor;
 use engine::ids::RunId;
 use engine::pool;
-use engine::store::{approvals, runs, Actor, Change};
+use engine::store::{approvals, Actor, Change};
 use engine::testkit::test_db;
 use serde_json::{json, Map};
 use engine::db::Db;
 use tokio_util::sync::CancellationToken;
 
-use crate::fixtures::{new_run, seed, Seed};
+use crate::fixtures::{seed, submit_new, with_input};
 
 /// An engine running in this process until the returned token is cancelled.
 pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> CancellationToken {
@@ -26,15 +26,6 @@ pub(crate) fn start_engine_joined(db: &Db, url: &str, id: &str) -> (Cancellation
     let cfg = engine::testkit::pool_config(id, url, Some(TestExecutor { effects: None }));
     let task = tokio::spawn(pool::run(db.clone(), cfg, stop.clone(), stop.clone()));
     (stop, task)
-}
-
-async fn submit_with(pool: &Db, s: &Seed, input: serde_json::Value) -> RunId {
-    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    let mut new = new_run(s);
-    new.input = input;
-    let run = runs::submit(&mut ch, new).await.unwrap();
-    ch.commit().await.unwrap();
-    run
 }
 
 /// Waits (up to `limit`) until the run's status is not `running`; returns status and reason.
@@ -58,7 +49,7 @@ async fn a_run_walks_a_join_and_a_gate_loop_to_completion() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", &engine::testkit::join_and_loop("done")).await;
     let stop = start_engine(&db.pool, &db.url, "e1");
-    let run = submit_with(&db.pool, &s, json!({ "test": { "gate_fail_visits": [1] } })).await;
+    let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "gate_fail_visits": [1] } }))).await;
     let (status, reason) = until_done(&db.pool, run, Duration::from_secs(20)).await;
     assert_eq!((status.as_str(), reason), ("completed", None), "{:?}", nodes_in_order(&db.pool, run).await);
     let steps = nodes_in_order(&db.pool, run).await;
@@ -81,7 +72,7 @@ async fn a_wait_fires_at_its_due_time_not_before() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", WAIT).await;
     let stop = start_engine(&db.pool, &db.url, "e1");
-    let run = submit_with(&db.pool, &s, json!({})).await;
+    let run = submit_new(&db.pool, with_input(&s, json!({}))).await;
     let (status, _) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!(status, "completed");
     // Never early, by the database's own clock (how late is `make bench`'s to measure).
@@ -111,7 +102,7 @@ async fn an_approval_parks_the_run_until_answered_with_its_fields() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", APPROVAL).await;
     let stop = start_engine(&db.pool, &db.url, "e1");
-    let run = submit_with(&db.pool, &s, json!({})).await;
+    let run = submit_new(&db.pool, with_input(&s, json!({}))).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while nodes_in_order(&db.pool, run).await != ["ask:waiting"] {
         assert!(tokio::time::Instant::now() < deadline, "never reached the approval");
@@ -131,7 +122,7 @@ async fn an_approval_parks_the_run_until_answered_with_its_fields() {
     assert_eq!(output, json!({ "ticket": "T-1" }));
 
     // A second run is rejected: cancelled with the reason, nothing after the approval runs.
-    let run = submit_with(&db.pool, &s, json!({})).await;
+    let run = submit_new(&db.pool, with_input(&s, json!({}))).await;
     while nodes_in_order(&db.pool, run).await != ["ask:waiting"] {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::until_done;
-use crate::fixtures::{new_run, seed, Seed};
+use crate::fixtures::{new_run, seed, submit_new, with_input, Seed};
 
 /// An engine in this process; `drain` asks it to drain, `abort` stops it at once.
 struct Eng {
@@ -44,17 +44,6 @@ fn engine(db: &engine::testkit::TestDb, id: &str, executor: bool, effects: Optio
     let cfg = engine::testkit::pool_config(id, &db.url, executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) }));
     let task = tokio::spawn(pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     Eng { drain, abort, task }
-}
-
-async fn submit(pool: &Db, new: NewRun) -> RunId {
-    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    let run = runs::submit(&mut ch, new).await.unwrap();
-    ch.commit().await.unwrap();
-    run
-}
-
-fn with_input(s: &Seed, input: Value) -> NewRun {
-    NewRun { input, ..new_run(s) }
 }
 
 /// Adds workflow `name` to the seed's project.
@@ -154,9 +143,9 @@ async fn a_failed_step_retries_with_doubling_backoff_and_only_on_listed_exit_cod
     let db = test_db().await;
     let s = seed(&db.pool, "acme", RETRY).await;
     let eng = engine(&db, "e1", true, None);
-    let recovers = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 2 } } }))).await;
-    let wrong_code = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 }, "exit_code": 2 } }))).await;
-    let exhausted = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 9 } } }))).await;
+    let recovers = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 2 } } }))).await;
+    let wrong_code = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 }, "exit_code": 2 } }))).await;
+    let exhausted = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 9 } } }))).await;
 
     // While the backoff runs the run is asleep, and says after what.
     until_steps(&db.pool, recovers, "the second attempt", |s| has(s, "build:1.2:pending")).await;
@@ -227,7 +216,7 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
     let db = test_db().await;
     let s = seed(&db.pool, "acme", HOST_STEP).await;
     let eng = engine(&db, "e1", false, None);
-    let run = submit(&db.pool, new_run(&s)).await;
+    let run = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, run, "a ready step", |s| has(s, "build:1.1:pending")).await;
 
     // No host at all, then one without the gpu, then a deregistered one: nobody can run it.
@@ -303,7 +292,7 @@ async fn a_step_past_its_timeout_fails_and_its_holders_late_result_is_refused() 
     let db = test_db().await;
     let s = seed(&db.pool, "acme", TIMEOUT).await;
     let eng = engine(&db, "e1", true, None);
-    let run = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 2500 } }))).await;
+    let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "step_ms": 2500 } }))).await;
     assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("timeout".into())));
     // The executor finishes 1.5 s later; its success must not be recorded. A draining pool
     // waits for its executions and records their results before it returns.
@@ -334,7 +323,7 @@ async fn a_node_past_stop_the_line_attempts_fails_the_run_naming_it() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", LOOP).await;
     let eng = engine(&db, "e1", true, None);
-    let run = submit(&db.pool, with_input(&s, json!({ "test": { "gate_fail_visits": [1, 2, 3] } }))).await;
+    let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "gate_fail_visits": [1, 2, 3] } }))).await;
     assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("stopped_line:build".into())));
     assert_eq!(
         steps_of(&db.pool, run).await,
@@ -363,9 +352,9 @@ async fn a_decision_takes_the_first_true_case_or_fails_with_route_unknown() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", ROUTE).await;
     let eng = engine(&db, "e1", true, None);
-    let big = submit(&db.pool, with_input(&s, json!({ "size": 10 }))).await;
-    let medium = submit(&db.pool, with_input(&s, json!({ "size": 3 }))).await;
-    let none = submit(&db.pool, with_input(&s, json!({ "size": 1 }))).await;
+    let big = submit_new(&db.pool, with_input(&s, json!({ "size": 10 }))).await;
+    let medium = submit_new(&db.pool, with_input(&s, json!({ "size": 3 }))).await;
+    let none = submit_new(&db.pool, with_input(&s, json!({ "size": 1 }))).await;
     assert_eq!(status(&db.pool, big).await.0, "completed");
     assert_eq!(steps_of(&db.pool, big).await, ["size:1.1:succeeded", "big:1.1:succeeded"]);
     assert_eq!(status(&db.pool, medium).await.0, "completed");
@@ -398,8 +387,8 @@ async fn continue_on_error_goes_on_and_a_failure_handler_runs_instead_of_what_fo
     let db = test_db().await;
     let s = seed(&db.pool, "acme", CONTINUE).await;
     let eng = engine(&db, "e1", true, None);
-    let lint_fails = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "lint": 1 } } }))).await;
-    let build_fails = submit(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 } } }))).await;
+    let lint_fails = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "lint": 1 } } }))).await;
+    let build_fails = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 } } }))).await;
     assert_eq!(status(&db.pool, lint_fails).await, ("completed".into(), None));
     assert_eq!(steps_of(&db.pool, lint_fails).await, ["lint:1.1:failed:exit_code:1", "build:1.1:succeeded", "ship:1.1:succeeded"]);
     // The handler takes the failure: the run completes, and `ship` never starts.
@@ -428,7 +417,7 @@ async fn an_end_node_finishes_the_run_at_once_and_cancels_what_is_still_open() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", END).await;
     let eng = engine(&db, "e1", true, None);
-    let run = submit(&db.pool, new_run(&s)).await;
+    let run = submit_new(&db.pool, new_run(&s)).await;
     assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("ended:end_run".into())));
     assert_eq!(steps_of(&db.pool, run).await, ["slow:1.1:cancelled:run ended", "quick:1.1:succeeded", "stop:1.1:succeeded"]);
     assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM wakes WHERE run_id = $1", run).await, 0);
@@ -482,7 +471,7 @@ async fn a_parent_awaits_its_child_and_cancelling_it_cancels_the_waiting_tree() 
     let eng = engine(&db, "e1", true, None);
 
     // A child that completes lets its parent go on, with the child's outcome as output.
-    let parent = submit(&db.pool, new_run(&s)).await;
+    let parent = submit_new(&db.pool, new_run(&s)).await;
     assert_eq!(status(&db.pool, parent).await, ("completed".into(), None));
     let middle = child_of(&db.pool, parent).await;
     let output: Value = scalar(&db.pool, "SELECT output FROM steps WHERE run_id = $1 AND node = 'spawn'", parent).await;
@@ -493,7 +482,7 @@ async fn a_parent_awaits_its_child_and_cancelling_it_cancels_the_waiting_tree() 
 
     // Now the leaf waits for a person: the tree waits on it.
     add_workflow(&db.pool, &s, "leaf", LEAF_WAITS).await;
-    let parent = submit(&db.pool, new_run(&s)).await;
+    let parent = submit_new(&db.pool, new_run(&s)).await;
     let middle = child_of(&db.pool, parent).await;
     let leaf = child_of(&db.pool, middle).await;
     until_steps(&db.pool, leaf, "the leaf's approval", |s| has(s, "ask:1.1:waiting")).await;
@@ -531,7 +520,7 @@ async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
     let def = engine::definition::parse(GUARDED).unwrap();
     let eng = engine(&db, "e1", true, None);
     let new = || NewRun { needs_approval: def.approval_required, ..new_run(&s) };
-    let run = submit(&db.pool, new()).await;
+    let run = submit_new(&db.pool, new()).await;
     until_steps(&db.pool, run, "the run's approval", |s| s == ["$start:1.1:waiting"]).await;
     let w = why(&db.pool, s.org, run).await;
     assert_eq!((name(&w), w.words.as_str()), (Some("awaiting_signal"), "waiting for approval"));
@@ -547,7 +536,7 @@ async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
     assert_eq!(steps_of(&db.pool, run).await, ["$start:1.1:succeeded", "build:1.1:succeeded"]);
 
     // Rejected at the start, the run is cancelled before any work.
-    let run = submit(&db.pool, new()).await;
+    let run = submit_new(&db.pool, new()).await;
     until_steps(&db.pool, run, "the run's approval", |s| s == ["$start:1.1:waiting"]).await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     approvals::reject(&mut ch, s.org, run, approvals::RUN_APPROVAL_NODE, Some("no")).await.unwrap();
@@ -578,7 +567,7 @@ async fn an_unanswered_approval_with_a_timeout_resolves_with_timed_out() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", EXPIRES).await;
     let eng = engine(&db, "e1", true, None);
-    let run = submit(&db.pool, new_run(&s)).await;
+    let run = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, run, "the approval", |s| has(s, "ask:1.1:waiting")).await;
     let w = why(&db.pool, s.org, run).await;
     assert!(w.text.starts_with("Waiting for approval at ask: Ship it? (deadline ") && w.text.ends_with(" UTC)"), "{}", w.text);
@@ -615,7 +604,7 @@ nodes:
     );
     let s = seed(&db.pool, "acme", &source).await;
     let eng = engine(&db, "e1", true, None);
-    let run = submit(&db.pool, new_run(&s)).await;
+    let run = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, run, "the waits", |s| has(s, "nap:1.1:waiting") && has(s, "past:1.1:succeeded")).await;
     let w = why(&db.pool, s.org, run).await;
     assert_eq!(name(&w), Some("sleeping"));
@@ -640,7 +629,7 @@ async fn an_event_wait_awaits_its_event_until_its_deadline() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", EVENT).await;
     let eng = engine(&db, "e1", true, None);
-    let run = submit(&db.pool, new_run(&s)).await;
+    let run = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, run, "the wait", |s| has(s, "merged:1.1:waiting")).await;
     let w = why(&db.pool, s.org, run).await;
     assert_eq!(w.words, "waiting for pull_request.closed");
@@ -686,7 +675,7 @@ async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it
     add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
     let (_dir, effects) = temp_effects();
     let eng = engine(&db, "e1", true, Some(&effects));
-    let run = submit(&db.pool, NewRun { dry_run: true, needs_approval: true, ..new_run(&s) }).await;
+    let run = submit_new(&db.pool, NewRun { dry_run: true, needs_approval: true, ..new_run(&s) }).await;
     assert_eq!(status(&db.pool, run).await, ("completed".into(), None));
     let child = child_of(&db.pool, run).await;
     assert_eq!(status(&db.pool, child).await.0, "completed");
@@ -764,7 +753,7 @@ async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_
     let (_dir, effects) = temp_effects();
     let eng = engine(&db, "e1", true, Some(&effects));
     let input = json!({ "ticket": "T-7" });
-    let first = submit(&db.pool, with_input(&s, input.clone())).await;
+    let first = submit_new(&db.pool, with_input(&s, input.clone())).await;
     assert_eq!(status(&db.pool, first).await.0, "completed");
 
     // A rerun is a new run with the same input that does everything again.
@@ -819,7 +808,7 @@ async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion()
     let (_dir, effects) = temp_effects();
     let eng = engine(&db, "e1", true, Some(&effects));
     let input = json!({ "test": { "step_ms": { "slow": 1500 }, "fail_attempts": { "flaky": 1 } } });
-    let run = submit(&db.pool, with_input(&s, input)).await;
+    let run = submit_new(&db.pool, with_input(&s, input)).await;
     until_steps(&db.pool, run, "a running step and a backoff", |s| has(s, "slow:1.1:running") && has(s, "flaky:1.2:pending")).await;
     let w = why(&db.pool, s.org, run).await;
     assert_eq!(w.text, "Running slow on engine e1 (and 1 more open step)");
@@ -867,14 +856,14 @@ async fn a_draining_engine_stops_claiming_finishes_what_it_holds_and_returns_in_
     let input = json!({ "test": { "step_ms": 1500 } });
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(submit(&db.pool, with_input(&s, input.clone())).await);
+        held.push(submit_new(&db.pool, with_input(&s, input.clone())).await);
     }
     for &run in &held {
         until_steps(&db.pool, run, "the first step held", |s| has(s, "first:1.1:running")).await;
     }
     draining.drain.cancel();
     // Submitted after the drain began: the draining engine must not take it.
-    let late = submit(&db.pool, with_input(&s, input.clone())).await;
+    let late = submit_new(&db.pool, with_input(&s, input.clone())).await;
     let returned = tokio::time::timeout(Duration::from_secs(60), draining.task).await;
     assert!(matches!(returned, Ok(Ok(Ok(())))), "the pool did not return within the drain time: {returned:?}");
 
@@ -903,21 +892,21 @@ async fn why_reports_queued_and_held_runs_and_only_for_the_runs_org() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", TWO_CREW).await;
     // No engine runs: the run has started nothing.
-    let run = submit(&db.pool, new_run(&s)).await;
+    let run = submit_new(&db.pool, new_run(&s)).await;
     let w = why(&db.pool, s.org, run).await;
     assert_eq!((name(&w), w.words.as_str(), w.text.as_str()), (Some("queued"), "queued", "Queued: nothing has started yet"));
     // A pause holds the runs submitted after it (admission); the one admitted before goes on.
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     workflows::set_paused(&mut ch, s.org, s.workflow, true).await.unwrap();
     ch.commit().await.unwrap();
-    let held = submit(&db.pool, new_run(&s)).await;
+    let held = submit_new(&db.pool, new_run(&s)).await;
     let w = why(&db.pool, s.org, held).await;
     assert_eq!((name(&w), w.text.as_str()), (Some("held"), "Held: workflow wf is paused"));
     assert_eq!(why(&db.pool, s.org, run).await.text, "Queued: nothing has started yet");
 
     let err = substate::why(&db.pool, OrgId::mint(), run).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound("run")), "{err}");
-    let other = submit(&db.pool, new_run(&s)).await;
+    let other = submit_new(&db.pool, new_run(&s)).await;
     let both = substate::whys(&db.pool, s.org, &[other, RunId::mint(), run]).await.unwrap();
     assert_eq!(both.iter().map(|w| w.run).collect::<Vec<_>>(), [other, run]);
     db.discard().await;
@@ -927,7 +916,7 @@ async fn why_reports_queued_and_held_runs_and_only_for_the_runs_org() {
 async fn the_queries_behind_why_are_served_by_indexes() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", TWO_CREW).await;
-    let run = submit(&db.pool, new_run(&s)).await;
+    let run = submit_new(&db.pool, new_run(&s)).await;
     let mut conn = db.pool.pool().acquire().await.unwrap();
     // Tables this small are read whole whatever the indexes; forbid that to see which exist.
     sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
@@ -973,14 +962,14 @@ async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", VERSIONED_V1).await;
     let eng = engine(&db, "e1", true, None);
-    let old = submit(&db.pool, new_run(&s)).await;
+    let old = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, old, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
 
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     let (_, version) = workflows::put_version(&mut ch, s.org, s.project, "wf", VERSIONED_V2).await.unwrap();
     ch.commit().await.unwrap();
     assert_eq!(version, 2);
-    let new = submit(&db.pool, NewRun { version, ..new_run(&s) }).await;
+    let new = submit_new(&db.pool, NewRun { version, ..new_run(&s) }).await;
     for run in [old, new] {
         until_steps(&db.pool, run, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
@@ -1010,7 +999,7 @@ async fn an_approval_prompt_is_rendered_and_its_deadline_is_a_time() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", PROMPTED).await;
     let eng = engine(&db, "e1", true, None);
-    let run = submit(&db.pool, with_input(&s, json!({ "title": "the widget" }))).await;
+    let run = submit_new(&db.pool, with_input(&s, json!({ "title": "the widget" }))).await;
     until_steps(&db.pool, run, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
     let (prompt, deadline): (String, chrono::DateTime<chrono::Utc>) =
         sqlx::query_as("SELECT prompt, deadline FROM approvals WHERE run_id = $1").bind(run).fetch_one(&db.pool).await.unwrap();
@@ -1036,7 +1025,7 @@ async fn a_child_input_that_does_not_render_fails_its_step_naming_it() {
     let s = seed(&db.pool, "acme", BAD_CHILD_INPUT).await;
     add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
     let eng = engine(&db, "e1", true, None);
-    let run = submit(&db.pool, new_run(&s)).await;
+    let run = submit_new(&db.pool, new_run(&s)).await;
     let (status, _) = until_done(&db.pool, run, Duration::from_secs(30)).await;
     assert_eq!(status, "failed");
     let reason: Option<String> = scalar(&db.pool, "SELECT reason FROM steps WHERE run_id = $1 AND node = 'spawn'", run).await;
@@ -1059,7 +1048,7 @@ async fn a_rerun_of_a_workflow_that_requires_approval_waits_for_it_again() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", REQUIRES_APPROVAL).await;
     let eng = engine(&db, "e1", true, None);
-    let run = submit(&db.pool, NewRun { needs_approval: true, ..new_run(&s) }).await;
+    let run = submit_new(&db.pool, NewRun { needs_approval: true, ..new_run(&s) }).await;
     until_steps(&db.pool, run, "the run parked", |s| has(s, "$start:1.1:waiting")).await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     approvals::approve(&mut ch, s.org, run, approvals::RUN_APPROVAL_NODE, &Map::new()).await.unwrap();
@@ -1106,14 +1095,14 @@ async fn an_event_wait_announces_itself_expires_and_is_withdrawn() {
     let eng = engine(&db, "e1", true, None);
 
     // Its own timeout passes: the wait resolves timed out, and says so.
-    let short = submit(&db.pool, new_run(&s)).await;
+    let short = submit_new(&db.pool, new_run(&s)).await;
     assert_eq!(until_done(&db.pool, short, Duration::from_secs(30)).await.0, "completed");
     assert_eq!(lifecycle(&db.pool, short).await, ["run.started", "run.awaiting", "run.wait_expired", "run.completed"]);
     let output: Value = scalar(&db.pool, "SELECT output FROM steps WHERE run_id = $1", short).await;
     assert_eq!(output["timed_out"], true);
 
     // Without a timeout it waits a day at most, and its deadline says when; a cancel withdraws it.
-    let waiting = submit(&db.pool, NewRun { workflow: patient, version, ..new_run(&s) }).await;
+    let waiting = submit_new(&db.pool, NewRun { workflow: patient, version, ..new_run(&s) }).await;
     until_steps(&db.pool, waiting, "the wait", |s| has(s, "merged:1.1:waiting")).await;
     let due_h: f64 = scalar(&db.pool, "SELECT extract(epoch FROM due_at - now())::float8 / 3600 FROM wakes WHERE run_id = $1 AND reason = 'timeout'", waiting).await;
     assert!((23.9..=24.0).contains(&due_h), "due in {due_h} h");

@@ -161,8 +161,8 @@ impl Fleet {
         let c_route = Route::Isolated { pool: proxy(&c_pool, pooler).await.unwrap(), listen: proxy(&c_listen, direct).await.unwrap(), pool_link: c_pool, listen_link: c_listen };
         let r_route = Route::Isolated { pool: proxy(&r_pool, pooler).await.unwrap(), listen: proxy(&r_listen, direct).await.unwrap(), pool_link: r_pool, listen_link: r_listen };
         let slot = |name, kind, route, listen| Slot { name, kind, route, incarnation: 0, process: None, started_at: Instant::now(), down_since: None, stalled_until: None, listen, spared_until: None };
-        let r1 = SocketAddr::from(([127, 0, 0, 1], crate::host_env::free_port()));
-        let r2 = SocketAddr::new(IpAddr::V4(http_link.inside), crate::host_env::free_port());
+        let r1 = SocketAddr::from(([127, 0, 0, 1], shopfloor_tests::process::free_port()));
+        let r2 = SocketAddr::new(IpAddr::V4(http_link.inside), shopfloor_tests::process::free_port());
         let slots = vec![
             slot("a", Kind::Engine, Route::Pooled, None),
             slot("b", Kind::Engine, Route::Direct, None),
@@ -225,12 +225,8 @@ impl Fleet {
                 cmd.args(["engine", "--test-executor", "--engine-id", &id, "--log", "info"])
                     .arg("--test-effects")
                     .arg(&self.effects)
-                    .env("SHOPFLOOR_DRAIN_SECS", "5")
-                    .env("SHOPFLOOR_GITHUB_APP_ID", "1")
-                    .env("SHOPFLOOR_GITHUB_APP_KEY_FILE", PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake/test_app_key.pem"))
-                    .env("SHOPFLOOR_GITHUB_API_URL", github)
-                    .env("SHOPFLOOR_GITHUB_GRAPHQL_URL", format!("{github}/graphql"))
-                    .env("SHOPFLOOR_GITHUB_TIMEOUT_SECS", "5");
+                    .env("SHOPFLOOR_DRAIN_SECS", "5");
+                shopfloor_tests::github_fake::as_app(&mut cmd, github, 5);
             }
             Kind::Replica => {
                 cmd.args(["api", "--log", "info"])

@@ -38,9 +38,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use engine::cluster::{self, Cluster, ClusterOptions};
-use engine::ids::{RunId, Slug};
+use engine::ids::RunId;
 use engine::store::steps::{LEASE, LEASE_GRACE};
-use engine::store::{installations, tenants, workflows, Actor, Change};
+use engine::store::{installations, Actor, Change};
+use engine::testkit::FAN_OUT_JOIN_LOOP;
 use serde_json::{json, Map, Value};
 use shopfloor_tests::github_fake::FakeGithub;
 use shopfloor_tests::pgbouncer::PgBouncer;
@@ -52,24 +53,14 @@ use tokio::time::Instant;
 use clients::Clients;
 use fleet::{Fate, Fleet, Kind};
 
+use crate::support::{acme, owner_token, put_workflows};
+
 pub(crate) const SECRET: &str = "chaos webhook secret";
 pub(crate) const INSTALLATION: i64 = 77;
 pub(crate) const REPOSITORY: &str = "acme/widgets";
 
-/// The graph both workflows share, up to the wait; `ship` follows it.
-const GRAPH: &str = "nodes:
-  plan:
-    crew: { harness: claude-code, prompt: plan }
-  left:
-    after: [plan]
-    crew: { harness: claude-code, prompt: left }
-  right:
-    after: [plan]
-    crew: { harness: claude-code, prompt: right }
-  ci:
-    after: [left, right]
-    gate: { checks: [test], on_fail: left }
-  ask:
+/// What both workflows add to the fan-out, join and loop ([`FAN_OUT_JOIN_LOOP`]) before `ship`.
+const ASK_AND_NAP: &str = "  ask:
     after: [ci]
     approval:
       prompt: Ship it?
@@ -81,12 +72,12 @@ const GRAPH: &str = "nodes:
 /// Submitted over REST, with inputs that fail the gate's first visit (sending the run back
 /// through `left` once); `ship` is a leased step of the test executor.
 fn rest_workflow() -> String {
-    format!("name: chaos\n{GRAPH}  ship:\n    after: [nap]\n    crew: {{ harness: claude-code, prompt: ship }}\n")
+    format!("name: chaos\nnodes:\n{FAN_OUT_JOIN_LOOP}{ASK_AND_NAP}  ship:\n    after: [nap]\n    crew: {{ harness: claude-code, prompt: ship }}\n")
 }
 
 /// Started by `issues.opened`; `ship` comments on the issue on GitHub.
 fn webhook_workflow() -> String {
-    format!("name: chaos-issue\non:\n  github:\n    events: [issues.opened]\n{GRAPH}  ship:\n    after: [nap]\n    output: {{ github: comment, body: shipped }}\n")
+    format!("name: chaos-issue\non:\n  github:\n    events: [issues.opened]\nnodes:\n{FAN_OUT_JOIN_LOOP}{ASK_AND_NAP}  ship:\n    after: [nap]\n    output: {{ github: comment, body: shipped }}\n")
 }
 
 /// The visits that succeed in a REST run that ends as it should.
@@ -180,20 +171,10 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// Creates the org, its project, both workflows, the GitHub installation and a person's token.
 async fn seed(db: &Db) -> String {
     let mut ch = Change::begin(db, Actor::System).await.unwrap();
-    let (org, owner) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
-    let project = tenants::create_project(&mut ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
-    for source in [rest_workflow(), webhook_workflow()] {
-        let def = engine::definition::parse(&source).unwrap_or_else(|p| panic!("a chaos workflow does not validate: {p:?}"));
-        workflows::put_version(&mut ch, org, project, &def.name, &source).await.unwrap();
-    }
-    installations::connect_for_test(&mut ch, org, project, INSTALLATION, "acme", REPOSITORY).await.unwrap();
-    let token = api::auth::issue_user_token(
-        &mut ch,
-        &engine::testkit::secret_key(),
-        api::auth::UserToken { org, user: owner, project: None, role: "owner", name: "chaos", ttl: chrono::Duration::hours(4) },
-    )
-    .await
-    .unwrap();
+    let acme = acme(&mut ch).await;
+    put_workflows(&mut ch, acme.org, acme.project, &[rest_workflow(), webhook_workflow()]).await;
+    installations::connect_for_test(&mut ch, acme.org, acme.project, INSTALLATION, "acme", REPOSITORY).await.unwrap();
+    let token = owner_token(&mut ch, &acme, "chaos", 4).await;
     ch.commit().await.unwrap();
     token
 }
