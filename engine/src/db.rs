@@ -119,7 +119,10 @@ impl Db {
     pub(crate) fn tenant_beside(&self) -> Db {
         let options = self.pool.connect_options().as_ref().clone();
         let given = self.pool.options();
-        let pool = pool_options(given.get_max_connections()).acquire_timeout(given.get_acquire_timeout()).connect_lazy_with(options);
+        let pool = PgPoolOptions::new()
+            .max_connections(given.get_max_connections())
+            .acquire_timeout(given.get_acquire_timeout())
+            .connect_lazy_with(options);
         Db { pool, route: self.route, guarded: self.guarded, tenant: true }
     }
 
@@ -262,31 +265,11 @@ async fn open(options: PgConnectOptions, max_connections: u32, route: Route, gua
             _ => unreachable(e.to_string()),
         })?;
     drop(probe);
-    let pool = pool_options(max_connections).connect_lazy_with(options);
-    Ok(Db { pool, route, guarded, tenant: false })
-}
-
-/// A connection idle for less than this is handed out without a ping first.
-const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
-
-/// The pool's settings. sqlx pings every connection it hands out, one round trip before each
-/// transaction's `BEGIN`, which sat on every hot path (a wake's claim, a webhook's delivery).
-/// A connection that came back less than [`PING_IDLE_AFTER`] ago is handed out as it is: its
-/// release already pinged it, and a connection that broke since fails its first statement,
-/// which callers retry as any failed statement. One idle longer is pinged, and replaced if dead.
-fn pool_options(max_connections: u32) -> PgPoolOptions {
-    PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for >= PING_IDLE_AFTER {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
-            })
-        })
+        .connect_lazy_with(options);
+    Ok(Db { pool, route, guarded, tenant: false })
 }
 
 /// The newest migration version this binary carries.
