@@ -25,6 +25,8 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
 use sqlx::{Either, Execute, Executor, PgPool, Postgres, Transaction};
 
+use crate::ids::OrgId;
+
 /// The migrations in `migrations/`, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
@@ -127,13 +129,34 @@ impl Db {
     }
 
     /// Begins a transaction with this pool's settings in force until it ends.
+    ///
+    /// sqlx 0.8.6's `begin` is not cancel-safe on PostgreSQL (transact-rs/sqlx#4393, fixed
+    /// upstream after 0.8.6): a caller dropped while its `BEGIN` is in flight (a request's
+    /// timeout, a client gone, a `select!`) returns the connection to the pool inside a
+    /// transaction nothing ends, and the next borrower's statements run in it (PostgreSQL warns
+    /// "there is already a transaction in progress"; a single statement's write then waits for
+    /// someone else's `COMMIT`). `make bench` showed it in its host fleet phase (86 warnings,
+    /// with the API, engines and hosts at work). So the begin runs on a task of its own and always
+    /// finishes: when its caller is gone, the finished transaction is dropped there and rolled
+    /// back as any dropped transaction is (`store::a_begin_cancelled_midway_…` shows both).
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        let db = self.clone();
+        // The scope is task-local: read here, in the caller's task.
+        let org = if self.tenant { crate::tenancy::scope::current() } else { None };
+        match tokio::spawn(async move { db.begin_to_the_end(org).await }).await {
+            Ok(begun) => begun,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(sqlx::Error::Protocol(format!("beginning a transaction: {e}"))),
+        }
+    }
+
+    async fn begin_to_the_end(&self, org: Option<OrgId>) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let mut tx = match self.route {
             Route::Direct => self.pool.begin().await?,
             Route::Pooler => self.pool.begin_with(self.pooler_preamble()).await?,
         };
         if self.tenant {
-            crate::tenancy::scope::enter(&mut tx).await?;
+            crate::tenancy::scope::enter(&mut tx, org).await?;
         }
         Ok(tx)
     }

@@ -43,23 +43,20 @@ pub fn current() -> Option<OrgId> {
     SCOPE.try_with(|slot| slot.0.lock().ok().and_then(|o| *o)).ok().flatten()
 }
 
-fn setting() -> String {
-    current().map(|o| o.0.to_string()).unwrap_or_default()
-}
-
 /// Warned once per process: the role is missing, so the tenant pool is the owner's.
 static WARNED: AtomicBool = AtomicBool::new(false);
 
-/// Takes the tenant role and the current scope's org for the rest of `tx`'s transaction: what a
-/// tenant pool's transactions begin with (`Db::begin`).
-pub(crate) async fn enter(tx: &mut PgConnection) -> Result<(), sqlx::Error> {
+/// Takes the tenant role and `org` (the scope's, read by the caller: `Db::begin` runs this on a
+/// task of its own, outside the scope) for the rest of `tx`'s transaction: what a tenant pool's
+/// transactions begin with.
+pub(crate) async fn enter(tx: &mut PgConnection, org: Option<OrgId>) -> Result<(), sqlx::Error> {
     // One statement: the org, and the role when it exists and this user may take it.
     let role: Option<String> = sqlx::query_scalar(
         "SELECT (SELECT set_config('role', rolname, true) FROM pg_roles \
                   WHERE rolname = $2 AND pg_has_role(session_user, oid, 'MEMBER')) \
           FROM (SELECT set_config('shopfloor.org', $1, true)) AS org",
     )
-    .bind(setting())
+    .bind(org.map(|o| o.0.to_string()).unwrap_or_default())
     .bind(TENANT_ROLE)
     .fetch_one(&mut *tx)
     .await?;

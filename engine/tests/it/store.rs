@@ -168,3 +168,34 @@ async fn a_schema_newer_than_the_code_is_refused() {
     assert!(err.to_string().contains("run a newer shopfloor release"), "{err}");
     db.discard().await;
 }
+
+/// A caller dropped while its `BEGIN` is in flight (a request's timeout, a client gone) must
+/// not hand the pool a connection left inside a transaction: sqlx 0.8.6's own `begin` does
+/// (transact-rs/sqlx#4393), and the next borrower's statements then run inside it, so a write
+/// said to be done is not committed. The begin is polled `k` times, letting the runtime read
+/// the socket between polls, then dropped, for every `k` until it finishes: so it is cut at
+/// each point of its round trips (the pool's ping, the `BEGIN`). With one connection in the
+/// pool, each cut is followed by a single-statement write, which another connection must see.
+#[tokio::test]
+async fn a_begin_cancelled_midway_leaves_no_transaction_open_on_the_connection() {
+    let db = test_db().await;
+    sqlx::query("CREATE TABLE cut_begins (k integer)").execute(&db.pool).await.unwrap();
+    let pool = engine::db::connect(&db.url, 1).await.unwrap();
+    let mut unseen = Vec::new();
+    for cuts in 0..300 {
+        let mut begin = Box::pin(pool.begin());
+        for _ in 0..cuts {
+            if futures::poll!(begin.as_mut()).is_ready() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(begin);
+        sqlx::query("INSERT INTO cut_begins VALUES ($1)").bind(cuts).execute(&pool).await.unwrap();
+        let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM cut_begins WHERE k = $1").bind(cuts).fetch_one(&db.pool).await.unwrap();
+        if seen == 0 {
+            unseen.push(cuts);
+        }
+    }
+    assert!(unseen.is_empty(), "writes after a begin cut after these many polls were not committed: {unseen:?}");
+}
