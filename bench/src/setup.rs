@@ -95,19 +95,7 @@ impl Drop for Engine {
 }
 
 pub(crate) fn new_run(s: &Seed, input: serde_json::Value) -> NewRun {
-    NewRun {
-        org: s.org,
-        project: s.project,
-        workflow: s.workflow,
-        version: s.version,
-        input,
-        item: None,
-        trigger_event: None,
-        parent: None,
-        dry_run: false,
-        needs_approval: false,
-        source: None,
-    }
+    NewRun::of_workflow(s.org, s.project, s.workflow, s.version, input)
 }
 
 /// Submits `n` runs, `per_tx` to a transaction.

@@ -371,19 +371,7 @@ pub async fn seed(pool: &Db, slug: &str, source: &str) -> Seed {
 /// A run of the seeded workflow with `input`, as a person submits it: no item, trigger event,
 /// parent or approval.
 pub fn new_run(s: &Seed, input: serde_json::Value) -> crate::store::runs::NewRun {
-    crate::store::runs::NewRun {
-        org: s.org,
-        project: s.project,
-        workflow: s.workflow,
-        version: s.version,
-        input,
-        item: None,
-        trigger_event: None,
-        parent: None,
-        dry_run: false,
-        needs_approval: false,
-        source: None,
-    }
+    crate::store::runs::NewRun::of_workflow(s.org, s.project, s.workflow, s.version, input)
 }
 
 /// The nodes of a fan-out, a join and a gate that loops back once, which several tests walk:

@@ -74,6 +74,14 @@ pub struct NewRun {
     pub source: Option<(RunId, Vec<String>)>,
 }
 
+impl NewRun {
+    /// A run of a workflow version with `input` and nothing else, as a person submits it: no
+    /// item, trigger event, parent, approval or rerun (set those with `..` on it).
+    pub fn of_workflow(org: OrgId, project: ProjectId, workflow: WorkflowId, version: i32, input: Value) -> NewRun {
+        NewRun { org, project, workflow, version, input, item: None, trigger_event: None, parent: None, dry_run: false, needs_approval: false, source: None }
+    }
+}
+
 /// A quick check used by tests and `why`: wakes still queued for a run.
 pub async fn pending_wakes(pool: &crate::db::Db, run: RunId) -> Result<Vec<(String, DateTime<Utc>)>> {
     Ok(sqlx::query_as("SELECT reason, due_at FROM wakes WHERE run_id = $1 ORDER BY due_at")

@@ -106,17 +106,9 @@ pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: Ide
     let run = store::submit(
         &mut ch,
         NewRun {
-            org: scope.org.org,
-            project: scope.project,
-            workflow,
-            version,
-            input: Value::Object(body.input.clone().unwrap_or_default()),
-            item: None,
-            trigger_event: None,
-            parent: None,
             dry_run: body.dry_run,
             needs_approval: def.approval_required,
-            source: None,
+            ..NewRun::of_workflow(scope.org.org, scope.project, workflow, version, Value::Object(body.input.clone().unwrap_or_default()))
         },
     )
     .await?;
