@@ -251,7 +251,11 @@ async fn crash(opts: &ClusterOptions) {
 }
 
 /// Sets `fsync` and `synchronous_commit` (the cluster runs without them outside the crash
-/// phase), and waits until a new session sees them.
+/// phase), and waits until a new session sees them. Turning them on also flushes the WAL with
+/// a `CHECKPOINT`: a commit acknowledged just before, under `synchronous_commit = off`, has its
+/// commit record only in the server's WAL buffers until the WAL writer's next round (up to
+/// 200 ms), and a crash then would lose what the server had acknowledged. Seen once in CI: a
+/// submit and a delivery answered a few milliseconds before the crash were gone after it.
 async fn durable(db: &Db, url: &str, on: bool) {
     let value = if on { "on" } else { "off" };
     for name in ["fsync", "synchronous_commit"] {
@@ -270,6 +274,12 @@ async fn durable(db: &Db, url: &str, on: bool) {
         }
     };
     tokio::time::timeout(Duration::from_secs(60), seen).await.expect("the reloaded settings are seen");
+    if on {
+        // The postmaster signals every backend before it forks a session that sees the reload,
+        // and a backend applies it before its next command: a commit acknowledged under the
+        // old setting was read before that, and its record is flushed here.
+        sqlx::query("CHECKPOINT").execute(db).await.unwrap();
+    }
 }
 
 /// Which faults are still to come, and what each saw when it came.
