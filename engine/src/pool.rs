@@ -266,7 +266,9 @@ impl Pool {
                 by_run.entry(run).or_default().push(Wake { step, reason });
                 wake_ids.entry(run).or_default().push(id);
             }
-            let jobs = match self.advance_all(&mut ch, &by_run).await {
+            // The commit is part of the advance: the journal's rows are written by it, and a
+            // run whose rows the database refuses there is one run's trouble like any other.
+            let advanced = match self.advance_all(&mut ch, &by_run).await {
                 // The drain began while this claim ran (SIGTERM, or the loop had not looked yet):
                 // what it took goes back untouched, for another engine, since a draining engine
                 // starts nothing new.
@@ -274,15 +276,20 @@ impl Pool {
                     drop(ch);
                     return Ok(false);
                 }
+                Ok(jobs) => ch.commit().await.map(|()| jobs),
+                Err(e) => {
+                    drop(ch);
+                    Err(e)
+                }
+            };
+            let jobs = match advanced {
                 Ok(jobs) => {
-                    ch.commit().await?;
                     crate::metrics::wakes_claimed(&lateness);
                     jobs
                 }
                 Err(e) if run_local(&e) => {
-                    // One run's trouble: the batch's claim is undone with it, and each run is
+                    // One run's trouble: the batch's claim was undone with it, and each run is
                     // claimed and advanced again on its own.
-                    drop(ch);
                     tracing::warn!(error = %e, "a batch failed on one of its runs; advancing them one by one");
                     self.advance_one_by_one(&by_run, &wake_ids).await?
                 }
@@ -332,18 +339,21 @@ impl Pool {
                 advance::advance(&mut ch, &self.engine(), *run, wakes).await
             }
             .await;
-            match advanced {
+            let advanced = match advanced {
                 // As in `claim_due`: nothing new once the drain began.
                 Ok(_) if self.drain.is_cancelled() => {
                     drop(ch);
                     return Ok(jobs);
                 }
-                Ok(more) => {
-                    ch.commit().await?;
-                    jobs.extend(more);
-                }
-                Err(e) if run_local(&e) => {
+                Ok(more) => ch.commit().await.map(|()| more),
+                Err(e) => {
                     drop(ch);
+                    Err(e)
+                }
+            };
+            match advanced {
+                Ok(more) => jobs.extend(more),
+                Err(e) if run_local(&e) => {
                     let wakes: Vec<(Option<StepId>, String)> = wakes.iter().map(|w| (w.step, w.reason.clone())).collect();
                     let outcome = engine_errors::record(&self.db, Actor::Engine(self.cfg.id.clone()), *run, &wakes, &e.to_string(), is_logic_error(&e)).await?;
                     tracing::error!(run.id = %run, error = %e, outcome = ?outcome, "cannot advance run");

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::json;
 use crate::db::Db;
 
-use super::{cap, runs, Actor, Change, Result, StoreError};
+use super::{admission, cap, runs, Actor, Change, Result, StoreError};
 use crate::ids::{RunId, StepId};
 use crate::state::run;
 
@@ -76,7 +76,7 @@ async fn record_in_words(pool: &Db, actor: Actor, run: RunId, wakes: &[(Option<S
 }
 
 /// Fails the run by its row alone: no lifecycle event (its journal may be what cannot be
-/// written), its wakes gone, an audit entry.
+/// written), its wakes gone, its admission leases and place in line given up, an audit entry.
 async fn fail_bare(pool: &Db, actor: Actor, run: RunId, detail: &str) -> Result<Outcome> {
     let mut ch = Change::begin(pool, actor).await?;
     let found: Option<(crate::ids::OrgId, crate::ids::ProjectId)> =
@@ -87,6 +87,17 @@ async fn fail_bare(pool: &Db, actor: Actor, run: RunId, detail: &str) -> Result<
             .await?;
     let Some((org, project)) = found else { return Ok(Outcome::Failed) };
     sqlx::query("DELETE FROM wakes WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
+    // Its room in admission's queues is handed on as any ended run's is.
+    let (leases, left): (Vec<String>, Option<String>) = sqlx::query_as(
+        "WITH l AS (DELETE FROM concurrency_leases WHERE run_id = $1 RETURNING org_id, group_key), \
+              r AS (INSERT INTO lease_releases (org_id, queue) SELECT org_id, group_key FROM l), \
+              q AS (DELETE FROM admission_waits WHERE run_id = $1 RETURNING queue) \
+         SELECT ARRAY(SELECT group_key FROM l), (SELECT queue FROM q)",
+    )
+    .bind(run)
+    .fetch_one(&mut *ch.tx)
+    .await?;
+    admission::lines::on_finish(&mut ch, org, &leases, left.as_deref());
     ch.audit(org, Some(project), "run.engine_error", ("run", run.to_string()), json!({ "error": detail, "without_event": true }))?;
     ch.commit().await?;
     Ok(Outcome::Failed)

@@ -130,7 +130,8 @@ where
 {
     let ctx = ch.locked(run_id)?.clone();
     // One statement: the status, and (only if it was running) the run's wakes and
-    // concurrency leases dropped, and the children still running listed. Wakes an engine has
+    // concurrency leases dropped (each lease leaving a release for its queue's count,
+    // `admission::lines::lock_queue`), and the children still running listed. Wakes an engine has
     // claimed meanwhile are skipped, not waited for: the engine locks wakes before runs, so
     // waiting here would deadlock, and its commit deletes them anyway (its advance then finds
     // the run ended).
@@ -138,7 +139,8 @@ where
         "WITH was AS (SELECT 1 FROM runs WHERE run_id = $1 AND status = 'running'), \
               w AS (DELETE FROM wakes WHERE wake_id = ANY(ARRAY(SELECT wake_id FROM wakes WHERE run_id = $1 FOR UPDATE SKIP LOCKED)) \
                     AND EXISTS (SELECT 1 FROM was)), \
-              l AS (DELETE FROM concurrency_leases WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was) RETURNING group_key), \
+              l AS (DELETE FROM concurrency_leases WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was) RETURNING org_id, group_key), \
+              r AS (INSERT INTO lease_releases (org_id, queue) SELECT org_id, group_key FROM l), \
               q AS (DELETE FROM admission_waits WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was) RETURNING queue), \
               u AS (UPDATE runs SET status = $2, reason = $3, ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING {RUN_COLUMNS}) \
          SELECT u.*, ARRAY(SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running') AS children, \

@@ -93,6 +93,21 @@ async fn statuses(pool: &Db, runs: &[RunId]) -> Vec<(String, Option<String>)> {
     out
 }
 
+/// Every queue's count of its leases (`held`, less the releases of ended runs not yet counted
+/// off by an admission) is the leases it has.
+async fn assert_leases_counted(pool: &Db) {
+    let queues: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT q.queue, q.held - (SELECT count(*) FROM lease_releases r WHERE r.org_id = q.org_id AND r.queue = q.queue), \
+                (SELECT count(*) FROM concurrency_leases l WHERE l.org_id = q.org_id AND l.group_key = q.queue) \
+         FROM admission_queues q",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let wrong: Vec<_> = queues.iter().filter(|(_, counted, held)| counted != held).collect();
+    assert!(wrong.is_empty(), "(queue, counted, leases): {wrong:?}");
+}
+
 fn group(name: &str, limit: u32, policy: &str) -> String {
     format!(
         "name: grouped
@@ -122,6 +137,7 @@ async fn queue_runs_at_most_the_limit_at_once_and_releases_in_line_order() {
     let lines = released(&db.pool, s.workflow).await;
     assert!(lines.len() >= 40, "most runs waited in line: {}", lines.len());
     assert_in_order(&lines);
+    assert_leases_counted(&db.pool).await;
     stop.cancel();
     db.finish().await;
 }
@@ -262,6 +278,7 @@ async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
     }
     assert_eq!(max_running(&db.pool, s.workflow).await, 5);
     assert_in_order(&released(&db.pool, s.workflow).await);
+    assert_leases_counted(&db.pool).await;
 
     // A parent at the cap still gets its child: child runs never wait on it.
     set_cap(&db.pool, s.org, 1).await;
@@ -272,6 +289,49 @@ async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
     assert_eq!(statuses(&db.pool, &[parent]).await[0].0, "completed");
     stop.cancel();
     db.finish().await;
+}
+
+/// A run failed without words (its journal refuses the run's events, so even `run.failed`
+/// cannot be written) gives up its room like any ended run: the run in line behind it at a
+/// cap of one is admitted and completes. The refusal comes at the advance's commit, where the
+/// journal's rows are written, and is that run's trouble alone.
+#[tokio::test]
+async fn a_run_failed_without_its_journal_hands_its_room_on() {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    set_cap(&db.pool, s.org, 1).await;
+    let first = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
+    let second = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
+    assert!(held_in_line(&db.pool, second).await, "the second run waits for the cap");
+    sqlx::query(&format!(
+        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF NEW.run_id = '{}' THEN RAISE EXCEPTION 'poisoned journal'; END IF; RETURN NEW; END $$",
+        first.0
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("CREATE TRIGGER poison BEFORE INSERT ON run_events FOR EACH ROW EXECUTE FUNCTION poison()").execute(&db.pool).await.unwrap();
+    let stop = start_engine(&db.pool, &db.url, "e1");
+    let ended = statuses(&db.pool, &[second]).await.remove(0);
+    let first_row: (String, Option<String>, i32) =
+        sqlx::query_as("SELECT status, reason, engine_errors FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(ended.0, "completed", "the first run (status, reason, engine errors): {first_row:?}");
+    let (status, reason): (String, Option<String>) = sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
+    assert_eq!((status.as_str(), reason.as_deref()), ("failed", Some("engine_error")));
+    let bare: Vec<Value> = sqlx::query_scalar("SELECT detail FROM audit_log WHERE action = 'run.engine_error' AND target_id = $1")
+        .bind(first.to_string())
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert!(bare.iter().any(|d| d["without_event"] == json!(true)), "{bare:?}");
+    assert_leases_counted(&db.pool).await;
+    stop.cancel();
+    db.finish().await;
+}
+
+async fn held_in_line(pool: &Db, run: RunId) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1)").bind(run).fetch_one(pool).await.unwrap()
 }
 
 #[tokio::test]

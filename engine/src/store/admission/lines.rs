@@ -9,20 +9,32 @@ use crate::admission::{self as rules, QueueKind};
 use crate::ids::{ItemId, OrgId};
 use crate::store::{Change, Result, StoreError};
 
-/// Locks a queue's row for an admission (creating it), with its current cap; returns the cap
-/// and how many wait in line.
-pub(crate) async fn lock_queue(ch: &mut Change, org: OrgId, queue: &str, cap: Option<i32>, window_ms: Option<i64>) -> Result<(Option<i32>, i32)> {
-    Ok(sqlx::query_as(
-        "INSERT INTO admission_queues (org_id, queue, cap, window_ms) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (org_id, queue) DO UPDATE SET cap = EXCLUDED.cap, window_ms = EXCLUDED.window_ms \
-         RETURNING cap, waiting",
+/// A queue's row, as an admission locked it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LockedQueue {
+    /// Runs in line.
+    pub(crate) waiting: i32,
+    /// Leases held in it (a group's or the org's queue): the releases of runs that ended since
+    /// the last admission are taken here and counted off (migration 0024 says why).
+    pub(crate) held: i64,
+}
+
+/// Locks a queue's row for an admission (creating it), setting its cap.
+pub(crate) async fn lock_queue(ch: &mut Change, org: OrgId, queue: &str, cap: Option<i32>, window_ms: Option<i64>) -> Result<LockedQueue> {
+    let (waiting, held): (i32, i32) = sqlx::query_as(
+        "WITH released AS (DELETE FROM lease_releases WHERE org_id = $1 AND queue = $2 RETURNING 1) \
+         INSERT INTO admission_queues (org_id, queue, cap, window_ms) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (org_id, queue) DO UPDATE SET cap = EXCLUDED.cap, window_ms = EXCLUDED.window_ms, \
+           held = admission_queues.held - (SELECT count(*) FROM released) \
+         RETURNING waiting, held",
     )
     .bind(org)
     .bind(queue)
     .bind(cap)
     .bind(window_ms)
     .fetch_one(&mut *ch.tx)
-    .await?)
+    .await?;
+    Ok(LockedQueue { waiting, held: i64::from(held) })
 }
 
 /// Locks a queue's row unless another change holds it; false when one does. A queue that does
@@ -50,14 +62,6 @@ pub(crate) async fn ahead_of(ch: &mut Change, org: OrgId, queue: &str, seq: i64)
         .bind(org)
         .bind(queue)
         .bind(seq)
-        .fetch_one(&mut *ch.tx)
-        .await?)
-}
-
-pub(crate) async fn leases_in(ch: &mut Change, org: OrgId, queue: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM concurrency_leases WHERE org_id = $1 AND group_key = $2")
-        .bind(org)
-        .bind(queue)
         .fetch_one(&mut *ch.tx)
         .await?)
 }
@@ -111,19 +115,23 @@ pub(crate) async fn window(ch: &mut Change, org: OrgId, queue: &str, window_ms: 
 /// for a throttle with no room now, its head at the time the window has room; for a gate,
 /// everyone in line.
 pub(crate) async fn poke(ch: &mut Change, org: OrgId, queue: &str) -> Result<()> {
-    let (cap_now, window_ms, waiting): (Option<i32>, Option<i64>, i32) =
-        sqlx::query_as("SELECT cap, window_ms, waiting FROM admission_queues WHERE org_id = $1 AND queue = $2")
-            .bind(org)
-            .bind(queue)
-            .fetch_optional(&mut *ch.tx)
-            .await?
-            .unwrap_or((None, None, 0));
+    // Leases held: the row's count less the releases not yet counted off (this change's own
+    // among them), which only an admission holding the row FOR UPDATE may take.
+    let (cap_now, window_ms, waiting, held): (Option<i32>, Option<i64>, i32, i64) = sqlx::query_as(
+        "SELECT cap, window_ms, waiting, held - (SELECT count(*) FROM lease_releases r WHERE r.org_id = $1 AND r.queue = $2) \
+         FROM admission_queues WHERE org_id = $1 AND queue = $2",
+    )
+    .bind(org)
+    .bind(queue)
+    .fetch_optional(&mut *ch.tx)
+    .await?
+    .unwrap_or((None, None, 0, 0));
     if waiting == 0 {
         return Ok(());
     }
     let (room, later) = match rules::queue_kind(queue) {
         QueueKind::Gate => (i64::from(waiting), None),
-        QueueKind::Leases => (i64::from(cap_now.unwrap_or(0)) - leases_in(ch, org, queue).await?, None),
+        QueueKind::Leases => (i64::from(cap_now.unwrap_or(0)) - held, None),
         // A column whose limit was removed lets everyone in line go.
         QueueKind::Board if cap_now.is_none() => (i64::from(waiting), None),
         QueueKind::Board => (i64::from(cap_now.unwrap_or(0)) - board_occupied(ch, org, queue, None).await?, None),
