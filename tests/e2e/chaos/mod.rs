@@ -22,7 +22,8 @@
 //! Afterwards, against what the server acknowledged (`clients::Acked`) and what GitHub holds
 //! (`figures`): no acknowledged run lost or ended otherwise than it should, exactly one
 //! comment per issue on GitHub (`external_effects_doubled`), every re-execution listed with
-//! the fault that caused it, gapless events, and the audit complete entry by entry.
+//! the fault that caused it, gapless events, the audit complete entry by entry, and no
+//! admission lease left held.
 //!
 //! `CHAOS_RUNS` is the number of runs (300 by default, sized for `make test`'s budget on two
 //! cores; `make chaos` runs 2000), half of each kind, and `CHAOS_SEED` seeds every random
@@ -547,6 +548,15 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
     let audit_missing = figures::audit_missing(&db, &acked).await;
     let event_gaps = scalar(&db, "SELECT count(*) FROM (SELECT run_id FROM run_events GROUP BY run_id HAVING min(seq) <> 1 OR max(seq) <> count(*)) g").await;
     let steps_held = scalar(&db, "SELECT count(*) FROM steps WHERE state IN ('leased', 'running')").await;
+    // With every run ended, admission's queues hold nothing: no lease rows, and no queue whose
+    // count (`held` less its releases not yet counted off) says otherwise.
+    let leases_held = scalar(
+        &db,
+        "SELECT (SELECT count(*) FROM concurrency_leases) \
+              + (SELECT count(*) FROM admission_queues q \
+                 WHERE q.held <> (SELECT count(*) FROM lease_releases r WHERE r.org_id = q.org_id AND r.queue = q.queue))",
+    )
+    .await;
     let recovered = scalar(&db, "SELECT count(*) FROM steps WHERE reason = 'lease_expired'").await;
     let poisoned_end: Option<(String, Option<String>)> = match poisoned {
         Some(run) => sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(run).fetch_optional(&db).await.unwrap(),
@@ -601,13 +611,14 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
         println!("  {line}");
     }
     println!("steps_held: {steps_held}");
+    println!("leases_held: {leases_held}");
     let errors = fleet.log_lines("\"level\":\"ERROR\"");
     println!("log_errors: {}", errors.len());
     for line in errors.iter().take(10) {
         println!("  {line}");
     }
 
-    let broken = !settled || !lost.is_empty() || !doubled.is_empty() || !missing.is_empty() || event_gaps != 0 || !audit_missing.is_empty() || steps_held != 0 || unacknowledged != 0;
+    let broken = !settled || !lost.is_empty() || !doubled.is_empty() || !missing.is_empty() || event_gaps != 0 || !audit_missing.is_empty() || steps_held != 0 || leases_held != 0 || unacknowledged != 0;
     if broken {
         for l in lost.iter().filter_map(|l| l.run).take(5) {
             let steps: Vec<String> = sqlx::query_scalar(
@@ -628,9 +639,9 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
     assert!(poisoned.is_some(), "no run was poisoned");
     assert!(frozen_released.is_some(), "the server never ended the frozen engine's open transaction");
     assert_eq!(
-        (lost.len(), unacknowledged, doubled.len(), missing.len(), event_gaps, audit_missing.len(), steps_held),
-        (0, 0, 0, 0, 0, 0, 0),
-        "an invariant broke under chaos (seed {seed_value}): (runs_lost, runs_unacknowledged, external_effects_doubled, external_effects_missing, event_gaps, audit_missing, steps_held)"
+        (lost.len(), unacknowledged, doubled.len(), missing.len(), event_gaps, audit_missing.len(), steps_held, leases_held),
+        (0, 0, 0, 0, 0, 0, 0, 0),
+        "an invariant broke under chaos (seed {seed_value}): (runs_lost, runs_unacknowledged, external_effects_doubled, external_effects_missing, event_gaps, audit_missing, steps_held, leases_held)"
     );
     db.close().await;
     drop(bouncer);
