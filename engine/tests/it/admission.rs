@@ -16,7 +16,7 @@ use engine::db::Db;
 use tokio::time::Instant;
 
 use crate::engine::{start_engine, until_done};
-use crate::fixtures::{new_run, seed, Seed};
+use crate::fixtures::{new_run, poison, seed, Seed};
 
 fn with_input(s: &Seed, input: Value) -> NewRun {
     NewRun { input, ..new_run(s) }
@@ -303,15 +303,7 @@ async fn a_run_failed_without_its_journal_hands_its_room_on() {
     let first = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
     let second = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
     assert!(held_in_line(&db.pool, second).await, "the second run waits for the cap");
-    sqlx::query(&format!(
-        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF NEW.run_id = '{}' THEN RAISE EXCEPTION 'poisoned journal'; END IF; RETURN NEW; END $$",
-        first.0
-    ))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query("CREATE TRIGGER poison BEFORE INSERT ON run_events FOR EACH ROW EXECUTE FUNCTION poison()").execute(&db.pool).await.unwrap();
+    poison(&db.pool, "run_events", &format!("NEW.run_id = '{}'", first.0)).await;
     let stop = start_engine(&db.pool, &db.url, "e1");
     let ended = statuses(&db.pool, &[second]).await.remove(0);
     let first_row: (String, Option<String>, i32) =

@@ -43,3 +43,16 @@ pub(crate) async fn submit(pool: &Db, s: &Seed) -> RunId {
 pub(crate) async fn count(pool: &Db, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
+
+/// Makes the database refuse, with an SQL error, every insert into `table` of a row for which
+/// `when` (a condition on `NEW`) holds: what a statement of an advance may meet.
+pub(crate) async fn poison(pool: &Db, table: &str, when: &str) {
+    sqlx::query(&format!(
+        "CREATE FUNCTION poison_{table}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF {when} THEN RAISE EXCEPTION 'poisoned row'; END IF; RETURN NEW; END $$"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!("CREATE TRIGGER poison BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION poison_{table}()")).execute(pool).await.unwrap();
+}

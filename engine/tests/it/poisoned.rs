@@ -11,7 +11,7 @@ use engine::testkit::test_db;
 use serde_json::Value;
 
 use crate::engine::start_engine;
-use crate::fixtures::{count, seed, submit, TWO_STEPS};
+use crate::fixtures::{count, poison, seed, submit, TWO_STEPS};
 
 #[tokio::test]
 async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
@@ -24,15 +24,7 @@ async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
     let poisoned = runs[117];
     // Its second step can never be written: the advance that starts it fails with an SQL error,
     // in whatever batch it falls.
-    sqlx::query(&format!(
-        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF NEW.run_id = '{}' AND NEW.node = 'b' THEN RAISE EXCEPTION 'poisoned row'; END IF; RETURN NEW; END $$",
-        poisoned.0
-    ))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query("CREATE TRIGGER poison BEFORE INSERT ON steps FOR EACH ROW EXECUTE FUNCTION poison()").execute(&db.pool).await.unwrap();
+    poison(&db.pool, "steps", &format!("NEW.run_id = '{}' AND NEW.node = 'b'", poisoned.0)).await;
 
     let stop = start_engine(&db.pool, &db.url, "e1");
     let all_ended = async {
