@@ -88,12 +88,8 @@ async fn fail_bare(pool: &Db, actor: Actor, run: RunId, detail: &str) -> Result<
     let Some((org, project)) = found else { return Ok(Outcome::Failed) };
     sqlx::query("DELETE FROM wakes WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
     // Its room in admission's queues is handed on as any ended run's is.
-    let (leases, left): (Vec<String>, Option<String>) = sqlx::query_as(
-        "WITH l AS (DELETE FROM concurrency_leases WHERE run_id = $1 RETURNING org_id, group_key), \
-              r AS (INSERT INTO lease_releases (org_id, queue) SELECT org_id, group_key FROM l), \
-              q AS (DELETE FROM admission_waits WHERE run_id = $1 RETURNING queue) \
-         SELECT ARRAY(SELECT group_key FROM l), (SELECT queue FROM q)",
-    )
+    let sql = format!("WITH {} SELECT ARRAY(SELECT group_key FROM l), (SELECT queue FROM q)", admission::lines::leaving_ctes("true"));
+    let (leases, left): (Vec<String>, Option<String>) = sqlx::query_as(&sql)
     .bind(run)
     .fetch_one(&mut *ch.tx)
     .await?;

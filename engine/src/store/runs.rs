@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 use serde_json::json;
 use sqlx::{FromRow, Row};
 
+use super::admission::lines::leaving_ctes;
 use super::admission::plan as admission;
 use super::run_ended::{self, Held};
 use super::steps::{self, StepRow};
@@ -131,17 +132,16 @@ where
     let ctx = ch.locked(run_id)?.clone();
     // One statement: the status, and (only if it was running) the run's wakes and
     // concurrency leases dropped (each lease leaving a release for its queue's count,
-    // `admission::lines::lock_queue`), and the children still running listed. Wakes an engine has
+    // `admission::lines::held_in`), and the children still running listed. Wakes an engine has
     // claimed meanwhile are skipped, not waited for: the engine locks wakes before runs, so
     // waiting here would deadlock, and its commit deletes them anyway (its advance then finds
     // the run ended).
+    let leaving = leaving_ctes("EXISTS (SELECT 1 FROM was)");
     let sql = format!(
         "WITH was AS (SELECT 1 FROM runs WHERE run_id = $1 AND status = 'running'), \
               w AS (DELETE FROM wakes WHERE wake_id = ANY(ARRAY(SELECT wake_id FROM wakes WHERE run_id = $1 FOR UPDATE SKIP LOCKED)) \
                     AND EXISTS (SELECT 1 FROM was)), \
-              l AS (DELETE FROM concurrency_leases WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was) RETURNING org_id, group_key), \
-              r AS (INSERT INTO lease_releases (org_id, queue) SELECT org_id, group_key FROM l), \
-              q AS (DELETE FROM admission_waits WHERE run_id = $1 AND EXISTS (SELECT 1 FROM was) RETURNING queue), \
+              {leaving}, \
               u AS (UPDATE runs SET status = $2, reason = $3, ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING {RUN_COLUMNS}) \
          SELECT u.*, ARRAY(SELECT run_id FROM runs WHERE parent_run_id = $1 AND status = 'running') AS children, \
                 ARRAY(SELECT group_key FROM l) AS leases, (SELECT queue FROM q) AS left_queue FROM u"

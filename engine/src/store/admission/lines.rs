@@ -9,32 +9,37 @@ use crate::admission::{self as rules, QueueKind};
 use crate::ids::{ItemId, OrgId};
 use crate::store::{Change, Result, StoreError};
 
-/// A queue's row, as an admission locked it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LockedQueue {
-    /// Runs in line.
-    pub(crate) waiting: i32,
-    /// Leases held in it (a group's or the org's queue): the releases of runs that ended since
-    /// the last admission are taken here and counted off (migration 0024 says why).
-    pub(crate) held: i64,
-}
-
-/// Locks a queue's row for an admission (creating it), setting its cap.
-pub(crate) async fn lock_queue(ch: &mut Change, org: OrgId, queue: &str, cap: Option<i32>, window_ms: Option<i64>) -> Result<LockedQueue> {
-    let (waiting, held): (i32, i32) = sqlx::query_as(
-        "WITH released AS (DELETE FROM lease_releases WHERE org_id = $1 AND queue = $2 RETURNING 1) \
-         INSERT INTO admission_queues (org_id, queue, cap, window_ms) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (org_id, queue) DO UPDATE SET cap = EXCLUDED.cap, window_ms = EXCLUDED.window_ms, \
-           held = admission_queues.held - (SELECT count(*) FROM released) \
-         RETURNING waiting, held",
+/// Locks a queue's row for an admission (creating it), with its current cap; returns the cap
+/// and how many wait in line.
+pub(crate) async fn lock_queue(ch: &mut Change, org: OrgId, queue: &str, cap: Option<i32>, window_ms: Option<i64>) -> Result<(Option<i32>, i32)> {
+    Ok(sqlx::query_as(
+        "INSERT INTO admission_queues (org_id, queue, cap, window_ms) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (org_id, queue) DO UPDATE SET cap = EXCLUDED.cap, window_ms = EXCLUDED.window_ms \
+         RETURNING cap, waiting",
     )
     .bind(org)
     .bind(queue)
     .bind(cap)
     .bind(window_ms)
     .fetch_one(&mut *ch.tx)
+    .await?)
+}
+
+/// The leases held in a queue whose row this change has locked (`lock_queue`): the releases
+/// that ended runs left are taken and counted off the row's count (migration 0024 says why).
+/// A statement of its own, after the lock: only the row's holder takes releases, so two
+/// admissions never wait on each other's release rows, and its snapshot sees what the
+/// previous holder took.
+pub(crate) async fn held_in(ch: &mut Change, org: OrgId, queue: &str) -> Result<i64> {
+    let held: i32 = sqlx::query_scalar(
+        "WITH released AS (DELETE FROM lease_releases WHERE org_id = $1 AND queue = $2 RETURNING 1) \
+         UPDATE admission_queues SET held = held - (SELECT count(*) FROM released) WHERE org_id = $1 AND queue = $2 RETURNING held",
+    )
+    .bind(org)
+    .bind(queue)
+    .fetch_one(&mut *ch.tx)
     .await?;
-    Ok(LockedQueue { waiting, held: i64::from(held) })
+    Ok(i64::from(held))
 }
 
 /// Locks a queue's row unless another change holds it; false when one does. A queue that does
@@ -161,6 +166,18 @@ pub(crate) async fn poke(ch: &mut Change, org: OrgId, queue: &str) -> Result<()>
         ch.note_wake(delay);
     }
     Ok(())
+}
+
+/// The common table expressions by which a run (`$1`) leaves admission, for the statement
+/// that ends it: `l`, its leases dropped, each leaving a release for its queue's count
+/// (`held_in`); `q`, its place in line. `guard` is a condition each must meet (`true`, or
+/// that the run was running).
+pub(crate) fn leaving_ctes(guard: &str) -> String {
+    format!(
+        "l AS (DELETE FROM concurrency_leases WHERE run_id = $1 AND {guard} RETURNING org_id, group_key), \
+         r AS (INSERT INTO lease_releases (org_id, queue) SELECT org_id, group_key FROM l), \
+         q AS (DELETE FROM admission_waits WHERE run_id = $1 AND {guard} RETURNING queue)"
+    )
 }
 
 /// A run ended (`runs::finish`): the room its leases held, and its place in line if it was

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::lines::{ahead_of, board_occupied, lock_queue, poke, try_lock_queue, window};
+use super::lines::{ahead_of, board_occupied, held_in, lock_queue, poke, try_lock_queue, window};
 use crate::admission::{self as rules, ItemRef, QueueKind};
 use crate::catalog::Catalog;
 use crate::definition::{ConcurrencyPolicy, Definition};
@@ -189,8 +189,8 @@ pub(crate) async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result
         let queue = rules::group_queue(&project, &name, conc, item.as_ref());
         if !s.leases.contains(&queue) {
             let limit = i32::try_from(conc.limit).unwrap_or(i32::MAX);
-            let locked = lock_queue(ch, c.org, &queue, Some(limit), None).await?;
-            let (room, waiting) = (i64::from(limit) - locked.held, locked.waiting);
+            let (_, waiting) = lock_queue(ch, c.org, &queue, Some(limit), None).await?;
+            let room = i64::from(limit) - held_in(ch, c.org, &queue).await?;
             let (first, _) = first_in_line(ch, c, s, &queue, waiting).await?;
             if room > 0 && first {
                 take_room(&mut plan, s, &queue, room - 1, waiting);
@@ -238,7 +238,7 @@ pub(crate) async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result
             if s.leases.contains(&queue) {
                 continue;
             }
-            let waiting = lock_queue(ch, c.org, &queue, Some(limit), None).await?.waiting;
+            let (_, waiting) = lock_queue(ch, c.org, &queue, Some(limit), None).await?;
             let room = i64::from(limit) - board_occupied(ch, c.org, &queue, c.item).await?;
             let (first, _) = first_in_line(ch, c, s, &queue, waiting).await?;
             if room > 0 && first {
@@ -261,7 +261,7 @@ pub(crate) async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result
         if !s.throttled {
             let limit = i32::try_from(throttle.limit).unwrap_or(i32::MAX);
             let window_ms = i64::try_from(throttle.per.as_millis()).unwrap_or(i64::MAX).max(1);
-            let waiting = lock_queue(ch, c.org, &queue, Some(limit), Some(window_ms)).await?.waiting;
+            let (_, waiting) = lock_queue(ch, c.org, &queue, Some(limit), Some(window_ms)).await?;
             let (count, opens_in) = window(ch, c.org, &queue, window_ms).await?;
             let room = i64::from(limit) - count;
             let (first, _) = first_in_line(ch, c, s, &queue, waiting).await?;
@@ -289,8 +289,8 @@ pub(crate) async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result
             return Ok(plan);
         }
         let cap_now: i32 = sqlx::query_scalar("SELECT running_cap FROM orgs WHERE org_id = $1").bind(c.org).fetch_one(&mut *ch.tx).await?;
-        let locked = lock_queue(ch, c.org, rules::ORG_QUEUE, Some(cap_now), None).await?;
-        let (room, waiting) = (i64::from(cap_now) - locked.held, locked.waiting);
+        let (_, waiting) = lock_queue(ch, c.org, rules::ORG_QUEUE, Some(cap_now), None).await?;
+        let room = i64::from(cap_now) - held_in(ch, c.org, rules::ORG_QUEUE).await?;
         let (first, _) = first_in_line(ch, c, s, rules::ORG_QUEUE, waiting).await?;
         if room > 0 && first {
             take_room(&mut plan, s, rules::ORG_QUEUE, room - 1, waiting);
@@ -340,7 +340,7 @@ pub(crate) async fn oldest_in_line(ch: &mut Change, org: OrgId, queue: &str) -> 
 async fn apply(ch: &mut Change, c: &Candidate, s: &Standing, mut plan: Plan) -> Result<Verdict> {
     if !plan.leases.is_empty() {
         // Each queue's count goes up by the leases taken in it (its row is locked FOR UPDATE by
-        // this change's `lock_queue`); one the run held already is not taken again.
+        // this change's `lock_queue`); a lease the run held already is not taken again.
         sqlx::query(
             "WITH taken AS (INSERT INTO concurrency_leases (org_id, project_id, group_key, run_id) \
                             SELECT $1, $2, g, $3 FROM unnest($4::text[]) AS g ON CONFLICT DO NOTHING RETURNING group_key) \

@@ -13,51 +13,26 @@ use crate::store::webhooks_out::DELIVERIES_CTE;
 use crate::store::Result;
 
 impl Change {
-    /// Inserts the buffered events and audit entries: one statement for both (and the
-    /// outgoing webhook deliveries the events make), or the audit entries alone.
+    /// Inserts the buffered events (with the outgoing webhook deliveries they make) and audit
+    /// entries in one statement; an empty list inserts nothing.
     async fn flush(&mut self) -> Result<()> {
         let (e, a) = (std::mem::take(&mut self.events), std::mem::take(&mut self.audits));
         if e.is_empty() && a.is_empty() {
             return Ok(());
         }
-        let (kind, id) = (self.actor.kind(), self.actor.id());
-        // The audit entries' columns, numbered from `first`.
-        let audit_insert = |first: usize| {
-            let n: Vec<String> = (first..first + 8).map(|i| format!("${i}")).collect();
-            format!(
-                "INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, detail) \
-                 SELECT o, p, {}, {}, a, tk, ti, d FROM UNNEST({}::uuid[], {}::uuid[], {}::text[], {}::text[], {}::text[], {}::jsonb[]) AS u(o, p, a, tk, ti, d)",
-                n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]
-            )
-        };
-        macro_rules! bind_audits {
-            ($q:expr) => {
-                $q.bind(kind)
-                    .bind(id)
-                    .bind(a.iter().map(|x| x.org.0).collect::<Vec<_>>())
-                    .bind(a.iter().map(|x| x.project.map(|p| p.0)).collect::<Vec<_>>())
-                    .bind(a.iter().map(|x| x.action.as_str()).collect::<Vec<_>>())
-                    .bind(a.iter().map(|x| x.target_kind.as_str()).collect::<Vec<_>>())
-                    .bind(a.iter().map(|x| x.target_id.as_str()).collect::<Vec<_>>())
-                    .bind(a.iter().map(|x| &x.detail).collect::<Vec<_>>())
-            };
-        }
-        if e.is_empty() {
-            bind_audits!(sqlx::query(&audit_insert(1))).execute(&mut *self.tx).await?;
-            return Ok(());
-        }
-        // With the events, the outgoing webhook deliveries they make and the audit entries, in
-        // the same statement. The rows go in the order given (no join to reorder them): event
-        // ids, which the streams order by, follow the events' sequence numbers. Each carries
-        // its run's `created_at` (known from the run's lock), the partition key. Every event
-        // names this change's actor: the engine's moves are audited by it.
-        let audits = if a.is_empty() { String::new() } else { format!(", a AS ({})", audit_insert(11)) };
+        // The rows go in the order given (no join to reorder them): event ids, which the
+        // streams order by, follow the events' sequence numbers. Each carries its run's
+        // `created_at` (known from the run's lock), the partition key. Every event names this
+        // change's actor: the engine's moves are audited by it.
         let sql = format!(
             "WITH e AS (INSERT INTO run_events (org_id, project_id, run_id, run_created_at, seq, kind, step_id, node, attrs, actor) \
              SELECT *, $10 FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $9::timestamptz[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) \
-             RETURNING org_id, project_id, run_id, kind, event_id){audits} {DELIVERIES_CTE}"
+             RETURNING org_id, project_id, run_id, kind, event_id), \
+             a AS (INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, detail) \
+             SELECT o, p, $11, $12, a, tk, ti, d FROM UNNEST($13::uuid[], $14::uuid[], $15::text[], $16::text[], $17::text[], $18::jsonb[]) AS u(o, p, a, tk, ti, d)) \
+             {DELIVERIES_CTE}"
         );
-        let q = sqlx::query_scalar::<_, i64>(&sql)
+        let deliveries: i64 = sqlx::query_scalar(&sql)
             .bind(e.iter().map(|x| x.org.0).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.project.0).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.run.0).collect::<Vec<_>>())
@@ -67,15 +42,24 @@ impl Change {
             .bind(e.iter().map(|x| x.node.as_deref()).collect::<Vec<_>>())
             .bind(e.iter().map(|x| &x.attrs).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.run_created_at).collect::<Vec<_>>())
-            .bind(self.actor.label());
-        let deliveries = if a.is_empty() { q.fetch_one(&mut *self.tx).await? } else { bind_audits!(q).fetch_one(&mut *self.tx).await? };
-        if event_log::enabled() {
-            self.written.extend(e);
-        }
+            .bind(self.actor.label())
+            .bind(self.actor.kind())
+            .bind(self.actor.id())
+            .bind(a.iter().map(|x| x.org.0).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.project.map(|p| p.0)).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.action.as_str()).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.target_kind.as_str()).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| x.target_id.as_str()).collect::<Vec<_>>())
+            .bind(a.iter().map(|x| &x.detail).collect::<Vec<_>>())
+            .fetch_one(&mut *self.tx)
+            .await?;
+        self.wrote_events |= !e.is_empty();
         if deliveries > 0 {
             self.notify_delay = Some(Duration::ZERO);
         }
-        self.wrote_events = true;
+        if event_log::enabled() {
+            self.written.extend(e);
+        }
         Ok(())
     }
 
