@@ -266,22 +266,8 @@ impl Pool {
                 by_run.entry(run).or_default().push(Wake { step, reason });
                 wake_ids.entry(run).or_default().push(id);
             }
-            // The commit is part of the advance: the journal's rows are written by it, and a
-            // run whose rows the database refuses there is one run's trouble like any other.
-            let advanced = match self.advance_all(&mut ch, &by_run).await {
-                // The drain began while this claim ran (SIGTERM, or the loop had not looked yet):
-                // what it took goes back untouched, for another engine, since a draining engine
-                // starts nothing new.
-                Ok(_) if self.drain.is_cancelled() => {
-                    drop(ch);
-                    return Ok(false);
-                }
-                Ok(jobs) => ch.commit().await.map(|()| jobs),
-                Err(e) => {
-                    drop(ch);
-                    Err(e)
-                }
-            };
+            let advanced = self.advance_all(&mut ch, &by_run).await;
+            let Some(advanced) = self.commit_advance(ch, advanced).await else { return Ok(false) };
             let jobs = match advanced {
                 Ok(jobs) => {
                     crate::metrics::wakes_claimed(&lateness);
@@ -302,6 +288,20 @@ impl Pool {
             if n < limit {
                 return Ok(false);
             }
+        }
+    }
+
+    /// Commits the change an advance wrote, or drops it (`None`) when the drain began while the
+    /// advance ran (SIGTERM, or the loop had not looked yet): what it took goes back untouched,
+    /// for another engine, since a draining engine starts nothing new. The commit is part of the
+    /// advance: the journal's rows are written by it, and a run whose rows the database refuses
+    /// there is one run's trouble like any other. A failed advance's change is dropped (rolled
+    /// back) here, before the caller deals with the error.
+    async fn commit_advance(&self, ch: Change, advanced: Result<Vec<ToExecute>, StoreError>) -> Option<Result<Vec<ToExecute>, StoreError>> {
+        match advanced {
+            Ok(_) if self.drain.is_cancelled() => None,
+            Ok(jobs) => Some(ch.commit().await.map(|()| jobs)),
+            Err(e) => Some(Err(e)),
         }
     }
 
@@ -339,18 +339,7 @@ impl Pool {
                 advance::advance(&mut ch, &self.engine(), *run, wakes).await
             }
             .await;
-            let advanced = match advanced {
-                // As in `claim_due`: nothing new once the drain began.
-                Ok(_) if self.drain.is_cancelled() => {
-                    drop(ch);
-                    return Ok(jobs);
-                }
-                Ok(more) => ch.commit().await.map(|()| more),
-                Err(e) => {
-                    drop(ch);
-                    Err(e)
-                }
-            };
+            let Some(advanced) = self.commit_advance(ch, advanced).await else { return Ok(jobs) };
             match advanced {
                 Ok(more) => jobs.extend(more),
                 Err(e) if run_local(&e) => {

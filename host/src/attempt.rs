@@ -399,7 +399,8 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
 pub(crate) async fn report_and_clean(shared: &Shared, mut e: Entry, result: Option<Complete>) {
     let step = e.assignment.step.clone();
     if let Some(result) = result {
-        crate::trace::record_outcome(&result.outcome, result.reason.as_deref());
+        // On the attempt's span (`trace::attempt_span`) when it runs in one; recovery runs in none.
+        crate::trace::record_outcome(&tracing::Span::current(), &result.outcome, result.reason.as_deref());
         if e.result.is_none() {
             e.result = Some(result.clone());
             e.phase = Phase::Exited;

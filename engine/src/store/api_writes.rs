@@ -2,7 +2,11 @@
 //! token revocation, and idempotency keys. Each is audited in the same change, like every
 //! other write.
 
+use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryScalar;
+use sqlx::Postgres;
 
 use super::{cap, Change, Result, StoreError};
 use crate::ids::{OrgId, UserId};
@@ -93,22 +97,28 @@ pub async fn remove_member(ch: &mut Change, org: OrgId, user: UserId) -> Result<
 
 /// Revokes a token of the org. Revoking a revoked token again changes nothing.
 pub async fn revoke_token(ch: &mut Change, org: OrgId, jti: uuid::Uuid) -> Result<()> {
-    let row: Option<Option<chrono::DateTime<chrono::Utc>>> =
-        sqlx::query_scalar("SELECT revoked_at FROM api_tokens WHERE org_id = $1 AND jti = $2 FOR UPDATE")
-            .bind(org)
-            .bind(jti)
-            .fetch_optional(&mut *ch.tx)
-            .await?;
-    match row {
-        None => Err(StoreError::NotFound("token")),
-        Some(Some(_)) => Ok(()),
-        Some(None) => {
-            sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti = $2").bind(org).bind(jti).execute(&mut *ch.tx).await?;
-            ch.audit(org, None, "token.revoke", ("token", jti.to_string()), json!({}))?;
-            Ok(())
-        }
+    let lock = sqlx::query_scalar("SELECT revoked_at FROM api_tokens WHERE org_id = $1 AND jti = $2 FOR UPDATE").bind(org).bind(jti);
+    if !lock_unended(ch, "token", lock).await? {
+        return Ok(());
+    }
+    sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti = $2").bind(org).bind(jti).execute(&mut *ch.tx).await?;
+    ch.audit(org, None, "token.revoke", ("token", jti.to_string()), json!({}))?;
+    Ok(())
+}
+
+/// Locks a row that a timestamp ends (a token's `revoked_at`, a host's `deregistered_at`),
+/// reading that timestamp with `lock` (`SELECT <column> … FOR UPDATE`): `true` while it is
+/// unset, `false` once set, so that ending a row twice changes nothing; `NotFound(what)`
+/// without a row.
+async fn lock_unended(ch: &mut Change, what: &'static str, lock: EndedAt<'_>) -> Result<bool> {
+    match lock.fetch_optional(&mut *ch.tx).await? {
+        None => Err(StoreError::NotFound(what)),
+        Some(ended_at) => Ok(ended_at.is_none()),
     }
 }
+
+/// A statement that reads a row's ending timestamp.
+type EndedAt<'q> = QueryScalar<'q, Postgres, Option<DateTime<Utc>>, PgArguments>;
 
 /// How long an idempotency key is remembered.
 pub const IDEMPOTENCY_TTL_HOURS: i32 = 24;
@@ -177,25 +187,19 @@ pub async fn record_answer(ch: &mut Change, org: OrgId, key: &str, status: u16, 
 /// Deregisters a host of a project: it takes no more steps, and its credentials are revoked
 /// in the same change. Deregistering twice changes nothing.
 pub async fn deregister_host(ch: &mut Change, org: OrgId, project: crate::ids::ProjectId, host: crate::ids::HostId) -> Result<()> {
-    let row: Option<Option<chrono::DateTime<chrono::Utc>>> =
-        sqlx::query_scalar("SELECT deregistered_at FROM hosts WHERE org_id = $1 AND project_id = $2 AND host_id = $3 FOR UPDATE")
-            .bind(org)
-            .bind(project)
-            .bind(host)
-            .fetch_optional(&mut *ch.tx)
-            .await?;
-    match row {
-        None => Err(StoreError::NotFound("host")),
-        Some(Some(_)) => Ok(()),
-        Some(None) => {
-            sqlx::query("UPDATE hosts SET deregistered_at = now() WHERE org_id = $1 AND host_id = $2").bind(org).bind(host).execute(&mut *ch.tx).await?;
-            let revoked = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND host_id = $2 AND revoked_at IS NULL")
-                .bind(org)
-                .bind(host)
-                .execute(&mut *ch.tx)
-                .await?;
-            ch.audit(org, Some(project), "host.deregister", ("host", host.to_string()), json!({ "tokens_revoked": revoked.rows_affected() }))?;
-            Ok(())
-        }
+    let lock = sqlx::query_scalar("SELECT deregistered_at FROM hosts WHERE org_id = $1 AND project_id = $2 AND host_id = $3 FOR UPDATE")
+        .bind(org)
+        .bind(project)
+        .bind(host);
+    if !lock_unended(ch, "host", lock).await? {
+        return Ok(());
     }
+    sqlx::query("UPDATE hosts SET deregistered_at = now() WHERE org_id = $1 AND host_id = $2").bind(org).bind(host).execute(&mut *ch.tx).await?;
+    let revoked = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND host_id = $2 AND revoked_at IS NULL")
+        .bind(org)
+        .bind(host)
+        .execute(&mut *ch.tx)
+        .await?;
+    ch.audit(org, Some(project), "host.deregister", ("host", host.to_string()), json!({ "tokens_revoked": revoked.rows_affected() }))?;
+    Ok(())
 }

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use super::graph::Edge;
 use super::read::{
-    Cx, Fields, boolean, count, duration, each_entry, expression, mapping, missing, nonempty_string, one_of, scalar_json,
-    string, string_list, template_text, type_error, usd,
+    Cx, Fields, boolean, count, duration, each_entry, expression, mapping, missing, nonempty_list, nonempty_string, one_of,
+    scalar_json, string, string_list, template_text, type_error, usd,
 };
 use super::yaml::{Key, Node as YNode, Pos, Value};
 use crate::definition::edges::EdgeKind;
@@ -46,14 +46,7 @@ pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
     );
     let model = f.optional(cx, "model", nonempty_string);
     let prompt = f.optional(cx, "prompt", template_text);
-    let command = f.optional(cx, "command", |cx, n, p| {
-        let argv = string_list(cx, n, p)?;
-        if argv.is_empty() {
-            cx.report(n.pos, p, "give the program to run and its arguments");
-            return None;
-        }
-        Some(argv)
-    });
+    let command = f.optional(cx, "command", |cx, n, p| nonempty_list(cx, n, p, "give the program to run and its arguments"));
     let caps = f.optional(cx, "caps", caps);
     let expect = f.optional_one_of(cx, "expect", &[("changes", true), ("any", false)]);
 
@@ -105,14 +98,7 @@ pub(crate) fn caps(cx: &mut Cx, node: &YNode, path: &str) -> Option<Caps> {
 
 pub(crate) fn gate(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<Gate> {
     let f = mapping(cx, node, path, &["checks", "timeout", "on_fail"])?;
-    let checks = f.must(cx, "checks", |cx, n, p| {
-        let checks = string_list(cx, n, p)?;
-        if checks.is_empty() {
-            cx.report(n.pos, p, "name at least one check run");
-            return None;
-        }
-        Some(checks)
-    });
+    let checks = f.must(cx, "checks", |cx, n, p| nonempty_list(cx, n, p, "name at least one check run"));
     let timeout = f.optional(cx, "timeout", duration);
     let on_fail = f.optional(cx, "on_fail", node_ref);
     if let Some(Some(target)) = &on_fail {

@@ -292,6 +292,16 @@ pub(super) fn string_list(cx: &mut Cx, node: &Node, path: &str) -> Option<Vec<St
     strings_at(cx, node, path).map(|items| items.into_iter().map(|(s, _)| s).collect())
 }
 
+/// A list of strings that must name at least one; `empty` says what to give when it names none.
+pub(super) fn nonempty_list(cx: &mut Cx, node: &Node, path: &str, empty: &str) -> Option<Vec<String>> {
+    let list = string_list(cx, node, path)?;
+    if list.is_empty() {
+        cx.report(node.pos, path, empty);
+        return None;
+    }
+    Some(list)
+}
+
 /// Like `string_list`, keeping where each string was written (for edges to check later).
 pub(super) fn strings_at(cx: &mut Cx, node: &Node, path: &str) -> Option<Vec<(String, Pos)>> {
     match &node.value {
