@@ -136,12 +136,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope) -> Result<Json
     request_body = SetBudget,
     responses((status = 200, body = BudgetList)))]
 pub async fn set_org(State(state): State<AppState>, scope: OrgScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>) -> Result<Json<BudgetList>, ApiError> {
-    scope.require(Role::Admin)?;
-    check_period(&p.period)?;
-    let mut ch = scope.change(&state).await?;
-    budgets::set(&mut ch, scope.org, None, &p.period, body.usd_limit, body.hard).await?;
-    ch.commit().await?;
-    Ok(Json(list_of(&state, &scope, None).await?))
+    set(&state, &scope, None, &p.period, &body).await
 }
 
 /// Removes the org's limit for a period (admin); the runs it held are released.
@@ -149,12 +144,7 @@ pub async fn set_org(State(state): State<AppState>, scope: OrgScope, Path(p): Pa
     params(OrgScope, PeriodPath),
     responses((status = 204, description = "Removed")))]
 pub async fn remove_org(State(state): State<AppState>, scope: OrgScope, Path(p): Path<PeriodPath>) -> Result<StatusCode, ApiError> {
-    scope.require(Role::Admin)?;
-    check_period(&p.period)?;
-    let mut ch = scope.change(&state).await?;
-    budgets::remove(&mut ch, scope.org, None, &p.period).await?;
-    ch.commit().await?;
-    Ok(StatusCode::NO_CONTENT)
+    remove(&state, &scope, None, &p.period).await
 }
 
 /// The project's limits and the org's, with their spend (viewer).
@@ -172,12 +162,7 @@ pub async fn list_project(State(state): State<AppState>, scope: ProjectScope) ->
     request_body = SetBudget,
     responses((status = 200, body = BudgetList)))]
 pub async fn set_project(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>) -> Result<Json<BudgetList>, ApiError> {
-    scope.require(Role::Admin)?;
-    check_period(&p.period)?;
-    let mut ch = scope.change(&state).await?;
-    budgets::set(&mut ch, scope.org.org, Some(scope.project), &p.period, body.usd_limit, body.hard).await?;
-    ch.commit().await?;
-    Ok(Json(list_of(&state, &scope.org, Some(scope.project)).await?))
+    set(&state, &scope.org, Some(scope.project), &p.period, &body).await
 }
 
 /// Removes the project's limit for a period (admin); the runs it held are released.
@@ -185,10 +170,25 @@ pub async fn set_project(State(state): State<AppState>, scope: ProjectScope, Pat
     params(ProjectScope, PeriodPath),
     responses((status = 204, description = "Removed")))]
 pub async fn remove_project(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<PeriodPath>) -> Result<StatusCode, ApiError> {
+    remove(&state, &scope.org, Some(scope.project), &p.period).await
+}
+
+/// Sets a limit of the org, or of one of its projects (admin), and answers the limits then.
+async fn set(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, period: &str, body: &SetBudget) -> Result<Json<BudgetList>, ApiError> {
     scope.require(Role::Admin)?;
-    check_period(&p.period)?;
-    let mut ch = scope.change(&state).await?;
-    budgets::remove(&mut ch, scope.org.org, Some(scope.project), &p.period).await?;
+    check_period(period)?;
+    let mut ch = scope.change(state).await?;
+    budgets::set(&mut ch, scope.org, project, period, body.usd_limit, body.hard).await?;
+    ch.commit().await?;
+    Ok(Json(list_of(state, scope, project).await?))
+}
+
+/// Removes a limit of the org, or of one of its projects (admin).
+async fn remove(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, period: &str) -> Result<StatusCode, ApiError> {
+    scope.require(Role::Admin)?;
+    check_period(period)?;
+    let mut ch = scope.change(state).await?;
+    budgets::remove(&mut ch, scope.org, project, period).await?;
     ch.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }
