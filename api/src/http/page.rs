@@ -79,7 +79,7 @@ pub fn decode<T: DeserializeOwned>(cursor: Option<&str>) -> Result<Option<T>, Ap
 
 /// Ends a list's query ordered by one unique text column: the rows after the cursor's key, one
 /// more than a page (for [`finish`], with that column as the key).
-pub fn by_name(qb: &mut QueryBuilder<'_, Postgres>, column: &str, after: Option<String>, limit: i64) {
+pub fn by_name(qb: &mut QueryBuilder<'_, Postgres>, column: &'static str, after: Option<String>, limit: i64) {
     if let Some(name) = after {
         qb.push(" AND ").push(column).push(" > ").push_bind(name);
     }
@@ -88,7 +88,7 @@ pub fn by_name(qb: &mut QueryBuilder<'_, Postgres>, column: &str, after: Option<
 
 /// Ends a list's query newest first, by `created_at` and then the uuid column `id`: the rows
 /// before the cursor's key, one more than a page (for [`finish`], with [`newest_key`]).
-pub fn newest_first(qb: &mut QueryBuilder<'_, Postgres>, id: &str, after: Option<(i64, Uuid)>, limit: i64) -> Result<(), ApiError> {
+pub fn newest_first(qb: &mut QueryBuilder<'_, Postgres>, id: &'static str, after: Option<(i64, Uuid)>, limit: i64) -> Result<(), ApiError> {
     if let Some((micros, last)) = after {
         qb.push(" AND (created_at, ").push(id).push(") < (").push_bind(time(micros)?).push(", ").push_bind(last).push(")");
     }
