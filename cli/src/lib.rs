@@ -31,6 +31,7 @@ mod table;
 mod workflows;
 
 pub use hosts::host_command;
+pub use table::ago_in;
 
 use clap::{Args, Subcommand};
 

@@ -125,16 +125,23 @@ pub(crate) fn plain(text: impl Into<String>) -> (String, Tint) {
 
 /// "12s ago", "5m ago", "3h ago", "2d ago"; a time in the future reads "in 5m".
 pub(crate) fn ago(at: DateTime<Utc>) -> String {
+    ago_in(at, ["s", "m", "h", "d"])
+}
+
+/// How long ago `at` was, in whole seconds, minutes, hours or days spelled as `units` says
+/// (the console writes "3 min ago"); a time in the future reads "in 3 min".
+pub fn ago_in(at: DateTime<Utc>, units: [&str; 4]) -> String {
     let secs = (Utc::now() - at).num_seconds();
     let (n, future) = if secs < 0 { (-secs, true) } else { (secs, false) };
+    let [s, m, h, d] = units;
     let span = if n < 60 {
-        format!("{n}s")
+        format!("{n}{s}")
     } else if n < 3600 {
-        format!("{}m", n / 60)
+        format!("{}{m}", n / 60)
     } else if n < 86_400 {
-        format!("{}h", n / 3600)
+        format!("{}{h}", n / 3600)
     } else {
-        format!("{}d", n / 86_400)
+        format!("{}{d}", n / 86_400)
     };
     if future {
         format!("in {span}")

@@ -150,15 +150,19 @@ pub struct ItemRef {
     pub title: Option<String>,
 }
 
-/// A session's running totals, as a host reports them: cumulative, so a report sent twice
-/// changes nothing.
+/// A session's running totals (cumulative).
+// Cumulative, so a report sent twice changes nothing. The doc comments are the OpenAPI
+// document's (`UsageDoc`, as before the API took this type for its own).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = UsageDoc))]
+#[serde(deny_unknown_fields)]
 pub struct Usage {
     #[serde(default)]
     pub input_tokens: i64,
     #[serde(default)]
     pub output_tokens: i64,
-    /// Null while unknown (a harness killed before its result line reports no cost).
+    /// Null while unknown.
+    // A harness killed before its result line reports no cost.
     #[serde(default)]
     pub cost_usd: Option<f64>,
     #[serde(default)]
@@ -167,15 +171,16 @@ pub struct Usage {
     pub tool_calls: i32,
     #[serde(default)]
     pub model: Option<String>,
-    /// The host's estimate of the cost so far, from the token counts of each message and its
-    /// price table: Claude Code reports its cost only at the end, Codex never. Null when the
-    /// host made none (an older host, a command).
+    /// The host's estimate of the cost so far, from each message's token counts and its price
+    /// table (Claude Code reports its cost only at the end, Codex never). Budgets count the
+    /// larger of this and `cost_usd`.
+    // Null when the host made none (an older host, a command).
     #[serde(default)]
     pub estimated_cost_usd: Option<f64>,
     /// `price_table`, or `unknown_model` when a model was priced at the table's dearest row.
     #[serde(default)]
     pub estimate_basis: Option<String>,
-    /// The output tokens are a lower bound (no result line counted them).
+    /// The output tokens are a lower bound: no result line counted them.
     #[serde(default)]
     pub output_tokens_lower_bound: bool,
 }

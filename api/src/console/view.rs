@@ -142,19 +142,7 @@ fn parse_time(t: &str) -> Option<DateTime<Utc>> {
 
 /// "3 min ago", "in 2 h".
 pub(super) fn ago(t: &str) -> String {
-    let Some(t) = parse_time(t) else { return String::new() };
-    let secs = (Utc::now() - t).num_seconds();
-    let (n, future) = if secs < 0 { (-secs, true) } else { (secs, false) };
-    let span = if n < 60 {
-        format!("{n} s")
-    } else if n < 3600 {
-        format!("{} min", n / 60)
-    } else if n < 86_400 {
-        format!("{} h", n / 3600)
-    } else {
-        format!("{} d", n / 86_400)
-    };
-    if future { format!("in {span}") } else { format!("{span} ago") }
+    parse_time(t).map(|t| ::cli::ago_in(t, [" s", " min", " h", " d"])).unwrap_or_default()
 }
 
 /// A time of day in UTC (the date too when it is not today).

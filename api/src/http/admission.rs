@@ -52,7 +52,7 @@ async fn limits(state: &AppState, scope: &OrgScope) -> Result<Limits, ApiError> 
 
 /// The org's cap on running runs, with how many run and wait (viewer).
 #[utoipa::path(get, path = "/orgs/{org}/limits", operation_id = "get_limits", tag = "admission",
-    params(("org" = String, Path, description = "Org slug")),
+    params(OrgScope),
     responses((status = 200, body = Limits)))]
 pub async fn get_limits(State(state): State<AppState>, scope: OrgScope) -> Result<Json<Limits>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -61,7 +61,7 @@ pub async fn get_limits(State(state): State<AppState>, scope: OrgScope) -> Resul
 
 /// Sets the org's cap on running runs (admin).
 #[utoipa::path(put, path = "/orgs/{org}/limits", operation_id = "set_limits", tag = "admission",
-    params(("org" = String, Path, description = "Org slug")),
+    params(OrgScope),
     request_body = SetLimits,
     responses((status = 200, body = Limits)))]
 pub async fn set_limits(State(state): State<AppState>, scope: OrgScope, Json(body): Json<SetLimits>) -> Result<Json<Limits>, ApiError> {
@@ -134,7 +134,7 @@ async fn settings(state: &AppState, scope: &ProjectScope) -> Result<ProjectSetti
 
 /// Sets or removes the WIP limit of one of the project's board columns (admin).
 #[utoipa::path(put, path = "/orgs/{org}/projects/{project}/board-limits", operation_id = "set_board_limit", tag = "admission",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     request_body = SetBoardLimit,
     responses((status = 200, body = ProjectSettings), (status = 404, description = "Removing a limit that is not set", body = Problem, content_type = "application/problem+json")))]
 pub async fn set_board_limit(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<SetBoardLimit>) -> Result<Json<ProjectSettings>, ApiError> {
@@ -147,7 +147,7 @@ pub async fn set_board_limit(State(state): State<AppState>, scope: ProjectScope,
 
 /// The project's admission and retention settings (viewer).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/settings", operation_id = "get_project_settings", tag = "admission",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     responses((status = 200, body = ProjectSettings)))]
 pub async fn get_settings(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<ProjectSettings>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -157,7 +157,7 @@ pub async fn get_settings(State(state): State<AppState>, scope: ProjectScope) ->
 /// Sets how long the project's finished runs are kept (admin). A shorter retention applies at
 /// once: the project's sweep runs now.
 #[utoipa::path(put, path = "/orgs/{org}/projects/{project}/retention", operation_id = "set_retention", tag = "admission",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     request_body = SetRetention,
     responses((status = 200, body = ProjectSettings)))]
 pub async fn set_retention(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<SetRetention>) -> Result<Json<ProjectSettings>, ApiError> {
@@ -179,7 +179,7 @@ async fn set_paused(state: &AppState, scope: &ProjectScope, paused: bool) -> Res
 /// Pauses the project (admin): new runs of its workflows are held; runs already going carry
 /// on.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/pause", operation_id = "pause_project", tag = "admission",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     responses((status = 200, body = ProjectSettings)))]
 pub async fn pause(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<ProjectSettings>, ApiError> {
     set_paused(&state, &scope, true).await
@@ -187,7 +187,7 @@ pub async fn pause(State(state): State<AppState>, scope: ProjectScope) -> Result
 
 /// Unpauses the project (admin): the runs it held are released.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/unpause", operation_id = "unpause_project", tag = "admission",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     responses((status = 200, body = ProjectSettings)))]
 pub async fn unpause(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<ProjectSettings>, ApiError> {
     set_paused(&state, &scope, false).await

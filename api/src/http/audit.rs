@@ -37,11 +37,7 @@ pub struct AuditEntry {
     pub detail: Value,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct AuditList {
-    pub items: Vec<AuditEntry>,
-    pub next_cursor: Option<String>,
-}
+page::list!(AuditList of AuditEntry);
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -79,7 +75,7 @@ async fn read(state: &AppState, org: OrgId, project: Option<ProjectId>, q: Audit
     let limit = page::limit(q.limit)?;
     let after: Option<(i64, i64)> = page::decode(q.cursor.as_deref())?;
     let after = match after {
-        Some((micros, id)) => Some((DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))?, id)),
+        Some((micros, id)) => Some((page::time(micros)?, id)),
         None => None,
     };
     let mut rows = audited(state, org, project, &q, after, limit).await?;
@@ -265,7 +261,7 @@ mod journal {
 
 /// The org's audit log (admin).
 #[utoipa::path(get, path = "/orgs/{org}/audit", operation_id = "list_org_audit", tag = "audit",
-    params(("org" = String, Path, description = "Org slug"), AuditQuery),
+    params(OrgScope, AuditQuery),
     responses((status = 200, body = AuditList)))]
 pub async fn org_log(State(state): State<AppState>, scope: OrgScope, Query(q): Query<AuditQuery>) -> Result<Json<AuditList>, ApiError> {
     scope.require(Role::Admin)?;
@@ -274,7 +270,7 @@ pub async fn org_log(State(state): State<AppState>, scope: OrgScope, Query(q): Q
 
 /// One project's audit log (admin).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/audit", operation_id = "list_project_audit", tag = "audit",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), AuditQuery),
+    params(ProjectScope, AuditQuery),
     responses((status = 200, body = AuditList)))]
 pub async fn project_log(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<AuditQuery>) -> Result<Json<AuditList>, ApiError> {
     scope.require(Role::Admin)?;

@@ -53,8 +53,11 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of a budget's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct PeriodPath {
+    /// `day` or `month`
     period: String,
 }
 
@@ -120,7 +123,7 @@ async fn list_of(state: &AppState, scope: &OrgScope, project: Option<ProjectId>)
 
 /// The org's limits and every project's, with their spend (viewer).
 #[utoipa::path(get, path = "/orgs/{org}/budgets", operation_id = "list_budgets", tag = "budgets",
-    params(("org" = String, Path, description = "Org slug")),
+    params(OrgScope),
     responses((status = 200, body = BudgetList)))]
 pub async fn list(State(state): State<AppState>, scope: OrgScope) -> Result<Json<BudgetList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -129,34 +132,24 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope) -> Result<Json
 
 /// Sets the org's limit for a period (`day` or `month`, UTC) (admin).
 #[utoipa::path(put, path = "/orgs/{org}/budgets/{period}", operation_id = "set_org_budget", tag = "budgets",
-    params(("org" = String, Path, description = "Org slug"), ("period" = String, Path, description = "`day` or `month`")),
+    params(OrgScope, PeriodPath),
     request_body = SetBudget,
     responses((status = 200, body = BudgetList)))]
 pub async fn set_org(State(state): State<AppState>, scope: OrgScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>) -> Result<Json<BudgetList>, ApiError> {
-    scope.require(Role::Admin)?;
-    check_period(&p.period)?;
-    let mut ch = scope.change(&state).await?;
-    budgets::set(&mut ch, scope.org, None, &p.period, body.usd_limit, body.hard).await?;
-    ch.commit().await?;
-    Ok(Json(list_of(&state, &scope, None).await?))
+    set(&state, &scope, None, &p.period, &body).await
 }
 
 /// Removes the org's limit for a period (admin); the runs it held are released.
 #[utoipa::path(delete, path = "/orgs/{org}/budgets/{period}", operation_id = "remove_org_budget", tag = "budgets",
-    params(("org" = String, Path, description = "Org slug"), ("period" = String, Path, description = "`day` or `month`")),
+    params(OrgScope, PeriodPath),
     responses((status = 204, description = "Removed")))]
 pub async fn remove_org(State(state): State<AppState>, scope: OrgScope, Path(p): Path<PeriodPath>) -> Result<StatusCode, ApiError> {
-    scope.require(Role::Admin)?;
-    check_period(&p.period)?;
-    let mut ch = scope.change(&state).await?;
-    budgets::remove(&mut ch, scope.org, None, &p.period).await?;
-    ch.commit().await?;
-    Ok(StatusCode::NO_CONTENT)
+    remove(&state, &scope, None, &p.period).await
 }
 
 /// The project's limits and the org's, with their spend (viewer).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/budgets", operation_id = "list_project_budgets", tag = "budgets",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     responses((status = 200, body = BudgetList)))]
 pub async fn list_project(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<BudgetList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -165,27 +158,37 @@ pub async fn list_project(State(state): State<AppState>, scope: ProjectScope) ->
 
 /// Sets the project's limit for a period (admin).
 #[utoipa::path(put, path = "/orgs/{org}/projects/{project}/budgets/{period}", operation_id = "set_project_budget", tag = "budgets",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("period" = String, Path, description = "`day` or `month`")),
+    params(ProjectScope, PeriodPath),
     request_body = SetBudget,
     responses((status = 200, body = BudgetList)))]
 pub async fn set_project(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>) -> Result<Json<BudgetList>, ApiError> {
-    scope.require(Role::Admin)?;
-    check_period(&p.period)?;
-    let mut ch = scope.change(&state).await?;
-    budgets::set(&mut ch, scope.org.org, Some(scope.project), &p.period, body.usd_limit, body.hard).await?;
-    ch.commit().await?;
-    Ok(Json(list_of(&state, &scope.org, Some(scope.project)).await?))
+    set(&state, &scope.org, Some(scope.project), &p.period, &body).await
 }
 
 /// Removes the project's limit for a period (admin); the runs it held are released.
 #[utoipa::path(delete, path = "/orgs/{org}/projects/{project}/budgets/{period}", operation_id = "remove_project_budget", tag = "budgets",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("period" = String, Path, description = "`day` or `month`")),
+    params(ProjectScope, PeriodPath),
     responses((status = 204, description = "Removed")))]
 pub async fn remove_project(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<PeriodPath>) -> Result<StatusCode, ApiError> {
+    remove(&state, &scope.org, Some(scope.project), &p.period).await
+}
+
+/// Sets a limit of the org, or of one of its projects (admin), and answers the limits then.
+async fn set(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, period: &str, body: &SetBudget) -> Result<Json<BudgetList>, ApiError> {
     scope.require(Role::Admin)?;
-    check_period(&p.period)?;
-    let mut ch = scope.change(&state).await?;
-    budgets::remove(&mut ch, scope.org.org, Some(scope.project), &p.period).await?;
+    check_period(period)?;
+    let mut ch = scope.change(state).await?;
+    budgets::set(&mut ch, scope.org, project, period, body.usd_limit, body.hard).await?;
+    ch.commit().await?;
+    Ok(Json(list_of(state, scope, project).await?))
+}
+
+/// Removes a limit of the org, or of one of its projects (admin).
+async fn remove(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, period: &str) -> Result<StatusCode, ApiError> {
+    scope.require(Role::Admin)?;
+    check_period(period)?;
+    let mut ch = scope.change(state).await?;
+    budgets::remove(&mut ch, scope.org, project, period).await?;
     ch.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -194,7 +197,7 @@ pub async fn remove_project(State(state): State<AppState>, scope: ProjectScope, 
 /// session runs, the harness's reported cost once it comes (viewer). The window from `from`
 /// to `to` is at most 366 days.
 #[utoipa::path(get, path = "/orgs/{org}/spend", operation_id = "list_spend", tag = "budgets",
-    params(("org" = String, Path, description = "Org slug"), SpendQuery),
+    params(OrgScope, SpendQuery),
     responses((status = 200, body = SpendList),
               (status = 400, description = "`from` after `to`, or more than 366 days before it", body = Problem, content_type = "application/problem+json")))]
 pub async fn spend(State(state): State<AppState>, scope: OrgScope, Query(q): Query<SpendQuery>) -> Result<Json<SpendList>, ApiError> {

@@ -104,7 +104,7 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
     get,
     path = "/orgs/{org}/projects/{project}/events", operation_id = "stream_project_events",
     tag = "events",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
+    params(ProjectScope,
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event"), StreamQuery),
     responses((status = 200, description = "A stream of `RunEvent`s", content_type = "text/event-stream", body = RunEvent),
               (status = 429, description = "The token already holds as many open streams as it may (`SHOPFLOOR_STREAMS_PER_TOKEN`)", body = super::Problem, content_type = "application/problem+json")),

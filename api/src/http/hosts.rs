@@ -40,11 +40,7 @@ pub struct Host {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct HostList {
-    pub items: Vec<Host>,
-    pub next_cursor: Option<String>,
-}
+page::list!(HostList of Host);
 
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -80,14 +76,17 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of a host's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct HostPath {
+    /// The host's id
     host: String,
 }
 
 /// The project's hosts, by name.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/hosts", operation_id = "list_hosts", tag = "hosts",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ListQuery),
+    params(ProjectScope, ListQuery),
     responses((status = 200, body = HostList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<HostList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -110,7 +109,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
 
 /// Creates a token that registers one host in this project (admin).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/host-registrations", operation_id = "create_host_registration", tag = "hosts",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     request_body(content = Option<CreateRegistration>, description = "Optional name and lifetime"),
     responses((status = 201, body = Registration)))]
 pub async fn register(State(state): State<AppState>, scope: ProjectScope, JsonOrEmpty(body): JsonOrEmpty<CreateRegistration>) -> Result<Response, ApiError> {
@@ -132,7 +131,7 @@ pub async fn register(State(state): State<AppState>, scope: ProjectScope, JsonOr
 
 /// Deregisters a host (admin): it takes no more steps and its credentials are revoked.
 #[utoipa::path(delete, path = "/orgs/{org}/projects/{project}/hosts/{host}", operation_id = "deregister_host", tag = "hosts",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("host" = String, Path, description = "The host's id")),
+    params(ProjectScope, HostPath),
     responses((status = 204, description = "Deregistered")))]
 pub async fn deregister(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<HostPath>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
@@ -166,7 +165,7 @@ async fn set_drained(state: &AppState, scope: &ProjectScope, host: &str, drained
 /// Drains a host (admin): its claims take nothing new; the steps it holds run to their end.
 /// Draining a drained host changes nothing.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/hosts/{host}/drain", operation_id = "drain_host", tag = "hosts",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("host" = String, Path, description = "The host's id")),
+    params(ProjectScope, HostPath),
     responses((status = 200, body = Host)))]
 pub async fn drain(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<HostPath>) -> Result<Json<Host>, ApiError> {
     set_drained(&state, &scope, &p.host, true).await
@@ -174,7 +173,7 @@ pub async fn drain(State(state): State<AppState>, scope: ProjectScope, Path(p): 
 
 /// Lets a drained host claim steps again (admin).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/hosts/{host}/undrain", operation_id = "undrain_host", tag = "hosts",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("host" = String, Path, description = "The host's id")),
+    params(ProjectScope, HostPath),
     responses((status = 200, body = Host)))]
 pub async fn undrain(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<HostPath>) -> Result<Json<Host>, ApiError> {
     set_drained(&state, &scope, &p.host, false).await

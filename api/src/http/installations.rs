@@ -15,7 +15,7 @@ use engine::github::CallError;
 use engine::store::installations::{self, Announced};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
 use super::error::ApiError;
@@ -54,14 +54,17 @@ pub struct ClaimInstallation {
     pub github_token: String,
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of an installation's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct InstallationPath {
+    /// GitHub's installation id
     installation: i64,
 }
 
 /// The org's installations with their repositories, by id.
 #[utoipa::path(get, path = "/orgs/{org}/github/installations", operation_id = "list_installations", tag = "repositories",
-    params(("org" = String, Path, description = "Org slug")),
+    params(OrgScope),
     responses((status = 200, body = InstallationList)))]
 pub async fn list(State(state): State<AppState>, scope: OrgScope) -> Result<Json<InstallationList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -85,7 +88,7 @@ async fn rows(state: &AppState, scope: &OrgScope, only: Option<i64>) -> Result<V
 /// Claims an installation for the org (admin), with proof from GitHub that the token's person
 /// can access it. Claiming one the org already has refreshes it.
 #[utoipa::path(post, path = "/orgs/{org}/github/installations", operation_id = "claim_installation", tag = "repositories",
-    params(("org" = String, Path, description = "Org slug")),
+    params(OrgScope),
     request_body = ClaimInstallation,
     responses(
         (status = 201, body = Installation),
@@ -138,7 +141,7 @@ pub async fn claim(State(state): State<AppState>, scope: OrgScope, Json(body): J
 /// Gives an installation up (admin): its repositories are detached from the org's projects, and
 /// another org may claim it with its own proof.
 #[utoipa::path(delete, path = "/orgs/{org}/github/installations/{installation}", operation_id = "release_installation", tag = "repositories",
-    params(("org" = String, Path, description = "Org slug"), ("installation" = i64, Path, description = "GitHub's installation id")),
+    params(OrgScope, InstallationPath),
     responses((status = 204, description = "Released"), (status = 404, description = "Not an installation of this org", body = super::Problem, content_type = "application/problem+json")))]
 pub async fn release(State(state): State<AppState>, scope: OrgScope, Path(p): Path<InstallationPath>) -> Result<StatusCode, ApiError> {
     scope.require(Role::Admin)?;

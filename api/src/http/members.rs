@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use engine::ids::UserId;
 use engine::store::api_writes;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
 use super::error::{ApiError, Problem};
@@ -29,11 +29,7 @@ pub struct Member {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct MemberList {
-    pub items: Vec<Member>,
-    pub next_cursor: Option<String>,
-}
+page::list!(MemberList of Member);
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -48,8 +44,11 @@ pub struct ChangeRole {
     pub role: Role,
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of a member's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct MemberPath {
+    /// The member's user id
     user: String,
 }
 
@@ -77,7 +76,7 @@ fn guard_owner(scope: &OrgScope, roles: &[&str]) -> Result<(), ApiError> {
 
 /// The org's members, by email.
 #[utoipa::path(get, path = "/orgs/{org}/members", operation_id = "list_members", tag = "members",
-    params(("org" = String, Path, description = "Org slug"), PageQuery),
+    params(OrgScope, PageQuery),
     responses((status = 200, body = MemberList)))]
 pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<PageQuery>) -> Result<Json<MemberList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -98,7 +97,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 
 /// Adds a person by email with a role (admin; owner to add an owner).
 #[utoipa::path(post, path = "/orgs/{org}/members", operation_id = "add_member", tag = "members",
-    params(("org" = String, Path, description = "Org slug"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    params(OrgScope, ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body = AddMember,
     responses((status = 201, body = Member), (status = 409, description = "Already a member", body = Problem, content_type = "application/problem+json")))]
 pub async fn add(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<AddMember>) -> Result<Response, ApiError> {
@@ -118,7 +117,7 @@ pub async fn add(State(state): State<AppState>, scope: OrgScope, key: Idempotenc
 /// Changes a member's role (admin; owner when the owner role is given or taken). The last
 /// owner keeps the role.
 #[utoipa::path(patch, path = "/orgs/{org}/members/{user}", operation_id = "change_member_role", tag = "members",
-    params(("org" = String, Path, description = "Org slug"), ("user" = String, Path, description = "The member's user id")),
+    params(OrgScope, MemberPath),
     request_body = ChangeRole,
     responses((status = 200, body = Member), (status = 409, description = "The last owner", body = Problem, content_type = "application/problem+json")))]
 pub async fn change_role(State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>, Json(body): Json<ChangeRole>) -> Result<Json<Member>, ApiError> {
@@ -135,7 +134,7 @@ pub async fn change_role(State(state): State<AppState>, scope: OrgScope, Path(p)
 /// Removes a member and revokes their tokens (admin; owner to remove an owner). The last owner
 /// stays.
 #[utoipa::path(delete, path = "/orgs/{org}/members/{user}", operation_id = "remove_member", tag = "members",
-    params(("org" = String, Path, description = "Org slug"), ("user" = String, Path, description = "The member's user id")),
+    params(OrgScope, MemberPath),
     responses((status = 204, description = "Removed"), (status = 409, description = "The last owner", body = Problem, content_type = "application/problem+json")))]
 pub async fn remove(State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;

@@ -17,15 +17,9 @@ use utoipa::ToSchema;
 use super::auth::Role;
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path};
-use super::runs::{in_project, run_id};
+use super::runs::{in_project, run_id, StepPath};
 use super::tenant::ProjectScope;
 use super::AppState;
-
-#[derive(Debug, Deserialize)]
-pub struct StepPath {
-    run: String,
-    step: String,
-}
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -52,8 +46,7 @@ pub struct SentMessage {
 /// to the harness as a user turn. 409 when the step is not a live session or its harness
 /// cannot take messages (`codex`, `command`).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/steps/{step}/messages", operation_id = "send_step_message", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"),
-           ("step" = String, Path, description = "Step id, `step-…`")),
+    params(ProjectScope, StepPath),
     request_body = SendMessage,
     responses((status = 201, body = SentMessage),
               (status = 409, description = "Not a live session, or its harness cannot take messages", body = Problem, content_type = "application/problem+json")))]

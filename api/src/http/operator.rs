@@ -9,12 +9,12 @@ use engine::ids::{ItemId, RunId};
 use engine::store::{operator, triggers};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
 use super::error::{ApiError, Problem};
 use super::extract::{at_most, Json, JsonOrEmpty, Path};
-use super::runs::{in_project, run_id};
+use super::runs::{in_project, run_id, RunPath};
 use super::tenant::ProjectScope;
 use super::AppState;
 
@@ -35,20 +35,18 @@ pub struct Resolved {
     pub resolved_by: String,
 }
 
-#[derive(Debug, Deserialize)]
-pub struct RunPath {
-    run: String,
-}
-
-#[derive(Debug, Deserialize)]
+/// The path of an item's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct ItemPath {
+    /// The item's id
     item: String,
 }
 
 /// Marks a failed run handled (member): it leaves the failures to resolve; its status stays
 /// `failed`. Resolving it again changes nothing.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/resolve", operation_id = "resolve_run", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`")),
+    params(ProjectScope, RunPath),
     request_body(content = Option<ResolveRun>, description = "Optional note"),
     responses((status = 200, body = Resolved), (status = 409, description = "The run did not fail", body = Problem, content_type = "application/problem+json")))]
 pub async fn resolve(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<ResolveRun>) -> Result<Json<Resolved>, ApiError> {
@@ -95,7 +93,7 @@ pub struct CycleReset {
 
 /// The project's items whose cycle budget is spent (viewer).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/cycle-asks", operation_id = "list_cycle_asks", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     responses((status = 200, body = CycleAskList)))]
 pub async fn cycle_asks(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<CycleAskList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -111,7 +109,7 @@ pub async fn cycle_asks(State(state): State<AppState>, scope: ProjectScope) -> R
 /// Resets an item's cycle budget (member): its generation goes up, its asks are cleared, and
 /// the newest blocked event of each workflow is judged again on the item as it is now.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/cycle-asks/{item}/reset", operation_id = "reset_cycle_budget", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("item" = String, Path, description = "The item's id")),
+    params(ProjectScope, ItemPath),
     responses((status = 200, body = CycleReset)))]
 pub async fn reset(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ItemPath>) -> Result<Json<CycleReset>, ApiError> {
     scope.require(Role::Member)?;

@@ -5,11 +5,28 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use sqlx::{Postgres, QueryBuilder};
 use utoipa::IntoParams;
+use uuid::Uuid;
 
 use super::error::ApiError;
+
+/// Declares a list's answer: a page of `items` and `next_cursor`, the cursor of the page after
+/// it (absent on the last). A macro rather than a generic `Page<T>`, which the OpenAPI document
+/// would name `Page_Project` instead of `ProjectList`.
+macro_rules! list {
+    ($list:ident of $item:ty) => {
+        #[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+        pub struct $list {
+            pub items: Vec<$item>,
+            pub next_cursor: Option<String>,
+        }
+    };
+}
+pub(crate) use list;
 
 /// A list's query, `?limit=&cursor=`, for the lists that take nothing else.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -58,6 +75,35 @@ pub fn decode<T: DeserializeOwned>(cursor: Option<&str>) -> Result<Option<T>, Ap
     let bad = || ApiError::BadRequest("invalid cursor: pass back the next_cursor of a previous page".into());
     let bytes = URL_SAFE_NO_PAD.decode(cursor.as_bytes()).map_err(|_| bad())?;
     serde_json::from_slice(&bytes).map(Some).map_err(|_| bad())
+}
+
+/// Ends a list's query ordered by one unique text column: the rows after the cursor's key, one
+/// more than a page (for [`finish`], with that column as the key).
+pub fn by_name(qb: &mut QueryBuilder<'_, Postgres>, column: &'static str, after: Option<String>, limit: i64) {
+    if let Some(name) = after {
+        qb.push(" AND ").push(column).push(" > ").push_bind(name);
+    }
+    qb.push(" ORDER BY ").push(column).push(" LIMIT ").push_bind(limit + 1);
+}
+
+/// Ends a list's query newest first, by `created_at` and then the uuid column `id`: the rows
+/// before the cursor's key, one more than a page (for [`finish`], with [`newest_key`]).
+pub fn newest_first(qb: &mut QueryBuilder<'_, Postgres>, id: &'static str, after: Option<(i64, Uuid)>, limit: i64) -> Result<(), ApiError> {
+    if let Some((micros, last)) = after {
+        qb.push(" AND (created_at, ").push(id).push(") < (").push_bind(time(micros)?).push(", ").push_bind(last).push(")");
+    }
+    qb.push(" ORDER BY created_at DESC, ").push(id).push(" DESC LIMIT ").push_bind(limit + 1);
+    Ok(())
+}
+
+/// The key of a row in a [`newest_first`] list: its time in microseconds, and its id.
+pub fn newest_key(created_at: DateTime<Utc>, id: Uuid) -> (i64, Uuid) {
+    (created_at.timestamp_micros(), id)
+}
+
+/// A cursor's time, which it holds in microseconds since the epoch.
+pub fn time(micros: i64) -> Result<DateTime<Utc>, ApiError> {
+    DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))
 }
 
 /// Cuts a page fetched with `limit + 1` rows to `limit`, with the cursor of its last row when

@@ -24,11 +24,7 @@ pub struct Project {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ProjectList {
-    pub items: Vec<Project>,
-    pub next_cursor: Option<String>,
-}
+page::list!(ProjectList of Project);
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -43,7 +39,7 @@ pub struct CreateProject {
 
 /// The org's projects, by slug.
 #[utoipa::path(get, path = "/orgs/{org}/projects", operation_id = "list_projects", tag = "projects",
-    params(("org" = String, Path, description = "Org slug"), PageQuery),
+    params(OrgScope, PageQuery),
     responses((status = 200, body = ProjectList)))]
 pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<PageQuery>) -> Result<Json<ProjectList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -54,10 +50,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
     if let Some(project) = scope.caller.project {
         qb.push(" AND project_id = ").push_bind(project);
     }
-    if let Some(slug) = after {
-        qb.push(" AND slug > ").push_bind(slug);
-    }
-    qb.push(" ORDER BY slug LIMIT ").push_bind(limit + 1);
+    page::by_name(&mut qb, "slug", after, limit);
     let rows: Vec<Project> = qb.build_query_as().fetch_all(&state.db).await?;
     let (items, next_cursor) = page::finish(rows, limit, |p| p.slug.clone());
     Ok(Json(ProjectList { items, next_cursor }))
@@ -65,7 +58,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 
 /// Creates a project (admin).
 #[utoipa::path(post, path = "/orgs/{org}/projects", operation_id = "create_project", tag = "projects",
-    params(("org" = String, Path, description = "Org slug"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    params(OrgScope, ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body = CreateProject,
     responses((status = 201, body = Project), (status = 409, description = "The slug is taken", body = Problem, content_type = "application/problem+json")))]
 pub async fn create(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<CreateProject>) -> Result<Response, ApiError> {
@@ -92,7 +85,7 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, key: Idempot
 
 /// One project.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}", operation_id = "get_project", tag = "projects",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     responses((status = 200, body = Project)))]
 pub async fn get(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<Project>, ApiError> {
     scope.require(Role::Viewer)?;

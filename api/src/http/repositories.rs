@@ -33,11 +33,7 @@ pub struct Repository {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct RepositoryList {
-    pub items: Vec<Repository>,
-    pub next_cursor: Option<String>,
-}
+page::list!(RepositoryList of Repository);
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -52,17 +48,14 @@ pub struct ConnectRepository {
 
 /// The project's repositories, by name.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/repositories", operation_id = "list_repositories", tag = "repositories",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), PageQuery),
+    params(ProjectScope, PageQuery),
     responses((status = 200, body = RepositoryList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<PageQuery>) -> Result<Json<RepositoryList>, ApiError> {
     scope.require(Role::Viewer)?;
     let (limit, after) = q.start::<String>()?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT full_name, installation_id, default_branch, created_at FROM repositories WHERE org_id = ");
     qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
-    if let Some(name) = after {
-        qb.push(" AND full_name > ").push_bind(name);
-    }
-    qb.push(" ORDER BY full_name LIMIT ").push_bind(limit + 1);
+    page::by_name(&mut qb, "full_name", after, limit);
     let rows: Vec<Repository> = qb.build_query_as().fetch_all(&state.db).await?;
     let (items, next_cursor) = page::finish(rows, limit, |r| r.full_name.clone());
     Ok(Json(RepositoryList { items, next_cursor }))
@@ -79,7 +72,7 @@ fn valid_name(name: &str) -> bool {
 /// has not claimed (another org's included) is not found; a repository the installation does
 /// not reach is refused.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/repositories", operation_id = "connect_repository", tag = "repositories",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     request_body = ConnectRepository,
     responses((status = 201, body = Repository),
         (status = 404, description = "The org has no such installation", body = super::Problem, content_type = "application/problem+json"),

@@ -9,6 +9,9 @@ use axum::response::Response;
 use axum::http::request::Parts;
 use engine::ids::{OrgId, ProjectId, Slug};
 use engine::store::{cap, Change};
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::Required;
+use utoipa::{IntoParams, PartialSchema};
 
 use super::auth::{Caller, Role, TokenKind};
 use super::error::ApiError;
@@ -104,6 +107,30 @@ impl FromRequestParts<AppState> for ProjectScope {
         }
         Ok(ProjectScope { org, project, slug })
     }
+}
+
+/// The document's path parameters of the routes under an org: a handler that takes the scope
+/// names it in its `params(...)`.
+impl IntoParams for OrgScope {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![slug_param("org", "Org slug")]
+    }
+}
+
+impl IntoParams for ProjectScope {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![slug_param("org", "Org slug"), slug_param("project", "Project slug")]
+    }
+}
+
+fn slug_param(name: &str, description: &str) -> Parameter {
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Path)
+        .required(Required::True)
+        .description(Some(description))
+        .schema(Some(String::schema()))
+        .build()
 }
 
 /// Runs each request in a tenancy scope (`engine::tenancy::scoped`), which its verified caller

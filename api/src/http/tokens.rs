@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Duration, Utc};
 use engine::store::api_writes;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::auth::Role;
@@ -38,11 +38,7 @@ pub struct Token {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct TokenList {
-    pub items: Vec<Token>,
-    pub next_cursor: Option<String>,
-}
+page::list!(TokenList of Token);
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -65,8 +61,11 @@ pub struct CreatedToken {
     pub record: Token,
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of a token's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct TokenPath {
+    /// The token's id
     token: String,
 }
 
@@ -74,7 +73,7 @@ const COLUMNS: &str = "jti, name, kind, role, user_id, created_at, expires_at, r
 
 /// Tokens of the org, newest first: everyone's for an admin, the caller's own otherwise.
 #[utoipa::path(get, path = "/orgs/{org}/tokens", operation_id = "list_tokens", tag = "tokens",
-    params(("org" = String, Path, description = "Org slug"), PageQuery),
+    params(OrgScope, PageQuery),
     responses((status = 200, body = TokenList)))]
 pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<PageQuery>) -> Result<Json<TokenList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -86,19 +85,15 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
     if let Some(user) = only {
         qb.push(" AND user_id = ").push_bind(user);
     }
-    if let Some((micros, jti)) = after {
-        let at = DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))?;
-        qb.push(" AND (created_at, jti) < (").push_bind(at).push(", ").push_bind(jti).push(")");
-    }
-    qb.push(" ORDER BY created_at DESC, jti DESC LIMIT ").push_bind(limit + 1);
+    page::newest_first(&mut qb, "jti", after, limit)?;
     let rows: Vec<Token> = qb.build_query_as().fetch_all(&state.db).await?;
-    let (items, next_cursor) = page::finish(rows, limit, |t| (t.created_at.timestamp_micros(), t.id));
+    let (items, next_cursor) = page::finish(rows, limit, |t| page::newest_key(t.created_at, t.id));
     Ok(Json(TokenList { items, next_cursor }))
 }
 
 /// Creates a token for the caller, with at most the caller's role.
 #[utoipa::path(post, path = "/orgs/{org}/tokens", operation_id = "create_token", tag = "tokens",
-    params(("org" = String, Path, description = "Org slug")),
+    params(OrgScope),
     request_body = CreateToken,
     responses((status = 201, body = CreatedToken)))]
 pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): Json<CreateToken>) -> Result<Response, ApiError> {
@@ -130,7 +125,7 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): 
 
 /// Revokes a token: the caller's own, or anyone's for an admin. Revoking twice is fine.
 #[utoipa::path(delete, path = "/orgs/{org}/tokens/{token}", operation_id = "revoke_token", tag = "tokens",
-    params(("org" = String, Path, description = "Org slug"), ("token" = String, Path, description = "The token's id")),
+    params(OrgScope, TokenPath),
     responses((status = 204, description = "Revoked")))]
 pub async fn revoke(State(state): State<AppState>, scope: OrgScope, Path(p): Path<TokenPath>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;

@@ -7,11 +7,9 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use chrono::{DateTime, Utc};
-use engine::ids::RunId;
-use engine::store::webhooks_out::{self as store, Attempt, Delivery};
+use engine::store::webhooks_out::{self as store, Attempt, Delivery, Subscription};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::AppState;
@@ -21,29 +19,18 @@ use super::extract::{Json, Path, Query};
 use super::page::{self, PageQuery};
 use super::tenant::ProjectScope;
 
-/// A subscription, without its secret.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Webhook {
-    pub id: Uuid,
-    pub url: String,
-    /// Event types it receives: `run.completed`, `run.*`, `step.failed`, `*`.
-    pub events: Vec<String>,
-    pub created_by: String,
-    pub created_at: DateTime<Utc>,
-}
-
 /// A new subscription, with its secret (shown only now).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct CreatedWebhook {
     #[serde(flatten)]
-    pub webhook: Webhook,
+    pub webhook: Subscription,
     /// Signs every delivery: `X-Shopfloor-Signature-256: sha256=<hex HMAC-SHA256 of the body>`.
     pub secret: String,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct WebhookList {
-    pub items: Vec<Webhook>,
+    pub items: Vec<Subscription>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -64,64 +51,32 @@ pub struct CreateWebhook {
     pub secret: Option<String>,
 }
 
-/// A delivery in the log.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct WebhookDelivery {
-    pub id: Uuid,
-    pub event: String,
-    #[schema(value_type = Option<String>)]
-    pub run: Option<RunId>,
-    /// `pending` (due, or waiting for its next attempt), `delivered`, or `failed` (given up,
-    /// or refused because its target is inside the network: not retried).
-    pub state: String,
-    pub attempts: i32,
-    pub last_status: Option<i32>,
-    pub last_error: Option<String>,
-    /// When the next attempt is due, while pending.
-    pub next_at: Option<DateTime<Utc>>,
-    /// The delivery this one replays.
-    pub replay_of: Option<Uuid>,
-    pub created_at: DateTime<Utc>,
-    pub delivered_at: Option<DateTime<Utc>>,
-}
-
-/// One attempt: the receiver's answer, or why there was none.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct DeliveryAttempt {
-    pub attempt: i32,
-    pub at: DateTime<Utc>,
-    pub status: Option<i32>,
-    /// The first 1000 characters of the receiver's answer (at most 4 KiB of it is read).
-    pub response: Option<String>,
-    /// Why there was no answer: `could not connect: …`, `timed out`, or `refused: …` when
-    /// the target is inside the network (`refused: NAME resolves to an internal address`).
-    pub error: Option<String>,
-    pub duration_ms: i32,
-}
-
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DeliveryDetail {
     #[serde(flatten)]
-    pub delivery: WebhookDelivery,
+    pub delivery: Delivery,
     /// The body sent (rendered at the first attempt).
     pub body: Option<serde_json::Value>,
-    pub attempts_log: Vec<DeliveryAttempt>,
+    pub attempts_log: Vec<Attempt>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct DeliveryList {
-    pub items: Vec<WebhookDelivery>,
-    pub next_cursor: Option<String>,
-}
+page::list!(DeliveryList of Delivery);
 
-#[derive(Debug, Deserialize)]
+/// The path of a subscription's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct WebhookPath {
+    /// Webhook id
     webhook: String,
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of a delivery's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct DeliveryPath {
+    /// Webhook id
     webhook: String,
+    /// Delivery id
     delivery: String,
 }
 
@@ -129,26 +84,10 @@ fn not_found(what: &str) -> ApiError {
     ApiError::NotFound(format!("{what} not found"))
 }
 
-fn delivery_of(d: Delivery) -> WebhookDelivery {
-    WebhookDelivery {
-        id: d.delivery_id,
-        event: d.event,
-        run: d.run_id,
-        state: d.state,
-        attempts: d.attempts,
-        last_status: d.last_status,
-        last_error: d.last_error,
-        next_at: d.next_at,
-        replay_of: d.replay_of,
-        created_at: d.created_at,
-        delivered_at: d.delivered_at,
-    }
-}
-
 /// The subscription named by the path, in this project.
-async fn subscription(state: &AppState, scope: &ProjectScope, id: &str) -> Result<Webhook, ApiError> {
+async fn subscription(state: &AppState, scope: &ProjectScope, id: &str) -> Result<Subscription, ApiError> {
     let id: Uuid = id.parse().map_err(|_| not_found("webhook"))?;
-    let row: Option<store::Subscription> = sqlx::query_as(
+    let row: Option<Subscription> = sqlx::query_as(
         "SELECT subscription_id, url, events, created_by, created_at FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 AND subscription_id = $3",
     )
     .bind(scope.org.org)
@@ -156,20 +95,16 @@ async fn subscription(state: &AppState, scope: &ProjectScope, id: &str) -> Resul
     .bind(id)
     .fetch_optional(&state.db)
     .await?;
-    row.map(webhook_of).ok_or_else(|| not_found("webhook"))
-}
-
-fn webhook_of(s: store::Subscription) -> Webhook {
-    Webhook { id: s.subscription_id, url: s.url, events: s.events, created_by: s.created_by, created_at: s.created_at }
+    row.ok_or_else(|| not_found("webhook"))
 }
 
 /// The project's outgoing webhooks (admin).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks", operation_id = "list_webhooks", tag = "webhooks",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     responses((status = 200, body = WebhookList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<WebhookList>, ApiError> {
     scope.require(Role::Admin)?;
-    let rows: Vec<store::Subscription> = sqlx::query_as(
+    let items: Vec<Subscription> = sqlx::query_as(
         "SELECT subscription_id, url, events, created_by, created_at FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 \
          ORDER BY created_at, subscription_id LIMIT 200",
     )
@@ -177,13 +112,13 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope) -> Result<
     .bind(scope.project)
     .fetch_all(&state.db)
     .await?;
-    Ok(Json(WebhookList { items: rows.into_iter().map(webhook_of).collect() }))
+    Ok(Json(WebhookList { items }))
 }
 
 /// Subscribes a URL to the project's events (admin). The answer carries the secret that signs
 /// deliveries; it is not shown again.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/webhooks", operation_id = "create_webhook", tag = "webhooks",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     request_body = CreateWebhook,
     responses((status = 201, body = CreatedWebhook)))]
 pub async fn create(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<CreateWebhook>) -> Result<(StatusCode, Json<CreatedWebhook>), ApiError> {
@@ -198,38 +133,34 @@ pub async fn create(State(state): State<AppState>, scope: ProjectScope, Json(bod
 
 /// Removes a subscription and its delivery log (admin).
 #[utoipa::path(delete, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}", operation_id = "delete_webhook", tag = "webhooks",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id")),
+    params(ProjectScope, WebhookPath),
     responses((status = 204, description = "Removed")))]
 pub async fn delete(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<WebhookPath>) -> Result<StatusCode, ApiError> {
     scope.require(Role::Admin)?;
     let webhook = subscription(&state, &scope, &p.webhook).await?;
     let mut ch = scope.change(&state).await?;
-    store::delete(&mut ch, scope.org.org, scope.project, webhook.id).await?;
+    store::delete(&mut ch, scope.org.org, scope.project, webhook.subscription_id).await?;
     ch.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// The subscription's deliveries, newest first (admin).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries", operation_id = "list_webhook_deliveries", tag = "webhooks",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id"), PageQuery),
+    params(ProjectScope, WebhookPath, PageQuery),
     responses((status = 200, body = DeliveryList)))]
 pub async fn deliveries(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<WebhookPath>, Query(q): Query<PageQuery>) -> Result<Json<DeliveryList>, ApiError> {
     scope.require(Role::Admin)?;
     let webhook = subscription(&state, &scope, &p.webhook).await?;
     let (limit, after) = q.start::<(i64, Uuid)>()?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!("SELECT {} FROM webhook_deliveries WHERE org_id = ", store::DELIVERY_COLUMNS));
-    qb.push_bind(scope.org.org).push(" AND subscription_id = ").push_bind(webhook.id);
-    if let Some((micros, id)) = after {
-        let at = DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))?;
-        qb.push(" AND (created_at, delivery_id) < (").push_bind(at).push(", ").push_bind(id).push(")");
-    }
-    qb.push(" ORDER BY created_at DESC, delivery_id DESC LIMIT ").push_bind(limit + 1);
+    qb.push_bind(scope.org.org).push(" AND subscription_id = ").push_bind(webhook.subscription_id);
+    page::newest_first(&mut qb, "delivery_id", after, limit)?;
     let rows: Vec<Delivery> = qb.build_query_as().fetch_all(&state.db).await?;
-    let (rows, next_cursor) = page::finish(rows, limit, |d| (d.created_at.timestamp_micros(), d.delivery_id));
-    Ok(Json(DeliveryList { items: rows.into_iter().map(delivery_of).collect(), next_cursor }))
+    let (items, next_cursor) = page::finish(rows, limit, |d| page::newest_key(d.created_at, d.delivery_id));
+    Ok(Json(DeliveryList { items, next_cursor }))
 }
 
-async fn find_delivery(state: &AppState, scope: &ProjectScope, p: &DeliveryPath) -> Result<(Webhook, Delivery, Option<serde_json::Value>), ApiError> {
+async fn find_delivery(state: &AppState, scope: &ProjectScope, p: &DeliveryPath) -> Result<(Subscription, Delivery, Option<serde_json::Value>), ApiError> {
     let webhook = subscription(state, scope, &p.webhook).await?;
     let id: Uuid = p.delivery.parse().map_err(|_| not_found("delivery"))?;
     let row: Option<(Delivery, Option<serde_json::Value>)> = sqlx::query_as::<_, DeliveryWithBody>(&format!(
@@ -237,7 +168,7 @@ async fn find_delivery(state: &AppState, scope: &ProjectScope, p: &DeliveryPath)
         store::DELIVERY_COLUMNS
     ))
     .bind(scope.org.org)
-    .bind(webhook.id)
+    .bind(webhook.subscription_id)
     .bind(id)
     .fetch_optional(&state.db)
     .await?
@@ -255,32 +186,26 @@ struct DeliveryWithBody {
 
 /// One delivery with its body and every attempt (admin).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}", operation_id = "get_webhook_delivery", tag = "webhooks",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id"),
-           ("delivery" = String, Path, description = "Delivery id")),
+    params(ProjectScope, DeliveryPath),
     responses((status = 200, body = DeliveryDetail)))]
 pub async fn delivery(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<DeliveryPath>) -> Result<Json<DeliveryDetail>, ApiError> {
     scope.require(Role::Admin)?;
     let (_, delivery, body) = find_delivery(&state, &scope, &p).await?;
-    let attempts: Vec<Attempt> = sqlx::query_as(
+    let attempts_log: Vec<Attempt> = sqlx::query_as(
         "SELECT attempt, at, status, response, error, duration_ms FROM webhook_attempts WHERE org_id = $1 AND delivery_id = $2 ORDER BY attempt",
     )
     .bind(scope.org.org)
     .bind(delivery.delivery_id)
     .fetch_all(&state.db)
     .await?;
-    let attempts_log = attempts
-        .into_iter()
-        .map(|a| DeliveryAttempt { attempt: a.attempt, at: a.at, status: a.status, response: a.response, error: a.error, duration_ms: a.duration_ms })
-        .collect();
-    Ok(Json(DeliveryDetail { delivery: delivery_of(delivery), body, attempts_log }))
+    Ok(Json(DeliveryDetail { delivery, body, attempts_log }))
 }
 
 /// Sends a delivery's body again, as a new delivery (admin).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}/replay", operation_id = "replay_webhook_delivery", tag = "webhooks",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("webhook" = String, Path, description = "Webhook id"),
-           ("delivery" = String, Path, description = "Delivery id")),
-    responses((status = 201, body = WebhookDelivery)))]
-pub async fn replay(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<DeliveryPath>) -> Result<(StatusCode, Json<WebhookDelivery>), ApiError> {
+    params(ProjectScope, DeliveryPath),
+    responses((status = 201, body = Delivery)))]
+pub async fn replay(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<DeliveryPath>) -> Result<(StatusCode, Json<Delivery>), ApiError> {
     scope.require(Role::Admin)?;
     let (_, delivery, _) = find_delivery(&state, &scope, &p).await?;
     let mut ch = scope.change(&state).await?;
@@ -290,5 +215,5 @@ pub async fn replay(State(state): State<AppState>, scope: ProjectScope, Path(p):
         .fetch_one(ch.conn())
         .await?;
     ch.commit().await?;
-    Ok((StatusCode::CREATED, Json(delivery_of(made))))
+    Ok((StatusCode::CREATED, Json(made)))
 }

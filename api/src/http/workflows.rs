@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use engine::ids::WorkflowId;
 use engine::store::{cap, workflows as store};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
 use super::error::{ApiError, Problem, WorkflowProblem};
@@ -28,11 +28,7 @@ pub struct Workflow {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct WorkflowList {
-    pub items: Vec<Workflow>,
-    pub next_cursor: Option<String>,
-}
+page::list!(WorkflowList of Workflow);
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Version {
@@ -45,11 +41,7 @@ pub struct Version {
     pub source: Option<String>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct VersionList {
-    pub items: Vec<Version>,
-    pub next_cursor: Option<String>,
-}
+page::list!(VersionList of Version);
 
 /// The workflow with its latest version's text.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -84,14 +76,22 @@ pub struct SourceBody {
     pub source: String,
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of a workflow's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct NamePath {
+    /// Workflow name
     name: String,
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of a workflow version's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct VersionPath {
+    /// Workflow name
     name: String,
+    /// Version number
+    #[param(value_type = i32)]
     version: String,
 }
 
@@ -136,17 +136,14 @@ async fn upload(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, ha
 
 /// The project's workflows, by name.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/workflows", operation_id = "list_workflows", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), PageQuery),
+    params(ProjectScope, PageQuery),
     responses((status = 200, body = WorkflowList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<PageQuery>) -> Result<Json<WorkflowList>, ApiError> {
     scope.require(Role::Viewer)?;
     let (limit, after) = q.start::<String>()?;
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT name, latest_version, paused, created_at FROM workflows WHERE org_id = ");
     qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
-    if let Some(name) = after {
-        qb.push(" AND name > ").push_bind(name);
-    }
-    qb.push(" ORDER BY name LIMIT ").push_bind(limit + 1);
+    page::by_name(&mut qb, "name", after, limit);
     let rows: Vec<Workflow> = qb.build_query_as().fetch_all(&state.db).await?;
     let (items, next_cursor) = page::finish(rows, limit, |w| w.name.clone());
     Ok(Json(WorkflowList { items, next_cursor }))
@@ -155,7 +152,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
 /// Uploads a version of the workflow its `name:` names (member). 201 for a new version, 200
 /// when the text is the latest version's already; 422 lists every problem.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/workflows", operation_id = "create_workflow_version", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
+    params(ProjectScope,
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
@@ -169,7 +166,7 @@ pub async fn create(State(state): State<AppState>, scope: ProjectScope, key: Ide
 
 /// Validates a workflow without saving it (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/validate-workflow", operation_id = "validate_workflow", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug")),
+    params(ProjectScope),
     request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 200, body = Validation)))]
 pub async fn validate(scope: ProjectScope, WorkflowSource(source): WorkflowSource) -> Result<Json<Validation>, ApiError> {
@@ -182,7 +179,7 @@ pub async fn validate(scope: ProjectScope, WorkflowSource(source): WorkflowSourc
 
 /// A workflow with its latest version.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/workflows/{name}", operation_id = "get_workflow", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("name" = String, Path, description = "Workflow name")),
+    params(ProjectScope, NamePath),
     responses((status = 200, body = WorkflowDetail)))]
 pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>) -> Result<Json<WorkflowDetail>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -201,7 +198,7 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
 /// Uploads a version of the workflow `{name}`, whose `name:` must agree (member). Same answers
 /// as the POST.
 #[utoipa::path(put, path = "/orgs/{org}/projects/{project}/workflows/{name}", operation_id = "put_workflow_version", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("name" = String, Path, description = "Workflow name")),
+    params(ProjectScope, NamePath),
     request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
               (status = 422, description = "Every validation problem", body = Problem, content_type = "application/problem+json")))]
@@ -216,7 +213,7 @@ pub async fn put(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
 
 /// The workflow's versions, newest first.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/workflows/{name}/versions", operation_id = "list_workflow_versions", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("name" = String, Path, description = "Workflow name"), PageQuery),
+    params(ProjectScope, NamePath, PageQuery),
     responses((status = 200, body = VersionList)))]
 pub async fn versions(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, Query(q): Query<PageQuery>) -> Result<Json<VersionList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -238,7 +235,7 @@ pub async fn versions(State(state): State<AppState>, scope: ProjectScope, Path(p
 
 /// One version, with its text.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/workflows/{name}/versions/{version}", operation_id = "get_workflow_version", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("name" = String, Path, description = "Workflow name"), ("version" = i32, Path, description = "Version number")),
+    params(ProjectScope, VersionPath),
     responses((status = 200, body = Version)))]
 pub async fn version(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<VersionPath>) -> Result<Json<Version>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -267,7 +264,7 @@ async fn set_paused(state: &AppState, scope: &ProjectScope, name: &str, paused: 
 
 /// Pauses a workflow: its new runs are held (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/workflows/{name}/pause", operation_id = "pause_workflow", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("name" = String, Path, description = "Workflow name")),
+    params(ProjectScope, NamePath),
     responses((status = 200, body = Workflow)))]
 pub async fn pause(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>) -> Result<Json<Workflow>, ApiError> {
     set_paused(&state, &scope, &p.name, true).await
@@ -275,7 +272,7 @@ pub async fn pause(State(state): State<AppState>, scope: ProjectScope, Path(p): 
 
 /// Unpauses a workflow (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/workflows/{name}/unpause", operation_id = "unpause_workflow", tag = "workflows",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("name" = String, Path, description = "Workflow name")),
+    params(ProjectScope, NamePath),
     responses((status = 200, body = Workflow)))]
 pub async fn unpause(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>) -> Result<Json<Workflow>, ApiError> {
     set_paused(&state, &scope, &p.name, false).await

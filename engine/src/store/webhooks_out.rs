@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::RngCore;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -39,11 +39,15 @@ pub(super) const DELIVERIES_CTE: &str = ", d AS (INSERT INTO webhook_deliveries 
       j AS (INSERT INTO jobs (org_id, kind, subject, due_at) SELECT org_id, 'webhook', delivery_id, now() FROM d) \
      SELECT count(*) FROM d";
 
-/// A subscription as the API shows it (never its secret, after creation).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+/// A subscription, without its secret.
+// The API shows it as it is (the OpenAPI document's `Webhook`): never its secret after creation.
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = Webhook))]
 pub struct Subscription {
+    #[serde(rename = "id")]
     pub subscription_id: Uuid,
     pub url: String,
+    /// Event types it receives: `run.completed`, `run.*`, `step.failed`, `*`.
     pub events: Vec<String>,
     pub created_by: String,
     pub created_at: DateTime<Utc>,
@@ -302,28 +306,42 @@ pub async fn forget(ch: &mut Change, delivery: Uuid) -> Result<()> {
 }
 
 /// A delivery in the log.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+// The API shows it as it is (the OpenAPI document's `WebhookDelivery`).
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = WebhookDelivery))]
 pub struct Delivery {
+    #[serde(rename = "id")]
     pub delivery_id: Uuid,
     pub event: String,
+    #[serde(rename = "run")]
+    #[cfg_attr(feature = "schema", schema(value_type = Option<String>))]
     pub run_id: Option<RunId>,
+    /// `pending` (due, or waiting for its next attempt), `delivered`, or `failed` (given up,
+    /// or refused because its target is inside the network: not retried).
     pub state: String,
     pub attempts: i32,
     pub last_status: Option<i32>,
     pub last_error: Option<String>,
+    /// When the next attempt is due, while pending.
     pub next_at: Option<DateTime<Utc>>,
+    /// The delivery this one replays.
     pub replay_of: Option<Uuid>,
     pub created_at: DateTime<Utc>,
     pub delivered_at: Option<DateTime<Utc>>,
 }
 
-/// One attempt of a delivery.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+/// One attempt: the receiver's answer, or why there was none.
+// The API shows it as it is (the OpenAPI document's `DeliveryAttempt`).
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = DeliveryAttempt))]
 pub struct Attempt {
     pub attempt: i32,
     pub at: DateTime<Utc>,
     pub status: Option<i32>,
+    /// The first 1000 characters of the receiver's answer (at most 4 KiB of it is read).
     pub response: Option<String>,
+    /// Why there was no answer: `could not connect: …`, `timed out`, or `refused: …` when
+    /// the target is inside the network (`refused: NAME resolves to an internal address`).
     pub error: Option<String>,
     pub duration_ms: i32,
 }

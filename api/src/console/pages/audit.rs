@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::super::people;
 use super::super::view::{urlencode, Page};
 use super::super::{Console, ConsoleError};
-use super::here;
+use super::{here, instant, Window};
 use crate::http::audit::AuditList;
 
 #[derive(Debug, Deserialize, Serialize, Default)]
@@ -20,24 +20,8 @@ pub(in super::super) struct Filters {
     action: String,
     #[serde(default)]
     target: String,
-    #[serde(default)]
-    since: String,
-    #[serde(default)]
-    until: String,
-    #[serde(default)]
-    cursor: String,
-}
-
-/// A `datetime-local` value as RFC 3339 (UTC); RFC 3339 passes as it is.
-fn rfc3339(text: &str) -> Option<String> {
-    let t = text.trim();
-    if t.is_empty() {
-        return None;
-    }
-    if chrono::DateTime::parse_from_rfc3339(t).is_ok() {
-        return Some(t.to_owned());
-    }
-    chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M").ok().map(|n| n.and_utc().to_rfc3339())
+    #[serde(flatten)]
+    window: Window,
 }
 
 pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Query(f): Query<Filters>) -> Result<Response, ConsoleError> {
@@ -50,14 +34,14 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<Str
             keep.push(format!("{k}={}", urlencode(v.trim())));
         }
     }
-    for (k, v) in [("since", &f.since), ("until", &f.until)] {
-        if let Some(t) = rfc3339(v) {
-            q.push(format!("{k}={}", urlencode(&t)));
+    for (k, v) in [("since", &f.window.since), ("until", &f.window.until)] {
+        if let Some(t) = instant(v) {
+            q.push(format!("{k}={}", urlencode(&t.to_rfc3339())));
             keep.push(format!("{k}={}", urlencode(v.trim())));
         }
     }
-    if !f.cursor.is_empty() {
-        q.push(format!("cursor={}", urlencode(&f.cursor)));
+    if !f.window.cursor.is_empty() {
+        q.push(format!("cursor={}", urlencode(&f.window.cursor)));
     }
     let list: AuditList = c.read(&s.caller, &format!("/orgs/{org}/audit?{}", q.join("&"))).await?;
     let next = list.next_cursor.as_ref().map(|cur| {
@@ -68,5 +52,5 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<Str
     let names = people::names(c.db(), s.caller.org, list.items.iter().map(|e| format!("{}:{}", e.actor_kind, e.actor_id))).await?;
     let mut page = Page::of(&s, format!("Audit log · {org}"), "audit");
     page.projects = c.projects(&s).await?;
-    c.page("audit.html", ctx! { page => page, entries => list.items, names => names, next => next, filters => f, paged => !f.cursor.is_empty() })
+    c.page("audit.html", ctx! { page => page, entries => list.items, names => names, next => next, filters => f, paged => !f.window.cursor.is_empty() })
 }

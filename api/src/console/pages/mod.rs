@@ -21,7 +21,8 @@ use std::collections::HashMap;
 use axum::extract::{Form, FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
-use serde::Deserialize;
+use chrono::{DateTime, NaiveDateTime, Utc};
+use serde::{Deserialize, Serialize};
 
 use super::session::{entries, OrgSession};
 use super::{Console, ConsoleError};
@@ -32,6 +33,31 @@ pub(super) async fn home(headers: HeaderMap) -> Response {
         Some((slug, _)) => Redirect::to(&format!("/orgs/{slug}")).into_response(),
         None => Redirect::to("/signin").into_response(),
     }
+}
+
+/// A list page's time window and the cursor of the page it shows, as its filter form sends
+/// them: `since` and `until` as a `datetime-local` field writes them (or RFC 3339), read as UTC.
+#[derive(Debug, Deserialize, Serialize, Default)]
+pub(super) struct Window {
+    #[serde(default)]
+    since: String,
+    #[serde(default)]
+    until: String,
+    #[serde(default)]
+    cursor: String,
+}
+
+/// A `datetime-local` value (or RFC 3339), read as UTC.
+fn instant(text: &str) -> Option<DateTime<Utc>> {
+    let t = text.trim();
+    if t.is_empty() {
+        return None;
+    }
+    DateTime::parse_from_rfc3339(t)
+        .map(|d| d.with_timezone(&Utc))
+        .ok()
+        .or_else(|| NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M").ok().map(|n| n.and_utc()))
+        .or_else(|| NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S").ok().map(|n| n.and_utc()))
 }
 
 #[derive(Debug, Deserialize)]

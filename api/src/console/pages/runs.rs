@@ -6,13 +6,12 @@
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
-use chrono::{DateTime, NaiveDateTime, Utc};
 use engine::ids::RunId;
 use serde::Deserialize;
 
 use super::super::view::{urlencode, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, ProjectPath};
+use super::{here, instant, ProjectPath, Window};
 use crate::http::page;
 use crate::http::runs::RunList;
 
@@ -29,13 +28,8 @@ pub(in super::super) struct Filters {
     /// `dry` lists the dry runs, which are listed apart.
     #[serde(default)]
     kind: String,
-    /// `YYYY-MM-DDTHH:MM` (UTC), as a `datetime-local` field sends it.
-    #[serde(default)]
-    since: String,
-    #[serde(default)]
-    until: String,
-    #[serde(default)]
-    cursor: String,
+    #[serde(flatten)]
+    window: Window,
 }
 
 pub(in super::super) const STATUSES: [&str; 4] = ["running", "completed", "failed", "cancelled"];
@@ -50,19 +44,6 @@ pub(in super::super) const SUBSTATES: [(&str, &str); 9] = [
     ("awaiting_lease", "waiting for a lock"),
     ("held", "held"),
 ];
-
-/// A `datetime-local` value (or RFC 3339), read as UTC.
-fn instant(text: &str) -> Option<DateTime<Utc>> {
-    let t = text.trim();
-    if t.is_empty() {
-        return None;
-    }
-    DateTime::parse_from_rfc3339(t)
-        .map(|d| d.with_timezone(&Utc))
-        .ok()
-        .or_else(|| NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M").ok().map(|n| n.and_utc()))
-        .or_else(|| NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S").ok().map(|n| n.and_utc()))
-}
 
 pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Query(f): Query<Filters>) -> Result<Response, ConsoleError> {
     let s = c.session(&headers, &p.org, &here(&uri)).await?;
@@ -83,16 +64,16 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
     if f.kind == "dry" {
         q.push("dry_run=true".into());
     }
-    let since = instant(&f.since);
-    if !f.since.trim().is_empty() && since.is_none() {
+    let since = instant(&f.window.since);
+    if !f.window.since.trim().is_empty() && since.is_none() {
         problems.push("\"Started after\" is not a date and time".into());
     }
-    let until = instant(&f.until);
-    if !f.until.trim().is_empty() && until.is_none() {
+    let until = instant(&f.window.until);
+    if !f.window.until.trim().is_empty() && until.is_none() {
         problems.push("\"Started before\" is not a date and time".into());
     }
-    if !f.cursor.is_empty() {
-        q.push(format!("cursor={}", urlencode(&f.cursor)));
+    if !f.window.cursor.is_empty() {
+        q.push(format!("cursor={}", urlencode(&f.window.cursor)));
     } else if let Some(until) = until {
         // The list's keyset is (created_at, run id) descending: start just before `until`.
         q.push(format!("cursor={}", page::encode(&(until.timestamp_micros(), RunId(uuid::Uuid::nil())))));
@@ -109,7 +90,7 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
     // The next page keeps the filters.
     let next = list.next_cursor.as_ref().map(|cursor| {
         let mut keep: Vec<String> = Vec::new();
-        for (k, v) in [("status", &f.status), ("substate", &f.substate), ("workflow", &f.workflow), ("item", &f.item), ("kind", &f.kind), ("since", &f.since), ("until", &f.until)] {
+        for (k, v) in [("status", &f.status), ("substate", &f.substate), ("workflow", &f.workflow), ("item", &f.item), ("kind", &f.kind), ("since", &f.window.since), ("until", &f.window.until)] {
             if !v.trim().is_empty() {
                 keep.push(format!("{k}={}", urlencode(v.trim())));
             }
@@ -127,14 +108,14 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
     .await?;
     let projects = c.projects(&s).await?;
     let page = Page::of(&s, format!("Runs · {}", p.project), "runs").project(&p.project, projects);
-    let filtered = !(f.status.is_empty() && f.substate.is_empty() && f.workflow.is_empty() && f.item.is_empty() && f.kind.is_empty() && f.since.is_empty() && f.until.is_empty());
+    let filtered = !(f.status.is_empty() && f.substate.is_empty() && f.workflow.is_empty() && f.item.is_empty() && f.kind.is_empty() && f.window.since.is_empty() && f.window.until.is_empty());
     c.page(
         "runs.html",
         ctx! {
             page => page,
             runs => list.items,
             next => next,
-            paged => !f.cursor.is_empty(),
+            paged => !f.window.cursor.is_empty(),
             filters => f,
             filtered => filtered,
             problems => problems,

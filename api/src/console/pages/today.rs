@@ -9,10 +9,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
-use engine::ids::{ItemId, RunId};
+use engine::db::Db;
+use engine::ids::{ItemId, OrgId, RunId};
 use engine::substate;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use sqlx::postgres::PgRow;
+use uuid::Uuid;
 
 use super::super::session::OrgSession;
 use super::super::view::{self, Page};
@@ -204,38 +207,27 @@ async fn act(c: &Console, s: &OrgSession, path: &str, body: Value) -> Result<Res
     }
 }
 
+/// One of the page's lists: each query takes the org ($1) and the project a token is limited
+/// to ($2, NULL for none).
+async fn list<T>(db: &Db, sql: &'static str, org: OrgId, only: Option<Uuid>) -> Result<Vec<T>, sqlx::Error>
+where
+    T: for<'r> sqlx::FromRow<'r, PgRow> + Send + Unpin,
+{
+    sqlx::query_as(sql).bind(org).bind(only).fetch_all(db).await
+}
+
 async fn render(c: &Console, s: &OrgSession, notice: Option<String>, status: StatusCode) -> Result<Response, ConsoleError> {
     let org = s.org.as_str();
     let (org_id, only) = (s.caller.org, s.caller.project.map(|p| p.0));
     let db = c.db();
-    let mut approvals: Vec<Approval> = sqlx::query_as(APPROVALS_SQL)
-        .bind(org_id)
-        .bind(only)
-        .fetch_all(db)
-        .await?;
+    let mut approvals: Vec<Approval> = list(db, APPROVALS_SQL, org_id, only).await?;
     for a in &mut approvals {
         a.about = about(a);
     }
-    let asks: Vec<Ask> = sqlx::query_as(ASKS_SQL)
-        .bind(org_id)
-        .bind(only)
-        .fetch_all(db)
-        .await?;
-    let failures: Vec<Failure> = sqlx::query_as(FAILURES_SQL)
-        .bind(org_id)
-        .bind(only)
-        .fetch_all(db)
-        .await?;
-    let mut running: Vec<Running> = sqlx::query_as(RUNNING_SQL)
-        .bind(org_id)
-        .bind(only)
-        .fetch_all(db)
-        .await?;
-    let recent: Vec<Recent> = sqlx::query_as(RECENT_SQL)
-        .bind(org_id)
-        .bind(only)
-        .fetch_all(db)
-        .await?;
+    let asks: Vec<Ask> = list(db, ASKS_SQL, org_id, only).await?;
+    let failures: Vec<Failure> = list(db, FAILURES_SQL, org_id, only).await?;
+    let mut running: Vec<Running> = list(db, RUNNING_SQL, org_id, only).await?;
+    let recent: Vec<Recent> = list(db, RECENT_SQL, org_id, only).await?;
     let ids: Vec<RunId> = running.iter().map(|r| r.run_id).collect();
     if !ids.is_empty() {
         for why in substate::whys(db, org_id, &ids).await? {

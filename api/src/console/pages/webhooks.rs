@@ -6,6 +6,7 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
+use engine::store::webhooks_out::{Delivery, Subscription};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -14,7 +15,7 @@ use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
 use super::{here, see_other, Posted, ProjectPath};
-use crate::http::webhooks_out::{CreatedWebhook, DeliveryList, Webhook, WebhookDelivery, WebhookList};
+use crate::http::webhooks_out::{CreatedWebhook, DeliveryList, WebhookList};
 
 /// The deliveries shown per subscription, newest first.
 const RECENT: u32 = 10;
@@ -22,8 +23,8 @@ const RECENT: u32 = 10;
 #[derive(Debug, Serialize)]
 struct WebhookView {
     #[serde(flatten)]
-    webhook: Webhook,
-    deliveries: Vec<WebhookDelivery>,
+    webhook: Subscription,
+    deliveries: Vec<Delivery>,
     more: bool,
 }
 
@@ -49,7 +50,7 @@ async fn render(c: &Console, s: &OrgSession, project: &str, outcome: Outcome, st
             let list: WebhookList = serde_json::from_value(v).map_err(ConsoleError::internal)?;
             let mut views = Vec::with_capacity(list.items.len());
             for webhook in list.items {
-                let d: DeliveryList = c.read(&s.caller, &format!("{base}/{}/deliveries?limit={RECENT}", webhook.id)).await?;
+                let d: DeliveryList = c.read(&s.caller, &format!("{base}/{}/deliveries?limit={RECENT}", webhook.subscription_id)).await?;
                 views.push(WebhookView { webhook, more: d.next_cursor.is_some(), deliveries: d.items });
             }
             (views, None)

@@ -62,7 +62,7 @@ pub struct StartStep {
 
 /// The host starts work on a leased step (`leased → running`). 409 when it no longer holds it.
 #[utoipa::path(post, path = "/host/steps/{step}/start", operation_id = "start_step", tag = "host-protocol",
-    params(("step" = String, Path, description = "Step id, `step-…`")),
+    params(StepPath),
     request_body(content = Option<StartStep>, description = "The harness"),
     responses((status = 200, body = StepStanding)))]
 pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, JsonOrEmpty(body): JsonOrEmpty<StartStep>) -> Result<Json<StepStanding>, ApiError> {
@@ -76,7 +76,7 @@ pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<
 /// taken back, failed `budget_hard_stop` because a hard budget is spent, or failed `stalled`
 /// because the crew step's session reported nothing for 10 minutes).
 #[utoipa::path(post, path = "/host/steps/{step}/heartbeat", operation_id = "heartbeat_step", tag = "host-protocol",
-    params(("step" = String, Path, description = "Step id, `step-…`")),
+    params(StepPath),
     responses((status = 200, body = StepStanding)))]
 pub async fn heartbeat(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepStanding>, ApiError> {
     let step = step_id(&p.step)?;
@@ -98,50 +98,6 @@ pub struct SessionLine {
     pub line: String,
 }
 
-/// A session's running totals (cumulative).
-#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct UsageDoc {
-    #[serde(default)]
-    pub input_tokens: i64,
-    #[serde(default)]
-    pub output_tokens: i64,
-    /// Null while unknown.
-    pub cost_usd: Option<f64>,
-    #[serde(default)]
-    pub turns: i32,
-    #[serde(default)]
-    pub tool_calls: i32,
-    pub model: Option<String>,
-    /// The host's estimate of the cost so far, from each message's token counts and its price
-    /// table (Claude Code reports its cost only at the end, Codex never). Budgets count the
-    /// larger of this and `cost_usd`.
-    #[serde(default)]
-    pub estimated_cost_usd: Option<f64>,
-    /// `price_table`, or `unknown_model` when a model was priced at the table's dearest row.
-    #[serde(default)]
-    pub estimate_basis: Option<String>,
-    /// The output tokens are a lower bound: no result line counted them.
-    #[serde(default)]
-    pub output_tokens_lower_bound: bool,
-}
-
-impl From<&UsageDoc> for Usage {
-    fn from(u: &UsageDoc) -> Usage {
-        Usage {
-            input_tokens: u.input_tokens,
-            output_tokens: u.output_tokens,
-            cost_usd: u.cost_usd,
-            turns: u.turns,
-            tool_calls: u.tool_calls,
-            model: u.model.clone(),
-            estimated_cost_usd: u.estimated_cost_usd,
-            estimate_basis: u.estimate_basis.clone(),
-            output_tokens_lower_bound: u.output_tokens_lower_bound,
-        }
-    }
-}
-
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionReport {
@@ -149,7 +105,7 @@ pub struct SessionReport {
     #[serde(default)]
     pub lines: Vec<SessionLine>,
     #[serde(default)]
-    pub usage: UsageDoc,
+    pub usage: Usage,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -167,7 +123,7 @@ pub struct SessionAnswer {
 
 /// Reports a held step's session: transcript lines and running usage. Renews the lease.
 #[utoipa::path(post, path = "/host/steps/{step}/session", operation_id = "report_session", tag = "host-protocol",
-    params(("step" = String, Path, description = "Step id, `step-…`")),
+    params(StepPath),
     request_body = SessionReport,
     responses((status = 200, body = SessionAnswer)))]
 pub async fn session(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<SessionReport>) -> Result<Json<SessionAnswer>, ApiError> {
@@ -180,7 +136,7 @@ pub async fn session(State(state): State<AppState>, me: HostCaller, Path(p): Pat
     }
     let lines: Vec<LogLine> = body.lines.into_iter().map(|l| LogLine { seq: l.seq, stream: l.stream, line: l.line }).collect();
     let harness = body.harness.as_deref().map(cap);
-    let r = store::report(&state.db, &me.host, step, harness.as_deref(), &lines, &Usage::from(&body.usage), store::RUN_LOG_CAP_BYTES).await?;
+    let r = store::report(&state.db, &me.host, step, harness.as_deref(), &lines, &body.usage, store::RUN_LOG_CAP_BYTES).await?;
     let s = standing(r.state);
     let messages = waiting_messages(&state, &me.host, step, r.state).await?;
     Ok(Json(SessionAnswer { state: s.state, stop: s.stop, stored: r.stored, dropped: r.dropped, messages }))
@@ -211,14 +167,14 @@ pub struct CompleteStep {
     #[schema(value_type = Object)]
     pub output: Value,
     #[serde(default)]
-    pub usage: UsageDoc,
+    pub usage: Usage,
     pub harness: Option<String>,
 }
 
 /// Records how a held step ended. 409 when the host no longer holds it (cancelled, taken
 /// back after its lease lapsed): the result is dropped.
 #[utoipa::path(post, path = "/host/steps/{step}/complete", operation_id = "complete_step", tag = "host-protocol",
-    params(("step" = String, Path, description = "Step id, `step-…`")),
+    params(StepPath),
     request_body = CompleteStep,
     responses((status = 200, body = StepStanding)))]
 pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<CompleteStep>) -> Result<Json<StepStanding>, ApiError> {
@@ -228,7 +184,7 @@ pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Pa
         Value::Null => serde_json::Map::new(),
         _ => return Err(ApiError::Unprocessable("output must be a JSON object".into())),
     };
-    let usage = Usage::from(&body.usage);
+    let usage = body.usage;
     // The figures are part of the output, so templates and decisions can read them
     // (`nodes.plan.output.usage.cost_usd`).
     output.insert(
@@ -283,7 +239,7 @@ pub struct DeliveredAnswer {
 /// Acknowledges messages of a step the host holds as written to its harness: they are not
 /// offered again.
 #[utoipa::path(post, path = "/host/steps/{step}/messages/delivered", operation_id = "ack_step_messages", tag = "host-protocol",
-    params(("step" = String, Path, description = "Step id, `step-…`")),
+    params(StepPath),
     request_body = DeliveredMessages,
     responses((status = 200, body = DeliveredAnswer)))]
 pub async fn messages_delivered(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<DeliveredMessages>) -> Result<Json<DeliveredAnswer>, ApiError> {
@@ -312,7 +268,7 @@ pub struct StepToken {
 /// that is not the org's; 409 when this host no longer holds it; 503 when GitHub cannot mint
 /// one now (the host keeps the token it has).
 #[utoipa::path(post, path = "/host/steps/{step}/token", operation_id = "step_token", tag = "host-protocol",
-    params(("step" = String, Path, description = "Step id, `step-…`")),
+    params(StepPath),
     responses((status = 200, body = StepToken)))]
 pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepToken>, ApiError> {
     use secrecy::ExposeSecret;

@@ -35,7 +35,7 @@ use engine::ids::StepId;
 use engine::store::hosts::{self as store, HostRow, NewHost};
 use engine::store::{Actor, Change};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::{Caller, TokenKind};
 use super::error::ApiError;
@@ -77,8 +77,11 @@ fn step_id(text: &str) -> Result<StepId, ApiError> {
     text.parse().map_err(|_| ApiError::NotFound("step not found".into()))
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of a held step's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct StepPath {
+    /// Step id, `step-…`
     step: String,
 }
 

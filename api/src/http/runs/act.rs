@@ -69,7 +69,7 @@ pub struct RerunQuery {
 /// until a person approves. Admission may hold it (`queued`, `awaiting_lease`, `sleeping`,
 /// `held`: `why` says by what) or refuse it.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs", operation_id = "submit_run", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"),
+    params(ProjectScope,
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried submit safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body = SubmitRun,
     responses((status = 201, body = Run),
@@ -120,7 +120,7 @@ pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: Ide
 
 /// Cancels a running run and the children it waits for (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/cancel", operation_id = "cancel_run", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`")),
+    params(ProjectScope, RunPath),
     request_body(content = Option<CancelRun>, description = "Optional reason"),
     responses((status = 200, body = Run), (status = 409, description = "The run already ended", body = Problem, content_type = "application/problem+json")))]
 pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<CancelRun>) -> Result<Json<Run>, ApiError> {
@@ -202,7 +202,7 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
 /// `node` with the prompt, model or harness given, at every attempt of that node (audited as
 /// `run.edit_retry`, with a `run.edited` event). A retry keeps the edits of the run it retries.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/retry", operation_id = "retry_run", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"),
+    params(ProjectScope, RunPath,
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     request_body(content = Option<RetryRun>, description = "Optional: a crew node to run with a new prompt, model or harness"),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json"),
@@ -219,7 +219,7 @@ pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: Idem
 
 /// Reruns a finished run with the same input, from the start or from `?from=<node>` (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/rerun", operation_id = "rerun_run", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), RerunQuery,
+    params(ProjectScope, RunPath, RerunQuery,
            ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running", body = Problem, content_type = "application/problem+json"),
               (status = 422, description = "No such node", body = Problem, content_type = "application/problem+json")))]

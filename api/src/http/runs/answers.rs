@@ -3,7 +3,7 @@
 
 use axum::extract::State;
 use engine::ids::{RunId, StepId};
-use engine::store::{approvals, Change};
+use engine::store::approvals;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -37,11 +37,34 @@ pub struct Decision {
     pub answer: Value,
 }
 
-/// The answer recorded for an approval step, read inside the change that recorded it.
-async fn recorded_answer(ch: &mut Change, scope: &ProjectScope, step: StepId) -> Result<Value, ApiError> {
-    let answer: Option<Value> =
-        sqlx::query_scalar("SELECT answer FROM approvals WHERE step_id = $1 AND org_id = $2").bind(step).bind(scope.org.org).fetch_one(ch.conn()).await?;
-    Ok(answer.unwrap_or(Value::Null))
+/// A person's answer to an approval: the form's fields, or a rejection's reason.
+#[derive(Clone, Copy)]
+enum Verdict<'a> {
+    Approve(&'a Map<String, Value>),
+    Reject(Option<&'a str>),
+}
+
+/// Records the answer to the approval waiting at `node`, with the answer as it was checked and
+/// stored (the node's output), read inside the change that recorded it.
+async fn decide(state: &AppState, scope: &ProjectScope, id: RunId, node: &str, verdict: Verdict<'_>) -> Result<Decision, ApiError> {
+    let (step, answer) = retry_busy(move || async move {
+        let mut ch = scope.change(state).await?;
+        in_project(&mut ch, scope, id).await?;
+        let step = match verdict {
+            Verdict::Approve(fields) => approvals::approve(&mut ch, scope.org.org, id, node, fields).await?,
+            Verdict::Reject(reason) => approvals::reject(&mut ch, scope.org.org, id, node, reason).await?,
+        };
+        let answer: Option<Value> =
+            sqlx::query_scalar("SELECT answer FROM approvals WHERE step_id = $1 AND org_id = $2").bind(step).bind(scope.org.org).fetch_one(ch.conn()).await?;
+        ch.commit().await?;
+        Ok((step, answer.unwrap_or(Value::Null)))
+    })
+    .await?;
+    let decision = match verdict {
+        Verdict::Approve(_) => "approved",
+        Verdict::Reject(_) => "rejected",
+    };
+    Ok(Decision { run: id, node: node.to_owned(), step, decision: decision.into(), answer })
 }
 
 /// Approves the approval waiting at `{node}` with the form's fields (member). A missing
@@ -49,44 +72,24 @@ async fn recorded_answer(ch: &mut Change, scope: &ProjectScope, step: StepId) ->
 /// refused with 422 and the run keeps waiting. The run-level approval of `approval: required`
 /// is the node `$start`.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/approvals/{node}", operation_id = "approve", tag = "approvals",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), ("node" = String, Path, description = "The approval's node")),
+    params(ProjectScope, ApprovalPath),
     request_body(content = Option<Object>, description = "The form's fields"),
     responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node", body = Problem, content_type = "application/problem+json")))]
 pub async fn approve(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(fields): JsonOrEmpty<Map<String, Value>>) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
-    let (state, scope, node, fields) = (&state, &scope, &p.node, &fields);
-    let (step, answer) = retry_busy(move || async move {
-        let mut ch = scope.change(state).await?;
-        in_project(&mut ch, scope, id).await?;
-        let step = approvals::approve(&mut ch, scope.org.org, id, node, fields).await?;
-        let answer = recorded_answer(&mut ch, scope, step).await?;
-        ch.commit().await?;
-        Ok((step, answer))
-    })
-    .await?;
-    Ok(Json(Decision { run: id, node: p.node, step, decision: "approved".into(), answer }))
+    Ok(Json(decide(&state, &scope, id, &p.node, Verdict::Approve(&fields)).await?))
 }
 
 /// Rejects the approval waiting at `{node}` (member): the run is cancelled with
 /// `rejected at <node>: <reason>`.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/approvals/{node}/reject", operation_id = "reject", tag = "approvals",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), ("node" = String, Path, description = "The approval's node")),
+    params(ProjectScope, ApprovalPath),
     request_body(content = Option<RejectApproval>, description = "Optional reason"),
     responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node", body = Problem, content_type = "application/problem+json")))]
 pub async fn reject(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(body): JsonOrEmpty<RejectApproval>) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
     let reason = at_most("reason", body.reason, 200)?;
-    let (state, scope, node, reason) = (&state, &scope, &p.node, reason.as_deref());
-    let (step, answer) = retry_busy(move || async move {
-        let mut ch = scope.change(state).await?;
-        in_project(&mut ch, scope, id).await?;
-        let step = approvals::reject(&mut ch, scope.org.org, id, node, reason).await?;
-        let answer = recorded_answer(&mut ch, scope, step).await?;
-        ch.commit().await?;
-        Ok((step, answer))
-    })
-    .await?;
-    Ok(Json(Decision { run: id, node: p.node, step, decision: "rejected".into(), answer }))
+    Ok(Json(decide(&state, &scope, id, &p.node, Verdict::Reject(reason.as_deref())).await?))
 }

@@ -34,7 +34,7 @@ pub struct RunEventList {
 
 /// The run's events, by sequence number.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/events", operation_id = "list_run_events", tag = "events",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"), EventsQuery),
+    params(ProjectScope, RunPath, EventsQuery),
     responses((status = 200, body = RunEventList)))]
 pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, Query(q): Query<EventsQuery>) -> Result<Json<RunEventList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -80,8 +80,7 @@ pub struct LogPage {
 
 /// A step's log lines, by sequence number.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/steps/{step}/logs", operation_id = "list_step_logs", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`"),
-           ("step" = String, Path, description = "Step id, `step-…`"), EventsQuery),
+    params(ProjectScope, StepPath, EventsQuery),
     responses((status = 200, body = LogPage)))]
 pub async fn step_logs(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Query(q): Query<EventsQuery>) -> Result<Json<LogPage>, ApiError> {
     scope.require(Role::Viewer)?;

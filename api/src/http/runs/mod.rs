@@ -17,11 +17,11 @@ use engine::substate;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{PgConnection, Postgres, QueryBuilder};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
 use super::tenant::ProjectScope;
-use super::AppState;
+use super::{page, AppState};
 
 /// A run, as lists and the run page show it.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -157,27 +157,34 @@ pub struct RunDetail {
     pub approvals: Vec<OpenApproval>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct RunList {
-    pub items: Vec<Run>,
-    pub next_cursor: Option<String>,
-}
+page::list!(RunList of Run);
 
-#[derive(Debug, Deserialize)]
+/// The path of a run's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct RunPath {
-    run: String,
+    /// Run id, `run-…`
+    pub run: String,
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of a step's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct StepPath {
-    run: String,
-    step: String,
+    /// Run id, `run-…`
+    pub run: String,
+    /// Step id, `step-…`
+    pub step: String,
 }
 
-#[derive(Debug, Deserialize)]
+/// The path of an approval's routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct ApprovalPath {
-    run: String,
-    node: String,
+    /// Run id, `run-…`
+    pub run: String,
+    /// The approval's node
+    pub node: String,
 }
 
 #[derive(sqlx::FromRow)]

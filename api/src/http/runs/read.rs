@@ -3,7 +3,6 @@
 //! `why` (what holds it, from `engine::substate`).
 
 use axum::extract::State;
-use chrono::DateTime;
 use engine::ids::RunId;
 use engine::substate;
 use serde::{Deserialize, Serialize};
@@ -49,7 +48,7 @@ const SUBSTATE_SCAN: i64 = 2_000;
 
 /// The project's runs, newest first. Dry runs are listed apart (`dry_run=true`).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs", operation_id = "list_runs", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ListQuery),
+    params(ProjectScope, ListQuery),
     responses((status = 200, body = RunList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<ListQuery>) -> Result<Json<RunList>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -82,8 +81,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
         }
         qb.push(" AND r.dry_run = ").push_bind(q.dry_run.unwrap_or(false));
         if let Some((micros, run)) = after {
-            let at = DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))?;
-            qb.push(" AND (r.created_at, r.run_id) < (").push_bind(at).push(", ").push_bind(run).push(")");
+            qb.push(" AND (r.created_at, r.run_id) < (").push_bind(page::time(micros)?).push(", ").push_bind(run).push(")");
         }
         let want = limit + 1 - items.len() as i64;
         let batch = if q.substate.is_some() { want.max(50) } else { want };
@@ -117,7 +115,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
 
 /// A run with its steps and the approvals it waits on.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}", operation_id = "get_run", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`")),
+    params(ProjectScope, RunPath),
     responses((status = 200, body = RunDetail)))]
 pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>) -> Result<Json<RunDetail>, ApiError> {
     scope.require(Role::Viewer)?;
@@ -183,7 +181,7 @@ impl Why {
 
 /// What the run is doing or waiting for, in words.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/why", operation_id = "why_run", tag = "runs",
-    params(("org" = String, Path, description = "Org slug"), ("project" = String, Path, description = "Project slug"), ("run" = String, Path, description = "Run id, `run-…`")),
+    params(ProjectScope, RunPath),
     responses((status = 200, body = Why)))]
 pub async fn why(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>) -> Result<Json<Why>, ApiError> {
     scope.require(Role::Viewer)?;

@@ -9,7 +9,7 @@ use engine::ids::{OrgId, RunId};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::Feedback;
+use super::{strings, Feedback};
 use crate::console::ConsoleError;
 use crate::http::runs::OpenApproval;
 
@@ -87,16 +87,7 @@ pub(super) fn approval_views(approvals: &[OpenApproval], fb: &Feedback) -> Vec<A
                             ),
                             name: name.clone(),
                             required: f.get("required").and_then(Value::as_bool).unwrap_or(false),
-                            options: f
-                                .get("options")
-                                .and_then(Value::as_array)
-                                .map(|o| {
-                                    o.iter()
-                                        .filter_map(Value::as_str)
-                                        .map(str::to_owned)
-                                        .collect()
-                                })
-                                .unwrap_or_default(),
+                            options: strings(f.get("options")),
                             description: f
                                 .get("description")
                                 .and_then(Value::as_str)

@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use super::strings;
 use crate::console::view;
 use crate::http::runs::read::Why;
 use crate::http::runs::{RunDetail, Step};
@@ -97,16 +98,7 @@ pub(super) fn headline(why: &Why, detail: &RunDetail) -> (String, &'static str) 
                     None => "Asleep".into(),
                 },
                 Some("unroutable") => {
-                    let missing: Vec<String> = d
-                        .and_then(|d| d.get("missing"))
-                        .and_then(Value::as_array)
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(Value::as_str)
-                                .map(str::to_owned)
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                    let missing = strings(d.and_then(|d| d.get("missing")));
                     if missing.is_empty() {
                         "Waiting for a host: no host can run this".into()
                     } else {

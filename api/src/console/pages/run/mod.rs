@@ -28,6 +28,7 @@ use std::collections::HashMap;
 
 use engine::ids::RunId;
 use serde::Deserialize;
+use serde_json::Value;
 
 pub(in super::super) use act::{cancel, rerun, retry, say};
 pub(in super::super) use decide::{approve, reject};
@@ -71,6 +72,12 @@ impl StepPath {
     fn run(&self) -> RunPath {
         RunPath { org: self.org.clone(), project: self.project.clone(), run: self.run.clone() }
     }
+}
+
+/// The strings of a JSON array (a field's options, the capabilities no host has); none for
+/// anything else.
+fn strings(value: Option<&Value>) -> Vec<String> {
+    value.and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect()).unwrap_or_default()
 }
 
 /// What a failed form leaves on the page: messages per approval field, the values typed, and
