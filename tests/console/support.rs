@@ -11,7 +11,7 @@ use api::http::AppState;
 use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId, WorkflowId};
 use engine::pool::PoolConfig;
 use engine::store::{Actor, Change, api_writes, tenants, workflows};
-use engine::testkit::{TestDb, test_db};
+use engine::testkit::{Engine, TestDb, test_db};
 use reqwest::StatusCode;
 use reqwest::header::{COOKIE, HeaderMap, LOCATION, SET_COOKIE};
 use shopfloor_tests::github_fake::oauth::{CLIENT_ID, CLIENT_SECRET, FakeOauth};
@@ -66,7 +66,7 @@ pub(crate) struct App {
     pub(crate) base: String,
     pub(crate) oauth: Option<FakeOauth>,
     stop: CancellationToken,
-    engine: Option<CancellationToken>,
+    engine: Option<Engine>,
 }
 
 /// The console's settings pointing at the fake GitHub.
@@ -125,9 +125,9 @@ impl App {
             let cfg = PoolConfig {
                 max_in_flight: 16,
                 drain: Duration::from_secs(2),
-                ..in_process::engine_config("console-test-engine", &db.url)
+                ..engine::testkit::pool_config("console-test-engine", &db.url, None)
             };
-            in_process::spawn_engine(&db.pool, cfg)
+            Engine::start(&db.pool, cfg)
         });
         App {
             db,
@@ -180,7 +180,7 @@ impl App {
     pub(crate) async fn discard(mut self) {
         self.stop.cancel();
         if let Some(e) = &self.engine {
-            e.cancel();
+            e.stop();
         }
         if let Some(o) = self.oauth.take() {
             o.stop();
