@@ -270,6 +270,18 @@ impl App {
         shopfloor_tests::submit_inputs(self.pool(), &seed, &[serde_json::json!({})]).await[0]
     }
 
+    /// Waits until `run` is parked at an approval no one has answered.
+    pub(crate) async fn until_asked(&self, run: RunId) {
+        let sql = "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)";
+        self.until(run, sql, "an open approval").await;
+    }
+
+    /// Waits until `run`'s crew step `build` waits for a host to take it.
+    pub(crate) async fn until_build_pending(&self, run: RunId) {
+        let sql = "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')";
+        self.until(run, sql, "a crew step for a host").await;
+    }
+
     /// Waits until `sql` (the run bound as $1) is true.
     pub(crate) async fn until(&self, run: RunId, sql: &str, what: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
