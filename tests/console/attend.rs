@@ -41,8 +41,7 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     let d = driver().await;
     let app = App::start(true).await;
     let org = app.org("acme").await;
-    let approval = app.submit(&org, org.approve).await;
-    app.until_asked(approval).await;
+    app.asking(&org).await;
     let c = sign_in(&d, &app, "acme").await;
 
     // The approval card says which workflow and what the run is about.

@@ -256,12 +256,7 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
     );
 
     let run = app.submit(&org, org.slow).await;
-    app.until(
-        run,
-        "SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1 AND hold = 'budget')",
-        "held by the budget",
-    )
-    .await;
+    app.until_held_by_budget(run).await;
     c.refresh().await.unwrap();
     until(
         &c,

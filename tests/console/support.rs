@@ -270,10 +270,23 @@ impl App {
         shopfloor_tests::submit_inputs(self.pool(), &seed, &[serde_json::json!({})]).await[0]
     }
 
+    /// A run of `org`'s `approve`, once it is parked at its approval.
+    pub(crate) async fn asking(&self, org: &Org) -> RunId {
+        let run = self.submit(org, org.approve).await;
+        self.until_asked(run).await;
+        run
+    }
+
     /// Waits until `run` is parked at an approval no one has answered.
     pub(crate) async fn until_asked(&self, run: RunId) {
         let sql = "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)";
         self.until(run, sql, "an open approval").await;
+    }
+
+    /// Waits until `run` is held by a budget.
+    pub(crate) async fn until_held_by_budget(&self, run: RunId) {
+        let sql = "SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1 AND hold = 'budget')";
+        self.until(run, sql, "held by the budget").await;
     }
 
     /// Waits until `run`'s crew step `build` waits for a host to take it.
