@@ -22,13 +22,13 @@ use std::time::{Duration, Instant};
 use engine::ids::RunId;
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, user};
-use shopfloor_tests::github_fake::{Issue, WebhookClient};
+use shopfloor_tests::github_fake::WebhookClient;
 use shopfloor_tests::process::Proc;
 
 const SECRET: &str = "host tests' webhook secret";
 
 use super::host_env::*;
-use crate::support::widgets;
+use crate::support::{ready_for_agent, widgets};
 
 /// Two crew steps on the issue's repository; a pull request is opened from `build`'s work
 /// later, so `build` is asked for its description.
@@ -292,9 +292,7 @@ async fn an_issue_becomes_a_pull_request_through_a_host() {
     let env = Env::start_with(&[ISSUE_TO_PR], true).await;
     let fake = env.github.as_ref().expect("the fake GitHub");
     let repo = widgets();
-    let mut issue = Issue::new(7, "Add a widget");
-    issue.labels.push("ready-for-agent".into());
-    fake.put_issue("acme/widgets", issue.json(&repo));
+    let issue = ready_for_agent(fake, 7, "Add a widget");
     let _host = env.host("solo", 2).await;
     let api = |path: String| reqwest::Client::new().get(format!("{}/api/v1/orgs/acme/projects/web{path}", env.base)).bearer_auth(&env.owner_token);
 
@@ -466,9 +464,7 @@ async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {
     let env = Env::start_with(&[BUILD_CI_PR], true).await;
     let fake = env.github.as_ref().expect("the fake GitHub");
     let repo = widgets();
-    let mut issue = Issue::new(8, "Gate the push");
-    issue.labels.push("ready-for-agent".into());
-    fake.put_issue("acme/widgets", issue.json(&repo));
+    let issue = ready_for_agent(fake, 8, "Gate the push");
     let _host = env.host("solo", 1).await;
     let hooks = WebhookClient::new(&env.base, SECRET);
     let (status, _) = hooks.send("issues", "delivery-1", &payloads::issues_event("labeled", &repo, &issue, &user("alice"), Some("ready-for-agent"))).await;

@@ -4,7 +4,7 @@
 
 use engine::ids::{OrgId, ProjectId, Slug, UserId, WorkflowId};
 use engine::store::{installations, tenants, workflows, Change};
-use shopfloor_tests::github_fake::Repo;
+use shopfloor_tests::github_fake::{FakeGithub, Issue, Repo};
 
 /// Org `acme` (its owner `o@example.com`) and its project `web`.
 pub(crate) struct Acme {
@@ -31,6 +31,14 @@ pub(crate) async fn connect_widgets(ch: &mut Change, org: OrgId, project: Projec
 /// `Acme/Widgets` as GitHub's payloads name it.
 pub(crate) fn widgets() -> Repo {
     Repo::new("Acme/Widgets", INSTALLATION)
+}
+
+/// Issue `number` of `Acme/Widgets`, labelled `ready-for-agent`, as the fake GitHub holds it.
+pub(crate) fn ready_for_agent(fake: &FakeGithub, number: i64, title: &str) -> Issue {
+    let mut issue = Issue::new(number, title);
+    issue.labels.push("ready-for-agent".into());
+    fake.put_issue("acme/widgets", issue.json(&widgets()));
+    issue
 }
 
 /// Puts each workflow under the name its source gives (a source that does not validate fails
