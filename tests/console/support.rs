@@ -84,16 +84,10 @@ pub(crate) fn console_config(oauth: &FakeOauth) -> ConsoleConfig {
 /// The secret the App's webhooks are signed with.
 pub(crate) const WEBHOOK_SECRET: &str = "the console tests' webhook secret";
 
-/// The whole app as `shopfloor api` serves it: REST, GitHub's webhooks, then the console beside
-/// them.
+/// The whole app as `shopfloor api` serves it (`api::cli::app`: REST, GitHub's webhooks signed
+/// with [`WEBHOOK_SECRET`], the console).
 pub(crate) fn app(state: AppState, cfg: ConsoleConfig) -> axum::Router {
-    let webhooks = api::webhooks::WebhookState::new(
-        state.system.clone(),
-        Some(WEBHOOK_SECRET.to_owned().into()),
-    );
-    api::http::router(state.clone())
-        .merge(api::webhooks::router(webhooks))
-        .merge(api::console::router(state, cfg))
+    api::cli::app(&state, Some(WEBHOOK_SECRET.to_owned().into()), cfg)
 }
 
 impl App {
