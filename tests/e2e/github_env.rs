@@ -17,6 +17,15 @@ use shopfloor_tests::shopfloor_bin;
 
 use crate::support::{acme, connect_widgets, put_workflows, widgets};
 
+/// One step of a node, as the GitHub tests read it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct StepRow {
+    pub(crate) visit: i32,
+    pub(crate) state: String,
+    pub(crate) reason: Option<String>,
+    pub(crate) output: Option<Value>,
+}
+
 pub(crate) struct GhEnv {
     pub(crate) db: TestDb,
     pub(crate) fake: FakeGithub,
@@ -61,6 +70,15 @@ impl GhEnv {
 
     pub(crate) async fn scalar(&self, sql: &str) -> i64 {
         shopfloor_tests::scalar(&self.db.pool, sql).await
+    }
+
+    /// The steps of `node`, oldest first.
+    pub(crate) async fn steps(&self, node: &str) -> Vec<StepRow> {
+        sqlx::query_as("SELECT visit, state, reason, output FROM steps WHERE node = $1 ORDER BY started_seq, created_at")
+            .bind(node)
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
     }
 
     pub(crate) async fn text(&self, sql: &str) -> Option<String> {
