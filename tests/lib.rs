@@ -184,6 +184,12 @@ pub async fn check_invariants(pool: &Db, effects: &Path) -> Invariants {
     Invariants { runs_lost, effects_doubled: doubled, event_gaps, audit_missing, steps_held }
 }
 
+/// The plan PostgreSQL makes for `sql` on `conn` (`EXPLAIN`), a line a node.
+pub async fn plan(conn: &mut sqlx::PgConnection, sql: &str) -> String {
+    let lines: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}")).fetch_all(conn).await.unwrap_or_else(|e| panic!("EXPLAIN {sql}: {e}"));
+    lines.join("\n")
+}
+
 /// Calls per statement (pg_stat_statements' `queryid`) in `database`, read through `admin`, a
 /// connection to another database of the same cluster, so that reading counts nothing.
 pub async fn statement_calls(admin: &Db, database: &str) -> std::collections::HashMap<i64, i64> {

@@ -195,8 +195,7 @@ async fn the_watch_and_schedule_lookups_use_indexes() {
         ("schedules_due", "SELECT min(next_at) FROM schedules"),
     ];
     for (index, sql) in lookups {
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}")).fetch_all(&mut *conn).await.unwrap();
-        let plan = plan.join("\n");
+        let plan = shopfloor_tests::plan(&mut conn, sql).await;
         assert!(plan.contains(index) && !plan.contains("Seq Scan"), "{sql}\nshould use {index}:\n{plan}");
     }
     drop(conn);

@@ -532,8 +532,7 @@ async fn the_ingest_and_rejudge_lookups_use_indexes() {
         ("item_cycle_budgets_asks", "SELECT item_id FROM item_cycle_budgets WHERE org_id = gen_random_uuid() AND asked_at IS NOT NULL"),
     ];
     for (index, sql) in lookups {
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}")).fetch_all(&mut *conn).await.unwrap();
-        let plan = plan.join("\n");
+        let plan = shopfloor_tests::plan(&mut conn, sql).await;
         assert!(index.split('|').any(|i| plan.contains(i)) && !plan.contains("Seq Scan"), "{sql}\nshould use {index}:\n{plan}");
     }
     drop(conn);
