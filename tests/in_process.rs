@@ -1,11 +1,9 @@
-//! The API and an engine in the test's own process: a router served on a loopback port until
-//! a token is cancelled, and an engine pool on the test's database. Shared by the API's own
-//! tests (`api/tests/it/support.rs`) and the console's (`tests/console/support.rs`).
+//! The API in the test's own process: a router served on a loopback port until a token is
+//! cancelled (its engine is `engine::testkit::Engine`). Shared by the API's own tests
+//! (`api/tests/it/support.rs`) and the console's (`tests/console/support.rs`).
 
 use std::net::SocketAddr;
 
-use engine::db::Db;
-use engine::pool::{self, PoolConfig};
 use tokio_util::sync::CancellationToken;
 
 /// A router served on loopback at `base`, until `stop` is cancelled.
@@ -35,19 +33,4 @@ pub async fn serve(router: axum::Router, peers: bool, closing: impl FnOnce() + S
         }
     });
     Served { base, stop }
-}
-
-/// An in-process engine's settings: `id`, listening on the database at `url`, 64 wakes a
-/// batch and 64 steps at once, 5 s to drain; crew steps wait for hosts (no test executor),
-/// no GitHub App, webhooks only to public targets. A test changes what it needs with
-/// `PoolConfig { …, ..engine_config(…) }`.
-pub fn engine_config(id: &str, url: &str) -> PoolConfig {
-    engine::testkit::pool_config(id, url, None)
-}
-
-/// Runs an engine pool on `pool` until the token it answers is cancelled.
-pub fn spawn_engine(pool: &Db, cfg: PoolConfig) -> CancellationToken {
-    let stop = CancellationToken::new();
-    tokio::spawn(pool::run(pool.clone(), cfg, stop.clone(), stop.clone()));
-    stop
 }

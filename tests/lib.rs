@@ -11,7 +11,7 @@ pub mod proxy;
 pub mod sse;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use engine::ids::RunId;
@@ -46,7 +46,7 @@ pub fn shopfloor_bin() -> PathBuf {
 
 /// A `shopfloor engine` process with the test executor; killed when dropped.
 pub struct EngineProcess {
-    pub child: Child,
+    pub proc: process::Proc,
     pub id: String,
 }
 
@@ -68,30 +68,7 @@ impl EngineProcess {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn shopfloor engine");
-        EngineProcess { child, id: id.to_owned() }
-    }
-
-    /// SIGKILL: no drain, no goodbye.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM, then wait for the drain to finish.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: sending a signal to our own child process by its pid.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        self.child.wait().expect("wait for the engine")
-    }
-}
-
-impl Drop for EngineProcess {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            self.kill();
-        }
+        EngineProcess { proc: process::Proc(child), id: id.to_owned() }
     }
 }
 
@@ -205,6 +182,12 @@ pub async fn check_invariants(pool: &Db, effects: &Path) -> Invariants {
         + unnamed;
     let steps_held = scalar(pool, "SELECT count(*) FROM steps WHERE state IN ('leased', 'running')").await;
     Invariants { runs_lost, effects_doubled: doubled, event_gaps, audit_missing, steps_held }
+}
+
+/// The plan PostgreSQL makes for `sql` on `conn` (`EXPLAIN`), a line a node.
+pub async fn plan(conn: &mut sqlx::PgConnection, sql: &str) -> String {
+    let lines: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}")).fetch_all(conn).await.unwrap_or_else(|e| panic!("EXPLAIN {sql}: {e}"));
+    lines.join("\n")
 }
 
 /// Calls per statement (pg_stat_statements' `queryid`) in `database`, read through `admin`, a

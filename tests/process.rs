@@ -40,6 +40,18 @@ impl Proc {
         let _ = self.0.wait();
     }
 
+    /// Waits up to `limit` for the process to exit by itself (a crash hook); true if it did.
+    pub async fn exits_within(&mut self, limit: std::time::Duration) -> bool {
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     /// SIGTERM, then wait: the process drains and flushes what it holds.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         // SAFETY: a signal to our own child, by its pid.

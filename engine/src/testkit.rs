@@ -374,6 +374,19 @@ pub fn new_run(s: &Seed, input: serde_json::Value) -> crate::store::runs::NewRun
     crate::store::runs::NewRun::of_workflow(s.org, s.project, s.workflow, s.version, input)
 }
 
+/// The workflow `approve`: an approval `ask` with one required field, `ticket`, then an output
+/// `ship` that comments.
+pub const APPROVAL: &str = "name: approve
+nodes:
+  ask:
+    approval:
+      prompt: Ship it?
+      fields: { ticket: { type: string, required: true } }
+  ship:
+    after: [ask]
+    output: { github: comment, body: done }
+";
+
 /// The nodes of a fan-out, a join and a gate that loops back once, which several tests walk:
 /// `plan`; `left` and `right` after it; `ci` after both, sending the run back to `left` when
 /// its check fails. Each test adds what follows `ci`.
@@ -412,6 +425,31 @@ pub fn pool_config(id: &str, listen_url: &str, test_executor: Option<crate::exec
         outputs: None,
         webhooks: crate::jobs::WebhookClient::new(crate::net_guard::Policy::default()).unwrap_or_else(|e| panic!("the webhook client: {e:?}")),
         event_wait_timeout: crate::advance::EVENT_WAIT_TIMEOUT,
+    }
+}
+
+/// An engine pool running in the test's own process until it is stopped.
+pub struct Engine {
+    /// Asks it to drain: it stops claiming and finishes what it holds.
+    pub drain: tokio_util::sync::CancellationToken,
+    /// Stops it at once.
+    pub abort: tokio_util::sync::CancellationToken,
+    /// Its task, which ends once it has stopped.
+    pub task: tokio::task::JoinHandle<Result<(), crate::store::StoreError>>,
+}
+
+impl Engine {
+    /// Runs an engine pool with `cfg` on `pool` (see [`pool_config`]).
+    pub fn start(pool: &Db, cfg: crate::pool::PoolConfig) -> Engine {
+        let (drain, abort) = (tokio_util::sync::CancellationToken::new(), tokio_util::sync::CancellationToken::new());
+        let task = tokio::spawn(crate::pool::run(pool.clone(), cfg, drain.clone(), abort.clone()));
+        Engine { drain, abort, task }
+    }
+
+    /// Drains and aborts at once: the test is over.
+    pub fn stop(&self) {
+        self.drain.cancel();
+        self.abort.cancel();
     }
 }
 

@@ -13,14 +13,14 @@ use fantoccini::Locator;
 use serde_json::json;
 
 use crate::browser::register_host;
-use crate::chromium::{accessibility, click_on, driver, fits, fits_here, h1, resize, type_into, until, VIEWPORTS};
+use crate::chromium::{accessibility, click, click_on, driver, fits, fits_here, h1, resize, script, text, type_into, until, until_found, until_h1, VIEWPORTS};
 use crate::operate::sign_in;
 use crate::support::{App, Org};
 
 /// A run of `agent` whose crew step a host took and failed with exit code 2.
 async fn failed_crew_run(app: &App, org: &Org, host: &host_store::HostRow) -> RunId {
     let run = app.submit(org, org.agent).await;
-    app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')", "a crew step for a host").await;
+    app.until_build_pending(run).await;
     let catalog = engine::catalog::Catalog::default();
     let claimed = host_store::claim(app.pool(), &catalog, host, 1).await.expect("claim");
     let step = claimed.assignments.first().expect("the crew step is claimed").step;
@@ -41,31 +41,30 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     let d = driver().await;
     let app = App::start(true).await;
     let org = app.org("acme").await;
-    let approval = app.submit(&org, org.approve).await;
-    app.until(approval, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
+    app.asking(&org).await;
     let c = sign_in(&d, &app, "acme").await;
 
     // The approval card says which workflow and what the run is about.
-    let card = c.find(Locator::Css("#needs-you li.approval")).await.unwrap().text().await.unwrap();
+    let card = text(&c, "#needs-you li.approval").await;
     assert!(card.contains("approve") && card.contains("no input") && card.contains("Ship the release?"), "{card}");
     // Relative times move on while the page stays open, without a reload.
-    c.execute("window.__sameDocument = 'yes'", vec![]).await.unwrap();
-    let first = c.find(Locator::Css("#needs-you time[data-ago]")).await.unwrap().text().await.unwrap();
-    let script = format!("return document.querySelector('#needs-you time[data-ago]').textContent !== {}", json!(first));
-    until(&c, &script, "the approval's relative time moves on").await;
-    assert_eq!(c.execute("return window.__sameDocument || null", vec![]).await.unwrap(), json!("yes"));
+    script(&c, "window.__sameDocument = 'yes'").await;
+    let first = text(&c, "#needs-you time[data-ago]").await;
+    let moved = format!("return document.querySelector('#needs-you time[data-ago]').textContent !== {}", json!(first));
+    until(&c, &moved, "the approval's relative time moves on").await;
+    assert_eq!(script(&c, "return window.__sameDocument || null").await, json!("yes"));
     accessibility(&c, "today with an approval").await;
     fits(&c, "attend-today").await;
 
     // Approve with a ticket: the run page then says who approved, and what they entered.
-    c.find(Locator::Css("#needs-you a.button")).await.unwrap().click().await.unwrap();
-    until(&c, "return !!document.querySelector('form.approve')", "the approval form").await;
+    click(&c, "#needs-you a.button").await;
+    until_found(&c, "form.approve", "the approval form").await;
     type_into(&c, "form.approve input[name=ticket]", "T-77").await;
     click_on(&c, "form.approve button[type=submit]").await;
-    until(&c, "return !!document.querySelector('#decisions:not([hidden])')", "the decision on the run page").await;
-    let decided = c.find(Locator::Id("decisions")).await.unwrap().text().await.unwrap();
+    until_found(&c, "#decisions:not([hidden])", "the decision on the run page").await;
+    let decided = text(&c, "#decisions").await;
     assert!(decided.contains("approved at review by acme-owner") && decided.contains("ticket") && decided.contains("T-77"), "{decided}");
-    let meta = c.find(Locator::Css("#headline .meta")).await.unwrap().text().await.unwrap();
+    let meta = text(&c, "#headline .meta").await;
     // The test made the run as the system, which the page names in words.
     assert!(meta.contains("created by shopfloor") && !meta.contains("system:"), "{meta}");
     accessibility(&c, "run with a decision").await;
@@ -75,11 +74,11 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     let host = register_host(&app, &org).await;
     let failed = failed_crew_run(&app, &org, &host).await;
     c.goto(&app.url(&format!("/orgs/acme/projects/web/runs/{failed}"))).await.unwrap();
-    until(&c, "return document.querySelector('h1').textContent.includes('Failed at build')", "the failed run").await;
+    until_h1(&c, "Failed at build", "the failed run").await;
     assert_eq!(h1(&c).await.trim_start_matches(|ch: char| !ch.is_alphabetic()), "Failed at build: The command exited with code 2");
-    let why = c.find(Locator::Css("#headline .why")).await.unwrap().text().await.unwrap();
+    let why = text(&c, "#headline .why").await;
     assert!(why.contains("build (crew) failed: The command exited with code 2") && why.contains("exit code 2"), "{why}");
-    let steps = c.find(Locator::Id("steps")).await.unwrap().text().await.unwrap();
+    let steps = text(&c, "#steps").await;
     assert!(!steps.contains("exit 2") && !steps.contains("0/0 tokens") && !steps.contains("tokens in"), "{steps}");
     accessibility(&c, "failed run").await;
     fits(&c, "attend-run-failed").await;
@@ -89,15 +88,15 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     assert_eq!(prompt.prop("value").await.unwrap().as_deref(), Some("Build it"));
     prompt.clear().await.unwrap();
     prompt.send_keys("Build it again, with the cache cleared").await.unwrap();
-    c.find(Locator::Id("edit-retry-submit")).await.unwrap().click().await.unwrap();
+    click(&c, "#edit-retry-submit").await;
     let retried: RunId = loop_until_new_run(&app, failed).await;
     until(&c, &format!("return location.pathname.endsWith({})", json!(retried.to_string())), "the new run's page").await;
-    app.until(retried, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')", "the edited step for a host").await;
+    app.until_build_pending(retried).await;
     let catalog = engine::catalog::Catalog::default();
     let claimed = host_store::claim(app.pool(), &catalog, &host, 1).await.expect("claim the edited step");
     let edited = claimed.assignments.first().expect("the edited step is claimed");
     assert_eq!(edited.prompt, "Build it again, with the cache cleared");
-    let meta = c.find(Locator::Css("#headline .meta")).await.unwrap().text().await.unwrap();
+    let meta = text(&c, "#headline .meta").await;
     assert!(meta.contains(&format!("rerun of {failed}")) || meta.contains(&failed.to_string()), "{meta}");
 
     // Another failure, resolved from Today: it leaves the list.
@@ -108,8 +107,8 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     let other = failed_crew_run(&app, &org, &host).await;
     c.goto(&app.url("/orgs/acme")).await.unwrap();
     let card = format!("#needs-you li.failure a[href$='{other}']");
-    until(&c, &format!("return !!document.querySelector({})", json!(card)), "the failure under Needs you").await;
-    let failures = c.find(Locator::Css("#needs-you")).await.unwrap().text().await.unwrap();
+    until_found(&c, &card, "the failure under Needs you").await;
+    let failures = text(&c, "#needs-you").await;
     assert!(failures.contains("The command exited with code 2"), "{failures}");
     fits(&c, "attend-today-failure").await;
     let form = format!("form.resolve[action$='/runs/{other}/resolve']");
@@ -122,8 +121,8 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     // A used-up cycle budget, reset from Today: the event it blocked opens a run.
     let item = used_up_cycle_budget(&app, &org).await;
     c.goto(&app.url("/orgs/acme")).await.unwrap();
-    until(&c, "return !!document.querySelector('#needs-you li.ask')", "the cycle-budget ask").await;
-    let ask = c.find(Locator::Css("#needs-you li.ask")).await.unwrap().text().await.unwrap();
+    until_found(&c, "#needs-you li.ask", "the cycle-budget ask").await;
+    let ask = text(&c, "#needs-you li.ask").await;
     assert!(ask.contains("acme/web#7") && ask.contains("triaged"), "{ask}");
     accessibility(&c, "today with an ask").await;
     fits(&c, "attend-today-ask").await;
@@ -169,7 +168,7 @@ async fn every_page_reads_at_a_laptops_and_a_phones_size() {
     let org = app.org("acme").await;
     let waiting = app.submit(&org, org.approve).await;
     app.submit(&org, org.slow).await;
-    app.until(waiting, "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)", "an open approval").await;
+    app.until_asked(waiting).await;
     let host = register_host(&app, &org).await;
     let failed = failed_crew_run(&app, &org, &host).await;
     let c = sign_in(&d, &app, "acme").await;

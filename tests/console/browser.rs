@@ -8,11 +8,13 @@ use std::time::Duration;
 use engine::hosts::{Capability, Usage};
 use engine::store::hosts::{self as host_store, HostRow, LogLine, NewHost};
 use engine::store::{Actor, Change};
-use fantoccini::Locator;
 use serde_json::json;
 use shopfloor_tests::github_fake::oauth::Account;
 
-use crate::chromium::{accessibility, browser, driver, fits, h1, until};
+use crate::chromium::{
+    accessibility, browser, click, driver, fill, fits, h1, script, text, until, until_found,
+    until_h1,
+};
 use crate::support::App;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -23,13 +25,8 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
     let approval = app.submit(&org, org.approve).await;
     let slow = app.submit(&org, org.slow).await;
     let agent = app.submit(&org, org.agent).await;
-    app.until(
-        approval,
-        "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)",
-        "an open approval",
-    )
-    .await;
-    app.until(agent, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')", "a crew step for a host").await;
+    app.until_asked(approval).await;
+    app.until_build_pending(agent).await;
     app.oauth.as_ref().unwrap().sign_in_as(Account {
         login: "acme-owner".into(),
         id: 1,
@@ -39,30 +36,14 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
 
     // Sign in with GitHub.
     c.goto(&app.url("/")).await.unwrap();
-    until(
-        &c,
-        "return !!document.getElementById('github-signin')",
-        "the sign-in page",
-    )
-    .await;
+    until_found(&c, "#github-signin", "the sign-in page").await;
     accessibility(&c, "sign-in").await;
     fits(&c, "signin").await;
-    c.find(Locator::Id("github-signin"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until(&c, "return document.querySelector('h1') && document.querySelector('h1').textContent.includes('Today in acme')", "Today after sign-in").await;
+    click(&c, "#github-signin").await;
+    until_h1(&c, "Today in acme", "Today after sign-in").await;
 
     // The approval is under Needs you, with its prompt and deadline.
-    let needs = c
-        .find(Locator::Id("needs-you"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let needs = text(&c, "#needs-you").await;
     assert!(
         needs.contains("Ship the release?") && needs.contains("deadline"),
         "{needs}"
@@ -77,61 +58,29 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
     fits(&c, "today").await;
 
     // Open the run.
-    c.find(Locator::Css("#needs-you a.button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until(&c, "return document.querySelector('h1').textContent.includes('Waiting for approval at review')", "the run page").await;
+    click(&c, "#needs-you a.button").await;
+    until_h1(&c, "Waiting for approval at review", "the run page").await;
     accessibility(&c, "run").await;
 
     // Approve with the required field empty: the message, and the run keeps waiting.
-    c.find(Locator::Css("form.approve button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until(
-        &c,
-        "return !!document.querySelector('.field-error')",
-        "a validation message",
-    )
-    .await;
-    let message = c
-        .find(Locator::Css(".field-error"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    click(&c, "form.approve button[type=submit]").await;
+    until_found(&c, ".field-error", "a validation message").await;
+    let message = text(&c, ".field-error").await;
     assert!(message.contains("ticket is required"), "{message}");
     assert!(h1(&c).await.contains("Waiting for approval"));
     accessibility(&c, "run with errors").await;
     fits(&c, "run-approval-error").await;
 
     // Fill it in: the run moves on, and the page follows it live, with no reload.
-    let ticket = c
-        .find(Locator::Css("form.approve input[name=ticket]"))
-        .await
-        .unwrap();
-    ticket.send_keys("T-42").await.unwrap();
-    c.find(Locator::Css("form.approve button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    fill(&c, "form.approve input[name=ticket]", "T-42").await;
+    click(&c, "form.approve button[type=submit]").await;
     until(
         &c,
         "return !document.querySelector('form.approve') && document.body.dataset.live === 'on'",
         "the answered page, live",
     )
     .await;
-    c.execute("window.__sameDocument = 'yes'", vec![])
-        .await
-        .unwrap();
+    script(&c, "window.__sameDocument = 'yes'").await;
     let before = h1(&c).await;
     assert!(
         !before.contains("Completed"),
@@ -143,28 +92,14 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
         "the run completes",
     )
     .await;
-    until(
-        &c,
-        "return document.querySelector('h1').textContent.includes('Completed')",
-        "the run completes on the page",
-    )
-    .await;
-    let same = c
-        .execute("return window.__sameDocument || null", vec![])
-        .await
-        .unwrap();
+    until_h1(&c, "Completed", "the run completes on the page").await;
+    let same = script(&c, "return window.__sameDocument || null").await;
     assert_eq!(
         same,
         json!("yes"),
         "the page updated in place, not by a reload"
     );
-    let refreshes = c
-        .execute(
-            "return Number(document.body.dataset.refreshes || 0)",
-            vec![],
-        )
-        .await
-        .unwrap();
+    let refreshes = script(&c, "return Number(document.body.dataset.refreshes || 0)").await;
     assert!(
         refreshes.as_i64().unwrap_or(0) >= 1,
         "live refreshes: {refreshes}"
@@ -176,30 +111,10 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
     c.goto(&app.url(&format!("/orgs/acme/projects/web/runs/{slow}")))
         .await
         .unwrap();
-    until(
-        &c,
-        "return document.querySelector('h1').textContent.includes('Asleep until')",
-        "the slow run asleep",
-    )
-    .await;
-    c.find(Locator::Id("cancel-reason"))
-        .await
-        .unwrap()
-        .send_keys("not today")
-        .await
-        .unwrap();
-    c.find(Locator::Id("cancel-run"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until(
-        &c,
-        "return document.querySelector('h1').textContent.includes('Cancelled: not today')",
-        "the run cancelled",
-    )
-    .await;
+    until_h1(&c, "Asleep until", "the slow run asleep").await;
+    fill(&c, "#cancel-reason", "not today").await;
+    click(&c, "#cancel-run").await;
+    until_h1(&c, "Cancelled: not today", "the run cancelled").await;
 
     // A host takes the agent's step and reports its session: the transcript grows live.
     let host = register_host(&app, &org).await;
@@ -219,9 +134,7 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
         .await
         .unwrap();
     until(&c, "return document.querySelector('h1').textContent.includes('Running build') && document.body.dataset.live === 'on'", "the agent running").await;
-    c.execute("window.__sameDocument = 'yes'", vec![])
-        .await
-        .unwrap();
+    script(&c, "window.__sameDocument = 'yes'").await;
     until(&c, "return !!document.getElementById('transcript') && !!document.getElementById('transcript').dataset.stream", "a live transcript").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     for seq in 1..=6 {
@@ -256,19 +169,13 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
             format!("return document.querySelectorAll('#transcript-lines li').length >= {seq}");
         until(&c, &want, &format!("transcript line {seq} on the page")).await;
     }
-    let same = c
-        .execute("return window.__sameDocument || null", vec![])
-        .await
-        .unwrap();
+    let same = script(&c, "return window.__sameDocument || null").await;
     assert_eq!(same, json!("yes"), "the transcript grew without a reload");
-    let text = c
-        .find(Locator::Id("transcript-lines"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(text.contains("step 6: building the widget"), "{text}");
+    let transcript = text(&c, "#transcript-lines").await;
+    assert!(
+        transcript.contains("step 6: building the widget"),
+        "{transcript}"
+    );
     accessibility(&c, "run with a transcript").await;
     fits(&c, "run-transcript").await;
 

@@ -139,6 +139,54 @@ pub(crate) async fn until(c: &Client, script: &str, what: &str) {
     }
 }
 
+/// Waits until the page's h1 says `words` (a hang guard of 120 s).
+pub(crate) async fn until_h1(c: &Client, words: &str, what: &str) {
+    let script = format!("return !!document.querySelector('h1') && document.querySelector('h1').textContent.includes({words:?})");
+    until(c, &script, what).await;
+}
+
+/// Waits until the page has an element `css` finds (a hang guard of 120 s).
+pub(crate) async fn until_found(c: &Client, css: &str, what: &str) {
+    until(c, &format!("return !!document.querySelector({css:?})"), what).await;
+}
+
+/// Clicks the element `css` finds.
+pub(crate) async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+/// Replaces the text of the field `css` finds with `text`.
+pub(crate) async fn fill(c: &Client, css: &str, text: &str) {
+    let field = c
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    field.clear().await.unwrap();
+    field.send_keys(text).await.unwrap();
+}
+
+/// The text of the element `css` finds.
+pub(crate) async fn text(c: &Client, css: &str) -> String {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .text()
+        .await
+        .unwrap_or_default()
+}
+
+/// What `script` returns.
+pub(crate) async fn script(c: &Client, script: &str) -> Value {
+    c.execute(script, vec![])
+        .await
+        .unwrap_or_else(|e| panic!("{script}: {e}"))
+}
+
 pub(crate) async fn h1(c: &Client) -> String {
     c.find(Locator::Css("h1"))
         .await

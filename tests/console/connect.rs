@@ -403,24 +403,22 @@ async fn no_org_takes_an_installation_or_a_repository_it_cannot_prove() {
             .unwrap();
     assert_eq!(owner, Some(acme.id.0), "the rightful org keeps it");
     // Nor may the second org connect a repository through it, or give it up.
-    let (status, _) = rest(
-        &app,
-        Method::POST,
-        "/api/v1/orgs/evil/projects/web/repositories",
-        &evil.owner_token,
-        bare,
-    )
-    .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, _) = rest(
-        &app,
-        Method::DELETE,
-        &format!("{}/{INSTALLATION}", claims("evil")),
-        &evil.owner_token,
-        Value::Null,
-    )
-    .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    let refused = [
+        (
+            Method::POST,
+            "/api/v1/orgs/evil/projects/web/repositories".to_owned(),
+            bare,
+        ),
+        (
+            Method::DELETE,
+            format!("{}/{INSTALLATION}", claims("evil")),
+            Value::Null,
+        ),
+    ];
+    for (method, path, body) in refused {
+        let (status, _) = rest(&app, method, &path, &evil.owner_token, body).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+    }
     let (_, listed) = rest(
         &app,
         Method::GET,

@@ -8,10 +8,13 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fantoccini::{Client, Locator};
+use fantoccini::Client;
 use shopfloor_tests::github_fake::oauth::Account;
 
-use crate::chromium::{Driver, accessibility, browser, driver, fits, h1, until};
+use crate::chromium::{
+    Driver, accessibility, browser, click, driver, fill, fits, h1, script, text, until,
+    until_found, until_h1,
+};
 use crate::support::{App, Org};
 
 /// A child process, killed when dropped (a failed assertion must not leave a host running).
@@ -36,48 +39,16 @@ pub(crate) async fn sign_in(d: &Driver, app: &App, slug: &str) -> Client {
         });
     let c = browser(d).await;
     c.goto(&app.url("/")).await.unwrap();
-    until(
-        &c,
-        "return !!document.getElementById('github-signin')",
-        "the sign-in page",
-    )
-    .await;
+    until_found(&c, "#github-signin", "the sign-in page").await;
     click(&c, "#github-signin").await;
-    until(&c, &format!("return !!document.querySelector('h1') && document.querySelector('h1').textContent.includes('Today in {slug}')"), "Today after sign-in").await;
+    until_h1(&c, &format!("Today in {slug}"), "Today after sign-in").await;
     c
-}
-
-async fn click(c: &Client, css: &str) {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap();
-}
-
-async fn fill(c: &Client, css: &str, text: &str) {
-    let field = c
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"));
-    field.clear().await.unwrap();
-    field.send_keys(text).await.unwrap();
-}
-
-async fn text(c: &Client, css: &str) -> String {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .text()
-        .await
-        .unwrap_or_default()
 }
 
 /// Opens `path` and waits for its h1 to say `heading`.
 async fn open(c: &Client, app: &App, path: &str, heading: &str) {
     c.goto(&app.url(path)).await.unwrap();
-    until(c, &format!("return !!document.querySelector('h1') && document.querySelector('h1').textContent.includes({heading:?})"), heading).await;
+    until_h1(c, heading, heading).await;
 }
 
 /// Waits until `sql` (with no parameters) is true; the deadline only catches a hang.
@@ -152,31 +123,15 @@ async fn a_person_adds_a_host_and_sees_it_come_online() {
     open(&c, &app, "/orgs/acme/projects/web/hosts", "Hosts of web").await;
     check(&c, "hosts-empty").await;
     click(&c, "#add-host").await;
-    until(
-        &c,
-        "return document.querySelector('h1').textContent.includes('Add a host')",
-        "the Add a host page",
-    )
-    .await;
+    until_h1(&c, "Add a host", "the Add a host page").await;
     check(&c, "host-add").await;
     fill(&c, "#h-name", "box-1").await;
     fill(&c, "#h-caps", "linux, harness:command").await;
     fill(&c, "#h-hours", "2").await;
     click(&c, "#make-registration").await;
-    until(
-        &c,
-        "return !!document.getElementById('host-command')",
-        "the command to paste",
-    )
-    .await;
+    until_found(&c, "#host-command", "the command to paste").await;
     check(&c, "host-add-command").await;
-    let command = c
-        .execute(
-            "return document.getElementById('host-command').value",
-            vec![],
-        )
-        .await
-        .unwrap();
+    let command = script(&c, "return document.getElementById('host-command').value").await;
     let command = command
         .as_str()
         .expect("the command's text")
@@ -285,12 +240,7 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
 
     open(&c, &app, "/orgs/acme/projects/web/hosts", "Hosts of web").await;
     click(&c, "header nav a[href$='/budgets']").await;
-    until(
-        &c,
-        "return document.querySelector('h1').textContent.includes('Budgets of web')",
-        "the budgets page",
-    )
-    .await;
+    until_h1(&c, "Budgets of web", "the budgets page").await;
     assert_eq!(text(&c, "header nav a[aria-current=page]").await, "Budgets");
     let spend = text(&c, "#spend tbody").await;
     assert!(spend.contains("$3.50"), "{spend}");
@@ -298,12 +248,7 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
 
     fill(&c, "#b-limit", "2").await;
     click(&c, "#set-limit button[type=submit]").await;
-    until(
-        &c,
-        "return !!document.getElementById('limits')",
-        "the limit listed",
-    )
-    .await;
+    until_found(&c, "#limits", "the limit listed").await;
     let limit = text(&c, "#limits tbody").await;
     assert!(
         limit.contains("$2.00") && limit.contains("hard") && limit.contains("reached"),
@@ -311,12 +256,7 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
     );
 
     let run = app.submit(&org, org.slow).await;
-    app.until(
-        run,
-        "SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1 AND hold = 'budget')",
-        "held by the budget",
-    )
-    .await;
+    app.until_held_by_budget(run).await;
     c.refresh().await.unwrap();
     until(
         &c,
@@ -333,12 +273,7 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
 
     // The org's page lists it too, with its project.
     click(&c, "#org-budgets").await;
-    until(
-        &c,
-        "return document.querySelector('h1').textContent.includes('Budgets of acme')",
-        "the org's budgets",
-    )
-    .await;
+    until_h1(&c, "Budgets of acme", "the org's budgets").await;
     let held = text(&c, "#held").await;
     assert!(
         held.contains(&run.to_string()) && held.contains("web"),
@@ -348,12 +283,7 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
 
     // The run's own page says what holds it.
     click(&c, &format!("#held a[href$='{run}']")).await;
-    until(
-        &c,
-        "return document.querySelector('h1').textContent.includes('Held')",
-        "the run page",
-    )
-    .await;
+    until_h1(&c, "Held", "the run page").await;
     let head = h1(&c).await;
     assert!(head.contains("budget"), "{head}");
     accessibility(&c, "held run").await;
@@ -370,12 +300,7 @@ async fn a_person_adds_a_member_and_subscribes_a_webhook() {
     let c = sign_in(&d, &app, "acme").await;
 
     click(&c, "header nav a[href='/orgs/acme/members']").await;
-    until(
-        &c,
-        "return document.querySelector('h1').textContent.includes('Members of acme')",
-        "the members page",
-    )
-    .await;
+    until_h1(&c, "Members of acme", "the members page").await;
     check(&c, "members").await;
     fill(&c, "#mem-email", "dana@acme.test").await;
     click(&c, "#add-member button[type=submit]").await;
@@ -390,26 +315,13 @@ async fn a_person_adds_a_member_and_subscribes_a_webhook() {
     check(&c, "members-added").await;
 
     click(&c, "header nav a[href$='/webhooks']").await;
-    until(
-        &c,
-        "return document.querySelector('h1').textContent.includes('Outgoing webhooks of web')",
-        "the webhooks page",
-    )
-    .await;
+    until_h1(&c, "Outgoing webhooks of web", "the webhooks page").await;
     check(&c, "webhooks-empty").await;
     fill(&c, "#w-url", "https://hooks.example.com/shopfloor").await;
     fill(&c, "#w-events", "run.*").await;
     click(&c, "#new-webhook button[type=submit]").await;
-    until(
-        &c,
-        "return !!document.getElementById('new-secret')",
-        "the signing secret",
-    )
-    .await;
-    let secret = c
-        .execute("return document.getElementById('new-secret').value", vec![])
-        .await
-        .unwrap();
+    until_found(&c, "#new-secret", "the signing secret").await;
+    let secret = script(&c, "return document.getElementById('new-secret').value").await;
     assert!(secret.as_str().is_some_and(|s| s.len() >= 16), "{secret}");
     check(&c, "webhooks-created").await;
 

@@ -36,13 +36,7 @@ fn accessible(html: &str, page: &str) {
 async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
     let app = App::start(true).await;
     let org = app.org("acme").await;
-    let run = app.submit(&org, org.approve).await;
-    app.until(
-        run,
-        "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)",
-        "an open approval",
-    )
-    .await;
+    let run = app.asking(&org).await;
     let mut b = Browser::new(&app.base);
 
     // Not signed in: to the sign-in page, and back afterwards.
@@ -133,13 +127,7 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
 async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     let app = App::start(true).await;
     let org = app.org("acme").await;
-    let run = app.submit(&org, org.approve).await;
-    app.until(
-        run,
-        "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)",
-        "an open approval",
-    )
-    .await;
+    let run = app.asking(&org).await;
     let mut b = app.signed_in(&org.owner_token).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");
     let page = b.get(&path).await;
@@ -482,7 +470,7 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
     let app = App::start(true).await;
     let org = app.org("acme").await;
     let run = app.submit(&org, org.agent).await;
-    app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')", "a crew step for a host").await;
+    app.until_build_pending(run).await;
     let http = reqwest::Client::new();
     let post = |path: String, token: String, body: serde_json::Value| {
         let (http, url) = (http.clone(), app.url(&path));
@@ -908,12 +896,7 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
         .await;
     assert_eq!(set.status, StatusCode::SEE_OTHER, "{}", set.body);
     let run = app.submit(&org, org.slow).await;
-    app.until(
-        run,
-        "SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1 AND hold = 'budget')",
-        "held by the budget",
-    )
-    .await;
+    app.until_held_by_budget(run).await;
     let page = b.follow(set).await;
     let row = &page.body[page
         .body

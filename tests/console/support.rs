@@ -11,7 +11,7 @@ use api::http::AppState;
 use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId, WorkflowId};
 use engine::pool::PoolConfig;
 use engine::store::{Actor, Change, api_writes, tenants, workflows};
-use engine::testkit::{TestDb, test_db};
+use engine::testkit::{Engine, TestDb, test_db};
 use reqwest::StatusCode;
 use reqwest::header::{COOKIE, HeaderMap, LOCATION, SET_COOKIE};
 use shopfloor_tests::github_fake::oauth::{CLIENT_ID, CLIENT_SECRET, FakeOauth};
@@ -66,7 +66,7 @@ pub(crate) struct App {
     pub(crate) base: String,
     pub(crate) oauth: Option<FakeOauth>,
     stop: CancellationToken,
-    engine: Option<CancellationToken>,
+    engine: Option<Engine>,
 }
 
 /// The console's settings pointing at the fake GitHub.
@@ -84,16 +84,10 @@ pub(crate) fn console_config(oauth: &FakeOauth) -> ConsoleConfig {
 /// The secret the App's webhooks are signed with.
 pub(crate) const WEBHOOK_SECRET: &str = "the console tests' webhook secret";
 
-/// The whole app as `shopfloor api` serves it: REST, GitHub's webhooks, then the console beside
-/// them.
+/// The whole app as `shopfloor api` serves it (`api::cli::app`: REST, GitHub's webhooks signed
+/// with [`WEBHOOK_SECRET`], the console).
 pub(crate) fn app(state: AppState, cfg: ConsoleConfig) -> axum::Router {
-    let webhooks = api::webhooks::WebhookState::new(
-        state.system.clone(),
-        Some(WEBHOOK_SECRET.to_owned().into()),
-    );
-    api::http::router(state.clone())
-        .merge(api::webhooks::router(webhooks))
-        .merge(api::console::router(state, cfg))
+    api::cli::app(&state, Some(WEBHOOK_SECRET.to_owned().into()), cfg)
 }
 
 impl App {
@@ -125,9 +119,9 @@ impl App {
             let cfg = PoolConfig {
                 max_in_flight: 16,
                 drain: Duration::from_secs(2),
-                ..in_process::engine_config("console-test-engine", &db.url)
+                ..engine::testkit::pool_config("console-test-engine", &db.url, None)
             };
-            in_process::spawn_engine(&db.pool, cfg)
+            Engine::start(&db.pool, cfg)
         });
         App {
             db,
@@ -180,7 +174,7 @@ impl App {
     pub(crate) async fn discard(mut self) {
         self.stop.cancel();
         if let Some(e) = &self.engine {
-            e.cancel();
+            e.stop();
         }
         if let Some(o) = self.oauth.take() {
             o.stop();
@@ -268,6 +262,31 @@ impl App {
             version: 1,
         };
         shopfloor_tests::submit_inputs(self.pool(), &seed, &[serde_json::json!({})]).await[0]
+    }
+
+    /// A run of `org`'s `approve`, once it is parked at its approval.
+    pub(crate) async fn asking(&self, org: &Org) -> RunId {
+        let run = self.submit(org, org.approve).await;
+        self.until_asked(run).await;
+        run
+    }
+
+    /// Waits until `run` is parked at an approval no one has answered.
+    pub(crate) async fn until_asked(&self, run: RunId) {
+        let sql = "SELECT EXISTS (SELECT 1 FROM approvals WHERE run_id = $1 AND decision IS NULL)";
+        self.until(run, sql, "an open approval").await;
+    }
+
+    /// Waits until `run` is held by a budget.
+    pub(crate) async fn until_held_by_budget(&self, run: RunId) {
+        let sql = "SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1 AND hold = 'budget')";
+        self.until(run, sql, "held by the budget").await;
+    }
+
+    /// Waits until `run`'s crew step `build` waits for a host to take it.
+    pub(crate) async fn until_build_pending(&self, run: RunId) {
+        let sql = "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')";
+        self.until(run, sql, "a crew step for a host").await;
     }
 
     /// Waits until `sql` (the run bound as $1) is true.

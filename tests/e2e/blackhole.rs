@@ -145,7 +145,7 @@ async fn a_silent_cut_of_the_listen_connection_is_noticed_by_its_keepalive_and_t
         .env("SHOPFLOOR_LISTEN_KEEPALIVE_INTERVAL_SECS", "1")
         .env("SHOPFLOOR_LISTEN_KEEPALIVE_RETRIES", "2");
     let engine = EngineProcess::spawn(program, &db_proxy.url_for(&pg.url), "cut", &effects);
-    let pid = engine.child.id();
+    let pid = engine.proc.0.id();
 
     // The LISTEN connection: one socket to its proxy, with the keepalive timer armed.
     let listening = until("the engine listens through its proxy", async || {

@@ -11,12 +11,12 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::process::Command;
 
-use engine::store::{installations, Actor, Change};
+use engine::store::{Actor, Change};
 use engine::testkit::test_db;
 use shopfloor_tests::github_fake::FakeGithub;
 use shopfloor_tests::shopfloor_bin;
 
-use crate::support::{acme, owner_token};
+use crate::support::{acme, connect_widgets, owner_token};
 
 /// Runs `shopfloor check ARGS` with only the given settings; answers (exit code, stdout).
 fn check(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
@@ -75,7 +75,7 @@ async fn a_ready_server_passes_every_check() {
     let (code, out) = {
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
         let acme = acme(&mut ch).await;
-        installations::connect_for_test(&mut ch, acme.org, acme.project, 77, "Acme", "Acme/Widgets").await.unwrap();
+        connect_widgets(&mut ch, acme.org, acme.project).await;
         // The first token makes the first signing key.
         owner_token(&mut ch, &acme, "first", 1).await;
         ch.commit().await.unwrap();

@@ -61,7 +61,7 @@ async fn a_killed_engines_leased_steps_are_recovered_by_the_other() {
         assert!(tokio::time::Instant::now() < deadline, "the victim never held 20 steps");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    victim.kill();
+    victim.proc.sigkill();
     let _survivor = EngineProcess::start(&db.url, "survivor", &effects);
 
     assert_eq!(until_all_done(&db.pool, Duration::from_secs(180)).await, 0, "runs still running");

@@ -4,54 +4,32 @@
 //! processes acting as the GitHub App (`tests/github_fake/test_app_key.pem`, a key made for
 //! these tests only) against the fake.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use engine::store::{installations, Actor, Change};
+use engine::store::{Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use engine::triggers::{ingest, Delivery, IngestOutcome};
 use serde_json::Value;
 use shopfloor_tests::github_fake::{self, FakeGithub, Repo};
+use shopfloor_tests::process::Proc;
 use shopfloor_tests::shopfloor_bin;
 
-use crate::support::{acme, put_workflows};
+use crate::support::{acme, connect_widgets, put_workflows, widgets};
 
-pub(crate) const INSTALLATION: i64 = 77;
+/// One step of a node, as the GitHub tests read it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct StepRow {
+    pub(crate) visit: i32,
+    pub(crate) state: String,
+    pub(crate) reason: Option<String>,
+    pub(crate) output: Option<Value>,
+}
 
 pub(crate) struct GhEnv {
     pub(crate) db: TestDb,
     pub(crate) fake: FakeGithub,
     pub(crate) repo: Repo,
-}
-
-/// A `shopfloor engine` process; killed when dropped.
-pub(crate) struct Engine {
-    pub(crate) child: Child,
-}
-
-impl Engine {
-    /// Waits up to `limit` for the process to exit by itself (a crash hook); true if it did.
-    pub(crate) async fn exits_within(&mut self, limit: Duration) -> bool {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        false
-    }
-
-    pub(crate) fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 impl GhEnv {
@@ -60,15 +38,15 @@ impl GhEnv {
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
         let acme = acme(&mut ch).await;
         put_workflows(&mut ch, acme.org, acme.project, sources).await;
-        installations::connect_for_test(&mut ch, acme.org, acme.project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+        connect_widgets(&mut ch, acme.org, acme.project).await;
         ch.commit().await.unwrap();
         let fake = FakeGithub::start().await;
-        GhEnv { db, fake, repo: Repo::new("Acme/Widgets", INSTALLATION) }
+        GhEnv { db, fake, repo: widgets() }
     }
 
     /// An engine acting as the App against the fake, with the test executor for crew steps.
     /// `crash_after` sets the output executor's test hook.
-    pub(crate) fn engine(&self, id: &str, crash_after: Option<&str>) -> Engine {
+    pub(crate) fn engine(&self, id: &str, crash_after: Option<&str>) -> Proc {
         let mut cmd = Command::new(shopfloor_bin());
         cmd.args(["engine", "--test-executor", "--engine-id", id, "--log", "warn"])
             .env("DATABASE_URL", &self.db.url)
@@ -80,7 +58,7 @@ impl GhEnv {
         if let Some(point) = crash_after {
             cmd.env("SHOPFLOOR_TEST_CRASH_AFTER", point);
         }
-        Engine { child: cmd.spawn().expect("spawn shopfloor engine") }
+        Proc(cmd.spawn().expect("spawn shopfloor engine"))
     }
 
     /// Ingests a delivery as `POST /webhooks/github` would, after its signature check.
@@ -92,6 +70,15 @@ impl GhEnv {
 
     pub(crate) async fn scalar(&self, sql: &str) -> i64 {
         shopfloor_tests::scalar(&self.db.pool, sql).await
+    }
+
+    /// The steps of `node`, oldest first.
+    pub(crate) async fn steps(&self, node: &str) -> Vec<StepRow> {
+        sqlx::query_as("SELECT visit, state, reason, output FROM steps WHERE node = $1 ORDER BY started_seq, created_at")
+            .bind(node)
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
     }
 
     pub(crate) async fn text(&self, sql: &str) -> Option<String> {

@@ -55,15 +55,6 @@ nodes:
 
 const LONG: Duration = Duration::from_secs(60);
 
-/// (visit, state, reason, output) of the steps of `node`.
-async fn visits(env: &GhEnv, node: &str) -> Vec<(i32, String, Option<String>, Option<Value>)> {
-    sqlx::query_as("SELECT visit, state, reason, output FROM steps WHERE node = $1 ORDER BY started_seq")
-        .bind(node)
-        .fetch_all(&env.db.pool)
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn check_webhooks_pass_and_fail_a_waiting_gate_and_on_fail_loops() {
     let env = GhEnv::start(&[CI, SLOW_CI]).await;
@@ -85,9 +76,9 @@ async fn check_webhooks_pass_and_fail_a_waiting_gate_and_on_fail_loops() {
     // the old failure is not news to it.
     env.deliver("check_run", &payloads::check_run_event("completed", &env.repo, 2, "test", &a, "completed", Some("failure"), &[5])).await;
     env.until("SELECT count(*) FROM steps WHERE node = 'checks' AND visit = 2 AND state = 'waiting'", 1, LONG).await;
-    let gate = visits(&env, "checks").await;
-    assert_eq!((gate[0].1.as_str(), gate[0].2.as_deref()), ("failed", Some("gate_failed")));
-    assert_eq!(gate[0].3.clone().unwrap_or_default()["checks"]["test"]["conclusion"], "failure");
+    let gate = env.steps("checks").await;
+    assert_eq!((gate[0].state.as_str(), gate[0].reason.as_deref()), ("failed", Some("gate_failed")));
+    assert_eq!(gate[0].output.clone().unwrap_or_default()["checks"]["test"]["conclusion"], "failure");
     assert_eq!(env.scalar("SELECT count(*) FROM steps WHERE node = 'build'").await, 2);
 
     // The fix is pushed: the gate follows the new head, and its checks pass (a check run and a
@@ -98,9 +89,9 @@ async fn check_webhooks_pass_and_fail_a_waiting_gate_and_on_fail_loops() {
     env.deliver("check_run", &payloads::check_run_event("completed", &env.repo, 3, "build", &b, "completed", Some("success"), &[5])).await;
     env.deliver("status", &payloads::status_event(&env.repo, &b, "test", "success")).await;
     env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
-    let gate = visits(&env, "checks").await;
-    assert_eq!((gate[1].0, gate[1].1.as_str()), (2, "succeeded"));
-    assert_eq!(gate[1].3.clone().unwrap_or_default()["head_sha"], b.as_str());
+    let gate = env.steps("checks").await;
+    assert_eq!((gate[1].visit, gate[1].state.as_str()), (2, "succeeded"));
+    assert_eq!(gate[1].output.clone().unwrap_or_default()["head_sha"], b.as_str());
     assert_eq!(env.scalar("SELECT count(*) FROM github_watches").await, 0, "watches go with their steps");
 
     // A gate whose checks never come fails at its timeout.
@@ -204,8 +195,7 @@ async fn the_watch_and_schedule_lookups_use_indexes() {
         ("schedules_due", "SELECT min(next_at) FROM schedules"),
     ];
     for (index, sql) in lookups {
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}")).fetch_all(&mut *conn).await.unwrap();
-        let plan = plan.join("\n");
+        let plan = shopfloor_tests::plan(&mut conn, sql).await;
         assert!(plan.contains(index) && !plan.contains("Seq Scan"), "{sql}\nshould use {index}:\n{plan}");
     }
     drop(conn);

@@ -59,15 +59,6 @@ async fn label(env: &GhEnv, number: i64, title: &str, name: &str) -> Issue {
     issue
 }
 
-/// (state, reason, attempt, output) of the steps of `node`, oldest first.
-async fn steps_of(env: &GhEnv, node: &str) -> Vec<(String, Option<String>, i32, Option<Value>)> {
-    sqlx::query_as("SELECT state, reason, attempt, output FROM steps WHERE node = $1 ORDER BY started_seq, created_at")
-        .bind(node)
-        .fetch_all(&env.db.pool)
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_after_the_pull_request_opened_leaves_exactly_one_after_recovery() {
     let env = GhEnv::start(&[SHIP]).await;
@@ -95,11 +86,11 @@ async fn a_crash_after_the_pull_request_opened_leaves_exactly_one_after_recovery
     assert_eq!(body.lines().next(), Some("Closes #1"), "{body}");
     assert!(body.contains("build done"), "the crew step's text: {body}");
 
-    let steps = steps_of(&env, "open_pr").await;
+    let steps = env.steps("open_pr").await;
     assert_eq!(steps.len(), 2, "{steps:?}");
-    assert_eq!((steps[0].0.as_str(), steps[0].1.as_deref()), ("failed", Some("lease_expired")));
-    assert_eq!(steps[1].0, "succeeded");
-    let output = steps[1].3.clone().unwrap_or_default();
+    assert_eq!((steps[0].state.as_str(), steps[0].reason.as_deref()), ("failed", Some("lease_expired")));
+    assert_eq!(steps[1].state, "succeeded");
+    let output = steps[1].output.clone().unwrap_or_default();
     assert_eq!(output["created"], false, "{output}");
     assert_eq!(output["pull_request"]["number"], pr["number"]);
 
@@ -162,8 +153,8 @@ async fn a_crash_after_the_comment_posted_leaves_exactly_one_after_recovery() {
     let marker = format!("<!-- shopfloor:{}:note -->", engine::ids::RunId(run_id));
     assert!(body.ends_with(&marker), "{body} should end with {marker} ({run})");
     assert_eq!(env.fake.requests_to("POST", "/repos/acme/widgets/issues/4/comments").len(), 1);
-    let steps = steps_of(&env, "note").await;
-    assert_eq!(steps.last().and_then(|s| s.3.clone()).unwrap_or_default()["created"], false);
+    let steps = env.steps("note").await;
+    assert_eq!(steps.last().and_then(|s| s.output.clone()).unwrap_or_default()["created"], false);
     drop(_second);
     env.finish().await;
 }

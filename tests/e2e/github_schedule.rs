@@ -54,7 +54,7 @@ async fn ticks_fire_on_time_and_one_catch_up_tick_fires_after_downtime() {
     env.until("SELECT count(*) FROM runs WHERE status <> 'completed'", 0, Duration::from_secs(120)).await;
 
     // Down for seven seconds: three or four ticks are missed.
-    engine.kill();
+    engine.sigkill();
     tokio::time::sleep(Duration::from_millis(7_000)).await;
     let _engine = env.engine("sched-b", None);
     tokio::time::sleep(Duration::from_millis(6_000)).await;

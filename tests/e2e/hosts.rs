@@ -22,11 +22,13 @@ use std::time::{Duration, Instant};
 use engine::ids::RunId;
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, user};
-use shopfloor_tests::github_fake::{Issue, Repo, WebhookClient};
+use shopfloor_tests::github_fake::WebhookClient;
+use shopfloor_tests::process::Proc;
 
 const SECRET: &str = "host tests' webhook secret";
 
 use super::host_env::*;
+use crate::support::{ready_for_agent, widgets};
 
 /// Two crew steps on the issue's repository; a pull request is opened from `build`'s work
 /// later, so `build` is asked for its description.
@@ -162,12 +164,19 @@ async fn a_host_runs_crew_steps_in_worktrees_and_pushes_the_branch() {
     env.finish().await;
 }
 
+/// A run of `one` whose slow harness runs on the one host `name`: the host, the run, and the
+/// running step and harness (see [`Env::running_harness`]).
+async fn slow_step_on(env: &Env, name: &str) -> (Proc, RunId, (String, i32)) {
+    let host = env.host(name, 1).await;
+    let run = env.submit("one", vec![json!({ "words": "@SLOW@" })]).await[0];
+    let running = env.running_harness(run, "work").await;
+    (host, run, running)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_hosts_step_is_taken_back_and_completed_by_another_host() {
     let env = Env::start(&[ONE]).await;
-    let mut victim = env.host("victim", 1).await;
-    let run = env.submit("one", vec![json!({ "words": "@SLOW@" })]).await[0];
-    let (first_step, orphan) = env.running_harness(run, "work").await;
+    let (mut victim, run, (first_step, orphan)) = slow_step_on(&env, "victim").await;
     victim.sigkill();
     let killed_at = Instant::now();
     let _survivor = env.host("survivor", 1).await;
@@ -282,10 +291,8 @@ async fn a_cancel_through_the_api_stops_the_running_harness() {
 async fn an_issue_becomes_a_pull_request_through_a_host() {
     let env = Env::start_with(&[ISSUE_TO_PR], true).await;
     let fake = env.github.as_ref().expect("the fake GitHub");
-    let repo = Repo::new("Acme/Widgets", 77);
-    let mut issue = Issue::new(7, "Add a widget");
-    issue.labels.push("ready-for-agent".into());
-    fake.put_issue("acme/widgets", issue.json(&repo));
+    let repo = widgets();
+    let issue = ready_for_agent(fake, 7, "Add a widget");
     let _host = env.host("solo", 2).await;
     let api = |path: String| reqwest::Client::new().get(format!("{}/api/v1/orgs/acme/projects/web{path}", env.base)).bearer_auth(&env.owner_token);
 
@@ -354,9 +361,7 @@ async fn an_issue_becomes_a_pull_request_through_a_host() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_draining_host_hands_its_steps_back_and_exits() {
     let env = Env::start(&[ONE]).await;
-    let mut leaving = env.host("leaving", 1).await;
-    let run = env.submit("one", vec![json!({ "words": "@SLOW@" })]).await[0];
-    let (_, harness) = env.running_harness(run, "work").await;
+    let (mut leaving, run, (_, harness)) = slow_step_on(&env, "leaving").await;
     // SIGTERM: no more claims; the step may go on for the drain time (2 s here, set below),
     // then it is stopped and handed back, and the host exits.
     // SAFETY: a signal to our own child.
@@ -458,10 +463,8 @@ nodes:
 async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {
     let env = Env::start_with(&[BUILD_CI_PR], true).await;
     let fake = env.github.as_ref().expect("the fake GitHub");
-    let repo = Repo::new("Acme/Widgets", 77);
-    let mut issue = Issue::new(8, "Gate the push");
-    issue.labels.push("ready-for-agent".into());
-    fake.put_issue("acme/widgets", issue.json(&repo));
+    let repo = widgets();
+    let issue = ready_for_agent(fake, 8, "Gate the push");
     let _host = env.host("solo", 1).await;
     let hooks = WebhookClient::new(&env.base, SECRET);
     let (status, _) = hooks.send("issues", "delivery-1", &payloads::issues_event("labeled", &repo, &issue, &user("alice"), Some("ready-for-agent"))).await;

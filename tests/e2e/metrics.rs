@@ -6,17 +6,16 @@
 use std::time::Duration;
 
 use engine::net_guard::Policy;
-use engine::store::{installations, webhooks_out, Actor, Change};
+use engine::store::{webhooks_out, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::json;
 use shopfloor_tests::github_fake::payloads::{self, user};
-use shopfloor_tests::github_fake::{Issue, Repo, WebhookClient};
+use shopfloor_tests::github_fake::{Issue, WebhookClient};
 use shopfloor_tests::process::{free_port, listen, shopfloor, Listening, Proc};
 
-use crate::support::{acme, owner_token, put_workflows};
+use crate::support::{acme, connect_widgets, owner_token, put_workflows, widgets};
 
 const SECRET: &str = "metrics-test-webhook-secret";
-const INSTALLATION: i64 = 77;
 
 /// One crew step, which the test executor runs.
 const BUILD: &str = "name: build
@@ -77,7 +76,7 @@ async fn seed(db: &TestDb, receiver: &str) -> String {
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     let acme = acme(&mut ch).await;
     put_workflows(&mut ch, acme.org, acme.project, &[BUILD, QUICK]).await;
-    installations::connect_for_test(&mut ch, acme.org, acme.project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+    connect_widgets(&mut ch, acme.org, acme.project).await;
     // The receiver is on loopback: allowed only with SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE, which
     // the engine gets too.
     let events = ["run.completed".to_owned()];
@@ -137,7 +136,7 @@ async fn api_and_engine_count_what_they_did() {
     // A run over REST; a labelled issue over a signed webhook; and a badly signed one.
     submit(&base, &token).await;
     let hooks = WebhookClient::new(&base, SECRET);
-    let repo = Repo::new("Acme/Widgets", INSTALLATION);
+    let repo = widgets();
     let mut issue = Issue::new(7, "Make it faster");
     issue.labels.push("ready".to_owned());
     let (status, _) = hooks.send("issues", &uuid::Uuid::new_v4().to_string(), &payloads::issues_event("labeled", &repo, &issue, &user("bob"), Some("ready"))).await;

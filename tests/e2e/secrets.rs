@@ -18,13 +18,13 @@ use engine::store::{installations, workflows, Actor, Change};
 use engine::testkit::test_db;
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, user};
-use shopfloor_tests::github_fake::{self, FakeGithub, Issue, Repo, WebhookClient};
+use shopfloor_tests::github_fake::{self, FakeGithub, WebhookClient};
 use shopfloor_tests::process::{listen, sh, shopfloor, Listening, Proc};
 use shopfloor_tests::shopfloor_bin;
 
 use crate::host_env::FAKE_CLAUDE;
 use crate::hosts::ISSUE_TO_PR;
-use crate::support::{acme, owner_token, registration};
+use crate::support::{acme, owner_token, ready_for_agent, registration, widgets};
 
 const WEBHOOK_SECRET: &str = "whsec-leaktest-5c1f0e9a7b3d";
 const LOG: &str = "info,engine=debug,api=debug,host=debug,shopfloor=debug";
@@ -149,10 +149,8 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     // A signed webhook opens the run; the plan runs on the host; a person approves over the
     // API and looks at the run in the console; the build pushes; the pull request is opened
     // with an installation token; CI passes; the run completes.
-    let repo = Repo::new("Acme/Widgets", 77);
-    let mut issue = Issue::new(7, "Add a widget");
-    issue.labels.push("ready-for-agent".into());
-    fake.put_issue("acme/widgets", issue.json(&repo));
+    let repo = widgets();
+    let issue = ready_for_agent(&fake, 7, "Add a widget");
     let hooks = WebhookClient::new(&base, WEBHOOK_SECRET);
     let (status, body) = hooks.send("issues", "delivery-1", &payloads::issues_event("labeled", &repo, &issue, &user("alice"), Some("ready-for-agent"))).await;
     assert_eq!(status, 202, "{body}");

@@ -3,7 +3,8 @@
 //! API's own tests depend on `shopfloor_tests`).
 
 use engine::ids::{OrgId, ProjectId, Slug, UserId, WorkflowId};
-use engine::store::{tenants, workflows, Change};
+use engine::store::{installations, tenants, workflows, Change};
+use shopfloor_tests::github_fake::{FakeGithub, Issue, Repo};
 
 /// Org `acme` (its owner `o@example.com`) and its project `web`.
 pub(crate) struct Acme {
@@ -17,6 +18,27 @@ pub(crate) async fn acme(ch: &mut Change) -> Acme {
     let (org, owner) = tenants::create_org(ch, &Slug::parse("acme").unwrap(), "Acme", "o@example.com").await.unwrap();
     let project = tenants::create_project(ch, org, &Slug::parse("web").unwrap(), "Web").await.unwrap();
     Acme { org, owner, project }
+}
+
+/// The GitHub App's installation on the account `Acme`, which holds `Acme/Widgets`.
+pub(crate) const INSTALLATION: i64 = 77;
+
+/// Connects `Acme/Widgets` (installation [`INSTALLATION`]) to `project` of `org`.
+pub(crate) async fn connect_widgets(ch: &mut Change, org: OrgId, project: ProjectId) {
+    installations::connect_for_test(ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+}
+
+/// `Acme/Widgets` as GitHub's payloads name it.
+pub(crate) fn widgets() -> Repo {
+    Repo::new("Acme/Widgets", INSTALLATION)
+}
+
+/// Issue `number` of `Acme/Widgets`, labelled `ready-for-agent`, as the fake GitHub holds it.
+pub(crate) fn ready_for_agent(fake: &FakeGithub, number: i64, title: &str) -> Issue {
+    let mut issue = Issue::new(number, title);
+    issue.labels.push("ready-for-agent".into());
+    fake.put_issue("acme/widgets", issue.json(&widgets()));
+    issue
 }
 
 /// Puts each workflow under the name its source gives (a source that does not validate fails

@@ -20,7 +20,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use engine::store::{installations, workflows, Actor, Change};
+use engine::store::{workflows, Actor, Change};
 use engine::testkit::test_db;
 use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
@@ -30,10 +30,10 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::Value;
 use shopfloor_tests::github_fake::payloads::{self, user};
-use shopfloor_tests::github_fake::{Issue, Repo, WebhookClient};
+use shopfloor_tests::github_fake::{Issue, WebhookClient};
 use shopfloor_tests::process::{listen, shopfloor, Listening, Proc};
 
-use crate::support::{acme, owner_token};
+use crate::support::{acme, connect_widgets, owner_token, widgets};
 
 const SECRET: &str = "It's a Secret to Everybody";
 
@@ -98,35 +98,38 @@ fn text(v: Option<&any_value::Value>) -> Option<&str> {
     }
 }
 
-async fn traces(State(got): State<Shared>, headers: HeaderMap, body: Bytes) -> (StatusCode, Vec<u8>) {
-    let decoded = ExportTraceServiceRequest::decode(body).ok().filter(|_| protobuf(&headers));
+/// Answers one OTLP/HTTP export: a protobuf `Req` is handed to `keep`, anything else is
+/// refused and counted.
+fn export<Req: Message + Default, Resp: Message + Default>(got: &Shared, headers: &HeaderMap, body: Bytes, keep: impl FnOnce(&mut Received, Req)) -> (StatusCode, Vec<u8>) {
+    let decoded = Req::decode(body).ok().filter(|_| protobuf(headers));
     let mut got = got.lock().unwrap();
     let Some(req) = decoded else {
         got.refused += 1;
         return (StatusCode::BAD_REQUEST, Vec::new());
     };
-    for rs in req.resource_spans {
-        let process = rs.resource.as_ref().and_then(|r| text(attr(&r.attributes, "shopfloor.process"))).unwrap_or_default().to_owned();
-        for ss in rs.scope_spans {
-            got.spans.extend(ss.spans.into_iter().map(|s| (process.clone(), s)));
+    keep(&mut got, req);
+    (StatusCode::OK, Resp::default().encode_to_vec())
+}
+
+async fn traces(State(got): State<Shared>, headers: HeaderMap, body: Bytes) -> (StatusCode, Vec<u8>) {
+    export::<ExportTraceServiceRequest, ExportTraceServiceResponse>(&got, &headers, body, |got, req| {
+        for rs in req.resource_spans {
+            let process = rs.resource.as_ref().and_then(|r| text(attr(&r.attributes, "shopfloor.process"))).unwrap_or_default().to_owned();
+            for ss in rs.scope_spans {
+                got.spans.extend(ss.spans.into_iter().map(|s| (process.clone(), s)));
+            }
         }
-    }
-    (StatusCode::OK, ExportTraceServiceResponse::default().encode_to_vec())
+    })
 }
 
 async fn logs(State(got): State<Shared>, headers: HeaderMap, body: Bytes) -> (StatusCode, Vec<u8>) {
-    let decoded = ExportLogsServiceRequest::decode(body).ok().filter(|_| protobuf(&headers));
-    let mut got = got.lock().unwrap();
-    let Some(req) = decoded else {
-        got.refused += 1;
-        return (StatusCode::BAD_REQUEST, Vec::new());
-    };
-    for rl in req.resource_logs {
-        for sl in rl.scope_logs {
-            got.logs.extend(sl.log_records);
+    export::<ExportLogsServiceRequest, ExportLogsServiceResponse>(&got, &headers, body, |got, req| {
+        for rl in req.resource_logs {
+            for sl in rl.scope_logs {
+                got.logs.extend(sl.log_records);
+            }
         }
-    }
-    (StatusCode::OK, ExportLogsServiceResponse::default().encode_to_vec())
+    })
 }
 
 /// The OTLP/HTTP receiver on a loopback port; returns its base URL.
@@ -175,7 +178,7 @@ async fn a_webhook_run_is_one_trace_and_its_events_are_log_records() {
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     let acme = acme(&mut ch).await;
     workflows::put_version(&mut ch, acme.org, acme.project, "traced", TRACED).await.unwrap();
-    installations::connect_for_test(&mut ch, acme.org, acme.project, 77, "Acme", "Acme/Widgets").await.unwrap();
+    connect_widgets(&mut ch, acme.org, acme.project).await;
     let token = owner_token(&mut ch, &acme, "test", 1).await;
     ch.commit().await.unwrap();
 
@@ -192,7 +195,7 @@ async fn a_webhook_run_is_one_trace_and_its_events_are_log_records() {
     let http = reqwest::Client::new();
 
     // The webhook opens the run.
-    let repo = Repo::new("Acme/Widgets", 77);
+    let repo = widgets();
     let mut issue = Issue::new(12, "Trace me");
     issue.labels.push("ready".into());
     let hooks = WebhookClient::new(&base, SECRET);

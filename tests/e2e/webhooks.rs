@@ -10,17 +10,16 @@
 use std::time::{Duration, Instant};
 
 use engine::ids::{OrgId, ProjectId};
-use engine::store::{installations, triggers, Actor, Change};
+use engine::store::{triggers, Actor, Change};
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, bot, user};
 use shopfloor_tests::github_fake::{Fault, FakeGithub, Issue, PullRequest, Repo, WebhookClient};
 use shopfloor_tests::process::{listen, shopfloor, Listening};
 
-use crate::support::{acme, put_workflows, Acme};
+use crate::support::{acme, connect_widgets, put_workflows, widgets, Acme, INSTALLATION};
 
 const SECRET: &str = "It's a Secret to Everybody";
-const INSTALLATION: i64 = 77;
 
 /// Runs as soon as the issue carries `ready`; starts and ends at once.
 const QUICK: &str = "name: quick
@@ -89,14 +88,14 @@ async fn start(sources: &[&str]) -> Env {
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     let Acme { org, project, .. } = acme(&mut ch).await;
     put_workflows(&mut ch, org, project, sources).await;
-    installations::connect_for_test(&mut ch, org, project, INSTALLATION, "Acme", "Acme/Widgets").await.unwrap();
+    connect_widgets(&mut ch, org, project).await;
     ch.commit().await.unwrap();
 
     let mut serve = shopfloor(&["serve", "--log", "warn"], &db.url);
     serve.env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", SECRET).env("SHOPFLOOR_DRAIN_SECS", "2").env("SHOPFLOOR_DB_CONNECTIONS", "16");
     let server = listen(serve).await;
     let hooks = WebhookClient::new(&server.base, SECRET);
-    Env { db, server, hooks, org, project, repo: Repo::new("Acme/Widgets", INSTALLATION) }
+    Env { db, server, hooks, org, project, repo: widgets() }
 }
 
 impl Env {
@@ -117,24 +116,17 @@ impl Env {
 
     /// (status, reason) of every run of `workflow`, oldest first.
     async fn runs(&self, workflow: &str) -> Vec<(String, Option<String>)> {
-        sqlx::query_as(
-            "SELECT r.status, r.reason FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id WHERE w.name = $1 ORDER BY r.created_at, r.run_id",
-        )
-        .bind(workflow)
-        .fetch_all(&self.db.pool)
-        .await
-        .unwrap()
+        self.statuses("SELECT r.status, r.reason FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id WHERE w.name = $1 ORDER BY r.created_at, r.run_id", workflow).await
     }
 
     /// (status, reason) of every trigger event of `workflow`, oldest first.
     async fn events(&self, workflow: &str) -> Vec<(String, Option<String>)> {
-        sqlx::query_as(
-            "SELECT e.status, e.reason FROM trigger_events e JOIN workflows w ON w.workflow_id = e.workflow_id WHERE w.name = $1 ORDER BY e.created_at, e.event_id",
-        )
-        .bind(workflow)
-        .fetch_all(&self.db.pool)
-        .await
-        .unwrap()
+        self.statuses("SELECT e.status, e.reason FROM trigger_events e JOIN workflows w ON w.workflow_id = e.workflow_id WHERE w.name = $1 ORDER BY e.created_at, e.event_id", workflow).await
+    }
+
+    /// The (status, reason) rows `sql` selects for `workflow` ($1).
+    async fn statuses(&self, sql: &str, workflow: &str) -> Vec<(String, Option<String>)> {
+        sqlx::query_as(sql).bind(workflow).fetch_all(&self.db.pool).await.unwrap()
     }
 
     async fn finish(self) {
@@ -473,7 +465,7 @@ async fn the_fake_github_answers_documented_shapes_and_injects_failures() {
     let get = |path: &str| http.get(format!("{}{path}", fake.url)).header("authorization", "token ghs_x").send();
 
     assert_eq!(get("/repos/acme/widgets/issues/1").await.unwrap().status(), 404);
-    let repo = Repo::new("Acme/Widgets", INSTALLATION);
+    let repo = widgets();
     let mut issue = Issue::new(1, "Fix");
     issue.labels = vec!["ready".into()];
     fake.put_issue(&repo.full_name, issue.json(&repo));
@@ -540,8 +532,7 @@ async fn the_ingest_and_rejudge_lookups_use_indexes() {
         ("item_cycle_budgets_asks", "SELECT item_id FROM item_cycle_budgets WHERE org_id = gen_random_uuid() AND asked_at IS NOT NULL"),
     ];
     for (index, sql) in lookups {
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}")).fetch_all(&mut *conn).await.unwrap();
-        let plan = plan.join("\n");
+        let plan = shopfloor_tests::plan(&mut conn, sql).await;
         assert!(index.split('|').any(|i| plan.contains(i)) && !plan.contains("Seq Scan"), "{sql}\nshould use {index}:\n{plan}");
     }
     drop(conn);

@@ -186,6 +186,12 @@ impl Server {
         path
     }
 
+    /// Writes `source` to the file `name` and pushes it with `workflows push`.
+    fn push(&self, name: &str, source: &str) {
+        let path = self.write(name, source);
+        self.cli(&["workflows", "push", path.to_str().unwrap()]).ok();
+    }
+
     /// Stops the server (SIGTERM, then its drain), then checks and drops the database.
     async fn finish(mut self) {
         // SAFETY: signalling our own child by its pid.
@@ -318,8 +324,7 @@ async fn workflows_are_validated_pushed_listed_and_paused_on_the_server() {
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_are_submitted_shown_answered_rejected_cancelled_retried_and_rerun() {
     let s = Server::start().await;
-    let ship = s.write("ship.yaml", SHIP);
-    s.cli(&["workflows", "push", ship.to_str().unwrap()]).ok();
+    s.push("ship.yaml", SHIP);
 
     // Submit: the id alone on standard output, input typed from name=value.
     let ran = s.cli(&["runs", "submit", "ship", "--input", "n=5", "--input", "who=me", "--input", r#"deep={"a":[1]}"#]).ok();
@@ -446,8 +451,7 @@ async fn runs_are_submitted_shown_answered_rejected_cancelled_retried_and_rerun(
 async fn runs_say_sends_a_message_to_the_running_crew_session() {
     let s = Server::for_hosts().await;
     let pair = "name: pair\nnodes:\n  left:\n    crew: { harness: claude-code, prompt: left }\n  right:\n    crew: { harness: claude-code, prompt: right }\n";
-    let path = s.write("pair.yaml", pair);
-    s.cli(&["workflows", "push", path.to_str().unwrap()]).ok();
+    s.push("pair.yaml", pair);
     let run = s.cli(&["runs", "submit", "pair"]).ok().stdout.trim().to_owned();
     s.until(&run, "two ready crew steps", |r| r["steps"].as_array().is_some_and(|st| st.iter().filter(|x| x["state"] == "pending").count() == 2)).await;
 
@@ -615,8 +619,7 @@ async fn tokens_hosts_and_budgets() {
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_list_watch_prints_each_change_from_the_event_stream() {
     let s = Server::start().await;
-    let quick = s.write("quick.yaml", QUICK);
-    s.cli(&["workflows", "push", quick.to_str().unwrap()]).ok();
+    s.push("quick.yaml", QUICK);
     let first = s.cli(&["runs", "submit", "quick"]).ok().stdout.trim().to_owned();
     s.until(&first, "completed", |r| r["status"] == "completed").await;
     let mut watch = KillOnDrop(s.with_env(s.command(&["runs", "list", "--watch", "--workflow", "quick"])).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
@@ -655,8 +658,7 @@ async fn runs_follow_in_a_terminal_answers_the_approval_with_a_and_sees_the_run_
     use expectrl::{Eof, Expect as _, Session};
 
     let s = Server::start().await;
-    let ship = s.write("ship.yaml", SHIP);
-    s.cli(&["workflows", "push", ship.to_str().unwrap()]).ok();
+    s.push("ship.yaml", SHIP);
     // The crew step takes a while, so the follower sees it run and its transcript.
     let run = s.cli(&["runs", "submit", "ship", "--input", r#"test={"step_ms":{"build":4000}}"#]).ok().stdout.trim().to_owned();
 
@@ -781,8 +783,7 @@ async fn runs_follow_in_a_terminal_answers_the_approval_with_a_and_sees_the_run_
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_submit_says_a_run_waits_for_its_start_approval() {
     let s = Server::start().await;
-    let gated = s.write("gated.yaml", GATED);
-    s.cli(&["workflows", "push", gated.to_str().unwrap()]).ok();
+    s.push("gated.yaml", GATED);
     let ran = s.cli(&["runs", "submit", "gated"]).ok();
     let run = ran.line().to_owned();
     assert_eq!(ran.stderr.trim(), "submitted gated v1: waiting for approval");
@@ -797,8 +798,7 @@ async fn runs_submit_says_a_run_waits_for_its_start_approval() {
     s.until(&run, "its approval", is_waiting).await;
     assert_eq!(s.run(&run).await["substate"], "awaiting_signal");
     // A run of a workflow with no such approval is queued, as the API says.
-    let quick = s.write("quick.yaml", QUICK);
-    s.cli(&["workflows", "push", quick.to_str().unwrap()]).ok();
+    s.push("quick.yaml", QUICK);
     let ran = s.cli(&["runs", "submit", "quick", "--json"]).ok();
     let answer: Value = serde_json::from_str(&ran.stdout).unwrap();
     assert_eq!(answer["substate"], "queued", "{answer}");
@@ -855,8 +855,7 @@ fn until_line(rx: &std::sync::mpsc::Receiver<String>, text: &str, seen: &mut Vec
 async fn runs_submit_follow_shows_every_transcript_line_of_a_running_crew_step() {
     let s = Server::for_hosts().await;
     let solo = "name: solo\nnodes:\n  build:\n    crew: { harness: command, command: make, prompt: build it }\n";
-    let path = s.write("solo.yaml", solo);
-    s.cli(&["workflows", "push", path.to_str().unwrap()]).ok();
+    s.push("solo.yaml", solo);
     let reg = host_post(&s, "/api/v1/orgs/acme/projects/web/host-registrations", &s.token, json!({ "name": "box" })).await;
     let cred = host_post(&s, "/api/v1/host/register", reg["token"].as_str().unwrap(), json!({ "name": "box", "capabilities": ["harness:command"], "max_concurrent": 1 })).await;
     let host = cred["token"].as_str().unwrap().to_owned();

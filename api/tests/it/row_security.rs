@@ -155,8 +155,7 @@ async fn hot_reads_use_their_indexes_under_the_tenant_role() {
         ("a project by slug", format!("SELECT project_id FROM projects WHERE org_id = {org} AND slug = 'web'")),
     ];
     for (what, sql) in reads {
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}")).fetch_all(&mut *conn).await.unwrap();
-        let plan = plan.join("\n");
+        let plan = shopfloor_tests::plan(&mut conn, &sql).await;
         assert!(!plan.contains("Seq Scan"), "{what} scans under the tenant role:\n{sql}\n{plan}");
         assert!(plan.contains("Index"), "{what} uses no index under the tenant role:\n{sql}\n{plan}");
     }

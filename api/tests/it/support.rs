@@ -20,7 +20,7 @@ use engine::jobs::WebhookClient;
 use engine::net_guard::Policy;
 use engine::pool::PoolConfig;
 use engine::store::{api_writes, tenants, workflows, Actor, Change};
-use engine::testkit::{test_db, TestDb};
+use engine::testkit::{test_db, Engine, TestDb, APPROVAL};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::{Method, StatusCode};
@@ -29,18 +29,6 @@ use engine::db::Db;
 use shopfloor_tests::github_fake::oauth::FakeOauth;
 use shopfloor_tests::in_process::{self, Served};
 use tokio_util::sync::CancellationToken;
-
-/// A workflow that parks at an approval with one required field, then ends.
-pub(crate) const APPROVAL: &str = "name: approve
-nodes:
-  ask:
-    approval:
-      prompt: Ship it?
-      fields: { ticket: { type: string, required: true } }
-  ship:
-    after: [ask]
-    output: { github: comment, body: done }
-";
 
 /// One org's people: a token per role.
 pub(crate) struct Org {
@@ -62,7 +50,7 @@ pub(crate) struct App {
     pub(crate) base: String,
     pub(crate) http: reqwest::Client,
     stop: CancellationToken,
-    engine: Option<CancellationToken>,
+    engine: Option<Engine>,
 }
 
 /// Names the in-process engines resolve, and to what: tests never ask the system's DNS.
@@ -158,9 +146,9 @@ impl App {
         let cfg = PoolConfig {
             test_executor: test_executor.then_some(TestExecutor { effects: None }),
             webhooks: WebhookClient::with_resolver(webhooks.engine, Arc::new(webhooks.names)).expect("the delivery client builds"),
-            ..in_process::engine_config("api-test-engine", &self.db.url)
+            ..engine::testkit::pool_config("api-test-engine", &self.db.url, None)
         };
-        self.engine = Some(in_process::spawn_engine(&self.db.pool, cfg));
+        self.engine = Some(Engine::start(&self.db.pool, cfg));
     }
 
     pub(crate) fn pool(&self) -> &Db {
@@ -189,7 +177,7 @@ impl App {
     async fn stop_serving(&self) {
         self.stop.cancel();
         if let Some(e) = &self.engine {
-            e.cancel();
+            e.stop();
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

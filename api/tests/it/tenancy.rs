@@ -5,10 +5,11 @@
 use engine::ids::Slug;
 use engine::store::runs::{self, NewRun};
 use engine::store::{tenants, workflows, Actor, Change};
+use engine::testkit::APPROVAL;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::{problem, App, APPROVAL};
+use crate::support::{problem, App};
 
 #[tokio::test]
 async fn another_orgs_ids_answer_404_and_leak_nothing() {

@@ -289,6 +289,23 @@ fn up_to_ci(sim: &mut Sim) {
     assert_eq!(sim.started(), ["ci"]);
 }
 
+/// `a`, then `b` and `c` after it (`c` as given), then `rest`: walked until `b` and `c` are
+/// open.
+fn branched(c: Node, rest: Vec<Node>) -> Sim {
+    let mut nodes = vec![crew("a", &[]), crew("b", &["a"]), c];
+    nodes.extend(rest);
+    let mut sim = Sim::new(def(3, nodes));
+    assert_eq!(sim.started(), ["a"]);
+    sim.succeed("a");
+    assert_eq!(sim.started(), ["b", "c"]);
+    sim
+}
+
+/// [`branched`] into the join `j` after `b` and `c`.
+fn diamond() -> Sim {
+    branched(crew("c", &["a"]), vec![crew("j", &["b", "c"])])
+}
+
 // ---------------------------------------------------------------------------------------------
 // Unit tests, one rule each.
 
@@ -639,20 +656,10 @@ fn a_failure_handler_takes_precedence_over_continue_on_error_and_on_fail() {
 
 #[test]
 fn an_unhandled_failure_stops_its_branch_and_fails_the_run_once_the_others_are_done() {
-    let d = def(
-        3,
-        vec![
-            crew("a", &[]),
-            crew("b", &["a"]),
-            crew("c", &["a"]),
-            crew("b2", &["b"]),
-            crew("c2", &["c"]),
-        ],
+    let mut sim = branched(
+        crew("c", &["a"]),
+        vec![crew("b2", &["b"]), crew("c2", &["c"])],
     );
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
-    sim.succeed("a");
-    assert_eq!(sim.started(), ["b", "c"]);
     sim.fail("b", "first", FailureClass::Final, None);
     assert_eq!(
         sim.started(),
@@ -671,19 +678,7 @@ fn an_unhandled_failure_stops_its_branch_and_fails_the_run_once_the_others_are_d
 
 #[test]
 fn a_join_waits_for_every_open_branch_and_starts_once() {
-    let d = def(
-        3,
-        vec![
-            crew("a", &[]),
-            crew("b", &["a"]),
-            crew("c", &["a"]),
-            crew("j", &["b", "c"]),
-        ],
-    );
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
-    sim.succeed("a");
-    assert_eq!(sim.started(), ["b", "c"]);
+    let mut sim = diamond();
     sim.succeed("c");
     assert_eq!(sim.started(), Vec::<String>::new());
     sim.succeed("b");
@@ -694,19 +689,7 @@ fn a_join_waits_for_every_open_branch_and_starts_once() {
 
 #[test]
 fn a_join_goes_on_when_the_other_branch_failed_unhandled() {
-    let d = def(
-        3,
-        vec![
-            crew("a", &[]),
-            crew("b", &["a"]),
-            crew("c", &["a"]),
-            crew("j", &["b", "c"]),
-        ],
-    );
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
-    sim.succeed("a");
-    assert_eq!(sim.started(), ["b", "c"]);
+    let mut sim = diamond();
     sim.succeed("b");
     assert_eq!(sim.started(), Vec::<String>::new());
     sim.fail("c", "boom", FailureClass::Final, None);
@@ -739,19 +722,10 @@ fn a_join_waits_for_a_sibling_that_starts_in_the_same_walk() {
 
 #[test]
 fn a_join_waits_for_a_sibling_whose_retry_is_pending() {
-    let d = def(
-        3,
-        vec![
-            crew("a", &[]),
-            crew("b", &["a"]),
-            with_retry(crew("c", &["a"]), 2, 5, 5, &[]),
-            crew("j", &["b", "c"]),
-        ],
+    let mut sim = branched(
+        with_retry(crew("c", &["a"]), 2, 5, 5, &[]),
+        vec![crew("j", &["b", "c"])],
     );
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
-    sim.succeed("a");
-    assert_eq!(sim.started(), ["b", "c"]);
     sim.succeed("b");
     assert_eq!(sim.started(), Vec::<String>::new());
     sim.fail("c", "flaky", FailureClass::Ordinary, Some(1));

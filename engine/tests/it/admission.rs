@@ -129,7 +129,7 @@ async fn queue_runs_at_most_the_limit_at_once_and_releases_in_line_order() {
     let last: RunId = sqlx::query_scalar("SELECT run_id FROM admission_waits ORDER BY seq DESC LIMIT 1").fetch_one(&db.pool).await.unwrap();
     let w = substate::why(&db.pool, s.org, last).await.unwrap();
     assert_eq!((w.words.as_str(), w.text.as_str()), ("waiting for a lock", "Waiting for the lock of concurrency group deploy (46 ahead in line)"));
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     for st in statuses(&db.pool, &runs).await {
         assert_eq!(st, ("completed".to_owned(), None));
     }
@@ -138,7 +138,7 @@ async fn queue_runs_at_most_the_limit_at_once_and_releases_in_line_order() {
     assert!(lines.len() >= 40, "most runs waited in line: {}", lines.len());
     assert_in_order(&lines);
     assert_leases_counted(&db.pool).await;
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
 
@@ -146,7 +146,7 @@ async fn queue_runs_at_most_the_limit_at_once_and_releases_in_line_order() {
 async fn skip_refuses_new_runs_while_the_group_is_full() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", &group("deploy", 3, "skip")).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let results = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 3000 } })).await;
     let accepted: Vec<RunId> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
     let refused: Vec<String> = results.iter().filter_map(|r| r.as_ref().err()).map(|e| e.to_string()).collect();
@@ -161,7 +161,7 @@ async fn skip_refuses_new_runs_while_the_group_is_full() {
     let again = submit(&db.pool, with_input(&s, json!({}))).await.unwrap();
     assert_eq!(statuses(&db.pool, &[again]).await[0].0, "completed");
     assert_eq!(max_running(&db.pool, s.workflow).await, 3);
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
 
@@ -169,7 +169,7 @@ async fn skip_refuses_new_runs_while_the_group_is_full() {
 async fn drop_cancels_the_oldest_run_in_line_for_the_newest() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", &group("deploy", 2, "drop")).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let results = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 3000 } })).await;
     let runs: Vec<RunId> = results.into_iter().map(|r| r.expect("drop accepts every submit")).collect();
     let ended = statuses(&db.pool, &runs).await;
@@ -185,7 +185,7 @@ async fn drop_cancels_the_oldest_run_in_line_for_the_newest() {
     .unwrap();
     assert_eq!(dropped_with_steps, 0, "a dropped run never started");
     assert_eq!(max_running(&db.pool, s.workflow).await, 2);
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
 
@@ -199,7 +199,7 @@ nodes:
     crew: { harness: claude-code, prompt: work }
 ";
     let s = seed(&db.pool, "acme", source).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let started = Instant::now();
     // Watched from the first submit on, not after a pause: on a loaded machine the submits may
     // take as long as the throttle's windows, and a fixed pause could look too late.
@@ -247,7 +247,7 @@ nodes:
         assert!(starts[i + 10] - starts[i] >= 1.0 - 1e-6, "11 starts within a second: {} and {}", starts[i], starts[i + 10]);
     }
     assert_in_order(&released(&db.pool, s.workflow).await);
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
 
@@ -272,7 +272,7 @@ async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
         let w = substate::why(&db.pool, s.org, q).await.unwrap();
         assert!(w.text.starts_with("Queued: held by the org's cap of 5 running runs ("), "{}", w.text);
     }
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     for st in statuses(&db.pool, &runs).await {
         assert_eq!(st.0, "completed");
     }
@@ -287,7 +287,7 @@ async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
     ch.commit().await.unwrap();
     let parent = submit(&db.pool, NewRun { workflow: parent_wf, version, ..new_run(&s) }).await.unwrap();
     assert_eq!(statuses(&db.pool, &[parent]).await[0].0, "completed");
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
 
@@ -304,7 +304,7 @@ async fn a_run_failed_without_its_journal_hands_its_room_on() {
     let second = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
     assert!(held_in_line(&db.pool, second).await, "the second run waits for the cap");
     poison(&db.pool, "run_events", &format!("NEW.run_id = '{}'", first.0)).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let ended = statuses(&db.pool, &[second]).await.remove(0);
     let first_row: (String, Option<String>, i32) =
         sqlx::query_as("SELECT status, reason, engine_errors FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
@@ -318,7 +318,7 @@ async fn a_run_failed_without_its_journal_hands_its_room_on() {
         .unwrap();
     assert!(bare.iter().any(|d| d["without_event"] == json!(true)), "{bare:?}");
     assert_leases_counted(&db.pool).await;
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
 
@@ -352,7 +352,7 @@ async fn a_submit_is_refused_once_a_thousand_runs_wait_for_the_cap() {
 async fn a_paused_workflow_or_project_holds_new_runs_until_unpaused() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     workflows::set_paused(&mut ch, s.org, s.workflow, true).await.unwrap();
     ch.commit().await.unwrap();
@@ -379,7 +379,7 @@ async fn a_paused_workflow_or_project_holds_new_runs_until_unpaused() {
         .await
         .unwrap();
     assert_eq!(kinds, ["run.started", "run.held", "run.held", "run.admitted", "run.completed"]);
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
 
@@ -409,7 +409,7 @@ nodes:
 ";
     let s = seed(&db.pool, "acme", source).await;
     set_budget(&db.pool, s.org, Some(s.project), 10.0, true).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let costly = json!({ "test": { "cost_usd": 4, "tokens": 1000 } });
     let first = submit(&db.pool, with_input(&s, costly.clone())).await.unwrap();
     assert_eq!(statuses(&db.pool, &[first]).await[0], ("failed".to_owned(), Some(budgets::HARD_STOP.to_owned())));
@@ -444,7 +444,7 @@ nodes:
     // Raising the limit releases it; it runs to the end.
     set_budget(&db.pool, s.org, Some(s.project), 100.0, true).await;
     assert_eq!(statuses(&db.pool, &[held]).await[0], ("completed".to_owned(), None));
-    stop.cancel();
+    eng.stop();
     db.discard().await;
 }
 
@@ -453,7 +453,7 @@ async fn a_soft_budget_holds_new_runs_but_lets_crew_steps_run() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n  more:\n    after: [work]\n    crew: { harness: claude-code, prompt: more }\n").await;
     set_budget(&db.pool, s.org, None, 1.0, false).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let first = submit(&db.pool, with_input(&s, json!({ "test": { "cost_usd": 2 } }))).await.unwrap();
     assert_eq!(statuses(&db.pool, &[first]).await[0].0, "completed");
     let held = submit(&db.pool, new_run(&s)).await.unwrap();
@@ -463,7 +463,7 @@ async fn a_soft_budget_holds_new_runs_but_lets_crew_steps_run() {
     budgets::remove(&mut ch, s.org, None, "day").await.unwrap();
     ch.commit().await.unwrap();
     assert_eq!(statuses(&db.pool, &[held]).await[0].0, "completed");
-    stop.cancel();
+    eng.stop();
     db.discard().await;
 }
 
@@ -536,7 +536,7 @@ async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A retention of 30 days: the sweep is due now, an engine takes it.
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let started = Instant::now();
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     retention::set_days(&mut ch, s.org, s.project, 30).await.unwrap();
@@ -575,7 +575,7 @@ async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new
     // the journals' partitions are looked after daily), once the sweep has finished (until then
     // its job is due a lease ahead).
     next_sweep_in_days(&db.pool, s.project, 1.0).await;
-    stop.cancel();
+    eng.stop();
     db.discard().await;
 }
 
@@ -637,7 +637,7 @@ async fn a_full_board_column_holds_runs_that_move_cards_into_it_and_releases_the
     drop(conn);
     assert_eq!((limits[0].column.as_str(), limits[0].limit, limits[0].occupied, limits[0].waiting), ("In progress", 2, 2, 3));
 
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     for st in statuses(&db.pool, &runs).await {
         assert_eq!(st, ("completed".to_owned(), None));
     }
@@ -645,7 +645,7 @@ async fn a_full_board_column_holds_runs_that_move_cards_into_it_and_releases_the
     let lines = released(&db.pool, s.workflow).await;
     assert_eq!(lines.len(), 3);
     assert_in_order(&lines);
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
 
@@ -687,7 +687,7 @@ async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run
             .unwrap();
     }
     set_board_limit(&db.pool, &s, "in progress", Some(2)).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let long = json!({ "test": { "step_ms": 600_000 } });
 
     // The column is full of cards: a run is held, and says why.
@@ -726,7 +726,7 @@ async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run
         runs::cancel(&mut ch, s.org, run, "test over").await.unwrap();
         ch.commit().await.unwrap();
     }
-    stop.cancel();
+    eng.stop();
     db.discard().await;
 }
 
@@ -779,7 +779,7 @@ async fn a_runs_journal_lives_as_long_as_the_run_and_its_partition_goes_whole_af
     sqlx::query("UPDATE runs SET status = 'running', ended_at = NULL WHERE run_id = $1").bind(running).execute(&db.pool).await.unwrap();
     let in_ancient = format!("SELECT count(*) FROM {ancient}");
     assert_eq!(crate::fixtures::count(&db.pool, &in_ancient).await, 51 * 4);
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
 
     // The sweep deletes the 50 finished runs of a year ago; their partition stays while the
     // running run of its month is left, and every journal of a kept run is whole.
@@ -806,7 +806,7 @@ async fn a_runs_journal_lives_as_long_as_the_run_and_its_partition_goes_whole_af
             .unwrap();
         assert!(exists(&db.pool, &name).await, "{name}");
     }
-    stop.cancel();
+    eng.stop();
     db.discard().await;
 }
 

@@ -5,27 +5,16 @@ use std::time::Duration;
 
 use engine::executor::TestExecutor;
 use engine::ids::RunId;
-use engine::pool;
 use engine::store::{approvals, Actor, Change};
-use engine::testkit::test_db;
+use engine::testkit::{test_db, Engine};
 use serde_json::{json, Map};
 use engine::db::Db;
-use tokio_util::sync::CancellationToken;
 
 use crate::fixtures::{seed, submit_new, with_input};
 
-/// An engine running in this process until the returned token is cancelled.
-pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> CancellationToken {
-    start_engine_joined(db, url, id).0
-}
-
-/// [`start_engine`], with the engine's task, which ends once the token is cancelled and the
-/// engine has drained.
-pub(crate) fn start_engine_joined(db: &Db, url: &str, id: &str) -> (CancellationToken, tokio::task::JoinHandle<Result<(), engine::store::StoreError>>) {
-    let stop = CancellationToken::new();
-    let cfg = engine::testkit::pool_config(id, url, Some(TestExecutor { effects: None }));
-    let task = tokio::spawn(pool::run(db.clone(), cfg, stop.clone(), stop.clone()));
-    (stop, task)
+/// An engine with the test executor running in this process until it is stopped.
+pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> Engine {
+    Engine::start(db, engine::testkit::pool_config(id, url, Some(TestExecutor { effects: None })))
 }
 
 /// Waits (up to `limit`) until the run's status is not `running`; returns status and reason.
@@ -48,7 +37,7 @@ async fn nodes_in_order(pool: &Db, run: RunId) -> Vec<String> {
 async fn a_run_walks_a_join_and_a_gate_loop_to_completion() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", &engine::testkit::join_and_loop("done")).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "gate_fail_visits": [1] } }))).await;
     let (status, reason) = until_done(&db.pool, run, Duration::from_secs(20)).await;
     assert_eq!((status.as_str(), reason), ("completed", None), "{:?}", nodes_in_order(&db.pool, run).await);
@@ -57,7 +46,7 @@ async fn a_run_walks_a_join_and_a_gate_loop_to_completion() {
         steps,
         ["plan:succeeded", "left:succeeded", "right:succeeded", "ci:failed", "left:succeeded", "ci:succeeded", "ship:succeeded"]
     );
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
 
@@ -71,7 +60,7 @@ nodes:
 async fn a_wait_fires_at_its_due_time_not_before() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", WAIT).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let run = submit_new(&db.pool, with_input(&s, json!({}))).await;
     let (status, _) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!(status, "completed");
@@ -82,26 +71,15 @@ async fn a_wait_fires_at_its_due_time_not_before() {
         .await
         .unwrap();
     assert!(on_time, "the wait ended before its two seconds");
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }
-
-const APPROVAL: &str = "name: approve
-nodes:
-  ask:
-    approval:
-      prompt: Ship it?
-      fields: { ticket: { type: string, required: true } }
-  ship:
-    after: [ask]
-    output: { github: comment, body: done }
-";
 
 #[tokio::test]
 async fn an_approval_parks_the_run_until_answered_with_its_fields() {
     let db = test_db().await;
-    let s = seed(&db.pool, "acme", APPROVAL).await;
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let s = seed(&db.pool, "acme", engine::testkit::APPROVAL).await;
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let run = submit_new(&db.pool, with_input(&s, json!({}))).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while nodes_in_order(&db.pool, run).await != ["ask:waiting"] {
@@ -132,6 +110,6 @@ async fn an_approval_parks_the_run_until_answered_with_its_fields() {
     let (status, reason) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!((status.as_str(), reason.as_deref()), ("cancelled", Some("rejected at ask: not now")));
     assert_eq!(nodes_in_order(&db.pool, run).await, ["ask:failed"]);
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }

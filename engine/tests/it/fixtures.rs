@@ -1,7 +1,7 @@
 //! Shared test data: an org, a project and a workflow written through the store
 //! (`engine::testkit::seed`), and runs of it.
 
-use engine::ids::RunId;
+use engine::ids::{OrgId, RunId};
 use engine::store::runs::{self, NewRun};
 use engine::store::{Actor, Change};
 use serde_json::json;
@@ -55,4 +55,11 @@ pub(crate) async fn poison(pool: &Db, table: &str, when: &str) {
     .await
     .unwrap();
     sqlx::query(&format!("CREATE TRIGGER poison BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION poison_{table}()")).execute(pool).await.unwrap();
+}
+
+/// A change by `actor` holding the lock of `org`'s `run`.
+pub(crate) async fn locked(pool: &Db, actor: Actor, org: OrgId, run: RunId) -> Change {
+    let mut ch = Change::begin(pool, actor).await.unwrap();
+    ch.lock_run(org, run).await.unwrap().expect("the run exists");
+    ch
 }

@@ -14,7 +14,7 @@ use engine::testkit::test_db;
 use serde_json::json;
 use engine::db::Db;
 
-use crate::fixtures::{count, seed, submit, Seed, TWO_STEPS};
+use crate::fixtures::{count, locked, seed, submit, Seed, TWO_STEPS};
 
 /// A registration token's row, as the API's `issue_registration_token` writes it.
 async fn registration(pool: &Db, s: &Seed) -> uuid::Uuid {
@@ -59,8 +59,7 @@ async fn row(pool: &Db, s: &Seed, host: HostId) -> HostRow {
 /// A pending crew step of node `a` needing `requires`, in a run of its own.
 async fn ready_step(pool: &Db, s: &Seed, requires: &[&str]) -> (RunId, StepId) {
     let run = submit(pool, s).await;
-    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    ch.lock_run(s.org, run).await.unwrap().unwrap();
+    let mut ch = locked(pool, Actor::System, s.org, run).await;
     let new = NewStep {
         node: "a",
         kind: "crew",
@@ -72,6 +71,14 @@ async fn ready_step(pool: &Db, s: &Seed, requires: &[&str]) -> (RunId, StepId) {
     };
     let step = steps::create(&mut ch, run, new).await.unwrap();
     ch.commit().await.unwrap();
+    (run, step)
+}
+
+/// A step of its own, claimed by `host` and started with Claude Code.
+async fn started_on(pool: &Db, s: &Seed, host: &HostRow) -> (RunId, StepId) {
+    let (run, step) = ready_step(pool, s, &[]).await;
+    hosts::claim(pool, &Catalog::default(), host, 1).await.unwrap();
+    hosts::start(pool, host, step, "claude-code").await.unwrap();
     (run, step)
 }
 
@@ -144,11 +151,8 @@ async fn a_claim_takes_what_the_hosts_capabilities_and_free_slots_allow() {
 async fn reports_renew_the_lease_and_stop_at_the_runs_transcript_cap_with_a_note() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", TWO_STEPS).await;
-    let catalog = Catalog::default();
     let host = register(&db.pool, &s, "box", &["linux"], 1).await;
-    let (run, step) = ready_step(&db.pool, &s, &[]).await;
-    hosts::claim(&db.pool, &catalog, &host, 1).await.unwrap();
-    hosts::start(&db.pool, &host, step, "claude-code").await.unwrap();
+    let (run, step) = started_on(&db.pool, &s, &host).await;
     sqlx::query("UPDATE steps SET lease_expires_at = now() + interval '1 second' WHERE step_id = $1").bind(step).execute(&db.pool).await.unwrap();
     let events = |run: RunId| format!("SELECT count(*) FROM run_events WHERE run_id = '{}'", run.0);
     let events_before = count(&db.pool, &events(run)).await;
@@ -182,12 +186,9 @@ async fn reports_renew_the_lease_and_stop_at_the_runs_transcript_cap_with_a_note
 async fn a_completion_is_fenced_on_the_holder_and_wakes_the_run() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", TWO_STEPS).await;
-    let catalog = Catalog::default();
     let host = register(&db.pool, &s, "box", &["linux"], 2).await;
     let other = register(&db.pool, &s, "other", &["linux"], 2).await;
-    let (run, step) = ready_step(&db.pool, &s, &[]).await;
-    hosts::claim(&db.pool, &catalog, &host, 1).await.unwrap();
-    hosts::start(&db.pool, &host, step, "claude-code").await.unwrap();
+    let (run, step) = started_on(&db.pool, &s, &host).await;
     let done = Completion {
         output: json!({ "text": "ok" }),
         failure: None,

@@ -8,42 +8,37 @@ use std::time::Duration;
 
 use engine::executor::TestExecutor;
 use engine::ids::{HostId, OrgId, RunId, StepId, WorkflowId};
-use engine::pool;
 use engine::state::StepState;
 use engine::store::runs::{self, NewRun};
 use engine::store::steps;
 use engine::store::{approvals, workflows, Actor, Change, StoreError};
 use engine::substate::{self, Substate, Why};
-use engine::testkit::test_db;
+use engine::testkit::{test_db, Engine, TestDb};
 use serde_json::{json, Map, Value};
 use engine::db::Db;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use crate::engine::until_done;
 use crate::fixtures::{new_run, seed, submit_new, with_input, Seed};
 
-/// An engine in this process; `drain` asks it to drain, `abort` stops it at once.
-struct Eng {
-    drain: CancellationToken,
-    abort: CancellationToken,
-    task: JoinHandle<Result<(), StoreError>>,
-}
-
-impl Eng {
-    fn stop(&self) {
-        self.drain.cancel();
-        self.abort.cancel();
-    }
-}
-
 /// Starts an engine; with `executor`, it runs crew, gate and output steps itself (recording
 /// each execution in `effects` when given), otherwise they wait for hosts.
-fn engine(db: &engine::testkit::TestDb, id: &str, executor: bool, effects: Option<&Path>) -> Eng {
-    let (drain, abort) = (CancellationToken::new(), CancellationToken::new());
-    let cfg = engine::testkit::pool_config(id, &db.url, executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) }));
-    let task = tokio::spawn(pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
-    Eng { drain, abort, task }
+fn engine(db: &TestDb, id: &str, executor: bool, effects: Option<&Path>) -> Engine {
+    Engine::start(&db.pool, engine::testkit::pool_config(id, &db.url, executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) })))
+}
+
+/// A test database seeded with `source` and an engine with the test executor on it.
+async fn started(source: &str) -> (TestDb, Seed, Engine) {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", source).await;
+    let eng = engine(&db, "e1", true, None);
+    (db, s, eng)
+}
+
+/// Approves the run's start (a workflow with `approval: required`).
+async fn approve_start(pool: &Db, org: OrgId, run: RunId) {
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    approvals::approve(&mut ch, org, run, approvals::RUN_APPROVAL_NODE, &Map::new()).await.unwrap();
+    ch.commit().await.unwrap();
 }
 
 /// Adds workflow `name` to the seed's project.
@@ -140,9 +135,7 @@ nodes:
 
 #[tokio::test]
 async fn a_failed_step_retries_with_doubling_backoff_and_only_on_listed_exit_codes() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", RETRY).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(RETRY).await;
     let recovers = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 2 } } }))).await;
     let wrong_code = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 }, "exit_code": 2 } }))).await;
     let exhausted = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 9 } } }))).await;
@@ -289,9 +282,7 @@ nodes:
 
 #[tokio::test]
 async fn a_step_past_its_timeout_fails_and_its_holders_late_result_is_refused() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TIMEOUT).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(TIMEOUT).await;
     let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "step_ms": 2500 } }))).await;
     assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("timeout".into())));
     // The executor finishes 1.5 s later; its success must not be recorded. A draining pool
@@ -320,9 +311,7 @@ nodes:
 
 #[tokio::test]
 async fn a_node_past_stop_the_line_attempts_fails_the_run_naming_it() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", LOOP).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(LOOP).await;
     let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "gate_fail_visits": [1, 2, 3] } }))).await;
     assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("stopped_line:build".into())));
     assert_eq!(
@@ -349,9 +338,7 @@ nodes:
 
 #[tokio::test]
 async fn a_decision_takes_the_first_true_case_or_fails_with_route_unknown() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", ROUTE).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(ROUTE).await;
     let big = submit_new(&db.pool, with_input(&s, json!({ "size": 10 }))).await;
     let medium = submit_new(&db.pool, with_input(&s, json!({ "size": 3 }))).await;
     let none = submit_new(&db.pool, with_input(&s, json!({ "size": 1 }))).await;
@@ -384,9 +371,7 @@ nodes:
 
 #[tokio::test]
 async fn continue_on_error_goes_on_and_a_failure_handler_runs_instead_of_what_follows() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", CONTINUE).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(CONTINUE).await;
     let lint_fails = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "lint": 1 } } }))).await;
     let build_fails = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 } } }))).await;
     assert_eq!(status(&db.pool, lint_fails).await, ("completed".into(), None));
@@ -414,9 +399,7 @@ nodes:
 
 #[tokio::test]
 async fn an_end_node_finishes_the_run_at_once_and_cancels_what_is_still_open() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", END).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(END).await;
     let run = submit_new(&db.pool, new_run(&s)).await;
     assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("ended:end_run".into())));
     assert_eq!(steps_of(&db.pool, run).await, ["slow:1.1:cancelled:run ended", "quick:1.1:succeeded", "stop:1.1:succeeded"]);
@@ -529,9 +512,7 @@ async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(steps_of(&db.pool, run).await, ["$start:1.1:waiting"]);
 
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    approvals::approve(&mut ch, s.org, run, approvals::RUN_APPROVAL_NODE, &Map::new()).await.unwrap();
-    ch.commit().await.unwrap();
+    approve_start(&db.pool, s.org, run).await;
     assert_eq!(status(&db.pool, run).await, ("completed".into(), None));
     assert_eq!(steps_of(&db.pool, run).await, ["$start:1.1:succeeded", "build:1.1:succeeded"]);
 
@@ -564,9 +545,7 @@ nodes:
 
 #[tokio::test]
 async fn an_unanswered_approval_with_a_timeout_resolves_with_timed_out() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", EXPIRES).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(EXPIRES).await;
     let run = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, run, "the approval", |s| has(s, "ask:1.1:waiting")).await;
     let w = why(&db.pool, s.org, run).await;
@@ -626,9 +605,7 @@ nodes:
 
 #[tokio::test]
 async fn an_event_wait_awaits_its_event_until_its_deadline() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", EVENT).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(EVENT).await;
     let run = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, run, "the wait", |s| has(s, "merged:1.1:waiting")).await;
     let w = why(&db.pool, s.org, run).await;
@@ -959,9 +936,7 @@ nodes:
 
 #[tokio::test]
 async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", VERSIONED_V1).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(VERSIONED_V1).await;
     let old = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, old, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
 
@@ -996,9 +971,7 @@ nodes:
 
 #[tokio::test]
 async fn an_approval_prompt_is_rendered_and_its_deadline_is_a_time() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", PROMPTED).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(PROMPTED).await;
     let run = submit_new(&db.pool, with_input(&s, json!({ "title": "the widget" }))).await;
     until_steps(&db.pool, run, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
     let (prompt, deadline): (String, chrono::DateTime<chrono::Utc>) =
@@ -1036,34 +1009,23 @@ async fn a_child_input_that_does_not_render_fails_its_step_naming_it() {
     db.finish().await;
 }
 
-const REQUIRES_APPROVAL: &str = "name: careful
-approval: required
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: work }
-";
-
 #[tokio::test]
 async fn a_rerun_of_a_workflow_that_requires_approval_waits_for_it_again() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", REQUIRES_APPROVAL).await;
-    let eng = engine(&db, "e1", true, None);
+    let (db, s, eng) = started(GUARDED).await;
     let run = submit_new(&db.pool, NewRun { needs_approval: true, ..new_run(&s) }).await;
     until_steps(&db.pool, run, "the run parked", |s| has(s, "$start:1.1:waiting")).await;
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    approvals::approve(&mut ch, s.org, run, approvals::RUN_APPROVAL_NODE, &Map::new()).await.unwrap();
-    ch.commit().await.unwrap();
+    approve_start(&db.pool, s.org, run).await;
     assert_eq!(until_done(&db.pool, run, Duration::from_secs(30)).await.0, "completed");
 
     // Rerun whole, and retried from its node: both park at `$start` until a person approves.
-    let def = engine::definition::parse(REQUIRES_APPROVAL).unwrap();
-    for from in [vec![], vec!["work".to_owned()]] {
+    let def = engine::definition::parse(GUARDED).unwrap();
+    for from in [vec![], vec!["build".to_owned()]] {
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
         let again = runs::rerun(&mut ch, s.org, run, &def, &from).await.unwrap();
         ch.commit().await.unwrap();
         until_steps(&db.pool, again, "the rerun parked", |s| has(s, "$start:1.1:waiting")).await;
         assert_eq!(name(&why(&db.pool, s.org, again).await), Some("awaiting_signal"));
-        assert!(!steps_of(&db.pool, again).await.iter().any(|s| s.starts_with("work:")), "nothing ran before the approval");
+        assert!(!steps_of(&db.pool, again).await.iter().any(|s| s.starts_with("build:")), "nothing ran before the approval");
     }
     eng.stop();
     db.finish().await;

@@ -26,7 +26,7 @@ async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
     // in whatever batch it falls.
     poison(&db.pool, "steps", &format!("NEW.run_id = '{}' AND NEW.node = 'b'", poisoned.0)).await;
 
-    let stop = start_engine(&db.pool, &db.url, "e1");
+    let eng = start_engine(&db.pool, &db.url, "e1");
     let all_ended = async {
         while count(&db.pool, "SELECT count(*) FROM runs WHERE status = 'running'").await > 0 {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -52,6 +52,6 @@ async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
     let kinds: Vec<(i64, String)> = sqlx::query_as("SELECT seq, kind FROM run_events WHERE run_id = $1 ORDER BY seq").bind(poisoned).fetch_all(&db.pool).await.unwrap();
     assert!(kinds.iter().enumerate().all(|(i, (seq, _))| *seq == i as i64 + 1), "{kinds:?}");
     assert_eq!(kinds.last().map(|k| k.1.as_str()), Some("run.failed"), "{kinds:?}");
-    stop.cancel();
+    eng.stop();
     db.finish().await;
 }

@@ -9,7 +9,7 @@ use engine::store::{runs, Actor, Change, StoreError};
 use engine::testkit::test_db;
 use serde_json::json;
 
-use crate::fixtures::{count, new_run, seed, submit, TWO_STEPS};
+use crate::fixtures::{count, locked, new_run, seed, submit, TWO_STEPS};
 
 #[tokio::test]
 async fn a_failure_mid_change_leaves_nothing_written() {
@@ -86,8 +86,7 @@ async fn a_stale_holder_cannot_complete_a_step_it_lost() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", TWO_STEPS).await;
     let run = submit(&db.pool, &s).await;
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    ch.lock_run(s.org, run).await.unwrap().unwrap();
+    let mut ch = locked(&db.pool, Actor::System, s.org, run).await;
     let new = NewStep { node: "a", kind: "crew", visit: 1, attempt: 1, requires: vec![], initial: Initial::Pending, delay: Duration::ZERO };
     let step = steps::create(&mut ch, run, new).await.unwrap();
     steps::lease(&mut ch, run, step, "engine:old").await.unwrap();
@@ -95,15 +94,13 @@ async fn a_stale_holder_cannot_complete_a_step_it_lost() {
     ch.commit().await.unwrap();
 
     // Recovery takes the step back.
-    let mut ch = Change::begin(&db.pool, Actor::Engine("other".into())).await.unwrap();
-    ch.lock_run(s.org, run).await.unwrap().unwrap();
+    let mut ch = locked(&db.pool, Actor::Engine("other".into()), s.org, run).await;
     let failure = steps::Failure::new("lease_expired", steps::FailureClass::Infrastructure);
     steps::fail_leased(&mut ch, run, step, &failure).await.unwrap();
     ch.commit().await.unwrap();
 
     // The old holder's late success is refused and changes nothing.
-    let mut ch = Change::begin(&db.pool, Actor::Engine("old".into())).await.unwrap();
-    ch.lock_run(s.org, run).await.unwrap().unwrap();
+    let mut ch = locked(&db.pool, Actor::Engine("old".into()), s.org, run).await;
     let err = steps::succeed_held(&mut ch, run, step, "engine:old", &json!({})).await.unwrap_err();
     assert!(matches!(err, StoreError::Stale(_)), "{err}");
     drop(ch);
@@ -111,8 +108,7 @@ async fn a_stale_holder_cannot_complete_a_step_it_lost() {
     assert_eq!(state, "failed");
 
     // And a finished step cannot be moved by the engine's own typed moves either.
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    ch.lock_run(s.org, run).await.unwrap().unwrap();
+    let mut ch = locked(&db.pool, Actor::System, s.org, run).await;
     let err = steps::succeed::<(step::Pending, step::Waiting)>(&mut ch, run, step, &json!({}), false).await.unwrap_err();
     assert!(matches!(err, StoreError::Stale(_)), "{err}");
     // A connection still checked out would keep the pool's close waiting.

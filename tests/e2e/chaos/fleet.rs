@@ -17,6 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use shopfloor_tests::netns::{Link, Netns};
+use shopfloor_tests::process::Proc;
 use shopfloor_tests::proxy::Proxy;
 use shopfloor_tests::{shopfloor_bin, EngineProcess};
 use tokio::time::Instant;
@@ -245,7 +246,7 @@ impl Fleet {
             cmd.env("SHOPFLOOR_LISTEN_DATABASE_URL", listen);
         }
         let child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect("spawn shopfloor");
-        slot.process = Some(EngineProcess { child, id });
+        slot.process = Some(EngineProcess { proc: Proc(child), id });
         slot.started_at = Instant::now();
         slot.down_since = None;
         self.counts.starts += 1;
@@ -294,7 +295,7 @@ impl Fleet {
         let i = alive[rng.between(0, alive.len() as u64 - 1) as usize];
         self.befall(&[i], Fate::Killed);
         if let Some(mut p) = self.slots[i].process.take() {
-            p.kill();
+            p.proc.sigkill();
             match kind {
                 Kind::Engine => self.counts.engine_kills += 1,
                 Kind::Replica => self.counts.replica_kills += 1,
@@ -341,7 +342,7 @@ impl Fleet {
         for i in 0..self.slots.len() {
             let slot = &mut self.slots[i];
             if let Some(p) = &mut slot.process {
-                if let Ok(Some(status)) = p.child.try_wait() {
+                if let Ok(Some(status)) = p.proc.0.try_wait() {
                     let why = last_line(&self.dir.join(format!("{}-{}.log", kind_word(slot.kind), slot.name)));
                     let expected = self.faults.iter().any(|f| f.slots.contains(&i) && slot.started_at + STARTUP >= f.from && slot.started_at <= f.to);
                     assert!(expected, "{} exited by itself ({status}) though its database was reachable: {why}", p.id);
@@ -392,7 +393,7 @@ impl Fleet {
                 }
             }
             if let Some(mut p) = slot.process.take() {
-                p.kill();
+                p.proc.sigkill();
             }
         }
     }
@@ -421,7 +422,7 @@ fn kind_word(kind: Kind) -> &'static str {
 pub(super) fn signal(p: &EngineProcess, sig: libc::c_int) {
     // SAFETY: sending a signal to our own child process by its pid; it has not been waited
     // for, so the pid is still its own.
-    let sent = unsafe { libc::kill(p.child.id() as libc::pid_t, sig) };
+    let sent = unsafe { libc::kill(p.proc.0.id() as libc::pid_t, sig) };
     assert_eq!(sent, 0, "signal {sig} to {}: {}", p.id, std::io::Error::last_os_error());
 }
 
