@@ -278,15 +278,30 @@ fn failed(reason: &str) -> Outcome {
     }
 }
 
-/// Runs the example's first three nodes, up to `ci` being open.
-fn up_to_ci(sim: &mut Sim) {
+/// Runs the example's first two nodes, up to `build` being open.
+fn up_to_ci_build_open(sim: &mut Sim) {
     assert_eq!(sim.started(), ["plan"]);
     sim.succeed("plan");
     assert_eq!(sim.started(), ["review_plan"]);
     sim.succeed("review_plan");
     assert_eq!(sim.started(), ["build"]);
+}
+
+/// Runs the example's first three nodes, up to `ci` being open.
+fn up_to_ci(sim: &mut Sim) {
+    up_to_ci_build_open(sim);
     sim.succeed("build");
     assert_eq!(sim.started(), ["ci"]);
+}
+
+/// The start of `node`'s `attempt` on its first visit, after `delay`.
+fn retry(node: &str, attempt: u32, delay: Duration) -> Start {
+    Start {
+        node: node.into(),
+        visit: 1,
+        attempt,
+        delay,
+    }
 }
 
 /// `a`, then `b` and `c` after it (`c` as given), then `rest`: walked until `b` and `c` are
@@ -470,42 +485,20 @@ fn stop_the_line_finishes_at_once_even_with_steps_open() {
 fn an_ordinary_failure_retries_as_the_node_allows_with_doubling_backoff() {
     let mut sim = Sim::new(example());
     up_to_ci_build_open(&mut sim);
-    sim.fail("build", "exit_code:1", FailureClass::Ordinary, Some(1));
-    let w = sim.tick();
-    assert_eq!(
-        w.start,
-        [Start {
-            node: "build".into(),
-            visit: 1,
-            attempt: 2,
-            delay: Duration::from_secs(30)
-        }]
-    );
-    sim.fail("build", "exit_code:1", FailureClass::Ordinary, Some(1));
-    let w = sim.tick();
-    assert_eq!(
-        w.start,
-        [Start {
-            node: "build".into(),
-            visit: 1,
-            attempt: 3,
-            delay: Duration::from_secs(60)
-        }]
-    );
+    for (attempt, secs) in [(2, 30), (3, 60)] {
+        sim.fail("build", "exit_code:1", FailureClass::Ordinary, Some(1));
+        let w = sim.tick();
+        assert_eq!(
+            w.start,
+            [retry("build", attempt, Duration::from_secs(secs))]
+        );
+    }
     sim.fail("build", "exit_code:1", FailureClass::Ordinary, Some(1));
     assert_eq!(
         sim.finish(),
         failed("attempts_exhausted"),
         "build has no handler; three attempts in all"
     );
-}
-
-fn up_to_ci_build_open(sim: &mut Sim) {
-    assert_eq!(sim.started(), ["plan"]);
-    sim.succeed("plan");
-    assert_eq!(sim.started(), ["review_plan"]);
-    sim.succeed("review_plan");
-    assert_eq!(sim.started(), ["build"]);
 }
 
 #[test]
@@ -561,15 +554,7 @@ fn infrastructure_failures_retry_by_themselves_three_times_at_once() {
     for attempt in 2..=3 {
         sim.fail("a", "lease_expired", FailureClass::Infrastructure, None);
         let w = sim.tick();
-        assert_eq!(
-            w.start,
-            [Start {
-                node: "a".into(),
-                visit: 1,
-                attempt,
-                delay: Duration::ZERO
-            }]
-        );
+        assert_eq!(w.start, [retry("a", attempt, Duration::ZERO)]);
     }
     sim.fail("a", "host_lost", FailureClass::Infrastructure, None);
     assert_eq!(sim.finish(), failed("attempts_exhausted"));
