@@ -1096,13 +1096,7 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
         app.read("SELECT subscription_id FROM webhook_subscriptions WHERE org_id = $1", org.id).await;
 
     // A run's events make deliveries; one is replayed as a new delivery.
-    let run = app.submit(&org, org.slow).await;
-    app.until(
-        run,
-        "SELECT EXISTS (SELECT 1 FROM webhook_deliveries WHERE run_id = $1)",
-        "a delivery",
-    )
-    .await;
+    let run = app.delivered(&org).await;
     let page = b.get("/orgs/acme/projects/web/webhooks").await;
     let delivery: uuid::Uuid = sqlx::query_scalar(
         "SELECT delivery_id FROM webhook_deliveries WHERE run_id = $1 ORDER BY created_at LIMIT 1",

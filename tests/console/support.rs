@@ -277,6 +277,14 @@ impl App {
         self.until(run, sql, "an open approval").await;
     }
 
+    /// A run of `org`'s `slow`, once its events have made at least one webhook delivery.
+    pub(crate) async fn delivered(&self, org: &Org) -> RunId {
+        let run = self.submit(org, org.slow).await;
+        let sql = "SELECT EXISTS (SELECT 1 FROM webhook_deliveries WHERE run_id = $1)";
+        self.until(run, sql, "a delivery").await;
+        run
+    }
+
     /// Waits until `run` is held by a budget.
     pub(crate) async fn until_held_by_budget(&self, run: RunId) {
         let sql = "SELECT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1 AND hold = 'budget')";
