@@ -190,6 +190,18 @@ pub async fn plan(conn: &mut sqlx::PgConnection, sql: &str) -> String {
     lines.join("\n")
 }
 
+/// Asserts that each of `lookups`, an index (or several, `a|b`: any of them) and a statement,
+/// is served by that index and reads no table whole. Sequential scans are turned off on `conn`
+/// first: a test's tables are small or empty, and the planner would otherwise scan them
+/// whatever the indexes.
+pub async fn assert_indexed(conn: &mut sqlx::PgConnection, lookups: &[(&str, &str)]) {
+    sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
+    for (index, sql) in lookups {
+        let plan = plan(conn, sql).await;
+        assert!(index.split('|').any(|i| plan.contains(i)) && !plan.contains("Seq Scan"), "{sql}\nshould use {index}:\n{plan}");
+    }
+}
+
 /// Calls per statement (pg_stat_statements' `queryid`) in `database`, read through `admin`, a
 /// connection to another database of the same cluster, so that reading counts nothing.
 pub async fn statement_calls(admin: &Db, database: &str) -> std::collections::HashMap<i64, i64> {
