@@ -50,6 +50,11 @@ async fn rest(
     (status, body)
 }
 
+/// A POST of `body` with a bearer token: the status and the JSON (or problem) body.
+async fn post(app: &App, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+    rest(app, Method::POST, path, token, body).await
+}
+
 async fn count(app: &App, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(app.pool()).await.unwrap()
 }
@@ -175,18 +180,16 @@ async fn githubs_install_flow_connects_an_installation_and_then_its_repositories
 
     // A repository of the installation connects; one outside it is refused and not stored.
     let repos = "/api/v1/orgs/acme/projects/web/repositories";
-    let (status, body) = rest(
+    let (status, body) = post(
         &app,
-        Method::POST,
         repos,
         &acme.owner_token,
         json!({ "installation_id": INSTALLATION, "repository": "Acme/Widgets" }),
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let (status, body) = rest(
+    let (status, body) = post(
         &app,
-        Method::POST,
         repos,
         &acme.owner_token,
         json!({ "installation_id": INSTALLATION, "repository": "Acme/Secret" }),
@@ -281,24 +284,17 @@ async fn no_org_takes_an_installation_or_a_repository_it_cannot_prove() {
     let claims = |org: &str| format!("/api/v1/orgs/{org}/github/installations");
     let claim = |token: &str| json!({ "installation_id": INSTALLATION, "github_token": token });
     let nothing_claimed = "SELECT count(*) FROM github_installations WHERE org_id IS NOT NULL";
+    let evil_repos = "/api/v1/orgs/evil/projects/web/repositories";
 
     // A bare id, never announced by GitHub: nothing to connect through.
     let bare = json!({ "installation_id": INSTALLATION, "repository": "acme/widgets" });
-    let (status, body) = rest(
-        &app,
-        Method::POST,
-        "/api/v1/orgs/evil/projects/web/repositories",
-        &evil.owner_token,
-        bare.clone(),
-    )
-    .await;
+    let (status, body) = post(&app, evil_repos, &evil.owner_token, bare.clone()).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     // An installation GitHub never announced, though the person can see it on GitHub.
     oauth.grant("evil-owner", 999, "Evil");
     let evil_token = oauth.token_for(person("evil-owner"));
-    let (status, body) = rest(
+    let (status, body) = post(
         &app,
-        Method::POST,
         &claims("evil"),
         &evil.owner_token,
         json!({ "installation_id": 999, "github_token": evil_token }),
@@ -316,19 +312,11 @@ async fn no_org_takes_an_installation_or_a_repository_it_cannot_prove() {
 
     announce(&WebhookClient::new(&app.base, WEBHOOK_SECRET), "d-created").await;
     // A person GitHub does not let see the installation.
-    let (status, body) = rest(
-        &app,
-        Method::POST,
-        &claims("evil"),
-        &evil.owner_token,
-        claim(&evil_token),
-    )
-    .await;
+    let (status, body) = post(&app, &claims("evil"), &evil.owner_token, claim(&evil_token)).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     // A token GitHub does not know.
-    let (status, body) = rest(
+    let (status, body) = post(
         &app,
-        Method::POST,
         &claims("evil"),
         &evil.owner_token,
         claim("ghu_not_a_token"),
@@ -336,9 +324,8 @@ async fn no_org_takes_an_installation_or_a_repository_it_cannot_prove() {
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     // No proof at all.
-    let (status, body) = rest(
+    let (status, body) = post(
         &app,
-        Method::POST,
         &claims("evil"),
         &evil.owner_token,
         json!({ "installation_id": INSTALLATION }),
@@ -347,33 +334,18 @@ async fn no_org_takes_an_installation_or_a_repository_it_cannot_prove() {
     assert!(status.is_client_error(), "{status} {body}");
     assert_eq!(count(&app, nothing_claimed).await, 0);
     // Still no repository through an unclaimed installation.
-    let (status, _) = rest(
-        &app,
-        Method::POST,
-        "/api/v1/orgs/evil/projects/web/repositories",
-        &evil.owner_token,
-        bare.clone(),
-    )
-    .await;
+    let (status, _) = post(&app, evil_repos, &evil.owner_token, bare.clone()).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     // Acme's owner proves access: acme has it.
     oauth.grant("acme-owner", INSTALLATION, "Acme");
     let acme_token = oauth.token_for(person("acme-owner"));
-    let (status, body) = rest(
-        &app,
-        Method::POST,
-        &claims("acme"),
-        &acme.owner_token,
-        claim(&acme_token),
-    )
-    .await;
+    let (status, body) = post(&app, &claims("acme"), &acme.owner_token, claim(&acme_token)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["account"], "Acme", "{body}");
     // A member is not an admin: the claim is an admin's.
-    let member = rest(
+    let member = post(
         &app,
-        Method::POST,
         &claims("acme"),
         &acme.viewer_token,
         claim(&acme_token),
@@ -383,14 +355,7 @@ async fn no_org_takes_an_installation_or_a_repository_it_cannot_prove() {
 
     // Someone who can see the installation on GitHub, claiming it for a second org.
     oauth.grant("evil-owner", INSTALLATION, "Acme");
-    let (status, body) = rest(
-        &app,
-        Method::POST,
-        &claims("evil"),
-        &evil.owner_token,
-        claim(&evil_token),
-    )
-    .await;
+    let (status, body) = post(&app, &claims("evil"), &evil.owner_token, claim(&evil_token)).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert!(
         body["detail"].as_str().unwrap().contains("another org"),
@@ -404,11 +369,7 @@ async fn no_org_takes_an_installation_or_a_repository_it_cannot_prove() {
     assert_eq!(owner, Some(acme.id.0), "the rightful org keeps it");
     // Nor may the second org connect a repository through it, or give it up.
     let refused = [
-        (
-            Method::POST,
-            "/api/v1/orgs/evil/projects/web/repositories".to_owned(),
-            bare,
-        ),
+        (Method::POST, evil_repos.to_owned(), bare),
         (
             Method::DELETE,
             format!("{}/{INSTALLATION}", claims("evil")),
@@ -440,14 +401,7 @@ async fn no_org_takes_an_installation_or_a_repository_it_cannot_prove() {
     )
     .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
-    let (status, body) = rest(
-        &app,
-        Method::POST,
-        &claims("evil"),
-        &evil.owner_token,
-        claim(&evil_token),
-    )
-    .await;
+    let (status, body) = post(&app, &claims("evil"), &evil.owner_token, claim(&evil_token)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     app.discard().await;
 }
@@ -479,9 +433,8 @@ async fn the_apps_own_api_announces_an_installation_whose_webhook_never_came() {
     oauth.grant("acme-owner", 5151, "Acme");
     let token = oauth.token_for(person("acme-owner"));
 
-    let (status, body) = rest(
+    let (status, body) = post(
         &app,
-        Method::POST,
         "/api/v1/orgs/acme/github/installations",
         &acme.owner_token,
         json!({ "installation_id": 5151, "github_token": token }),
@@ -516,18 +469,16 @@ async fn the_apps_own_api_announces_an_installation_whose_webhook_never_came() {
     // for it) is found by asking the App again when a connect misses it.
     fake.add_installation(5151, "Acme", &["Acme/Widgets", "Acme/Newer"]);
     let repos = "/api/v1/orgs/acme/projects/web/repositories";
-    let (status, body) = rest(
+    let (status, body) = post(
         &app,
-        Method::POST,
         repos,
         &acme.owner_token,
         json!({ "installation_id": 5151, "repository": "acme/newer" }),
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let (status, _) = rest(
+    let (status, _) = post(
         &app,
-        Method::POST,
         repos,
         &acme.owner_token,
         json!({ "installation_id": 5151, "repository": "acme/absent" }),
@@ -536,9 +487,8 @@ async fn the_apps_own_api_announces_an_installation_whose_webhook_never_came() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     // An id GitHub does not know, though a person's token lists it (a stale grant).
     oauth.grant("acme-owner", 6161, "Acme");
-    let (status, body) = rest(
+    let (status, body) = post(
         &app,
-        Method::POST,
         "/api/v1/orgs/acme/github/installations",
         &acme.owner_token,
         json!({ "installation_id": 6161, "github_token": token }),
