@@ -65,10 +65,7 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
     // A wrong token stays signed out.
     let csrf = page_csrf(&signin.body);
     let bad = b
-        .post(
-            "/signin/token",
-            &[("_csrf", &csrf), ("token", "nope"), ("next", "/")],
-        )
+        .post_form("/signin/token", &csrf, &[("token", "nope"), ("next", "/")])
         .await;
     assert!(bad.location().contains("error=token"), "{}", bad.location());
 
@@ -145,9 +142,10 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
 
     // A required field left empty and a number that is not one: both messages, nothing decided.
     let refused = b
-        .post(
+        .post_form(
             &format!("{path}/approve/review"),
-            &[("_csrf", &csrf), ("ticket", " "), ("risk", "high")],
+            &csrf,
+            &[("ticket", " "), ("risk", "high")],
         )
         .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -158,9 +156,10 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     assert!(open, "the run keeps waiting");
 
     let approved = b
-        .post(
+        .post_form(
             &format!("{path}/approve/review"),
-            &[("_csrf", &csrf), ("ticket", "T-42"), ("risk", "2")],
+            &csrf,
+            &[("ticket", "T-42"), ("risk", "2")],
         )
         .await;
     assert_eq!(approved.status, StatusCode::SEE_OTHER, "{}", approved.body);
@@ -176,9 +175,10 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     // Cancel another run.
     let slow = app.submit(&org, org.slow).await;
     let cancelled = b
-        .post(
+        .post_form(
             &format!("/orgs/acme/projects/web/runs/{slow}/cancel"),
-            &[("_csrf", &csrf), ("reason", "not today")],
+            &csrf,
+            &[("reason", "not today")],
         )
         .await;
     assert_eq!(cancelled.status, StatusCode::SEE_OTHER);
@@ -324,26 +324,29 @@ async fn workflows_page_shows_problems_at_their_lines() {
     let csrf = page_csrf(&page.body);
     let broken = "name: broken\nnodes:\n  a:\n    crew: { harness: nope }\n  b:\n    after: [missing]\n    wait: { for: 1m }\n";
     let checked = b
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/workflows/validate",
-            &[("_csrf", &csrf), ("source", broken)],
+            &csrf,
+            &[("source", broken)],
         )
         .await;
     assert_eq!(checked.status, StatusCode::UNPROCESSABLE_ENTITY);
     checked.shows("class=\"problem\"");
     assert!(checked.body.contains("Not valid"));
     let uploaded = b
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/workflows",
-            &[("_csrf", &csrf), ("source", broken)],
+            &csrf,
+            &[("source", broken)],
         )
         .await;
     assert_eq!(uploaded.status, StatusCode::UNPROCESSABLE_ENTITY);
     let good = "name: tiny\nnodes:\n  nap:\n    wait: { for: 1m }\n";
     let uploaded = b
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/workflows",
-            &[("_csrf", &csrf), ("source", good)],
+            &csrf,
+            &[("source", good)],
         )
         .await;
     assert_eq!(
@@ -359,14 +362,10 @@ async fn workflows_page_shows_problems_at_their_lines() {
     assert!(is_paused);
     // Tokens: made once, shown once.
     let made = b
-        .post(
+        .post_form(
             "/orgs/acme/tokens",
-            &[
-                ("_csrf", &csrf),
-                ("name", "ci"),
-                ("role", "member"),
-                ("days", "7"),
-            ],
+            &csrf,
+            &[("name", "ci"), ("role", "member"), ("days", "7")],
         )
         .await;
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
@@ -541,9 +540,10 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
         .await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
     let sent = b
-        .post(
+        .post_form(
             &format!("{path}/steps/{step}/messages"),
-            &[("_csrf", &csrf), ("text", "Prefer the blue widget.")],
+            &csrf,
+            &[("text", "Prefer the blue widget.")],
         )
         .await;
     assert_eq!(sent.status, StatusCode::SEE_OTHER, "{}", sent.body);
@@ -567,9 +567,10 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
 
     // An empty message is refused beside the form, nothing sent.
     let refused = b
-        .post(
+        .post_form(
             &format!("{path}/steps/{step}/messages"),
-            &[("_csrf", &csrf), ("text", "  ")],
+            &csrf,
+            &[("text", "  ")],
         )
         .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -622,7 +623,13 @@ async fn workflow_source_keeps_its_indentation() {
     }
     let csrf = page_csrf(&b.get("/orgs/acme/projects/web/workflows").await.body);
     let broken = "name: broken\nnodes:\n  a:\n    crew: { harness: nope }\n";
-    let checked = b.post("/orgs/acme/projects/web/workflows/validate", &[("_csrf", &csrf), ("source", broken)]).await;
+    let checked = b
+        .post_form(
+            "/orgs/acme/projects/web/workflows/validate",
+            &csrf,
+            &[("source", broken)],
+        )
+        .await;
     assert_eq!(checked.status, StatusCode::UNPROCESSABLE_ENTITY);
     for line in ["<code>  a:</code>", "<code>    crew: { harness: nope }</code>"] {
         assert!(checked.body.contains(line), "{line} in {}", checked.body);
@@ -681,10 +688,10 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
     let csrf = page_csrf(&form.body);
 
     let made = b
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/hosts/add",
+            &csrf,
             &[
-                ("_csrf", &csrf),
                 ("name", "box 1"),
                 ("capabilities", "linux, harness:command"),
                 ("hours", "2"),
@@ -728,10 +735,10 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
 
     // A capability the host would refuse is caught before a token is made.
     let bad = b
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/hosts/add",
+            &csrf,
             &[
-                ("_csrf", &csrf),
                 ("name", "box-2"),
                 ("capabilities", "Linux!"),
                 ("hours", "2"),
@@ -745,13 +752,10 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
     let mut viewer = app.signed_in(&org.viewer_token).await;
     let form = viewer.get("/orgs/acme/projects/web/hosts/add").await;
     let refused = viewer
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/hosts/add",
-            &[
-                ("_csrf", &page_csrf(&form.body)),
-                ("name", "box-3"),
-                ("hours", "2"),
-            ],
+            &page_csrf(&form.body),
+            &[("name", "box-3"), ("hours", "2")],
         )
         .await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
@@ -857,41 +861,29 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     let mut viewer = app.signed_in(&org.viewer_token).await;
     let seen = viewer.get("/orgs/acme/projects/web/budgets").await;
     let refused = viewer
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/budgets",
-            &[
-                ("_csrf", &page_csrf(&seen.body)),
-                ("period", "day"),
-                ("usd_limit", "1"),
-                ("kind", "hard"),
-            ],
+            &page_csrf(&seen.body),
+            &[("period", "day"), ("usd_limit", "1"), ("kind", "hard")],
         )
         .await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     assert!(refused.body.contains("this needs the admin role"));
     let bad = b
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/budgets",
-            &[
-                ("_csrf", &csrf),
-                ("period", "day"),
-                ("usd_limit", "lots"),
-                ("kind", "hard"),
-            ],
+            &csrf,
+            &[("period", "day"), ("usd_limit", "lots"), ("kind", "hard")],
         )
         .await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
 
     // A hard daily limit below what was spent today: reached, and a new run is held by it.
     let set = b
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/budgets",
-            &[
-                ("_csrf", &csrf),
-                ("period", "day"),
-                ("usd_limit", "2"),
-                ("kind", "hard"),
-            ],
+            &csrf,
+            &[("period", "day"), ("usd_limit", "2"), ("kind", "hard")],
         )
         .await;
     assert_eq!(set.status, StatusCode::SEE_OTHER, "{}", set.body);
@@ -930,14 +922,10 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     accessible(&org_page.body, "org budgets");
     assert!(org_page.body.contains(&run.to_string()));
     let set = b
-        .post(
+        .post_form(
             "/orgs/acme/budgets",
-            &[
-                ("_csrf", &page_csrf(&org_page.body)),
-                ("period", "month"),
-                ("usd_limit", "500"),
-                ("kind", "soft"),
-            ],
+            &page_csrf(&org_page.body),
+            &[("period", "month"), ("usd_limit", "500"), ("kind", "soft")],
         )
         .await;
     let org_page = b.follow(set).await;
@@ -983,13 +971,10 @@ async fn members_page_adds_people_changes_roles_and_removes_them() {
     let csrf = page_csrf(&page.body);
 
     let added = b
-        .post(
+        .post_form(
             "/orgs/acme/members",
-            &[
-                ("_csrf", &csrf),
-                ("email", "dana@acme.test"),
-                ("role", "member"),
-            ],
+            &csrf,
+            &[("email", "dana@acme.test"), ("role", "member")],
         )
         .await;
     assert_eq!(added.status, StatusCode::SEE_OTHER, "{}", added.body);
@@ -1004,22 +989,20 @@ async fn members_page_adds_people_changes_roles_and_removes_them() {
     let row = &page.body[page.body.find(&format!("id=\"member-{user}\"")).unwrap()..];
     assert!(row.contains("<td class=\"role\">member</td>"), "{row}");
     let again = b
-        .post(
+        .post_form(
             "/orgs/acme/members",
-            &[
-                ("_csrf", &csrf),
-                ("email", "dana@acme.test"),
-                ("role", "member"),
-            ],
+            &csrf,
+            &[("email", "dana@acme.test"), ("role", "member")],
         )
         .await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     again.shows("id=\"add-error\"");
 
     let changed = b
-        .post(
+        .post_form(
             &format!("/orgs/acme/members/{user}/role"),
-            &[("_csrf", &csrf), ("role", "admin")],
+            &csrf,
+            &[("role", "admin")],
         )
         .await;
     let page = b.follow(changed).await;
@@ -1056,23 +1039,20 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     let csrf = page_csrf(&page.body);
 
     let refused = b
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/webhooks",
-            &[
-                ("_csrf", &csrf),
-                ("url", "http://127.0.0.1:9/hook"),
-                ("events", ""),
-            ],
+            &csrf,
+            &[("url", "http://127.0.0.1:9/hook"), ("events", "")],
         )
         .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
     refused.shows("id=\"create-error\"");
 
     let made = b
-        .post(
+        .post_form(
             "/orgs/acme/projects/web/webhooks",
+            &csrf,
             &[
-                ("_csrf", &csrf),
                 ("url", "https://hooks.example.com/shopfloor"),
                 ("events", "run.*, step.failed"),
             ],

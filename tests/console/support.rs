@@ -413,9 +413,21 @@ impl Browser {
         self.answer(resp).await
     }
 
+    /// Posts a form as its page sends it: the page's CSRF field, then `fields`.
+    pub(crate) async fn post_form(
+        &mut self,
+        path: &str,
+        csrf: &str,
+        fields: &[(&str, &str)],
+    ) -> Answer {
+        let mut form = vec![("_csrf", csrf)];
+        form.extend_from_slice(fields);
+        self.post(path, &form).await
+    }
+
     /// Presses a form's only button: posts its CSRF field alone.
     pub(crate) async fn press(&mut self, path: &str, csrf: &str) -> Answer {
-        self.post(path, &[("_csrf", csrf)]).await
+        self.post_form(path, csrf, &[]).await
     }
 
     async fn answer(&mut self, resp: reqwest::Response) -> Answer {
@@ -454,10 +466,7 @@ impl Browser {
         let page = self.get("/signin").await;
         let csrf = page_csrf(&page.body);
         let answer = self
-            .post(
-                "/signin/token",
-                &[("_csrf", &csrf), ("token", token), ("next", "/")],
-            )
+            .post_form("/signin/token", &csrf, &[("token", token), ("next", "/")])
             .await;
         self.follow(answer).await
     }
