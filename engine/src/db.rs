@@ -143,11 +143,7 @@ impl Db {
         let db = self.clone();
         // The scope is task-local: read here, in the caller's task.
         let org = if self.tenant { crate::tenancy::scope::current() } else { None };
-        match tokio::spawn(async move { db.begin_to_the_end(org).await }).await {
-            Ok(begun) => begun,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(sqlx::Error::Protocol(format!("beginning a transaction: {e}"))),
-        }
+        to_the_end(async move { db.begin_to_the_end(org).await }, "beginning a transaction").await
     }
 
     async fn begin_to_the_end(&self, org: Option<OrgId>) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
@@ -159,6 +155,15 @@ impl Db {
             crate::tenancy::scope::enter(&mut tx, org).await?;
         }
         Ok(tx)
+    }
+
+    /// Commits `tx` on a task of its own, for the same reason as [`Db::begin`]: a caller
+    /// dropped while its `COMMIT` is in flight would otherwise leave sqlx to send a `ROLLBACK`
+    /// after the server had committed (PostgreSQL warns "there is no transaction in progress",
+    /// which `make bench`'s host phase showed when a host dropped its watching claim), and the
+    /// caller's change would be committed or not by chance. A commit that started finishes.
+    pub async fn commit(tx: Transaction<'static, Postgres>) -> Result<(), sqlx::Error> {
+        to_the_end(tx.commit(), "committing a transaction").await
     }
 
     /// `BEGIN` and what a transaction on a pooler's server connection needs first, in one
@@ -191,6 +196,16 @@ impl Db {
     }
 }
 
+/// Runs `work` on a task of its own and waits for it: dropping the caller does not cut it
+/// short (a panic in it is the caller's).
+async fn to_the_end<T: Send + 'static>(work: impl std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'static, what: &str) -> Result<T, sqlx::Error> {
+    match tokio::spawn(work).await {
+        Ok(done) => done,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(sqlx::Error::Protocol(format!("{what}: {e}"))),
+    }
+}
+
 impl<'c> Executor<'c> for &'c Db {
     type Database = Postgres;
 
@@ -207,7 +222,7 @@ impl<'c> Executor<'c> for &'c Db {
         futures::stream::once(async move {
             let mut tx = self.begin().await?;
             let all: Vec<_> = (&mut *tx).fetch_many(query).try_collect().await?;
-            tx.commit().await?;
+            Db::commit(tx).await?;
             Ok::<_, sqlx::Error>(futures::stream::iter(all.into_iter().map(Ok)))
         })
         .try_flatten()
@@ -225,7 +240,7 @@ impl<'c> Executor<'c> for &'c Db {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let row = (&mut *tx).fetch_optional(query).await?;
-            tx.commit().await?;
+            Db::commit(tx).await?;
             Ok(row)
         })
     }

@@ -195,3 +195,58 @@ async fn a_begin_cancelled_midway_leaves_no_transaction_open_on_the_connection()
     }
     assert!(unseen.is_empty(), "writes after a begin cut after these many polls were not committed: {unseen:?}");
 }
+
+/// A caller dropped while its `COMMIT` is in flight (a host dropping its watching claim, a
+/// request's client gone) must leave the change committed and the connection clean: with
+/// sqlx's own commit, the dropped transaction sends a `ROLLBACK` on the connection's next use,
+/// which either finds the server committed already (PostgreSQL's notice "there is no
+/// transaction in progress", which sqlx logs) or undoes the write. The commit is polled `k`
+/// times, then dropped, for every `k` until it finishes, with PostgreSQL's notices counted.
+#[tokio::test]
+async fn a_commit_cancelled_midway_still_commits() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let db = test_db().await;
+    sqlx::query("CREATE TABLE cut_commits (k integer)").execute(&db.pool).await.unwrap();
+    let pool = engine::db::connect(&db.url, 1).await.unwrap();
+    let notices = Notices::default();
+    // The test's runtime has one thread, which polls every connection: its subscriber hears all.
+    let _heard = tracing::subscriber::set_default(tracing_subscriber::registry().with(notices.clone()));
+    let mut lost = Vec::new();
+    for cuts in 1..300 {
+        let mut ch = Change::begin(&pool, Actor::Github).await.unwrap();
+        sqlx::query("INSERT INTO cut_commits VALUES ($1)").bind(cuts).execute(ch.conn()).await.unwrap();
+        let mut commit = Box::pin(ch.commit());
+        let mut finished = false;
+        for _ in 0..cuts {
+            if futures::poll!(commit.as_mut()).is_ready() {
+                finished = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(commit);
+        let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM cut_commits WHERE k = $1").bind(cuts).fetch_one(&pool).await.unwrap();
+        if seen == 0 {
+            lost.push(cuts);
+        }
+        if finished {
+            break;
+        }
+    }
+    assert!(lost.is_empty(), "a commit cut after these many polls was not committed: {lost:?}");
+    let heard = notices.0.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(heard, 0, "PostgreSQL sent {heard} notices (a ROLLBACK after a COMMIT)");
+    db.discard().await;
+}
+
+/// Counts what sqlx logs of PostgreSQL's notices.
+#[derive(Clone, Default)]
+struct Notices(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() == "sqlx::postgres::notice" {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::{Change, NOTIFY_CHANNEL};
+use crate::db::Db;
 use crate::event_log;
 use crate::store::admission::release;
 use crate::store::events_notice::EventsNotice;
@@ -87,7 +88,7 @@ impl Change {
         if !words.is_empty() {
             sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(words.join(" ")).execute(&mut *self.tx).await?;
         }
-        self.tx.commit().await?;
+        Db::commit(self.tx).await?;
         if owes_events {
             EventsNotice::owe(&self.pool);
         }
