@@ -133,7 +133,7 @@ pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p):
     let (state, scope, reason) = (&state, &scope, &reason);
     let run = retry_busy(move || async move {
         let mut ch = scope.change(state).await?;
-        in_project(&mut ch, scope, id).await?;
+        in_project(ch.conn(), scope, id).await?;
         store::cancel(&mut ch, scope.org.org, id, reason).await?;
         let run = load_fresh(ch.conn(), scope, id).await?;
         ch.commit().await?;
@@ -154,7 +154,7 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
     if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, &edit).await? {
         return Ok(replay);
     }
-    in_project(&mut ch, scope, source).await?;
+    in_project(ch.conn(), scope, source).await?;
     let (workflow, version, status): (WorkflowId, i32, String) =
         sqlx::query_as("SELECT workflow_id, workflow_version, status FROM runs WHERE run_id = $1 AND org_id = $2")
             .bind(source)
