@@ -16,7 +16,7 @@ use engine::db::Db;
 use tokio::time::Instant;
 
 use crate::engine::{start_engine, until_done};
-use crate::fixtures::{new_run, poison, seed, Seed};
+use crate::fixtures::{new_run, poison, seed, until, Seed};
 
 fn with_input(s: &Seed, input: Value) -> NewRun {
     NewRun { input, ..new_run(s) }
@@ -605,19 +605,14 @@ async fn held_by_board(pool: &Db, run: RunId) -> bool {
 
 /// Waits until the run was admitted and has started a step.
 async fn until_started(pool: &Db, run: RunId) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let started: bool = sqlx::query_scalar("SELECT admitted_at IS NOT NULL AND EXISTS (SELECT 1 FROM steps WHERE run_id = $1) FROM runs WHERE run_id = $1")
+    until(&format!("{run} was never admitted"), Duration::from_secs(20), async || {
+        sqlx::query_scalar("SELECT admitted_at IS NOT NULL AND EXISTS (SELECT 1 FROM steps WHERE run_id = $1) FROM runs WHERE run_id = $1")
             .bind(run)
             .fetch_one(pool)
             .await
-            .unwrap();
-        if started {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{run} was never admitted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .unwrap()
+    })
+    .await;
 }
 
 #[tokio::test]
