@@ -115,6 +115,19 @@ pub async fn until_count(pool: &Db, sql: &str, want: i64, limit: Duration) {
     }
 }
 
+/// Waits until `sql`, with the run bound as $1, is true: 120 s at most.
+pub async fn until_run(pool: &Db, run: RunId, sql: &str, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let done: bool = sqlx::query_scalar(sql).bind(run).fetch_one(pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        if done {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{run} never reached: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until no run is `running`, up to `limit`; returns how many still are.
 pub async fn until_all_done(pool: &Db, limit: Duration) -> i64 {
     let deadline = tokio::time::Instant::now() + limit;

@@ -5,7 +5,7 @@
 use engine::store::{workflows, Actor, Change};
 use reqwest::StatusCode;
 
-use crate::support::{App, Browser, count, field, page_csrf};
+use crate::support::{Answer, App, Browser, count, field, page_csrf};
 
 /// Every `<input>`, `<select>` and `<textarea>` that is not hidden has a `<label for>` naming
 /// its id, and the page has one `<h1>`.
@@ -30,6 +30,14 @@ fn accessible(html: &str, page: &str) {
             );
         }
     }
+}
+
+/// Opens a page that must answer 200 and be [`accessible`].
+async fn open(b: &mut Browser, path: &str, page: &str) -> Answer {
+    let answer = b.get(path).await;
+    assert_eq!(answer.status, StatusCode::OK, "{page}: {}", answer.body);
+    accessible(&answer.body, page);
+    answer
 }
 
 #[tokio::test]
@@ -99,9 +107,7 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
         "/orgs/acme/audit?action=run.*".to_owned(),
         "/orgs/acme/tokens".to_owned(),
     ] {
-        let page = b.get(&path).await;
-        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
-        accessible(&page.body, &path);
+        let page = open(&mut b, &path, &path).await;
         assert!(
             page.headers.get("content-security-policy").is_some(),
             "{path}"
@@ -682,9 +688,7 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
             .contains("href=\"/orgs/acme/projects/web/hosts/add\""),
         "the hosts page links to Add a host"
     );
-    let form = b.get("/orgs/acme/projects/web/hosts/add").await;
-    assert_eq!(form.status, StatusCode::OK);
-    accessible(&form.body, "add a host");
+    let form = open(&mut b, "/orgs/acme/projects/web/hosts/add", "add a host").await;
     let csrf = page_csrf(&form.body);
 
     let made = b
@@ -842,9 +846,7 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     let org = app.org("acme").await;
     app.record_spend(&org, 3.5).await;
     let mut b = app.signed_in(&org.owner_token).await;
-    let page = b.get("/orgs/acme/projects/web/budgets").await;
-    assert_eq!(page.status, StatusCode::OK);
-    accessible(&page.body, "budgets");
+    let page = open(&mut b, "/orgs/acme/projects/web/budgets", "budgets").await;
     page.shows("No limit is set");
     assert!(
         page.body.contains("aria-current=\"page\">Budgets"),
@@ -917,9 +919,7 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     );
 
     // The org's page: every project's limits, and the org's own, set there.
-    let org_page = b.get("/orgs/acme/budgets").await;
-    assert_eq!(org_page.status, StatusCode::OK);
-    accessible(&org_page.body, "org budgets");
+    let org_page = open(&mut b, "/orgs/acme/budgets", "org budgets").await;
     assert!(org_page.body.contains(&run.to_string()));
     let set = b
         .post_form(
@@ -962,9 +962,7 @@ async fn members_page_adds_people_changes_roles_and_removes_them() {
     let org = app.org("acme").await;
     let other = app.org("globex").await;
     let mut b = app.signed_in(&org.owner_token).await;
-    let page = b.get("/orgs/acme/members").await;
-    assert_eq!(page.status, StatusCode::OK);
-    accessible(&page.body, "members");
+    let page = open(&mut b, "/orgs/acme/members", "members").await;
     assert!(page.body.contains("owner@acme.test") && page.body.contains("acme-owner"));
     assert!(page.body.contains("viewer@acme.test"));
     assert!(page.body.contains("aria-current=\"page\">Members"));
@@ -1032,9 +1030,7 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     let org = app.org("acme").await;
     let other = app.org("globex").await;
     let mut b = app.signed_in(&org.owner_token).await;
-    let page = b.get("/orgs/acme/projects/web/webhooks").await;
-    assert_eq!(page.status, StatusCode::OK);
-    accessible(&page.body, "webhooks");
+    let page = open(&mut b, "/orgs/acme/projects/web/webhooks", "webhooks").await;
     assert!(page.body.contains("No outgoing webhook"));
     let csrf = page_csrf(&page.body);
 

@@ -299,22 +299,7 @@ impl App {
 
     /// Waits until `sql` (the run bound as $1) is true.
     pub(crate) async fn until(&self, run: RunId, sql: &str, what: &str) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        loop {
-            let done: bool = sqlx::query_scalar(sql)
-                .bind(run)
-                .fetch_one(self.pool())
-                .await
-                .unwrap();
-            if done {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{run} never reached: {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        shopfloor_tests::until_run(self.pool(), run, sql, what).await;
     }
 }
 

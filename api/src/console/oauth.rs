@@ -275,30 +275,35 @@ pub(super) async fn exchange_code(c: &Console, code: &str, redirect_uri: &str) -
         .http
         .post(format!("{}/login/oauth/access_token", cfg.github_oauth_url.trim_end_matches('/')))
         .header(header::ACCEPT, "application/json")
-        .form(&[("client_id", id.as_str()), ("client_secret", secret.expose_secret()), ("code", code), ("redirect_uri", redirect_uri)])
-        .send()
-        .await;
-    Ok(match exchange {
-        Ok(r) if r.status().is_success() => match r.json::<AccessToken>().await {
-            Ok(AccessToken { access_token: Some(t), .. }) => Some(t),
-            Ok(AccessToken { error, .. }) => {
-                tracing::warn!(error = ?error, "GitHub refused the OAuth code");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "GitHub's access token answer is not JSON");
-                None
-            }
-        },
-        Ok(r) => {
-            tracing::warn!(status = %r.status(), "GitHub refused the OAuth code exchange");
+        .form(&[("client_id", id.as_str()), ("client_secret", secret.expose_secret()), ("code", code), ("redirect_uri", redirect_uri)]);
+    let Some(answer) = accepted(exchange, "the OAuth code exchange").await else { return Ok(None) };
+    Ok(match answer.json::<AccessToken>().await {
+        Ok(AccessToken { access_token: Some(t), .. }) => Some(t),
+        Ok(AccessToken { error, .. }) => {
+            tracing::warn!(error = ?error, "GitHub refused the OAuth code");
             None
         }
         Err(e) => {
-            tracing::warn!(error = %e, "cannot reach GitHub for the OAuth code exchange");
+            tracing::warn!(error = %e, "GitHub's access token answer is not JSON");
             None
         }
     })
+}
+
+/// Sends `request` to GitHub: its answer when GitHub took it, None (logged) when GitHub
+/// refused it or could not be reached.
+async fn accepted(request: reqwest::RequestBuilder, what: &str) -> Option<reqwest::Response> {
+    match request.send().await {
+        Ok(r) if r.status().is_success() => Some(r),
+        Ok(r) => {
+            tracing::warn!(status = %r.status(), "GitHub refused {what}");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot reach GitHub for {what}");
+            None
+        }
+    }
 }
 
 /// Exchanges the code and asks GitHub who it is: the login and the verified emails, lowercased.
@@ -309,18 +314,8 @@ async fn github_identity(c: &Console, headers: &HeaderMap, code: &str) -> Result
     let get = |path: &str| {
         c.inner.http.get(format!("{api}{path}")).bearer_auth(&token).header(header::ACCEPT, "application/vnd.github+json").header("X-GitHub-Api-Version", "2022-11-28")
     };
-    let user = match get("/user").send().await {
-        Ok(r) if r.status().is_success() => r.json::<GithubUser>().await.ok(),
-        Ok(r) => {
-            tracing::warn!(status = %r.status(), "GitHub refused /user");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot reach GitHub for /user");
-            None
-        }
-    };
-    let Some(user) = user else { return Ok(None) };
+    let Some(answer) = accepted(get("/user"), "/user").await else { return Ok(None) };
+    let Ok(user) = answer.json::<GithubUser>().await else { return Ok(None) };
     // Without the user:email scope this is refused; the login alone then decides.
     let emails = match get("/user/emails").send().await {
         Ok(r) if r.status().is_success() => r.json::<Vec<GithubEmail>>().await.unwrap_or_default(),

@@ -11,6 +11,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+use utoipa::openapi::Required;
+use utoipa::IntoParams;
 
 use super::error::ApiError;
 
@@ -185,7 +189,15 @@ pub fn at_most(field: &str, value: Option<String>, max: usize) -> Result<Option<
 
 /// The `Idempotency-Key` header of a create-POST, when given: 1 to 255 visible ASCII
 /// characters.
-pub struct IdempotencyKey(pub Option<String>);
+pub struct IdempotencyKey(pub Option<KeyedRequest>);
+
+/// A request that came with a key. A retry must repeat its method and path as well as its
+/// body, so they are taken with the key.
+pub struct KeyedRequest {
+    pub key: String,
+    /// `METHOD /path?query`.
+    pub request: String,
+}
 
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
@@ -199,8 +211,50 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
         if text.is_empty() || text.len() > 255 || !text.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(bad());
         }
-        Ok(IdempotencyKey(Some(text.to_owned())))
+        let request = format!("{} {}", parts.method, parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()));
+        Ok(IdempotencyKey(Some(KeyedRequest { key: text.to_owned(), request })))
     }
+}
+
+/// The header in the document of a create's route, named in its `params(...)`.
+impl IntoParams for IdempotencyKey {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![idempotency_param("create")]
+    }
+}
+
+/// The same header in the document of a run's submit, which words it so.
+pub struct SubmitIdempotencyKey;
+
+impl IntoParams for SubmitIdempotencyKey {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![idempotency_param("submit")]
+    }
+}
+
+/// The same header in the document of a run's retry and rerun, which word it so.
+pub struct RequestIdempotencyKey;
+
+impl IntoParams for RequestIdempotencyKey {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![idempotency_param("request")]
+    }
+}
+
+/// The header's parameter; the routes differ only in what they call a retried request.
+fn idempotency_param(retried: &str) -> Parameter {
+    let schema = ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .min_length(Some(1))
+        .max_length(Some(255))
+        .pattern(Some("^[!-~]+$"));
+    ParameterBuilder::new()
+        .name("Idempotency-Key")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(format!("Makes a retried {retried} safe; 1 to 255 visible ASCII characters")))
+        .schema(Some(schema))
+        .build()
 }
 
 #[cfg(test)]

@@ -13,24 +13,22 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use super::extract::IdempotencyKey;
+use super::extract::{IdempotencyKey, KeyedRequest};
 
 /// What makes two requests "the same": method, path with query, and the parsed body in a
 /// canonical form (so key order and whitespace do not matter).
-pub fn fingerprint(method: &str, uri: &axum::http::Uri, body: &impl Serialize) -> String {
+fn fingerprint(request: &KeyedRequest, body: &impl Serialize) -> String {
     let mut hash = Sha256::new();
-    hash.update(method.as_bytes());
-    hash.update(b" ");
-    hash.update(uri.path_and_query().map_or(uri.path(), |p| p.as_str()).as_bytes());
+    hash.update(request.request.as_bytes());
     hash.update(b"\n");
     hash.update(serde_json::to_vec(body).unwrap_or_default());
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Claims the key for this request; `Some` is the earlier answer to send again.
-pub async fn claim(ch: &mut Change, org: OrgId, key: &IdempotencyKey, hash: &str) -> Result<Option<Response>, ApiError> {
-    let Some(key) = &key.0 else { return Ok(None) };
-    match api_writes::claim_key(ch, org, key, hash).await? {
+/// Claims the key for this request with this body; `Some` is the earlier answer to send again.
+pub async fn claim(ch: &mut Change, org: OrgId, key: &IdempotencyKey, body: &impl Serialize) -> Result<Option<Response>, ApiError> {
+    let Some(keyed) = &key.0 else { return Ok(None) };
+    match api_writes::claim_key(ch, org, &keyed.key, &fingerprint(keyed, body)).await? {
         KeyClaim::New => Ok(None),
         KeyClaim::Mismatch => Err(ApiError::IdempotencyKeyReused),
         KeyClaim::Replay { status, body } => {
@@ -46,8 +44,8 @@ pub async fn claim(ch: &mut Change, org: OrgId, key: &IdempotencyKey, hash: &str
 /// commits).
 pub async fn answer<T: Serialize>(ch: &mut Change, org: OrgId, key: &IdempotencyKey, status: StatusCode, body: &T) -> Result<Response, ApiError> {
     let value = serde_json::to_value(body).map_err(ApiError::internal)?;
-    if let Some(key) = &key.0 {
-        api_writes::record_answer(ch, org, key, status.as_u16(), &value).await?;
+    if let Some(keyed) = &key.0 {
+        api_writes::record_answer(ch, org, &keyed.key, status.as_u16(), &value).await?;
     }
     Ok((status, axum::Json(value)).into_response())
 }

@@ -3,7 +3,7 @@
 //! tokens in the same change.
 
 use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use engine::ids::UserId;
@@ -97,14 +97,14 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 
 /// Adds a person by email with a role (admin; owner to add an owner).
 #[utoipa::path(post, path = "/orgs/{org}/members", operation_id = "add_member", tag = "members",
-    params(OrgScope, ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    params(OrgScope, IdempotencyKey),
     request_body = AddMember,
     responses((status = 201, body = Member), (status = 409, description = "Already a member", body = Problem, content_type = "application/problem+json")))]
-pub async fn add(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<AddMember>) -> Result<Response, ApiError> {
+pub async fn add(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, Json(body): Json<AddMember>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     guard_owner(&scope, &[body.role.as_str()])?;
     let mut ch = scope.change(&state).await?;
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &idempotency::fingerprint(method.as_str(), &uri, &body)).await? {
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &body).await? {
         return Ok(replay);
     }
     let user = api_writes::add_member(&mut ch, scope.org, &body.email, body.role.as_str()).await?;

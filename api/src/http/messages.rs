@@ -55,7 +55,7 @@ pub async fn send(State(state): State<AppState>, scope: ProjectScope, Path(p): P
     let run = run_id(&p.run)?;
     let step: StepId = p.step.parse().map_err(|_| ApiError::NotFound("step not found".into()))?;
     let mut ch = scope.change(&state).await?;
-    in_project(&mut ch, &scope, run).await?;
+    in_project(ch.conn(), &scope, run).await?;
     let id = store::send(&mut ch, scope.org.org, run, step, &body.text).await?;
     let (chars, sent_at): (i32, DateTime<Utc>) =
         sqlx::query_as("SELECT length(text), created_at FROM step_messages WHERE message_id = $1").bind(id).fetch_one(ch.conn()).await?;

@@ -53,7 +53,7 @@ pub async fn resolve(State(state): State<AppState>, scope: ProjectScope, Path(p)
     scope.require(Role::Member)?;
     let run = run_id(&p.run)?;
     let mut ch = scope.change(&state).await?;
-    in_project(&mut ch, &scope, run).await?;
+    in_project(ch.conn(), &scope, run).await?;
     let note = at_most("note", body.note, 200)?;
     operator::resolve(&mut ch, scope.org.org, run, note.as_deref()).await?;
     let (resolved_at, resolved_by): (DateTime<Utc>, String) =

@@ -1,7 +1,7 @@
 //! Projects of an org: list and get (viewer), create (admin, `Idempotency-Key` honoured).
 
 use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use engine::ids::Slug;
@@ -58,10 +58,10 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 
 /// Creates a project (admin).
 #[utoipa::path(post, path = "/orgs/{org}/projects", operation_id = "create_project", tag = "projects",
-    params(OrgScope, ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    params(OrgScope, IdempotencyKey),
     request_body = CreateProject,
     responses((status = 201, body = Project), (status = 409, description = "The slug is taken", body = Problem, content_type = "application/problem+json")))]
-pub async fn create(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<CreateProject>) -> Result<Response, ApiError> {
+pub async fn create(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, Json(body): Json<CreateProject>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     let slug = Slug::parse(&body.slug).map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     let name = body.name.as_deref().map(str::trim).filter(|n| !n.is_empty()).unwrap_or(slug.as_str()).to_owned();
@@ -69,7 +69,7 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, key: Idempot
         return Err(ApiError::Unprocessable("name must be at most 200 characters".into()));
     }
     let mut ch = scope.change(&state).await?;
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &idempotency::fingerprint(method.as_str(), &uri, &body)).await? {
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &body).await? {
         return Ok(replay);
     }
     let id = tenants::create_project(&mut ch, scope.org, &slug, &name).await?;

@@ -4,7 +4,7 @@
 //! immutable, and uploading the latest version's text again changes nothing.
 
 use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use engine::ids::WorkflowId;
@@ -113,12 +113,10 @@ async fn find(state: &AppState, scope: &ProjectScope, name: &str) -> Result<(Wor
 }
 
 /// Stores a validated source as the next version; the same text as the latest is no change.
-async fn upload(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, hash: Option<String>, name: &str, source: &str, status_new: StatusCode) -> Result<Response, ApiError> {
+async fn upload(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, name: &str, source: &str, status_new: StatusCode) -> Result<Response, ApiError> {
     let mut ch = scope.change(state).await?;
-    if let Some(hash) = hash {
-        if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, &hash).await? {
-            return Ok(replay);
-        }
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, &source).await? {
+        return Ok(replay);
     }
     let before: Option<i32> = sqlx::query_scalar("SELECT latest_version FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3")
         .bind(scope.org.org)
@@ -152,16 +150,14 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
 /// Uploads a version of the workflow its `name:` names (member). 201 for a new version, 200
 /// when the text is the latest version's already; 422 lists every problem.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/workflows", operation_id = "create_workflow_version", tag = "workflows",
-    params(ProjectScope,
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    params(ProjectScope, IdempotencyKey),
     request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
               (status = 422, description = "Every validation problem", body = Problem, content_type = "application/problem+json")))]
-pub async fn create(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {
+pub async fn create(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let def = parse(&source)?;
-    let hash = idempotency::fingerprint(method.as_str(), &uri, &source);
-    upload(&state, &scope, &key, Some(hash), &def.name, &source, StatusCode::CREATED).await
+    upload(&state, &scope, &key, &def.name, &source, StatusCode::CREATED).await
 }
 
 /// Validates a workflow without saving it (member).
@@ -208,7 +204,7 @@ pub async fn put(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     if def.name != p.name {
         return Err(ApiError::Unprocessable(format!("the workflow says `name: {}` but the path names `{}`", cap(&def.name), cap(&p.name))));
     }
-    upload(&state, &scope, &IdempotencyKey(None), None, &def.name, &source, StatusCode::CREATED).await
+    upload(&state, &scope, &IdempotencyKey(None), &def.name, &source, StatusCode::CREATED).await
 }
 
 /// The workflow's versions, newest first.

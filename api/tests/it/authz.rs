@@ -221,9 +221,7 @@ async fn registration_token(app: &App, org: &Org) -> String {
 
 /// A host registered through the host protocol; answers its credential.
 async fn host_credential(app: &App, org: &Org) -> String {
-    let registration = registration_token(app, org).await;
-    let body = json!({ "name": "credentialed", "capabilities": ["linux"], "max_concurrent": 2 });
-    let made = app.json(Method::POST, "/api/v1/host/register", &registration, Some(&body), StatusCode::CREATED).await;
+    let made = app.register_host(org, &json!({ "name": "credentialed", "capabilities": ["linux"], "max_concurrent": 2 })).await;
     made["token"].as_str().unwrap().to_owned()
 }
 

@@ -17,9 +17,7 @@ use crate::support::{App, Org};
 const BASE: &str = "/api/v1/orgs/acme/projects/web";
 
 async fn register_host(app: &App, org: &Org) -> (String, String) {
-    let reg = app.json(Method::POST, &format!("{BASE}/host-registrations"), &org.admin, None, StatusCode::CREATED).await;
-    let body = json!({ "name": "box", "capabilities": ["linux", "harness:claude-code"], "max_concurrent": 2 });
-    let cred = app.json(Method::POST, "/api/v1/host/register", reg["token"].as_str().unwrap(), Some(&body), StatusCode::CREATED).await;
+    let cred = app.register_host(org, &json!({ "name": "box", "capabilities": ["linux", "harness:claude-code"], "max_concurrent": 2 })).await;
     (cred["token"].as_str().unwrap().to_owned(), cred["host_id"].as_str().unwrap().to_owned())
 }
 

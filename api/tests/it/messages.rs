@@ -14,9 +14,7 @@ use crate::support::{problem, App, Org};
 const BASE: &str = "/api/v1/orgs/acme/projects/web";
 
 async fn register_host(app: &App, org: &Org, name: &str) -> String {
-    let reg = app.json(Method::POST, &format!("{BASE}/host-registrations"), &org.admin, None, StatusCode::CREATED).await;
-    let body = json!({ "name": name, "capabilities": ["linux", "harness:claude-code", "harness:codex"], "max_concurrent": 4 });
-    let cred = app.json(Method::POST, "/api/v1/host/register", reg["token"].as_str().unwrap(), Some(&body), StatusCode::CREATED).await;
+    let cred = app.register_host(org, &json!({ "name": name, "capabilities": ["linux", "harness:claude-code", "harness:codex"], "max_concurrent": 4 })).await;
     cred["token"].as_str().unwrap().to_owned()
 }
 

@@ -204,6 +204,14 @@ impl App {
         (status, headers, bytes)
     }
 
+    /// Registers `host` (its name, capabilities, …) in the org's project `web` through the
+    /// host protocol, with a registration the org's admin made; answers the host's credential
+    /// (`token`, `host_id`).
+    pub(crate) async fn register_host(&self, org: &Org, host: &Value) -> Value {
+        let registration = self.json(Method::POST, "/api/v1/orgs/acme/projects/web/host-registrations", &org.admin, None, StatusCode::CREATED).await;
+        self.json(Method::POST, "/api/v1/host/register", registration["token"].as_str().unwrap(), Some(host), StatusCode::CREATED).await
+    }
+
     /// A JSON request that must answer `want`; returns the body as JSON.
     pub(crate) async fn json(&self, method: Method, path: &str, token: &str, body: Option<&Value>, want: StatusCode) -> Value {
         let (status, _, bytes) = self.send(method.clone(), path, Some(token), body).await;
@@ -250,15 +258,7 @@ impl App {
 
     /// Waits until `sql` (with the run bound as $1) returns true.
     pub(crate) async fn until(&self, run: RunId, sql: &str, what: &str) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        loop {
-            let done: bool = sqlx::query_scalar(sql).bind(run).fetch_one(self.pool()).await.unwrap();
-            if done {
-                return;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "{run} never reached: {what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        shopfloor_tests::until_run(self.pool(), run, sql, what).await;
     }
 }
 

@@ -16,11 +16,10 @@ use engine::db::Db;
 use tokio::time::Instant;
 
 use crate::engine::{start_engine, until_done};
-use crate::fixtures::{new_run, poison, seed, Seed};
+use crate::fixtures::{new_run, poison, seed, until, with_input, Seed};
 
-fn with_input(s: &Seed, input: Value) -> NewRun {
-    NewRun { input, ..new_run(s) }
-}
+/// One crew step.
+const PLAIN: &str = "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n";
 
 /// Submits `n` runs at once, each in its own change on its own connection.
 async fn submit_concurrently(pool: &Db, s: &Seed, n: usize, input: Value) -> Vec<Result<RunId, StoreError>> {
@@ -260,7 +259,7 @@ async fn set_cap(pool: &Db, org: OrgId, cap: i32) {
 #[tokio::test]
 async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
     let db = test_db().await;
-    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    let s = seed(&db.pool, "acme", PLAIN).await;
     set_cap(&db.pool, s.org, 5).await;
     let runs: Vec<RunId> = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 100 } })).await.into_iter().map(Result::unwrap).collect();
     // Five were admitted at submit; a submit that found the org's row busy was left to the
@@ -298,7 +297,7 @@ async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
 #[tokio::test]
 async fn a_run_failed_without_its_journal_hands_its_room_on() {
     let db = test_db().await;
-    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    let s = seed(&db.pool, "acme", PLAIN).await;
     set_cap(&db.pool, s.org, 1).await;
     let first = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
     let second = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
@@ -329,7 +328,7 @@ async fn held_in_line(pool: &Db, run: RunId) -> bool {
 #[tokio::test]
 async fn a_submit_is_refused_once_a_thousand_runs_wait_for_the_cap() {
     let db = test_db().await;
-    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    let s = seed(&db.pool, "acme", PLAIN).await;
     set_cap(&db.pool, s.org, 1).await;
     // No engine: the first run holds the only slot, the next 1,000 wait.
     for _ in 0..10 {
@@ -351,7 +350,7 @@ async fn a_submit_is_refused_once_a_thousand_runs_wait_for_the_cap() {
 #[tokio::test]
 async fn a_paused_workflow_or_project_holds_new_runs_until_unpaused() {
     let db = test_db().await;
-    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    let s = seed(&db.pool, "acme", PLAIN).await;
     let eng = start_engine(&db.pool, &db.url, "e1");
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     workflows::set_paused(&mut ch, s.org, s.workflow, true).await.unwrap();
@@ -510,7 +509,7 @@ async fn old_runs(pool: &Db, s: &Seed, n: i64, days: i32) {
 #[tokio::test]
 async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new_runs() {
     let db = test_db().await;
-    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    let s = seed(&db.pool, "acme", PLAIN).await;
     set_cap(&db.pool, s.org, 100_000).await;
     old_runs(&db.pool, &s, 10_000, 40).await;
     old_runs(&db.pool, &s, 50, 20).await;
@@ -605,19 +604,14 @@ async fn held_by_board(pool: &Db, run: RunId) -> bool {
 
 /// Waits until the run was admitted and has started a step.
 async fn until_started(pool: &Db, run: RunId) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let started: bool = sqlx::query_scalar("SELECT admitted_at IS NOT NULL AND EXISTS (SELECT 1 FROM steps WHERE run_id = $1) FROM runs WHERE run_id = $1")
+    until(&format!("{run} was never admitted"), Duration::from_secs(20), async || {
+        sqlx::query_scalar("SELECT admitted_at IS NOT NULL AND EXISTS (SELECT 1 FROM steps WHERE run_id = $1) FROM runs WHERE run_id = $1")
             .bind(run)
             .fetch_one(pool)
             .await
-            .unwrap();
-        if started {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{run} was never admitted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .unwrap()
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -766,7 +760,7 @@ async fn until_true(pool: &Db, sql: &str) {
 #[tokio::test]
 async fn a_runs_journal_lives_as_long_as_the_run_and_its_partition_goes_whole_after_it() {
     let db = test_db().await;
-    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
+    let s = seed(&db.pool, "acme", PLAIN).await;
     // 300 runs that ended 20 days ago (within the 90 days of retention), four events each,
     // the first two 40 days old: past what the stream replays, still their runs' history.
     old_runs(&db.pool, &s, 300, 20).await;

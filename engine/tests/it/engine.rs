@@ -10,7 +10,7 @@ use engine::testkit::{test_db, Engine};
 use serde_json::{json, Map};
 use engine::db::Db;
 
-use crate::fixtures::{seed, submit_new, with_input};
+use crate::fixtures::{seed, submit_new, until, with_input};
 
 /// An engine with the test executor running in this process until it is stopped.
 pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> Engine {
@@ -81,11 +81,7 @@ async fn an_approval_parks_the_run_until_answered_with_its_fields() {
     let s = seed(&db.pool, "acme", engine::testkit::APPROVAL).await;
     let eng = start_engine(&db.pool, &db.url, "e1");
     let run = submit_new(&db.pool, with_input(&s, json!({}))).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while nodes_in_order(&db.pool, run).await != ["ask:waiting"] {
-        assert!(tokio::time::Instant::now() < deadline, "never reached the approval");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("never reached the approval", Duration::from_secs(10), async || nodes_in_order(&db.pool, run).await == ["ask:waiting"]).await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     let err = approvals::approve(&mut ch, s.org, run, "ask", &Map::new()).await.unwrap_err();
     assert!(err.to_string().contains("approval field \"ticket\" is required"), "{err}");

@@ -1,6 +1,8 @@
 //! Shared test data: an org, a project and a workflow written through the store
 //! (`engine::testkit::seed`), and runs of it.
 
+use std::time::Duration;
+
 use engine::ids::{OrgId, RunId};
 use engine::store::runs::{self, NewRun};
 use engine::store::{Actor, Change};
@@ -38,6 +40,15 @@ pub(crate) async fn submit_new(pool: &Db, new: NewRun) -> RunId {
 
 pub(crate) async fn submit(pool: &Db, s: &Seed) -> RunId {
     submit_new(pool, new_run(s)).await
+}
+
+/// Polls `done` every 20 ms until it holds; panics with `what` after `limit`.
+pub(crate) async fn until(what: &str, limit: Duration, done: impl AsyncFn() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 pub(crate) async fn count(pool: &Db, sql: &str) -> i64 {

@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 use engine::db::Db;
 
 use crate::engine::until_done;
-use crate::fixtures::{new_run, seed, submit_new, with_input, Seed};
+use crate::fixtures::{new_run, seed, submit_new, until, with_input, Seed};
 
 /// Starts an engine; with `executor`, it runs crew, gate and output steps itself (recording
 /// each execution in `effects` when given), otherwise they wait for hosts.
@@ -98,20 +98,33 @@ where
     sqlx::query_scalar(sql).bind(run).fetch_one(pool).await.unwrap()
 }
 
-/// Lines of the effects file: `<step> <run> <node> <visit> <attempt>`.
-fn effects_of(path: &Path, run: RunId) -> Vec<String> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let run = run.to_string();
-    text.lines()
-        .filter(|l| l.split(' ').nth(1) == Some(run.as_str()))
-        .map(|l| l.split(' ').skip(2).collect::<Vec<_>>().join(" "))
-        .collect()
+/// The file the test executor records each execution in, in a directory kept as long as this.
+struct Effects {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
 }
 
-fn temp_effects() -> (tempfile::TempDir, PathBuf) {
+impl Effects {
+    /// The run's executions, `<node> <visit> <attempt>`, from the file's lines
+    /// `<step> <run> <node> <visit> <attempt>`.
+    fn of(&self, run: RunId) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+        let run = run.to_string();
+        text.lines()
+            .filter(|l| l.split(' ').nth(1) == Some(run.as_str()))
+            .map(|l| l.split(' ').skip(2).collect::<Vec<_>>().join(" "))
+            .collect()
+    }
+}
+
+/// As [`started`], with the test executor recording each execution in [`Effects`].
+async fn started_recording(source: &str) -> (TestDb, Seed, Engine, Effects) {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", source).await;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("effects");
-    (dir, path)
+    let effects = Effects { path: dir.path().join("effects"), _dir: dir };
+    let eng = engine(&db, "e1", true, Some(&effects.path));
+    (db, s, eng, effects)
 }
 
 /// Makes a wake of the run due now, as if its time had come, and tells the engines.
@@ -647,18 +660,15 @@ nodes:
 
 #[tokio::test]
 async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it_ends() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", DRY).await;
+    let (db, s, eng, effects) = started_recording(DRY).await;
     add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
-    let (_dir, effects) = temp_effects();
-    let eng = engine(&db, "e1", true, Some(&effects));
     let run = submit_new(&db.pool, NewRun { dry_run: true, needs_approval: true, ..new_run(&s) }).await;
     assert_eq!(status(&db.pool, run).await, ("completed".into(), None));
     let child = child_of(&db.pool, run).await;
     assert_eq!(status(&db.pool, child).await.0, "completed");
     assert!(scalar::<bool>(&db.pool, "SELECT dry_run FROM runs WHERE run_id = $1", child).await);
     // Nothing was executed, and the approvals were answered at once, with the form's defaults.
-    assert!(effects_of(&effects, run).is_empty() && effects_of(&effects, child).is_empty());
+    assert!(effects.of(run).is_empty() && effects.of(child).is_empty());
     let answers: Vec<(String, String, Value)> =
         sqlx::query_as("SELECT node, decision, answer FROM approvals WHERE run_id = $1 ORDER BY node").bind(run).fetch_all(&db.pool).await.unwrap();
     assert_eq!(
@@ -681,11 +691,10 @@ async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it
     // A day later: the parent and its child go in one batch, the source of a rerun too.
     fire(&db.pool, child, "retention").await;
     fire(&db.pool, run, "retention").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while scalar::<i64>(&db.pool, "SELECT count(*) FROM runs WHERE run_id = $1", run).await > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the dry run was not deleted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the dry run was not deleted", Duration::from_secs(10), async || {
+        scalar::<i64>(&db.pool, "SELECT count(*) FROM runs WHERE run_id = $1", run).await == 0
+    })
+    .await;
     for table in ["runs", "steps", "run_events", "approvals", "wakes"] {
         let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE run_id = ANY($1)"))
             .bind(vec![run.0, child.0])
@@ -725,10 +734,7 @@ async fn rerun(pool: &Db, org: OrgId, source: RunId, from: &[&str]) -> RunId {
 
 #[tokio::test]
 async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_before() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", RERUN).await;
-    let (_dir, effects) = temp_effects();
-    let eng = engine(&db, "e1", true, Some(&effects));
+    let (db, s, eng, effects) = started_recording(RERUN).await;
     let input = json!({ "ticket": "T-7" });
     let first = submit_new(&db.pool, with_input(&s, input.clone())).await;
     assert_eq!(status(&db.pool, first).await.0, "completed");
@@ -741,14 +747,14 @@ async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_
     let again = rerun(&db.pool, s.org, first, &[]).await;
     assert_eq!(status(&db.pool, again).await.0, "completed");
     assert_eq!(scalar::<Value>(&db.pool, "SELECT input FROM runs WHERE run_id = $1", again).await, input);
-    let mut done = effects_of(&effects, again);
+    let mut done = effects.of(again);
     done.sort();
     assert_eq!(done, ["build 1 1", "docs 1 1", "plan 1 1", "ship 1 1"]);
 
     // From `build`: plan and docs are reused with their outputs, not executed.
     let from_build = rerun(&db.pool, s.org, first, &["build"]).await;
     assert_eq!(status(&db.pool, from_build).await.0, "completed");
-    assert_eq!(effects_of(&effects, from_build), ["build 1 1", "ship 1 1"]);
+    assert_eq!(effects.of(from_build), ["build 1 1", "ship 1 1"]);
     let reused: Vec<(String, Value)> = sqlx::query_as(
         "SELECT n.node, n.output FROM steps n JOIN steps o ON o.step_id = n.reused_from \
          WHERE n.run_id = $1 AND o.run_id = $2 AND o.output = n.output ORDER BY n.node",
@@ -763,7 +769,7 @@ async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_
     // From `plan`, a first node beside another: docs is reused, plan starts anyway.
     let from_plan = rerun(&db.pool, s.org, first, &["plan"]).await;
     assert_eq!(status(&db.pool, from_plan).await.0, "completed");
-    assert_eq!(effects_of(&effects, from_plan), ["plan 1 1", "build 1 1", "ship 1 1"]);
+    assert_eq!(effects.of(from_plan), ["plan 1 1", "build 1 1", "ship 1 1"]);
     assert_eq!(steps_of(&db.pool, from_plan).await, ["docs:1.1:succeeded", "plan:1.1:succeeded", "build:1.1:succeeded", "ship:1.1:succeeded"]);
     eng.stop();
     db.finish().await;
@@ -780,10 +786,7 @@ nodes:
 
 #[tokio::test]
 async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", CANCEL).await;
-    let (_dir, effects) = temp_effects();
-    let eng = engine(&db, "e1", true, Some(&effects));
+    let (db, s, eng, effects) = started_recording(CANCEL).await;
     let input = json!({ "test": { "step_ms": { "slow": 1500 }, "fail_attempts": { "flaky": 1 } } });
     let run = submit_new(&db.pool, with_input(&s, input)).await;
     until_steps(&db.pool, run, "a running step and a backoff", |s| has(s, "slow:1.1:running") && has(s, "flaky:1.2:pending")).await;
@@ -802,11 +805,7 @@ async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion()
     let slow: StepId = scalar(&db.pool, "SELECT step_id FROM steps WHERE run_id = $1 AND node = 'slow'", run).await;
     assert_eq!(steps::heartbeat(&db.pool, s.org, slow, "engine:e1").await.unwrap(), StepState::Cancelled);
     // Its work ends anyway; the completion it reports is refused and nothing moves.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !effects_of(&effects, run).contains(&"slow 1 1".to_owned()) {
-        assert!(tokio::time::Instant::now() < deadline, "the slow step never finished");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the slow step never finished", Duration::from_secs(10), async || effects.of(run).contains(&"slow 1 1".to_owned())).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(steps_of(&db.pool, run).await[0], "slow:1.1:cancelled:superseded");
     let last: String = scalar(&db.pool, "SELECT kind FROM run_events WHERE run_id = $1 ORDER BY seq DESC LIMIT 1", run).await;
@@ -826,10 +825,7 @@ nodes:
 
 #[tokio::test]
 async fn a_draining_engine_stops_claiming_finishes_what_it_holds_and_returns_in_time() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_CREW).await;
-    let (_dir, effects) = temp_effects();
-    let draining = engine(&db, "e1", true, Some(&effects));
+    let (db, s, draining, effects) = started_recording(TWO_CREW).await;
     let input = json!({ "test": { "step_ms": 1500 } });
     let mut held = Vec::new();
     for _ in 0..3 {
@@ -847,7 +843,7 @@ async fn a_draining_engine_stops_claiming_finishes_what_it_holds_and_returns_in_
     // What it held finished and was recorded; what came next was left for others, unleased.
     for &run in &held {
         assert_eq!(steps_of(&db.pool, run).await, ["first:1.1:succeeded", "second:1.1:pending"]);
-        assert_eq!(effects_of(&effects, run), ["first 1 1"]);
+        assert_eq!(effects.of(run), ["first 1 1"]);
     }
     assert!(steps_of(&db.pool, late).await.is_empty());
     assert_eq!(name(&why(&db.pool, s.org, late).await), Some("queued"));
@@ -855,7 +851,7 @@ async fn a_draining_engine_stops_claiming_finishes_what_it_holds_and_returns_in_
     assert_eq!(leased, 0);
 
     // Another engine picks everything up.
-    let other = engine(&db, "e2", true, Some(&effects));
+    let other = engine(&db, "e2", true, Some(&effects.path));
     for &run in held.iter().chain([&late]) {
         assert_eq!(status(&db.pool, run).await.0, "completed");
     }

@@ -3,7 +3,7 @@
 //! `?from=<node>`).
 
 use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::StatusCode;
 use axum::response::Response;
 use engine::ids::{RunId, WorkflowId};
 use engine::store::runs::{self as store, NewRun};
@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::http::auth::Role;
 use crate::http::error::{ApiError, Problem};
-use crate::http::extract::{at_most, IdempotencyKey, Json, JsonOrEmpty, Path, Query};
+use crate::http::extract::{at_most, IdempotencyKey, Json, JsonOrEmpty, Path, Query, RequestIdempotencyKey, SubmitIdempotencyKey};
 use crate::http::tenant::ProjectScope;
 use crate::http::{idempotency, AppState};
 use super::{in_project, load_fresh, retry_busy, run_id, Run, RunPath};
@@ -69,19 +69,18 @@ pub struct RerunQuery {
 /// until a person approves. Admission may hold it (`queued`, `awaiting_lease`, `sleeping`,
 /// `held`: `why` says by what) or refuse it.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs", operation_id = "submit_run", tag = "runs",
-    params(ProjectScope,
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried submit safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    params(ProjectScope, SubmitIdempotencyKey),
     request_body = SubmitRun,
     responses((status = 201, body = Run),
               (status = 409, description = "Refused by its concurrency group (policy `skip`, the group is full)", body = Problem, content_type = "application/problem+json"),
               (status = 429, description = "1,000 runs already wait for the org's cap on running runs", body = Problem, content_type = "application/problem+json")))]
-pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Json(body): Json<SubmitRun>) -> Result<Response, ApiError> {
+pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Json(body): Json<SubmitRun>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     // The request's span is the root of the new run's trace (`engine::trace`).
     let span = tracing::info_span!(parent: None, "runs.submit", otel.name = "POST runs", otel.kind = "server", shopfloor.workflow = %cap(&body.workflow));
     let mut ch = scope.change(&state).await?;
     ch.set_trace(TraceParent::of_span(&span));
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, &key, &idempotency::fingerprint(method.as_str(), &uri, &body)).await? {
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, &key, &body).await? {
         return Ok(replay);
     }
     let found: Option<(WorkflowId, i32)> =
@@ -134,7 +133,7 @@ pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p):
     let (state, scope, reason) = (&state, &scope, &reason);
     let run = retry_busy(move || async move {
         let mut ch = scope.change(state).await?;
-        in_project(&mut ch, scope, id).await?;
+        in_project(ch.conn(), scope, id).await?;
         store::cancel(&mut ch, scope.org.org, id, reason).await?;
         let run = load_fresh(ch.conn(), scope, id).await?;
         ch.commit().await?;
@@ -146,16 +145,16 @@ pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p):
 
 /// Submits a new run from a finished one: from `from` (or the start), reusing earlier outputs.
 /// A retry keeps the run's edits (`edit` adds one: edit-and-retry).
-#[expect(clippy::too_many_arguments, reason = "the retry and rerun handlers' one helper")]
-async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, hash: &str, source: RunId, retry: bool, from: Option<String>, edit: Option<RetryRun>) -> Result<Response, ApiError> {
+async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, source: RunId, retry: bool, from: Option<String>, edit: Option<RetryRun>) -> Result<Response, ApiError> {
     // The request's span is the root of the new run's trace (`engine::trace`).
     let span = tracing::info_span!(parent: None, "runs.rerun", otel.name = if retry { "POST runs retry" } else { "POST runs rerun" }, otel.kind = "server", shopfloor.source_run = %source);
     let mut ch = scope.change(state).await?;
     ch.set_trace(TraceParent::of_span(&span));
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, hash).await? {
+    // The edit is the request's body (a rerun has none), which a replay must repeat.
+    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, &edit).await? {
         return Ok(replay);
     }
-    in_project(&mut ch, scope, source).await?;
+    in_project(ch.conn(), scope, source).await?;
     let (workflow, version, status): (WorkflowId, i32, String) =
         sqlx::query_as("SELECT workflow_id, workflow_version, status FROM runs WHERE run_id = $1 AND org_id = $2")
             .bind(source)
@@ -202,29 +201,23 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
 /// `node` with the prompt, model or harness given, at every attempt of that node (audited as
 /// `run.edit_retry`, with a `run.edited` event). A retry keeps the edits of the run it retries.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/retry", operation_id = "retry_run", tag = "runs",
-    params(ProjectScope, RunPath,
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    params(ProjectScope, RunPath, RequestIdempotencyKey),
     request_body(content = Option<RetryRun>, description = "Optional: a crew node to run with a new prompt, model or harness"),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json"),
               (status = 422, description = "No such crew node, or an invalid prompt, model or harness", body = Problem, content_type = "application/problem+json")))]
-pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>) -> Result<Response, ApiError> {
+pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
-    let hash = match &body {
-        None => idempotency::fingerprint(method.as_str(), &uri, &()),
-        Some(edit) => idempotency::fingerprint(method.as_str(), &uri, edit),
-    };
-    rerun_from(&state, &scope, &key, &hash, id, true, None, body).await
+    rerun_from(&state, &scope, &key, id, true, None, body).await
 }
 
 /// Reruns a finished run with the same input, from the start or from `?from=<node>` (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/rerun", operation_id = "rerun_run", tag = "runs",
-    params(ProjectScope, RunPath, RerunQuery,
-           ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request safe; 1 to 255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$")),
+    params(ProjectScope, RunPath, RerunQuery, RequestIdempotencyKey),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running", body = Problem, content_type = "application/problem+json"),
               (status = 422, description = "No such node", body = Problem, content_type = "application/problem+json")))]
-pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, method: Method, uri: Uri, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
+pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
-    rerun_from(&state, &scope, &key, &idempotency::fingerprint(method.as_str(), &uri, &()), id, false, q.from, None).await
+    rerun_from(&state, &scope, &key, id, false, q.from, None).await
 }

@@ -49,7 +49,7 @@ enum Verdict<'a> {
 async fn decide(state: &AppState, scope: &ProjectScope, id: RunId, node: &str, verdict: Verdict<'_>) -> Result<Decision, ApiError> {
     let (step, answer) = retry_busy(move || async move {
         let mut ch = scope.change(state).await?;
-        in_project(&mut ch, scope, id).await?;
+        in_project(ch.conn(), scope, id).await?;
         let step = match verdict {
             Verdict::Approve(fields) => approvals::approve(&mut ch, scope.org.org, id, node, fields).await?,
             Verdict::Reject(reason) => approvals::reject(&mut ch, scope.org.org, id, node, reason).await?,

@@ -12,7 +12,7 @@ use crate::http::event_hub::RunEvent;
 use crate::http::extract::{Json, Path, Query};
 use crate::http::tenant::ProjectScope;
 use crate::http::{page, AppState};
-use super::{run_id, run_not_found, RunPath, StepPath};
+use super::{in_project, run_id, RunPath, StepPath};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -40,13 +40,7 @@ pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p):
     scope.require(Role::Viewer)?;
     let id = run_id(&p.run)?;
     let limit = page::limit(q.limit)?;
-    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3")
-        .bind(id)
-        .bind(scope.org.org)
-        .bind(scope.project)
-        .fetch_optional(&state.db)
-        .await?;
-    found.ok_or_else(run_not_found)?;
+    in_project(&state.db, &scope, id).await?;
     let items: Vec<RunEvent> = sqlx::query_as(
         "SELECT run_id AS run, seq, kind, node, step_id AS step, at, attrs FROM run_events \
          WHERE run_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",

@@ -12,11 +12,10 @@ pub mod read;
 
 use chrono::{DateTime, Utc};
 use engine::ids::{OrgId, ProjectId, RunId, StepId};
-use engine::store::Change;
 use engine::substate;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::{PgConnection, Postgres, QueryBuilder};
+use sqlx::{PgConnection, PgExecutor, Postgres, QueryBuilder};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
@@ -300,13 +299,14 @@ pub(super) fn run_id(text: &str) -> Result<RunId, ApiError> {
     text.parse().map_err(|_| run_not_found())
 }
 
-/// Checks, inside a change, that the run is in this project (the store checks the org).
-pub(super) async fn in_project(ch: &mut Change, scope: &ProjectScope, run: RunId) -> Result<(), ApiError> {
+/// Checks that the run is in this project: before a read, or inside a change (whose store
+/// checks only the org).
+pub(super) async fn in_project(conn: impl PgExecutor<'_>, scope: &ProjectScope, run: RunId) -> Result<(), ApiError> {
     let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3")
         .bind(run)
         .bind(scope.org.org)
         .bind(scope.project)
-        .fetch_optional(ch.conn())
+        .fetch_optional(conn)
         .await?;
     found.map(|_| ()).ok_or_else(run_not_found)
 }
