@@ -216,45 +216,22 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     }
 }
 
-/// The header in the document of a create's route, named in its `params(...)`.
+/// The header in the document of a keyed route, named in its `params(...)`.
 impl IntoParams for IdempotencyKey {
     fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
-        vec![idempotency_param("create")]
+        let schema = ObjectBuilder::new()
+            .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+            .min_length(Some(1))
+            .max_length(Some(255))
+            .pattern(Some("^[!-~]+$"));
+        vec![ParameterBuilder::new()
+            .name("Idempotency-Key")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some("Makes a retried request safe; 1 to 255 visible ASCII characters"))
+            .schema(Some(schema))
+            .build()]
     }
-}
-
-/// The same header in the document of a run's submit, which words it so.
-pub struct SubmitIdempotencyKey;
-
-impl IntoParams for SubmitIdempotencyKey {
-    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
-        vec![idempotency_param("submit")]
-    }
-}
-
-/// The same header in the document of a run's retry and rerun, which word it so.
-pub struct RequestIdempotencyKey;
-
-impl IntoParams for RequestIdempotencyKey {
-    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
-        vec![idempotency_param("request")]
-    }
-}
-
-/// The header's parameter; the routes differ only in what they call a retried request.
-fn idempotency_param(retried: &str) -> Parameter {
-    let schema = ObjectBuilder::new()
-        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
-        .min_length(Some(1))
-        .max_length(Some(255))
-        .pattern(Some("^[!-~]+$"));
-    ParameterBuilder::new()
-        .name("Idempotency-Key")
-        .parameter_in(ParameterIn::Header)
-        .required(Required::False)
-        .description(Some(format!("Makes a retried {retried} safe; 1 to 255 visible ASCII characters")))
-        .schema(Some(schema))
-        .build()
 }
 
 #[cfg(test)]

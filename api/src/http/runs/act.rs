@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::http::auth::Role;
 use crate::http::error::{ApiError, Problem};
-use crate::http::extract::{at_most, IdempotencyKey, Json, JsonOrEmpty, Path, Query, RequestIdempotencyKey, SubmitIdempotencyKey};
+use crate::http::extract::{at_most, IdempotencyKey, Json, JsonOrEmpty, Path, Query};
 use crate::http::tenant::ProjectScope;
 use crate::http::{idempotency, AppState};
 use super::{in_project, load_fresh, retry_busy, run_id, Run, RunPath};
@@ -69,7 +69,7 @@ pub struct RerunQuery {
 /// until a person approves. Admission may hold it (`queued`, `awaiting_lease`, `sleeping`,
 /// `held`: `why` says by what) or refuse it.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs", operation_id = "submit_run", tag = "runs",
-    params(ProjectScope, SubmitIdempotencyKey),
+    params(ProjectScope, IdempotencyKey),
     request_body = SubmitRun,
     responses((status = 201, body = Run),
               (status = 409, description = "Refused by its concurrency group (policy `skip`, the group is full)", body = Problem, content_type = "application/problem+json"),
@@ -201,7 +201,7 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
 /// `node` with the prompt, model or harness given, at every attempt of that node (audited as
 /// `run.edit_retry`, with a `run.edited` event). A retry keeps the edits of the run it retries.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/retry", operation_id = "retry_run", tag = "runs",
-    params(ProjectScope, RunPath, RequestIdempotencyKey),
+    params(ProjectScope, RunPath, IdempotencyKey),
     request_body(content = Option<RetryRun>, description = "Optional: a crew node to run with a new prompt, model or harness"),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json"),
               (status = 422, description = "No such crew node, or an invalid prompt, model or harness", body = Problem, content_type = "application/problem+json")))]
@@ -213,7 +213,7 @@ pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: Idem
 
 /// Reruns a finished run with the same input, from the start or from `?from=<node>` (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/rerun", operation_id = "rerun_run", tag = "runs",
-    params(ProjectScope, RunPath, RerunQuery, RequestIdempotencyKey),
+    params(ProjectScope, RunPath, RerunQuery, IdempotencyKey),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running", body = Problem, content_type = "application/problem+json"),
               (status = 422, description = "No such node", body = Problem, content_type = "application/problem+json")))]
 pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
