@@ -46,7 +46,8 @@ pub(crate) async fn clear_needs_approval(ch: &mut Change, run: RunId) -> Result<
 /// given (`Change::set_trace`); a child run without one joins its parent's trace. Admission (`store::admission`) decides first,
 /// under the locks of the queues it reads: the run is admitted, put in line (no wake: what
 /// frees room wakes it), or refused (`StoreError::Refused` for a `skip` group that is full,
-/// `StoreError::Full` when the org's line is full), in which case nothing is written.
+/// `StoreError::Full` when the org's line is full), in which case nothing is written. A run
+/// opened for a trigger event marks the event `started` with it, in the run's insert.
 pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     let run = RunId::mint();
     let admission = if crate::admission::applies(new.parent.is_some(), new.dry_run) {
@@ -75,7 +76,8 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
         (None, None) => None,
     };
     let created_at: DateTime<Utc> = sqlx::query_scalar(
-        "INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, item_id, trigger_event_id, \
+        "WITH started AS (UPDATE trigger_events SET status = 'started', reason = NULL, run_id = $3, decided_at = now() WHERE event_id = $7) \
+         INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, item_id, trigger_event_id, \
                            parent_run_id, parent_step_id, source_run_id, source_from_node, needs_approval, input, \
                            dry_run, created_by, started_at, admitted_at, trace_id, traceparent) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, now(), CASE WHEN $16 THEN now() END, $17, $18) \

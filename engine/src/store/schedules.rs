@@ -194,11 +194,6 @@ async fn tick(ch: &mut Change, d: &Due, scheduled_at: DateTime<Utc>) -> Result<V
             }
             Err(e) => return Err(e),
         };
-        sqlx::query("UPDATE trigger_events SET status = 'started', run_id = $2, decided_at = now() WHERE event_id = $1")
-            .bind(event)
-            .bind(run)
-            .execute(&mut *ch.tx)
-            .await?;
         ch.audit(d.org_id, Some(d.project_id), "schedule.tick", ("workflow", d.workflow_id.to_string()), json!({ "scheduled_at": at, "run": run.to_string() }))?;
         opened.push(run);
     }

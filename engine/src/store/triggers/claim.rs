@@ -147,7 +147,7 @@ pub(crate) async fn open_runs(ch: &mut Change, org: OrgId, item: ItemId, workflo
 pub(crate) async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo, runs: &RunOps) -> Result<Claim> {
     let open = if ev.fresh_item { Vec::new() } else { open_runs(ch, ev.org, ev.item, wf.id).await? };
     if let Some(executing) = open.iter().find(|r| r.running) {
-        set_event(ch, ev.id, "queued", Some(&format!("behind {}", executing.run)), None).await?;
+        set_event(ch, ev.id, "queued", Some(&format!("behind {}", executing.run))).await?;
         return Ok(Claim::Queued { event: ev.id, behind: executing.run });
     }
     let mut superseded = Vec::new();
@@ -161,7 +161,7 @@ pub(crate) async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo, run
         superseded.push(old.run);
     }
     if let Err(Spent { cycles, reason }) = admit(ch, ev, wf).await? {
-        set_event(ch, ev.id, "blocked", Some(&reason), None).await?;
+        set_event(ch, ev.id, "blocked", Some(&reason)).await?;
         ch.audit(
             ev.org,
             Some(ev.project),
@@ -196,12 +196,12 @@ pub(crate) async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo, run
                 .bind(wf.id)
                 .execute(&mut *ch.tx)
                 .await?;
-            set_event(ch, ev.id, "skipped", Some(&reason), None).await?;
+            set_event(ch, ev.id, "skipped", Some(&reason)).await?;
             return Ok(Claim::Skipped { event: ev.id, reason });
         }
         Err(e) => return Err(e),
     };
-    set_event(ch, ev.id, "started", None, Some(run)).await?;
+    // The run's insert marked the event `started` (`runs::submit`).
     Ok(Claim::Opened { event: ev.id, run, superseded })
 }
 
@@ -226,7 +226,7 @@ pub(crate) async fn cancel_unstarted(ch: &mut Change, org: OrgId, old: &OpenRun,
     ch.lock_run(org, old.run).await?;
     (runs.cancel)(ch, old.run, reason).await?;
     if let Some(event) = old.event {
-        set_event(ch, event, status, Some(reason), None).await?;
+        set_event(ch, event, status, Some(reason)).await?;
         if !old.attempted {
             sqlx::query(
                 "UPDATE item_cycle_budgets b SET cycles_used = greatest(b.cycles_used - 1, 0) FROM trigger_events e \
@@ -240,12 +240,11 @@ pub(crate) async fn cancel_unstarted(ch: &mut Change, org: OrgId, old: &OpenRun,
     Ok(())
 }
 
-pub(crate) async fn set_event(ch: &mut Change, event: Uuid, status: &str, reason: Option<&str>, run: Option<RunId>) -> Result<()> {
-    sqlx::query("UPDATE trigger_events SET status = $2, reason = $3, run_id = coalesce($4, run_id), decided_at = now() WHERE event_id = $1")
+pub(crate) async fn set_event(ch: &mut Change, event: Uuid, status: &str, reason: Option<&str>) -> Result<()> {
+    sqlx::query("UPDATE trigger_events SET status = $2, reason = $3, decided_at = now() WHERE event_id = $1")
         .bind(event)
         .bind(status)
         .bind(reason.map(cap))
-        .bind(run)
         .execute(&mut *ch.tx)
         .await?;
     Ok(())
@@ -262,6 +261,22 @@ pub(crate) struct Spent {
 /// or another workflow's budget on the item is spent and waits for a person.
 pub(crate) async fn admit(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo) -> Result<Result<(), Spent>> {
     let max = i32::try_from(wf.def.budget.max_cycles).unwrap_or(i32::MAX);
+    if ev.fresh_item && max >= 1 {
+        // An item this change created has no budget rows yet, so no ask waits on it (a budget
+        // allows at least one cycle) and its generation is the event's: the first cycle is
+        // taken by one insert.
+        sqlx::query(
+            "INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used) VALUES ($3, $4, $1, $2, $5, 1)",
+        )
+        .bind(ev.item)
+        .bind(wf.id)
+        .bind(ev.org)
+        .bind(ev.project)
+        .bind(ev.generation)
+        .execute(&mut *ch.tx)
+        .await?;
+        return Ok(Ok(()));
+    }
     // The budget row, created when new and locked either way (an upsert's update locks the
     // row as `FOR UPDATE` would), with the item's generation and the first ask open on the item
     // for another workflow (an ask stops every workflow, not only the one that spent its
@@ -357,7 +372,7 @@ pub(crate) async fn revoke_unmatched(
     .await?;
     for (event, payload) in queued {
         if !still_matches(payload.get("trigger").unwrap_or(&Value::Null)) {
-            set_event(ch, event, "revoked", Some("revoked"), None).await?;
+            set_event(ch, event, "revoked", Some("revoked")).await?;
             out.events += 1;
         }
     }
@@ -405,12 +420,12 @@ pub(crate) async fn rejudge(ch: &mut Change, run: &RunRow, runs: &RunOps) -> Res
     // Take them out of the queue first: the claim below may finish other runs, whose own
     // call here must not see these events again.
     for (older, _, _) in waiting.iter().skip(1) {
-        set_event(ch, *older, "superseded", Some(&format!("superseded by {newest}")), None).await?;
+        set_event(ch, *older, "superseded", Some(&format!("superseded by {newest}"))).await?;
     }
-    set_event(ch, newest, "accepted", Some("judged again"), None).await?;
+    set_event(ch, newest, "accepted", Some("judged again")).await?;
     let trigger = payload.get("trigger").cloned().unwrap_or(Value::Null);
     let Some(wf) = workflow(ch, run.org_id, run.workflow_id).await? else {
-        set_event(ch, newest, "revoked", Some("revoked: the workflow has no version"), None).await?;
+        set_event(ch, newest, "revoked", Some("revoked: the workflow has no version")).await?;
         return Ok(());
     };
     let project = project_context(ch, run.project_id).await?;
@@ -419,7 +434,7 @@ pub(crate) async fn rejudge(ch: &mut Change, run: &RunRow, runs: &RunOps) -> Res
         None => Verdict::DoesNotMatch,
     };
     if verdict == Verdict::DoesNotMatch {
-        set_event(ch, newest, "revoked", Some("revoked"), None).await?;
+        set_event(ch, newest, "revoked", Some("revoked")).await?;
         return Ok(());
     }
     let ev = EventRef { id: newest, org: run.org_id, project: run.project_id, item, generation, trigger, fresh_item: false };
