@@ -30,6 +30,7 @@ pub(crate) async fn graphile_worker(b: &Bench, root: &Path, chains: usize) -> Re
         .arg(&script)
         .env("PEER_DATABASE_URL", with_database(&b.admin_url, "peer"))
         .env("PEER_CHAINS", chains.to_string())
+        .env("PEER_WAKES", crate::measures::WAKES.to_string())
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
