@@ -329,13 +329,7 @@ async fn workflows_page_shows_problems_at_their_lines() {
     let page = b.get("/orgs/acme/projects/web/workflows").await;
     let csrf = page_csrf(&page.body);
     let broken = "name: broken\nnodes:\n  a:\n    crew: { harness: nope }\n  b:\n    after: [missing]\n    wait: { for: 1m }\n";
-    let checked = b
-        .post_form(
-            "/orgs/acme/projects/web/workflows/validate",
-            &csrf,
-            &[("source", broken)],
-        )
-        .await;
+    let checked = validate(&mut b, &csrf, broken).await;
     assert_eq!(checked.status, StatusCode::UNPROCESSABLE_ENTITY);
     checked.shows("class=\"problem\"");
     assert!(checked.body.contains("Not valid"));
@@ -629,13 +623,7 @@ async fn workflow_source_keeps_its_indentation() {
     }
     let csrf = page_csrf(&b.get("/orgs/acme/projects/web/workflows").await.body);
     let broken = "name: broken\nnodes:\n  a:\n    crew: { harness: nope }\n";
-    let checked = b
-        .post_form(
-            "/orgs/acme/projects/web/workflows/validate",
-            &csrf,
-            &[("source", broken)],
-        )
-        .await;
+    let checked = validate(&mut b, &csrf, broken).await;
     assert_eq!(checked.status, StatusCode::UNPROCESSABLE_ENTITY);
     for line in ["<code>  a:</code>", "<code>    crew: { harness: nope }</code>"] {
         assert!(checked.body.contains(line), "{line} in {}", checked.body);
@@ -1119,4 +1107,9 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     let page = b.follow(deleted).await;
     page.shows("No outgoing webhook");
     app.discard().await;
+}
+
+/// Posts a workflow's source to the workflows page's validate form.
+async fn validate(b: &mut Browser, csrf: &str, source: &str) -> Answer {
+    b.post_form("/orgs/acme/projects/web/workflows/validate", csrf, &[("source", source)]).await
 }
