@@ -217,3 +217,44 @@ async fn without_the_tenant_role_the_tenant_pool_keeps_its_users_role() {
     outsider.close().await;
     app.finish().await;
 }
+
+/// Below the policies (which the owner's pool bypasses), the schema pairs a project's rows
+/// with the project's org (migration 0025): every table whose project is required keys
+/// `(project_id, org_id)` to projects, so not even the owner can store a row of one org that
+/// points into another org's project.
+#[tokio::test]
+async fn no_row_pairs_an_org_with_another_orgs_project() {
+    let app = App::start().await;
+    let acme = app.org("acme").await;
+    let other = app.org("other").await;
+    let pool = app.pool().clone();
+
+    let unpaired: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+           JOIN pg_attribute p ON p.attrelid = c.oid AND p.attname = 'project_id' AND p.attnotnull AND NOT p.attisdropped \
+           JOIN pg_attribute o ON o.attrelid = c.oid AND o.attname = 'org_id' AND NOT o.attisdropped \
+          WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname <> 'projects' \
+            AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'f' \
+                              AND k.confrelid = 'projects'::regclass AND k.conkey @> ARRAY[p.attnum, o.attnum]) \
+          ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(unpaired.is_empty(), "tables whose project is not keyed with its org: {unpaired:?}");
+
+    let err = sqlx::query("INSERT INTO items (org_id, project_id, item_id, key, data) VALUES ($1, $2, gen_random_uuid(), 'issue:1', '{}')")
+        .bind(acme.id)
+        .bind(other.project)
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("items_project_org_fkey"), "{err}");
+    let ours = sqlx::query("INSERT INTO items (org_id, project_id, item_id, key, data) VALUES ($1, $2, gen_random_uuid(), 'issue:1', '{}')")
+        .bind(acme.id)
+        .bind(acme.project)
+        .execute(&pool)
+        .await;
+    assert!(ours.is_ok(), "an item of acme's own project: {ours:?}");
+    app.finish().await;
+}
