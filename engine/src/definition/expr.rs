@@ -5,7 +5,7 @@
 //! `run`, `project`) becomes a CEL variable.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use cel::objects::Key;
 use cel::{Context, Program, Value};
@@ -69,8 +69,28 @@ fn program(expr: &str) -> Result<Program, String> {
     })
 }
 
+/// Compiled programs by their text, so that a trigger's `if:` is parsed once per process
+/// rather than at every delivery (parsing was a tenth of the API's CPU per delivery). The
+/// texts are the workflows' own, so the map stays small; it starts over past `CACHED`.
+static PROGRAMS: LazyLock<Mutex<HashMap<String, Arc<Program>>>> = LazyLock::new(Default::default);
+const CACHED: usize = 4_096;
+
+fn cached(expr: &str) -> Result<Arc<Program>, String> {
+    if let Some(p) = PROGRAMS.lock().ok().and_then(|m| m.get(expr).cloned()) {
+        return Ok(p);
+    }
+    let compiled = Arc::new(program(expr)?);
+    if let Ok(mut m) = PROGRAMS.lock() {
+        if m.len() >= CACHED {
+            m.clear();
+        }
+        m.insert(expr.to_owned(), compiled.clone());
+    }
+    Ok(compiled)
+}
+
 fn run(expr: &str, context: &serde_json::Value) -> Result<Value, String> {
-    let program = program(expr)?;
+    let program = cached(expr)?;
     let serde_json::Value::Object(variables) = context else {
         return Err("the context must be a JSON object".to_owned());
     };
