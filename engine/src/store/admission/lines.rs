@@ -45,20 +45,16 @@ pub(crate) async fn held_in(ch: &mut Change, org: OrgId, queue: &str) -> Result<
 /// Locks a queue's row unless another change holds it; false when one does. A queue that does
 /// not exist yet is created (and locked).
 pub(crate) async fn try_lock_queue(ch: &mut Change, org: OrgId, queue: &str) -> Result<bool> {
-    let got: Option<i32> = sqlx::query_scalar("SELECT waiting FROM admission_queues WHERE org_id = $1 AND queue = $2 FOR UPDATE SKIP LOCKED")
-        .bind(org)
-        .bind(queue)
-        .fetch_optional(&mut *ch.tx)
-        .await?;
-    if got.is_some() {
-        return Ok(true);
-    }
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM admission_queues WHERE org_id = $1 AND queue = $2)")
-        .bind(org)
-        .bind(queue)
-        .fetch_one(&mut *ch.tx)
-        .await?;
-    Ok(!exists)
+    // One statement, one snapshot: the row locked now, or no row to lock.
+    let (locked, exists): (bool, bool) = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM admission_queues WHERE org_id = $1 AND queue = $2 FOR UPDATE SKIP LOCKED), \
+                EXISTS (SELECT 1 FROM admission_queues WHERE org_id = $1 AND queue = $2)",
+    )
+    .bind(org)
+    .bind(queue)
+    .fetch_one(&mut *ch.tx)
+    .await?;
+    Ok(locked || !exists)
 }
 
 /// Runs in line ahead of place `seq`.
