@@ -2,7 +2,7 @@
 -- `org_id` against orgs and `project_id` against projects apart, which let a row pair one
 -- org with another org's project. One key on both columns, to projects, proves the pair (and
 -- the org through projects' own key): a stronger rule, and one check fewer on every insert,
--- which the webhook path pays about seven times a delivery (make bench, BENCH_PROFILE=1).
+-- which the webhook path pays six times a delivery that opens a run (make bench).
 -- Tables whose project is optional (api_tokens, budgets) keep their org key: a pair with a
 -- null project would not be checked at all. An item's cycle budget was optional only because
 -- 0004 added the column to existing rows: it is its item's project.
