@@ -42,8 +42,8 @@ pub(crate) async fn held_in(ch: &mut Change, org: OrgId, queue: &str) -> Result<
     Ok(i64::from(held))
 }
 
-/// Locks a queue's row unless another change holds it; false when one does. A queue that does
-/// not exist yet is created (and locked).
+/// Locks a queue's row unless another change holds it; false when one does. True also for a
+/// queue with no row yet: nothing holds it, and the caller's `lock_queue` creates it.
 pub(crate) async fn try_lock_queue(ch: &mut Change, org: OrgId, queue: &str) -> Result<bool> {
     // One statement, one snapshot: the row locked now, or no row to lock.
     let (locked, exists): (bool, bool) = sqlx::query_as(
