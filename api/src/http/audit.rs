@@ -81,8 +81,7 @@ async fn read(state: &AppState, org: OrgId, project: Option<ProjectId>, q: Audit
     let mut rows = audited(state, org, project, &q, after, limit).await?;
     rows.extend(journal::moves(state, org, project, &q, after, limit).await?);
     rows.sort_by_key(|e| std::cmp::Reverse((e.at, e.id)));
-    let (items, next_cursor) = page::finish(rows, limit, |e| (e.at.timestamp_micros(), e.id));
-    Ok(AuditList { items, next_cursor })
+    Ok(AuditList::page(rows, limit, |e| (e.at.timestamp_micros(), e.id)))
 }
 
 /// The page's rows of `audit_log`.

@@ -103,8 +103,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
     }
     qb.push(" ORDER BY name, host_id LIMIT ").push_bind(limit + 1);
     let rows: Vec<Host> = qb.build_query_as().fetch_all(&state.db).await?;
-    let (items, next_cursor) = page::finish(rows, limit, |h| (h.name.clone(), h.id));
-    Ok(Json(HostList { items, next_cursor }))
+    Ok(Json(HostList::page(rows, limit, |h| (h.name.clone(), h.id))))
 }
 
 /// Creates a token that registers one host in this project (admin).

@@ -91,8 +91,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
             .await?,
         None => sqlx::query_as(&format!("{SELECT} ORDER BY u.email, u.user_id LIMIT $2")).bind(scope.org).bind(limit + 1).fetch_all(&state.db).await?,
     };
-    let (items, next_cursor) = page::finish(rows, limit, |m| (m.email.clone(), m.user));
-    Ok(Json(MemberList { items, next_cursor }))
+    Ok(Json(MemberList::page(rows, limit, |m| (m.email.clone(), m.user))))
 }
 
 /// Adds a person by email with a role (admin; owner to add an owner).

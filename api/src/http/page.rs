@@ -24,6 +24,15 @@ macro_rules! list {
             pub items: Vec<$item>,
             pub next_cursor: Option<String>,
         }
+
+        impl $list {
+            /// The page of `rows`, fetched with `limit + 1` rows, with the cursor of the page
+            /// after it keyed by `key` ([`finish`](crate::http::page::finish)).
+            pub fn page<K: serde::Serialize>(rows: Vec<$item>, limit: i64, key: impl Fn(&$item) -> K) -> Self {
+                let (items, next_cursor) = $crate::http::page::finish(rows, limit, key);
+                Self { items, next_cursor }
+            }
+        }
     };
 }
 pub(crate) use list;

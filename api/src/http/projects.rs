@@ -52,8 +52,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
     }
     page::by_name(&mut qb, "slug", after, limit);
     let rows: Vec<Project> = qb.build_query_as().fetch_all(&state.db).await?;
-    let (items, next_cursor) = page::finish(rows, limit, |p| p.slug.clone());
-    Ok(Json(ProjectList { items, next_cursor }))
+    Ok(Json(ProjectList::page(rows, limit, |p| p.slug.clone())))
 }
 
 /// Creates a project (admin).

@@ -57,8 +57,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
     qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
     page::by_name(&mut qb, "full_name", after, limit);
     let rows: Vec<Repository> = qb.build_query_as().fetch_all(&state.db).await?;
-    let (items, next_cursor) = page::finish(rows, limit, |r| r.full_name.clone());
-    Ok(Json(RepositoryList { items, next_cursor }))
+    Ok(Json(RepositoryList::page(rows, limit, |r| r.full_name.clone())))
 }
 
 /// `owner/name` with GitHub's characters only.

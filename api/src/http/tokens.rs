@@ -87,8 +87,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
     }
     page::newest_first(&mut qb, "jti", after, limit)?;
     let rows: Vec<Token> = qb.build_query_as().fetch_all(&state.db).await?;
-    let (items, next_cursor) = page::finish(rows, limit, |t| page::newest_key(t.created_at, t.id));
-    Ok(Json(TokenList { items, next_cursor }))
+    Ok(Json(TokenList::page(rows, limit, |t| page::newest_key(t.created_at, t.id))))
 }
 
 /// Creates a token for the caller, with at most the caller's role.

@@ -156,8 +156,7 @@ pub async fn deliveries(State(state): State<AppState>, scope: ProjectScope, Path
     qb.push_bind(scope.org.org).push(" AND subscription_id = ").push_bind(webhook.subscription_id);
     page::newest_first(&mut qb, "delivery_id", after, limit)?;
     let rows: Vec<Delivery> = qb.build_query_as().fetch_all(&state.db).await?;
-    let (items, next_cursor) = page::finish(rows, limit, |d| page::newest_key(d.created_at, d.delivery_id));
-    Ok(Json(DeliveryList { items, next_cursor }))
+    Ok(Json(DeliveryList::page(rows, limit, |d| page::newest_key(d.created_at, d.delivery_id))))
 }
 
 async fn find_delivery(state: &AppState, scope: &ProjectScope, p: &DeliveryPath) -> Result<(Subscription, Delivery, Option<serde_json::Value>), ApiError> {

@@ -143,8 +143,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
     qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
     page::by_name(&mut qb, "name", after, limit);
     let rows: Vec<Workflow> = qb.build_query_as().fetch_all(&state.db).await?;
-    let (items, next_cursor) = page::finish(rows, limit, |w| w.name.clone());
-    Ok(Json(WorkflowList { items, next_cursor }))
+    Ok(Json(WorkflowList::page(rows, limit, |w| w.name.clone())))
 }
 
 /// Uploads a version of the workflow its `name:` names (member). 201 for a new version, 200
@@ -225,8 +224,7 @@ pub async fn versions(State(state): State<AppState>, scope: ProjectScope, Path(p
     .bind(limit + 1)
     .fetch_all(&state.db)
     .await?;
-    let (items, next_cursor) = page::finish(rows, limit, |v| v.version);
-    Ok(Json(VersionList { items, next_cursor }))
+    Ok(Json(VersionList::page(rows, limit, |v| v.version)))
 }
 
 /// One version, with its text.

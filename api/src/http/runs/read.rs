@@ -109,8 +109,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
             return Ok(Json(RunList { items, next_cursor }));
         }
     }
-    let (items, next_cursor) = page::finish(items, limit, |r| (r.created_at.timestamp_micros(), r.id));
-    Ok(Json(RunList { items, next_cursor }))
+    Ok(Json(RunList::page(items, limit, |r| (r.created_at.timestamp_micros(), r.id))))
 }
 
 /// A run with its steps and the approvals it waits on.
