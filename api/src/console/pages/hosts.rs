@@ -17,7 +17,7 @@ use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
 use super::{here, see_other, FormMap, ProjectPath};
-use crate::http::hosts::HostList;
+use crate::http::hosts::{Host, HostList};
 
 /// A host counts as online when it reported this recently (it reports every 10 s at most).
 const ONLINE_SECS: i64 = 60;
@@ -35,16 +35,13 @@ struct Held {
     state: String,
 }
 
+/// A host as the page shows it: the API's host, with its status and the steps it holds.
 #[derive(Debug, Serialize)]
 struct HostView {
-    id: String,
-    name: String,
+    #[serde(flatten)]
+    host: Host,
     /// `drained` (it claims nothing new, whether or not it reports), `online` or `offline`.
     status: &'static str,
-    capabilities: Vec<String>,
-    max_concurrent: i32,
-    last_seen_at: Option<DateTime<Utc>>,
-    drained_at: Option<DateTime<Utc>>,
     steps: Vec<Held>,
 }
 
@@ -75,15 +72,10 @@ async fn render(c: &Console, s: &OrgSession, project: &str, refused: Option<(Str
     let hosts: Vec<HostView> = list
         .items
         .into_iter()
-        .map(|h| HostView {
-            steps: by_holder.remove(&format!("host:{}", h.id)).unwrap_or_default(),
-            status: status(h.last_seen_at, h.drained_at.is_some(), now),
-            id: h.id.to_string(),
-            name: h.name,
-            capabilities: h.capabilities,
-            max_concurrent: h.max_concurrent,
-            last_seen_at: h.last_seen_at,
-            drained_at: h.drained_at,
+        .map(|host| HostView {
+            steps: by_holder.remove(&format!("host:{}", host.id)).unwrap_or_default(),
+            status: status(host.last_seen_at, host.drained_at.is_some(), now),
+            host,
         })
         .collect();
     let projects = c.projects(s).await?;

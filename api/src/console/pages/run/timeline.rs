@@ -9,61 +9,31 @@ use serde_json::{json, Value};
 
 use crate::console::svg::{self, symbol, Bar};
 use crate::http::runs::history::RunEventList;
-use crate::http::runs::{RunDetail, SessionFigures};
+use crate::http::runs::{RunDetail, Step};
 
+/// A step as the page shows it: the API's step, with its state's symbol and how long it took
+/// (or has taken so far).
 #[derive(Debug, Serialize)]
-pub(super) struct StepView {
-    id: String,
-    node: String,
-    kind: String,
-    visit: i32,
-    attempt: i32,
-    state: String,
+pub(super) struct StepView<'a> {
+    #[serde(flatten)]
+    step: &'a Step,
     symbol: &'static str,
     class: &'static str,
-    reason: Option<String>,
-    exit_code: Option<i32>,
-    reused: bool,
-    created_at: DateTime<Utc>,
-    started_at: Option<DateTime<Utc>>,
-    ended_at: Option<DateTime<Utc>>,
-    secs: Option<f64>,
-    session: Option<SessionFigures>,
+    secs: f64,
 }
 
 /// The steps with their sessions' figures, and each node's latest state (for the graph).
-pub(super) fn steps(detail: &RunDetail, now: DateTime<Utc>) -> (Vec<StepView>, HashMap<String, String>) {
+pub(super) fn steps(detail: &RunDetail, now: DateTime<Utc>) -> (Vec<StepView<'_>>, HashMap<String, String>) {
     let mut states: HashMap<String, String> = HashMap::new();
-    let steps: Vec<StepView> = detail
+    let steps: Vec<StepView<'_>> = detail
         .steps
         .iter()
-        .map(|st| {
-            states.insert(st.node.clone(), st.state.clone());
-            let (sym, class) = symbol(&st.state);
-            let start = st.started_at.unwrap_or(st.created_at);
-            StepView {
-                id: st.id.to_string(),
-                node: st.node.clone(),
-                kind: st.kind.clone(),
-                visit: st.visit,
-                attempt: st.attempt,
-                state: st.state.clone(),
-                symbol: sym,
-                class,
-                reason: st.reason.clone(),
-                exit_code: st.exit_code,
-                reused: st.reused,
-                created_at: st.created_at,
-                started_at: st.started_at,
-                ended_at: st.ended_at,
-                secs: Some(
-                    (st.ended_at.unwrap_or(now) - start)
-                        .num_milliseconds()
-                        .max(0) as f64
-                        / 1000.0,
-                ),
-                session: st.session.clone(),
-            }
+        .map(|step| {
+            states.insert(step.node.clone(), step.state.clone());
+            let (symbol, class) = symbol(&step.state);
+            let start = step.started_at.unwrap_or(step.created_at);
+            let secs = (step.ended_at.unwrap_or(now) - start).num_milliseconds().max(0) as f64 / 1000.0;
+            StepView { step, symbol, class, secs }
         })
         .collect();
     (steps, states)
