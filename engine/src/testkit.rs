@@ -446,6 +446,13 @@ impl Engine {
         Engine { drain, abort, task }
     }
 
+    /// Runs an engine pool `id` on the test's database with the test executor, which runs crew,
+    /// gate and output steps itself and records each execution in `effects` when given.
+    pub fn executing(db: &TestDb, id: &str, effects: Option<&std::path::Path>) -> Engine {
+        let executor = crate::executor::TestExecutor { effects: effects.map(std::path::Path::to_path_buf) };
+        Engine::start(&db.pool, pool_config(id, &db.url, Some(executor)))
+    }
+
     /// Drains and aborts at once: the test is over.
     pub fn stop(&self) {
         self.drain.cancel();
