@@ -287,6 +287,33 @@ fn with_database(url: &str, database: &str) -> String {
     format!("{base}/{database}{query}")
 }
 
+/// A throwaway PostgreSQL cluster of one test's own in `data_dir` (not durable: fast), for a
+/// test that starts, stops or cuts a server, which the shared one's other tests must not feel.
+/// Stopped when dropped, so that a test that fails leaves no server running on its removed
+/// directory.
+pub struct OwnCluster {
+    pub opts: crate::cluster::ClusterOptions,
+}
+
+impl OwnCluster {
+    pub fn new(data_dir: std::path::PathBuf) -> OwnCluster {
+        OwnCluster { opts: crate::cluster::ClusterOptions { data_dir, durable: false } }
+    }
+
+    /// Starts it (making it first) or finds it running.
+    pub async fn start(&self) -> crate::cluster::Cluster {
+        crate::cluster::ensure_running(&self.opts).await.unwrap_or_else(|e| panic!("the test's own cluster in {}: {e}", self.opts.data_dir.display()))
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        if let Err(e) = crate::cluster::stop_dir(&self.opts) {
+            eprintln!("could not stop the test's own cluster in {}: {e}", self.opts.data_dir.display());
+        }
+    }
+}
+
 /// Waits until every event committed in this process has been told to the event streams
 /// (the trailing `e` notice of [`crate::store::Change`] is sent), so that a test listening
 /// afterwards hears only what it causes itself.
