@@ -395,6 +395,31 @@ pub async fn seed(pool: &Db, slug: &str, source: &str) -> Seed {
     Seed { org, project, workflow, version }
 }
 
+/// An org with its project `web`, its owner, and a member per role ([`org_with_people`]).
+pub struct People<const N: usize> {
+    pub org: crate::ids::OrgId,
+    pub project: crate::ids::ProjectId,
+    pub owner: crate::ids::UserId,
+    /// A member per role, in the order the roles were given.
+    pub members: [crate::ids::UserId; N],
+}
+
+/// Org `slug` (its owner `owner@<slug>.test`) with project `web` and, for each of `roles`, a
+/// member `<role>@<slug>.test`, written in `ch`. Their tokens are the caller's to issue: that
+/// needs the API crate.
+pub async fn org_with_people<const N: usize>(ch: &mut crate::store::Change, slug: &str, roles: [&str; N]) -> People<N> {
+    use crate::ids::Slug;
+    use crate::store::{api_writes, tenants};
+    let org_slug = Slug::parse(slug).unwrap_or_else(|e| panic!("the org's slug: {e:?}"));
+    let (org, owner) = tenants::create_org(ch, &org_slug, slug, &format!("owner@{slug}.test")).await.expect("the org");
+    let project = tenants::create_project(ch, org, &Slug::parse("web").expect("a slug"), "web").await.expect("the project");
+    let mut members = [owner; N];
+    for (member, role) in members.iter_mut().zip(roles) {
+        *member = api_writes::add_member(ch, org, &format!("{role}@{slug}.test"), role).await.unwrap_or_else(|e| panic!("the {role}: {e}"));
+    }
+    People { org, project, owner, members }
+}
+
 /// A run of the seeded workflow with `input`, as a person submits it: no item, trigger event,
 /// parent or approval.
 pub fn new_run(s: &Seed, input: serde_json::Value) -> crate::store::runs::NewRun {
