@@ -263,14 +263,8 @@ async fn a_cancel_through_the_api_stops_the_running_harness() {
     // Let it settle into its long-poll and heartbeats.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let asked = Instant::now();
-    let answer = reqwest::Client::new()
-        .post(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}/cancel", env.base))
-        .bearer_auth(&env.owner_token)
-        .json(&json!({ "reason": "changed my mind" }))
-        .send()
-        .await
-        .unwrap();
-    assert!(answer.status().is_success(), "{}", answer.text().await.unwrap_or_default());
+    let (status, answer) = env.post(&format!("/orgs/acme/projects/web/runs/{run}/cancel"), &json!({ "reason": "changed my mind" })).await;
+    assert!((200..300).contains(&status), "{status} {answer}");
     // The host stops it at once (SIGINT, SIGKILL after at most 3 s); the deadline only fails a
     // host that never does.
     let stopped = async {
@@ -304,14 +298,8 @@ async fn an_issue_becomes_a_pull_request_through_a_host() {
 
     // The plan runs on the host; a person approves it over the API.
     env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'review_plan' AND state = 'waiting')", Duration::from_secs(120), "asked for approval").await;
-    let approved = reqwest::Client::new()
-        .post(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/review_plan", env.base))
-        .bearer_auth(&env.owner_token)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert!(approved.status().is_success(), "{}", approved.text().await.unwrap_or_default());
+    let (status, approved) = env.post(&format!("/orgs/acme/projects/web/runs/{run}/approvals/review_plan"), &json!({})).await;
+    assert!((200..300).contains(&status), "{status} {approved}");
 
     // The build commits and pushes the issue's branch; the pull request is opened from it.
     env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI").await;
