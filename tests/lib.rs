@@ -74,6 +74,18 @@ impl EngineProcess {
 
 pub use engine::testkit::Seed;
 
+/// A cluster of the test's own in `dir`'s `cluster` (stopped when the first value is dropped),
+/// started, and a migrated pool of four on it.
+pub async fn own_cluster(dir: &Path) -> (engine::testkit::OwnCluster, engine::cluster::Cluster, Db) {
+    // Run as root, the server runs as `postgres`, which must be able to enter the directory.
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let own = engine::testkit::OwnCluster::new(dir.join("cluster"));
+    let pg = own.start().await;
+    let pool = engine::db::connect(&pg.url, 4).await.unwrap_or_else(|e| panic!("{}: {e}", pg.url));
+    engine::db::migrate(&pool).await.unwrap_or_else(|e| panic!("migrate {}: {e}", pg.url));
+    (own, pg, pool)
+}
+
 /// Org `acme` with project `web` and `source` as its workflow ([`engine::testkit::seed`]).
 pub async fn seed(pool: &Db, source: &str) -> Seed {
     engine::testkit::seed(pool, "acme", source).await

@@ -287,6 +287,33 @@ fn with_database(url: &str, database: &str) -> String {
     format!("{base}/{database}{query}")
 }
 
+/// A throwaway PostgreSQL cluster of one test's own in `data_dir` (not durable: fast), for a
+/// test that starts, stops or cuts a server, which the shared one's other tests must not feel.
+/// Stopped when dropped, so that a test that fails leaves no server running on its removed
+/// directory.
+pub struct OwnCluster {
+    pub opts: crate::cluster::ClusterOptions,
+}
+
+impl OwnCluster {
+    pub fn new(data_dir: std::path::PathBuf) -> OwnCluster {
+        OwnCluster { opts: crate::cluster::ClusterOptions { data_dir, durable: false } }
+    }
+
+    /// Starts it (making it first) or finds it running.
+    pub async fn start(&self) -> crate::cluster::Cluster {
+        crate::cluster::ensure_running(&self.opts).await.unwrap_or_else(|e| panic!("the test's own cluster in {}: {e}", self.opts.data_dir.display()))
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        if let Err(e) = crate::cluster::stop_dir(&self.opts) {
+            eprintln!("could not stop the test's own cluster in {}: {e}", self.opts.data_dir.display());
+        }
+    }
+}
+
 /// Waits until every event committed in this process has been told to the event streams
 /// (the trailing `e` notice of [`crate::store::Change`] is sent), so that a test listening
 /// afterwards hears only what it causes itself.
@@ -368,6 +395,31 @@ pub async fn seed(pool: &Db, slug: &str, source: &str) -> Seed {
     Seed { org, project, workflow, version }
 }
 
+/// An org with its project `web`, its owner, and a member per role ([`org_with_people`]).
+pub struct People<const N: usize> {
+    pub org: crate::ids::OrgId,
+    pub project: crate::ids::ProjectId,
+    pub owner: crate::ids::UserId,
+    /// A member per role, in the order the roles were given.
+    pub members: [crate::ids::UserId; N],
+}
+
+/// Org `slug` (its owner `owner@<slug>.test`) with project `web` and, for each of `roles`, a
+/// member `<role>@<slug>.test`, written in `ch`. Their tokens are the caller's to issue: that
+/// needs the API crate.
+pub async fn org_with_people<const N: usize>(ch: &mut crate::store::Change, slug: &str, roles: [&str; N]) -> People<N> {
+    use crate::ids::Slug;
+    use crate::store::{api_writes, tenants};
+    let org_slug = Slug::parse(slug).unwrap_or_else(|e| panic!("the org's slug: {e:?}"));
+    let (org, owner) = tenants::create_org(ch, &org_slug, slug, &format!("owner@{slug}.test")).await.expect("the org");
+    let project = tenants::create_project(ch, org, &Slug::parse("web").expect("a slug"), "web").await.expect("the project");
+    let mut members = [owner; N];
+    for (member, role) in members.iter_mut().zip(roles) {
+        *member = api_writes::add_member(ch, org, &format!("{role}@{slug}.test"), role).await.unwrap_or_else(|e| panic!("the {role}: {e}"));
+    }
+    People { org, project, owner, members }
+}
+
 /// A run of the seeded workflow with `input`, as a person submits it: no item, trigger event,
 /// parent or approval.
 pub fn new_run(s: &Seed, input: serde_json::Value) -> crate::store::runs::NewRun {
@@ -444,6 +496,13 @@ impl Engine {
         let (drain, abort) = (tokio_util::sync::CancellationToken::new(), tokio_util::sync::CancellationToken::new());
         let task = tokio::spawn(crate::pool::run(pool.clone(), cfg, drain.clone(), abort.clone()));
         Engine { drain, abort, task }
+    }
+
+    /// Runs an engine pool `id` on the test's database with the test executor, which runs crew,
+    /// gate and output steps itself and records each execution in `effects` when given.
+    pub fn executing(db: &TestDb, id: &str, effects: Option<&std::path::Path>) -> Engine {
+        let executor = crate::executor::TestExecutor { effects: effects.map(std::path::Path::to_path_buf) };
+        Engine::start(&db.pool, pool_config(id, &db.url, Some(executor)))
     }
 
     /// Drains and aborts at once: the test is over.

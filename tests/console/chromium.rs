@@ -141,7 +141,12 @@ pub(crate) async fn until(c: &Client, script: &str, what: &str) {
 
 /// Waits until the page's h1 says `words` (a hang guard of 120 s).
 pub(crate) async fn until_h1(c: &Client, words: &str, what: &str) {
-    let script = format!("return !!document.querySelector('h1') && document.querySelector('h1').textContent.includes({words:?})");
+    until_text(c, "h1", words, what).await;
+}
+
+/// Waits until the element `css` finds says `words` (a hang guard of 120 s).
+pub(crate) async fn until_text(c: &Client, css: &str, words: &str, what: &str) {
+    let script = format!("return !!document.querySelector({css:?}) && document.querySelector({css:?}).textContent.includes({words:?})");
     until(c, &script, what).await;
 }
 

@@ -12,8 +12,8 @@ use fantoccini::Client;
 use shopfloor_tests::github_fake::oauth::Account;
 
 use crate::chromium::{
-    Driver, accessibility, browser, click, driver, fill, fits, h1, script, text, until,
-    until_found, until_h1,
+    Driver, accessibility, browser, click, driver, fill, fits, h1, script, text, until_found,
+    until_h1, until_text,
 };
 use crate::support::{App, Org};
 
@@ -205,24 +205,14 @@ async fn a_person_drains_a_host_and_sees_it_drained() {
     open(&c, &app, "/orgs/acme/projects/web/hosts", "Hosts of web").await;
     assert!(text(&c, &row).await.contains("online"));
     click(&c, "button.drain").await;
-    until(
-        &c,
-        &format!("return document.querySelector({row:?}).textContent.includes('drained')"),
-        "the host shown drained",
-    )
-    .await;
+    until_text(&c, &row, "drained", "the host shown drained").await;
     let status = text(&c, &row).await;
     assert!(!status.contains("online"), "{status}");
     check(&c, "hosts-drained").await;
     until_db(&app, "SELECT drained_at IS NOT NULL FROM hosts", "drained").await;
 
     click(&c, "button.undrain").await;
-    until(
-        &c,
-        &format!("return document.querySelector({row:?}).textContent.includes('online')"),
-        "the host online again",
-    )
-    .await;
+    until_text(&c, &row, "online", "the host online again").await;
     until_db(&app, "SELECT drained_at IS NULL FROM hosts", "undrained").await;
 
     c.close().await.unwrap();
@@ -258,12 +248,7 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
     let run = app.submit(&org, org.slow).await;
     app.until_held_by_budget(run).await;
     c.refresh().await.unwrap();
-    until(
-        &c,
-        &format!("return document.getElementById('held').textContent.includes('{run}')"),
-        "the run under held by a budget",
-    )
-    .await;
+    until_text(&c, "#held", &run.to_string(), "the run under held by a budget").await;
     let held = text(&c, "#held").await;
     assert!(
         held.contains("the project's daily budget of $2.00 (hard) is spent"),
@@ -304,12 +289,7 @@ async fn a_person_adds_a_member_and_subscribes_a_webhook() {
     check(&c, "members").await;
     fill(&c, "#mem-email", "dana@acme.test").await;
     click(&c, "#add-member button[type=submit]").await;
-    until(
-        &c,
-        "return document.getElementById('members').textContent.includes('dana@acme.test')",
-        "the new member listed",
-    )
-    .await;
+    until_text(&c, "#members", "dana@acme.test", "the new member listed").await;
     let members = text(&c, "#members").await;
     assert!(members.contains("dana@acme.test"), "{members}");
     check(&c, "members-added").await;
@@ -337,7 +317,7 @@ async fn a_person_adds_a_member_and_subscribes_a_webhook() {
     let deliveries = text(&c, "table.deliveries").await;
     assert!(deliveries.contains("run."), "{deliveries}");
     click(&c, "table.deliveries button[type=submit]").await;
-    until(&c, "return !!document.querySelector('table.deliveries') && document.querySelector('table.deliveries').textContent.includes('replay')", "the replayed delivery").await;
+    until_text(&c, "table.deliveries", "replay", "the replayed delivery").await;
     check(&c, "webhooks-deliveries").await;
 
     c.close().await.unwrap();

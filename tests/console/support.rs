@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use api::console::ConsoleConfig;
 use api::http::AppState;
-use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId, WorkflowId};
+use engine::ids::{OrgId, ProjectId, RunId, UserId, WorkflowId};
 use engine::pool::PoolConfig;
-use engine::store::{Actor, Change, api_writes, tenants, workflows};
+use engine::store::{Actor, Change, workflows};
 use engine::testkit::{Engine, TestDb, test_db};
 use reqwest::StatusCode;
 use reqwest::header::{COOKIE, HeaderMap, LOCATION, SET_COOKIE};
@@ -188,17 +188,9 @@ impl App {
     pub(crate) async fn org(&self, slug: &str) -> Org {
         let pool = self.pool();
         let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-        let (id, owner) = tenants::create_org(
-            &mut ch,
-            &Slug::parse(slug).unwrap(),
-            slug,
-            &format!("owner@{slug}.test"),
-        )
-        .await
-        .unwrap();
-        let project = tenants::create_project(&mut ch, id, &Slug::parse("web").unwrap(), "web")
-            .await
-            .unwrap();
+        let people = engine::testkit::org_with_people(&mut ch, slug, ["viewer"]).await;
+        let (id, project, owner, [viewer]) =
+            (people.org, people.project, people.owner, people.members);
         let (approve, _) = workflows::put_version(&mut ch, id, project, "approve", APPROVAL)
             .await
             .unwrap();
@@ -208,31 +200,8 @@ impl App {
         let (slow, _) = workflows::put_version(&mut ch, id, project, "slow", SLOW)
             .await
             .unwrap();
-        let viewer = api_writes::add_member(&mut ch, id, &format!("viewer@{slug}.test"), "viewer")
-            .await
-            .unwrap();
-        let issue = |user, role| api::auth::UserToken {
-            org: id,
-            user,
-            project: None,
-            role,
-            name: "test",
-            ttl: chrono::Duration::days(1),
-        };
-        let owner_token = api::auth::issue_user_token(
-            &mut ch,
-            &engine::testkit::secret_key(),
-            issue(owner, "owner"),
-        )
-        .await
-        .unwrap();
-        let viewer_token = api::auth::issue_user_token(
-            &mut ch,
-            &engine::testkit::secret_key(),
-            issue(viewer, "viewer"),
-        )
-        .await
-        .unwrap();
+        let owner_token = token(&mut ch, id, owner, "owner").await;
+        let viewer_token = token(&mut ch, id, viewer, "viewer").await;
         ch.commit().await.unwrap();
         // Test setup: people's GitHub logins are recorded by whoever adds them (not yet an API).
         sqlx::query("UPDATE users SET github_login = $2 WHERE user_id = $1")
@@ -301,6 +270,21 @@ impl App {
     pub(crate) async fn until(&self, run: RunId, sql: &str, what: &str) {
         shopfloor_tests::until_run(self.pool(), run, sql, what).await;
     }
+}
+
+/// A day's token of `user` as `role` in `org`.
+async fn token(ch: &mut Change, org: OrgId, user: UserId, role: &'static str) -> String {
+    let token = api::auth::UserToken {
+        org,
+        user,
+        project: None,
+        role,
+        name: "test",
+        ttl: chrono::Duration::days(1),
+    };
+    api::auth::issue_user_token(ch, &engine::testkit::secret_key(), token)
+        .await
+        .unwrap()
 }
 
 /// A browser-like HTTP client: no automatic redirects, cookies kept by hand.

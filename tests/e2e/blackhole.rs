@@ -23,11 +23,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use engine::cluster::{self, ClusterOptions};
 use serde_json::json;
 use shopfloor_tests::netns::Netns;
 use shopfloor_tests::proxy::Proxy;
-use shopfloor_tests::{check_invariants, scalar, seed, shopfloor_bin, statement_calls, statements_sent, submit_many, until_all_done, EngineProcess, Invariants};
+use shopfloor_tests::{check_invariants, own_cluster, scalar, seed, shopfloor_bin, statement_calls, statements_sent, submit_many, until_all_done, EngineProcess, Invariants};
 
 const WORKFLOW: &str = "name: blackhole
 nodes:
@@ -118,10 +117,7 @@ async fn a_silent_cut_of_the_listen_connection_is_noticed_by_its_keepalive_and_t
 
     // A cluster of this test's own, which preloads pg_stat_statements.
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let pg = cluster::ensure_running(&ClusterOptions { data_dir: dir.path().join("cluster"), durable: false }).await.unwrap();
-    let pool = engine::db::connect(&pg.url, 4).await.unwrap();
-    engine::db::migrate(&pool).await.unwrap();
+    let (_own, pg, pool) = own_cluster(dir.path()).await;
     let s = seed(&pool, WORKFLOW).await;
     let database: String = sqlx::query_scalar("SELECT current_database()").fetch_one(&pool).await.unwrap();
     // Counting happens from another database, so that it counts nothing itself.

@@ -99,14 +99,8 @@ async fn the_harness_is_told_the_budget_left_and_the_turn_cap() {
     let env = Env::start(&[CAPPED]).await;
     let claude = stand_in(&env);
     // A hard daily limit of $5 for the project, of which $1.25 is spent already.
-    let set = reqwest::Client::new()
-        .put(format!("{}/api/v1/orgs/acme/projects/web/budgets/day", env.base))
-        .bearer_auth(&env.owner_token)
-        .json(&json!({ "usd_limit": 5, "hard": true }))
-        .send()
-        .await
-        .unwrap();
-    assert!(set.status().is_success(), "{}", set.text().await.unwrap_or_default());
+    let (status, set) = env.put("/orgs/acme/projects/web/budgets/day", &json!({ "usd_limit": 5, "hard": true })).await;
+    assert!((200..300).contains(&status), "{status} {set}");
     let mut ch = Change::begin(&env.db.pool, Actor::System).await.unwrap();
     budgets::record_spend(&mut ch, env.org, env.project, 1.25, 1000).await.unwrap();
     ch.commit().await.unwrap();

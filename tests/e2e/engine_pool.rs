@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
-use engine::cluster::{self, ClusterOptions};
 use engine::testkit::{join_and_loop, test_db, TestDb};
 use serde_json::json;
-use shopfloor_tests::{check_invariants, effects_count, scalar, seed, submit_many, until_all_done, EngineProcess, Invariants};
+use shopfloor_tests::{check_invariants, effects_count, own_cluster, scalar, seed, submit_many, until_all_done, EngineProcess, Invariants};
 
 /// Steps per run: plan, left, right, ci (fails), left, ci, ship.
 const STEPS_PER_RUN: i64 = 7;
@@ -83,11 +82,7 @@ async fn a_killed_engines_leased_steps_are_recovered_by_the_other() {
 async fn engines_reconnect_after_a_postgres_restart_and_finish_every_run() {
     // A cluster of this test's own: restarting the shared one would break other tests.
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let opts = ClusterOptions { data_dir: dir.path().join("cluster"), durable: false };
-    let pg = cluster::ensure_running(&opts).await.unwrap();
-    let pool = engine::db::connect(&pg.url, 4).await.unwrap();
-    engine::db::migrate(&pool).await.unwrap();
+    let (own, pg, pool) = own_cluster(dir.path()).await;
     let effects = dir.path().join("effects");
     let s = seed(&pool, &join_and_loop("shipped")).await;
     let _a = EngineProcess::start(&pg.url, "a", &effects);
@@ -105,7 +100,7 @@ async fn engines_reconnect_after_a_postgres_restart_and_finish_every_run() {
     pool.close().await;
     pg.stop().unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let pg = cluster::ensure_running(&opts).await.unwrap();
+    let pg = own.start().await;
     let pool = engine::db::connect(&pg.url, 4).await.unwrap();
 
     assert_eq!(until_all_done(&pool, Duration::from_secs(180)).await, 0, "runs still running after the restart");

@@ -256,6 +256,23 @@ impl Env {
         answer.json().await.unwrap_or_else(|e| panic!("GET {path}: {e}"))
     }
 
+    /// `POST /api/v1{path}` as the org's owner: the status and the answer's JSON.
+    pub(crate) async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, body).await
+    }
+
+    /// `PUT /api/v1{path}` as the org's owner: the status and the answer's JSON.
+    pub(crate) async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.call(reqwest::Method::PUT, path, body).await
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: &Value) -> (u16, Value) {
+        let url = format!("{}/api/v1{path}", self.base);
+        let answer = reqwest::Client::new().request(method, url).bearer_auth(&self.owner_token).json(body).send().await.unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.json().await.unwrap_or(Value::Null))
+    }
+
     pub(crate) fn workflow(&self, name: &str) -> WorkflowId {
         self.workflows.iter().find(|w| w.0 == name).map(|w| w.1).expect("a test workflow")
     }

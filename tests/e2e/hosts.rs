@@ -263,14 +263,8 @@ async fn a_cancel_through_the_api_stops_the_running_harness() {
     // Let it settle into its long-poll and heartbeats.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let asked = Instant::now();
-    let answer = reqwest::Client::new()
-        .post(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}/cancel", env.base))
-        .bearer_auth(&env.owner_token)
-        .json(&json!({ "reason": "changed my mind" }))
-        .send()
-        .await
-        .unwrap();
-    assert!(answer.status().is_success(), "{}", answer.text().await.unwrap_or_default());
+    let (status, answer) = env.post(&format!("/orgs/acme/projects/web/runs/{run}/cancel"), &json!({ "reason": "changed my mind" })).await;
+    assert!((200..300).contains(&status), "{status} {answer}");
     // The host stops it at once (SIGINT, SIGKILL after at most 3 s); the deadline only fails a
     // host that never does.
     let stopped = async {
@@ -287,31 +281,32 @@ async fn a_cancel_through_the_api_stops_the_running_harness() {
     env.finish().await;
 }
 
+/// Puts issue `number` of `Acme/Widgets`, labelled `ready-for-agent`, on the fake GitHub and
+/// sends its signed `issues.labeled` webhook, which must open a run: that run.
+async fn run_for_ready_issue(env: &Env, hooks: &WebhookClient, number: i64, title: &str) -> RunId {
+    let issue = ready_for_agent(env.github.as_ref().expect("the fake GitHub"), number, title);
+    let labeled = payloads::issues_event("labeled", &widgets(), &issue, &user("alice"), Some("ready-for-agent"));
+    let (status, answer) = hooks.send("issues", "delivery-1", &labeled).await;
+    assert_eq!((status, answer["runs_opened"].as_i64()), (202, Some(1)), "{answer}");
+    sqlx::query_scalar("SELECT run_id FROM runs").fetch_one(&env.db.pool).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_issue_becomes_a_pull_request_through_a_host() {
     let env = Env::start_with(&[ISSUE_TO_PR], true).await;
     let fake = env.github.as_ref().expect("the fake GitHub");
     let repo = widgets();
-    let issue = ready_for_agent(fake, 7, "Add a widget");
     let _host = env.host("solo", 2).await;
     let api = |path: String| reqwest::Client::new().get(format!("{}/api/v1/orgs/acme/projects/web{path}", env.base)).bearer_auth(&env.owner_token);
 
     // A signed `issues.labeled` webhook opens the run.
     let hooks = WebhookClient::new(&env.base, SECRET);
-    let (status, answer) = hooks.send("issues", "delivery-1", &payloads::issues_event("labeled", &repo, &issue, &user("alice"), Some("ready-for-agent"))).await;
-    assert_eq!((status, answer["runs_opened"].as_i64()), (202, Some(1)), "{answer}");
-    let run: RunId = sqlx::query_scalar("SELECT run_id FROM runs").fetch_one(&env.db.pool).await.unwrap();
+    let run = run_for_ready_issue(&env, &hooks, 7, "Add a widget").await;
 
     // The plan runs on the host; a person approves it over the API.
     env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'review_plan' AND state = 'waiting')", Duration::from_secs(120), "asked for approval").await;
-    let approved = reqwest::Client::new()
-        .post(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/review_plan", env.base))
-        .bearer_auth(&env.owner_token)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert!(approved.status().is_success(), "{}", approved.text().await.unwrap_or_default());
+    let (status, approved) = env.post(&format!("/orgs/acme/projects/web/runs/{run}/approvals/review_plan"), &json!({})).await;
+    assert!((200..300).contains(&status), "{status} {approved}");
 
     // The build commits and pushes the issue's branch; the pull request is opened from it.
     env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI").await;
@@ -464,12 +459,9 @@ async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {
     let env = Env::start_with(&[BUILD_CI_PR], true).await;
     let fake = env.github.as_ref().expect("the fake GitHub");
     let repo = widgets();
-    let issue = ready_for_agent(fake, 8, "Gate the push");
     let _host = env.host("solo", 1).await;
     let hooks = WebhookClient::new(&env.base, SECRET);
-    let (status, _) = hooks.send("issues", "delivery-1", &payloads::issues_event("labeled", &repo, &issue, &user("alice"), Some("ready-for-agent"))).await;
-    assert_eq!(status, 202);
-    let run: RunId = sqlx::query_scalar("SELECT run_id FROM runs").fetch_one(&env.db.pool).await.unwrap();
+    let run = run_for_ready_issue(&env, &hooks, 8, "Gate the push").await;
 
     env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI").await;
     let remote = env.dir.path().join("remotes/acme/widgets.git");

@@ -34,15 +34,8 @@ async fn a_message_to_a_live_session_reaches_the_harness_and_its_transcript() {
     .await;
 
     let text = "Use the \"blue\" widget, please";
-    let sent = reqwest::Client::new()
-        .post(format!("{}/api/v1/orgs/acme/projects/web/runs/{run}/steps/{step}/messages", env.base))
-        .bearer_auth(&env.owner_token)
-        .json(&json!({ "text": text }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(sent.status(), 201);
-    let sent: Value = sent.json().await.unwrap();
+    let (status, sent) = env.post(&format!("/orgs/acme/projects/web/runs/{run}/steps/{step}/messages"), &json!({ "text": text })).await;
+    assert_eq!(status, 201, "{sent}");
     assert_eq!(sent["step"], step.as_str());
 
     env.until(run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(60), "ended").await;

@@ -104,13 +104,6 @@ impl Env {
         answer
     }
 
-    /// `POST /api/v1{path}` as the org's owner: the status and the answer's JSON.
-    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let answer = reqwest::Client::new().post(format!("{}/api/v1{path}", self.base)).bearer_auth(&self.owner_token).json(body).send().await.unwrap();
-        let status = answer.status().as_u16();
-        (status, answer.json().await.unwrap_or(Value::Null))
-    }
-
     /// The project's event stream from now on, as the owner.
     async fn stream(&self) -> Sse {
         Sse::connect(&reqwest::Client::new(), &format!("{}/api/v1/orgs/acme/projects/web/events", self.base), &self.owner_token, None).await

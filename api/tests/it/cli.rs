@@ -159,6 +159,14 @@ impl Server {
         resp.text().await.unwrap()
     }
 
+    /// `method path` as `token` with a JSON `body`: the status and the answer's JSON (null if
+    /// it has none).
+    async fn send(&self, method: reqwest::Method, path: &str, token: &str, body: &Value) -> (reqwest::StatusCode, Value) {
+        let resp = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(token).json(body).send().await.unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
     async fn api(&self, path: &str) -> Value {
         serde_json::from_str(&self.api_bytes(path).await).unwrap()
     }
@@ -534,26 +542,10 @@ async fn tokens_hosts_and_budgets() {
     assert_eq!(ran.stdout, "");
     assert_eq!(ran.stderr.trim(), "no hosts");
     // A host registers with a registration token, as `shopfloor host` does.
-    let reg: Value = s
-        .http
-        .post(format!("{}/api/v1/orgs/acme/projects/web/host-registrations", s.base))
-        .bearer_auth(&s.token)
-        .json(&json!({ "name": "box" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let registered = s
-        .http
-        .post(format!("{}/api/v1/host/register", s.base))
-        .bearer_auth(reg["token"].as_str().unwrap())
-        .json(&json!({ "name": "box-1", "capabilities": ["linux", "harness:command"], "max_concurrent": 2 }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(registered.status(), 201);
+    let reg = host_post(&s, "/api/v1/orgs/acme/projects/web/host-registrations", &s.token, json!({ "name": "box" })).await;
+    let host = json!({ "name": "box-1", "capabilities": ["linux", "harness:command"], "max_concurrent": 2 });
+    let (status, _) = s.send(reqwest::Method::POST, "/api/v1/host/register", reg["token"].as_str().unwrap(), &host).await;
+    assert_eq!(status, 201);
     let ran = s.cli(&["hosts", "list"]).ok();
     let lines: Vec<&str> = ran.stdout.lines().collect();
     assert!(lines[0].starts_with("NAME") && lines[0].contains("CAPABILITIES"), "{}", ran.stdout);
@@ -579,16 +571,10 @@ async fn tokens_hosts_and_budgets() {
     s.cli(&["hosts", "undrain", "host-nope"]).fails(1, "error: no host named `host-nope`");
     s.cli(&["hosts", "drain", "00000000-0000-0000-0000-000000000000"]).fails(1, "error: Not found: host not found");
     // Two hosts of one name: which one?
-    let reg: Value = s.http.post(format!("{}/api/v1/orgs/acme/projects/web/host-registrations", s.base)).bearer_auth(&s.token).send().await.unwrap().json().await.unwrap();
-    let again = s
-        .http
-        .post(format!("{}/api/v1/host/register", s.base))
-        .bearer_auth(reg["token"].as_str().unwrap())
-        .json(&json!({ "name": "box-1", "capabilities": ["linux"], "max_concurrent": 1 }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(again.status(), 201);
+    let reg = host_post(&s, "/api/v1/orgs/acme/projects/web/host-registrations", &s.token, json!({})).await;
+    let host = json!({ "name": "box-1", "capabilities": ["linux"], "max_concurrent": 1 });
+    let (status, _) = s.send(reqwest::Method::POST, "/api/v1/host/register", reg["token"].as_str().unwrap(), &host).await;
+    assert_eq!(status, 201);
     s.cli(&["hosts", "drain", "box-1"]).fails(2, "2 hosts are named `box-1`: give one's id (");
 
     // Budgets: shown when the server has the route, else said plainly.
@@ -596,15 +582,9 @@ async fn tokens_hosts_and_budgets() {
     if doc["paths"].as_object().unwrap().keys().any(|p| p.ends_with("/projects/{project}/budgets")) {
         let ran = s.cli(&["budgets", "show"]).ok();
         assert_eq!(ran.stderr.trim(), "no budgets");
-        let set = s
-            .http
-            .put(format!("{}/api/v1/orgs/acme/projects/web/budgets/day", s.base))
-            .bearer_auth(&s.token)
-            .json(&json!({ "usd_limit": 5, "hard": true }))
-            .send()
-            .await
-            .unwrap();
-        assert!(set.status().is_success(), "{}", set.status());
+        let limit = json!({ "usd_limit": 5, "hard": true });
+        let (status, set) = s.send(reqwest::Method::PUT, "/api/v1/orgs/acme/projects/web/budgets/day", &s.token, &limit).await;
+        assert!(status.is_success(), "{status} {set}");
         let ran = s.cli(&["budgets", "show"]).ok();
         assert!(ran.stdout.lines().next().unwrap().starts_with("SCOPE"), "{}", ran.stdout);
         assert!(ran.stdout.lines().any(|l| l.starts_with("project web  day") && l.contains("$5.00  $0.00  hard")), "{}", ran.stdout);
@@ -818,11 +798,12 @@ async fn runs_submit_says_a_run_waits_for_its_start_approval() {
     s.finish().await;
 }
 
-/// A host's report over the host protocol, as the test's own host.
+/// A POST that must succeed (a host's report over the host protocol, as the test's own host;
+/// a registration for one); its answer.
 async fn host_post(s: &Server, path: &str, token: &str, body: Value) -> Value {
-    let resp = s.http.post(format!("{}{path}", s.base)).bearer_auth(token).json(&body).send().await.unwrap();
-    assert!(resp.status().is_success(), "{path}: {}", resp.status());
-    resp.json::<Value>().await.unwrap()
+    let (status, answer) = s.send(reqwest::Method::POST, path, token, &body).await;
+    assert!(status.is_success(), "{path}: {status} {answer}");
+    answer
 }
 
 /// The lines a running command prints on standard output, one a message.

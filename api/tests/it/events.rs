@@ -4,26 +4,37 @@
 //! reads what followed it.
 
 
+use engine::ids::RunId;
 use engine::store::runs::{self, NewRun};
 use engine::store::{approvals, Actor, Change};
 use serde_json::json;
 
-use crate::support::{self, App, Org};
+use crate::support::{self, App, Org, Sse, SseEvent};
 
 async fn new_run(app: &App, org: &Org) -> NewRun {
     let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(app.pool()).await.unwrap();
     NewRun { org: org.id, project: org.project, workflow, version: 1, input: json!({}), item: None, trigger_event: None, parent: None, dry_run: false, needs_approval: false, source: None }
 }
 
-#[tokio::test]
-async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
+/// Reads the stream up to `run`'s wait at its approval; what it read.
+async fn until_awaiting(sse: &mut Sse, run: RunId, what: &str) -> Vec<SseEvent> {
+    sse.until(what, |e| e.data["run"] == run.to_string() && e.event == "run.awaiting").await
+}
+
+/// The app with an engine, org `acme`, and the project's stream as its viewer, which has shown
+/// run A (of `approve`) waiting at its approval.
+async fn streaming_with_a_waiting_run() -> (App, Org, Sse, RunId) {
     let app = App::with_engine().await;
     let org = app.org("acme").await;
     let mut sse = support::sse(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, None).await;
-
-    // Run A waits at its approval.
     let a = app.submit_approval(&org).await;
-    sse.until("run A waiting at its approval", |e| e.data["run"] == a.to_string() && e.event == "run.awaiting").await;
+    until_awaiting(&mut sse, a, "run A waiting at its approval").await;
+    (app, org, sse, a)
+}
+
+#[tokio::test]
+async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
+    let (app, org, mut sse, a) = streaming_with_a_waiting_run().await;
 
     // A's approval is answered by a transaction that writes first but commits last; run B is
     // submitted and committed meanwhile.
@@ -41,7 +52,7 @@ async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
 
     let first = sse.next().await;
     assert_eq!((first.event.as_str(), first.data["run"].as_str().unwrap()), ("step.succeeded", a.to_string().as_str()));
-    let rest = sse.until("run B waiting at its approval", |e| e.data["run"] == b.to_string() && e.event == "run.awaiting").await;
+    let rest = until_awaiting(&mut sse, b, "run B waiting at its approval").await;
     assert!(rest.iter().any(|e| e.data["run"] == b.to_string() && e.event == "run.started"));
 
     // Resuming from the first event replays the rest in the same order.
@@ -64,11 +75,7 @@ async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
 
 #[tokio::test]
 async fn the_hub_follows_on_after_its_listen_connection_is_ended() {
-    let app = App::with_engine().await;
-    let org = app.org("acme").await;
-    let mut sse = support::sse(&app, "/api/v1/orgs/acme/projects/web/events", &org.viewer, None).await;
-    let a = app.submit_approval(&org).await;
-    sse.until("run A waiting at its approval", |e| e.data["run"] == a.to_string() && e.event == "run.awaiting").await;
+    let (app, org, mut sse, _) = streaming_with_a_waiting_run().await;
 
     // The server ends every listening session (the hub's and the engine's), as a restart or
     // an operator would; each process subscribes again and looks once for what it missed.
@@ -78,7 +85,7 @@ async fn the_hub_follows_on_after_its_listen_connection_is_ended() {
         .unwrap();
     assert_eq!(ended, [true, true], "the hub and the engine each listen once");
     let b = app.submit_approval(&org).await;
-    sse.until("run B waiting at its approval", |e| e.data["run"] == b.to_string() && e.event == "run.awaiting").await;
+    until_awaiting(&mut sse, b, "run B waiting at its approval").await;
     drop(sse);
     app.finish().await;
 }

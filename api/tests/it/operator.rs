@@ -36,10 +36,6 @@ async fn events(pool: &Db, run: &str) -> Vec<String> {
     sqlx::query_scalar("SELECT kind || coalesce(':' || node, '') FROM run_events WHERE run_id = $1 ORDER BY seq").bind(run).fetch_all(pool).await.unwrap()
 }
 
-async fn user_of(pool: &Db, org: OrgId, role: &str) -> UserId {
-    sqlx::query_scalar("SELECT user_id FROM memberships WHERE org_id = $1 AND role = $2").bind(org).bind(role).fetch_one(pool).await.unwrap()
-}
-
 async fn submit(app: &App, org: &Org, workflow: &str) -> String {
     let run = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": workflow })), StatusCode::CREATED).await;
     run["id"].as_str().unwrap().to_owned()
@@ -65,7 +61,7 @@ async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_
     let org = app.org("acme").await;
     let pool = app.pool().clone();
     let member = org.member_user;
-    let admin = user_of(&pool, org.id, "admin").await;
+    let admin = org.admin_user;
 
     // Cancel.
     let run = submit(&app, &org, "approve").await;
@@ -242,7 +238,7 @@ async fn edit_and_retry_draining_a_host_and_wip_limits_are_audited_with_their_us
     let org = app.org("acme").await;
     let pool = app.pool().clone();
     let member = org.member_user;
-    let admin = user_of(&pool, org.id, "admin").await;
+    let admin = org.admin_user;
 
     // Edit-and-retry: a cancelled run of a crew node, retried with a new prompt and model.
     upload(&app, &org, "editable", "name: editable\nnodes:\n  work:\n    crew: { harness: claude-code, model: sonnet, prompt: do the work }\n  check:\n    after: [work]\n    approval: { prompt: ok? }\n").await;

@@ -15,11 +15,11 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use chrono::Utc;
 use engine::executor::TestExecutor;
-use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId};
+use engine::ids::{OrgId, ProjectId, RunId, UserId};
 use engine::jobs::WebhookClient;
 use engine::net_guard::Policy;
 use engine::pool::PoolConfig;
-use engine::store::{api_writes, tenants, workflows, Actor, Change};
+use engine::store::{api_writes, workflows, Actor, Change};
 use engine::testkit::{test_db, Engine, TestDb, APPROVAL};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
@@ -37,6 +37,7 @@ pub(crate) struct Org {
     pub(crate) owner: String,
     pub(crate) owner_user: UserId,
     pub(crate) admin: String,
+    pub(crate) admin_user: UserId,
     pub(crate) member: String,
     pub(crate) member_user: UserId,
     pub(crate) viewer: String,
@@ -222,20 +223,17 @@ impl App {
 
     /// Creates an org with a project `web`, the workflow `approve`, and a member per role.
     pub(crate) async fn org(&self, slug: &str) -> Org {
-        let pool = self.pool();
-        let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-        let (id, owner_user) = tenants::create_org(&mut ch, &Slug::parse(slug).unwrap(), slug, &format!("owner@{slug}.test")).await.unwrap();
-        let project = tenants::create_project(&mut ch, id, &Slug::parse("web").unwrap(), "web").await.unwrap();
+        let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
+        let people = engine::testkit::org_with_people(&mut ch, slug, ["admin", "member", "viewer"]).await;
+        let (id, project, owner_user, [admin_user, member_user, viewer_user]) = (people.org, people.project, people.owner, people.members);
         workflows::put_version(&mut ch, id, project, "approve", APPROVAL).await.unwrap();
-        let owner = token(&mut ch, id, owner_user, "owner", chrono::Duration::days(1)).await;
-        let admin_user = api_writes::add_member(&mut ch, id, &format!("admin@{slug}.test"), "admin").await.unwrap();
-        let admin = token(&mut ch, id, admin_user, "admin", chrono::Duration::days(1)).await;
-        let member_user = api_writes::add_member(&mut ch, id, &format!("member@{slug}.test"), "member").await.unwrap();
-        let member = token(&mut ch, id, member_user, "member", chrono::Duration::days(1)).await;
-        let viewer_user = api_writes::add_member(&mut ch, id, &format!("viewer@{slug}.test"), "viewer").await.unwrap();
-        let viewer = token(&mut ch, id, viewer_user, "viewer", chrono::Duration::days(1)).await;
+        let day = chrono::Duration::days(1);
+        let owner = token(&mut ch, id, owner_user, "owner", day).await;
+        let admin = token(&mut ch, id, admin_user, "admin", day).await;
+        let member = token(&mut ch, id, member_user, "member", day).await;
+        let viewer = token(&mut ch, id, viewer_user, "viewer", day).await;
         ch.commit().await.unwrap();
-        Org { id, project, owner, owner_user, admin, member, member_user, viewer }
+        Org { id, project, owner, owner_user, admin, admin_user, member, member_user, viewer }
     }
 
     /// A token of the org's owner, issued through the store with any lifetime (negative for

@@ -10,13 +10,13 @@ use engine::ids::{OrgId, ProjectId, RunId, WorkflowId};
 use engine::store::runs::{self, NewRun};
 use engine::store::{admission, budgets, retention, workflows, Actor, Change, StoreError};
 use engine::substate;
-use engine::testkit::test_db;
+use engine::testkit::{test_db, Engine};
 use serde_json::{json, Value};
 use engine::db::Db;
 use tokio::time::Instant;
 
-use crate::engine::{start_engine, until_done};
-use crate::fixtures::{new_run, poison, seed, until, with_input, Seed};
+use crate::engine::until_done;
+use crate::fixtures::{add_workflow, cancel, new_run, poison, seed, started, until, with_input, Seed};
 
 /// One crew step.
 const PLAIN: &str = "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n";
@@ -128,7 +128,7 @@ async fn queue_runs_at_most_the_limit_at_once_and_releases_in_line_order() {
     let last: RunId = sqlx::query_scalar("SELECT run_id FROM admission_waits ORDER BY seq DESC LIMIT 1").fetch_one(&db.pool).await.unwrap();
     let w = substate::why(&db.pool, s.org, last).await.unwrap();
     assert_eq!((w.words.as_str(), w.text.as_str()), ("waiting for a lock", "Waiting for the lock of concurrency group deploy (46 ahead in line)"));
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     for st in statuses(&db.pool, &runs).await {
         assert_eq!(st, ("completed".to_owned(), None));
     }
@@ -143,9 +143,7 @@ async fn queue_runs_at_most_the_limit_at_once_and_releases_in_line_order() {
 
 #[tokio::test]
 async fn skip_refuses_new_runs_while_the_group_is_full() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", &group("deploy", 3, "skip")).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let (db, s, eng) = started(&group("deploy", 3, "skip")).await;
     let results = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 3000 } })).await;
     let accepted: Vec<RunId> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
     let refused: Vec<String> = results.iter().filter_map(|r| r.as_ref().err()).map(|e| e.to_string()).collect();
@@ -166,9 +164,7 @@ async fn skip_refuses_new_runs_while_the_group_is_full() {
 
 #[tokio::test]
 async fn drop_cancels_the_oldest_run_in_line_for_the_newest() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", &group("deploy", 2, "drop")).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let (db, s, eng) = started(&group("deploy", 2, "drop")).await;
     let results = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 3000 } })).await;
     let runs: Vec<RunId> = results.into_iter().map(|r| r.expect("drop accepts every submit")).collect();
     let ended = statuses(&db.pool, &runs).await;
@@ -198,7 +194,7 @@ nodes:
     crew: { harness: claude-code, prompt: work }
 ";
     let s = seed(&db.pool, "acme", source).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     let started = Instant::now();
     // Watched from the first submit on, not after a pause: on a loaded machine the submits may
     // take as long as the throttle's windows, and a fixed pause could look too late.
@@ -271,7 +267,7 @@ async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
         let w = substate::why(&db.pool, s.org, q).await.unwrap();
         assert!(w.text.starts_with("Queued: held by the org's cap of 5 running runs ("), "{}", w.text);
     }
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     for st in statuses(&db.pool, &runs).await {
         assert_eq!(st.0, "completed");
     }
@@ -281,9 +277,7 @@ async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
 
     // A parent at the cap still gets its child: child runs never wait on it.
     set_cap(&db.pool, s.org, 1).await;
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let (parent_wf, version) = workflows::put_version(&mut ch, s.org, s.project, "parent", "name: parent\nnodes:\n  spawn:\n    workflow: { name: wf }\n").await.unwrap();
-    ch.commit().await.unwrap();
+    let (parent_wf, version) = add_workflow(&db.pool, &s, "parent", "name: parent\nnodes:\n  spawn:\n    workflow: { name: wf }\n").await;
     let parent = submit(&db.pool, NewRun { workflow: parent_wf, version, ..new_run(&s) }).await.unwrap();
     assert_eq!(statuses(&db.pool, &[parent]).await[0].0, "completed");
     eng.stop();
@@ -303,7 +297,7 @@ async fn a_run_failed_without_its_journal_hands_its_room_on() {
     let second = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
     assert!(held_in_line(&db.pool, second).await, "the second run waits for the cap");
     poison(&db.pool, "run_events", &format!("NEW.run_id = '{}'", first.0)).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     let ended = statuses(&db.pool, &[second]).await.remove(0);
     let first_row: (String, Option<String>, i32) =
         sqlx::query_as("SELECT status, reason, engine_errors FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
@@ -349,9 +343,7 @@ async fn a_submit_is_refused_once_a_thousand_runs_wait_for_the_cap() {
 
 #[tokio::test]
 async fn a_paused_workflow_or_project_holds_new_runs_until_unpaused() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", PLAIN).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let (db, s, eng) = started(PLAIN).await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     workflows::set_paused(&mut ch, s.org, s.workflow, true).await.unwrap();
     ch.commit().await.unwrap();
@@ -408,7 +400,7 @@ nodes:
 ";
     let s = seed(&db.pool, "acme", source).await;
     set_budget(&db.pool, s.org, Some(s.project), 10.0, true).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     let costly = json!({ "test": { "cost_usd": 4, "tokens": 1000 } });
     let first = submit(&db.pool, with_input(&s, costly.clone())).await.unwrap();
     assert_eq!(statuses(&db.pool, &[first]).await[0], ("failed".to_owned(), Some(budgets::HARD_STOP.to_owned())));
@@ -452,7 +444,7 @@ async fn a_soft_budget_holds_new_runs_but_lets_crew_steps_run() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n  more:\n    after: [work]\n    crew: { harness: claude-code, prompt: more }\n").await;
     set_budget(&db.pool, s.org, None, 1.0, false).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     let first = submit(&db.pool, with_input(&s, json!({ "test": { "cost_usd": 2 } }))).await.unwrap();
     assert_eq!(statuses(&db.pool, &[first]).await[0].0, "completed");
     let held = submit(&db.pool, new_run(&s)).await.unwrap();
@@ -535,7 +527,7 @@ async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A retention of 30 days: the sweep is due now, an engine takes it.
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     let started = Instant::now();
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     retention::set_days(&mut ch, s.org, s.project, 30).await.unwrap();
@@ -631,7 +623,7 @@ async fn a_full_board_column_holds_runs_that_move_cards_into_it_and_releases_the
     drop(conn);
     assert_eq!((limits[0].column.as_str(), limits[0].limit, limits[0].occupied, limits[0].waiting), ("In progress", 2, 2, 3));
 
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     for st in statuses(&db.pool, &runs).await {
         assert_eq!(st, ("completed".to_owned(), None));
     }
@@ -681,7 +673,7 @@ async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run
             .unwrap();
     }
     set_board_limit(&db.pool, &s, "in progress", Some(2)).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     let long = json!({ "test": { "step_ms": 600_000 } });
 
     // The column is full of cards: a run is held, and says why.
@@ -703,9 +695,7 @@ async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run
     // Full again; a run ending frees its room.
     let c = submit(&db.pool, with_input(&s, long.clone())).await.unwrap();
     assert!(held_by_board(&db.pool, c).await);
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    runs::cancel(&mut ch, s.org, a, "done with it").await.unwrap();
-    ch.commit().await.unwrap();
+    cancel(&db.pool, s.org, a, "done with it").await;
     until_started(&db.pool, c).await;
 
     // A card moving into the column takes room; removing the limit lets everyone in line go.
@@ -716,9 +706,7 @@ async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run
     until_started(&db.pool, d).await;
 
     for run in [b, c, d] {
-        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-        runs::cancel(&mut ch, s.org, run, "test over").await.unwrap();
-        ch.commit().await.unwrap();
+        cancel(&db.pool, s.org, run, "test over").await;
     }
     eng.stop();
     db.discard().await;
@@ -773,7 +761,7 @@ async fn a_runs_journal_lives_as_long_as_the_run_and_its_partition_goes_whole_af
     sqlx::query("UPDATE runs SET status = 'running', ended_at = NULL WHERE run_id = $1").bind(running).execute(&db.pool).await.unwrap();
     let in_ancient = format!("SELECT count(*) FROM {ancient}");
     assert_eq!(crate::fixtures::count(&db.pool, &in_ancient).await, 51 * 4);
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
 
     // The sweep deletes the 50 finished runs of a year ago; their partition stays while the
     // running run of its month is left, and every journal of a kept run is whole.

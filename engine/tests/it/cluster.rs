@@ -4,30 +4,17 @@
 use std::time::Instant;
 
 use engine::cluster::{self, ClusterOptions};
+use engine::testkit::OwnCluster;
 use sqlx::{Connection, PgConnection};
-
-/// Stops the cluster even when an assertion fails, before its directory is removed.
-struct StopOnDrop(ClusterOptions);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        if let Err(e) = cluster::stop_dir(&self.0) {
-            eprintln!("could not stop the test cluster: {e}");
-        }
-    }
-}
 
 #[tokio::test]
 async fn cluster_starts_is_reused_and_keeps_data_across_restarts() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = ClusterOptions {
-        data_dir: tmp.path().join("data"),
-        durable: false,
-    };
-    let _guard = StopOnDrop(opts.clone());
+    let own = OwnCluster::new(tmp.path().join("data"));
+    let opts = &own.opts;
 
     let t = Instant::now();
-    let first = cluster::ensure_running(&opts).await.unwrap();
+    let first = cluster::ensure_running(opts).await.unwrap();
     eprintln!("first start (initdb included): {:?}", t.elapsed());
     assert!(first.started_here);
     assert!(
@@ -82,7 +69,7 @@ async fn cluster_starts_is_reused_and_keeps_data_across_restarts() {
         );
     }
 
-    let again = cluster::ensure_running(&opts).await.unwrap();
+    let again = cluster::ensure_running(opts).await.unwrap();
     assert!(
         !again.started_here,
         "a running cluster is reused, not started twice"
@@ -96,7 +83,7 @@ async fn cluster_starts_is_reused_and_keeps_data_across_restarts() {
     );
 
     let t = Instant::now();
-    let restarted = cluster::ensure_running(&opts).await.unwrap();
+    let restarted = cluster::ensure_running(opts).await.unwrap();
     eprintln!("restart: {:?}", t.elapsed());
     assert!(restarted.started_here);
     assert_eq!(
@@ -111,21 +98,18 @@ async fn cluster_starts_is_reused_and_keeps_data_across_restarts() {
     assert_eq!(x, 42);
     conn.close().await.unwrap();
 
-    cluster::stop_dir(&opts).unwrap();
+    cluster::stop_dir(opts).unwrap();
     assert!(
         PgConnection::connect(&restarted.url).await.is_err(),
         "stop_dir should stop it"
     );
-    cluster::stop_dir(&opts).expect("stopping a stopped cluster is fine");
+    cluster::stop_dir(opts).expect("stopping a stopped cluster is fine");
 }
 
 #[tokio::test]
 async fn stop_dir_without_a_cluster_is_fine() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = ClusterOptions {
-        data_dir: tmp.path().join("nothing"),
-        durable: false,
-    };
+    let opts = ClusterOptions { data_dir: tmp.path().join("nothing"), durable: false };
     cluster::stop_dir(&opts).unwrap();
 }
 

@@ -3,19 +3,12 @@
 
 use std::time::Duration;
 
-use engine::executor::TestExecutor;
 use engine::ids::RunId;
 use engine::store::{approvals, Actor, Change};
-use engine::testkit::{test_db, Engine};
 use serde_json::{json, Map};
 use engine::db::Db;
 
-use crate::fixtures::{seed, submit_new, until, with_input};
-
-/// An engine with the test executor running in this process until it is stopped.
-pub(crate) fn start_engine(db: &Db, url: &str, id: &str) -> Engine {
-    Engine::start(db, engine::testkit::pool_config(id, url, Some(TestExecutor { effects: None })))
-}
+use crate::fixtures::{approve, reject, started, submit_new, until, with_input};
 
 /// Waits (up to `limit`) until the run's status is not `running`; returns status and reason.
 pub(crate) async fn until_done(pool: &Db, run: RunId, limit: Duration) -> (String, Option<String>) {
@@ -35,9 +28,7 @@ async fn nodes_in_order(pool: &Db, run: RunId) -> Vec<String> {
 
 #[tokio::test]
 async fn a_run_walks_a_join_and_a_gate_loop_to_completion() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", &engine::testkit::join_and_loop("done")).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let (db, s, eng) = started(&engine::testkit::join_and_loop("done")).await;
     let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "gate_fail_visits": [1] } }))).await;
     let (status, reason) = until_done(&db.pool, run, Duration::from_secs(20)).await;
     assert_eq!((status.as_str(), reason), ("completed", None), "{:?}", nodes_in_order(&db.pool, run).await);
@@ -58,9 +49,7 @@ nodes:
 
 #[tokio::test]
 async fn a_wait_fires_at_its_due_time_not_before() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", WAIT).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let (db, s, eng) = started(WAIT).await;
     let run = submit_new(&db.pool, with_input(&s, json!({}))).await;
     let (status, _) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!(status, "completed");
@@ -77,19 +66,14 @@ async fn a_wait_fires_at_its_due_time_not_before() {
 
 #[tokio::test]
 async fn an_approval_parks_the_run_until_answered_with_its_fields() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", engine::testkit::APPROVAL).await;
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let (db, s, eng) = started(engine::testkit::APPROVAL).await;
     let run = submit_new(&db.pool, with_input(&s, json!({}))).await;
     until("never reached the approval", Duration::from_secs(10), async || nodes_in_order(&db.pool, run).await == ["ask:waiting"]).await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     let err = approvals::approve(&mut ch, s.org, run, "ask", &Map::new()).await.unwrap_err();
     assert!(err.to_string().contains("approval field \"ticket\" is required"), "{err}");
     drop(ch);
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let answer = json!({ "ticket": "T-1" }).as_object().cloned().unwrap();
-    approvals::approve(&mut ch, s.org, run, "ask", &answer).await.unwrap();
-    ch.commit().await.unwrap();
+    approve(&db.pool, s.org, run, "ask", json!({ "ticket": "T-1" })).await;
     let (status, _) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!(status, "completed");
     let output: serde_json::Value = sqlx::query_scalar("SELECT output FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(&db.pool).await.unwrap();
@@ -100,9 +84,7 @@ async fn an_approval_parks_the_run_until_answered_with_its_fields() {
     while nodes_in_order(&db.pool, run).await != ["ask:waiting"] {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    approvals::reject(&mut ch, s.org, run, "ask", Some("not now")).await.unwrap();
-    ch.commit().await.unwrap();
+    reject(&db.pool, s.org, run, "ask", "not now").await;
     let (status, reason) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!((status.as_str(), reason.as_deref()), ("cancelled", Some("rejected at ask: not now")));
     assert_eq!(nodes_in_order(&db.pool, run).await, ["ask:failed"]);

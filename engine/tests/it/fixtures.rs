@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
-use engine::ids::{OrgId, RunId};
+use engine::definition::Definition;
+use engine::ids::{OrgId, RunId, WorkflowId};
 use engine::store::runs::{self, NewRun};
-use engine::store::{Actor, Change};
-use serde_json::json;
+use engine::store::{approvals, workflows, Actor, Change};
+use engine::testkit::{test_db, Engine, TestDb};
+use serde_json::{json, Map, Value};
 use engine::db::Db;
 
 pub(crate) use engine::testkit::{seed, Seed};
@@ -40,6 +42,62 @@ pub(crate) async fn submit_new(pool: &Db, new: NewRun) -> RunId {
 
 pub(crate) async fn submit(pool: &Db, s: &Seed) -> RunId {
     submit_new(pool, new_run(s)).await
+}
+
+/// A test database seeded with `source` and an engine `e1` with the test executor on it.
+pub(crate) async fn started(source: &str) -> (TestDb, Seed, Engine) {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", source).await;
+    let eng = Engine::executing(&db, "e1", None);
+    (db, s, eng)
+}
+
+/// A test database seeded with `source` and a run of it submitted, with no engine to move it.
+pub(crate) async fn submitted(source: &str) -> (TestDb, Seed, RunId) {
+    let db = test_db().await;
+    let s = seed(&db.pool, "acme", source).await;
+    let run = submit(&db.pool, &s).await;
+    (db, s, run)
+}
+
+/// Adds workflow `name` (or its next version) to the seed's project.
+pub(crate) async fn add_workflow(pool: &Db, s: &Seed, name: &str, source: &str) -> (WorkflowId, i32) {
+    assert!(engine::definition::parse(source).is_ok(), "{name} does not validate");
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let out = workflows::put_version(&mut ch, s.org, s.project, name, source).await.unwrap();
+    ch.commit().await.unwrap();
+    out
+}
+
+/// Cancels the run with `reason`, as a person does.
+pub(crate) async fn cancel(pool: &Db, org: OrgId, run: RunId, reason: &str) {
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    runs::cancel(&mut ch, org, run, reason).await.unwrap();
+    ch.commit().await.unwrap();
+}
+
+/// Reruns `source` with `def`, from the nodes `from` (none: all of it).
+pub(crate) async fn rerun(pool: &Db, org: OrgId, source: RunId, def: &Definition, from: &[&str]) -> RunId {
+    let from: Vec<String> = from.iter().map(|s| (*s).to_owned()).collect();
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    let run = runs::rerun(&mut ch, org, source, def, &from).await.unwrap();
+    ch.commit().await.unwrap();
+    run
+}
+
+/// Approves the run's approval at `node` with `answer` (its fields), as a person does.
+pub(crate) async fn approve(pool: &Db, org: OrgId, run: RunId, node: &str, answer: Value) {
+    let answer: Map<String, Value> = serde_json::from_value(answer).expect("an answer is an object");
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    approvals::approve(&mut ch, org, run, node, &answer).await.unwrap();
+    ch.commit().await.unwrap();
+}
+
+/// Rejects the run's approval at `node`, giving `reason`.
+pub(crate) async fn reject(pool: &Db, org: OrgId, run: RunId, node: &str, reason: &str) {
+    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
+    approvals::reject(&mut ch, org, run, node, Some(reason)).await.unwrap();
+    ch.commit().await.unwrap();
 }
 
 /// Polls `done` every 20 ms until it holds; panics with `what` after `limit`.

@@ -3,51 +3,25 @@
 //! child runs, approvals (run-level and timed out), waits until a time, dry runs, reruns,
 //! cancel, drain; and the substate and `why` of runs in each of those states.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use engine::executor::TestExecutor;
-use engine::ids::{HostId, OrgId, RunId, StepId, WorkflowId};
+use engine::ids::{HostId, OrgId, RunId, StepId};
 use engine::state::StepState;
 use engine::store::runs::{self, NewRun};
 use engine::store::steps;
 use engine::store::{approvals, workflows, Actor, Change, StoreError};
 use engine::substate::{self, Substate, Why};
 use engine::testkit::{test_db, Engine, TestDb};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use engine::db::Db;
 
 use crate::engine::until_done;
-use crate::fixtures::{new_run, seed, submit_new, until, with_input, Seed};
-
-/// Starts an engine; with `executor`, it runs crew, gate and output steps itself (recording
-/// each execution in `effects` when given), otherwise they wait for hosts.
-fn engine(db: &TestDb, id: &str, executor: bool, effects: Option<&Path>) -> Engine {
-    Engine::start(&db.pool, engine::testkit::pool_config(id, &db.url, executor.then(|| TestExecutor { effects: effects.map(Path::to_path_buf) })))
-}
-
-/// A test database seeded with `source` and an engine with the test executor on it.
-async fn started(source: &str) -> (TestDb, Seed, Engine) {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", source).await;
-    let eng = engine(&db, "e1", true, None);
-    (db, s, eng)
-}
+use crate::fixtures::{add_workflow, approve, cancel, new_run, reject, rerun, seed, started, submit_new, submitted, until, with_input, Seed};
 
 /// Approves the run's start (a workflow with `approval: required`).
 async fn approve_start(pool: &Db, org: OrgId, run: RunId) {
-    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    approvals::approve(&mut ch, org, run, approvals::RUN_APPROVAL_NODE, &Map::new()).await.unwrap();
-    ch.commit().await.unwrap();
-}
-
-/// Adds workflow `name` to the seed's project.
-async fn add_workflow(pool: &Db, s: &Seed, name: &str, source: &str) -> (WorkflowId, i32) {
-    assert!(engine::definition::parse(source).is_ok(), "{name} does not validate");
-    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    let out = workflows::put_version(&mut ch, s.org, s.project, name, source).await.unwrap();
-    ch.commit().await.unwrap();
-    out
+    approve(pool, org, run, approvals::RUN_APPROVAL_NODE, json!({})).await;
 }
 
 /// One line per step, in creation order: `node:visit.attempt:state[:reason]`.
@@ -123,7 +97,7 @@ async fn started_recording(source: &str) -> (TestDb, Seed, Engine, Effects) {
     let s = seed(&db.pool, "acme", source).await;
     let dir = tempfile::tempdir().unwrap();
     let effects = Effects { path: dir.path().join("effects"), _dir: dir };
-    let eng = engine(&db, "e1", true, Some(&effects.path));
+    let eng = Engine::executing(&db, "e1", Some(&effects.path));
     (db, s, eng, effects)
 }
 
@@ -221,7 +195,7 @@ async fn open_step(pool: &Db, run: RunId) -> StepId {
 async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", HOST_STEP).await;
-    let eng = engine(&db, "e1", false, None);
+    let eng = Engine::start(&db.pool, engine::testkit::pool_config("e1", &db.url, None));
     let run = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, run, "a ready step", |s| has(s, "build:1.1:pending")).await;
 
@@ -464,7 +438,7 @@ async fn a_parent_awaits_its_child_and_cancelling_it_cancels_the_waiting_tree() 
     let s = seed(&db.pool, "acme", PARENT).await;
     add_workflow(&db.pool, &s, "middle", MIDDLE).await;
     add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
-    let eng = engine(&db, "e1", true, None);
+    let eng = Engine::executing(&db, "e1", None);
 
     // A child that completes lets its parent go on, with the child's outcome as output.
     let parent = submit_new(&db.pool, new_run(&s)).await;
@@ -487,9 +461,7 @@ async fn a_parent_awaits_its_child_and_cancelling_it_cancels_the_waiting_tree() 
     assert_eq!(w.text, format!("Waiting on run {middle} started by spawn"));
     assert_eq!(name(&why(&db.pool, s.org, leaf).await), Some("awaiting_signal"));
 
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    runs::cancel(&mut ch, s.org, parent, "not needed").await.unwrap();
-    ch.commit().await.unwrap();
+    cancel(&db.pool, s.org, parent, "not needed").await;
     assert_eq!(status(&db.pool, parent).await, ("cancelled".into(), Some("not needed".into())));
     assert_eq!(status(&db.pool, middle).await, ("cancelled".into(), Some(format!("parent {parent} is no longer running"))));
     assert_eq!(status(&db.pool, leaf).await, ("cancelled".into(), Some(format!("parent {middle} is no longer running"))));
@@ -514,7 +486,7 @@ async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", GUARDED).await;
     let def = engine::definition::parse(GUARDED).unwrap();
-    let eng = engine(&db, "e1", true, None);
+    let eng = Engine::executing(&db, "e1", None);
     let new = || NewRun { needs_approval: def.approval_required, ..new_run(&s) };
     let run = submit_new(&db.pool, new()).await;
     until_steps(&db.pool, run, "the run's approval", |s| s == ["$start:1.1:waiting"]).await;
@@ -532,9 +504,7 @@ async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
     // Rejected at the start, the run is cancelled before any work.
     let run = submit_new(&db.pool, new()).await;
     until_steps(&db.pool, run, "the run's approval", |s| s == ["$start:1.1:waiting"]).await;
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    approvals::reject(&mut ch, s.org, run, approvals::RUN_APPROVAL_NODE, Some("no")).await.unwrap();
-    ch.commit().await.unwrap();
+    reject(&db.pool, s.org, run, approvals::RUN_APPROVAL_NODE, "no").await;
     assert_eq!(status(&db.pool, run).await, ("cancelled".into(), Some("rejected at $start: no".into())));
     eng.stop();
     db.finish().await;
@@ -595,7 +565,7 @@ nodes:
 "
     );
     let s = seed(&db.pool, "acme", &source).await;
-    let eng = engine(&db, "e1", true, None);
+    let eng = Engine::executing(&db, "e1", None);
     let run = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, run, "the waits", |s| has(s, "nap:1.1:waiting") && has(s, "past:1.1:succeeded")).await;
     let w = why(&db.pool, s.org, run).await;
@@ -628,9 +598,7 @@ async fn an_event_wait_awaits_its_event_until_its_deadline() {
         other => panic!("{other:?}"),
     }
     assert!(w.text.starts_with("Waiting for pull_request.closed at merged (deadline "), "{}", w.text);
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    runs::cancel(&mut ch, s.org, run, "done looking").await.unwrap();
-    ch.commit().await.unwrap();
+    cancel(&db.pool, s.org, run, "done looking").await;
     eng.stop();
     db.finish().await;
 }
@@ -678,10 +646,7 @@ async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it
     assert_eq!(scalar::<Value>(&db.pool, "SELECT output FROM steps WHERE run_id = $1 AND node = 'build'", run).await, json!({ "dry_run": true }));
 
     // A rerun of a dry run is dry, and keeps its source's id while the source exists.
-    let def = engine::definition::parse(DRY).unwrap();
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let again = runs::rerun(&mut ch, s.org, run, &def, &[]).await.unwrap();
-    ch.commit().await.unwrap();
+    let again = rerun(&db.pool, s.org, run, &engine::definition::parse(DRY).unwrap(), &[]).await;
     assert_eq!(status(&db.pool, again).await.0, "completed");
     assert!(scalar::<bool>(&db.pool, "SELECT dry_run FROM runs WHERE run_id = $1", again).await);
 
@@ -723,15 +688,6 @@ nodes:
     output: { github: comment, body: shipped }
 ";
 
-async fn rerun(pool: &Db, org: OrgId, source: RunId, from: &[&str]) -> RunId {
-    let def = engine::definition::parse(RERUN).unwrap();
-    let from: Vec<String> = from.iter().map(|s| (*s).to_owned()).collect();
-    let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    let run = runs::rerun(&mut ch, org, source, &def, &from).await.unwrap();
-    ch.commit().await.unwrap();
-    run
-}
-
 #[tokio::test]
 async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_before() {
     let (db, s, eng, effects) = started_recording(RERUN).await;
@@ -740,11 +696,12 @@ async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_
     assert_eq!(status(&db.pool, first).await.0, "completed");
 
     // A rerun is a new run with the same input that does everything again.
+    let def = engine::definition::parse(RERUN).unwrap();
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let err = runs::rerun(&mut ch, s.org, RunId::mint(), &engine::definition::parse(RERUN).unwrap(), &[]).await.unwrap_err();
+    let err = runs::rerun(&mut ch, s.org, RunId::mint(), &def, &[]).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound("run")), "{err}");
     drop(ch);
-    let again = rerun(&db.pool, s.org, first, &[]).await;
+    let again = rerun(&db.pool, s.org, first, &def, &[]).await;
     assert_eq!(status(&db.pool, again).await.0, "completed");
     assert_eq!(scalar::<Value>(&db.pool, "SELECT input FROM runs WHERE run_id = $1", again).await, input);
     let mut done = effects.of(again);
@@ -752,7 +709,7 @@ async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_
     assert_eq!(done, ["build 1 1", "docs 1 1", "plan 1 1", "ship 1 1"]);
 
     // From `build`: plan and docs are reused with their outputs, not executed.
-    let from_build = rerun(&db.pool, s.org, first, &["build"]).await;
+    let from_build = rerun(&db.pool, s.org, first, &def, &["build"]).await;
     assert_eq!(status(&db.pool, from_build).await.0, "completed");
     assert_eq!(effects.of(from_build), ["build 1 1", "ship 1 1"]);
     let reused: Vec<(String, Value)> = sqlx::query_as(
@@ -767,7 +724,7 @@ async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_
     assert_eq!(reused.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["docs", "plan"]);
 
     // From `plan`, a first node beside another: docs is reused, plan starts anyway.
-    let from_plan = rerun(&db.pool, s.org, first, &["plan"]).await;
+    let from_plan = rerun(&db.pool, s.org, first, &def, &["plan"]).await;
     assert_eq!(status(&db.pool, from_plan).await.0, "completed");
     assert_eq!(effects.of(from_plan), ["plan 1 1", "build 1 1", "ship 1 1"]);
     assert_eq!(steps_of(&db.pool, from_plan).await, ["docs:1.1:succeeded", "plan:1.1:succeeded", "build:1.1:succeeded", "ship:1.1:succeeded"]);
@@ -793,9 +750,7 @@ async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion()
     let w = why(&db.pool, s.org, run).await;
     assert_eq!(w.text, "Running slow on engine e1 (and 1 more open step)");
 
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    runs::cancel(&mut ch, s.org, run, "superseded").await.unwrap();
-    ch.commit().await.unwrap();
+    cancel(&db.pool, s.org, run, "superseded").await;
     assert_eq!(
         steps_of(&db.pool, run).await,
         ["slow:1.1:cancelled:superseded", "flaky:1.1:failed:exit_code:1", "flaky:1.2:cancelled:superseded"]
@@ -851,7 +806,7 @@ async fn a_draining_engine_stops_claiming_finishes_what_it_holds_and_returns_in_
     assert_eq!(leased, 0);
 
     // Another engine picks everything up.
-    let other = engine(&db, "e2", true, Some(&effects.path));
+    let other = Engine::executing(&db, "e2", Some(&effects.path));
     for &run in held.iter().chain([&late]) {
         assert_eq!(status(&db.pool, run).await.0, "completed");
     }
@@ -887,9 +842,7 @@ async fn why_reports_queued_and_held_runs_and_only_for_the_runs_org() {
 
 #[tokio::test]
 async fn the_queries_behind_why_are_served_by_indexes() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_CREW).await;
-    let run = submit_new(&db.pool, new_run(&s)).await;
+    let (db, s, run) = submitted(TWO_CREW).await;
     let mut conn = db.pool.pool().acquire().await.unwrap();
     // Tables this small are read whole whatever the indexes; forbid that to see which exist.
     sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
@@ -936,16 +889,12 @@ async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
     let old = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, old, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
 
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    let (_, version) = workflows::put_version(&mut ch, s.org, s.project, "wf", VERSIONED_V2).await.unwrap();
-    ch.commit().await.unwrap();
+    let (_, version) = add_workflow(&db.pool, &s, "wf", VERSIONED_V2).await;
     assert_eq!(version, 2);
     let new = submit_new(&db.pool, NewRun { version, ..new_run(&s) }).await;
     for run in [old, new] {
         until_steps(&db.pool, run, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
-        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-        approvals::approve(&mut ch, s.org, run, "ask", &Map::new()).await.unwrap();
-        ch.commit().await.unwrap();
+        approve(&db.pool, s.org, run, "ask", json!({})).await;
     }
     assert_eq!(until_done(&db.pool, old, Duration::from_secs(30)).await.0, "completed");
     assert_eq!(until_done(&db.pool, new, Duration::from_secs(30)).await.0, "completed");
@@ -993,7 +942,7 @@ async fn a_child_input_that_does_not_render_fails_its_step_naming_it() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", BAD_CHILD_INPUT).await;
     add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
-    let eng = engine(&db, "e1", true, None);
+    let eng = Engine::executing(&db, "e1", None);
     let run = submit_new(&db.pool, new_run(&s)).await;
     let (status, _) = until_done(&db.pool, run, Duration::from_secs(30)).await;
     assert_eq!(status, "failed");
@@ -1015,10 +964,8 @@ async fn a_rerun_of_a_workflow_that_requires_approval_waits_for_it_again() {
 
     // Rerun whole, and retried from its node: both park at `$start` until a person approves.
     let def = engine::definition::parse(GUARDED).unwrap();
-    for from in [vec![], vec!["build".to_owned()]] {
-        let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-        let again = runs::rerun(&mut ch, s.org, run, &def, &from).await.unwrap();
-        ch.commit().await.unwrap();
+    for from in [&[][..], &["build"]] {
+        let again = rerun(&db.pool, s.org, run, &def, from).await;
         until_steps(&db.pool, again, "the rerun parked", |s| has(s, "$start:1.1:waiting")).await;
         assert_eq!(name(&why(&db.pool, s.org, again).await), Some("awaiting_signal"));
         assert!(!steps_of(&db.pool, again).await.iter().any(|s| s.starts_with("build:")), "nothing ran before the approval");
@@ -1050,7 +997,7 @@ async fn an_event_wait_announces_itself_expires_and_is_withdrawn() {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", EVENT_WAIT_SHORT).await;
     let (patient, version) = add_workflow(&db.pool, &s, "patient", EVENT_WAIT).await;
-    let eng = engine(&db, "e1", true, None);
+    let eng = Engine::executing(&db, "e1", None);
 
     // Its own timeout passes: the wait resolves timed out, and says so.
     let short = submit_new(&db.pool, new_run(&s)).await;
@@ -1067,9 +1014,7 @@ async fn an_event_wait_announces_itself_expires_and_is_withdrawn() {
     let attrs: Value = scalar(&db.pool, "SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'run.awaiting'", waiting).await;
     assert_eq!((attrs["waits_on"].as_str(), attrs["event"].as_str()), (Some("github"), Some("pull_request.closed")), "{attrs}");
     assert!(attrs["deadline"].is_string(), "{attrs}");
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    runs::cancel(&mut ch, s.org, waiting, "not needed").await.unwrap();
-    ch.commit().await.unwrap();
+    cancel(&db.pool, s.org, waiting, "not needed").await;
     assert_eq!(lifecycle(&db.pool, waiting).await, ["run.started", "run.awaiting", "run.wait_withdrawn", "run.cancelled"]);
     eng.stop();
     db.finish().await;

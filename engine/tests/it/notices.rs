@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use engine::store::{operator, runs, Actor, Change, Notice, NOTIFY_CHANNEL};
-use engine::testkit::test_db;
+use engine::testkit::{test_db, Engine};
 use sqlx::postgres::PgListener;
 
-use crate::engine::{start_engine, until_done};
+use crate::engine::until_done;
 use crate::fixtures::{new_run, seed};
 
 const FAILS: &str = "name: wf\nnodes:\n  stop: { end: failed }\n";
@@ -34,7 +34,7 @@ async fn one_notification_per_change_and_events_alone_are_told_after_their_commi
     let db = test_db().await;
     let s = seed(&db.pool, "acme", FAILS).await;
     // Runs that fail at once, so that resolving them writes an event and nothing else.
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     let mut failed = Vec::new();
     for _ in 0..5 {
         let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();

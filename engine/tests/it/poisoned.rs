@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use engine::ids::RunId;
 use engine::store::engine_errors::ENGINE_ERROR_LIMIT;
-use engine::testkit::test_db;
+use engine::testkit::{test_db, Engine};
 use serde_json::Value;
 
-use crate::engine::start_engine;
 use crate::fixtures::{count, poison, seed, submit, TWO_STEPS};
 
 #[tokio::test]
@@ -26,7 +25,7 @@ async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
     // in whatever batch it falls.
     poison(&db.pool, "steps", &format!("NEW.run_id = '{}' AND NEW.node = 'b'", poisoned.0)).await;
 
-    let eng = start_engine(&db.pool, &db.url, "e1");
+    let eng = Engine::executing(&db, "e1", None);
     let all_ended = async {
         while count(&db.pool, "SELECT count(*) FROM runs WHERE status = 'running'").await > 0 {
             tokio::time::sleep(Duration::from_millis(100)).await;

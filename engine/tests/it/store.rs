@@ -9,7 +9,7 @@ use engine::store::{runs, Actor, Change, StoreError};
 use engine::testkit::test_db;
 use serde_json::json;
 
-use crate::fixtures::{count, locked, new_run, seed, submit, TWO_STEPS};
+use crate::fixtures::{cancel, count, locked, new_run, seed, submit, submitted, TWO_STEPS};
 
 #[tokio::test]
 async fn a_failure_mid_change_leaves_nothing_written() {
@@ -48,9 +48,7 @@ async fn a_failure_mid_change_leaves_nothing_written() {
 
 #[tokio::test]
 async fn event_sequences_have_no_gaps_under_eight_concurrent_writers() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_STEPS).await;
-    let run = submit(&db.pool, &s).await;
+    let (db, s, run) = submitted(TWO_STEPS).await;
     let mut writers = Vec::new();
     for w in 0..8u32 {
         let (pool, org) = (db.pool.clone(), s.org);
@@ -83,9 +81,7 @@ async fn event_sequences_have_no_gaps_under_eight_concurrent_writers() {
 
 #[tokio::test]
 async fn a_stale_holder_cannot_complete_a_step_it_lost() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_STEPS).await;
-    let run = submit(&db.pool, &s).await;
+    let (db, s, run) = submitted(TWO_STEPS).await;
     let mut ch = locked(&db.pool, Actor::System, s.org, run).await;
     let new = NewStep { node: "a", kind: "crew", visit: 1, attempt: 1, requires: vec![], initial: Initial::Pending, delay: Duration::ZERO };
     let step = steps::create(&mut ch, run, new).await.unwrap();
@@ -118,12 +114,8 @@ async fn a_stale_holder_cannot_complete_a_step_it_lost() {
 
 #[tokio::test]
 async fn a_terminal_run_never_moves_again() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_STEPS).await;
-    let run = submit(&db.pool, &s).await;
-    let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    runs::cancel(&mut ch, s.org, run, "cancelled by test").await.unwrap();
-    ch.commit().await.unwrap();
+    let (db, s, run) = submitted(TWO_STEPS).await;
+    cancel(&db.pool, s.org, run, "cancelled by test").await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     let err = runs::cancel(&mut ch, s.org, run, "again").await.unwrap_err();
     assert!(matches!(err, StoreError::Conflict(_)), "{err}");
@@ -136,9 +128,7 @@ async fn a_terminal_run_never_moves_again() {
 
 #[tokio::test]
 async fn another_orgs_run_is_not_found() {
-    let db = test_db().await;
-    let a = seed(&db.pool, "acme", TWO_STEPS).await;
-    let run = submit(&db.pool, &a).await;
+    let (db, _, run) = submitted(TWO_STEPS).await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     assert!(ch.lock_run(OrgId::mint(), run).await.unwrap().is_none());
     let err = runs::cancel(&mut ch, OrgId::mint(), run, "x").await.unwrap_err();

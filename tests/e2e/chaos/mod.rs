@@ -38,7 +38,7 @@ mod fleet;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use engine::cluster::{self, Cluster, ClusterOptions};
+use engine::cluster::{Cluster, ClusterOptions};
 use engine::ids::RunId;
 use engine::store::steps::{LEASE, LEASE_GRACE};
 use engine::store::{installations, Actor, Change};
@@ -149,17 +149,6 @@ async fn running(db: &Db) -> Option<i64> {
 /// Steps leased or running under these holders; 0 while the database is away.
 async fn held(db: &Db, holders: &[String]) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM steps WHERE state IN ('leased', 'running') AND holder = ANY($1)").bind(holders).fetch_one(db).await.unwrap_or(0)
-}
-
-/// Stops the suite's cluster however the test ends.
-struct StopCluster(ClusterOptions);
-
-impl Drop for StopCluster {
-    fn drop(&mut self) {
-        if let Err(e) = cluster::stop_dir(&self.0) {
-            eprintln!("chaos: could not stop the cluster in {}: {e}", self.0.data_dir.display());
-        }
-    }
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -318,13 +307,8 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
     let began = Instant::now();
 
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let opts = ClusterOptions { data_dir: dir.path().join("cluster"), durable: false };
-    let pg = cluster::ensure_running(&opts).await.unwrap();
-    let _stop_cluster = StopCluster(opts.clone());
+    let (own, pg, db) = shopfloor_tests::own_cluster(dir.path()).await;
     let (port, url) = (pg.port, pg.url.clone());
-    let db = engine::db::connect(&pg.url, 4).await.unwrap();
-    engine::db::migrate(&db).await.unwrap();
     let token = seed(&db).await;
     let github = FakeGithub::start().await;
     github.add_installation(INSTALLATION, "acme", &[REPOSITORY]);
@@ -443,11 +427,11 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
             let busy = (running(&db).await.unwrap_or(-1), held(&db, &fleet.engine_holders()).await);
             durable(&db, &url, true).await;
             let from = Instant::now();
-            crash(&opts).await;
+            crash(&own.opts).await;
             drop(pg.take());
             let all: Vec<usize> = (0..fleet.slots.len()).collect();
             fleet.befall(&all, Fate::PostgresCrash);
-            let again = cluster::ensure_running(&opts).await.unwrap();
+            let again = own.start().await;
             assert_eq!(again.port, port, "PostgreSQL came back on another port; the processes' URLs name the old one");
             pg = Some(again);
             fleet.fault(from, Instant::now(), all);
