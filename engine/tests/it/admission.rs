@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::engine::{start_engine, until_done};
 use crate::fixtures::{new_run, poison, seed, until, with_input, Seed};
 
-const PLAIN: &str = include_str!("../../../tests/workflows/plain.yaml");
+const PLAIN: &str = include_str!("../../../tests/workflows/one_crew_step.yaml");
 
 /// Submits `n` runs at once, each in its own change on its own connection.
 async fn submit_concurrently(pool: &Db, s: &Seed, n: usize, input: Value) -> Vec<Result<RunId, StoreError>> {
