@@ -428,16 +428,7 @@ pub fn new_run(s: &Seed, input: serde_json::Value) -> crate::store::runs::NewRun
 
 /// The workflow `approve`: an approval `ask` with one required field, `ticket`, then an output
 /// `ship` that comments.
-pub const APPROVAL: &str = "name: approve
-nodes:
-  ask:
-    approval:
-      prompt: Ship it?
-      fields: { ticket: { type: string, required: true } }
-  ship:
-    after: [ask]
-    output: { github: comment, body: done }
-";
+pub const APPROVAL: &str = include_str!("../../tests/workflows/approve.yaml");
 
 /// The nodes of a fan-out, a join and a gate that loops back once, which several tests walk:
 /// `plan`; `left` and `right` after it; `ci` after both, sending the run back to `left` when

@@ -19,36 +19,9 @@ use shopfloor_tests::in_process::{self, Served};
 use shopfloor_tests::Seed;
 use tokio_util::sync::CancellationToken;
 
-/// Parks at an approval with a required field and an optional number, sleeps 3 s, then ends:
-/// the sleep lets a test see the run move on live after the answer.
-pub(crate) const APPROVAL: &str = "name: approve
-nodes:
-  review:
-    approval:
-      prompt: Ship the release?
-      fields:
-        ticket: { type: string, required: true, description: The change ticket }
-        risk: { type: number }
-      timeout: 24h
-  settle:
-    after: [review]
-    wait: { for: 3s }
-";
-
-/// A crew step a host runs: its transcript is what the run page streams.
-pub(crate) const AGENT: &str = "name: agent
-nodes:
-  build:
-    crew: { harness: command, command: [make, build], prompt: Build it }
-    requires: [linux]
-";
-
-/// A run that waits a long time: something to cancel.
-pub(crate) const SLOW: &str = "name: slow
-nodes:
-  nap:
-    wait: { for: 1h }
-";
+pub(crate) const APPROVAL: &str = include_str!("../workflows/approve_release.yaml");
+pub(crate) const AGENT: &str = include_str!("../workflows/agent.yaml");
+pub(crate) const SLOW: &str = include_str!("../workflows/slow.yaml");
 
 pub(crate) struct Org {
     pub(crate) id: OrgId,

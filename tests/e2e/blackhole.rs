@@ -28,14 +28,7 @@ use shopfloor_tests::netns::Netns;
 use shopfloor_tests::proxy::Proxy;
 use shopfloor_tests::{check_invariants, own_cluster, scalar, seed, shopfloor_bin, statement_calls, statements_sent, submit_many, until_all_done, EngineProcess, Invariants};
 
-const WORKFLOW: &str = "name: blackhole
-nodes:
-  plan:
-    crew: { harness: claude-code, prompt: plan }
-  ship:
-    after: [plan]
-    output: { github: comment, body: shipped }
-";
+const WORKFLOW: &str = include_str!("../workflows/blackhole.yaml");
 
 /// Hang guard of each wait; nothing is asserted about how long a wait took.
 const GUARD: Duration = Duration::from_secs(120);

@@ -47,35 +47,10 @@ assistant msg_b "Done."
 say '{"type":"result","subtype":"success","is_error":false,"duration_ms":900,"duration_api_ms":800,"num_turns":2,"result":"Done.","session_id":"'"$sid"'","total_cost_usd":0.0021,"usage":{"input_tokens":6,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":4,"service_tier":"standard"},"modelUsage":{"'"$model"'":{"inputTokens":6,"outputTokens":4,"cacheReadInputTokens":0,"cacheCreationInputTokens":0,"webSearchRequests":0,"costUSD":0.0021,"contextWindow":200000}},"permission_denials":[],"uuid":"u-result"}'
 "#;
 
-const CAPPED: &str = r#"name: capped
-budget: { usd_per_run: 4, hard: true }
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: "{{ input.words }}", caps: { turns: 7, usd: 10 } }
-"#;
-
-const TURNS: &str = r#"name: turns
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: "@IGNORE_TURNS@", caps: { turns: 3 } }
-"#;
-
-/// No `requires:`: the step requires `harness:claude-code` all the same.
-const BARE: &str = r#"name: bare
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: "{{ input.words }}" }
-"#;
-
-/// A pull request is opened from `build`'s work: changes are expected without saying so.
-const TO_PR: &str = r#"name: to-pr
-nodes:
-  build:
-    crew: { harness: claude-code, prompt: "@NOCHANGE@" }
-  open_pr:
-    after: [build]
-    output: { github: pull_request }
-"#;
+const CAPPED: &str = include_str!("../workflows/capped.yaml");
+const TURNS: &str = include_str!("../workflows/turns.yaml");
+const BARE: &str = include_str!("../workflows/bare.yaml");
+const TO_PR: &str = include_str!("../workflows/to_pr.yaml");
 
 fn stand_in(env: &Env) -> std::path::PathBuf {
     let path = env.dir.path().join("args-claude");

@@ -13,45 +13,9 @@ use shopfloor_tests::github_fake::{Issue, PullRequest};
 
 use crate::github_env::GhEnv;
 
-const CI: &str = "name: ci
-on:
-  github:
-    events: [pull_request.opened]
-    if: \"'ci' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  build: { after: [start], crew: { harness: command, command: [make], prompt: build it } }
-  checks: { after: [build], gate: { checks: [build, test], on_fail: build, timeout: 1h } }
-";
-
-const SLOW_CI: &str = "name: slow-ci
-on:
-  github:
-    events: [pull_request.opened]
-    if: \"'slow' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  checks: { after: [start], gate: { checks: [build], timeout: 2s } }
-";
-
-const SHIP: &str = "name: ship
-on:
-  github:
-    events: [issues.labeled]
-    if: \"'ship' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  open_pr: { after: [start], output: { github: pull_request } }
-  closed: { after: [open_pr], wait: { event: pull_request.closed }, timeout: 1h }
-  route:
-    after: [closed]
-    decision:
-      cases: [{ if: \"nodes.closed.output.merged\", to: done }]
-      default: back
-  done: { after: [route], output: { github: board_move, column: Done } }
-  back: { after: [route], output: { github: board_move, column: Ready } }
-  why: { after: [back], output: { github: comment, body: \"The pull request was closed without merging; back to Ready.\" } }
-";
+const CI: &str = include_str!("../workflows/ci.yaml");
+const SLOW_CI: &str = include_str!("../workflows/slow_ci.yaml");
+const SHIP: &str = include_str!("../workflows/ship_until_closed.yaml");
 
 const LONG: Duration = Duration::from_secs(60);
 

@@ -13,40 +13,9 @@ use shopfloor_tests::github_fake::{Fault, Issue};
 
 use crate::github_env::GhEnv;
 
-/// A crew step (the test executor's text) then a pull request.
-const SHIP: &str = "name: ship
-on:
-  github:
-    events: [issues.labeled]
-    if: \"'ship' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  build: { after: [start], crew: { harness: command, command: [make], prompt: build it } }
-  open_pr: { after: [build], output: { github: pull_request } }
-";
-
-/// One comment.
-const SAY: &str = "name: say
-on:
-  github:
-    events: [issues.labeled]
-    if: \"'say' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  note: { after: [start], output: { github: comment, body: \"Working on {{ item.title }}\" } }
-";
-
-/// Labels, then a board move.
-const TRIAGE: &str = "name: triage
-on:
-  github:
-    events: [issues.labeled]
-    if: \"'triage' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  tag: { after: [start], output: { github: label, labels: [in-progress], remove: [triage] } }
-  move: { after: [tag], output: { github: board_move, column: In progress } }
-";
+const SHIP: &str = include_str!("../workflows/ship_build_then_pr.yaml");
+const SAY: &str = include_str!("../workflows/say.yaml");
+const TRIAGE: &str = include_str!("../workflows/triage.yaml");
 
 const LONG: Duration = Duration::from_secs(90);
 

@@ -10,12 +10,7 @@ use serde_json::Value;
 
 use crate::github_env::GhEnv;
 
-const TICK: &str = "name: tick
-on:
-  schedule: { cron: \"*/2 * * * * *\", tz: Europe/Paris }
-nodes:
-  start: { trigger: {} }
-";
+const TICK: &str = include_str!("../workflows/tick.yaml");
 
 /// (scheduled_at, fired at, dedup key) of every tick so far, in order.
 async fn ticks(env: &GhEnv) -> Vec<(DateTime<Utc>, DateTime<Utc>, String)> {

@@ -15,12 +15,7 @@ use serde_json::json;
 
 use super::host_env::*;
 
-const LONG: &str = r#"name: long
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: "@WAIT@ {{ input.title }}" }
-    requires: ["harness:claude-code"]
-"#;
+const LONG: &str = include_str!("../workflows/long.yaml");
 
 /// A `git` that notes `<verb> <unix ms> <token or ->` in `$MARKS/git.log`, then runs git.
 fn git_wrapper(env: &Env) -> String {

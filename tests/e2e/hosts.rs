@@ -30,61 +30,10 @@ const SECRET: &str = "host tests' webhook secret";
 use super::host_env::*;
 use crate::support::{ready_for_agent, widgets};
 
-/// Two crew steps on the issue's repository; a pull request is opened from `build`'s work
-/// later, so `build` is asked for its description.
-const PLAN_BUILD: &str = r#"name: plan-build
-nodes:
-  plan:
-    crew: { harness: claude-code, prompt: "Plan {{ input.title }}" }
-    requires: [linux, "harness:claude-code"]
-  build:
-    after: [plan]
-    crew: { harness: claude-code, prompt: "Build it: {{ nodes.plan.output.text }}" }
-    requires: [linux, "harness:claude-code"]
-  open_pr:
-    after: [build]
-    output: { github: pull_request }
-"#;
-
-/// DESIGN.md's issue-to-PR: a labelled issue, a plan, a person's go-ahead, the build, a pull
-/// request from the build's branch with the description the agent wrote, and CI on it.
-pub(crate) const ISSUE_TO_PR: &str = r#"name: issue-to-pr
-on:
-  github:
-    events: [issues.labeled]
-    if: "'ready-for-agent' in item.labels && item.state == 'open'"
-nodes:
-  plan:
-    crew: { harness: claude-code, model: claude-sonnet-4-5, prompt: "Plan the work for {{ item.title }} (#{{ item.number }})." }
-    requires: [linux, "harness:claude-code"]
-  review_plan:
-    after: [plan]
-    approval: { prompt: "Go ahead with this plan?" }
-  build:
-    after: [review_plan]
-    crew: { harness: claude-code, prompt: "Implement: {{ nodes.plan.output.text }}" }
-    requires: [linux, "harness:claude-code"]
-  open_pr:
-    after: [build]
-    output: { github: pull_request }
-  ci:
-    after: [open_pr]
-    gate: { checks: [test] }
-"#;
-
-const ONE: &str = r#"name: one
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: "{{ input.words }}" }
-    requires: ["harness:claude-code"]
-"#;
-
-const TIMED: &str = r#"name: timed
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: "@HANG@", caps: { timeout: 3s } }
-    requires: ["harness:claude-code"]
-"#;
+const PLAN_BUILD: &str = include_str!("../workflows/plan_build.yaml");
+pub(crate) const ISSUE_TO_PR: &str = include_str!("../workflows/issue_to_pr_on_hosts.yaml");
+const ONE: &str = include_str!("../workflows/one.yaml");
+const TIMED: &str = include_str!("../workflows/timed.yaml");
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_runs_crew_steps_in_worktrees_and_pushes_the_branch() {
@@ -435,24 +384,7 @@ async fn two_hundred_steps_on_four_hosts_with_two_slots_each_run_exactly_once() 
     env.finish().await;
 }
 
-/// DESIGN.md's order build → ci → open_pr: CI runs on the branch the build pushed, before any
-/// pull request exists, so the gate watches the pushed commit.
-const BUILD_CI_PR: &str = r#"name: build-ci-pr
-on:
-  github:
-    events: [issues.labeled]
-    if: "'ready-for-agent' in item.labels"
-nodes:
-  build:
-    crew: { harness: claude-code, prompt: "Implement {{ item.title }}" }
-    requires: ["harness:claude-code"]
-  ci:
-    after: [build]
-    gate: { checks: [test] }
-  open_pr:
-    after: [ci]
-    output: { github: pull_request }
-"#;
+const BUILD_CI_PR: &str = include_str!("../workflows/build_ci_pr.yaml");
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {

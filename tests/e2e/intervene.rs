@@ -11,12 +11,7 @@ use serde_json::{json, Value};
 
 use super::host_env::*;
 
-const LISTENING: &str = r#"name: listening
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: "@LISTEN@ {{ input.words }}" }
-    requires: ["harness:claude-code"]
-"#;
+const LISTENING: &str = include_str!("../workflows/listening.yaml");
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_to_a_live_session_reaches_the_harness_and_its_transcript() {

@@ -13,86 +13,14 @@ use shopfloor_tests::sse::Sse;
 
 use crate::host_env::Env;
 
-/// A crew step that runs until the test lets it finish (`@WAIT@`: until `$MARKS/<step>.go`).
-const CREW: &str = r#"name: crew
-on:
-  github:
-    events: [issues.labeled, issues.edited]
-    if: "'ready' in item.labels"
-nodes:
-  start: { trigger: {} }
-  work:
-    after: [start]
-    crew: { harness: claude-code, prompt: "@WAIT@ Fix {{ item.title }}" }
-"#;
-
-/// One cycle per item; ends at once.
-const ALPHA: &str = r#"name: alpha
-on:
-  github:
-    events: [issues.labeled, issues.edited]
-    if: "'ready' in item.labels"
-budget: { max_cycles: 1 }
-nodes:
-  start: { trigger: {} }
-  done: { after: [start], end: completed }
-"#;
-
-/// The default budget; ends at once.
-const BETA: &str = r#"name: beta
-on:
-  github:
-    events: [issues.labeled, issues.edited]
-    if: "'ready' in item.labels"
-nodes:
-  start: { trigger: {} }
-  done: { after: [start], end: completed }
-"#;
-
-/// Waits for a pull request to close, with the default deadline.
-const MERGE_WAIT: &str = r#"name: merge-wait
-on:
-  github:
-    events: [issues.labeled]
-    if: "'wait' in item.labels"
-nodes:
-  start: { trigger: {} }
-  merged: { after: [start], wait: { event: pull_request.closed } }
-"#;
-
-/// The same wait with a long timeout of its own, for the run that is cancelled.
-const LONG_WAIT: &str = r#"name: long-wait
-on:
-  github:
-    events: [issues.labeled]
-    if: "'hold' in item.labels"
-nodes:
-  start: { trigger: {} }
-  merged: { after: [start], wait: { event: pull_request.closed }, timeout: 1h }
-"#;
-
-/// Parks every run (and every rerun) at `$start`, then asks about the item.
-const GATED: &str = r#"name: gated
-on:
-  github:
-    events: [issues.labeled]
-    if: "'ship' in item.labels"
-approval: required
-nodes:
-  start: { trigger: {} }
-  ask: { after: [start], approval: { prompt: "Ship {{ item.title }} (#{{ item.number }})?" } }
-  done: { after: [ask], end: completed }
-"#;
-
-/// Manual runs: a parent that waits on a child.
-const PARENT: &str = r#"name: parent
-nodes:
-  spawn: { workflow: { name: leaf } }
-"#;
-const LEAF: &str = r#"name: leaf
-nodes:
-  nap: { wait: { for: 1s } }
-"#;
+const CREW: &str = include_str!("../workflows/crew.yaml");
+const ALPHA: &str = include_str!("../workflows/alpha.yaml");
+const BETA: &str = include_str!("../workflows/beta.yaml");
+const MERGE_WAIT: &str = include_str!("../workflows/merge_wait.yaml");
+const LONG_WAIT: &str = include_str!("../workflows/long_wait.yaml");
+const GATED: &str = include_str!("../workflows/gated_ship_ask.yaml");
+const PARENT: &str = include_str!("../workflows/parent_of_leaf.yaml");
+const LEAF: &str = include_str!("../workflows/leaf_naps.yaml");
 
 /// The substates of a run whose crew step waits for a host.
 const WAITING_FOR_A_HOST: &[&str] = &["waiting_for_agent", "unroutable"];

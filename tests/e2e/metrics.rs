@@ -17,23 +17,8 @@ use crate::support::{acme, connect_widgets, owner_token, put_workflows, widgets}
 
 const SECRET: &str = "metrics-test-webhook-secret";
 
-/// One crew step, which the test executor runs.
-const BUILD: &str = "name: build
-nodes:
-  build:
-    crew: { harness: command, command: make, prompt: build it }
-";
-
-/// Opened by a labelled issue; starts and ends at once.
-const QUICK: &str = "name: quick
-on:
-  github:
-    events: [issues.labeled]
-    if: \"'ready' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  done: { after: [start], end: completed }
-";
+const BUILD: &str = include_str!("../workflows/build.yaml");
+const QUICK: &str = include_str!("../workflows/quick_on_label.yaml");
 
 const SUBMIT_ROUTE: &str = "/api/v1/orgs/{org}/projects/{project}/runs";
 

@@ -150,32 +150,9 @@ async fn as_tenant(tenant: &db::Db, org: Option<(OrgId, i64)>) -> Seen {
     seen
 }
 
-/// A crew step the host runs with the `command` harness, then a wait.
-const BUILD: &str = r#"name: build
-nodes:
-  build:
-    crew: { harness: command, command: [sh, -c, "cat > /dev/null; echo built"], prompt: build it }
-  nap:
-    after: [build]
-    wait: { for: 1s }
-"#;
-
-/// An approval, answered on the replica that did not submit the run, then a wait.
-const ASK: &str = "name: ask
-nodes:
-  ask:
-    approval: { prompt: Go ahead? }
-  nap:
-    after: [ask]
-    wait: { for: 1s }
-";
-
-/// Only a wait.
-const NAP: &str = "name: nap
-nodes:
-  nap:
-    wait: { for: 1s }
-";
+const BUILD: &str = include_str!("../workflows/build_then_nap.yaml");
+const ASK: &str = include_str!("../workflows/ask.yaml");
+const NAP: &str = include_str!("../workflows/nap.yaml");
 
 /// Runs of each workflow.
 const RUNS: usize = 4;

@@ -37,19 +37,7 @@ use crate::support::{acme, connect_widgets, owner_token, widgets};
 
 const SECRET: &str = "It's a Secret to Everybody";
 
-/// A trigger, a crew step the test executor runs, and an end.
-const TRACED: &str = "name: traced
-on:
-  github:
-    events: [issues.labeled]
-    if: \"'ready' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  code:
-    after: [start]
-    crew: { harness: claude-code, prompt: write it }
-  done: { after: [code], end: completed }
-";
+const TRACED: &str = include_str!("../workflows/traced.yaml");
 
 /// The event log's keys, as `engine::event_log::KEYS` fixes them (written out: the test checks
 /// the contract, not the code's own list).

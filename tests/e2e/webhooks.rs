@@ -21,56 +21,10 @@ use crate::support::{acme, connect_widgets, put_workflows, widgets, Acme, INSTAL
 
 const SECRET: &str = "It's a Secret to Everybody";
 
-/// Runs as soon as the issue carries `ready`; starts and ends at once.
-const QUICK: &str = "name: quick
-on:
-  github:
-    events: [issues.labeled, issues.edited, issues.opened]
-    if: \"'ready' in item.labels && item.state == 'open'\"
-nodes:
-  start: { trigger: {} }
-  done: { after: [start], end: completed }
-";
-
-/// A decision on what started the run and where it runs.
-const ROUTED: &str = "name: routed
-on:
-  github:
-    events: [issues.labeled]
-    if: \"'route' in item.labels\"
-nodes:
-  start: { trigger: {} }
-  pick:
-    after: [start]
-    decision:
-      cases:
-        - { if: \"trigger.event == 'issues' && trigger.label.name == 'route' && project.slug == 'web'\", to: matched }
-      default: missed
-  matched: { end: completed }
-  missed: { end: failed }
-";
-
-/// Parks every run on its `$start` approval: runs stay unstarted.
-const GATED: &str = "name: gated
-on:
-  github:
-    events: [issues.labeled, issues.edited]
-    if: \"'ready' in item.labels\"
-approval: required
-nodes:
-  start: { trigger: {} }
-  done: { after: [start], end: completed }
-";
-
-/// Anyone may trigger it, bots included.
-const OPEN_DOOR: &str = "name: open-door
-on:
-  github:
-    events: [issues.opened, issue_comment.created]
-    senders: any
-nodes:
-  start: { trigger: {} }
-";
+const QUICK: &str = include_str!("../workflows/quick_on_ready.yaml");
+const ROUTED: &str = include_str!("../workflows/routed.yaml");
+const GATED: &str = include_str!("../workflows/gated_on_ready.yaml");
+const OPEN_DOOR: &str = include_str!("../workflows/open_door.yaml");
 
 struct Env {
     db: TestDb,

@@ -17,41 +17,9 @@ use crate::support::{KillOnDrop, Ran};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shopfloor");
 
-/// A crew step, then an approval with a required field and a choice with a default, then an
-/// output.
-const SHIP: &str = "name: ship
-nodes:
-  build:
-    crew: { harness: command, command: make, prompt: build it }
-  ask:
-    after: [build]
-    approval:
-      prompt: Ship it?
-      fields:
-        ticket: { type: string, required: true }
-        size: { type: choice, options: [small, large], default: small }
-  done:
-    after: [ask]
-    output: { github: comment, body: done }
-";
-
-/// Straight through: a crew step and an output.
-const QUICK: &str = "name: quick
-nodes:
-  build:
-    crew: { harness: command, command: make, prompt: build it }
-  done:
-    after: [build]
-    output: { github: comment, body: done }
-";
-
-/// A run waits for a person before it starts.
-const GATED: &str = "name: gated
-approval: required
-nodes:
-  build:
-    crew: { harness: command, command: make, prompt: build it }
-";
+const SHIP: &str = include_str!("../../../tests/workflows/ship_after_approval.yaml");
+const QUICK: &str = include_str!("../../../tests/workflows/quick_build_and_comment.yaml");
+const GATED: &str = include_str!("../../../tests/workflows/gated_build.yaml");
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/workflows").join(name)

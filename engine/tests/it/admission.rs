@@ -18,8 +18,7 @@ use tokio::time::Instant;
 use crate::engine::until_done;
 use crate::fixtures::{add_workflow, cancel, new_run, poison, seed, started, until, with_input, Seed};
 
-/// One crew step.
-const PLAIN: &str = "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n";
+const PLAIN: &str = include_str!("../../../tests/workflows/one_crew_step.yaml");
 
 /// Submits `n` runs at once, each in its own change on its own connection.
 async fn submit_concurrently(pool: &Db, s: &Seed, n: usize, input: Value) -> Vec<Result<RunId, StoreError>> {
@@ -574,15 +573,7 @@ fn s_copy(s: &Seed) -> Seed {
     Seed { org: s.org, project: s.project, workflow: s.workflow, version: s.version }
 }
 
-/// A workflow that moves its item's card into "In progress" after its work.
-const BOARDED: &str = "name: boarded
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: work }
-  move:
-    after: [work]
-    output: { github: board_move, column: In progress }
-";
+const BOARDED: &str = include_str!("../../../tests/workflows/boarded.yaml");
 
 async fn set_board_limit(pool: &Db, s: &Seed, column: &str, limit: Option<i32>) {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();

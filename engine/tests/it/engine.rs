@@ -41,11 +41,7 @@ async fn a_run_walks_a_join_and_a_gate_loop_to_completion() {
     db.finish().await;
 }
 
-const WAIT: &str = "name: wait
-nodes:
-  nap:
-    wait: { for: 2s }
-";
+const WAIT: &str = include_str!("../../../tests/workflows/wait.yaml");
 
 #[tokio::test]
 async fn a_wait_fires_at_its_due_time_not_before() {

@@ -13,14 +13,7 @@ use engine::db::Db;
 
 pub(crate) use engine::testkit::{seed, Seed};
 
-pub(crate) const TWO_STEPS: &str = "name: two-steps
-nodes:
-  a:
-    crew: { harness: claude-code, prompt: \"do a\" }
-  b:
-    after: [a]
-    crew: { harness: claude-code, prompt: \"do b\" }
-";
+pub(crate) const TWO_STEPS: &str = include_str!("../../../tests/workflows/two_steps.yaml");
 
 /// A run of the seeded workflow with no input.
 pub(crate) fn new_run(s: &Seed) -> NewRun {

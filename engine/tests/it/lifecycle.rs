@@ -113,12 +113,7 @@ async fn fire(pool: &Db, run: RunId, reason: &str) {
     sqlx::query("SELECT pg_notify('shopfloor_wakes', 'w0')").execute(pool).await.unwrap();
 }
 
-const RETRY: &str = "name: retry
-nodes:
-  build:
-    crew: { harness: claude-code, prompt: build }
-    retry: { attempts: 3, backoff: 1s, max_backoff: 10s, exit_codes: [1] }
-";
+const RETRY: &str = include_str!("../../../tests/workflows/retry.yaml");
 
 #[tokio::test]
 async fn a_failed_step_retries_with_doubling_backoff_and_only_on_listed_exit_codes() {
@@ -163,12 +158,7 @@ async fn a_failed_step_retries_with_doubling_backoff_and_only_on_listed_exit_cod
     db.finish().await;
 }
 
-const HOST_STEP: &str = "name: host-step
-nodes:
-  build:
-    crew: { harness: claude-code, prompt: build }
-    requires: [linux, gpu]
-";
+const HOST_STEP: &str = include_str!("../../../tests/workflows/host_step.yaml");
 
 /// Plays a host: leases and starts the step, as the host protocol will.
 async fn host_takes(pool: &Db, org: OrgId, run: RunId, step: StepId, host: HostId) {
@@ -260,12 +250,7 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
     db.finish().await;
 }
 
-const TIMEOUT: &str = "name: timeout
-nodes:
-  build:
-    crew: { harness: claude-code, prompt: build }
-    timeout: 1s
-";
+const TIMEOUT: &str = include_str!("../../../tests/workflows/timeout.yaml");
 
 #[tokio::test]
 async fn a_step_past_its_timeout_fails_and_its_holders_late_result_is_refused() {
@@ -283,18 +268,7 @@ async fn a_step_past_its_timeout_fails_and_its_holders_late_result_is_refused() 
     db.finish().await;
 }
 
-const LOOP: &str = "name: loop
-stop_the_line_attempts: 2
-nodes:
-  plan:
-    crew: { harness: claude-code, prompt: plan }
-  build:
-    after: [plan]
-    crew: { harness: claude-code, prompt: build }
-  ci:
-    after: [build]
-    gate: { checks: [test], on_fail: build }
-";
+const LOOP: &str = include_str!("../../../tests/workflows/loop.yaml");
 
 #[tokio::test]
 async fn a_node_past_stop_the_line_attempts_fails_the_run_naming_it() {
@@ -310,18 +284,7 @@ async fn a_node_past_stop_the_line_attempts_fails_the_run_naming_it() {
     db.finish().await;
 }
 
-const ROUTE: &str = "name: route
-nodes:
-  size:
-    decision:
-      cases:
-        - { if: \"run.input.size > 5\", to: big }
-        - { if: \"run.input.size > 2\", to: medium }
-  big:
-    crew: { harness: claude-code, prompt: big }
-  medium:
-    crew: { harness: claude-code, prompt: medium }
-";
+const ROUTE: &str = include_str!("../../../tests/workflows/route.yaml");
 
 #[tokio::test]
 async fn a_decision_takes_the_first_true_case_or_fails_with_route_unknown() {
@@ -340,21 +303,7 @@ async fn a_decision_takes_the_first_true_case_or_fails_with_route_unknown() {
     db.finish().await;
 }
 
-const CONTINUE: &str = "name: continue
-nodes:
-  lint:
-    crew: { harness: claude-code, prompt: lint }
-    continue_on_error: true
-  build:
-    after: [lint]
-    crew: { harness: claude-code, prompt: build }
-    failure: notify
-  ship:
-    after: [build]
-    output: { github: comment, body: shipped }
-  notify:
-    output: { github: comment, body: failed }
-";
+const CONTINUE: &str = include_str!("../../../tests/workflows/continue.yaml");
 
 #[tokio::test]
 async fn continue_on_error_goes_on_and_a_failure_handler_runs_instead_of_what_follows() {
@@ -373,16 +322,7 @@ async fn continue_on_error_goes_on_and_a_failure_handler_runs_instead_of_what_fo
     db.finish().await;
 }
 
-const END: &str = "name: end
-nodes:
-  slow:
-    wait: { for: 1h }
-  quick:
-    crew: { harness: claude-code, prompt: quick }
-  stop:
-    after: [quick]
-    end: failed
-";
+const END: &str = include_str!("../../../tests/workflows/end.yaml");
 
 #[tokio::test]
 async fn an_end_node_finishes_the_run_at_once_and_cancels_what_is_still_open() {
@@ -396,29 +336,10 @@ async fn an_end_node_finishes_the_run_at_once_and_cancels_what_is_still_open() {
     db.finish().await;
 }
 
-const PARENT: &str = "name: parent
-nodes:
-  spawn:
-    workflow: { name: middle, input: { from: \"{{ run.id }}\" } }
-  after_child:
-    after: [spawn]
-    crew: { harness: claude-code, prompt: next }
-";
-const MIDDLE: &str = "name: middle
-nodes:
-  spawn:
-    workflow: { name: leaf }
-";
-const LEAF_QUICK: &str = "name: leaf
-nodes:
-  work:
-    crew: { harness: claude-code, prompt: work }
-";
-const LEAF_WAITS: &str = "name: leaf
-nodes:
-  ask:
-    approval: { prompt: Keep going? }
-";
+const PARENT: &str = include_str!("../../../tests/workflows/parent_of_middle.yaml");
+const MIDDLE: &str = include_str!("../../../tests/workflows/middle.yaml");
+const LEAF_QUICK: &str = include_str!("../../../tests/workflows/one_crew_step.yaml");
+const LEAF_WAITS: &str = include_str!("../../../tests/workflows/leaf_asks.yaml");
 
 async fn child_of(pool: &Db, parent: RunId) -> RunId {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
@@ -474,12 +395,7 @@ async fn a_parent_awaits_its_child_and_cancelling_it_cancels_the_waiting_tree() 
     db.finish().await;
 }
 
-const GUARDED: &str = "name: guarded
-approval: required
-nodes:
-  build:
-    crew: { harness: claude-code, prompt: build }
-";
+const GUARDED: &str = include_str!("../../../tests/workflows/guarded.yaml");
 
 #[tokio::test]
 async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
@@ -510,21 +426,7 @@ async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
     db.finish().await;
 }
 
-const EXPIRES: &str = "name: expires
-nodes:
-  ask:
-    approval: { prompt: Ship it?, timeout: 1s }
-  late:
-    after: [ask]
-    decision:
-      cases:
-        - { if: \"nodes.ask.output.timed_out\", to: unanswered }
-      default: answered
-  unanswered:
-    crew: { harness: claude-code, prompt: unanswered }
-  answered:
-    crew: { harness: claude-code, prompt: answered }
-";
+const EXPIRES: &str = include_str!("../../../tests/workflows/expires.yaml");
 
 #[tokio::test]
 async fn an_unanswered_approval_with_a_timeout_resolves_with_timed_out() {
@@ -579,12 +481,7 @@ nodes:
     db.finish().await;
 }
 
-const EVENT: &str = "name: event
-nodes:
-  merged:
-    wait: { event: pull_request.closed }
-    timeout: 2h
-";
+const EVENT: &str = include_str!("../../../tests/workflows/event.yaml");
 
 #[tokio::test]
 async fn an_event_wait_awaits_its_event_until_its_deadline() {
@@ -603,28 +500,7 @@ async fn an_event_wait_awaits_its_event_until_its_deadline() {
     db.finish().await;
 }
 
-const DRY: &str = "name: dry
-approval: required
-nodes:
-  ask:
-    approval:
-      prompt: Which size?
-      fields:
-        size: { type: choice, options: [s, m], default: m }
-        ticket: { type: string, required: true }
-  nap:
-    after: [ask]
-    wait: { for: 1h }
-  build:
-    after: [nap]
-    crew: { harness: claude-code, prompt: build }
-  spawn:
-    after: [build]
-    workflow: { name: leaf }
-  ship:
-    after: [spawn]
-    output: { github: pull_request }
-";
+const DRY: &str = include_str!("../../../tests/workflows/dry.yaml");
 
 #[tokio::test]
 async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it_ends() {
@@ -674,19 +550,7 @@ async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it
     db.finish().await;
 }
 
-const RERUN: &str = "name: rerun
-nodes:
-  plan:
-    crew: { harness: claude-code, prompt: plan }
-  docs:
-    crew: { harness: claude-code, prompt: docs }
-  build:
-    after: [plan, docs]
-    crew: { harness: claude-code, prompt: build }
-  ship:
-    after: [build]
-    output: { github: comment, body: shipped }
-";
+const RERUN: &str = include_str!("../../../tests/workflows/rerun.yaml");
 
 #[tokio::test]
 async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_before() {
@@ -732,14 +596,7 @@ async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_
     db.finish().await;
 }
 
-const CANCEL: &str = "name: cancel
-nodes:
-  slow:
-    crew: { harness: claude-code, prompt: slow }
-  flaky:
-    crew: { harness: claude-code, prompt: flaky }
-    retry: { attempts: 2, backoff: 1h }
-";
+const CANCEL: &str = include_str!("../../../tests/workflows/cancel.yaml");
 
 #[tokio::test]
 async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion() {
@@ -769,14 +626,7 @@ async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion()
     db.finish().await;
 }
 
-const TWO_CREW: &str = "name: two-crew
-nodes:
-  first:
-    crew: { harness: claude-code, prompt: first }
-  second:
-    after: [first]
-    crew: { harness: claude-code, prompt: second }
-";
+const TWO_CREW: &str = include_str!("../../../tests/workflows/two_crew.yaml");
 
 #[tokio::test]
 async fn a_draining_engine_stops_claiming_finishes_what_it_holds_and_returns_in_time() {
@@ -864,24 +714,8 @@ async fn the_queries_behind_why_are_served_by_indexes() {
     db.discard().await;
 }
 
-const VERSIONED_V1: &str = "name: wf
-nodes:
-  ask:
-    approval: { prompt: Go on? }
-  first:
-    after: [ask]
-    crew: { harness: claude-code, prompt: one }
-";
-
-/// The same workflow with other nodes after the approval.
-const VERSIONED_V2: &str = "name: wf
-nodes:
-  ask:
-    approval: { prompt: Go on? }
-  second:
-    after: [ask]
-    crew: { harness: claude-code, prompt: two }
-";
+const VERSIONED_V1: &str = include_str!("../../../tests/workflows/versioned_v1.yaml");
+const VERSIONED_V2: &str = include_str!("../../../tests/workflows/versioned_v2.yaml");
 
 #[tokio::test]
 async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
@@ -908,11 +742,7 @@ async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
     db.finish().await;
 }
 
-const PROMPTED: &str = "name: prompted
-nodes:
-  ask:
-    approval: { prompt: \"Ship {{ input.title }}?\", timeout: 1h }
-";
+const PROMPTED: &str = include_str!("../../../tests/workflows/prompted.yaml");
 
 #[tokio::test]
 async fn an_approval_prompt_is_rendered_and_its_deadline_is_a_time() {
@@ -930,12 +760,7 @@ async fn an_approval_prompt_is_rendered_and_its_deadline_is_a_time() {
     db.finish().await;
 }
 
-/// A child input whose template cannot be rendered (it runs out of fuel).
-const BAD_CHILD_INPUT: &str = "name: bad-input
-nodes:
-  spawn:
-    workflow: { name: leaf, input: { big: \"{% for i in range(1000) %}{% for j in range(2000) %}x{% endfor %}{% endfor %}\" } }
-";
+const BAD_CHILD_INPUT: &str = include_str!("../../../tests/workflows/bad_input.yaml");
 
 #[tokio::test]
 async fn a_child_input_that_does_not_render_fails_its_step_naming_it() {
@@ -974,18 +799,8 @@ async fn a_rerun_of_a_workflow_that_requires_approval_waits_for_it_again() {
     db.finish().await;
 }
 
-const EVENT_WAIT_SHORT: &str = "name: short
-nodes:
-  merged:
-    wait: { event: pull_request.closed }
-    timeout: 1s
-";
-
-const EVENT_WAIT: &str = "name: patient
-nodes:
-  merged:
-    wait: { event: pull_request.closed }
-";
+const EVENT_WAIT_SHORT: &str = include_str!("../../../tests/workflows/short.yaml");
+const EVENT_WAIT: &str = include_str!("../../../tests/workflows/patient.yaml");
 
 /// The kinds of a run's lifecycle events, in order.
 async fn lifecycle(pool: &Db, run: RunId) -> Vec<String> {

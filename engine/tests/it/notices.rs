@@ -10,7 +10,7 @@ use sqlx::postgres::PgListener;
 use crate::engine::until_done;
 use crate::fixtures::{new_run, seed};
 
-const FAILS: &str = "name: wf\nnodes:\n  stop: { end: failed }\n";
+const FAILS: &str = include_str!("../../../tests/workflows/fails_at_once.yaml");
 
 /// The next notification on the channel, with a hang guard.
 async fn next(l: &mut PgListener) -> String {
