@@ -377,19 +377,15 @@ pub struct Seed {
     pub version: i32,
 }
 
-/// Org `slug` (its owner `owner@example.com`) with project `web`, and `source` as its workflow
+/// Org `slug` (its owner `owner@<slug>.test`) with project `web`, and `source` as its workflow
 /// `wf`; a source that does not validate fails the test.
 pub async fn seed(pool: &Db, slug: &str, source: &str) -> Seed {
-    use crate::ids::Slug;
-    use crate::store::{tenants, workflows, Actor, Change};
+    use crate::store::{workflows, Actor, Change};
     if let Err(problems) = crate::definition::parse(source) {
         panic!("test workflow does not validate: {problems:?}");
     }
     let mut ch = Change::begin(pool, Actor::System).await.expect("begin the seed");
-    let slug = Slug::parse(slug).unwrap_or_else(|e| panic!("the org's slug: {e:?}"));
-    let (org, _) = tenants::create_org(&mut ch, &slug, slug.as_str(), "owner@example.com").await.expect("the org");
-    let web = Slug::parse("web").expect("a slug");
-    let project = tenants::create_project(&mut ch, org, &web, "web").await.expect("the project");
+    let People { org, project, .. } = org_with_people(&mut ch, slug, []).await;
     let (workflow, version) = workflows::put_version(&mut ch, org, project, "wf", source).await.expect("the workflow");
     ch.commit().await.expect("commit the seed");
     Seed { org, project, workflow, version }
