@@ -27,7 +27,7 @@ pub struct Installation {
     pub deleted: bool,
 }
 
-fn installation_of(r: &sqlx::postgres::PgRow) -> Installation {
+pub(crate) fn installation_of(r: &sqlx::postgres::PgRow) -> Installation {
     Installation {
         id: r.get("installation_id"),
         org: r.get("org_id"),
@@ -37,11 +37,12 @@ fn installation_of(r: &sqlx::postgres::PgRow) -> Installation {
     }
 }
 
-const COLUMNS: &str = "installation_id, org_id, account_login, suspended_at IS NOT NULL AS suspended, deleted_at IS NOT NULL AS deleted";
+/// The columns `installation_of` reads.
+pub(crate) const INSTALLATION_COLUMNS: &str = "installation_id, org_id, account_login, suspended_at IS NOT NULL AS suspended, deleted_at IS NOT NULL AS deleted";
 
 /// The installation, claimed or not.
 pub async fn find(conn: &mut sqlx::PgConnection, installation: i64) -> Result<Option<Installation>> {
-    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM github_installations WHERE installation_id = $1"))
+    let row = sqlx::query(&format!("SELECT {INSTALLATION_COLUMNS} FROM github_installations WHERE installation_id = $1"))
         .bind(installation)
         .fetch_optional(conn)
         .await?;
@@ -75,7 +76,7 @@ pub async fn announce(ch: &mut Change, a: &Announced) -> Result<Installation> {
            account_type = coalesce(EXCLUDED.account_type, github_installations.account_type), \
            repository_selection = coalesce(EXCLUDED.repository_selection, github_installations.repository_selection), \
            deleted_at = NULL \
-         RETURNING {COLUMNS}"
+         RETURNING {INSTALLATION_COLUMNS}"
     ))
     .bind(a.id)
     .bind(&a.account)
@@ -210,7 +211,7 @@ pub async fn claim(ch: &mut Change, org: OrgId, installation: i64) -> Result<Ins
     }
     let by = cap(&ch.actor().label());
     let row = sqlx::query(&format!(
-        "UPDATE github_installations SET org_id = $2, claimed_at = now(), claimed_by = $3 WHERE installation_id = $1 AND org_id IS NULL RETURNING {COLUMNS}"
+        "UPDATE github_installations SET org_id = $2, claimed_at = now(), claimed_by = $3 WHERE installation_id = $1 AND org_id IS NULL RETURNING {INSTALLATION_COLUMNS}"
     ))
     .bind(installation)
     .bind(org)

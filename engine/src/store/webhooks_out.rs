@@ -28,16 +28,15 @@ use crate::net_guard::{Policy, Refused};
 pub const JOB: &str = "webhook";
 
 /// What `Change::commit` adds to its insert of run events (`e`, returning `org_id`,
-/// `project_id`, `run_id`, `kind`, `event_id`): the deliveries and their jobs. The statement
-/// answers with the number of deliveries, so that the commit notifies the engines.
+/// `project_id`, `run_id`, `kind`, `event_id`): the deliveries (`d`) and their jobs. The
+/// commit counts `d` to notify the engines when there is one.
 pub(super) const DELIVERIES_CTE: &str = ", d AS (INSERT INTO webhook_deliveries (org_id, project_id, delivery_id, subscription_id, event, run_id, event_id) \
         SELECT e.org_id, e.project_id, gen_random_uuid(), s.subscription_id, e.kind, e.run_id, e.event_id \
         FROM e JOIN webhook_subscriptions s ON s.project_id = e.project_id AND s.org_id = e.org_id \
         WHERE EXISTS (SELECT 1 FROM unnest(s.events) f WHERE f = e.kind OR (right(f, 1) = '*' AND starts_with(e.kind, left(f, -1)))) \
           AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = e.run_id AND (r.dry_run OR r.parent_run_id IS NOT NULL)) \
         RETURNING org_id, delivery_id), \
-      j AS (INSERT INTO jobs (org_id, kind, subject, due_at) SELECT org_id, 'webhook', delivery_id, now() FROM d) \
-     SELECT count(*) FROM d";
+      j AS (INSERT INTO jobs (org_id, kind, subject, due_at) SELECT org_id, 'webhook', delivery_id, now() FROM d)";
 
 /// A subscription, without its secret.
 // The API shows it as it is (the OpenAPI document's `Webhook`): never its secret after creation.

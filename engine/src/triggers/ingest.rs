@@ -123,22 +123,13 @@ async fn ingest_once(pool: &Db, d: &Delivery<'_>, payload: &Value) -> Result<Ing
     let action = payload.get("action").and_then(Value::as_str);
     let installation_id = payload.pointer("/installation/id").and_then(Value::as_i64);
     let repository = projection::repository_name(payload);
-    let installation = match installation_id {
-        Some(id) => installations::find(ch.conn(), id).await?,
-        None => None,
-    };
-    let row = DeliveryRow {
-        id: d.id,
-        org: installation.as_ref().and_then(|i| i.org),
-        event: d.event,
-        action,
-        installation: installation_id,
-        repository: repository.as_deref(),
-    };
-    if !st::record_delivery(&mut ch, &row).await? {
+    let row = DeliveryRow { id: d.id, event: d.event, action, installation: installation_id, repository: repository.as_deref() };
+    let recorded = st::record_delivery(&mut ch, &row).await?;
+    if !recorded.fresh {
         // Dropping the change rolls back: a redelivery writes nothing.
         return Ok(IngestOutcome::Redelivery);
     }
+    let installation = recorded.installation;
     let mut report = Report::default();
     let outcome: &str = match (d.event, installation.as_ref(), installation_id) {
         (event, _, _) if !EVENTS.contains(&event) => "unknown_event",

@@ -15,12 +15,11 @@ use crate::store::Result;
 
 impl Change {
     /// Inserts the buffered events (with the outgoing webhook deliveries they make) and audit
-    /// entries in one statement; an empty list inserts nothing.
-    async fn flush(&mut self) -> Result<()> {
+    /// entries in one statement, which also sends the change's notification: `notice` when
+    /// the statement made no delivery, `on_delivery` when it did (a delivery is a job due now
+    /// for whichever engine sends it). Answers whether it made a delivery.
+    async fn flush(&mut self, notice: Option<&str>, on_delivery: &str) -> Result<bool> {
         let (e, a) = (std::mem::take(&mut self.events), std::mem::take(&mut self.audits));
-        if e.is_empty() && a.is_empty() {
-            return Ok(());
-        }
         // The rows go in the order given (no join to reorder them): event ids, which the
         // streams order by, follow the events' sequence numbers. Each carries its run's
         // `created_at` (known from the run's lock), the partition key. Every event names this
@@ -31,9 +30,12 @@ impl Change {
              RETURNING org_id, project_id, run_id, kind, event_id), \
              a AS (INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, detail) \
              SELECT o, p, $11, $12, a, tk, ti, d FROM UNNEST($13::uuid[], $14::uuid[], $15::text[], $16::text[], $17::text[], $18::jsonb[]) AS u(o, p, a, tk, ti, d)) \
-             {DELIVERIES_CTE}"
+             {DELIVERIES_CTE} \
+             SELECT n > 0, CASE WHEN n > 0 THEN pg_notify('{NOTIFY_CHANNEL}', $19)::text \
+                                WHEN $20::text IS NOT NULL THEN pg_notify('{NOTIFY_CHANNEL}', $20)::text END \
+             FROM (SELECT count(*) AS n FROM d) c"
         );
-        let deliveries: i64 = sqlx::query_scalar(&sql)
+        let (delivered, _): (bool, Option<String>) = sqlx::query_as(&sql)
             .bind(e.iter().map(|x| x.org.0).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.project.0).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.run.0).collect::<Vec<_>>())
@@ -52,16 +54,21 @@ impl Change {
             .bind(a.iter().map(|x| x.target_kind.as_str()).collect::<Vec<_>>())
             .bind(a.iter().map(|x| x.target_id.as_str()).collect::<Vec<_>>())
             .bind(a.iter().map(|x| &x.detail).collect::<Vec<_>>())
+            .bind(on_delivery)
+            .bind(notice)
             .fetch_one(&mut *self.tx)
             .await?;
-        self.wrote_events |= !e.is_empty();
-        if deliveries > 0 {
-            self.notify_delay = Some(Duration::ZERO);
-        }
         if event_log::enabled() {
             self.written.extend(e);
         }
-        Ok(())
+        Ok(delivered)
+    }
+
+    /// The notification's words for a wake due after `delay`, if any: `w<ms>`, then the runs
+    /// whose transcripts grew.
+    fn words(&self, delay: Option<Duration>) -> Vec<String> {
+        let wake = delay.map(|d| format!("w{}", d.as_millis()));
+        wake.into_iter().chain(self.transcripts.iter().map(|run| format!("l{run}"))).collect()
     }
 
     /// Writes the buffered events and audit entries and commits, with at most one `NOTIFY`:
@@ -74,19 +81,25 @@ impl Change {
             let releases = std::mem::take(&mut self.releases);
             release(&mut self, releases).await?;
         }
-        self.flush().await?;
-        let mut words: Vec<String> = Vec::new();
-        if let Some(delay) = self.notify_delay {
-            words.push(format!("w{}", delay.as_millis()));
-        }
-        words.extend(self.transcripts.iter().map(|run| format!("l{run}")));
+        let wrote_events = !self.events.is_empty();
+        let mut words = self.words(self.notify_delay);
         // Any notice makes the streams read; only a change with nothing else to say needs an `e`.
-        let owes_events = self.wrote_events && words.is_empty() && !EventsNotice::take_now();
-        if self.wrote_events && words.is_empty() && !owes_events {
+        let mut owes_events = wrote_events && words.is_empty() && !EventsNotice::take_now();
+        if wrote_events && words.is_empty() && !owes_events {
             words.push("e".to_owned());
         }
-        if !words.is_empty() {
-            sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(words.join(" ")).execute(&mut *self.tx).await?;
+        let notice = (!words.is_empty()).then(|| words.join(" "));
+        if self.events.is_empty() && self.audits.is_empty() {
+            if let Some(notice) = &notice {
+                sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(notice).execute(&mut *self.tx).await?;
+            }
+        } else {
+            // The rows and the notification in one round trip.
+            let on_delivery = self.words(Some(Duration::ZERO)).join(" ");
+            if self.flush(notice.as_deref(), &on_delivery).await? {
+                // The delivery's `w0` told the streams too.
+                owes_events = false;
+            }
         }
         Db::commit(self.tx).await?;
         if owes_events {

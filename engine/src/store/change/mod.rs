@@ -125,7 +125,6 @@ pub struct Change {
     runs: HashMap<RunId, RunCtx>,
     /// The smallest delay of a wake written for another process to see.
     notify_delay: Option<Duration>,
-    wrote_events: bool,
     events: Vec<PendingEvent>,
     audits: Vec<PendingAudit>,
     /// Rows of runs locked by `lock_runs`, until this change writes them.
@@ -175,7 +174,6 @@ impl Change {
             actor,
             runs: HashMap::new(),
             notify_delay: None,
-            wrote_events: false,
             events: Vec::new(),
             audits: Vec::new(),
             rows: HashMap::new(),

@@ -11,6 +11,7 @@ use crate::catalog::Catalog;
 use crate::definition::Definition;
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, WorkflowId};
 use crate::item_keys::content_hash;
+use crate::store::installations::{installation_of, Installation, INSTALLATION_COLUMNS};
 use crate::store::{cap, Change, Result, StoreError};
 
 /// Parsed workflow versions for ingest, re-judging and schedules. Versions are immutable, so
@@ -61,31 +62,41 @@ pub(crate) fn route_of(r: &sqlx::postgres::PgRow) -> Route {
 #[derive(Debug, Clone)]
 pub struct DeliveryRow<'a> {
     pub id: &'a str,
-    /// None: it names no connected repository or installation (stored all the same).
-    pub org: Option<OrgId>,
     pub event: &'a str,
     pub action: Option<&'a str>,
     pub installation: Option<i64>,
     pub repository: Option<&'a str>,
 }
 
-/// Records a delivery by its `X-GitHub-Delivery` id. Returns false for a redelivery: the id is
-/// already stored, and nothing more is to be done. A concurrent duplicate waits here until the
-/// first one commits.
-pub async fn record_delivery(ch: &mut Change, d: &DeliveryRow<'_>) -> Result<bool> {
-    let inserted = sqlx::query(
-        "INSERT INTO github_deliveries (org_id, delivery_id, event, action, outcome, installation_id, repository) \
-         VALUES ($1, $2, $3, $4, 'received', $5, $6) ON CONFLICT (delivery_id) DO NOTHING",
-    )
-    .bind(d.org)
+/// A delivery recorded, or found to be a redelivery.
+#[derive(Debug)]
+pub struct Recorded {
+    /// False for a redelivery: the id is already stored, and nothing more is to be done.
+    pub fresh: bool,
+    /// The delivery's installation as stored (None when unknown).
+    pub installation: Option<Installation>,
+}
+
+/// Records a delivery by its `X-GitHub-Delivery` id, under the org that claimed its
+/// installation (none when unknown or unclaimed: stored all the same), and reads that
+/// installation, in one statement. A concurrent duplicate waits here until the first one
+/// commits.
+pub async fn record_delivery(ch: &mut Change, d: &DeliveryRow<'_>) -> Result<Recorded> {
+    let row = sqlx::query(&format!(
+        "WITH i AS (SELECT {INSTALLATION_COLUMNS} FROM github_installations WHERE installation_id = $4), \
+              d AS (INSERT INTO github_deliveries (org_id, delivery_id, event, action, outcome, installation_id, repository) \
+                    VALUES ((SELECT org_id FROM i), $1, $2, $3, 'received', $4, $5) ON CONFLICT (delivery_id) DO NOTHING RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM d) AS fresh, i.* FROM (VALUES (1)) AS one LEFT JOIN i ON true"
+    ))
     .bind(cap(d.id))
     .bind(cap(d.event))
     .bind(d.action.map(cap))
     .bind(d.installation)
     .bind(d.repository.map(cap))
-    .execute(&mut *ch.tx)
+    .fetch_one(&mut *ch.tx)
     .await?;
-    Ok(inserted.rows_affected() == 1)
+    let known: Option<i64> = row.get("installation_id");
+    Ok(Recorded { fresh: row.get("fresh"), installation: known.map(|_| installation_of(&row)) })
 }
 
 /// Stores what became of a delivery.
