@@ -75,8 +75,11 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
         (None, Some((parent, _))) => ch.traceparent_of(parent).and_then(crate::trace::TraceParent::parse),
         (None, None) => None,
     };
+    // The run's insert also marks its trigger event `started` and, when it may start now, writes
+    // its first `advance` wake (the wake's key to the run is checked at the statement's end).
     let created_at: DateTime<Utc> = sqlx::query_scalar(
-        "WITH started AS (UPDATE trigger_events SET status = 'started', reason = NULL, run_id = $3, decided_at = now() WHERE event_id = $7) \
+        "WITH started AS (UPDATE trigger_events SET status = 'started', reason = NULL, run_id = $3, decided_at = now() WHERE event_id = $7), \
+              woken AS (INSERT INTO wakes (org_id, run_id, due_at, reason) SELECT $1, $3, now(), 'advance' WHERE $19) \
          INSERT INTO runs (org_id, project_id, run_id, workflow_id, workflow_version, item_id, trigger_event_id, \
                            parent_run_id, parent_step_id, source_run_id, source_from_node, needs_approval, input, \
                            dry_run, created_by, started_at, admitted_at, trace_id, traceparent) \
@@ -101,8 +104,12 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
     .bind(admitted)
     .bind(traceparent.as_ref().map(crate::trace::TraceParent::trace_id))
     .bind(traceparent.as_ref().map(crate::trace::TraceParent::as_str))
+    .bind(starts)
     .fetch_one(&mut *ch.tx)
     .await?;
+    if starts {
+        ch.note_wake(Duration::ZERO);
+    }
     ch.adopt_new_run(new.org, new.project, run, created_at, new.version, traceparent.map(|t| t.as_str().to_owned()));
     let attrs = json!({
         "workflow": new.workflow.to_string(),
@@ -118,9 +125,6 @@ pub async fn submit(ch: &mut Change, new: NewRun) -> Result<RunId> {
             drop_victim(ch, victim, &reason).await?;
         }
         admission::apply_submit(ch, &candidate, plan).await?;
-    }
-    if starts {
-        ch.wake(run, None, Duration::ZERO, "advance", true).await?;
     }
     Ok(run)
 }
