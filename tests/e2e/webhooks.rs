@@ -149,6 +149,9 @@ async fn redeliveries_and_the_same_content_open_one_run() {
     let (status, answer) = env.hooks.send("issues", "delivery-1", &labelled).await;
     assert_eq!((status, answer["outcome"].as_str()), (200, Some("redelivery")));
     assert_eq!(env.scalar("SELECT count(*) FROM github_deliveries").await, 1);
+    // Stored under the org that claimed the delivery's installation.
+    let org: Option<OrgId> = sqlx::query_scalar("SELECT org_id FROM github_deliveries WHERE delivery_id = 'delivery-1'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(org, Some(env.org));
     assert_eq!(env.runs("quick").await.len(), 1);
     env.until("SELECT count(*) FROM runs WHERE status = 'running'", 0).await;
 
