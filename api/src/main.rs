@@ -5,6 +5,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+// The servers allocate per request and per statement; mimalloc costs less CPU there than
+// glibc's malloc (BENCHMARKS.md, #20).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = api::cli::Cli::parse();
     // The long-running processes export traces and the event log when OTLP is configured; the
