@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Role;
-use super::error::{ApiError, Problem};
+use super::error::ApiError;
 use super::extract::{IdempotencyKey, Json, Query};
 use super::page::{self, PageQuery};
 use super::tenant::{OrgScope, ProjectScope};
@@ -59,7 +59,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 #[utoipa::path(post, path = "/orgs/{org}/projects", operation_id = "create_project", tag = "projects",
     params(OrgScope, IdempotencyKey),
     request_body = CreateProject,
-    responses((status = 201, body = Project), (status = 409, description = "The slug is taken", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 201, body = Project), (status = 409, description = "The slug is taken")))]
 pub async fn create(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, Json(body): Json<CreateProject>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     let slug = Slug::parse(&body.slug).map_err(|e| ApiError::Unprocessable(e.to_string()))?;

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::http::auth::Role;
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::ApiError;
 use crate::http::extract::{at_most, IdempotencyKey, Json, JsonOrEmpty, Path, Query};
 use crate::http::tenant::ProjectScope;
 use crate::http::{idempotency, AppState};
@@ -72,8 +72,8 @@ pub struct RerunQuery {
     params(ProjectScope, IdempotencyKey),
     request_body = SubmitRun,
     responses((status = 201, body = Run),
-              (status = 409, description = "Refused by its concurrency group (policy `skip`, the group is full)", body = Problem, content_type = "application/problem+json"),
-              (status = 429, description = "1,000 runs already wait for the org's cap on running runs", body = Problem, content_type = "application/problem+json")))]
+              (status = 409, description = "Refused by its concurrency group (policy `skip`, the group is full)"),
+              (status = 429, description = "1,000 runs already wait for the org's cap on running runs")))]
 pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Json(body): Json<SubmitRun>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     // The request's span is the root of the new run's trace (`engine::trace`).
@@ -121,7 +121,7 @@ pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: Ide
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/cancel", operation_id = "cancel_run", tag = "runs",
     params(ProjectScope, RunPath),
     request_body(content = Option<CancelRun>, description = "Optional reason"),
-    responses((status = 200, body = Run), (status = 409, description = "The run already ended", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 200, body = Run), (status = 409, description = "The run already ended")))]
 pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<CancelRun>) -> Result<Json<Run>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
@@ -203,8 +203,8 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/retry", operation_id = "retry_run", tag = "runs",
     params(ProjectScope, RunPath, IdempotencyKey),
     request_body(content = Option<RetryRun>, description = "Optional: a crew node to run with a new prompt, model or harness"),
-    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json"),
-              (status = 422, description = "No such crew node, or an invalid prompt, model or harness", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed"),
+              (status = 422, description = "No such crew node, or an invalid prompt, model or harness")))]
 pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
@@ -214,8 +214,8 @@ pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: Idem
 /// Reruns a finished run with the same input, from the start or from `?from=<node>` (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/rerun", operation_id = "rerun_run", tag = "runs",
     params(ProjectScope, RunPath, RerunQuery, IdempotencyKey),
-    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running", body = Problem, content_type = "application/problem+json"),
-              (status = 422, description = "No such node", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running"),
+              (status = 422, description = "No such node")))]
 pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
