@@ -102,15 +102,13 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 pub async fn add(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, Json(body): Json<AddMember>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     guard_owner(&scope, &[body.role.as_str()])?;
-    let mut ch = scope.change(&state).await?;
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &body).await? {
-        return Ok(replay);
-    }
-    let user = api_writes::add_member(&mut ch, scope.org, &body.email, body.role.as_str()).await?;
-    let member: Member = sqlx::query_as(&format!("{SELECT} AND m.user_id = $2")).bind(scope.org).bind(user).fetch_one(ch.conn()).await?;
-    let response = idempotency::answer(&mut ch, scope.org, &key, StatusCode::CREATED, &member).await?;
-    ch.commit().await?;
-    Ok(response)
+    let ch = scope.change(&state).await?;
+    idempotency::create(ch, scope.org, &key, &body, async |ch| {
+        let user = api_writes::add_member(ch, scope.org, &body.email, body.role.as_str()).await?;
+        let member: Member = sqlx::query_as(&format!("{SELECT} AND m.user_id = $2")).bind(scope.org).bind(user).fetch_one(ch.conn()).await?;
+        Ok(member)
+    })
+    .await
 }
 
 /// Changes a member's role (admin; owner when the owner role is given or taken). The last

@@ -1,7 +1,6 @@
 //! Projects of an org: list and get (viewer), create (admin, `Idempotency-Key` honoured).
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use engine::ids::Slug;
@@ -67,19 +66,17 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, key: Idempot
     if body.name.as_deref().unwrap_or_default().chars().count() > 200 {
         return Err(ApiError::Unprocessable("name must be at most 200 characters".into()));
     }
-    let mut ch = scope.change(&state).await?;
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &body).await? {
-        return Ok(replay);
-    }
-    let id = tenants::create_project(&mut ch, scope.org, &slug, &name).await?;
-    let project: Project = sqlx::query_as("SELECT slug, name, created_at FROM projects WHERE org_id = $1 AND project_id = $2")
-        .bind(scope.org)
-        .bind(id)
-        .fetch_one(ch.conn())
-        .await?;
-    let response = idempotency::answer(&mut ch, scope.org, &key, StatusCode::CREATED, &project).await?;
-    ch.commit().await?;
-    Ok(response)
+    let ch = scope.change(&state).await?;
+    idempotency::create(ch, scope.org, &key, &body, async |ch| {
+        let id = tenants::create_project(ch, scope.org, &slug, &name).await?;
+        let project: Project = sqlx::query_as("SELECT slug, name, created_at FROM projects WHERE org_id = $1 AND project_id = $2")
+            .bind(scope.org)
+            .bind(id)
+            .fetch_one(ch.conn())
+            .await?;
+        Ok(project)
+    })
+    .await
 }
 
 /// One project.
