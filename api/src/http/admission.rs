@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Role;
-use super::error::{ApiError, Problem};
+use super::error::ApiError;
 use super::extract::Json;
 use super::tenant::{OrgScope, ProjectScope};
 use super::AppState;
@@ -136,7 +136,7 @@ async fn settings(state: &AppState, scope: &ProjectScope) -> Result<ProjectSetti
 #[utoipa::path(put, path = "/orgs/{org}/projects/{project}/board-limits", operation_id = "set_board_limit", tag = "admission",
     params(ProjectScope),
     request_body = SetBoardLimit,
-    responses((status = 200, body = ProjectSettings), (status = 404, description = "Removing a limit that is not set", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 200, body = ProjectSettings), (status = 404, description = "Removing a limit that is not set")))]
 pub async fn set_board_limit(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<SetBoardLimit>) -> Result<Json<ProjectSettings>, ApiError> {
     scope.require(Role::Admin)?;
     let mut ch = scope.change(&state).await?;

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
-use super::error::{ApiError, Problem};
+use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use super::tenant::{OrgScope, ProjectScope};
 use super::AppState;
@@ -199,7 +199,7 @@ async fn remove(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, 
 #[utoipa::path(get, path = "/orgs/{org}/spend", operation_id = "list_spend", tag = "budgets",
     params(OrgScope, SpendQuery),
     responses((status = 200, body = SpendList),
-              (status = 400, description = "`from` after `to`, or more than 366 days before it", body = Problem, content_type = "application/problem+json")))]
+              (status = 400, description = "`from` after `to`, or more than 366 days before it")))]
 pub async fn spend(State(state): State<AppState>, scope: OrgScope, Query(q): Query<SpendQuery>) -> Result<Json<SpendList>, ApiError> {
     scope.require(Role::Viewer)?;
     let to = q.to.unwrap_or_else(|| Utc::now().date_naive());

@@ -107,7 +107,7 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
     params(ProjectScope,
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event"), StreamQuery),
     responses((status = 200, description = "A stream of `RunEvent`s", content_type = "text/event-stream", body = RunEvent),
-              (status = 429, description = "The token already holds as many open streams as it may (`SHOPFLOOR_STREAMS_PER_TOKEN`)", body = super::Problem, content_type = "application/problem+json")),
+              (status = 429, description = "The token already holds as many open streams as it may (`SHOPFLOOR_STREAMS_PER_TOKEN`)")),
 )]
 pub async fn stream(
     State(state): State<AppState>,

@@ -26,7 +26,7 @@ pub async fn healthz() -> Json<Health> {
 }
 
 /// The database answers and holds this binary's schema.
-#[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "health", security(()), responses((status = 200, body = Health), (status = 503, description = "Not ready", body = super::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "health", security(()), responses((status = 200, body = Health), (status = 503, description = "Not ready")))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     match engine::db::check_schema(&state.system).await {
         Ok(()) => Ok(Json(Health { status: "ready".into(), schema: Some(engine::db::code_version()) })),

@@ -49,3 +49,22 @@ pub async fn answer<T: Serialize>(ch: &mut Change, org: OrgId, key: &Idempotency
     }
     Ok((status, axum::Json(value)).into_response())
 }
+
+/// A create under its key, in the create's own change `ch`: the earlier answer when this key
+/// was used before, else what `create` makes, recorded under the key as the answer (201
+/// Created) before the change commits.
+pub async fn create<T: Serialize>(
+    mut ch: Change,
+    org: OrgId,
+    key: &IdempotencyKey,
+    request: &impl Serialize,
+    create: impl AsyncFnOnce(&mut Change) -> Result<T, ApiError>,
+) -> Result<Response, ApiError> {
+    if let Some(replay) = claim(&mut ch, org, key, request).await? {
+        return Ok(replay);
+    }
+    let created = create(&mut ch).await?;
+    let response = answer(&mut ch, org, key, StatusCode::CREATED, &created).await?;
+    ch.commit().await?;
+    Ok(response)
+}

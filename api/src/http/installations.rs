@@ -92,10 +92,10 @@ async fn rows(state: &AppState, scope: &OrgScope, only: Option<i64>) -> Result<V
     request_body = ClaimInstallation,
     responses(
         (status = 201, body = Installation),
-        (status = 403, description = "The token's person cannot access the installation on GitHub", body = super::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "GitHub never announced the installation", body = super::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Another org has the installation", body = super::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "GitHub refused the token", body = super::Problem, content_type = "application/problem+json")))]
+        (status = 403, description = "The token's person cannot access the installation on GitHub"),
+        (status = 404, description = "GitHub never announced the installation"),
+        (status = 409, description = "Another org has the installation"),
+        (status = 422, description = "GitHub refused the token")))]
 pub async fn claim(State(state): State<AppState>, scope: OrgScope, Json(body): Json<ClaimInstallation>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     if body.installation_id <= 0 {
@@ -142,7 +142,7 @@ pub async fn claim(State(state): State<AppState>, scope: OrgScope, Json(body): J
 /// another org may claim it with its own proof.
 #[utoipa::path(delete, path = "/orgs/{org}/github/installations/{installation}", operation_id = "release_installation", tag = "repositories",
     params(OrgScope, InstallationPath),
-    responses((status = 204, description = "Released"), (status = 404, description = "Not an installation of this org", body = super::Problem, content_type = "application/problem+json")))]
+    responses((status = 204, description = "Released"), (status = 404, description = "Not an installation of this org")))]
 pub async fn release(State(state): State<AppState>, scope: OrgScope, Path(p): Path<InstallationPath>) -> Result<StatusCode, ApiError> {
     scope.require(Role::Admin)?;
     let mut ch = scope.change(&state).await?;

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
-use super::error::{ApiError, Problem};
+use super::error::ApiError;
 use super::extract::{IdempotencyKey, Json, Path, Query};
 use super::page::{self, PageQuery};
 use super::tenant::OrgScope;
@@ -98,19 +98,17 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 #[utoipa::path(post, path = "/orgs/{org}/members", operation_id = "add_member", tag = "members",
     params(OrgScope, IdempotencyKey),
     request_body = AddMember,
-    responses((status = 201, body = Member), (status = 409, description = "Already a member", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 201, body = Member), (status = 409, description = "Already a member")))]
 pub async fn add(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, Json(body): Json<AddMember>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     guard_owner(&scope, &[body.role.as_str()])?;
-    let mut ch = scope.change(&state).await?;
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &body).await? {
-        return Ok(replay);
-    }
-    let user = api_writes::add_member(&mut ch, scope.org, &body.email, body.role.as_str()).await?;
-    let member: Member = sqlx::query_as(&format!("{SELECT} AND m.user_id = $2")).bind(scope.org).bind(user).fetch_one(ch.conn()).await?;
-    let response = idempotency::answer(&mut ch, scope.org, &key, StatusCode::CREATED, &member).await?;
-    ch.commit().await?;
-    Ok(response)
+    let ch = scope.change(&state).await?;
+    idempotency::create(ch, scope.org, &key, &body, async |ch| {
+        let user = api_writes::add_member(ch, scope.org, &body.email, body.role.as_str()).await?;
+        let member: Member = sqlx::query_as(&format!("{SELECT} AND m.user_id = $2")).bind(scope.org).bind(user).fetch_one(ch.conn()).await?;
+        Ok(member)
+    })
+    .await
 }
 
 /// Changes a member's role (admin; owner when the owner role is given or taken). The last
@@ -118,7 +116,7 @@ pub async fn add(State(state): State<AppState>, scope: OrgScope, key: Idempotenc
 #[utoipa::path(patch, path = "/orgs/{org}/members/{user}", operation_id = "change_member_role", tag = "members",
     params(OrgScope, MemberPath),
     request_body = ChangeRole,
-    responses((status = 200, body = Member), (status = 409, description = "The last owner", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 200, body = Member), (status = 409, description = "The last owner")))]
 pub async fn change_role(State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>, Json(body): Json<ChangeRole>) -> Result<Json<Member>, ApiError> {
     scope.require(Role::Admin)?;
     let user = user_id(&p.user)?;
@@ -134,7 +132,7 @@ pub async fn change_role(State(state): State<AppState>, scope: OrgScope, Path(p)
 /// stays.
 #[utoipa::path(delete, path = "/orgs/{org}/members/{user}", operation_id = "remove_member", tag = "members",
     params(OrgScope, MemberPath),
-    responses((status = 204, description = "Removed"), (status = 409, description = "The last owner", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 204, description = "Removed"), (status = 409, description = "The last owner")))]
 pub async fn remove(State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     let user = user_id(&p.user)?;

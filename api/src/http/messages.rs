@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Role;
-use super::error::{ApiError, Problem};
+use super::error::ApiError;
 use super::extract::{Json, Path};
 use super::runs::{in_project, run_id, StepPath};
 use super::tenant::ProjectScope;
@@ -49,7 +49,7 @@ pub struct SentMessage {
     params(ProjectScope, StepPath),
     request_body = SendMessage,
     responses((status = 201, body = SentMessage),
-              (status = 409, description = "Not a live session, or its harness cannot take messages", body = Problem, content_type = "application/problem+json")))]
+              (status = 409, description = "Not a live session, or its harness cannot take messages")))]
 pub async fn send(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Json(body): Json<SendMessage>) -> Result<(StatusCode, Json<SentMessage>), ApiError> {
     scope.require(Role::Member)?;
     let run = run_id(&p.run)?;

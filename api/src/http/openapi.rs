@@ -4,7 +4,7 @@
 
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::openapi::{Content, ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::OpenApi;
 
 use super::error::Problem;
@@ -59,10 +59,7 @@ pub fn finish(doc: &mut utoipa::openapi::OpenApi) {
         SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).bearer_format("JWT").description(Some("An API token (`shopfloor admin create-org` prints the first one)")).build()),
     );
     for (_, name, description) in PROBLEMS {
-        let response = ResponseBuilder::new()
-            .description(description)
-            .content("application/problem+json", ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build())
-            .build();
+        let response = ResponseBuilder::new().description(description).content(PROBLEM_TYPE, problem_content()).build();
         components.responses.insert(name.to_owned(), RefOr::T(response));
     }
     for item in doc.paths.paths.values_mut() {
@@ -72,11 +69,26 @@ pub fn finish(doc: &mut utoipa::openapi::OpenApi) {
     }
 }
 
+/// The content type of every error's body.
+const PROBLEM_TYPE: &str = "application/problem+json";
+
+/// An error's body: a `Problem`.
+fn problem_content() -> Content {
+    ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build()
+}
+
 /// Every operation can answer 429 (a rate limit), 500 and 503 (a timeout, or for a write a
 /// collision to retry); an authenticated one also 400, 401, 403 and 404; one with a body also
-/// 413, 415 and 422.
+/// 413, 415 and 422. An error an operation describes itself (`(status = 409, description =
+/// "…")`) answers a `Problem` too, so its attribute need not say so.
 fn add_problems(op: Option<&mut Operation>) {
     let Some(op) = op else { return };
+    for (status, response) in &mut op.responses.responses {
+        let RefOr::T(response) = response else { continue };
+        if status.starts_with(['4', '5']) && response.content.is_empty() {
+            response.content.insert(PROBLEM_TYPE.to_owned(), problem_content());
+        }
+    }
     let public = op.security.as_ref().is_some_and(|s| s.iter().all(|r| r == &Default::default()));
     let mut statuses: Vec<&str> = vec!["429", "500", "503"];
     if !public {

@@ -12,7 +12,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
-use super::error::{ApiError, Problem};
+use super::error::ApiError;
 use super::extract::{at_most, Json, JsonOrEmpty, Path};
 use super::runs::{in_project, run_id, RunPath};
 use super::tenant::ProjectScope;
@@ -48,7 +48,7 @@ pub struct ItemPath {
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/resolve", operation_id = "resolve_run", tag = "runs",
     params(ProjectScope, RunPath),
     request_body(content = Option<ResolveRun>, description = "Optional note"),
-    responses((status = 200, body = Resolved), (status = 409, description = "The run did not fail", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 200, body = Resolved), (status = 409, description = "The run did not fail")))]
 pub async fn resolve(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<ResolveRun>) -> Result<Json<Resolved>, ApiError> {
     scope.require(Role::Member)?;
     let run = run_id(&p.run)?;

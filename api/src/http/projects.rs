@@ -1,7 +1,6 @@
 //! Projects of an org: list and get (viewer), create (admin, `Idempotency-Key` honoured).
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use engine::ids::Slug;
@@ -10,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::auth::Role;
-use super::error::{ApiError, Problem};
+use super::error::ApiError;
 use super::extract::{IdempotencyKey, Json, Query};
 use super::page::{self, PageQuery};
 use super::tenant::{OrgScope, ProjectScope};
@@ -59,7 +58,7 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
 #[utoipa::path(post, path = "/orgs/{org}/projects", operation_id = "create_project", tag = "projects",
     params(OrgScope, IdempotencyKey),
     request_body = CreateProject,
-    responses((status = 201, body = Project), (status = 409, description = "The slug is taken", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 201, body = Project), (status = 409, description = "The slug is taken")))]
 pub async fn create(State(state): State<AppState>, scope: OrgScope, key: IdempotencyKey, Json(body): Json<CreateProject>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     let slug = Slug::parse(&body.slug).map_err(|e| ApiError::Unprocessable(e.to_string()))?;
@@ -67,19 +66,17 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, key: Idempot
     if body.name.as_deref().unwrap_or_default().chars().count() > 200 {
         return Err(ApiError::Unprocessable("name must be at most 200 characters".into()));
     }
-    let mut ch = scope.change(&state).await?;
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org, &key, &body).await? {
-        return Ok(replay);
-    }
-    let id = tenants::create_project(&mut ch, scope.org, &slug, &name).await?;
-    let project: Project = sqlx::query_as("SELECT slug, name, created_at FROM projects WHERE org_id = $1 AND project_id = $2")
-        .bind(scope.org)
-        .bind(id)
-        .fetch_one(ch.conn())
-        .await?;
-    let response = idempotency::answer(&mut ch, scope.org, &key, StatusCode::CREATED, &project).await?;
-    ch.commit().await?;
-    Ok(response)
+    let ch = scope.change(&state).await?;
+    idempotency::create(ch, scope.org, &key, &body, async |ch| {
+        let id = tenants::create_project(ch, scope.org, &slug, &name).await?;
+        let project: Project = sqlx::query_as("SELECT slug, name, created_at FROM projects WHERE org_id = $1 AND project_id = $2")
+            .bind(scope.org)
+            .bind(id)
+            .fetch_one(ch.conn())
+            .await?;
+        Ok(project)
+    })
+    .await
 }
 
 /// One project.

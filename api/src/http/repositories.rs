@@ -74,8 +74,8 @@ fn valid_name(name: &str) -> bool {
     params(ProjectScope),
     request_body = ConnectRepository,
     responses((status = 201, body = Repository),
-        (status = 404, description = "The org has no such installation", body = super::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The installation does not reach the repository", body = super::Problem, content_type = "application/problem+json")))]
+        (status = 404, description = "The org has no such installation"),
+        (status = 422, description = "The installation does not reach the repository")))]
 pub async fn connect(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<ConnectRepository>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
     if !valid_name(&body.repository) {

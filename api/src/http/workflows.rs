@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
-use super::error::{ApiError, Problem, WorkflowProblem};
+use super::error::{ApiError, WorkflowProblem};
 use super::extract::{IdempotencyKey, Json, Path, Query, WorkflowSource};
 use super::page::{self, PageQuery};
 use super::tenant::ProjectScope;
@@ -152,7 +152,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
     params(ProjectScope, IdempotencyKey),
     request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
-              (status = 422, description = "Every validation problem", body = Problem, content_type = "application/problem+json")))]
+              (status = 422, description = "Every validation problem")))]
 pub async fn create(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let def = parse(&source)?;
@@ -196,7 +196,7 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     params(ProjectScope, NamePath),
     request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
-              (status = 422, description = "Every validation problem", body = Problem, content_type = "application/problem+json")))]
+              (status = 422, description = "Every validation problem")))]
 pub async fn put(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let def = parse(&source)?;

@@ -8,19 +8,7 @@ use engine::store::{approvals, Actor, Change};
 use serde_json::{json, Map};
 use engine::db::Db;
 
-use crate::fixtures::{approve, reject, started, submit_new, until, with_input};
-
-/// Waits (up to `limit`) until the run's status is not `running`; returns status and reason.
-pub(crate) async fn until_done(pool: &Db, run: RunId, limit: Duration) -> (String, Option<String>) {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let row: (String, Option<String>) = sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(run).fetch_one(pool).await.unwrap();
-        if row.0 != "running" || tokio::time::Instant::now() > deadline {
-            return row;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use crate::fixtures::{approve, reject, scalar, started, submit_new, until, until_done, with_input};
 
 async fn nodes_in_order(pool: &Db, run: RunId) -> Vec<String> {
     sqlx::query_scalar("SELECT node || ':' || state FROM steps WHERE run_id = $1 ORDER BY started_seq").bind(run).fetch_all(pool).await.unwrap()
@@ -50,11 +38,7 @@ async fn a_wait_fires_at_its_due_time_not_before() {
     let (status, _) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!(status, "completed");
     // Never early, by the database's own clock (how late is `make bench`'s to measure).
-    let on_time: bool = sqlx::query_scalar("SELECT ended_at >= started_at + interval '2 seconds' FROM steps WHERE run_id = $1 AND node = 'nap'")
-        .bind(run)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let on_time: bool = scalar(&db.pool, "SELECT ended_at >= started_at + interval '2 seconds' FROM steps WHERE run_id = $1 AND node = 'nap'", run).await;
     assert!(on_time, "the wait ended before its two seconds");
     eng.stop();
     db.finish().await;
@@ -72,14 +56,12 @@ async fn an_approval_parks_the_run_until_answered_with_its_fields() {
     approve(&db.pool, s.org, run, "ask", json!({ "ticket": "T-1" })).await;
     let (status, _) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!(status, "completed");
-    let output: serde_json::Value = sqlx::query_scalar("SELECT output FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(&db.pool).await.unwrap();
+    let output: serde_json::Value = scalar(&db.pool, "SELECT output FROM steps WHERE run_id = $1 AND node = 'ask'", run).await;
     assert_eq!(output, json!({ "ticket": "T-1" }));
 
     // A second run is rejected: cancelled with the reason, nothing after the approval runs.
     let run = submit_new(&db.pool, with_input(&s, json!({}))).await;
-    while nodes_in_order(&db.pool, run).await != ["ask:waiting"] {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("never reached the approval", Duration::from_secs(10), async || nodes_in_order(&db.pool, run).await == ["ask:waiting"]).await;
     reject(&db.pool, s.org, run, "ask", "not now").await;
     let (status, reason) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!((status.as_str(), reason.as_deref()), ("cancelled", Some("rejected at ask: not now")));

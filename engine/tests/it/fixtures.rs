@@ -102,6 +102,26 @@ pub(crate) async fn until(what: &str, limit: Duration, done: impl AsyncFn() -> b
     }
 }
 
+/// Waits (up to `limit`) until the run's status is not `running`; returns status and reason.
+pub(crate) async fn until_done(pool: &Db, run: RunId, limit: Duration) -> (String, Option<String>) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let row: (String, Option<String>) = sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(run).fetch_one(pool).await.unwrap();
+        if row.0 != "running" || tokio::time::Instant::now() > deadline {
+            return row;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The one value `sql` reads, with the run bound as $1.
+pub(crate) async fn scalar<T>(pool: &Db, sql: &str, run: RunId) -> T
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    sqlx::query_scalar(sql).bind(run).fetch_one(pool).await.unwrap()
+}
+
 pub(crate) async fn count(pool: &Db, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }

@@ -16,8 +16,7 @@ use engine::testkit::{test_db, Engine, TestDb};
 use serde_json::{json, Value};
 use engine::db::Db;
 
-use crate::engine::until_done;
-use crate::fixtures::{add_workflow, approve, cancel, new_run, reject, rerun, seed, started, submit_new, submitted, until, with_input, Seed};
+use crate::fixtures::{add_workflow, approve, cancel, new_run, reject, rerun, scalar, seed, started, submit_new, submitted, until, until_done, with_input, Seed};
 
 /// Approves the run's start (a workflow with `approval: required`).
 async fn approve_start(pool: &Db, org: OrgId, run: RunId) {
@@ -63,13 +62,6 @@ fn name(why: &Why) -> Option<&'static str> {
 
 async fn status(pool: &Db, run: RunId) -> (String, Option<String>) {
     until_done(pool, run, Duration::from_secs(20)).await
-}
-
-async fn scalar<T>(pool: &Db, sql: &str, run: RunId) -> T
-where
-    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
-{
-    sqlx::query_scalar(sql).bind(run).fetch_one(pool).await.unwrap()
 }
 
 /// The file the test executor records each execution in, in a directory kept as long as this.

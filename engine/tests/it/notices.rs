@@ -7,8 +7,7 @@ use engine::store::{operator, runs, Actor, Change, Notice, NOTIFY_CHANNEL};
 use engine::testkit::{test_db, Engine};
 use sqlx::postgres::PgListener;
 
-use crate::engine::until_done;
-use crate::fixtures::{new_run, seed};
+use crate::fixtures::{new_run, seed, until_done};
 
 const FAILS: &str = include_str!("../../../tests/workflows/fails_at_once.yaml");
 

@@ -3,7 +3,6 @@
 //! `?from=<node>`).
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::Response;
 use engine::ids::{RunId, WorkflowId};
 use engine::store::runs::{self as store, NewRun};
@@ -14,7 +13,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::http::auth::Role;
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::ApiError;
 use crate::http::extract::{at_most, IdempotencyKey, Json, JsonOrEmpty, Path, Query};
 use crate::http::tenant::ProjectScope;
 use crate::http::{idempotency, AppState};
@@ -72,56 +71,53 @@ pub struct RerunQuery {
     params(ProjectScope, IdempotencyKey),
     request_body = SubmitRun,
     responses((status = 201, body = Run),
-              (status = 409, description = "Refused by its concurrency group (policy `skip`, the group is full)", body = Problem, content_type = "application/problem+json"),
-              (status = 429, description = "1,000 runs already wait for the org's cap on running runs", body = Problem, content_type = "application/problem+json")))]
+              (status = 409, description = "Refused by its concurrency group (policy `skip`, the group is full)"),
+              (status = 429, description = "1,000 runs already wait for the org's cap on running runs")))]
 pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Json(body): Json<SubmitRun>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     // The request's span is the root of the new run's trace (`engine::trace`).
     let span = tracing::info_span!(parent: None, "runs.submit", otel.name = "POST runs", otel.kind = "server", shopfloor.workflow = %cap(&body.workflow));
     let mut ch = scope.change(&state).await?;
     ch.set_trace(TraceParent::of_span(&span));
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, &key, &body).await? {
-        return Ok(replay);
-    }
-    let found: Option<(WorkflowId, i32)> =
-        sqlx::query_as("SELECT workflow_id, latest_version FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3")
+    idempotency::create(ch, scope.org.org, &key, &body, async |ch| {
+        let found: Option<(WorkflowId, i32)> =
+            sqlx::query_as("SELECT workflow_id, latest_version FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3")
+                .bind(scope.org.org)
+                .bind(scope.project)
+                .bind(&body.workflow)
+                .fetch_optional(ch.conn())
+                .await?;
+        let (workflow, latest) = found.ok_or_else(|| ApiError::Unprocessable(format!("no workflow `{}` in this project", cap(&body.workflow))))?;
+        let version = body.version.unwrap_or(latest);
+        let exists: Option<i32> = sqlx::query_scalar("SELECT version FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3")
             .bind(scope.org.org)
-            .bind(scope.project)
-            .bind(&body.workflow)
+            .bind(workflow)
+            .bind(version)
             .fetch_optional(ch.conn())
             .await?;
-    let (workflow, latest) = found.ok_or_else(|| ApiError::Unprocessable(format!("no workflow `{}` in this project", cap(&body.workflow))))?;
-    let version = body.version.unwrap_or(latest);
-    let exists: Option<i32> = sqlx::query_scalar("SELECT version FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3")
-        .bind(scope.org.org)
-        .bind(workflow)
-        .bind(version)
-        .fetch_optional(ch.conn())
+        if exists.is_none() {
+            return Err(ApiError::Unprocessable(format!("workflow `{}` has no version {version}", cap(&body.workflow))));
+        }
+        let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
+        let run = store::submit(
+            ch,
+            NewRun {
+                dry_run: body.dry_run,
+                needs_approval: def.approval_required,
+                ..NewRun::of_workflow(scope.org.org, scope.project, workflow, version, Value::Object(body.input.clone().unwrap_or_default()))
+            },
+        )
         .await?;
-    if exists.is_none() {
-        return Err(ApiError::Unprocessable(format!("workflow `{}` has no version {version}", cap(&body.workflow))));
-    }
-    let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
-    let run = store::submit(
-        &mut ch,
-        NewRun {
-            dry_run: body.dry_run,
-            needs_approval: def.approval_required,
-            ..NewRun::of_workflow(scope.org.org, scope.project, workflow, version, Value::Object(body.input.clone().unwrap_or_default()))
-        },
-    )
-    .await?;
-    let created = load_fresh(ch.conn(), &scope, run).await?;
-    let response = idempotency::answer(&mut ch, scope.org.org, &key, StatusCode::CREATED, &created).await?;
-    ch.commit().await?;
-    Ok(response)
+        load_fresh(ch.conn(), &scope, run).await
+    })
+    .await
 }
 
 /// Cancels a running run and the children it waits for (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/cancel", operation_id = "cancel_run", tag = "runs",
     params(ProjectScope, RunPath),
     request_body(content = Option<CancelRun>, description = "Optional reason"),
-    responses((status = 200, body = Run), (status = 409, description = "The run already ended", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 200, body = Run), (status = 409, description = "The run already ended")))]
 pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<CancelRun>) -> Result<Json<Run>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
@@ -151,49 +147,46 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
     let mut ch = scope.change(state).await?;
     ch.set_trace(TraceParent::of_span(&span));
     // The edit is the request's body (a rerun has none), which a replay must repeat.
-    if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, &edit).await? {
-        return Ok(replay);
-    }
-    in_project(ch.conn(), scope, source).await?;
-    let (workflow, version, status): (WorkflowId, i32, String) =
-        sqlx::query_as("SELECT workflow_id, workflow_version, status FROM runs WHERE run_id = $1 AND org_id = $2")
-            .bind(source)
-            .bind(scope.org.org)
-            .fetch_one(ch.conn())
-            .await?;
-    let mut nodes = if retry {
-        match status.as_str() {
-            "running" => return Err(ApiError::Conflict("the run is still running; cancel it first or wait for it to end".into())),
-            "completed" => return Err(ApiError::Conflict("the run completed: nothing failed to retry (rerun it instead)".into())),
-            _ => store::failed_nodes(&mut ch, scope.org.org, source).await?,
-        }
-    } else {
-        from.into_iter().collect()
-    };
-    let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
-    if let Some(e) = &edit {
-        if def.node(&e.node).is_none() {
-            return Err(ApiError::Unprocessable(format!("node `{}` is not in this run's workflow", cap(&e.node))));
-        }
-        if !nodes.contains(&e.node) {
-            nodes.push(e.node.clone());
-        }
-    }
-    let run = store::rerun(&mut ch, scope.org.org, source, &def, &nodes).await?;
-    if retry {
-        let org = scope.org.org;
-        match &edit {
-            Some(e) => {
-                let change = operator::NodeOverride { prompt: e.prompt.clone(), model: e.model.clone(), harness: e.harness.clone() };
-                operator::edit_retry(&mut ch, org, run, source, &def, &e.node, &change).await?;
+    idempotency::create(ch, scope.org.org, key, &edit, async |ch| {
+        in_project(ch.conn(), scope, source).await?;
+        let (workflow, version, status): (WorkflowId, i32, String) =
+            sqlx::query_as("SELECT workflow_id, workflow_version, status FROM runs WHERE run_id = $1 AND org_id = $2")
+                .bind(source)
+                .bind(scope.org.org)
+                .fetch_one(ch.conn())
+                .await?;
+        let mut nodes = if retry {
+            match status.as_str() {
+                "running" => return Err(ApiError::Conflict("the run is still running; cancel it first or wait for it to end".into())),
+                "completed" => return Err(ApiError::Conflict("the run completed: nothing failed to retry (rerun it instead)".into())),
+                _ => store::failed_nodes(ch, scope.org.org, source).await?,
             }
-            None => operator::inherit_overrides(&mut ch, org, run, source).await?,
+        } else {
+            from.into_iter().collect()
+        };
+        let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
+        if let Some(e) = &edit {
+            if def.node(&e.node).is_none() {
+                return Err(ApiError::Unprocessable(format!("node `{}` is not in this run's workflow", cap(&e.node))));
+            }
+            if !nodes.contains(&e.node) {
+                nodes.push(e.node.clone());
+            }
         }
-    }
-    let created = load_fresh(ch.conn(), scope, run).await?;
-    let response = idempotency::answer(&mut ch, scope.org.org, key, StatusCode::CREATED, &created).await?;
-    ch.commit().await?;
-    Ok(response)
+        let run = store::rerun(ch, scope.org.org, source, &def, &nodes).await?;
+        if retry {
+            let org = scope.org.org;
+            match &edit {
+                Some(e) => {
+                    let change = operator::NodeOverride { prompt: e.prompt.clone(), model: e.model.clone(), harness: e.harness.clone() };
+                    operator::edit_retry(ch, org, run, source, &def, &e.node, &change).await?;
+                }
+                None => operator::inherit_overrides(ch, org, run, source).await?,
+            }
+        }
+        load_fresh(ch.conn(), scope, run).await
+    })
+    .await
 }
 
 /// Retries a failed or cancelled run: a new run that starts again from the nodes that failed,
@@ -203,8 +196,8 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/retry", operation_id = "retry_run", tag = "runs",
     params(ProjectScope, RunPath, IdempotencyKey),
     request_body(content = Option<RetryRun>, description = "Optional: a crew node to run with a new prompt, model or harness"),
-    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed", body = Problem, content_type = "application/problem+json"),
-              (status = 422, description = "No such crew node, or an invalid prompt, model or harness", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed"),
+              (status = 422, description = "No such crew node, or an invalid prompt, model or harness")))]
 pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
@@ -214,8 +207,8 @@ pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: Idem
 /// Reruns a finished run with the same input, from the start or from `?from=<node>` (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/rerun", operation_id = "rerun_run", tag = "runs",
     params(ProjectScope, RunPath, RerunQuery, IdempotencyKey),
-    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running", body = Problem, content_type = "application/problem+json"),
-              (status = 422, description = "No such node", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running"),
+              (status = 422, description = "No such node")))]
 pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::http::auth::Role;
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::ApiError;
 use crate::http::extract::{at_most, Json, JsonOrEmpty, Path};
 use crate::http::tenant::ProjectScope;
 use crate::http::AppState;
@@ -74,7 +74,7 @@ async fn decide(state: &AppState, scope: &ProjectScope, id: RunId, node: &str, v
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/approvals/{node}", operation_id = "approve", tag = "approvals",
     params(ProjectScope, ApprovalPath),
     request_body(content = Option<Object>, description = "The form's fields"),
-    responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node")))]
 pub async fn approve(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(fields): JsonOrEmpty<Map<String, Value>>) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
@@ -86,7 +86,7 @@ pub async fn approve(State(state): State<AppState>, scope: ProjectScope, Path(p)
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/runs/{run}/approvals/{node}/reject", operation_id = "reject", tag = "approvals",
     params(ProjectScope, ApprovalPath),
     request_body(content = Option<RejectApproval>, description = "Optional reason"),
-    responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node")))]
 pub async fn reject(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(body): JsonOrEmpty<RejectApproval>) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
