@@ -114,13 +114,6 @@ pub async fn wake_checks(ch: &mut Change, org: OrgId, project: ProjectId, reposi
     wake_watching(ch, watching, org, project, repository, sha.to_owned(), "checks").await
 }
 
-/// An event arrived about a pull request or issue: wakes every step watching it, with the
-/// event as the wake's reason (`github:pull_request.closed`). A gate re-reads the head commit
-/// and its checks; a wait resolves when the event is the one it waits for.
-pub async fn wake_item(ch: &mut Change, org: OrgId, project: ProjectId, repository: &str, number: i64, event: &str) -> Result<u64> {
-    wake_watching(ch, "number = $4", org, project, repository, number, event).await
-}
-
 /// Writes a `github:<what>` wake, due now, for each step of the repository's watches that
 /// `watching` (a condition on `$4`, `key`) picks.
 async fn wake_watching<K>(

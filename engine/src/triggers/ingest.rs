@@ -155,7 +155,7 @@ async fn ingest_once(pool: &Db, d: &Delivery<'_>, payload: &Value) -> Result<Ing
         ("projects_v2_item", Some(Installation { org: Some(org), .. }), Some(_)) => on_board(&mut ch, d, payload, *org, &mut report).await?,
         _ => "ignored",
     };
-    st::finish_delivery(&mut ch, d.id, outcome, &json!({ "claims": report.entries })).await?;
+    ch.finish_delivery(d.id, outcome, json!({ "claims": report.entries }));
     ch.commit().await?;
     Ok(IngestOutcome::Accepted { outcome: outcome.to_owned(), runs_opened: report.runs_opened })
 }
@@ -208,26 +208,24 @@ async fn on_installation(ch: &mut Change, payload: &Value, id: i64, action: &str
 /// the repository.
 async fn on_item(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installation: i64, report: &mut Report) -> Result<&'static str, StoreError> {
     let Some(update) = projection::item_update(d.event, payload) else { return Ok("ignored") };
-    let routes = st::routes(ch, installation, &update.repository, default_branch(payload)).await?;
+    let event = match payload.get("action").and_then(Value::as_str) {
+        Some(action) => format!("{}.{action}", d.event),
+        None => d.event.to_owned(),
+    };
+    // Steps waiting on this pull request or issue (a gate following its head, a wait for
+    // `pull_request.closed`) are woken with the routes; they read the item once this commits.
+    let watched = update.number.map(|number| (number, event.as_str()));
+    let routes = st::routes(ch, installation, &update.repository, default_branch(payload), watched).await?;
     if routes.is_empty() {
         return Ok("unrouted");
     }
     let sender = Sender::of(d.event, payload);
     let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
-    let event = match payload.get("action").and_then(Value::as_str) {
-        Some(action) => format!("{}.{action}", d.event),
-        None => d.event.to_owned(),
-    };
     // What a new item holds: the update applied to nothing.
     let first = projection::apply(&Value::Null, &update).unwrap_or_else(|| json!({}));
     for route in &routes {
         if let Some(item) = st::item_for_update(ch, route.org, route.project, &update.key(), &first, update.node_id.as_deref()).await? {
             judge_item(ch, d, route, item, &update, &sender, &trigger, report).await?;
-        }
-        if let Some(number) = update.number {
-            // Steps waiting on this pull request or issue (a gate following its head, a wait
-            // for `pull_request.closed`) look again, after the projection is updated.
-            crate::store::github::wake_item(ch, route.org, route.project, &update.repository, number, &event).await?;
         }
     }
     Ok("accepted")
@@ -253,7 +251,7 @@ async fn on_check(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installati
         }
     };
     let (Some(sha), Some(name)) = (sha, name) else { return Ok("ignored") };
-    let routes = st::routes(ch, installation, &repository, default_branch(payload)).await?;
+    let routes = st::routes(ch, installation, &repository, default_branch(payload), None).await?;
     if routes.is_empty() {
         return Ok("unrouted");
     }
@@ -359,7 +357,7 @@ async fn judge_item(
     let project = route.context();
     let action = trigger.get("action").and_then(Value::as_str);
     let pending = if changed && !item.fresh { st::workflows_pending_on(ch, route.org, item.item_id).await? } else { Vec::new() };
-    for wf in st::github_workflows(ch, route.org, route.project).await? {
+    for wf in st::github_workflows(ch, route).await? {
         let Some(t) = wf.def.on.github.clone() else { continue };
         if wf.paused {
             // A paused workflow submits nothing and revokes nothing.

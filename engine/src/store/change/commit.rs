@@ -1,6 +1,6 @@
 //! A change's commit: the admission lines its ended runs leave handed on, its buffered events
-//! (with the outgoing webhook deliveries they make) and audit entries written, at most one
-//! `NOTIFY`, then the event log. Apart from `Change` itself, so that what a commit calls
+//! (with the outgoing webhook deliveries they make), audit entries and a webhook delivery's
+//! outcome written, at most one `NOTIFY`, then the event log. Apart from `Change` itself, so that what a commit calls
 //! (`admission::lines`, `webhooks_out`) may use a `Change` without a circle.
 
 use std::time::Duration;
@@ -13,13 +13,21 @@ use crate::store::events_notice::EventsNotice;
 use crate::store::webhooks_out::DELIVERIES_CTE;
 use crate::store::Result;
 
+/// A delivery's outcome, as stored by [`Change::finish_delivery`].
+const OUTCOME_SQL: &str = "UPDATE github_deliveries SET outcome = $2, detail = $3 WHERE delivery_id = $1";
+/// The same inside the events' statement, after its twenty parameters.
+const OUTCOME_CTE: &str = ", o AS (UPDATE github_deliveries SET outcome = $22, detail = $23 WHERE delivery_id = $21)";
+
 impl Change {
     /// Inserts the buffered events (with the outgoing webhook deliveries they make) and audit
     /// entries in one statement, which also sends the change's notification: `notice` when
     /// the statement made no delivery, `on_delivery` when it did (a delivery is a job due now
-    /// for whichever engine sends it). Answers whether it made a delivery.
+    /// for whichever engine sends it). A webhook delivery's outcome is written by it too.
+    /// Answers whether it made a delivery.
     async fn flush(&mut self, notice: Option<&str>, on_delivery: &str) -> Result<bool> {
         let (e, a) = (std::mem::take(&mut self.events), std::mem::take(&mut self.audits));
+        let outcome = self.delivery_outcome.take();
+        let outcome_cte = if outcome.is_some() { OUTCOME_CTE } else { "" };
         // The rows go in the order given (no join to reorder them): event ids, which the
         // streams order by, follow the events' sequence numbers. Each carries its run's
         // `created_at` (known from the run's lock), the partition key. Every event names this
@@ -30,12 +38,12 @@ impl Change {
              RETURNING org_id, project_id, run_id, kind, event_id), \
              a AS (INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, detail) \
              SELECT o, p, $11, $12, a, tk, ti, d FROM UNNEST($13::uuid[], $14::uuid[], $15::text[], $16::text[], $17::text[], $18::jsonb[]) AS u(o, p, a, tk, ti, d)) \
-             {DELIVERIES_CTE} \
+             {DELIVERIES_CTE}{outcome_cte} \
              SELECT n > 0, CASE WHEN n > 0 THEN pg_notify('{NOTIFY_CHANNEL}', $19)::text \
                                 WHEN $20::text IS NOT NULL THEN pg_notify('{NOTIFY_CHANNEL}', $20)::text END \
              FROM (SELECT count(*) AS n FROM d) c"
         );
-        let (delivered, _): (bool, Option<String>) = sqlx::query_as(&sql)
+        let mut query = sqlx::query_as(&sql)
             .bind(e.iter().map(|x| x.org.0).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.project.0).collect::<Vec<_>>())
             .bind(e.iter().map(|x| x.run.0).collect::<Vec<_>>())
@@ -55,9 +63,11 @@ impl Change {
             .bind(a.iter().map(|x| x.target_id.as_str()).collect::<Vec<_>>())
             .bind(a.iter().map(|x| &x.detail).collect::<Vec<_>>())
             .bind(on_delivery)
-            .bind(notice)
-            .fetch_one(&mut *self.tx)
-            .await?;
+            .bind(notice);
+        if let Some(o) = outcome {
+            query = query.bind(o.id).bind(o.outcome).bind(o.detail);
+        }
+        let (delivered, _): (bool, Option<String>) = query.fetch_one(&mut *self.tx).await?;
         if event_log::enabled() {
             self.written.extend(e);
         }
@@ -90,6 +100,9 @@ impl Change {
         }
         let notice = (!words.is_empty()).then(|| words.join(" "));
         if self.events.is_empty() && self.audits.is_empty() {
+            if let Some(o) = self.delivery_outcome.take() {
+                sqlx::query(OUTCOME_SQL).bind(o.id).bind(o.outcome).bind(o.detail).execute(&mut *self.tx).await?;
+            }
             if let Some(notice) = &notice {
                 sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(notice).execute(&mut *self.tx).await?;
             }

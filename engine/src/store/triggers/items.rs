@@ -11,6 +11,7 @@ use crate::catalog::Catalog;
 use crate::definition::Definition;
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, WorkflowId};
 use crate::item_keys::content_hash;
+use crate::store::github::WAKE_PREFIX;
 use crate::store::installations::{installation_of, Installation, INSTALLATION_COLUMNS};
 use crate::store::{cap, Change, Result, StoreError};
 
@@ -26,6 +27,10 @@ pub struct Route {
     pub project: ProjectId,
     pub project_slug: String,
     pub project_name: String,
+    /// The project's workflows with a version (id, name, latest version, paused), by name:
+    /// read with the route, so that judging needs no statement of its own
+    /// ([`github_workflows`]).
+    workflows: Vec<(WorkflowId, String, i32, bool)>,
 }
 
 impl Route {
@@ -38,24 +43,49 @@ impl Route {
 /// The projects of `installation`'s org that connected `repository` through it.
 /// The payload's `repository.default_branch`, when given, is what pull requests from the
 /// repository go to from now on (written only when it changed: GitHub's word, as a renamed
-/// default branch or a `master` repository says it).
-pub async fn routes(ch: &mut Change, installation: i64, repository: &str, default_branch: Option<&str>) -> Result<Vec<Route>> {
-    let rows = sqlx::query(
+/// default branch or a `master` repository says it). With `item` (an issue's or pull
+/// request's number, and the event: `pull_request.closed`), the steps of those projects
+/// watching it look again: each gets a wake due now with the event as its reason (a gate
+/// re-reads the head commit and its checks; a wait resolves when the event is the one it
+/// waits for). The engine reads the item after this change commits, with its projection.
+pub async fn routes(
+    ch: &mut Change,
+    installation: i64,
+    repository: &str,
+    default_branch: Option<&str>,
+    item: Option<(i64, &str)>,
+) -> Result<Vec<Route>> {
+    let rows = sqlx::query(&format!(
         "WITH moved AS (UPDATE repositories SET default_branch = $3 WHERE full_name = $1 AND installation_id = $2 \
-                          AND $3::text IS NOT NULL AND default_branch IS DISTINCT FROM $3 RETURNING 1) \
-         SELECT r.org_id, r.project_id, p.slug, p.name FROM repositories r JOIN projects p ON p.project_id = r.project_id \
-         WHERE r.full_name = $1 AND r.installation_id = $2 ORDER BY r.project_id",
-    )
+                          AND $3::text IS NOT NULL AND default_branch IS DISTINCT FROM $3 RETURNING 1), \
+              woken AS (INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
+                        SELECT g.org_id, g.run_id, g.step_id, now(), $5 FROM repositories r \
+                        JOIN github_watches g ON g.project_id = r.project_id AND g.repository = $1 AND g.number = $4 AND g.org_id = r.org_id \
+                        WHERE r.full_name = $1 AND r.installation_id = $2 RETURNING 1) \
+         SELECT r.org_id, r.project_id, p.slug, p.name, {ROUTE_WORKFLOWS}, (SELECT count(*) FROM woken) AS woken \
+         FROM repositories r JOIN projects p ON p.project_id = r.project_id \
+         WHERE r.full_name = $1 AND r.installation_id = $2 ORDER BY r.project_id"
+    ))
     .bind(repository.to_lowercase())
     .bind(installation)
     .bind(default_branch.filter(|b| !b.is_empty() && b.len() <= 255))
+    .bind(item.map(|(number, _)| number))
+    .bind(item.map(|(_, event)| cap(&format!("{WAKE_PREFIX}{event}"))))
     .fetch_all(&mut *ch.tx)
     .await?;
-    Ok(rows.iter().map(route_of).collect())
+    if rows.first().is_some_and(|r| r.get::<i64, _>("woken") > 0) {
+        ch.note_wake(std::time::Duration::ZERO);
+    }
+    rows.iter().map(route_of).collect()
 }
 
-pub(crate) fn route_of(r: &sqlx::postgres::PgRow) -> Route {
-    Route { org: r.get("org_id"), project: r.get("project_id"), project_slug: r.get("slug"), project_name: r.get("name") }
+/// A route's workflows (`Route::workflows`), as a column of a query on projects `p`.
+const ROUTE_WORKFLOWS: &str = "(SELECT coalesce(jsonb_agg(jsonb_build_array(w.workflow_id, w.name, w.latest_version, w.paused) ORDER BY w.name), '[]') \
+     FROM workflows w WHERE w.project_id = p.project_id AND w.org_id = p.org_id AND w.latest_version > 0) AS workflows";
+
+pub(crate) fn route_of(r: &sqlx::postgres::PgRow) -> Result<Route> {
+    let sqlx::types::Json(workflows) = r.try_get("workflows")?;
+    Ok(Route { org: r.get("org_id"), project: r.get("project_id"), project_slug: r.get("slug"), project_name: r.get("name"), workflows })
 }
 
 /// What a delivery said on its envelope.
@@ -97,17 +127,6 @@ pub async fn record_delivery(ch: &mut Change, d: &DeliveryRow<'_>) -> Result<Rec
     .await?;
     let known: Option<i64> = row.get("installation_id");
     Ok(Recorded { fresh: row.get("fresh"), installation: known.map(|_| installation_of(&row)) })
-}
-
-/// Stores what became of a delivery.
-pub async fn finish_delivery(ch: &mut Change, id: &str, outcome: &str, detail: &Value) -> Result<()> {
-    sqlx::query("UPDATE github_deliveries SET outcome = $2, detail = $3 WHERE delivery_id = $1")
-        .bind(cap(id))
-        .bind(cap(outcome))
-        .bind(detail)
-        .execute(&mut *ch.tx)
-        .await?;
-    Ok(())
 }
 
 /// An item as stored, locked in the change.
@@ -245,14 +264,14 @@ pub async fn items_by_head(ch: &mut Change, org: OrgId, project: ProjectId, repo
 /// with the project each belongs to.
 pub async fn items_by_node(ch: &mut Change, org: OrgId, node_id: &str) -> Result<Vec<(ItemId, Route)>> {
     let rows = sqlx::query(
-        "SELECT i.item_id, i.org_id, i.project_id, p.slug, p.name FROM items i JOIN projects p ON p.project_id = i.project_id \
-         WHERE i.org_id = $1 AND i.node_id = $2 ORDER BY i.item_id",
+        &format!("SELECT i.item_id, i.org_id, i.project_id, p.slug, p.name, {ROUTE_WORKFLOWS} FROM items i JOIN projects p ON p.project_id = i.project_id \
+         WHERE i.org_id = $1 AND i.node_id = $2 ORDER BY i.item_id"),
     )
     .bind(org)
     .bind(node_id)
     .fetch_all(&mut *ch.tx)
     .await?;
-    Ok(rows.iter().map(|r| (r.get("item_id"), route_of(r))).collect())
+    rows.iter().map(|r| Ok((r.get("item_id"), route_of(r)?))).collect()
 }
 
 /// One check result, for gates on checks.
@@ -304,19 +323,14 @@ pub struct WorkflowInfo {
     pub def: Arc<Definition>,
 }
 
-/// The project's workflows that have an `on.github` trigger, at their latest versions.
-pub async fn github_workflows(ch: &mut Change, org: OrgId, project: ProjectId) -> Result<Vec<WorkflowInfo>> {
-    let rows: Vec<(WorkflowId, String, i32, bool)> = sqlx::query_as(
-        "SELECT workflow_id, name, latest_version, paused FROM workflows WHERE project_id = $1 AND org_id = $2 AND latest_version > 0 ORDER BY name",
-    )
-    .bind(project)
-    .bind(org)
-    .fetch_all(&mut *ch.tx)
-    .await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for (id, name, version, paused) in rows {
+/// The route's workflows that have an `on.github` trigger, at their latest versions (as read
+/// with the route).
+pub async fn github_workflows(ch: &mut Change, route: &Route) -> Result<Vec<WorkflowInfo>> {
+    let mut out = Vec::with_capacity(route.workflows.len());
+    for (id, name, version, paused) in &route.workflows {
+        let (id, version, paused) = (*id, *version, *paused);
         match CATALOG.get(&mut ch.tx, id, version).await {
-            Ok(def) if def.on.github.is_some() => out.push(WorkflowInfo { id, name, version, paused, def }),
+            Ok(def) if def.on.github.is_some() => out.push(WorkflowInfo { id, name: name.clone(), version, paused, def }),
             Ok(_) => {}
             // One broken stored version must not stop the project's other workflows.
             Err(e) => tracing::warn!(workflow.id = %id, workflow.version = version, error = %e, "workflow skipped by the triggers"),
