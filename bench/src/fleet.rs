@@ -60,6 +60,8 @@ nodes:
 pub(crate) const HOSTS: usize = 4;
 pub(crate) const HOST_SLOTS: u32 = 4;
 pub(crate) const WEBHOOK_CLIENTS: usize = 16;
+/// Deliveries sent before the clock starts, ten a client (`webhook_ingest`).
+pub(crate) const WEBHOOK_WARMUP: usize = 10 * WEBHOOK_CLIENTS;
 const SECRET: &str = "the bench's webhook secret";
 const INSTALLATION: i64 = 77;
 const REPOSITORY: &str = "Bench/Widgets";
@@ -269,6 +271,33 @@ fn labeled(number: i64) -> Value {
     })
 }
 
+/// A delivery's id, body and signature.
+type Signed = (String, Vec<u8>, String);
+
+/// What a client saw of one delivery: its id, the status, the latency and the answer's body.
+type Answer = (String, u16, Duration, Value);
+
+/// Posts one signed delivery as GitHub does.
+async fn post(http: &reqwest::Client, url: &str, (delivery, body, signature): Signed) -> Result<Answer> {
+    let sent = Instant::now();
+    let response = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("user-agent", "GitHub-Hookshot/bench")
+        .header("x-github-event", "issues")
+        .header("x-github-delivery", &delivery)
+        .header("x-github-hook-id", "1")
+        .header("x-github-hook-installation-target-type", "integration")
+        .header("x-hub-signature-256", signature)
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("posting delivery {delivery}"))?;
+    let status = response.status().as_u16();
+    let answer: Value = response.json().await.unwrap_or(Value::Null);
+    Ok((delivery, status, sent.elapsed(), answer))
+}
+
 /// `n` signed deliveries from 16 concurrent clients to one `shopfloor api` (see the module's
 /// header).
 pub(crate) async fn webhook_ingest(b: &Bench, n: usize) -> Result<Webhooks> {
@@ -283,59 +312,62 @@ pub(crate) async fn webhook_ingest(b: &Bench, n: usize) -> Result<Webhooks> {
     let (mut server, base) = api(b, &db, &SecretKey::generate(), Some(SECRET)).await?;
     let url = format!("{base}/webhooks/github");
 
-    // Bodies are built and signed before the clock starts: the figure is the server's.
-    let mut bodies: Vec<Vec<(String, Vec<u8>, String)>> = vec![Vec::new(); WEBHOOK_CLIENTS];
-    for i in 0..n {
+    // Bodies are built and signed before the clock starts: the figure is the server's. Each
+    // client first sends its share of the warm-up, on the connection it keeps: the server's
+    // pool connections are opened, its statements prepared and the workflow parsed before the
+    // clock starts, as on a server that has been up for a while (GitHub's deliveries reach a
+    // running one).
+    let total = n + WEBHOOK_WARMUP;
+    let mut bodies: Vec<(Vec<Signed>, Vec<Signed>)> = vec![(Vec::new(), Vec::new()); WEBHOOK_CLIENTS];
+    for i in 0..total {
         let body = serde_json::to_vec(&labeled(1_000 + i as i64))?;
         let signature = sign(SECRET, &body);
-        bodies[i % WEBHOOK_CLIENTS].push((format!("bench-{i}"), body, signature));
+        let (warm, measured) = &mut bodies[i % WEBHOOK_CLIENTS];
+        let list = if i < WEBHOOK_WARMUP { warm } else { measured };
+        list.push((format!("bench-{i}"), body, signature));
     }
-    let started = Instant::now();
+    let ready = std::sync::Arc::new(tokio::sync::Barrier::new(WEBHOOK_CLIENTS + 1));
     let mut tasks = tokio::task::JoinSet::new();
-    for mine in bodies {
+    for (warm, mine) in bodies {
         let url = url.clone();
+        let ready = ready.clone();
         tasks.spawn(async move {
             let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-            let mut answers = Vec::with_capacity(mine.len());
-            for (delivery, body, signature) in mine {
-                let sent = Instant::now();
-                let response = http
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .header("user-agent", "GitHub-Hookshot/bench")
-                    .header("x-github-event", "issues")
-                    .header("x-github-delivery", &delivery)
-                    .header("x-github-hook-id", "1")
-                    .header("x-github-hook-installation-target-type", "integration")
-                    .header("x-hub-signature-256", signature)
-                    .body(body)
-                    .send()
-                    .await
-                    .with_context(|| format!("posting delivery {delivery}"))?;
-                let status = response.status().as_u16();
-                let answer: Value = response.json().await.unwrap_or(Value::Null);
-                answers.push((delivery, status, sent.elapsed(), answer));
+            let mut warmed = Vec::with_capacity(warm.len());
+            for signed in warm {
+                warmed.push(post(&http, &url, signed).await?);
             }
-            anyhow::Ok(answers)
+            ready.wait().await;
+            let mut answers = Vec::with_capacity(mine.len());
+            for signed in mine {
+                answers.push(post(&http, &url, signed).await?);
+            }
+            anyhow::Ok((warmed, answers))
         });
     }
+    ready.wait().await;
+    let started = Instant::now();
+    let mut warmed = Vec::with_capacity(WEBHOOK_WARMUP);
     let mut answers = Vec::with_capacity(n);
     while let Some(done) = tasks.join_next().await {
-        answers.extend(done.context("a webhook client panicked")??);
+        let (w, a) = done.context("a webhook client panicked")??;
+        warmed.extend(w);
+        answers.extend(a);
     }
     let wall = started.elapsed().as_secs_f64();
     server.alive()?;
     drop(server);
 
+    ensure!(warmed.len() == WEBHOOK_WARMUP, "{} answers for {WEBHOOK_WARMUP} warm-up deliveries", warmed.len());
     ensure!(answers.len() == n, "{} answers for {n} deliveries", answers.len());
-    let refused: Vec<_> = answers.iter().filter(|a| !(200..300).contains(&a.1)).collect();
+    let refused: Vec<_> = answers.iter().chain(&warmed).filter(|a| !(200..300).contains(&a.1)).collect();
     ensure!(
         refused.is_empty(),
         "{} deliveries not answered 2xx, e.g. {:?}",
         refused.len(),
         refused.iter().take(3).map(|a| (&a.0, a.1, &a.3)).collect::<Vec<_>>()
     );
-    let not_one: Vec<_> = answers.iter().filter(|a| a.3["runs_opened"].as_i64() != Some(1)).collect();
+    let not_one: Vec<_> = answers.iter().chain(&warmed).filter(|a| a.3["runs_opened"].as_i64() != Some(1)).collect();
     ensure!(
         not_one.is_empty(),
         "{} deliveries did not answer one run opened, e.g. {:?}",
@@ -344,16 +376,16 @@ pub(crate) async fn webhook_ingest(b: &Bench, n: usize) -> Result<Webhooks> {
     );
     // Read back: every delivery recorded, and exactly one run made from each.
     let runs = scalar_i64(&db.pool, "SELECT count(*) FROM runs").await?;
-    ensure!(runs == n as i64, "{runs} runs for {n} deliveries");
+    ensure!(runs == total as i64, "{runs} runs for {total} deliveries");
     let one_each: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM github_deliveries d WHERE d.delivery_id LIKE 'bench-%' AND \
            (SELECT count(*) FROM runs r JOIN trigger_events e ON e.event_id = r.trigger_event_id WHERE e.delivery_id = d.delivery_id) = 1",
     )
     .fetch_one(&db.pool)
     .await?;
-    ensure!(one_each == n as i64, "{one_each} of {n} deliveries are recorded with exactly one run");
+    ensure!(one_each == total as i64, "{one_each} of {total} deliveries are recorded with exactly one run");
     if std::env::var("BENCH_PROFILE").as_deref() == Ok("1") {
-        crate::measures::print_top_statements(&db, n).await?;
+        crate::measures::print_top_statements(&db, total).await?;
     }
     db.close().await;
 

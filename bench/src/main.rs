@@ -16,7 +16,7 @@
 //! | `engine_runs_per_s_vs_peer`, `wake_p50_vs_peer`, `wake_p99_vs_peer` | ours over the peer's (throughput: above 1 is ahead; latency: below 1 is ahead) |
 //! | `idle_statements_60s` | statements an idle pool sends in 60 s |
 //! | `recovery_s` | an engine holding steps killed: until another runs them all again |
-//! | `webhook_deliveries_per_s`, `webhook_p99_ms` | `BENCH_WEBHOOKS` (at most 2,000 by default) signed `issues.labeled` deliveries, each a new issue that opens one run, from 16 concurrent clients to one `shopfloor api`: deliveries per wall-clock second and the client-side latency's p99; the bench fails unless each was answered 2xx and made exactly one run; `webhook_note` says how many |
+//! | `webhook_deliveries_per_s`, `webhook_p99_ms` | `BENCH_WEBHOOKS` (at most 2,000 by default) signed `issues.labeled` deliveries, each a new issue that opens one run, from 16 concurrent clients to one `shopfloor api`, after 160 warm-up deliveries the clock does not count (ten a client, on the connection it keeps): deliveries per wall-clock second and the client-side latency's p99; the bench fails unless each was answered 2xx and made exactly one run; `webhook_note` says how many |
 //! | `soak_drift_pct`, `soak_table_sizes` | with `BENCH_SOAK=1`: ten minutes of steady load, last minute against the first |
 //! | `engine_rss_mb_10k_open` | one engine's resident memory with 10,000 runs asleep |
 //!
@@ -141,7 +141,10 @@ async fn measure_webhooks(b: &Bench, runs: usize, r: &mut Report) -> Result<()> 
     let w = fleet::webhook_ingest(b, n).await?;
     r.add("webhook_deliveries_per_s", format!("{:.0}", w.per_s));
     r.add("webhook_p99_ms", format!("{:.1}", w.p99_ms));
-    r.add("webhook_note", format!("{n} deliveries from {} clients to one `shopfloor api`; p50 {:.1} ms", fleet::WEBHOOK_CLIENTS, w.p50_ms));
+    r.add(
+        "webhook_note",
+        format!("{n} deliveries from {} clients to one `shopfloor api`, after {} warm-up deliveries; p50 {:.1} ms", fleet::WEBHOOK_CLIENTS, fleet::WEBHOOK_WARMUP, w.p50_ms),
+    );
     Ok(())
 }
 
