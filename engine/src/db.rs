@@ -121,10 +121,7 @@ impl Db {
     pub(crate) fn tenant_beside(&self) -> Db {
         let options = self.pool.connect_options().as_ref().clone();
         let given = self.pool.options();
-        let pool = PgPoolOptions::new()
-            .max_connections(given.get_max_connections())
-            .acquire_timeout(given.get_acquire_timeout())
-            .connect_lazy_with(options);
+        let pool = pool_options(given.get_max_connections(), given.get_acquire_timeout()).connect_lazy_with(options);
         Db { pool, route: self.route, guarded: self.guarded, tenant: true }
     }
 
@@ -147,14 +144,34 @@ impl Db {
     }
 
     async fn begin_to_the_end(&self, org: Option<OrgId>) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        let mut tx = match self.route {
-            Route::Direct => self.pool.begin().await?,
-            Route::Pooler => self.pool.begin_with(self.pooler_preamble()).await?,
-        };
+        let mut tx = BEGINNING.scope((), self.begin_on_a_live_connection()).await?;
         if self.tenant {
             crate::tenancy::scope::enter(&mut tx, org).await?;
         }
         Ok(tx)
+    }
+
+    /// `BEGIN` (with the pooler's preamble on that route) on a connection of the pool. A
+    /// connection that came back to the pool moments ago is taken without a ping
+    /// ([`PING_AFTER_IDLE`]), so its `BEGIN` is what finds it dead when the server or a pooler
+    /// closed it since (a restart, an administrator): that connection is dropped and the next
+    /// one tried. `BEGIN` changes nothing, so trying again is always safe.
+    async fn begin_on_a_live_connection(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        // After a restart every connection of the pool may be dead; each try drops one.
+        let mut tries = self.pool.options().get_max_connections() + 1;
+        loop {
+            let begun = match self.route {
+                Route::Direct => self.pool.begin().await,
+                Route::Pooler => self.pool.begin_with(self.pooler_preamble()).await,
+            };
+            match begun {
+                Err(e) if tries > 1 && connection_lost(&e) => {
+                    tries -= 1;
+                    tracing::info!(error = %e, "a pooled connection was found closed by its BEGIN; trying another");
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Commits `tx` on a task of its own, for the same reason as [`Db::begin`]: a caller
@@ -303,11 +320,52 @@ async fn open(options: PgConnectOptions, max_connections: u32, route: Route, gua
             _ => unreachable(e.to_string()),
         })?;
     drop(probe);
-    let pool = PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(options);
+    let pool = pool_options(max_connections, Duration::from_secs(10)).connect_lazy_with(options);
     Ok(Db { pool, route, guarded, tenant: false })
+}
+
+/// A connection that came back to the pool this recently is handed to a transaction without a
+/// ping of its own. sqlx pings every connection as it comes back
+/// (`PoolConnection::return_to_pool`), so a second ping moments later (its
+/// `test_before_acquire`) only costs a round trip per transaction; the transaction's `BEGIN`
+/// finds a connection that died since ([`Db::begin`]). One idle longer, or taken for a single
+/// statement, is pinged and replaced when the server or a pooler dropped it meanwhile.
+/// HikariCP's `aliveBypassWindowMs` makes the same trade, with the same 500 ms.
+const PING_AFTER_IDLE: Duration = Duration::from_millis(500);
+
+tokio::task_local! {
+    /// Set while [`Db::begin`] takes a connection: its `BEGIN` finds a dead one out and tries
+    /// another, which a single statement on the pool could not do safely.
+    static BEGINNING: ();
+}
+
+fn pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOptions {
+    use sqlx::Connection as _;
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            let recent = meta.idle_for < PING_AFTER_IDLE && BEGINNING.try_with(|_| ()).is_ok();
+            Box::pin(async move {
+                if !recent {
+                    // An error closes the connection, and the pool opens another.
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
+/// Whether `e` says the connection itself is gone (closed, reset, or ended by the server: class
+/// 57P, operator intervention, and class 08, connection exception), rather than the statement
+/// failing.
+fn connection_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+        _ => false,
+    }
 }
 
 /// The newest migration version this binary carries.

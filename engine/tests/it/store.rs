@@ -160,7 +160,7 @@ async fn a_schema_newer_than_the_code_is_refused() {
 /// (transact-rs/sqlx#4393), and the next borrower's statements then run inside it, so a write
 /// said to be done is not committed. The begin is polled `k` times, letting the runtime read
 /// the socket between polls, then dropped, for every `k` until it finishes: so it is cut at
-/// each point of its round trips (the pool's ping, the `BEGIN`). With one connection in the
+/// each point of its round trips (the `BEGIN`, after the pool's ping when it has one). With one connection in the
 /// pool, each cut is followed by a single-statement write, which another connection must see.
 #[tokio::test]
 async fn a_begin_cancelled_midway_leaves_no_transaction_open_on_the_connection() {
@@ -238,5 +238,28 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
         if event.metadata().target() == "sqlx::postgres::notice" {
             self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+}
+
+/// A pooled connection the server closed while it waited in the pool (a restart, an
+/// administrator's `pg_terminate_backend`, a pooler's timeout) costs the next change nothing:
+/// its `BEGIN` finds the connection closed and takes another. A connection that came back to
+/// the pool moments ago is not pinged first (`db::PING_AFTER_IDLE`), so each round ends the one
+/// connection of a pool right after a change gave it back, then begins the next change at once.
+#[tokio::test]
+async fn a_connection_the_server_closed_in_the_pool_is_replaced_by_the_next_begin() {
+    let db = test_db().await;
+    let pool = engine::db::connect(&db.url, 1).await.unwrap();
+    let backend = "SELECT pg_backend_pid()";
+    for round in 0..5 {
+        let mut ch = Change::begin(&pool, Actor::System).await.unwrap();
+        let pid: i32 = sqlx::query_scalar(backend).fetch_one(ch.conn()).await.unwrap();
+        ch.commit().await.unwrap();
+        let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 60000)").bind(pid).fetch_one(&db.pool).await.unwrap();
+        assert!(ended, "round {round}: backend {pid} was not ended");
+        let mut ch = Change::begin(&pool, Actor::System).await.unwrap_or_else(|e| panic!("round {round}: the change after the close failed: {e}"));
+        let next: i32 = sqlx::query_scalar(backend).fetch_one(ch.conn()).await.unwrap();
+        assert_ne!(next, pid, "round {round}: the closed connection was used again");
+        ch.commit().await.unwrap();
     }
 }
