@@ -160,8 +160,9 @@ async fn a_schema_newer_than_the_code_is_refused() {
 /// (transact-rs/sqlx#4393), and the next borrower's statements then run inside it, so a write
 /// said to be done is not committed. The begin is polled `k` times, letting the runtime read
 /// the socket between polls, then dropped, for every `k` until it finishes: so it is cut at
-/// each point of its round trips (the `BEGIN`, after the pool's ping when it has one). With one connection in the
-/// pool, each cut is followed by a single-statement write, which another connection must see.
+/// each point of its round trips (the `BEGIN`, after the pool's ping when it has one). With
+/// one connection in the pool, each cut is followed by a single-statement write, which another
+/// connection must see.
 #[tokio::test]
 async fn a_begin_cancelled_midway_leaves_no_transaction_open_on_the_connection() {
     let db = test_db().await;
