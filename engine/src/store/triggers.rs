@@ -50,7 +50,7 @@ use crate::ids::{ItemId, OrgId, WorkflowId};
 pub use claim::{workflows_pending_on, Claim, NewEvent, Revoked};
 pub use cycle_budgets::{cycle_asks, CycleAsk, Reset};
 pub use items::{
-    ensure_item, github_workflows, item_for_update, items_by_head, items_by_node, lock_item, record_check, record_delivery, routes, update_item,
+    ensure_item, github_workflows, item_for_update, items_by_head, items_by_node, lock_item, record_check, record_delivery, update_item, RouteAsk,
     CheckResult, DeliveryRow, ItemRow, Route, WorkflowInfo,
 };
 

@@ -15,7 +15,7 @@ use crate::db::Db;
 use super::judge::{self, Sender, Verdict};
 use super::projection::{self, ItemUpdate, Patch};
 use crate::store::installations::{self, Announced, Installation};
-use crate::store::triggers::{self as st, Claim, DeliveryRow, ItemRow, Route};
+use crate::store::triggers::{self as st, Claim, DeliveryRow, ItemRow, Route, RouteAsk};
 use crate::store::{Actor, Change, StoreError};
 
 /// Events the ingest understands; any other is stored and answered all the same.
@@ -124,12 +124,19 @@ async fn ingest_once(pool: &Db, d: &Delivery<'_>, payload: &Value) -> Result<Ing
     let installation_id = payload.pointer("/installation/id").and_then(Value::as_i64);
     let repository = projection::repository_name(payload);
     let row = DeliveryRow { id: d.id, event: d.event, action, installation: installation_id, repository: repository.as_deref() };
-    let recorded = st::record_delivery(&mut ch, &row).await?;
+    // An item's or a check's delivery is routed by the statement that records it.
+    let subject = Subject::of(d.event, payload);
+    let event = match action {
+        Some(action) => format!("{}.{action}", d.event),
+        None => d.event.to_owned(),
+    };
+    let ask = subject.ask(&event, default_branch(payload));
+    let recorded = st::record_delivery(&mut ch, &row, ask.as_ref()).await?;
     if !recorded.fresh {
         // Dropping the change rolls back: a redelivery writes nothing.
         return Ok(IngestOutcome::Redelivery);
     }
-    let installation = recorded.installation;
+    let (installation, routes) = (recorded.installation, recorded.routes);
     let mut report = Report::default();
     let outcome: &str = match (d.event, installation.as_ref(), installation_id) {
         (event, _, _) if !EVENTS.contains(&event) => "unknown_event",
@@ -148,10 +155,12 @@ async fn ingest_once(pool: &Db, d: &Delivery<'_>, payload: &Value) -> Result<Ing
         (_, None, _) | (_, _, None) => "unrouted",
         (_, Some(Installation { org: None, .. }), _) => "unclaimed",
         (_, Some(inst), _) if inst.suspended || inst.deleted => "installation_inactive",
-        ("issues" | "issue_comment" | "pull_request" | "pull_request_review" | "pull_request_review_comment" | "push", Some(_), Some(id)) => {
-            on_item(&mut ch, d, payload, id, &mut report).await?
-        }
-        ("check_run" | "check_suite" | "status", Some(_), Some(id)) => on_check(&mut ch, d, payload, id, &mut report).await?,
+        (_, Some(_), Some(_)) if !matches!(subject, Subject::Other) => match &subject {
+            _ if routes.is_empty() => "unrouted",
+            Subject::Item(update) => on_item(&mut ch, d, payload, update, &routes, &mut report).await?,
+            Subject::Check(check) => on_check(&mut ch, d, payload, check, &routes, &mut report).await?,
+            Subject::Other => "ignored",
+        },
         ("projects_v2_item", Some(Installation { org: Some(org), .. }), Some(_)) => on_board(&mut ch, d, payload, *org, &mut report).await?,
         _ => "ignored",
     };
@@ -204,70 +213,104 @@ async fn on_installation(ch: &mut Change, payload: &Value, id: i64, action: &str
     }
 }
 
-/// An issue, pull request, comment, review or push: one item, in each project that connected
-/// the repository.
-async fn on_item(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installation: i64, report: &mut Report) -> Result<&'static str, StoreError> {
-    let Some(update) = projection::item_update(d.event, payload) else { return Ok("ignored") };
-    let event = match payload.get("action").and_then(Value::as_str) {
-        Some(action) => format!("{}.{action}", d.event),
-        None => d.event.to_owned(),
-    };
-    // Steps waiting on this pull request or issue (a gate following its head, a wait for
-    // `pull_request.closed`) are woken with the routes; they read the item once this commits.
-    let watched = update.number.map(|number| (number, event.as_str()));
-    let routes = st::routes(ch, installation, &update.repository, default_branch(payload), watched).await?;
-    if routes.is_empty() {
-        return Ok("unrouted");
-    }
-    let sender = Sender::of(d.event, payload);
-    let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
-    // What a new item holds: the update applied to nothing.
-    let first = projection::apply(&Value::Null, &update).unwrap_or_else(|| json!({}));
-    for route in &routes {
-        if let Some(item) = st::item_for_update(ch, route.org, route.project, &update.key(), &first, update.node_id.as_deref()).await? {
-            judge_item(ch, d, route, item, &update, &sender, &trigger, report).await?;
-        }
-    }
-    Ok("accepted")
+/// What an item's or a check's delivery is about, read from its payload alone: known before
+/// the delivery is recorded, so that the statement recording it routes it too.
+enum Subject {
+    /// An issue, pull request, comment, review or push.
+    Item(ItemUpdate),
+    /// A check run, check suite or commit status.
+    Check(Check),
+    /// Anything else, or a payload without what its event needs (`ignored`).
+    Other,
 }
 
-/// A check run, check suite or commit status: stored by head SHA for gates, and applied to the
-/// pull requests whose head it is.
-async fn on_check(ch: &mut Change, d: &Delivery<'_>, payload: &Value, installation: i64, report: &mut Report) -> Result<&'static str, StoreError> {
-    let Some(repository) = projection::repository_name(payload) else { return Ok("ignored") };
+/// A check run, check suite or commit status, as its payload gives it.
+struct Check {
+    repository: String,
+    sha: String,
+    name: String,
+    external_id: i64,
+    status: String,
+    conclusion: Option<String>,
+    url: Option<String>,
+}
+
+impl Subject {
+    fn of(event: &str, payload: &Value) -> Subject {
+        match event {
+            "issues" | "issue_comment" | "pull_request" | "pull_request_review" | "pull_request_review_comment" | "push" => {
+                projection::item_update(event, payload).map_or(Subject::Other, Subject::Item)
+            }
+            "check_run" | "check_suite" | "status" => check_of(event, payload).map_or(Subject::Other, Subject::Check),
+            _ => Subject::Other,
+        }
+    }
+
+    /// What routing the delivery asks: steps watching the issue or pull request look again
+    /// (`event` is the wake's reason: `pull_request.closed`); a check wakes its gates once
+    /// stored (`on_check`).
+    fn ask<'a>(&'a self, event: &'a str, default_branch: Option<&'a str>) -> Option<RouteAsk<'a>> {
+        match self {
+            Subject::Item(update) => Some(RouteAsk { repository: &update.repository, default_branch, watched: update.number.map(|n| (n, event)) }),
+            Subject::Check(check) => Some(RouteAsk { repository: &check.repository, default_branch, watched: None }),
+            Subject::Other => None,
+        }
+    }
+}
+
+fn check_of(event: &str, payload: &Value) -> Option<Check> {
+    let repository = projection::repository_name(payload)?;
     let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
-    let (sha, name, external_id, status, conclusion, url) = match d.event {
+    let (sha, name, external_id, status, conclusion, url) = match event {
         "status" => {
             let state = s(payload.get("state")).unwrap_or_default();
             let (status, conclusion) = if state == "pending" { ("in_progress".to_owned(), None) } else { ("completed".to_owned(), Some(state)) };
             (s(payload.get("sha")), s(payload.get("context")), 0, status, conclusion, s(payload.get("target_url")))
         }
         event => {
-            let Some(check) = payload.get(event) else { return Ok("ignored") };
+            let check = payload.get(event)?;
             let name = s(check.get("name")).or_else(|| s(check.pointer("/app/name")));
             let status = s(check.get("status")).unwrap_or_else(|| "queued".into());
             let id = check.get("id").and_then(Value::as_i64).unwrap_or_default();
             (s(check.get("head_sha")), name, id, status, s(check.get("conclusion")), s(check.get("details_url")))
         }
     };
-    let (Some(sha), Some(name)) = (sha, name) else { return Ok("ignored") };
-    let routes = st::routes(ch, installation, &repository, default_branch(payload), None).await?;
-    if routes.is_empty() {
-        return Ok("unrouted");
+    Some(Check { repository, sha: sha?, name: name?, external_id, status, conclusion, url })
+}
+
+/// An issue, pull request, comment, review or push: one item, in each project that connected
+/// the repository (`routes`, never empty).
+async fn on_item(ch: &mut Change, d: &Delivery<'_>, payload: &Value, update: &ItemUpdate, routes: &[Route], report: &mut Report) -> Result<&'static str, StoreError> {
+    let sender = Sender::of(d.event, payload);
+    let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
+    // What a new item holds: the update applied to nothing.
+    let first = projection::apply(&Value::Null, update).unwrap_or_else(|| json!({}));
+    for route in routes {
+        if let Some(item) = st::item_for_update(ch, route.org, route.project, &update.key(), &first, update.node_id.as_deref()).await? {
+            judge_item(ch, d, route, item, update, &sender, &trigger, report).await?;
+        }
     }
+    Ok("accepted")
+}
+
+/// A check run, check suite or commit status: stored by head SHA for gates, and applied to the
+/// pull requests whose head it is, in each project that connected the repository (`routes`,
+/// never empty).
+async fn on_check(ch: &mut Change, d: &Delivery<'_>, payload: &Value, check: &Check, routes: &[Route], report: &mut Report) -> Result<&'static str, StoreError> {
+    let Check { repository, sha, name, external_id, status, conclusion, url } = check;
     let sender = Sender::of(d.event, payload);
     let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
     let result = st::CheckResult {
-        repository: &repository,
-        head_sha: &sha,
-        name: &name,
+        repository,
+        head_sha: sha,
+        name,
         source: d.event,
-        external_id,
-        status: &status,
+        external_id: *external_id,
+        status,
         conclusion: conclusion.as_deref(),
         details_url: url.as_deref(),
     };
-    for route in &routes {
+    for route in routes {
         if !st::record_check(ch, route.org, route.project, &result).await? {
             continue;
         }

@@ -20,8 +20,8 @@ use crate::store::{cap, Change, Result, StoreError};
 pub(crate) static CATALOG: LazyLock<Catalog> = LazyLock::new(Catalog::default);
 
 /// A project a delivery is routed to: its repository is connected through the delivery's
-/// installation.
-#[derive(Debug, Clone)]
+/// installation. Read as one JSON value ([`ROUTE`]).
+#[derive(Debug, Clone, serde::Deserialize)]
 pub struct Route {
     pub org: OrgId,
     pub project: ProjectId,
@@ -38,54 +38,6 @@ impl Route {
     pub fn context(&self) -> Value {
         json!({ "slug": self.project_slug, "name": self.project_name })
     }
-}
-
-/// The projects of `installation`'s org that connected `repository` through it.
-/// The payload's `repository.default_branch`, when given, is what pull requests from the
-/// repository go to from now on (written only when it changed: GitHub's word, as a renamed
-/// default branch or a `master` repository says it). With `item` (an issue's or pull
-/// request's number, and the event: `pull_request.closed`), the steps of those projects
-/// watching it look again: each gets a wake due now with the event as its reason (a gate
-/// re-reads the head commit and its checks; a wait resolves when the event is the one it
-/// waits for). The engine reads the item after this change commits, with its projection.
-pub async fn routes(
-    ch: &mut Change,
-    installation: i64,
-    repository: &str,
-    default_branch: Option<&str>,
-    item: Option<(i64, &str)>,
-) -> Result<Vec<Route>> {
-    let rows = sqlx::query(&format!(
-        "WITH moved AS (UPDATE repositories SET default_branch = $3 WHERE full_name = $1 AND installation_id = $2 \
-                          AND $3::text IS NOT NULL AND default_branch IS DISTINCT FROM $3 RETURNING 1), \
-              woken AS (INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
-                        SELECT g.org_id, g.run_id, g.step_id, now(), $5 FROM repositories r \
-                        JOIN github_watches g ON g.project_id = r.project_id AND g.repository = $1 AND g.number = $4 AND g.org_id = r.org_id \
-                        WHERE r.full_name = $1 AND r.installation_id = $2 RETURNING 1) \
-         SELECT r.org_id, r.project_id, p.slug, p.name, {ROUTE_WORKFLOWS}, (SELECT count(*) FROM woken) AS woken \
-         FROM repositories r JOIN projects p ON p.project_id = r.project_id \
-         WHERE r.full_name = $1 AND r.installation_id = $2 ORDER BY r.project_id"
-    ))
-    .bind(repository.to_lowercase())
-    .bind(installation)
-    .bind(default_branch.filter(|b| !b.is_empty() && b.len() <= 255))
-    .bind(item.map(|(number, _)| number))
-    .bind(item.map(|(_, event)| cap(&format!("{WAKE_PREFIX}{event}"))))
-    .fetch_all(&mut *ch.tx)
-    .await?;
-    if rows.first().is_some_and(|r| r.get::<i64, _>("woken") > 0) {
-        ch.note_wake(std::time::Duration::ZERO);
-    }
-    rows.iter().map(route_of).collect()
-}
-
-/// A route's workflows (`Route::workflows`), as a column of a query on projects `p`.
-const ROUTE_WORKFLOWS: &str = "(SELECT coalesce(jsonb_agg(jsonb_build_array(w.workflow_id, w.name, w.latest_version, w.paused) ORDER BY w.name), '[]') \
-     FROM workflows w WHERE w.project_id = p.project_id AND w.org_id = p.org_id AND w.latest_version > 0) AS workflows";
-
-pub(crate) fn route_of(r: &sqlx::postgres::PgRow) -> Result<Route> {
-    let sqlx::types::Json(workflows) = r.try_get("workflows")?;
-    Ok(Route { org: r.get("org_id"), project: r.get("project_id"), project_slug: r.get("slug"), project_name: r.get("name"), workflows })
 }
 
 /// What a delivery said on its envelope.
@@ -105,28 +57,76 @@ pub struct Recorded {
     pub fresh: bool,
     /// The delivery's installation as stored (None when unknown).
     pub installation: Option<Installation>,
+    /// The projects the delivery is routed to, when it asked ([`RouteAsk`]) and its
+    /// installation is claimed and active; none otherwise.
+    pub routes: Vec<Route>,
 }
+
+/// What a delivery about an issue, a pull request or a check asks of the projects it reaches,
+/// read from its payload before it is recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteAsk<'a> {
+    /// The repository's `full_name`.
+    pub repository: &'a str,
+    /// The payload's `repository.default_branch`: what pull requests from the repository go
+    /// to from now on (written only when it changed: GitHub's word, as a renamed default
+    /// branch or a `master` repository says it).
+    pub default_branch: Option<&'a str>,
+    /// An issue's or pull request's number and the event (`pull_request.closed`): the steps of
+    /// those projects watching it look again, each with a wake due now with the event as its
+    /// reason (a gate re-reads the head commit and its checks; a wait resolves when the event
+    /// is the one it waits for). The engine reads the item after this change commits.
+    pub watched: Option<(i64, &'a str)>,
+}
+
+/// A route as one JSON value, for a query joined to `projects p`, with the project's workflows
+/// that have a version (id, name, latest version, paused), by name: judging needs no
+/// statement of its own for them ([`github_workflows`]).
+const ROUTE: &str = "jsonb_build_object('org', p.org_id, 'project', p.project_id, 'project_slug', p.slug, 'project_name', p.name, 'workflows', \
+     (SELECT coalesce(jsonb_agg(jsonb_build_array(w.workflow_id, w.name, w.latest_version, w.paused) ORDER BY w.name), '[]') \
+      FROM workflows w WHERE w.project_id = p.project_id AND w.org_id = p.org_id AND w.latest_version > 0))";
 
 /// Records a delivery by its `X-GitHub-Delivery` id, under the org that claimed its
 /// installation (none when unknown or unclaimed: stored all the same), and reads that
 /// installation, in one statement. A concurrent duplicate waits here until the first one
-/// commits.
-pub async fn record_delivery(ch: &mut Change, d: &DeliveryRow<'_>) -> Result<Recorded> {
+/// commits. With `ask`, a fresh delivery whose installation is claimed and active is routed by
+/// the same statement: to the projects of the installation's org that connected the repository
+/// through it, with what `ask` says written for them.
+pub async fn record_delivery(ch: &mut Change, d: &DeliveryRow<'_>, ask: Option<&RouteAsk<'_>>) -> Result<Recorded> {
     let row = sqlx::query(&format!(
         "WITH i AS (SELECT {INSTALLATION_COLUMNS} FROM github_installations WHERE installation_id = $4), \
               d AS (INSERT INTO github_deliveries (org_id, delivery_id, event, action, outcome, installation_id, repository) \
-                    VALUES ((SELECT org_id FROM i), $1, $2, $3, 'received', $4, $5) ON CONFLICT (delivery_id) DO NOTHING RETURNING 1) \
-         SELECT EXISTS (SELECT 1 FROM d) AS fresh, i.* FROM (VALUES (1)) AS one LEFT JOIN i ON true"
+                    VALUES ((SELECT org_id FROM i), $1, $2, $3, 'received', $4, $5) ON CONFLICT (delivery_id) DO NOTHING RETURNING 1), \
+              r AS (SELECT r.project_id, r.org_id, r.full_name FROM repositories r, i, d \
+                    WHERE r.full_name = $6 AND r.installation_id = $4 AND i.org_id IS NOT NULL AND NOT i.suspended AND NOT i.deleted), \
+              moved AS (UPDATE repositories m SET default_branch = $7 FROM r \
+                        WHERE m.project_id = r.project_id AND m.full_name = r.full_name AND $7::text IS NOT NULL \
+                          AND m.default_branch IS DISTINCT FROM $7), \
+              woken AS (INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \
+                        SELECT g.org_id, g.run_id, g.step_id, now(), $9 FROM r \
+                        JOIN github_watches g ON g.project_id = r.project_id AND g.repository = $6 AND g.number = $8 AND g.org_id = r.org_id \
+                        RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM d) AS fresh, (SELECT count(*) FROM woken) AS woken, \
+                (SELECT coalesce(jsonb_agg({ROUTE} ORDER BY r.project_id), '[]') FROM r JOIN projects p ON p.project_id = r.project_id) AS routes, \
+                i.* FROM (VALUES (1)) AS one LEFT JOIN i ON true"
     ))
     .bind(cap(d.id))
     .bind(cap(d.event))
     .bind(d.action.map(cap))
     .bind(d.installation)
     .bind(d.repository.map(cap))
+    .bind(ask.map(|a| a.repository.to_lowercase()))
+    .bind(ask.and_then(|a| a.default_branch).filter(|b| !b.is_empty() && b.len() <= 255))
+    .bind(ask.and_then(|a| a.watched).map(|(number, _)| number))
+    .bind(ask.and_then(|a| a.watched).map(|(_, event)| cap(&format!("{WAKE_PREFIX}{event}"))))
     .fetch_one(&mut *ch.tx)
     .await?;
+    if row.get::<i64, _>("woken") > 0 {
+        ch.note_wake(std::time::Duration::ZERO);
+    }
     let known: Option<i64> = row.get("installation_id");
-    Ok(Recorded { fresh: row.get("fresh"), installation: known.map(|_| installation_of(&row)) })
+    let sqlx::types::Json(routes) = row.try_get("routes")?;
+    Ok(Recorded { fresh: row.get("fresh"), installation: known.map(|_| installation_of(&row)), routes })
 }
 
 /// An item as stored, locked in the change.
@@ -264,14 +264,19 @@ pub async fn items_by_head(ch: &mut Change, org: OrgId, project: ProjectId, repo
 /// with the project each belongs to.
 pub async fn items_by_node(ch: &mut Change, org: OrgId, node_id: &str) -> Result<Vec<(ItemId, Route)>> {
     let rows = sqlx::query(
-        &format!("SELECT i.item_id, i.org_id, i.project_id, p.slug, p.name, {ROUTE_WORKFLOWS} FROM items i JOIN projects p ON p.project_id = i.project_id \
+        &format!("SELECT i.item_id, {ROUTE} AS route FROM items i JOIN projects p ON p.project_id = i.project_id \
          WHERE i.org_id = $1 AND i.node_id = $2 ORDER BY i.item_id"),
     )
     .bind(org)
     .bind(node_id)
     .fetch_all(&mut *ch.tx)
     .await?;
-    rows.iter().map(|r| Ok((r.get("item_id"), route_of(r)?))).collect()
+    rows.iter()
+        .map(|r| {
+            let sqlx::types::Json(route) = r.try_get("route")?;
+            Ok((r.get("item_id"), route))
+        })
+        .collect()
 }
 
 /// One check result, for gates on checks.
