@@ -315,8 +315,8 @@ async fn on_check(ch: &mut Change, d: &Delivery<'_>, payload: &Value, check: &Ch
             continue;
         }
         // Gates watching this commit look at their checks again.
-        crate::store::github::wake_checks(ch, route.org, route.project, &repository, &sha).await?;
-        for id in st::items_by_head(ch, route.org, route.project, &repository, &sha).await? {
+        crate::store::github::wake_checks(ch, route.org, route.project, repository, sha).await?;
+        for id in st::items_by_head(ch, route.org, route.project, repository, sha).await? {
             let Some(item) = st::lock_item(ch, route.org, id).await? else { continue };
             let update = ItemUpdate {
                 repository: repository.clone(),
