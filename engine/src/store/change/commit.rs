@@ -1,7 +1,8 @@
 //! A change's commit: the admission lines its ended runs leave handed on, its buffered events
 //! (with the outgoing webhook deliveries they make), audit entries and a webhook delivery's
-//! outcome written, at most one `NOTIFY`, then the event log. Apart from `Change` itself, so that what a commit calls
-//! (`admission::lines`, `webhooks_out`) may use a `Change` without a circle.
+//! outcome written, at most one `NOTIFY`, then the event log. Apart from `Change` itself, so
+//! that what a commit calls (`admission::lines`, `webhooks_out`) may use a `Change` without a
+//! circle.
 
 use std::time::Duration;
 
