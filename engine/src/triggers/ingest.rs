@@ -155,14 +155,13 @@ async fn ingest_once(pool: &Db, d: &Delivery<'_>, payload: &Value) -> Result<Ing
         (_, None, _) | (_, _, None) => "unrouted",
         (_, Some(Installation { org: None, .. }), _) => "unclaimed",
         (_, Some(inst), _) if inst.suspended || inst.deleted => "installation_inactive",
-        (_, Some(_), Some(_)) if !matches!(subject, Subject::Other) => match &subject {
+        ("projects_v2_item", Some(Installation { org: Some(org), .. }), Some(_)) => on_board(&mut ch, d, payload, *org, &mut report).await?,
+        (_, Some(_), Some(_)) => match &subject {
+            Subject::Other => "ignored",
             _ if routes.is_empty() => "unrouted",
             Subject::Item(update) => on_item(&mut ch, d, payload, update, &routes, &mut report).await?,
             Subject::Check(check) => on_check(&mut ch, d, payload, check, &routes, &mut report).await?,
-            Subject::Other => "ignored",
         },
-        ("projects_v2_item", Some(Installation { org: Some(org), .. }), Some(_)) => on_board(&mut ch, d, payload, *org, &mut report).await?,
-        _ => "ignored",
     };
     ch.finish_delivery(d.id, outcome, json!({ "claims": report.entries }));
     ch.commit().await?;

@@ -146,7 +146,8 @@ pub(crate) async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result
     // and the org's cap can hold (no concurrency group, board column or throttle) tries the
     // org's line in the same statement when the gates and budgets let it through: the lock
     // `try_lock_queue` would take next, a round trip sooner (`org_free`).
-    let org_next = c.at_submit && def.concurrency.is_none() && def.throttle.is_none() && rules::board_columns(&def).is_empty();
+    let columns = rules::board_columns(&def);
+    let org_next = c.at_submit && def.concurrency.is_none() && def.throttle.is_none() && columns.is_empty();
     let (name, wf_paused, project_paused, has_budgets, org_free): (String, bool, bool, bool, Option<bool>) = sqlx::query_as(
         "SELECT w.name, w.paused, p.paused, b.any, \
                 CASE WHEN $3 AND NOT w.paused AND NOT p.paused AND NOT b.any THEN \
@@ -226,7 +227,6 @@ pub(crate) async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result
 
     // Board columns with a WIP limit that this workflow moves cards into. A run in line at a
     // column whose limit was removed since leaves that line (its row is locked to do so).
-    let columns = rules::board_columns(&def);
     let in_board_line = s.wait.as_ref().filter(|(q, _)| rules::queue_kind(q) == QueueKind::Board).map(|(q, _)| q.clone());
     if !columns.is_empty() || in_board_line.is_some() {
         let limits: Vec<(String, String, i32)> = sqlx::query_as(
