@@ -11,7 +11,7 @@
 //! | `engine_runs_per_s`, `engine_steps_per_s` | `BENCH_RUNS` (20,000) runs of three crew steps in a row on `BENCH_ENGINES` (2) engines with the test executor, first step's start to last run's end |
 //! | `engine_runs_per_s_vs_pgbench_tps` | the two above, as a ratio |
 //! | `host_steps_per_s` | the same workflow's steps run by 4 `shopfloor host` processes (4 slots each, the `command` harness running `true`, no repository) claiming from one `shopfloor api`, 2 engines without the test executor; `BENCH_HOST_RUNS` runs (at most 2,000 by default), first step's lease to last run's end; `host_steps_note` says how many |
-//! | `wake_p50_ms`, `wake_p99_ms` | an idle pool: submit's commit to the first step's start |
+//! | `wake_p50_ms`, `wake_p99_ms` | an idle, warm pool (200 runs first, as the peer is warm from its chains): submit's commit to the first step's start |
 //! | `peer_chains_per_s`, `peer_wake_p50_ms`, `peer_wake_p99_ms` | the peer, graphile-worker with its default settings (`peer.rs`): `BENCH_PEER_CHAINS` (2,000) chains of three jobs, and its idle wake measured as ours |
 //! | `engine_runs_per_s_vs_peer`, `wake_p50_vs_peer`, `wake_p99_vs_peer` | ours over the peer's (throughput: above 1 is ahead; latency: below 1 is ahead) |
 //! | `idle_statements_60s` | statements an idle pool sends in 60 s |

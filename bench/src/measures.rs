@@ -121,6 +121,9 @@ pub(crate) struct Wake {
 /// same submission in every run); of 1,000 it is the tenth.
 pub(crate) const WAKES: usize = 1_000;
 
+/// Runs that warm the pool before [`WAKES`] are measured.
+const WAKE_WARMUP: usize = 200;
+
 /// With the pool idle: [`WAKES`] runs submitted one at a time 10 ms apart; latency from the
 /// submit's transaction to the first step's start. Then, once the pool is quiescent, 60 s of
 /// idleness, counted.
@@ -128,7 +131,12 @@ pub(crate) async fn wake_latency_and_idle(b: &Bench, idle_secs: u64) -> Result<W
     let (db, seed) = b.database("bench_wake", ONE_STEP).await?;
     let _e1 = b.engine(&db, "e1")?;
     let _e2 = b.engine(&db, "e2")?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Warm, as the peer is when its wakes are measured (after its chains) and as a pool that
+    // has been up a while is: a burst of runs first, so that both engines' pools have opened
+    // their connections and prepared their statements. Cold, the first second's wakes waited
+    // for those (10 to 60 ms) and decided the p99.
+    submit_many(&db, &seed, WAKE_WARMUP, 1, json!({})).await?;
+    until_count(&db.pool, "SELECT count(*) FROM runs WHERE status <> 'running'", WAKE_WARMUP as i64, Duration::from_secs(120)).await?;
     // The database's clock as the submit's change starts committing: the run's own
     // `created_at` is its transaction's start, before admission's statements and the commit.
     let mut committing = Vec::with_capacity(WAKES);
@@ -140,7 +148,7 @@ pub(crate) async fn wake_latency_and_idle(b: &Bench, idle_secs: u64) -> Result<W
         committing.push((run.0, at));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    until_count(&db.pool, "SELECT count(*) FROM runs WHERE status <> 'running'", WAKES as i64, Duration::from_secs(120)).await?;
+    until_count(&db.pool, "SELECT count(*) FROM runs WHERE status <> 'running'", (WAKE_WARMUP + WAKES) as i64, Duration::from_secs(120)).await?;
     let (ids, ats): (Vec<uuid::Uuid>, Vec<chrono::DateTime<chrono::Utc>>) = committing.into_iter().unzip();
     let mut lat: Vec<f64> = sqlx::query_scalar(
         "SELECT (extract(epoch FROM s.started_at - c.at) * 1000)::float8 \
