@@ -137,14 +137,15 @@ pub(crate) async fn wake_latency_and_idle(b: &Bench, idle_secs: u64) -> Result<W
     // for those (10 to 60 ms) and decided the p99.
     submit_many(&db, &seed, WAKE_WARMUP, 1, json!({})).await?;
     until_count(&db.pool, "SELECT count(*) FROM runs WHERE status <> 'running'", WAKE_WARMUP as i64, Duration::from_secs(120)).await?;
-    // The database's clock as the submit's change starts committing: the run's own
-    // `created_at` is its transaction's start, before admission's statements and the commit.
+    // The database's clock as the submit's last statement before `COMMIT` runs (the one that
+    // writes the run's events and audit entry), as the peer's clock is read just before its
+    // `COMMIT`: the run's own `created_at` is its transaction's start, before admission's
+    // statements and the events'.
     let mut committing = Vec::with_capacity(WAKES);
     for _ in 0..WAKES {
         let mut ch = Change::begin(&db.pool, Actor::System).await?;
         let run = runs::submit(&mut ch, crate::setup::new_run(&seed, json!({}))).await?;
-        let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(ch.conn()).await?;
-        ch.commit().await?;
+        let at = ch.commit_clocked().await?;
         committing.push((run.0, at));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use super::{Change, NOTIFY_CHANNEL};
 use crate::db::Db;
 use crate::event_log;
@@ -24,8 +26,8 @@ impl Change {
     /// entries in one statement, which also sends the change's notification: `notice` when
     /// the statement made no delivery, `on_delivery` when it did (a delivery is a job due now
     /// for whichever engine sends it). A webhook delivery's outcome is written by it too.
-    /// Answers whether it made a delivery.
-    async fn flush(&mut self, notice: Option<&str>, on_delivery: &str) -> Result<bool> {
+    /// Answers whether it made a delivery, and the database's clock as the statement ran.
+    async fn flush(&mut self, notice: Option<&str>, on_delivery: &str) -> Result<(bool, DateTime<Utc>)> {
         let (e, a) = (std::mem::take(&mut self.events), std::mem::take(&mut self.audits));
         let outcome = self.delivery_outcome.take();
         let outcome_cte = if outcome.is_some() { OUTCOME_CTE } else { "" };
@@ -41,7 +43,8 @@ impl Change {
              SELECT o, p, $11, $12, a, tk, ti, d FROM UNNEST($13::uuid[], $14::uuid[], $15::text[], $16::text[], $17::text[], $18::jsonb[]) AS u(o, p, a, tk, ti, d)) \
              {DELIVERIES_CTE}{outcome_cte} \
              SELECT n > 0, CASE WHEN n > 0 THEN pg_notify('{NOTIFY_CHANNEL}', $19)::text \
-                                WHEN $20::text IS NOT NULL THEN pg_notify('{NOTIFY_CHANNEL}', $20)::text END \
+                                WHEN $20::text IS NOT NULL THEN pg_notify('{NOTIFY_CHANNEL}', $20)::text END, \
+                    clock_timestamp() \
              FROM (SELECT count(*) AS n FROM d) c"
         );
         let mut query = sqlx::query_as(&sql)
@@ -68,11 +71,11 @@ impl Change {
         if let Some(o) = outcome {
             query = query.bind(o.id).bind(o.outcome).bind(o.detail);
         }
-        let (delivered, _): (bool, Option<String>) = query.fetch_one(&mut *self.tx).await?;
+        let (delivered, _, clock): (bool, Option<String>, DateTime<Utc>) = query.fetch_one(&mut *self.tx).await?;
         if event_log::enabled() {
             self.written.extend(e);
         }
-        Ok(delivered)
+        Ok((delivered, clock))
     }
 
     /// The notification's words for a wake due after `delay`, if any: `w<ms>`, then the runs
@@ -85,7 +88,20 @@ impl Change {
     /// Writes the buffered events and audit entries and commits, with at most one `NOTIFY`:
     /// when a wake was written for another process, a transcript grew, or (at most every
     /// `EVENTS_NOTICE_INTERVAL` per process) events were appended.
-    pub async fn commit(mut self) -> Result<()> {
+    pub async fn commit(self) -> Result<()> {
+        self.finish(false).await.map(|_| ())
+    }
+
+    /// Commits as [`commit`](Change::commit) does, answering the database's clock as the
+    /// change's last statement before `COMMIT` ran: where `make bench` starts a wake's latency,
+    /// as it starts the peer's (a clock read just before its `COMMIT`).
+    pub async fn commit_clocked(self) -> Result<DateTime<Utc>> {
+        Ok(self.finish(true).await?.expect("a clocked finish reads the clock"))
+    }
+
+    /// The commit, reading the clock last when `clocked` (for free when the events' statement
+    /// runs, which reads it anyway).
+    async fn finish(mut self, clocked: bool) -> Result<Option<DateTime<Utc>>> {
         // Queue rows are locked last, so that a change never holds one while it waits for a
         // run's lock or takes a stronger lock on the same row later.
         if !self.releases.is_empty() {
@@ -100,6 +116,7 @@ impl Change {
             words.push("e".to_owned());
         }
         let notice = (!words.is_empty()).then(|| words.join(" "));
+        let mut clock = None;
         if self.events.is_empty() && self.audits.is_empty() {
             if let Some(o) = self.delivery_outcome.take() {
                 sqlx::query(OUTCOME_SQL).bind(o.id).bind(o.outcome).bind(o.detail).execute(&mut *self.tx).await?;
@@ -107,13 +124,18 @@ impl Change {
             if let Some(notice) = &notice {
                 sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(notice).execute(&mut *self.tx).await?;
             }
+            if clocked {
+                clock = Some(sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(&mut *self.tx).await?);
+            }
         } else {
             // The rows and the notification in one round trip.
             let on_delivery = self.words(Some(Duration::ZERO)).join(" ");
-            if self.flush(notice.as_deref(), &on_delivery).await? {
+            let (delivered, at) = self.flush(notice.as_deref(), &on_delivery).await?;
+            if delivered {
                 // The delivery's `w0` told the streams too.
                 owes_events = false;
             }
+            clock = Some(at);
         }
         Db::commit(self.tx).await?;
         if owes_events {
@@ -132,6 +154,6 @@ impl Change {
             extra: &e.extra,
         }));
         std::mem::take(&mut self.tally).committed();
-        Ok(())
+        Ok(clock)
     }
 }
