@@ -124,8 +124,9 @@ pub(crate) const WAKES: usize = 1_000;
 /// Runs that warm the pool before [`WAKES`] are measured.
 const WAKE_WARMUP: usize = 200;
 
-/// With the pool idle: [`WAKES`] runs submitted one at a time 10 ms apart; latency from the
-/// submit's transaction to the first step's start. Then, once the pool is quiescent, 60 s of
+/// With the pool idle and warm ([`WAKE_WARMUP`] runs through it first): [`WAKES`] runs
+/// submitted one at a time 10 ms apart; latency from the submit's last statement before
+/// `COMMIT` to the first step's start. Then, once the pool is quiescent, 60 s of
 /// idleness, counted.
 pub(crate) async fn wake_latency_and_idle(b: &Bench, idle_secs: u64) -> Result<Wake> {
     let (db, seed) = b.database("bench_wake", ONE_STEP).await?;
@@ -145,7 +146,7 @@ pub(crate) async fn wake_latency_and_idle(b: &Bench, idle_secs: u64) -> Result<W
     for _ in 0..WAKES {
         let mut ch = Change::begin(&db.pool, Actor::System).await?;
         let run = runs::submit(&mut ch, crate::setup::new_run(&seed, json!({}))).await?;
-        let at = ch.commit_clocked().await?;
+        let at = ch.commit_clocked().await?.context("a submit writes its run's events, so its commit reads the clock")?;
         committing.push((run.0, at));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

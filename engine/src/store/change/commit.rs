@@ -89,19 +89,14 @@ impl Change {
     /// when a wake was written for another process, a transcript grew, or (at most every
     /// `EVENTS_NOTICE_INTERVAL` per process) events were appended.
     pub async fn commit(self) -> Result<()> {
-        self.finish(false).await.map(|_| ())
+        self.commit_clocked().await.map(|_| ())
     }
 
     /// Commits as [`commit`](Change::commit) does, answering the database's clock as the
-    /// change's last statement before `COMMIT` ran: where `make bench` starts a wake's latency,
-    /// as it starts the peer's (a clock read just before its `COMMIT`).
-    pub async fn commit_clocked(self) -> Result<DateTime<Utc>> {
-        Ok(self.finish(true).await?.expect("a clocked finish reads the clock"))
-    }
-
-    /// The commit, reading the clock last when `clocked` (for free when the events' statement
-    /// runs, which reads it anyway).
-    async fn finish(mut self, clocked: bool) -> Result<Option<DateTime<Utc>>> {
+    /// statement that wrote the change's events and audit entries ran, its last before
+    /// `COMMIT`; `None` when it wrote none. Where `make bench` starts a wake's latency, as it
+    /// starts the peer's (a clock read just before its `COMMIT`).
+    pub async fn commit_clocked(mut self) -> Result<Option<DateTime<Utc>>> {
         // Queue rows are locked last, so that a change never holds one while it waits for a
         // run's lock or takes a stronger lock on the same row later.
         if !self.releases.is_empty() {
@@ -116,17 +111,14 @@ impl Change {
             words.push("e".to_owned());
         }
         let notice = (!words.is_empty()).then(|| words.join(" "));
-        let mut clock = None;
-        if self.events.is_empty() && self.audits.is_empty() {
+        let clock = if self.events.is_empty() && self.audits.is_empty() {
             if let Some(o) = self.delivery_outcome.take() {
                 sqlx::query(OUTCOME_SQL).bind(o.id).bind(o.outcome).bind(o.detail).execute(&mut *self.tx).await?;
             }
             if let Some(notice) = &notice {
                 sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(notice).execute(&mut *self.tx).await?;
             }
-            if clocked {
-                clock = Some(sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(&mut *self.tx).await?);
-            }
+            None
         } else {
             // The rows and the notification in one round trip.
             let on_delivery = self.words(Some(Duration::ZERO)).join(" ");
@@ -135,8 +127,8 @@ impl Change {
                 // The delivery's `w0` told the streams too.
                 owes_events = false;
             }
-            clock = Some(at);
-        }
+            Some(at)
+        };
         Db::commit(self.tx).await?;
         if owes_events {
             EventsNotice::owe(&self.pool);
