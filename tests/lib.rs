@@ -57,19 +57,27 @@ impl EngineProcess {
 
     /// As [`EngineProcess::start`], with `program` as the `shopfloor` to run (a command that
     /// runs it, such as [`netns::Netns::command`], with settings of its own in its environment).
-    pub fn spawn(mut program: Command, database_url: &str, id: &str, effects: &Path) -> EngineProcess {
-        let child = program
-            .args(["engine", "--test-executor", "--engine-id", id, "--log", "warn"])
-            .arg("--test-effects")
-            .arg(effects)
+    pub fn spawn(program: Command, database_url: &str, id: &str, effects: &Path) -> EngineProcess {
+        let child = engine_command(program, id, effects, "warn")
             .env("DATABASE_URL", database_url)
-            .env("SHOPFLOOR_DRAIN_SECS", "5")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn shopfloor engine");
         EngineProcess { proc: process::Proc(child), id: id.to_owned() }
     }
+}
+
+/// `program` (a `shopfloor`) as `shopfloor engine` `id` with the test executor, recording what
+/// it executes in `effects`, draining for 5 s and logging at `log`; its database and output are
+/// the caller's to set.
+pub fn engine_command(mut program: Command, id: &str, effects: &Path, log: &str) -> Command {
+    program
+        .args(["engine", "--test-executor", "--engine-id", id, "--log", log])
+        .arg("--test-effects")
+        .arg(effects)
+        .env("SHOPFLOOR_DRAIN_SECS", "5");
+    program
 }
 
 pub use engine::testkit::Seed;

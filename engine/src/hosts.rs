@@ -2,6 +2,7 @@
 //! claims a crew step (an [`Assignment`]), what its session reports carry ([`Usage`]), and the
 //! branch a crew step works on. Pure data and functions; the writes are in `store::hosts`.
 
+use protocol::{Caps, Item, Usage};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{is_word, RunId, StepId};
@@ -76,8 +77,9 @@ pub fn issue_branch(number: i64, title: &str) -> String {
 }
 
 /// A step handed to the host, with what it needs to run it: what `claim` answers.
-// The OpenAPI document names it `AssignmentDoc`, and its parts `CapsDoc`, `RepositoryDoc` and
-// `ItemDoc`, as before the API took this type for its own.
+// The OpenAPI document names it `AssignmentDoc`, and its `RepositoryRef` `RepositoryDoc`, as
+// before the API took this type for its own. Its caps and item are the `protocol` crate's; it
+// stays the server's own because the host reads ids as text and never journals the token.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = AssignmentDoc))]
 pub struct Assignment {
@@ -103,7 +105,7 @@ pub struct Assignment {
     /// `shopfloor/<issue>-<slug>`.
     pub branch: Option<String>,
     /// The issue or pull request the run is about.
-    pub item: Option<ItemRef>,
+    pub item: Option<Item>,
     /// A pull request is opened from this step's work later in the run: the agent is asked to
     /// write its description.
     pub pr_body: bool,
@@ -114,21 +116,6 @@ pub struct Assignment {
     /// The run's W3C trace context (`00-<trace id>-<span id>-<flags>`): the host's span of
     /// the attempt joins the run's trace. Absent when the server exports no traces.
     pub traceparent: Option<String>,
-}
-
-/// The caps a host enforces (the server enforces them too, through heartbeats).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = CapsDoc))]
-pub struct Caps {
-    /// The node's `caps.turns` (`--max-turns`); a session past it is stopped `turn_cap`.
-    pub turns: Option<u32>,
-    /// What the session may spend (`--max-budget-usd`): the least of the node's `caps.usd` and
-    /// what is left of the run's `usd_per_run` and of the project's and org's hard limits, at
-    /// the claim.
-    pub usd: Option<f64>,
-    /// The step's timeout: SIGINT at this point, the process group killed after the host's
-    /// grace.
-    pub timeout_secs: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -143,58 +130,14 @@ pub struct RepositoryRef {
     pub token: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = ItemDoc))]
-pub struct ItemRef {
-    pub number: Option<i64>,
-    pub title: Option<String>,
+/// A session's reported cost, when it is a cost.
+pub fn reported(usage: &Usage) -> Option<f64> {
+    usage.cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(round_cost)
 }
 
-/// A session's running totals (cumulative).
-// Cumulative, so a report sent twice changes nothing. The doc comments are the OpenAPI
-// document's (`UsageDoc`, as before the API took this type for its own).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = UsageDoc))]
-#[serde(deny_unknown_fields)]
-pub struct Usage {
-    #[serde(default)]
-    pub input_tokens: i64,
-    #[serde(default)]
-    pub output_tokens: i64,
-    /// Null while unknown.
-    // A harness killed before its result line reports no cost.
-    #[serde(default)]
-    pub cost_usd: Option<f64>,
-    #[serde(default)]
-    pub turns: i32,
-    #[serde(default)]
-    pub tool_calls: i32,
-    #[serde(default)]
-    pub model: Option<String>,
-    /// The host's estimate of the cost so far, from each message's token counts and its price
-    /// table (Claude Code reports its cost only at the end, Codex never). Budgets count the
-    /// larger of this and `cost_usd`.
-    // Null when the host made none (an older host, a command).
-    #[serde(default)]
-    pub estimated_cost_usd: Option<f64>,
-    /// `price_table`, or `unknown_model` when a model was priced at the table's dearest row.
-    #[serde(default)]
-    pub estimate_basis: Option<String>,
-    /// The output tokens are a lower bound: no result line counted them.
-    #[serde(default)]
-    pub output_tokens_lower_bound: bool,
-}
-
-impl Usage {
-    /// The reported cost, when it is a cost.
-    pub fn reported(&self) -> Option<f64> {
-        self.cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(round_cost)
-    }
-
-    /// The estimate, when it is one.
-    pub fn estimated(&self) -> Option<f64> {
-        self.estimated_cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(round_cost)
-    }
+/// A session's estimated cost, when it is one.
+pub fn estimated(usage: &Usage) -> Option<f64> {
+    usage.estimated_cost_usd.filter(|c| c.is_finite() && *c >= 0.0).map(round_cost)
 }
 
 /// What a session has spent, as far as the server knows: the larger of the host's estimate and
@@ -204,11 +147,11 @@ impl Usage {
 /// than the estimate was.
 pub fn spend_figure(usage: &Usage, reported_before: Option<f64>) -> f64 {
     // Reported costs are cumulative: a lower one than before is a stale report.
-    let reported = match (usage.reported(), reported_before) {
+    let reported = match (reported(usage), reported_before) {
         (Some(now), Some(before)) => now.max(before),
         (now, before) => now.or(before).unwrap_or(0.0),
     };
-    round_cost(reported.max(usage.estimated().unwrap_or(0.0)))
+    round_cost(reported.max(estimated(usage).unwrap_or(0.0)))
 }
 
 /// A cost rounded to a millionth of a dollar: harnesses report float noise past the sixth

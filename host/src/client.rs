@@ -1,10 +1,13 @@
 //! The host protocol as the host calls it (`/api/v1/host/…` on the server): register, claim,
 //! start, heartbeat, session, complete; a held step's fresh installation token; messages
 //! acknowledged. The types mirror the server's OpenAPI document; unknown
-//! fields in answers are ignored, so a newer server does not break an older host.
+//! fields in answers are ignored, so a newer server does not break an older host. The wire
+//! types the server shares are the `protocol` crate's; those here differ from the server's
+//! (ids it parses, a token the journal leaves out, fields it makes optional).
 
 use std::time::Duration;
 
+use protocol::{Caps, Item, StepToken, StopStep, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -81,15 +84,6 @@ pub struct Assignment {
     pub traceparent: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Caps {
-    #[serde(default)]
-    pub turns: Option<u32>,
-    #[serde(default)]
-    pub usd: Option<f64>,
-    pub timeout_secs: u64,
-}
-
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct Repository {
     pub full_name: String,
@@ -109,20 +103,6 @@ impl std::fmt::Debug for Repository {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .finish()
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Item {
-    #[serde(default)]
-    pub number: Option<i64>,
-    #[serde(default)]
-    pub title: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct StopStep {
-    pub step: String,
-    pub state: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -152,49 +132,11 @@ pub struct Message {
     pub text: String,
 }
 
-/// A held step's fresh installation token, when the server has one to give.
-#[derive(Clone, Deserialize)]
-pub struct StepToken {
-    #[serde(default)]
-    pub token: Option<String>,
-}
-
-impl std::fmt::Debug for StepToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StepToken").field("token", &self.token.as_ref().map(|_| "<redacted>")).finish()
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Line {
     pub seq: i64,
     pub stream: &'static str,
     pub line: String,
-}
-
-/// A session's running totals (cumulative).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Usage {
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-    pub cost_usd: Option<f64>,
-    pub turns: i32,
-    pub tool_calls: i32,
-    pub model: Option<String>,
-    /// The host's estimate of the session's cost so far (USD), from each message's token counts
-    /// and the price table (`prices`): Claude Code prints its own figure only on its result line,
-    /// Codex never does. Once a result line came, the reported cost plus the estimate of what
-    /// came after it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub estimated_cost_usd: Option<f64>,
-    /// `price_table`, or `unknown_model` when a model is not in the table and was priced at the
-    /// most expensive row.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub estimate_basis: Option<String>,
-    /// The output tokens are a lower bound: no result line counted them (the session runs, or
-    /// was killed before printing one), only the last snapshot of each message.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub output_tokens_lower_bound: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -31,9 +31,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use protocol::Usage;
 use serde_json::Value;
 
-use crate::client::{Assignment, Usage};
+use crate::client::Assignment;
 use crate::prices::{Basis, Prices, Tokens};
 
 /// Which harness, from the assignment's word.

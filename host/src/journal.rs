@@ -156,7 +156,7 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Caps;
+    use protocol::Caps;
 
     pub(crate) fn assignment(step: &str) -> Assignment {
         Assignment {

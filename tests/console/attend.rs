@@ -4,12 +4,12 @@
 //! from Today, and relative times that move on while the page stays open. Every page it visits
 //! gets `accessibility` and `fits`.
 
-use engine::hosts::Usage;
 use engine::ids::RunId;
 use engine::store::hosts::{self as host_store, Completion};
 use engine::store::steps::{Failure, FailureClass};
 use engine::store::{Actor, Change};
 use fantoccini::Locator;
+use protocol::Usage;
 use serde_json::json;
 
 use crate::browser::register_host;

@@ -5,9 +5,10 @@
 
 use std::time::Duration;
 
-use engine::hosts::{Capability, Usage};
+use engine::hosts::Capability;
 use engine::store::hosts::{self as host_store, HostRow, LogLine, NewHost};
 use engine::store::{Actor, Change};
+use protocol::Usage;
 use serde_json::json;
 use shopfloor_tests::github_fake::oauth::Account;
 
@@ -27,7 +28,7 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
     let agent = app.submit(&org, org.agent).await;
     app.until_asked(approval).await;
     app.until_build_pending(agent).await;
-    app.oauth.as_ref().unwrap().sign_in_as(Account {
+    app.github.sign_in_as(Account {
         login: "acme-owner".into(),
         id: 1,
         emails: vec![],

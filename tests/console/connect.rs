@@ -31,19 +31,11 @@ async fn rest(
     token: &str,
     body: Value,
 ) -> (StatusCode, Value) {
-    let response = reqwest::Client::new()
-        .request(method, app.url(path))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .expect("the server answers");
-    let status = response.status();
-    let is_problem = response
-        .headers()
+    let (status, headers, bytes) = app.send(method, path, Some(token), Some(&body)).await;
+    let is_problem = headers
         .get("content-type")
         .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
-    let body = response.json::<Value>().await.unwrap_or(Value::Null);
+    let body = serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null);
     if status.is_client_error() {
         assert!(is_problem, "a {status} is problem+json: {body}");
     }
@@ -84,7 +76,7 @@ fn query_param(url: &str, name: &str) -> Option<String> {
 async fn githubs_install_flow_connects_an_installation_and_then_its_repositories() {
     let app = App::start(false).await;
     let acme = app.org("acme").await;
-    let oauth = app.oauth.as_ref().unwrap();
+    let oauth = &app.github;
     let hooks = WebhookClient::new(&app.base, WEBHOOK_SECRET);
     announce(&hooks, "d-created").await;
     assert_eq!(count(&app, "SELECT count(*) FROM github_installations WHERE installation_id = 4242 AND org_id IS NULL").await, 1, "announced, and no org's");
@@ -241,7 +233,7 @@ async fn githubs_install_flow_connects_an_installation_and_then_its_repositories
 async fn a_state_that_is_not_this_browsers_claims_nothing() {
     let app = App::start(false).await;
     let acme = app.org("acme").await;
-    let oauth = app.oauth.as_ref().unwrap();
+    let oauth = &app.github;
     announce(&WebhookClient::new(&app.base, WEBHOOK_SECRET), "d-created").await;
     oauth.grant("acme-owner", INSTALLATION, "Acme");
     oauth.sign_in_as(person("acme-owner"));
@@ -280,7 +272,7 @@ async fn no_org_takes_an_installation_or_a_repository_it_cannot_prove() {
     let app = App::start(false).await;
     let acme = app.org("acme").await;
     let evil = app.org("evil").await;
-    let oauth = app.oauth.as_ref().unwrap();
+    let oauth = &app.github;
     let claims = |org: &str| format!("/api/v1/orgs/{org}/github/installations");
     let claim = |token: &str| json!({ "installation_id": INSTALLATION, "github_token": token });
     let nothing_claimed = "SELECT count(*) FROM github_installations WHERE org_id IS NOT NULL";
@@ -429,7 +421,7 @@ async fn the_apps_own_api_announces_an_installation_whose_webhook_never_came() {
     fake.add_installation(5151, "Acme", &["Acme/Widgets"]);
     let app = App::start_with(false, Some(github_app(&fake))).await;
     let acme = app.org("acme").await;
-    let oauth = app.oauth.as_ref().unwrap();
+    let oauth = &app.github;
     oauth.grant("acme-owner", 5151, "Acme");
     let token = oauth.token_for(person("acme-owner"));
 

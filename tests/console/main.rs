@@ -9,6 +9,8 @@ mod attend;
 mod browser;
 mod chromium;
 mod connect;
+#[path = "../../api/tests/it/harness.rs"]
+mod harness;
 mod operate;
 mod pages;
 mod scale;

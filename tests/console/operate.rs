@@ -29,10 +29,7 @@ impl Drop for Proc {
 
 /// Signs in as the org's owner through the fake GitHub, and lands on Today.
 pub(crate) async fn sign_in(d: &Driver, app: &App, slug: &str) -> Client {
-    app.oauth
-        .as_ref()
-        .expect("the fake GitHub")
-        .sign_in_as(Account {
+    app.github.sign_in_as(Account {
             login: format!("{slug}-owner"),
             id: 1,
             emails: vec![],

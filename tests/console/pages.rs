@@ -235,7 +235,7 @@ async fn github_sign_in_finds_the_person_by_login_or_verified_email() {
     let app = App::start(false).await;
     let _acme = app.org("acme").await;
     let _other = app.org("other").await;
-    let oauth = app.oauth.as_ref().unwrap();
+    let oauth = &app.github;
     let mut b = Browser::new(&app.base);
 
     // By login: the owner of acme.

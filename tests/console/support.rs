@@ -1,6 +1,7 @@
-//! What the console's tests share: the API with the console served on a loopback port against
-//! a database of the test's own, the fake GitHub OAuth, an in-process engine (without the test
-//! executor: crew steps wait for a host, as in production), two orgs with their people, and an
+//! What the console's tests share beyond the harness of the API's tests (`harness`, from
+//! `api/tests/it/harness.rs`: a database of the test's own, the fake GitHub OAuth, the app
+//! served on a loopback port): the app with the console, an in-process engine (without the test
+//! executor: crew steps wait for a host, as in production), orgs with their people, and an
 //! HTTP client that keeps the session cookie by hand.
 
 use std::collections::HashMap;
@@ -11,13 +12,12 @@ use api::http::AppState;
 use engine::ids::{OrgId, ProjectId, RunId, UserId, WorkflowId};
 use engine::pool::PoolConfig;
 use engine::store::{Actor, Change, workflows};
-use engine::testkit::{Engine, TestDb, test_db};
 use reqwest::StatusCode;
 use reqwest::header::{COOKIE, HeaderMap, LOCATION, SET_COOKIE};
 use shopfloor_tests::github_fake::oauth::{CLIENT_ID, CLIENT_SECRET, FakeOauth};
-use shopfloor_tests::in_process::{self, Served};
-use shopfloor_tests::Seed;
-use tokio_util::sync::CancellationToken;
+
+pub(crate) use crate::harness::App;
+use crate::harness::token;
 
 pub(crate) const APPROVAL: &str = include_str!("../workflows/approve_release.yaml");
 pub(crate) const AGENT: &str = include_str!("../workflows/agent.yaml");
@@ -32,14 +32,6 @@ pub(crate) struct Org {
     pub(crate) approve: WorkflowId,
     pub(crate) agent: WorkflowId,
     pub(crate) slow: WorkflowId,
-}
-
-pub(crate) struct App {
-    pub(crate) db: TestDb,
-    pub(crate) base: String,
-    pub(crate) oauth: Option<FakeOauth>,
-    stop: CancellationToken,
-    engine: Option<Engine>,
 }
 
 /// The console's settings pointing at the fake GitHub.
@@ -74,43 +66,22 @@ impl App {
         github_app: Option<std::sync::Arc<engine::github::GithubApp>>,
     ) -> App {
         init_tracing();
-        let db = test_db().await;
-        let oauth = FakeOauth::start().await;
-        let state = AppState::new(
-            db.pool.clone(),
-            db.url.parse().unwrap(),
-            engine::testkit::secret_key(),
-        );
-        if let Some(app) = github_app {
-            state.use_github_app(app);
-        }
-        let router = app(state.clone(), console_config(&oauth));
-        let serving = state.clone();
-        let Served { base, stop } =
-            in_process::serve(router, false, move || serving.close_streams()).await;
-        let engine = with_engine.then(|| {
+        let mut served = App::serve(false, |state, github| {
+            if let Some(app) = github_app {
+                state.use_github_app(app);
+            }
+            app(state.clone(), console_config(github))
+        })
+        .await;
+        if with_engine {
             let cfg = PoolConfig {
                 max_in_flight: 16,
                 drain: Duration::from_secs(2),
-                ..engine::testkit::pool_config("console-test-engine", &db.url, None)
+                ..engine::testkit::pool_config("console-test-engine", &served.db.url, None)
             };
-            Engine::start(&db.pool, cfg)
-        });
-        App {
-            db,
-            base,
-            oauth: Some(oauth),
-            stop,
-            engine,
+            served.start_engine(cfg);
         }
-    }
-
-    pub(crate) fn pool(&self) -> &engine::db::Db {
-        &self.db.pool
-    }
-
-    pub(crate) fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        served
     }
 
     /// The one value `sql` reads, with `arg` as $1.
@@ -143,19 +114,6 @@ impl App {
         browser
     }
 
-    /// Stops everything and drops the database (tests leave waiting runs on purpose).
-    pub(crate) async fn discard(mut self) {
-        self.stop.cancel();
-        if let Some(e) = &self.engine {
-            e.stop();
-        }
-        if let Some(o) = self.oauth.take() {
-            o.stop();
-        }
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        self.db.discard().await;
-    }
-
     /// An org with a project `web`, the three workflows, an owner (GitHub login `<slug>-owner`)
     /// and a viewer, with a token each.
     pub(crate) async fn org(&self, slug: &str) -> Org {
@@ -173,8 +131,9 @@ impl App {
         let (slow, _) = workflows::put_version(&mut ch, id, project, "slow", SLOW)
             .await
             .unwrap();
-        let owner_token = token(&mut ch, id, owner, "owner").await;
-        let viewer_token = token(&mut ch, id, viewer, "viewer").await;
+        let day = chrono::Duration::days(1);
+        let owner_token = token(&mut ch, id, owner, "owner", day).await;
+        let viewer_token = token(&mut ch, id, viewer, "viewer", day).await;
         ch.commit().await.unwrap();
         // Test setup: people's GitHub logins are recorded by whoever adds them (not yet an API).
         sqlx::query("UPDATE users SET github_login = $2 WHERE user_id = $1")
@@ -197,13 +156,7 @@ impl App {
 
     /// Submits a run of `workflow` through the store, as the REST submit does.
     pub(crate) async fn submit(&self, org: &Org, workflow: WorkflowId) -> RunId {
-        let seed = Seed {
-            org: org.id,
-            project: org.project,
-            workflow,
-            version: 1,
-        };
-        shopfloor_tests::submit_inputs(self.pool(), &seed, &[serde_json::json!({})]).await[0]
+        self.submit_to(org.id, org.project, workflow).await
     }
 
     /// A run of `org`'s `approve`, once it is parked at its approval.
@@ -238,26 +191,6 @@ impl App {
         let sql = "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'build' AND state = 'pending')";
         self.until(run, sql, "a crew step for a host").await;
     }
-
-    /// Waits until `sql` (the run bound as $1) is true.
-    pub(crate) async fn until(&self, run: RunId, sql: &str, what: &str) {
-        shopfloor_tests::until_run(self.pool(), run, sql, what).await;
-    }
-}
-
-/// A day's token of `user` as `role` in `org`.
-async fn token(ch: &mut Change, org: OrgId, user: UserId, role: &'static str) -> String {
-    let token = api::auth::UserToken {
-        org,
-        user,
-        project: None,
-        role,
-        name: "test",
-        ttl: chrono::Duration::days(1),
-    };
-    api::auth::issue_user_token(ch, &engine::testkit::secret_key(), token)
-        .await
-        .unwrap()
 }
 
 /// A browser-like HTTP client: no automatic redirects, cookies kept by hand.

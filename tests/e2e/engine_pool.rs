@@ -1,10 +1,12 @@
 //! The engine pool as real processes: throughput with two engines, recovery after SIGKILL, a
 //! PostgreSQL restart, and an idle pool that sends nothing.
 
+use std::path::Path;
 use std::time::Duration;
 
+use engine::db::Db;
 use engine::testkit::{join_and_loop, test_db, TestDb};
-use serde_json::json;
+use serde_json::{json, Value};
 use shopfloor_tests::{check_invariants, effects_count, own_cluster, scalar, seed, submit_many, until_all_done, EngineProcess, Invariants};
 
 /// Steps per run: plan, left, right, ci (fails), left, ci, ship.
@@ -21,10 +23,17 @@ struct TwoEngines {
 async fn two_engines_with_runs(db: &TestDb, runs: usize) -> TwoEngines {
     let dir = tempfile::tempdir().unwrap();
     let effects = dir.path().join("effects");
-    let s = seed(&db.pool, &join_and_loop("shipped")).await;
-    let engines = [EngineProcess::start(&db.url, "a", &effects), EngineProcess::start(&db.url, "b", &effects)];
-    submit_many(&db.pool, &s, runs, json!({ "test": { "gate_fail_visits": [1] } })).await;
+    let engines = engines_with_runs(&db.url, &db.pool, &effects, ["a", "b"], runs, json!({ "test": { "gate_fail_visits": [1] } })).await;
     TwoEngines { effects, _engines: engines, _dir: dir }
+}
+
+/// Engines `ids` with the test executor on the database at `url`, recording what they execute
+/// in `effects`, then `runs` join-and-loop runs with `input` submitted through `pool`.
+async fn engines_with_runs<const N: usize>(url: &str, pool: &Db, effects: &Path, ids: [&str; N], runs: usize, input: Value) -> [EngineProcess; N] {
+    let s = seed(pool, &join_and_loop("shipped")).await;
+    let engines = ids.map(|id| EngineProcess::start(url, id, effects));
+    submit_many(pool, &s, runs, input).await;
+    engines
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -51,10 +60,8 @@ async fn a_killed_engines_leased_steps_are_recovered_by_the_other() {
     let db = test_db().await;
     let dir = tempfile::tempdir().unwrap();
     let effects = dir.path().join("effects");
-    let s = seed(&db.pool, &join_and_loop("shipped")).await;
-    let mut victim = EngineProcess::start(&db.url, "victim", &effects);
     // Each step takes 3 s, so the victim is sure to hold leased steps when it dies.
-    submit_many(&db.pool, &s, 20, json!({ "test": { "step_ms": 3000, "gate_fail_visits": [1] } })).await;
+    let [mut victim] = engines_with_runs(&db.url, &db.pool, &effects, ["victim"], 20, json!({ "test": { "step_ms": 3000, "gate_fail_visits": [1] } })).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while scalar(&db.pool, "SELECT count(*) FROM steps WHERE state = 'running' AND holder = 'engine:victim'").await < 20 {
         assert!(tokio::time::Instant::now() < deadline, "the victim never held 20 steps");
@@ -84,10 +91,7 @@ async fn engines_reconnect_after_a_postgres_restart_and_finish_every_run() {
     let dir = tempfile::tempdir().unwrap();
     let (own, pg, pool) = own_cluster(dir.path()).await;
     let effects = dir.path().join("effects");
-    let s = seed(&pool, &join_and_loop("shipped")).await;
-    let _a = EngineProcess::start(&pg.url, "a", &effects);
-    let _b = EngineProcess::start(&pg.url, "b", &effects);
-    submit_many(&pool, &s, 200, json!({ "test": { "step_ms": 50, "gate_fail_visits": [1] } })).await;
+    let _engines = engines_with_runs(&pg.url, &pool, &effects, ["a", "b"], 200, json!({ "test": { "step_ms": 50, "gate_fail_visits": [1] } })).await;
     // Mid-flight: some runs finished, others not yet.
     let underway = async {
         while scalar(&pool, "SELECT count(*) FROM runs WHERE status = 'completed'").await == 0 {

@@ -5,7 +5,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use chrono::{DateTime, Duration, NaiveDate, Utc};
+use chrono::{Duration, NaiveDate, Utc};
 use engine::ids::ProjectId;
 use engine::store::budgets;
 use serde::{Deserialize, Serialize};
@@ -17,25 +17,9 @@ use super::extract::{Json, Path, Query};
 use super::tenant::{OrgScope, ProjectScope};
 use super::AppState;
 
-/// A limit with its spend in the current period.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Budget {
-    /// The project's slug; absent for the org's own limit.
-    pub project: Option<String>,
-    /// `day` or `month` (UTC).
-    pub period: String,
-    pub usd_limit: f64,
-    /// A hard limit also stops crew steps (`budget_hard_stop`); a soft one only holds new runs.
-    pub hard: bool,
-    /// Spent in the current day or month.
-    pub spent_usd: f64,
-    /// When the period ends and spend starts again from zero.
-    pub resets_at: DateTime<Utc>,
-}
-
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct BudgetList {
-    pub items: Vec<Budget>,
+    pub items: Vec<budgets::BudgetView>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -104,19 +88,10 @@ async fn list_of(state: &AppState, scope: &OrgScope, project: Option<ProjectId>)
     let mut conn = state.db.begin().await?;
     let rows = budgets::list(&mut conn, scope.org, project).await?;
     drop(conn);
-    let names = slugs(state, scope.org).await?;
     let items = rows
         .into_iter()
         // A token limited to one project sees the org's limits and its project's only.
         .filter(|b| b.project_id.is_none() || scope.caller.project.is_none_or(|p| Some(p) == b.project_id))
-        .map(|b| Budget {
-            project: b.project_id.and_then(|p| names.get(&p).cloned()),
-            period: b.period,
-            usd_limit: b.usd_limit,
-            hard: b.hard,
-            spent_usd: b.spent_usd,
-            resets_at: b.resets_at,
-        })
         .collect();
     Ok(BudgetList { items })
 }

@@ -6,6 +6,7 @@ mod bad_input;
 mod cli;
 mod end_to_end;
 mod events;
+mod harness;
 mod host_budget;
 mod idempotency;
 mod limits;

@@ -1,16 +1,16 @@
-//! What every API test needs: a per-test database, the router served on a loopback port, an
+//! What every API test needs beyond the harness it shares with the console's tests
+//! (`harness.rs`: a per-test database, the router served on a loopback port): an
 //! org with a token per role (and the tokens that must fail), an in-process engine (whose
-//! webhook deliveries resolve names only from the test's own table), and helpers to send
-//! requests and read problem bodies.
+//! webhook deliveries resolve names only from the test's own table), and helpers for JSON
+//! requests and problem bodies.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use api::auth::{issue_user_token_with_id, Claims, UserToken};
 use api::http::limits::LimitArgs;
-use api::http::{router, AppState, Problem};
+use api::http::{router, Problem};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use chrono::Utc;
@@ -20,15 +20,14 @@ use engine::jobs::WebhookClient;
 use engine::net_guard::Policy;
 use engine::pool::PoolConfig;
 use engine::store::{api_writes, workflows, Actor, Change};
-use engine::testkit::{test_db, Engine, TestDb, APPROVAL};
+use engine::testkit::APPROVAL;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use engine::db::Db;
-use shopfloor_tests::github_fake::oauth::FakeOauth;
-use shopfloor_tests::in_process::{self, Served};
-use tokio_util::sync::CancellationToken;
+
+pub(crate) use crate::harness::App;
+use crate::harness::token;
 
 /// One org's people: a token per role.
 pub(crate) struct Org {
@@ -41,17 +40,6 @@ pub(crate) struct Org {
     pub(crate) member: String,
     pub(crate) member_user: UserId,
     pub(crate) viewer: String,
-}
-
-/// The server under test.
-pub(crate) struct App {
-    pub(crate) db: TestDb,
-    /// GitHub's API as people's tokens reach it (`/user/installations`).
-    pub(crate) github: FakeOauth,
-    pub(crate) base: String,
-    pub(crate) http: reqwest::Client,
-    stop: CancellationToken,
-    engine: Option<Engine>,
 }
 
 /// Names the in-process engines resolve, and to what: tests never ask the system's DNS.
@@ -98,13 +86,12 @@ impl App {
     }
 
     async fn start_with(webhooks: Policy) -> App {
-        let db = test_db().await;
-        let state = AppState::new(db.pool.clone(), db.url.parse().unwrap(), engine::testkit::secret_key());
-        state.use_webhook_policy(webhooks);
-        let github = FakeOauth::start().await;
-        state.use_github_user_api(&github.url);
-        let Served { base, stop } = in_process::serve(router(state.clone()), false, move || state.close_streams()).await;
-        App { db, github, base, http: reqwest::Client::new(), stop, engine: None }
+        App::serve(false, |state, github| {
+            state.use_webhook_policy(webhooks);
+            state.use_github_user_api(&github.url);
+            router(state.clone())
+        })
+        .await
     }
 
     /// Also runs an engine with the test executor in this process.
@@ -124,7 +111,7 @@ impl App {
 
     async fn with_engine_executing(test_executor: bool, webhooks: Webhooks) -> App {
         let mut app = App::start_with(webhooks.api).await;
-        app.start_engine(test_executor, webhooks);
+        app.start_engine(engine_config(&app, test_executor, webhooks));
         app
     }
 
@@ -132,77 +119,24 @@ impl App {
     /// the console), each request with its peer's address, under `limits`; and an engine with
     /// the test executor.
     pub(crate) async fn with_limits(limits: &LimitArgs, webhook_secret: &str) -> App {
-        let db = test_db().await;
-        let state = AppState::new(db.pool.clone(), db.url.parse().unwrap(), engine::testkit::secret_key());
-        state.use_limits(limits);
-        let github = FakeOauth::start().await;
-        let app = api::cli::app(&state, Some(webhook_secret.to_owned().into()), api::console::ConsoleConfig::default());
-        let Served { base, stop } = in_process::serve(app, true, move || state.close_streams()).await;
-        let mut app = App { db, github, base, http: reqwest::Client::new(), stop, engine: None };
-        app.start_engine(true, Webhooks::public());
+        let mut app = App::serve(true, |state, _| {
+            state.use_limits(limits);
+            api::cli::app(state, Some(webhook_secret.to_owned().into()), api::console::ConsoleConfig::default())
+        })
+        .await;
+        app.start_engine(engine_config(&app, true, Webhooks::public()));
         app
-    }
-
-    fn start_engine(&mut self, test_executor: bool, webhooks: Webhooks) {
-        let cfg = PoolConfig {
-            test_executor: test_executor.then_some(TestExecutor { effects: None }),
-            webhooks: WebhookClient::with_resolver(webhooks.engine, Arc::new(webhooks.names)).expect("the delivery client builds"),
-            ..engine::testkit::pool_config("api-test-engine", &self.db.url, None)
-        };
-        self.engine = Some(Engine::start(&self.db.pool, cfg));
-    }
-
-    pub(crate) fn pool(&self) -> &Db {
-        &self.db.pool
     }
 
     /// Submits a run of the org's `approve` workflow through the store, in a change of its own.
     pub(crate) async fn submit_approval(&self, org: &Org) -> RunId {
         let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(self.pool()).await.unwrap();
-        let seed = shopfloor_tests::Seed { org: org.id, project: org.project, workflow, version: 1 };
-        shopfloor_tests::submit_inputs(self.pool(), &seed, &[serde_json::json!({})]).await[0]
+        self.submit_to(org.id, org.project, workflow).await
     }
 
     /// Stops the server (and engine), then checks the teardown invariants and drops the db.
     pub(crate) async fn finish(self) {
-        self.stop_serving().await;
-        self.db.finish().await;
-    }
-
-    /// Stops and drops the database without checks (for tests that leave wakes on purpose).
-    pub(crate) async fn discard(self) {
-        self.stop_serving().await;
-        self.db.discard().await;
-    }
-
-    async fn stop_serving(&self) {
-        self.stop.cancel();
-        if let Some(e) = &self.engine {
-            e.stop();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-
-    pub(crate) fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
-    }
-
-    /// Sends a request with an optional bearer token and JSON body.
-    pub(crate) async fn send(&self, method: Method, path: &str, token: Option<&str>, body: Option<&Value>) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
-        let mut req = self.http.request(method, self.url(path));
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let resp = req.send().await.expect("request reaches the server");
-        let status = resp.status();
-        let headers = resp.headers().clone();
-        // An event stream never ends: its status and headers are the answer.
-        let streaming = headers.get(reqwest::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        let bytes = if streaming { Vec::new() } else { resp.bytes().await.map(|b| b.to_vec()).unwrap_or_default() };
-        (status, headers, bytes)
+        self.stop_serving().await.finish().await;
     }
 
     /// Registers `host` (its name, capabilities, …) in the org's project `web` through the
@@ -253,15 +187,16 @@ impl App {
         ch.commit().await.unwrap();
         token
     }
-
-    /// Waits until `sql` (with the run bound as $1) returns true.
-    pub(crate) async fn until(&self, run: RunId, sql: &str, what: &str) {
-        shopfloor_tests::until_run(self.pool(), run, sql, what).await;
-    }
 }
 
-async fn token(ch: &mut Change, org: OrgId, user: UserId, role: &'static str, ttl: chrono::Duration) -> String {
-    issue_user_token_with_id(ch, &engine::testkit::secret_key(), UserToken { org, user, project: None, role, name: "test", ttl }).await.unwrap().1
+/// The engine of an in-process app: with the test executor or leaving crew steps to hosts, and
+/// these webhook settings.
+fn engine_config(app: &App, test_executor: bool, webhooks: Webhooks) -> PoolConfig {
+    PoolConfig {
+        test_executor: test_executor.then_some(TestExecutor { effects: None }),
+        webhooks: WebhookClient::with_resolver(webhooks.engine, Arc::new(webhooks.names)).expect("the delivery client builds"),
+        ..engine::testkit::pool_config("api-test-engine", &app.db.url, None)
+    }
 }
 
 /// A token whose claims are right but whose signature is made with another secret.

@@ -182,29 +182,36 @@ pub async fn remaining(conn: &mut sqlx::PgConnection, org: OrgId, project: Proje
 }
 
 /// A limit with its spend in the current period.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+// The API shows it as it is (the OpenAPI document's `Budget`), naming its project by slug.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, sqlx::FromRow)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = Budget))]
 pub struct BudgetView {
     /// `None`: the org's limit.
+    #[serde(skip)]
     pub project_id: Option<ProjectId>,
+    /// The project's slug; absent for the org's own limit.
+    pub project: Option<String>,
     /// `day` or `month` (UTC).
     pub period: String,
     pub usd_limit: f64,
+    /// A hard limit also stops crew steps (`budget_hard_stop`); a soft one only holds new runs.
     pub hard: bool,
     /// Spent in the current day or month.
     pub spent_usd: f64,
-    /// When the period ends and its spend starts again from zero.
+    /// When the period ends and spend starts again from zero.
     pub resets_at: DateTime<Utc>,
 }
 
 /// The org's limits, or one project's and the org's.
 pub async fn list(conn: &mut sqlx::PgConnection, org: OrgId, project: Option<ProjectId>) -> Result<Vec<BudgetView>> {
     Ok(sqlx::query_as(&format!(
-        "SELECT b.project_id, b.period, b.usd_limit::float8 AS usd_limit, b.hard, \
+        "SELECT b.project_id, p.slug AS project, b.period, b.usd_limit::float8 AS usd_limit, b.hard, \
                 (SELECT coalesce(sum(s.usd), 0)::float8 FROM spend s WHERE s.org_id = b.org_id \
                    AND (b.project_id IS NULL OR s.project_id = b.project_id) \
                    AND s.day >= CASE b.period WHEN 'day' THEN {TODAY} ELSE {MONTH_START} END) AS spent_usd, \
                 CASE b.period WHEN 'day' THEN ({TODAY} + 1)::timestamp ELSE ({MONTH_START} + interval '1 month') END AT TIME ZONE 'UTC' AS resets_at \
-         FROM budgets b WHERE b.org_id = $1 AND ($2::uuid IS NULL OR b.project_id IS NULL OR b.project_id = $2) \
+         FROM budgets b LEFT JOIN projects p ON p.org_id = b.org_id AND p.project_id = b.project_id \
+         WHERE b.org_id = $1 AND ($2::uuid IS NULL OR b.project_id IS NULL OR b.project_id = $2) \
          ORDER BY b.project_id NULLS FIRST, b.period"
     ))
     .bind(org)

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use engine::db::Db;
 use tokio::time::Instant;
 
-use crate::fixtures::{add_workflow, cancel, new_run, poison, seed, started, until, until_done, with_input, Seed};
+use crate::fixtures::{finish, add_workflow, cancel, new_run, poison, seed, started, until, until_done, with_input, Seed};
 
 const PLAIN: &str = include_str!("../../../tests/workflows/one_crew_step.yaml");
 
@@ -135,8 +135,7 @@ async fn queue_runs_at_most_the_limit_at_once_and_releases_in_line_order() {
     assert!(lines.len() >= 40, "most runs waited in line: {}", lines.len());
     assert_in_order(&lines);
     assert_leases_counted(&db.pool).await;
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 #[tokio::test]
@@ -156,8 +155,7 @@ async fn skip_refuses_new_runs_while_the_group_is_full() {
     let again = submit(&db.pool, with_input(&s, json!({}))).await.unwrap();
     assert_eq!(statuses(&db.pool, &[again]).await[0].0, "completed");
     assert_eq!(max_running(&db.pool, s.workflow).await, 3);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 #[tokio::test]
@@ -178,8 +176,7 @@ async fn drop_cancels_the_oldest_run_in_line_for_the_newest() {
     .unwrap();
     assert_eq!(dropped_with_steps, 0, "a dropped run never started");
     assert_eq!(max_running(&db.pool, s.workflow).await, 2);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 #[tokio::test]
@@ -240,8 +237,7 @@ nodes:
         assert!(starts[i + 10] - starts[i] >= 1.0 - 1e-6, "11 starts within a second: {} and {}", starts[i], starts[i + 10]);
     }
     assert_in_order(&released(&db.pool, s.workflow).await);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 async fn set_cap(pool: &Db, org: OrgId, cap: i32) {
@@ -278,8 +274,7 @@ async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
     let (parent_wf, version) = add_workflow(&db.pool, &s, "parent", "name: parent\nnodes:\n  spawn:\n    workflow: { name: wf }\n").await;
     let parent = submit(&db.pool, NewRun { workflow: parent_wf, version, ..new_run(&s) }).await.unwrap();
     assert_eq!(statuses(&db.pool, &[parent]).await[0].0, "completed");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 /// A run failed without words (its journal refuses the run's events, so even `run.failed`
@@ -309,8 +304,7 @@ async fn a_run_failed_without_its_journal_hands_its_room_on() {
         .unwrap();
     assert!(bare.iter().any(|d| d["without_event"] == json!(true)), "{bare:?}");
     assert_leases_counted(&db.pool).await;
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 async fn held_in_line(pool: &Db, run: RunId) -> bool {
@@ -368,8 +362,7 @@ async fn a_paused_workflow_or_project_holds_new_runs_until_unpaused() {
         .await
         .unwrap();
     assert_eq!(kinds, ["run.started", "run.held", "run.held", "run.admitted", "run.completed"]);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 async fn set_budget(pool: &Db, org: OrgId, project: Option<ProjectId>, usd: f64, hard: bool) {
@@ -621,8 +614,7 @@ async fn a_full_board_column_holds_runs_that_move_cards_into_it_and_releases_the
     let lines = released(&db.pool, s.workflow).await;
     assert_eq!(lines.len(), 3);
     assert_in_order(&lines);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 /// A `projects_v2_item.edited` delivery moving an item's card to `column`.

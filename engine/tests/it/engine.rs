@@ -8,7 +8,7 @@ use engine::store::{approvals, Actor, Change};
 use serde_json::{json, Map};
 use engine::db::Db;
 
-use crate::fixtures::{approve, reject, scalar, started, submit_new, until, until_done, with_input};
+use crate::fixtures::{finish, approve, reject, scalar, started, submit_new, until, until_done, with_input};
 
 async fn nodes_in_order(pool: &Db, run: RunId) -> Vec<String> {
     sqlx::query_scalar("SELECT node || ':' || state FROM steps WHERE run_id = $1 ORDER BY started_seq").bind(run).fetch_all(pool).await.unwrap()
@@ -25,8 +25,7 @@ async fn a_run_walks_a_join_and_a_gate_loop_to_completion() {
         steps,
         ["plan:succeeded", "left:succeeded", "right:succeeded", "ci:failed", "left:succeeded", "ci:succeeded", "ship:succeeded"]
     );
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const WAIT: &str = include_str!("../../../tests/workflows/wait.yaml");
@@ -40,8 +39,7 @@ async fn a_wait_fires_at_its_due_time_not_before() {
     // Never early, by the database's own clock (how late is `make bench`'s to measure).
     let on_time: bool = scalar(&db.pool, "SELECT ended_at >= started_at + interval '2 seconds' FROM steps WHERE run_id = $1 AND node = 'nap'", run).await;
     assert!(on_time, "the wait ended before its two seconds");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 #[tokio::test]
@@ -66,6 +64,5 @@ async fn an_approval_parks_the_run_until_answered_with_its_fields() {
     let (status, reason) = until_done(&db.pool, run, Duration::from_secs(10)).await;
     assert_eq!((status.as_str(), reason.as_deref()), ("cancelled", Some("rejected at ask: not now")));
     assert_eq!(nodes_in_order(&db.pool, run).await, ["ask:failed"]);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }

@@ -45,6 +45,13 @@ pub(crate) async fn started(source: &str) -> (TestDb, Seed, Engine) {
     (db, s, eng)
 }
 
+/// The end of a test with an engine: stops the engine, then checks the teardown invariants and
+/// drops the database.
+pub(crate) async fn finish(eng: Engine, db: TestDb) {
+    eng.stop();
+    db.finish().await;
+}
+
 /// A test database seeded with `source` and a run of it submitted, with no engine to move it.
 pub(crate) async fn submitted(source: &str) -> (TestDb, Seed, RunId) {
     let db = test_db().await;

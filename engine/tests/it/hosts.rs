@@ -4,13 +4,14 @@
 use std::time::Duration;
 
 use engine::catalog::Catalog;
-use engine::hosts::{Capability, Usage};
+use engine::hosts::Capability;
 use engine::ids::{HostId, RunId, StepId};
 use engine::store::hosts::{self, Completion, HostRow, LogLine, NewHost};
 use engine::store::steps::{self, Initial, NewStep};
 use engine::store::tenants::{self, TokenRecord};
 use engine::store::{runs, signing_keys, Actor, Change, StoreError};
 use engine::testkit::test_db;
+use protocol::Usage;
 use serde_json::json;
 use engine::db::Db;
 

@@ -16,7 +16,7 @@ use engine::testkit::{test_db, Engine, TestDb};
 use serde_json::{json, Value};
 use engine::db::Db;
 
-use crate::fixtures::{add_workflow, approve, cancel, new_run, reject, rerun, scalar, seed, started, submit_new, submitted, until, until_done, with_input, Seed};
+use crate::fixtures::{finish, add_workflow, approve, cancel, new_run, reject, rerun, scalar, seed, started, submit_new, submitted, until, until_done, with_input, Seed};
 
 /// Approves the run's start (a workflow with `approval: required`).
 async fn approve_start(pool: &Db, org: OrgId, run: RunId) {
@@ -146,8 +146,7 @@ async fn a_failed_step_retries_with_doubling_backoff_and_only_on_listed_exit_cod
     assert_eq!(status(&db.pool, exhausted).await, ("failed".into(), Some("attempts_exhausted".into())));
     assert_eq!(steps_of(&db.pool, exhausted).await.len(), 3);
     assert_eq!(why(&db.pool, s.org, exhausted).await.text, "Finished: failed at build: attempts_exhausted");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const HOST_STEP: &str = include_str!("../../../tests/workflows/host_step.yaml");
@@ -238,8 +237,7 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
     );
     let classes: Vec<String> = sqlx::query_scalar("SELECT failure_class FROM steps WHERE run_id = $1").bind(run).fetch_all(&db.pool).await.unwrap();
     assert_eq!(classes, ["infrastructure"; 3]);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const TIMEOUT: &str = include_str!("../../../tests/workflows/timeout.yaml");
@@ -272,8 +270,7 @@ async fn a_node_past_stop_the_line_attempts_fails_the_run_naming_it() {
         ["plan:1.1:succeeded", "build:1.1:succeeded", "ci:1.1:failed:gate_failed", "build:2.1:succeeded", "ci:2.1:failed:gate_failed"]
     );
     assert_eq!(why(&db.pool, s.org, run).await.text, "Finished: failed at build: stopped_line:build");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const ROUTE: &str = include_str!("../../../tests/workflows/route.yaml");
@@ -291,8 +288,7 @@ async fn a_decision_takes_the_first_true_case_or_fails_with_route_unknown() {
     assert_eq!(status(&db.pool, none).await, ("failed".into(), Some("route:$unknown".into())));
     assert_eq!(steps_of(&db.pool, none).await, ["size:1.1:failed:route:$unknown"]);
     assert_eq!(why(&db.pool, s.org, none).await.text, "Finished: failed at size: route:$unknown");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const CONTINUE: &str = include_str!("../../../tests/workflows/continue.yaml");
@@ -310,8 +306,7 @@ async fn continue_on_error_goes_on_and_a_failure_handler_runs_instead_of_what_fo
         steps_of(&db.pool, build_fails).await,
         ["lint:1.1:succeeded", "build:1.1:failed:exit_code:1", "notify:1.1:succeeded"]
     );
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const END: &str = include_str!("../../../tests/workflows/end.yaml");
@@ -324,8 +319,7 @@ async fn an_end_node_finishes_the_run_at_once_and_cancels_what_is_still_open() {
     assert_eq!(steps_of(&db.pool, run).await, ["slow:1.1:cancelled:run ended", "quick:1.1:succeeded", "stop:1.1:succeeded"]);
     assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM wakes WHERE run_id = $1", run).await, 0);
     assert_eq!(why(&db.pool, s.org, run).await.text, "Finished: failed at stop: ended:end_run");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const PARENT: &str = include_str!("../../../tests/workflows/parent_of_middle.yaml");
@@ -383,8 +377,7 @@ async fn a_parent_awaits_its_child_and_cancelling_it_cancels_the_waiting_tree() 
     let decision: Option<String> = scalar(&db.pool, "SELECT decision FROM approvals WHERE run_id = $1", leaf).await;
     assert_eq!(decision.as_deref(), Some("withdrawn"));
     assert_eq!(why(&db.pool, s.org, middle).await.text, format!("Finished: cancelled: parent {parent} is no longer running"));
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const GUARDED: &str = include_str!("../../../tests/workflows/guarded.yaml");
@@ -414,8 +407,7 @@ async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
     until_steps(&db.pool, run, "the run's approval", |s| s == ["$start:1.1:waiting"]).await;
     reject(&db.pool, s.org, run, approvals::RUN_APPROVAL_NODE, "no").await;
     assert_eq!(status(&db.pool, run).await, ("cancelled".into(), Some("rejected at $start: no".into())));
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const EXPIRES: &str = include_str!("../../../tests/workflows/expires.yaml");
@@ -439,8 +431,7 @@ async fn an_unanswered_approval_with_a_timeout_resolves_with_timed_out() {
     let decision: String = scalar(&db.pool, "SELECT decision FROM approvals WHERE run_id = $1", run).await;
     assert_eq!(decision, "timed_out");
     assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM run_events WHERE run_id = $1 AND kind = 'run.wait_expired'", run).await, 1);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 #[tokio::test]
@@ -469,8 +460,7 @@ nodes:
     let ended: chrono::DateTime<chrono::Utc> = scalar(&db.pool, "SELECT ended_at FROM steps WHERE run_id = $1 AND node = 'nap'", run).await;
     let late = ended - until;
     assert!(late >= chrono::Duration::zero(), "woke {late} before its time");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const EVENT: &str = include_str!("../../../tests/workflows/event.yaml");
@@ -488,8 +478,7 @@ async fn an_event_wait_awaits_its_event_until_its_deadline() {
     }
     assert!(w.text.starts_with("Waiting for pull_request.closed at merged (deadline "), "{}", w.text);
     cancel(&db.pool, s.org, run, "done looking").await;
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const DRY: &str = include_str!("../../../tests/workflows/dry.yaml");
@@ -538,8 +527,7 @@ async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it
     }
     let source: Option<RunId> = scalar(&db.pool, "SELECT source_run_id FROM runs WHERE run_id = $1", again).await;
     assert_eq!(source, None, "the rerun outlives its source");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const RERUN: &str = include_str!("../../../tests/workflows/rerun.yaml");
@@ -584,8 +572,7 @@ async fn a_rerun_runs_everything_again_and_a_rerun_from_a_node_reuses_what_came_
     assert_eq!(status(&db.pool, from_plan).await.0, "completed");
     assert_eq!(effects.of(from_plan), ["plan 1 1", "build 1 1", "ship 1 1"]);
     assert_eq!(steps_of(&db.pool, from_plan).await, ["docs:1.1:succeeded", "plan:1.1:succeeded", "build:1.1:succeeded", "ship:1.1:succeeded"]);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const CANCEL: &str = include_str!("../../../tests/workflows/cancel.yaml");
@@ -614,8 +601,7 @@ async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion()
     assert_eq!(steps_of(&db.pool, run).await[0], "slow:1.1:cancelled:superseded");
     let last: String = scalar(&db.pool, "SELECT kind FROM run_events WHERE run_id = $1 ORDER BY seq DESC LIMIT 1", run).await;
     assert_eq!(last, "run.cancelled");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const TWO_CREW: &str = include_str!("../../../tests/workflows/two_crew.yaml");
@@ -730,8 +716,7 @@ async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
     let versions: Vec<i32> =
         sqlx::query_scalar("SELECT workflow_version FROM runs WHERE run_id = ANY($1) ORDER BY created_at").bind(vec![old.0, new.0]).fetch_all(&db.pool).await.unwrap();
     assert_eq!(versions, [1, 2]);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const PROMPTED: &str = include_str!("../../../tests/workflows/prompted.yaml");
@@ -748,8 +733,7 @@ async fn an_approval_prompt_is_rendered_and_its_deadline_is_a_time() {
     assert_eq!(attrs["prompt"], "Ship the widget?");
     let said: chrono::DateTime<chrono::Utc> = serde_json::from_value(attrs["deadline"].clone()).unwrap_or_else(|e| panic!("{attrs}: {e}"));
     assert_eq!(said, deadline, "the event names when the approval times out");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const BAD_CHILD_INPUT: &str = include_str!("../../../tests/workflows/bad_input.yaml");
@@ -767,8 +751,7 @@ async fn a_child_input_that_does_not_render_fails_its_step_naming_it() {
     let reason = reason.unwrap_or_default();
     assert!(reason.starts_with("template_error: input `big` of spawn"), "{reason}");
     assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM runs WHERE parent_run_id = $1", run).await, 0, "no child with an empty input");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 #[tokio::test]
@@ -787,8 +770,7 @@ async fn a_rerun_of_a_workflow_that_requires_approval_waits_for_it_again() {
         assert_eq!(name(&why(&db.pool, s.org, again).await), Some("awaiting_signal"));
         assert!(!steps_of(&db.pool, again).await.iter().any(|s| s.starts_with("build:")), "nothing ran before the approval");
     }
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }
 
 const EVENT_WAIT_SHORT: &str = include_str!("../../../tests/workflows/short.yaml");
@@ -823,6 +805,5 @@ async fn an_event_wait_announces_itself_expires_and_is_withdrawn() {
     assert!(attrs["deadline"].is_string(), "{attrs}");
     cancel(&db.pool, s.org, waiting, "not needed").await;
     assert_eq!(lifecycle(&db.pool, waiting).await, ["run.started", "run.awaiting", "run.wait_withdrawn", "run.cancelled"]);
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }

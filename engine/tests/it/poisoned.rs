@@ -10,7 +10,7 @@ use engine::store::engine_errors::ENGINE_ERROR_LIMIT;
 use engine::testkit::{test_db, Engine};
 use serde_json::Value;
 
-use crate::fixtures::{count, poison, seed, submit, TWO_STEPS};
+use crate::fixtures::{finish, count, poison, seed, submit, TWO_STEPS};
 
 #[tokio::test]
 async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
@@ -51,6 +51,5 @@ async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
     let kinds: Vec<(i64, String)> = sqlx::query_as("SELECT seq, kind FROM run_events WHERE run_id = $1 ORDER BY seq").bind(poisoned).fetch_all(&db.pool).await.unwrap();
     assert!(kinds.iter().enumerate().all(|(i, (seq, _))| *seq == i as i64 + 1), "{kinds:?}");
     assert_eq!(kinds.last().map(|k| k.1.as_str()), Some("run.failed"), "{kinds:?}");
-    eng.stop();
-    db.finish().await;
+    finish(eng, db).await;
 }

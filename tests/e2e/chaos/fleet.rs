@@ -19,7 +19,7 @@ use std::time::Duration;
 use shopfloor_tests::netns::{Link, Netns};
 use shopfloor_tests::process::Proc;
 use shopfloor_tests::proxy::Proxy;
-use shopfloor_tests::{shopfloor_bin, EngineProcess};
+use shopfloor_tests::{engine_command, shopfloor_bin, EngineProcess};
 use tokio::time::Instant;
 
 use super::{Rng, SECRET};
@@ -219,17 +219,16 @@ impl Fleet {
         };
         // Each process's log goes to a file of its own, kept when the suite fails.
         let log = OpenOptions::new().create(true).append(true).open(self.dir.join(format!("{}-{}.log", kind_word(slot.kind), slot.name))).expect("open the log");
-        let mut cmd = if slot.isolated() { self.netns.command(shopfloor_bin()) } else { Command::new(shopfloor_bin()) };
-        match slot.kind {
+        let program = if slot.isolated() { self.netns.command(shopfloor_bin()) } else { Command::new(shopfloor_bin()) };
+        let mut cmd = match slot.kind {
             Kind::Engine => {
                 let github = if slot.isolated() { &self.github_isolated_url } else { &self.github_url };
-                cmd.args(["engine", "--test-executor", "--engine-id", &id, "--log", "info"])
-                    .arg("--test-effects")
-                    .arg(&self.effects)
-                    .env("SHOPFLOOR_DRAIN_SECS", "5");
+                let mut cmd = engine_command(program, &id, &self.effects, "info");
                 shopfloor_tests::github_fake::as_app(&mut cmd, github, 5);
+                cmd
             }
             Kind::Replica => {
+                let mut cmd = program;
                 cmd.args(["api", "--log", "info"])
                     .env("SHOPFLOOR_LISTEN", slot.listen.expect("a replica's address").to_string())
                     .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
@@ -239,8 +238,9 @@ impl Fleet {
                     .env("SHOPFLOOR_RATE_PER_TOKEN_BURST", "10000")
                     .env("SHOPFLOOR_RATE_PER_ADDRESS", "10000")
                     .env("SHOPFLOOR_RATE_PER_ADDRESS_BURST", "10000");
+                cmd
             }
-        }
+        };
         cmd.env("DATABASE_URL", &pool);
         if let Some(listen) = &listen {
             cmd.env("SHOPFLOOR_LISTEN_DATABASE_URL", listen);

@@ -8,6 +8,7 @@ use engine::hosts::Assignment;
 use engine::ids::StepId;
 use engine::store::hosts::{self as store, HostRow};
 use engine::store::cap;
+use protocol::StopStep;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use utoipa::ToSchema;
@@ -34,13 +35,6 @@ pub struct ClaimRequest {
     #[serde(default)]
     #[schema(max_items = 64)]
     pub held: Vec<String>,
-}
-
-/// A held step the host must stop, and why (its state now, or `gone`).
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct StopStep {
-    pub step: String,
-    pub state: String,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

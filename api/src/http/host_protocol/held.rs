@@ -4,12 +4,12 @@
 
 
 use axum::extract::State;
-use engine::hosts::Usage;
 use engine::ids::StepId;
 use engine::state::StepState;
 use engine::store::hosts::{self as store, Completion, HostRow, LogLine};
 use engine::store::steps::{Failure, FailureClass};
 use engine::store::{cap, StoreError};
+use protocol::{StepToken, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::ToSchema;
@@ -190,8 +190,8 @@ pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Pa
     output.insert(
         "usage".into(),
         json!({
-            "cost_usd": usage.reported(),
-            "estimated_cost_usd": usage.estimated(),
+            "cost_usd": engine::hosts::reported(&usage),
+            "estimated_cost_usd": engine::hosts::estimated(&usage),
             "input_tokens": usage.input_tokens,
             "output_tokens": usage.output_tokens,
             "turns": usage.turns,
@@ -249,17 +249,6 @@ pub async fn messages_delivered(State(state): State<AppState>, me: HostCaller, P
     }
     let marked = engine::store::messages::delivered(&state.db, &me.host, step, &body.messages).await?;
     Ok(Json(DeliveredAnswer { marked }))
-}
-
-/// A fresh installation token for a held step's repository.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct StepToken {
-    /// `owner/name`: the repository of the step's run, when it is about a connected one.
-    pub repository: Option<String>,
-    /// A token for that repository alone with `contents: write` (fetch and push); null when
-    /// the GitHub App is not configured here or the run is about no connected repository (the
-    /// host's own git credentials apply).
-    pub token: Option<String>,
 }
 
 /// Mints a fresh installation token for the repository of a step this host holds (leased or

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use protocol::{Caps, Item};
 use serde_json::Value;
 use sqlx::FromRow;
 use crate::db::Db;
@@ -14,7 +15,7 @@ use crate::store::steps::{self, Failure, FailureClass, StepRow, LEASE};
 use crate::store::{budgets, cap, runs, Actor, Change, Result, StoreError};
 use crate::catalog::Catalog;
 use crate::definition::{self, NodeKind, OutputKind};
-use crate::hosts::{self as model, Assignment, Caps, ItemRef, RepositoryRef};
+use crate::hosts::{self as model, Assignment, RepositoryRef};
 use crate::ids::{OrgId, RunId, StepId};
 
 use super::{holder, run_of, HostRow};
@@ -167,7 +168,7 @@ pub(crate) async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId
         caps: Caps { turns: crew.caps.turns, usd, timeout_secs: crate::definition::timeouts::step_timeout(node).as_secs().max(1) },
         repository,
         branch,
-        item: (number.is_some() || title.is_some()).then_some(ItemRef { number, title }),
+        item: (number.is_some() || title.is_some()).then_some(Item { number, title }),
         pr_body,
         expect_changes: crew.expect_changes.unwrap_or(pr_body),
         lease_secs: LEASE.as_secs(),

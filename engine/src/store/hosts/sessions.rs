@@ -4,13 +4,14 @@
 
 use std::time::Duration;
 
+use protocol::Usage;
 use serde_json::{json, Value};
 use crate::db::Db;
 
 use crate::store::steps::{self, Failure, FailureClass, StepRow, LEASE};
 use crate::store::{budgets, cap, runs, Actor, Change, Result, StoreError};
 use crate::definition::NodeKind;
-use crate::hosts::{self as model, Usage};
+use crate::hosts as model;
 use crate::ids::{RunId, StepId, WorkflowId};
 use crate::state::StepState;
 
@@ -83,11 +84,11 @@ pub(crate) async fn record_usage(conn: &mut sqlx::PgConnection, host: &HostRow, 
     .bind(usage.model.as_deref().map(cap))
     .bind(usage.input_tokens.max(0))
     .bind(usage.output_tokens.max(0))
-    .bind(usage.reported())
+    .bind(model::reported(usage))
     .bind(usage.turns.max(0))
     .bind(usage.tool_calls.max(0))
     .bind(lines)
-    .bind(usage.estimated())
+    .bind(model::estimated(usage))
     .bind(usage.estimate_basis.as_deref().map(|b| cap(b).chars().take(32).collect::<String>()))
     .bind(usage.output_tokens_lower_bound)
     .bind(spent)
@@ -242,7 +243,7 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
 pub(crate) fn spend_delta(usage: &Usage, cost: Option<f64>, recorded: f64, tokens: i64) -> (f64, i64) {
     let figure = model::spend_figure(usage, cost);
     let mut usd = model::round_cost(figure - recorded);
-    if usage.reported().or(cost).is_none() {
+    if model::reported(usage).or(cost).is_none() {
         usd = usd.max(0.0);
     }
     (usd, (usage.input_tokens.max(0) + usage.output_tokens.max(0) - tokens).max(0))
@@ -399,8 +400,8 @@ pub async fn complete(pool: &Db, host: &HostRow, step: StepId, c: &Completion) -
         "host": host.host_id.to_string(),
         "harness": c.harness,
         "model": c.usage.model.as_deref().map(cap),
-        "cost_usd": c.usage.reported(),
-        "estimated_cost_usd": c.usage.estimated(),
+        "cost_usd": model::reported(&c.usage),
+        "estimated_cost_usd": model::estimated(&c.usage),
         "spent_usd": recorded,
         "input_tokens": c.usage.input_tokens,
         "output_tokens": c.usage.output_tokens,

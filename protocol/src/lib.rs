@@ -1,0 +1,114 @@
+//! The host protocol's wire types that the host agent and the server both read or write, each
+//! written once: an assignment's [`Caps`] and [`Item`], a claim's [`StopStep`], a held step's
+//! [`StepToken`], and a session's [`Usage`]. The server's OpenAPI document is generated from
+//! them.
+//!
+//! Strictness follows the reader. What the server reads (a host's `Usage`) refuses unknown
+//! fields; what the host reads (the rest) ignores them and defaults what may be missing, so a
+//! newer server does not break an older host.
+//!
+//! A crate of its own so that the host, which does not depend on the engine, reads and writes
+//! the types the server does. The types whose two sides differ still (ids the server parses into
+//! the engine's newtypes, a token the host never journals, requests the server reads with
+//! defaults the host always fills) stay with each side: `host::client`, `engine::hosts` and
+//! `api::http::host_protocol`.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+// The OpenAPI document names `Caps`, `Item` and `Usage` `CapsDoc`, `ItemDoc` and `UsageDoc`,
+// as before the API took the engine's types for its own.
+
+/// The caps a host enforces (the server enforces them too, through heartbeats).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, ToSchema)]
+#[schema(as = CapsDoc)]
+pub struct Caps {
+    /// The node's `caps.turns` (`--max-turns`); a session past it is stopped `turn_cap`.
+    #[serde(default)]
+    pub turns: Option<u32>,
+    /// What the session may spend (`--max-budget-usd`): the least of the node's `caps.usd` and
+    /// what is left of the run's `usd_per_run` and of the project's and org's hard limits, at
+    /// the claim.
+    #[serde(default)]
+    pub usd: Option<f64>,
+    /// The step's timeout: SIGINT at this point, the process group killed after the host's
+    /// grace.
+    pub timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(as = ItemDoc)]
+pub struct Item {
+    #[serde(default)]
+    pub number: Option<i64>,
+    #[serde(default)]
+    pub title: Option<String>,
+}
+
+/// A held step the host must stop, and why (its state now, or `gone`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StopStep {
+    pub step: String,
+    pub state: String,
+}
+
+/// A fresh installation token for a held step's repository.
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
+pub struct StepToken {
+    /// `owner/name`: the repository of the step's run, when it is about a connected one.
+    pub repository: Option<String>,
+    /// A token for that repository alone with `contents: write` (fetch and push); null when
+    /// the GitHub App is not configured here or the run is about no connected repository (the
+    /// host's own git credentials apply).
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for StepToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepToken")
+            .field("repository", &self.repository)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// A session's running totals (cumulative).
+// Cumulative, so a report sent twice changes nothing. The server reads it: unknown fields are
+// refused, missing ones default. The host sends the estimate's fields only when it has them,
+// so a report without an estimate (a command, a session before its first message) reads on a
+// server older than them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, ToSchema)]
+#[schema(as = UsageDoc)]
+#[serde(deny_unknown_fields)]
+pub struct Usage {
+    #[serde(default)]
+    pub input_tokens: i64,
+    #[serde(default)]
+    pub output_tokens: i64,
+    /// Null while unknown.
+    // A harness killed before its result line reports no cost.
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    #[serde(default)]
+    pub turns: i32,
+    #[serde(default)]
+    pub tool_calls: i32,
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The host's estimate of the cost so far, from each message's token counts and its price
+    /// table (Claude Code reports its cost only at the end, Codex never). Budgets count the
+    /// larger of this and `cost_usd`.
+    // Null when the host made none (an older host, a command). Once a result line came, the
+    // host sends the reported cost plus its estimate of what came after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_cost_usd: Option<f64>,
+    /// `price_table`, or `unknown_model` when a model was priced at the table's dearest row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_basis: Option<String>,
+    /// The output tokens are a lower bound: no result line counted them.
+    // The session runs, or was killed before printing one: only the last snapshot of each
+    // message was counted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_tokens_lower_bound: bool,
+}
