@@ -95,7 +95,18 @@ struct Pool {
 pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: CancellationToken) -> Result<(), StoreError> {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let holder = format!("engine:{}", cfg.id);
-    let mut pool = Pool { db, cfg, holder, catalog: Arc::new(Catalog::default()), tasks: JoinSet::new(), done_tx, unrecorded: Vec::new(), recorders: JoinSet::new(), draining: false, drain: drain.clone() };
+    let mut pool = Pool {
+        db,
+        cfg,
+        holder,
+        catalog: Arc::new(Catalog::default()),
+        tasks: JoinSet::new(),
+        done_tx,
+        unrecorded: Vec::new(),
+        recorders: JoinSet::new(),
+        draining: false,
+        drain: drain.clone(),
+    };
     let mut listener = Listener::new(&pool.cfg.listen, NOTIFY_CHANNEL);
     let mut backoff = Duration::from_secs(1);
     let mut scan = true;

@@ -76,7 +76,9 @@ async fn credential(settings: &Settings, token: Option<&str>) -> Result<Credenti
         }
         return Err(HostError::Setup(format!("{} is a credential for {}, not {}; use another --work-dir", path.display(), c.server, settings.server)));
     }
-    let token = token.map(str::trim).filter(|t| !t.is_empty()).ok_or_else(|| HostError::Setup("no credential yet: pass --token with a registration token (an admin makes one under the project's hosts)".into()))?;
+    let token = token.map(str::trim).filter(|t| !t.is_empty()).ok_or_else(|| {
+        HostError::Setup("no credential yet: pass --token with a registration token (an admin makes one under the project's hosts)".into())
+    })?;
     match token_kind(token).as_deref() {
         Some("registration") => {
             let body = RegisterHost { name: &settings.name, capabilities: &settings.capabilities, max_concurrent: settings.slots };

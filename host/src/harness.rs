@@ -517,7 +517,10 @@ impl Reader {
                     (Some("error_during_execution"), _) => {
                         fail(first_error.map_or_else(|| "error during execution".to_owned(), |e| format!("error during execution: {e}")), "ordinary", text, subtype)
                     }
-                    _ => fail(first_error.or_else(|| (!text.trim().is_empty()).then(|| short(&text, 150))).map_or_else(|| "harness error".to_owned(), |e| format!("harness error: {e}")), "ordinary", text, subtype),
+                    _ => {
+                        let error = first_error.or_else(|| (!text.trim().is_empty()).then(|| short(&text, 150)));
+                        fail(error.map_or_else(|| "harness error".to_owned(), |e| format!("harness error: {e}")), "ordinary", text, subtype)
+                    }
                 }
             }
             Kind::Codex => match self.codex_failure {

@@ -143,7 +143,11 @@ pub(super) async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                 tracing::info!(signing_key = %rotation.kid, previous = %rotation.previous.join(","), "rotated the signing key");
                 let previous = match rotation.previous.as_slice() {
                     [] => String::new(),
-                    kids => format!("; {} still verif{} the tokens it signed until they expire or `shopfloor admin retire-signing-key KID`", kids.join(", "), if kids.len() == 1 { "ies" } else { "y" }),
+                    kids => format!(
+                        "; {} still verif{} the tokens it signed until they expire or `shopfloor admin retire-signing-key KID`",
+                        kids.join(", "),
+                        if kids.len() == 1 { "ies" } else { "y" }
+                    ),
                 };
                 println!("new tokens are signed by {}{previous}", rotation.kid);
                 Ok(())

@@ -79,7 +79,13 @@ pub(super) async fn section(db: &Db, s: &OrgSession, org_id: OrgId, detail: &Run
             // Intervene: a member may tell a running session something (the REST route says
             // when its harness cannot take it).
             let can_say = s.can(Role::Member) && st.state == "running";
-            let figures = st.session.as_ref().map(|s| json!({ "model": s.model, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens, "output_tokens_lower_bound": s.output_tokens_lower_bound, "cost_usd": s.cost_usd, "estimated_cost_usd": s.estimated_cost_usd, "estimate_basis": s.estimate_basis, "turns": s.turns }));
+            let figures = st.session.as_ref().map(|s| {
+                json!({
+                    "model": s.model, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
+                    "output_tokens_lower_bound": s.output_tokens_lower_bound, "cost_usd": s.cost_usd,
+                    "estimated_cost_usd": s.estimated_cost_usd, "estimate_basis": s.estimate_basis, "turns": s.turns,
+                })
+            });
             Some(json!({
                 "step": st.id.to_string(), "node": st.node, "state": st.state, "live": live, "lines": lines, "last": last,
                 "stream": format!("{base}/steps/{}/transcript?after={last}", st.id), "figures": figures,
