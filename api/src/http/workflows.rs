@@ -150,8 +150,7 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
 /// when the text is the latest version's already; 422 lists every problem.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/workflows", operation_id = "create_workflow_version", tag = "workflows",
     params(ProjectScope, IdempotencyKey),
-    request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")),
-                 description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
+    request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
               (status = 422, description = "Every validation problem")))]
 pub async fn create(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {
@@ -163,8 +162,7 @@ pub async fn create(State(state): State<AppState>, scope: ProjectScope, key: Ide
 /// Validates a workflow without saving it (member).
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/validate-workflow", operation_id = "validate_workflow", tag = "workflows",
     params(ProjectScope),
-    request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")),
-                 description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
+    request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 200, body = Validation)))]
 pub async fn validate(scope: ProjectScope, WorkflowSource(source): WorkflowSource) -> Result<Json<Validation>, ApiError> {
     scope.require(Role::Member)?;
@@ -196,8 +194,7 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
 /// as the POST.
 #[utoipa::path(put, path = "/orgs/{org}/projects/{project}/workflows/{name}", operation_id = "put_workflow_version", tag = "workflows",
     params(ProjectScope, NamePath),
-    request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")),
-                 description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
+    request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
               (status = 422, description = "Every validation problem")))]
 pub async fn put(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {
