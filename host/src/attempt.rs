@@ -27,7 +27,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::client::{Assignment, ClientError, Complete};
+use crate::client::{Assignment, ClientError};
+use protocol::{Complete, Outcome};
 use crate::git::{self};
 use crate::harness::{self, Ended, Exit, Kind, Reader};
 use crate::journal::{self, Entry, Phase};
@@ -187,7 +188,7 @@ fn stopped_result(stop: &StopSignal, kind: Kind) -> Option<Complete> {
 
 /// A failure to report.
 fn failed(reason: &str, class: &str, harness: &str) -> Complete {
-    Complete { harness: harness.to_owned(), ..crate::recovery::failure(reason, class) }
+    Complete { harness: Some(harness.to_owned()), ..crate::recovery::failure(reason, class) }
 }
 
 /// Where the harness runs.
@@ -328,13 +329,13 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
         "exit_code": ended.exit_code,
     });
     let mut result = Complete {
-        outcome: if ended.success { "succeeded".into() } else { "failed".into() },
+        outcome: if ended.success { Outcome::Succeeded } else { Outcome::Failed },
         reason: ended.reason.clone(),
         class: (!ended.success).then(|| ended.class.to_owned()),
         exit_code: ended.exit_code,
         output: Value::Null,
         usage: ended.usage.clone(),
-        harness: kind.name().to_owned(),
+        harness: Some(kind.name().to_owned()),
     };
     if a.pr_body {
         output["pr_body"] = json!(harness::pr_body(&ended.text, a.item.as_ref().and_then(|i| i.number)));
@@ -360,7 +361,7 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
                     if !work.commits.is_empty() {
                         if let Err(err) = g.push(&wt, &branch).await {
                             tracing::warn!(step.id = %a.step, error = %err, "push failed");
-                            result.outcome = "failed".into();
+                            result.outcome = Outcome::Failed;
                             result.reason = Some("push_failed".into());
                             // A later attempt starts from the branch as the remote has it.
                             result.class = Some("infrastructure".into());
@@ -372,7 +373,7 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
                 }
                 Err(err) => {
                     tracing::warn!(step.id = %a.step, error = %err, "cannot commit the work");
-                    result.outcome = "failed".into();
+                    result.outcome = Outcome::Failed;
                     result.reason = Some("commit_failed".into());
                     result.class = Some("infrastructure".into());
                     output["error"] = json!(err.to_string().chars().take(500).collect::<String>());
@@ -381,8 +382,8 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
         }
     }
     output["files_changed"] = json!(files_changed.unwrap_or(0));
-    if result.outcome == "succeeded" && a.expect_changes && files_changed.unwrap_or(0) == 0 {
-        result.outcome = "failed".into();
+    if result.outcome == Outcome::Succeeded && a.expect_changes && files_changed.unwrap_or(0) == 0 {
+        result.outcome = Outcome::Failed;
         result.reason = Some("no_changes".into());
         result.class = Some("ordinary".into());
     }
@@ -400,7 +401,7 @@ pub(crate) async fn report_and_clean(shared: &Shared, mut e: Entry, result: Opti
     let step = e.assignment.step.clone();
     if let Some(result) = result {
         // On the attempt's span (`trace::attempt_span`) when it runs in one; recovery runs in none.
-        crate::trace::record_outcome(&tracing::Span::current(), &result.outcome, result.reason.as_deref());
+        crate::trace::record_outcome(&tracing::Span::current(), result.outcome.as_str(), result.reason.as_deref());
         if e.result.is_none() {
             e.result = Some(result.clone());
             e.phase = Phase::Exited;

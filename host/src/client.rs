@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use protocol::{Caps, Item, StepToken, StopStep, Usage};
+use protocol::{Caps, Complete, Item, SessionLine, Standing, StepToken, StopStep, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -113,50 +113,11 @@ pub struct ClaimAnswer {
     pub stop: Vec<StopStep>,
 }
 
-/// Where a held step stands: the answer to a start, a heartbeat, a session report (whose line
-/// counts the host does not read) and a completion.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Standing {
-    pub state: String,
-    pub stop: bool,
-    /// People's messages for the running session (heartbeats' and session reports' answers).
-    #[serde(default)]
-    pub messages: Vec<Message>,
-}
-
-/// A person's message for a running session (intervene): written to the harness, then
-/// acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Message {
-    pub id: String,
-    pub text: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Line {
-    pub seq: i64,
-    pub stream: &'static str,
-    pub line: String,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionReport<'a> {
     pub harness: &'a str,
-    pub lines: &'a [Line],
+    pub lines: &'a [SessionLine],
     pub usage: &'a Usage,
-}
-
-/// How a step ended, as reported (and journalled before it is reported).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Complete {
-    /// `succeeded` or `failed`.
-    pub outcome: String,
-    pub reason: Option<String>,
-    pub class: Option<String>,
-    pub exit_code: Option<i32>,
-    pub output: Value,
-    pub usage: Usage,
-    pub harness: String,
 }
 
 /// The protocol's client, with the host's credential.
@@ -260,7 +221,7 @@ impl Client {
     }
 
     /// Acknowledges messages written to the harness: the server offers them no more.
-    pub async fn messages_delivered(&self, step: &str, ids: &[String]) -> Result<(), ClientError> {
+    pub async fn messages_delivered(&self, step: &str, ids: &[uuid::Uuid]) -> Result<(), ClientError> {
         let sent = self.post(&format!("steps/{step}/messages/delivered")).json(&serde_json::json!({ "messages": ids })).send().await;
         answer::<Value>(sent).await.map(|_| ())
     }

@@ -14,7 +14,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::client::{Assignment, Complete};
+use crate::client::Assignment;
+use protocol::Complete;
 
 /// Where an attempt stands, in the order it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

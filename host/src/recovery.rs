@@ -19,7 +19,7 @@
 //! - An attempt whose harness never started is concluded as an infrastructure failure, which
 //!   the engine retries by itself.
 
-use crate::client::Complete;
+use protocol::{Complete, Outcome};
 use crate::journal::Phase;
 
 /// What the journal says about an attempt.
@@ -86,13 +86,13 @@ pub enum Decision {
 /// A failure to report, as the host reports its own.
 pub fn failure(reason: &str, class: &str) -> Complete {
     Complete {
-        outcome: "failed".into(),
+        outcome: Outcome::Failed,
         reason: Some(reason.to_owned()),
         class: Some(class.to_owned()),
         exit_code: None,
         output: serde_json::json!({}),
         usage: Default::default(),
-        harness: String::new(),
+        harness: None,
     }
 }
 
@@ -205,7 +205,7 @@ mod tests {
     fn a_harness_that_finished_meanwhile_is_observed_then_concluded() {
         assert_eq!(decide(&facts(Phase::Running), &seen(false, Server::Ours)), Decision::Observe(Phase::Exited));
         let mut f = facts(Phase::Exited);
-        let ok = Complete { outcome: "succeeded".into(), ..failure("", "ordinary") };
+        let ok = Complete { outcome: Outcome::Succeeded, ..failure("", "ordinary") };
         f.result = Some(ok.clone());
         assert_eq!(decide(&f, &seen(false, Server::Ours)), Decision::Conclude(Conclusion::Report(ok)));
         let Decision::Conclude(Conclusion::Report(r)) = decide(&facts(Phase::Exited), &seen(false, Server::Ours)) else { panic!() };

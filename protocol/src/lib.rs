@@ -1,9 +1,10 @@
 //! The host protocol's wire types that the host agent and the server both read or write, each
 //! written once: an assignment's [`Caps`] and [`Item`], a claim's [`StopStep`], a held step's
-//! [`StepToken`], and a session's [`Usage`]. The server's OpenAPI document is generated from
+//! [`Standing`] with people's [`Message`]s and its [`StepToken`], and a session's
+//! [`SessionLine`]s and [`Usage`], and how it ended ([`Complete`]). The server's OpenAPI document is generated from
 //! them.
 //!
-//! Strictness follows the reader. What the server reads (a host's `Usage`) refuses unknown
+//! Strictness follows the reader. What the server reads (a host's lines, `Usage` and `Complete`) refuses unknown
 //! fields; what the host reads (the rest) ignores them and defaults what may be missing, so a
 //! newer server does not break an older host.
 //!
@@ -14,7 +15,9 @@
 //! `api::http::host_protocol`.
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::ToSchema;
+use uuid::Uuid;
 
 // The OpenAPI document names `Caps`, `Item` and `Usage` `CapsDoc`, `ItemDoc` and `UsageDoc`,
 // as before the API took the engine's types for its own.
@@ -50,6 +53,81 @@ pub struct Item {
 pub struct StopStep {
     pub step: String,
     pub state: String,
+}
+
+/// Where a held step stands: the answer to a start, a heartbeat and a completion.
+// The host reads a session report's answer as one too, leaving out what it adds.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[schema(as = StepStanding)]
+pub struct Standing {
+    /// `leased`, `running`, or the state it moved to without the host.
+    pub state: String,
+    /// The host must stop working on the step (cancelled, taken back, finished).
+    pub stop: bool,
+    /// Messages from people for the running session, oldest first (heartbeats only): write
+    /// each to the harness, then acknowledge it (`messages/delivered`); until then it is
+    /// offered again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<Message>,
+}
+
+/// A person's message to a running session (intervene).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(as = StepMessage)]
+pub struct Message {
+    pub id: Uuid,
+    pub text: String,
+}
+
+/// One transcript line of a session report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionLine {
+    /// The host's number for the line, from 1; a line sent again is stored once.
+    pub seq: i64,
+    /// `assistant`, `tool_result`, `result`, `stdout`, `stderr`, …
+    pub stream: String,
+    pub line: String,
+}
+
+/// How a step ended on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// How a held step ended, as the host reports it (and journals it first).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(as = CompleteStep)]
+#[serde(deny_unknown_fields)]
+pub struct Complete {
+    pub outcome: Outcome,
+    /// A failure's short machine reason: `timeout`, `turn cap reached`, `budget cap reached`,
+    /// `exit code 1`, `no_changes`, `push_failed`, …
+    pub reason: Option<String>,
+    /// `ordinary` (the node's `retry:` decides), `infrastructure` (retried by itself) or
+    /// `final` (never retried). `ordinary` by default.
+    pub class: Option<String>,
+    pub exit_code: Option<i32>,
+    /// The step's output: `text`, `files_changed`, `files`, `pr_body`, `branch`, `head_sha`,
+    /// `commits`, … An object.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub output: Value,
+    #[serde(default)]
+    pub usage: Usage,
+    pub harness: Option<String>,
 }
 
 /// A fresh installation token for a held step's repository.

@@ -13,7 +13,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::client::{ClientError, Line, Message, SessionReport};
+use crate::client::{ClientError, SessionReport};
+use protocol::{Message, SessionLine};
 use crate::harness::{Exit, Reader};
 use crate::journal::Entry;
 use crate::process;
@@ -31,7 +32,7 @@ pub(crate) const POLL: Duration = Duration::from_millis(200);
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 pub(crate) enum ToReporter {
-    Line(Line),
+    Line(SessionLine),
     Usage(Usage),
 }
 
@@ -53,7 +54,7 @@ pub(crate) async fn reporter(
             }
         }
     };
-    let mut lines: Vec<Line> = Vec::new();
+    let mut lines: Vec<SessionLine> = Vec::new();
     let mut usage = Usage::default();
     let mut dirty = false;
     let mut open = true;
@@ -230,7 +231,7 @@ impl Session {
         let stream = self.reader.line(&line);
         self.seq += 1;
         // The receiver lives as long as the attempt; a send can only fail at its very end.
-        let _ = self.tx.send(ToReporter::Line(Line { seq: self.seq, stream, line: cut(&line) }));
+        let _ = self.tx.send(ToReporter::Line(SessionLine { seq: self.seq, stream: stream.to_owned(), line: cut(&line) }));
         if *self.reader.usage() != before {
             let _ = self.tx.send(ToReporter::Usage(self.reader.usage().clone()));
         }
@@ -294,14 +295,14 @@ pub(crate) async fn converse(shared: Arc<Shared>, step: String, mut stdin: tokio
         return;
     }
     let _ = stdin.flush().await;
-    let mut written: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut written: std::collections::HashSet<uuid::Uuid> = std::collections::HashSet::new();
     // A result line came and nothing was written since: the harness waits for input.
     let mut idle = false;
     while let Some(msg) = rx.recv().await {
         match msg {
             ToStdin::Message(m) => {
                 // Offered again until the server heard it was delivered: written once.
-                if written.insert(m.id.clone()) {
+                if written.insert(m.id) {
                     if stdin.write_all(user_line(&m.text).as_bytes()).await.is_err() || stdin.flush().await.is_err() {
                         return;
                     }

@@ -9,7 +9,7 @@ use engine::state::StepState;
 use engine::store::hosts::{self as store, Completion, HostRow, LogLine};
 use engine::store::steps::{Failure, FailureClass};
 use engine::store::{cap, StoreError};
-use protocol::{StepToken, Usage};
+use protocol::{Complete, Message, Outcome, SessionLine, Standing, StepToken, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::ToSchema;
@@ -19,38 +19,17 @@ use crate::http::error::ApiError;
 use crate::http::extract::{Json, JsonOrEmpty, Path};
 use crate::http::AppState;
 
-/// Where a held step stands.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct StepStanding {
-    /// `leased`, `running`, or the state it moved to without the host.
-    pub state: String,
-    /// The host must stop working on the step (cancelled, taken back, finished).
-    pub stop: bool,
-    /// Messages from people for the running session, oldest first (heartbeats only): write
-    /// each to the harness, then acknowledge it (`messages/delivered`); until then it is
-    /// offered again.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub messages: Vec<StepMessage>,
-}
-
-/// A person's message to a running session (intervene).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct StepMessage {
-    pub id: uuid::Uuid,
-    pub text: String,
-}
-
-fn standing(state: StepState) -> StepStanding {
-    StepStanding { state: state.to_string(), stop: !matches!(state, StepState::Leased | StepState::Running), messages: Vec::new() }
+fn standing(state: StepState) -> Standing {
+    Standing { state: state.to_string(), stop: !matches!(state, StepState::Leased | StepState::Running), messages: Vec::new() }
 }
 
 /// The messages waiting for a step this host runs (none once it must stop).
-async fn waiting_messages(state: &AppState, host: &HostRow, step: StepId, now: StepState) -> Result<Vec<StepMessage>, ApiError> {
+async fn waiting_messages(state: &AppState, host: &HostRow, step: StepId, now: StepState) -> Result<Vec<Message>, ApiError> {
     if now != StepState::Running {
         return Ok(Vec::new());
     }
     let pending = engine::store::messages::pending(&state.db, host, step).await?;
-    Ok(pending.into_iter().map(|m| StepMessage { id: m.message_id, text: m.text }).collect())
+    Ok(pending.into_iter().map(|m| Message { id: m.message_id, text: m.text }).collect())
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -64,8 +43,8 @@ pub struct StartStep {
 #[utoipa::path(post, path = "/host/steps/{step}/start", operation_id = "start_step", tag = "host-protocol",
     params(StepPath),
     request_body(content = Option<StartStep>, description = "The harness"),
-    responses((status = 200, body = StepStanding)))]
-pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, JsonOrEmpty(body): JsonOrEmpty<StartStep>) -> Result<Json<StepStanding>, ApiError> {
+    responses((status = 200, body = Standing)))]
+pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, JsonOrEmpty(body): JsonOrEmpty<StartStep>) -> Result<Json<Standing>, ApiError> {
     let step = step_id(&p.step)?;
     let harness = body.harness.as_deref().map(cap).unwrap_or_default();
     let row = store::start(&state.db, &me.host, step, &harness).await?;
@@ -77,25 +56,14 @@ pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<
 /// because the crew step's session reported nothing for 10 minutes).
 #[utoipa::path(post, path = "/host/steps/{step}/heartbeat", operation_id = "heartbeat_step", tag = "host-protocol",
     params(StepPath),
-    responses((status = 200, body = StepStanding)))]
-pub async fn heartbeat(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepStanding>, ApiError> {
+    responses((status = 200, body = Standing)))]
+pub async fn heartbeat(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<Standing>, ApiError> {
     let step = step_id(&p.step)?;
     // A hard budget spent or a silent session stops the step here; the answer says stop.
     let now = store::heartbeat(&state.db, &me.host, step, state.stall_after()).await?;
     let mut answer = standing(now);
     answer.messages = waiting_messages(&state, &me.host, step, now).await?;
     Ok(Json(answer))
-}
-
-/// One transcript line.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SessionLine {
-    /// The host's number for the line, from 1; a line sent again is stored once.
-    pub seq: i64,
-    /// `assistant`, `tool_result`, `result`, `stdout`, `stderr`, …
-    pub stream: String,
-    pub line: String,
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -118,7 +86,7 @@ pub struct SessionAnswer {
     pub dropped: usize,
     /// Messages from people for the session, as in a heartbeat's answer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub messages: Vec<StepMessage>,
+    pub messages: Vec<Message>,
 }
 
 /// Reports a held step's session: transcript lines and running usage. Renews the lease.
@@ -142,42 +110,13 @@ pub async fn session(State(state): State<AppState>, me: HostCaller, Path(p): Pat
     Ok(Json(SessionAnswer { state: s.state, stop: s.stop, stored: r.stored, dropped: r.dropped, messages }))
 }
 
-/// How a step ended on the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    Succeeded,
-    Failed,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CompleteStep {
-    pub outcome: Outcome,
-    /// A failure's short machine reason: `timeout`, `turn cap reached`, `budget cap reached`,
-    /// `exit code 1`, `no_changes`, `push_failed`, …
-    pub reason: Option<String>,
-    /// `ordinary` (the node's `retry:` decides), `infrastructure` (retried by itself) or
-    /// `final` (never retried). `ordinary` by default.
-    pub class: Option<String>,
-    pub exit_code: Option<i32>,
-    /// The step's output: `text`, `files_changed`, `files`, `pr_body`, `branch`, `head_sha`,
-    /// `commits`, … An object.
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub output: Value,
-    #[serde(default)]
-    pub usage: Usage,
-    pub harness: Option<String>,
-}
-
 /// Records how a held step ended. 409 when the host no longer holds it (cancelled, taken
 /// back after its lease lapsed): the result is dropped.
 #[utoipa::path(post, path = "/host/steps/{step}/complete", operation_id = "complete_step", tag = "host-protocol",
     params(StepPath),
-    request_body = CompleteStep,
-    responses((status = 200, body = StepStanding)))]
-pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<CompleteStep>) -> Result<Json<StepStanding>, ApiError> {
+    request_body = Complete,
+    responses((status = 200, body = Standing)))]
+pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<Complete>) -> Result<Json<Standing>, ApiError> {
     let step = step_id(&p.step)?;
     let mut output = match body.output {
         Value::Object(map) => map,
