@@ -27,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::attempt::session::sleep_until;
 use crate::attempt::{self, Shared, Stop, StopSignal};
-use crate::client::{ClaimAnswer, Client, ClientError, Credential, RegisterHost};
+use crate::client::{ClaimAnswer, Client, ClientError, Credential};
+use protocol::RegisterHost;
 use crate::config::{HostArgs, Settings};
 use crate::journal::{Entry, Journal, Phase};
 use crate::recovery::{self, Conclusion, Decision, Facts, Observation, Server};
@@ -81,7 +82,7 @@ async fn credential(settings: &Settings, token: Option<&str>) -> Result<Credenti
     })?;
     match token_kind(token).as_deref() {
         Some("registration") => {
-            let body = RegisterHost { name: &settings.name, capabilities: &settings.capabilities, max_concurrent: settings.slots };
+            let body = RegisterHost { name: settings.name.clone(), capabilities: settings.capabilities.clone(), max_concurrent: Some(settings.slots) };
             let c = Client::register(&settings.server, token, &body).await.map_err(|e| HostError::Setup(format!("cannot register: {e}")))?;
             save_credential(&path, &c)?;
             tracing::info!(host.id = %c.host_id, "registered");

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use protocol::{Caps, Complete, Item, SessionLine, Standing, StepToken, StopStep, Usage};
+use protocol::{Caps, ClaimRequest, Complete, DeliveredMessages, Item, RegisterHost, SessionLine, Standing, StartStep, StepToken, StopStep, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -31,13 +31,6 @@ impl ClientError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, ClientError::Status { status: 404, .. })
     }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RegisterHost<'a> {
-    pub name: &'a str,
-    pub capabilities: &'a [String],
-    pub max_concurrent: u32,
 }
 
 /// The credential registration answers, as kept in `<work-dir>/credential.json`.
@@ -173,7 +166,7 @@ impl Client {
     }
 
     /// Registers with a registration token; answers the credential.
-    pub async fn register(base: &str, registration: &str, body: &RegisterHost<'_>) -> Result<Credential, ClientError> {
+    pub async fn register(base: &str, registration: &str, body: &RegisterHost) -> Result<Credential, ClientError> {
         let url = format!("{}/api/v1/host/register", base.trim_end_matches('/'));
         let sent = http()?.post(url).bearer_auth(registration).json(body).timeout(CALL_TIMEOUT).send().await;
         let mut credential: Credential = answer(sent).await?;
@@ -187,13 +180,13 @@ impl Client {
 
     /// Claims up to `max` steps, waiting up to `wait` for one; says which `held` steps to stop.
     pub async fn claim(&self, max: u32, held: &[String], wait: Duration) -> Result<ClaimAnswer, ClientError> {
-        let body = serde_json::json!({ "max": max, "held": held, "wait_secs": wait.as_secs() });
+        let body = ClaimRequest { max, held: held.to_vec(), wait_secs: Some(u32::try_from(wait.as_secs()).unwrap_or(u32::MAX)) };
         let sent = self.post("claim").timeout(wait + Duration::from_secs(15)).json(&body).send().await;
         answer(sent).await
     }
 
     pub async fn start(&self, step: &str, harness: &str) -> Result<Standing, ClientError> {
-        let sent = self.post(&format!("steps/{step}/start")).json(&serde_json::json!({ "harness": harness })).send().await;
+        let sent = self.post(&format!("steps/{step}/start")).json(&StartStep { harness: Some(harness.to_owned()) }).send().await;
         answer(sent).await
     }
 
@@ -222,7 +215,7 @@ impl Client {
 
     /// Acknowledges messages written to the harness: the server offers them no more.
     pub async fn messages_delivered(&self, step: &str, ids: &[uuid::Uuid]) -> Result<(), ClientError> {
-        let sent = self.post(&format!("steps/{step}/messages/delivered")).json(&serde_json::json!({ "messages": ids })).send().await;
+        let sent = self.post(&format!("steps/{step}/messages/delivered")).json(&DeliveredMessages { messages: ids.to_vec() }).send().await;
         answer::<Value>(sent).await.map(|_| ())
     }
 }

@@ -1,10 +1,13 @@
 //! The host protocol's wire types that the host agent and the server both read or write, each
-//! written once: an assignment's [`Caps`] and [`Item`], a claim's [`StopStep`], a held step's
-//! [`Standing`] with people's [`Message`]s and its [`StepToken`], and a session's
+//! written once: a host's registration ([`RegisterHost`]); a claim ([`ClaimRequest`]), an
+//! assignment's [`Caps`] and [`Item`], and a claim's [`StopStep`]; a held step's start
+//! ([`StartStep`]),
+//! [`Standing`] with people's [`Message`]s (acknowledged with [`DeliveredMessages`]) and its
+//! [`StepToken`], and a session's
 //! [`SessionLine`]s and [`Usage`], and how it ended ([`Complete`]). The server's OpenAPI document is generated from
 //! them.
 //!
-//! Strictness follows the reader. What the server reads (a host's lines, `Usage` and `Complete`) refuses unknown
+//! Strictness follows the reader. What the server reads (the host's requests) refuses unknown
 //! fields; what the host reads (the rest) ignores them and defaults what may be missing, so a
 //! newer server does not break an older host.
 //!
@@ -48,6 +51,40 @@ pub struct Item {
     pub title: Option<String>,
 }
 
+/// A host's registration, with a registration token.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterHost {
+    /// The host's name in lists (`build-box-3`).
+    pub name: String,
+    /// What it offers: `linux`, `arm64`, `gpu`, `harness:claude-code`, …; at most 64.
+    #[serde(default)]
+    #[schema(max_items = 64)]
+    pub capabilities: Vec<String>,
+    /// Steps it runs at once, 1 to 64 (1 by default).
+    #[schema(minimum = 1, maximum = 64)]
+    pub max_concurrent: Option<u32>,
+}
+
+/// A claim: the steps a host wants, and the ones it holds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// Steps wanted now, 0 to 64 (the host's free slots; the server also counts them against
+    /// the host's `max_concurrent`). 0 only watches the held steps.
+    #[serde(default)]
+    #[schema(maximum = 64)]
+    pub max: u32,
+    /// Seconds to wait for work, 0 to 30 (30 by default).
+    #[schema(maximum = 30)]
+    pub wait_secs: Option<u32>,
+    /// The steps the host runs now (`step-…`), at most 64: the answer names those it must
+    /// stop.
+    #[serde(default)]
+    #[schema(max_items = 64)]
+    pub held: Vec<String>,
+}
+
 /// A held step the host must stop, and why (its state now, or `gone`).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct StopStep {
@@ -77,6 +114,22 @@ pub struct Standing {
 pub struct Message {
     pub id: Uuid,
     pub text: String,
+}
+
+/// The host starts work on a leased step.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartStep {
+    /// The harness the host runs (`claude-code`, `codex`, `command`).
+    pub harness: Option<String>,
+}
+
+/// People's messages the host wrote to the harness.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveredMessages {
+    /// The ids of the messages the host wrote to the harness.
+    pub messages: Vec<Uuid>,
 }
 
 /// One transcript line of a session report.

@@ -8,7 +8,7 @@ use engine::hosts::Assignment;
 use engine::ids::StepId;
 use engine::store::hosts::{self as store, HostRow};
 use engine::store::cap;
-use protocol::StopStep;
+use protocol::{ClaimRequest, StopStep};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use utoipa::ToSchema;
@@ -18,24 +18,6 @@ use crate::http::error::ApiError;
 use crate::http::extract::Json;
 use crate::http::limits::MAX_WAIT_SECS;
 use crate::http::AppState;
-
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimRequest {
-    /// Steps wanted now, 0 to 64 (the host's free slots; the server also counts them against
-    /// the host's `max_concurrent`). 0 only watches the held steps.
-    #[serde(default)]
-    #[schema(maximum = 64)]
-    pub max: u32,
-    /// Seconds to wait for work, 0 to 30 (30 by default).
-    #[schema(maximum = 30)]
-    pub wait_secs: Option<u32>,
-    /// The steps the host runs now (`step-…`), at most 64: the answer names those it must
-    /// stop.
-    #[serde(default)]
-    #[schema(max_items = 64)]
-    pub held: Vec<String>,
-}
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ClaimAnswer {

@@ -9,7 +9,7 @@ use engine::state::StepState;
 use engine::store::hosts::{self as store, Completion, HostRow, LogLine};
 use engine::store::steps::{Failure, FailureClass};
 use engine::store::{cap, StoreError};
-use protocol::{Complete, Message, Outcome, SessionLine, Standing, StepToken, Usage};
+use protocol::{Complete, DeliveredMessages, Message, Outcome, SessionLine, Standing, StartStep, StepToken, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::ToSchema;
@@ -30,13 +30,6 @@ async fn waiting_messages(state: &AppState, host: &HostRow, step: StepId, now: S
     }
     let pending = engine::store::messages::pending(&state.db, host, step).await?;
     Ok(pending.into_iter().map(|m| Message { id: m.message_id, text: m.text }).collect())
-}
-
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct StartStep {
-    /// The harness the host runs (`claude-code`, `codex`, `command`).
-    pub harness: Option<String>,
 }
 
 /// The host starts work on a leased step (`leased → running`). 409 when it no longer holds it.
@@ -160,13 +153,6 @@ pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Pa
         e => e.into(),
     })?;
     Ok(Json(standing(row.state())))
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DeliveredMessages {
-    /// The ids of the messages the host wrote to the harness.
-    pub messages: Vec<uuid::Uuid>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

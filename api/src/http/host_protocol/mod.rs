@@ -36,6 +36,7 @@ use engine::hosts::Capability;
 use engine::ids::StepId;
 use engine::store::hosts::{self as store, HostRow, NewHost};
 use engine::store::{Actor, Change};
+use protocol::RegisterHost;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -89,20 +90,6 @@ pub struct StepPath {
 
 // ---------------------------------------------------------------------------------------------
 // register
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RegisterHost {
-    /// The host's name in lists (`build-box-3`).
-    pub name: String,
-    /// What it offers: `linux`, `arm64`, `gpu`, `harness:claude-code`, …; at most 64.
-    #[serde(default)]
-    #[schema(max_items = 64)]
-    pub capabilities: Vec<String>,
-    /// Steps it runs at once, 1 to 64 (1 by default).
-    #[schema(minimum = 1, maximum = 64)]
-    pub max_concurrent: Option<u32>,
-}
 
 /// A host's credential: `token` is shown this once.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
