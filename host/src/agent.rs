@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use protocol::RegisterHost;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +29,6 @@ use tokio_util::sync::CancellationToken;
 use crate::attempt::session::sleep_until;
 use crate::attempt::{self, Shared, Stop, StopSignal};
 use crate::client::{ClaimAnswer, Client, ClientError, Credential};
-use protocol::RegisterHost;
 use crate::config::{HostArgs, Settings};
 use crate::journal::{Entry, Journal, Phase};
 use crate::recovery::{self, Conclusion, Decision, Facts, Observation, Server};

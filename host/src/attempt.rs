@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use protocol::{Complete, Outcome};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -28,7 +29,6 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::client::{Assignment, ClientError};
-use protocol::{Complete, Outcome};
 use crate::git::{self};
 use crate::harness::{self, Ended, Exit, Kind, Reader};
 use crate::journal::{self, Entry, Phase};

@@ -12,10 +12,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use protocol::Complete;
 use serde::{Deserialize, Serialize};
 
 use crate::client::Assignment;
-use protocol::Complete;
 
 /// Where an attempt stands, in the order it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

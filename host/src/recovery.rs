@@ -20,6 +20,7 @@
 //!   the engine retries by itself.
 
 use protocol::{Complete, Outcome};
+
 use crate::journal::Phase;
 
 /// What the journal says about an attempt.

@@ -7,14 +7,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::Usage;
+use protocol::{Message, SessionLine, Usage};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::client::{ClientError, SessionReport};
-use protocol::{Message, SessionLine};
 use crate::harness::{Exit, Reader};
 use crate::journal::Entry;
 use crate::process;
