@@ -2,8 +2,9 @@
 //! start, heartbeat, session, complete; a held step's fresh installation token; messages
 //! acknowledged. The types mirror the server's OpenAPI document; unknown
 //! fields in answers are ignored, so a newer server does not break an older host. The wire
-//! types the server shares are the `protocol` crate's; those here differ from the server's
-//! (ids it parses, a token the journal leaves out, fields it makes optional).
+//! types the server shares are the `protocol` crate's; those here differ from the server's: an
+//! assignment (ids as text, a token the journal leaves out), a session report that borrows its
+//! lines, and the credential as its file keeps it.
 
 use std::time::Duration;
 

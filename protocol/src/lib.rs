@@ -1,21 +1,18 @@
 //! The host protocol's wire types that the host agent and the server both read or write, each
-//! written once: a host's registration ([`RegisterHost`]); a claim ([`ClaimRequest`]), an
-//! assignment's [`Caps`] and [`Item`], and a claim's [`StopStep`]; a held step's start
-//! ([`StartStep`]),
-//! [`Standing`] with people's [`Message`]s (acknowledged with [`DeliveredMessages`]) and its
-//! [`StepToken`], and a session's
-//! [`SessionLine`]s and [`Usage`], and how it ended ([`Complete`]). The server's OpenAPI document is generated from
-//! them.
+//! written once: every request the host sends ([`RegisterHost`], [`ClaimRequest`],
+//! [`StartStep`], a session's [`SessionLine`]s and [`Usage`], how a step ended: [`Complete`],
+//! and [`DeliveredMessages`]), and of the answers an assignment's [`Caps`] and [`Item`], a
+//! claim's [`StopStep`], a held step's [`Standing`] with people's [`Message`]s, and its
+//! [`StepToken`]. The server's OpenAPI document is generated from them.
 //!
 //! Strictness follows the reader. What the server reads (the host's requests) refuses unknown
-//! fields; what the host reads (the rest) ignores them and defaults what may be missing, so a
-//! newer server does not break an older host.
+//! fields; what the host reads (the answers) ignores them and defaults what may be missing, so
+//! a newer server does not break an older host.
 //!
 //! A crate of its own so that the host, which does not depend on the engine, reads and writes
-//! the types the server does. The types whose two sides differ still (ids the server parses into
-//! the engine's newtypes, a token the host never journals, requests the server reads with
-//! defaults the host always fills) stay with each side: `host::client`, `engine::hosts` and
-//! `api::http::host_protocol`.
+//! the types the server does. The types whose two sides still differ (an assignment's ids,
+//! which the server parses into the engine's newtypes, and its token, which the host never
+//! journals) stay with each side: `engine::hosts` and `host::client`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use engine::db::Db;
 use tokio::time::Instant;
 
-use crate::fixtures::{finish, add_workflow, cancel, new_run, poison, seed, started, until, until_done, with_input, Seed};
+use crate::fixtures::{add_workflow, cancel, finish, new_run, poison, seed, started, until, until_done, with_input, Seed};
 
 const PLAIN: &str = include_str!("../../../tests/workflows/one_crew_step.yaml");
 

@@ -8,7 +8,7 @@ use engine::store::{approvals, Actor, Change};
 use serde_json::{json, Map};
 use engine::db::Db;
 
-use crate::fixtures::{finish, approve, reject, scalar, started, submit_new, until, until_done, with_input};
+use crate::fixtures::{approve, finish, reject, scalar, started, submit_new, until, until_done, with_input};
 
 async fn nodes_in_order(pool: &Db, run: RunId) -> Vec<String> {
     sqlx::query_scalar("SELECT node || ':' || state FROM steps WHERE run_id = $1 ORDER BY started_seq").bind(run).fetch_all(pool).await.unwrap()

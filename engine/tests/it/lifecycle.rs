@@ -16,7 +16,7 @@ use engine::testkit::{test_db, Engine, TestDb};
 use serde_json::{json, Value};
 use engine::db::Db;
 
-use crate::fixtures::{finish, add_workflow, approve, cancel, new_run, reject, rerun, scalar, seed, started, submit_new, submitted, until, until_done, with_input, Seed};
+use crate::fixtures::{add_workflow, approve, cancel, finish, new_run, reject, rerun, scalar, seed, started, submit_new, submitted, until, until_done, with_input, Seed};
 
 /// Approves the run's start (a workflow with `approval: required`).
 async fn approve_start(pool: &Db, org: OrgId, run: RunId) {

@@ -10,7 +10,7 @@ use engine::store::engine_errors::ENGINE_ERROR_LIMIT;
 use engine::testkit::{test_db, Engine};
 use serde_json::Value;
 
-use crate::fixtures::{finish, count, poison, seed, submit, TWO_STEPS};
+use crate::fixtures::{count, finish, poison, seed, submit, TWO_STEPS};
 
 #[tokio::test]
 async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {

@@ -18,9 +18,9 @@
 //!
 //! Every write goes through `engine::store::hosts`. Person tokens get 403 here, as host
 //! credentials do on every other route. This module holds the host's extractor and `register`;
-//! `claim.rs` the claim, `held.rs` the calls about a step the host holds. The bodies whose
-//! definition the host shares (`StopStep`, `StepToken`, `Usage`, an assignment's caps and item)
-//! are the `protocol` crate's; the others are written here, beside their handlers.
+//! `claim.rs` the claim, `held.rs` the calls about a step the host holds. Every request
+//! body, and the answers the host reads as they are (`Standing`, `StopStep`, `StepToken`), are
+//! the `protocol` crate's; the answers only the server writes are here, beside their handlers.
 
 pub mod claim;
 pub mod held;
