@@ -18,14 +18,18 @@
 //! statement with our parameters; with the cache on, `prepared statement "sqlx_s_1" already
 //! exists`. On the direct route none of this is needed and none of it is done.
 
+mod conns;
+
 use std::time::Duration;
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
-use sqlx::{Either, Execute, Executor, PgPool, Postgres, Transaction};
+use sqlx::{Either, Execute, Executor, PgPool, Postgres};
 
 use crate::ids::OrgId;
+use conns::{Pool, BEGINNING};
+pub use conns::Tx;
 
 /// The migrations in `migrations/`, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -85,12 +89,14 @@ pub enum Route {
 
 /// A pool and what each of its transactions begins with: the pooler's preamble on
 /// [`Route::Pooler`], the tenant's role and org on a tenant pool (`tenancy::tenant`). Run single
-/// statements on `&Db` as on a pool, and transactions with [`Db::begin`]; on the direct route an
-/// owner's `Db` is the pool itself. There is deliberately no `acquire`: a connection used for
-/// several statements outside a transaction is what a pooler breaks.
-#[derive(Clone, Debug)]
+/// statements on `&Db` as on a pool, and transactions with [`Db::begin`]. There is deliberately
+/// no `acquire`: a connection used for several statements outside a transaction is what a
+/// pooler breaks.
+#[derive(Clone)]
 pub struct Db {
-    pool: PgPool,
+    conns: Pool,
+    /// sqlx's pool on the same server, opened only when used: for [`Db::pool`].
+    raw: PgPool,
     route: Route,
     /// Whether transactions on the pooler route set [`GUARDS`] (the startup parameters do it on
     /// the direct route).
@@ -98,10 +104,19 @@ pub struct Db {
     tenant: bool,
 }
 
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db").field("route", &self.route).field("guarded", &self.guarded).field("tenant", &self.tenant).finish_non_exhaustive()
+    }
+}
+
 impl From<PgPool> for Db {
     /// A pool on the direct route, as the owner: what tests and tools make themselves.
-    fn from(pool: PgPool) -> Db {
-        Db { pool, route: Route::Direct, guarded: false, tenant: false }
+    fn from(raw: PgPool) -> Db {
+        let options = raw.connect_options().as_ref().clone();
+        let given = raw.options();
+        let conns = conns::pool(options, given.get_max_connections(), given.get_acquire_timeout());
+        Db { conns, raw, route: Route::Direct, guarded: false, tenant: false }
     }
 }
 
@@ -119,10 +134,11 @@ impl Db {
     /// A pool beside this one (same server, route, size and limits), whose transactions act as
     /// the tenant: for `tenancy::tenant`, which says what that means.
     pub(crate) fn tenant_beside(&self) -> Db {
-        let options = self.pool.connect_options().as_ref().clone();
-        let given = self.pool.options();
-        let pool = pool_options(given.get_max_connections(), given.get_acquire_timeout()).connect_lazy_with(options);
-        Db { pool, route: self.route, guarded: self.guarded, tenant: true }
+        let options = self.raw.connect_options().as_ref().clone();
+        let given = self.raw.options();
+        let conns = conns::pool(options.clone(), given.get_max_connections(), given.get_acquire_timeout());
+        let raw = raw_options(given.get_max_connections(), given.get_acquire_timeout()).connect_lazy_with(options);
+        Db { conns, raw, route: self.route, guarded: self.guarded, tenant: true }
     }
 
     /// Begins a transaction with this pool's settings in force until it ends.
@@ -136,14 +152,14 @@ impl Db {
     /// with the API, engines and hosts at work). So the begin runs on a task of its own and always
     /// finishes: when its caller is gone, the finished transaction is dropped there and rolled
     /// back as any dropped transaction is (`store::a_begin_cancelled_midway_…` shows both).
-    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
         let db = self.clone();
         // The scope is task-local: read here, in the caller's task.
         let org = if self.tenant { crate::tenancy::scope::current() } else { None };
         to_the_end(async move { db.begin_to_the_end(org).await }, "beginning a transaction").await
     }
 
-    async fn begin_to_the_end(&self, org: Option<OrgId>) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    async fn begin_to_the_end(&self, org: Option<OrgId>) -> Result<Tx, sqlx::Error> {
         let mut tx = BEGINNING.scope((), self.begin_on_a_live_connection()).await?;
         if self.tenant {
             crate::tenancy::scope::enter(&mut tx, org).await?;
@@ -153,23 +169,30 @@ impl Db {
 
     /// `BEGIN` (with the pooler's preamble on that route) on a connection of the pool. A
     /// connection that came back to the pool moments ago is taken without a ping
-    /// ([`PING_AFTER_IDLE`]), so its `BEGIN` is what finds it dead when the server or a pooler
+    /// (`conns::PING_AFTER_IDLE`), so its `BEGIN` is what finds it dead when the server or a pooler
     /// closed it since (a restart, an administrator): that connection is dropped and the next
     /// one tried. `BEGIN` changes nothing, so trying again is always safe.
-    async fn begin_on_a_live_connection(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    async fn begin_on_a_live_connection(&self) -> Result<Tx, sqlx::Error> {
         // After a restart every connection of the pool may be dead; each try drops one.
-        let mut tries = self.pool.options().get_max_connections() + 1;
+        let mut tries = self.conns.status().max_size + 1;
         loop {
-            let begun = match self.route {
-                Route::Direct => self.pool.begin().await,
-                Route::Pooler => self.pool.begin_with(self.pooler_preamble()).await,
+            let statement = match self.route {
+                Route::Direct => None,
+                Route::Pooler => Some(self.pooler_preamble()),
             };
-            match begun {
-                Err(e) if tries > 1 && connection_lost(&e) => {
+            match conns::take(&self.conns).await?.begin(statement).await {
+                Ok(tx) => return Ok(tx),
+                Err((conn, e)) if tries > 1 && connection_lost(&e) => {
+                    conn.discard();
                     tries -= 1;
                     tracing::info!(error = %e, "a pooled connection was found closed by its BEGIN; trying another");
                 }
-                other => return other,
+                Err((conn, e)) => {
+                    if connection_lost(&e) {
+                        conn.discard();
+                    }
+                    return Err(e);
+                }
             }
         }
     }
@@ -179,7 +202,7 @@ impl Db {
     /// after the server had committed (PostgreSQL warns "there is no transaction in progress",
     /// which `make bench`'s host phase showed when a host dropped its watching claim), and the
     /// caller's change would be committed or not by chance. A commit that started finishes.
-    pub async fn commit(tx: Transaction<'static, Postgres>) -> Result<(), sqlx::Error> {
+    pub async fn commit(tx: Tx) -> Result<(), sqlx::Error> {
         to_the_end(tx.commit(), "committing a transaction").await
     }
 
@@ -201,15 +224,16 @@ impl Db {
         self.tenant || self.route == Route::Pooler
     }
 
-    /// Closes the pool, waiting for its connections to come back.
+    /// Closes the pool: its idle connections are closed now, those in use as they come back.
     pub async fn close(&self) {
-        self.pool.close().await;
+        conns::close(&self.conns).await;
+        self.raw.close().await;
     }
 
-    /// The pool underneath, without what [`Db::begin`] sets: for the owner's work on the
-    /// direct route only (tests reaching for a raw connection, the migrator).
+    /// sqlx's pool on the same server, without what [`Db::begin`] sets: for the owner's work on
+    /// the direct route only (tests reaching for a raw connection, the migrator).
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.raw
     }
 }
 
@@ -231,15 +255,20 @@ impl<'c> Executor<'c> for &'c Db {
         'c: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        if !self.wraps() {
-            return self.pool.fetch_many(query);
-        }
-        // The results are gathered inside the transaction: it commits before the caller sees
-        // them, so what the statement wrote is visible to the caller's next one.
+        // The results are gathered before the connection goes back; in a transaction, before
+        // it commits, so what the statement wrote is visible to the caller's next one.
         futures::stream::once(async move {
-            let mut tx = self.begin().await?;
-            let all: Vec<_> = (&mut *tx).fetch_many(query).try_collect().await?;
-            Db::commit(tx).await?;
+            let all: Vec<_> = if self.wraps() {
+                let mut tx = self.begin().await?;
+                let all = (&mut *tx).fetch_many(query).try_collect().await?;
+                Db::commit(tx).await?;
+                all
+            } else {
+                let mut conn = conns::take(&self.conns).await?;
+                let all = (&mut *conn).fetch_many(query).try_collect().await?;
+                conn.settle();
+                all
+            };
             Ok::<_, sqlx::Error>(futures::stream::iter(all.into_iter().map(Ok)))
         })
         .try_flatten()
@@ -251,13 +280,16 @@ impl<'c> Executor<'c> for &'c Db {
         'c: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        if !self.wraps() {
-            return self.pool.fetch_optional(query);
-        }
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            let row = (&mut *tx).fetch_optional(query).await?;
-            Db::commit(tx).await?;
+            if self.wraps() {
+                let mut tx = self.begin().await?;
+                let row = (&mut *tx).fetch_optional(query).await?;
+                Db::commit(tx).await?;
+                return Ok(row);
+            }
+            let mut conn = conns::take(&self.conns).await?;
+            let row = (&mut *conn).fetch_optional(query).await?;
+            conn.settle();
             Ok(row)
         })
     }
@@ -266,14 +298,24 @@ impl<'c> Executor<'c> for &'c Db {
     where
         'c: 'e,
     {
-        self.pool.prepare_with(sql, parameters)
+        Box::pin(async move {
+            let mut conn = conns::take(&self.conns).await?;
+            let statement = (&mut *conn).prepare_with(sql, parameters).await?;
+            conn.settle();
+            Ok(statement)
+        })
     }
 
     fn describe<'e, 'q: 'e>(self, sql: &'q str) -> futures::future::BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
     where
         'c: 'e,
     {
-        self.pool.describe(sql)
+        Box::pin(async move {
+            let mut conn = conns::take(&self.conns).await?;
+            let described = (&mut *conn).describe(sql).await?;
+            conn.settle();
+            Ok(described)
+        })
     }
 }
 
@@ -320,41 +362,14 @@ async fn open(options: PgConnectOptions, max_connections: u32, route: Route, gua
             _ => unreachable(e.to_string()),
         })?;
     drop(probe);
-    let pool = pool_options(max_connections, Duration::from_secs(10)).connect_lazy_with(options);
-    Ok(Db { pool, route, guarded, tenant: false })
+    let conns = conns::pool(options.clone(), max_connections, Duration::from_secs(10));
+    let raw = raw_options(max_connections, Duration::from_secs(10)).connect_lazy_with(options);
+    Ok(Db { conns, raw, route, guarded, tenant: false })
 }
 
-/// A connection that came back to the pool this recently is handed to a transaction without a
-/// ping of its own. sqlx pings every connection as it comes back
-/// (`PoolConnection::return_to_pool`), so a second ping moments later (its
-/// `test_before_acquire`) only costs a round trip per transaction; the transaction's `BEGIN`
-/// finds a connection that died since ([`Db::begin`]). One idle longer, or taken for a single
-/// statement, is pinged and replaced when the server or a pooler dropped it meanwhile.
-/// HikariCP's `aliveBypassWindowMs` makes the same trade, with the same 500 ms.
-const PING_AFTER_IDLE: Duration = Duration::from_millis(500);
-
-tokio::task_local! {
-    /// Set while [`Db::begin`] takes a connection: its `BEGIN` finds a dead one out and tries
-    /// another, which a single statement on the pool could not do safely.
-    static BEGINNING: ();
-}
-
-fn pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOptions {
-    use sqlx::Connection as _;
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(acquire_timeout)
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            let recent = meta.idle_for < PING_AFTER_IDLE && BEGINNING.try_with(|_| ()).is_ok();
-            Box::pin(async move {
-                if !recent {
-                    // An error closes the connection, and the pool opens another.
-                    conn.ping().await?;
-                }
-                Ok(true)
-            })
-        })
+/// sqlx's own pool, for [`Db::pool`].
+fn raw_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOptions {
+    PgPoolOptions::new().max_connections(max_connections).acquire_timeout(acquire_timeout)
 }
 
 /// Whether `e` says the connection itself is gone (closed, reset, or ended by the server: class

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{Postgres, Transaction};
-use crate::db::Db;
+use crate::db::{Db, Tx};
 
 use super::run_rows::RunRow;
 use crate::event_log::Extra;
@@ -116,7 +115,7 @@ pub struct RunCtx {
 
 /// One transaction of the write path.
 pub struct Change {
-    pub(super) tx: Transaction<'static, Postgres>,
+    pub(super) tx: Tx,
     /// For the trailing events notice after commit (`EventsNotice`).
     pool: Db,
     /// Runs whose transcripts grew (`l<run>` in the notification).
