@@ -3,8 +3,8 @@
 //!
 //! sqlx's own pool pings every connection as it comes back (`PoolConnection::return_to_pool`):
 //! a round trip more for every transaction and every single statement, paid by both processes
-//! in wake-ups. `make bench` measured it at about 5% of what a webhook delivery costs
-//! (BENCHMARKS.md, 2026-12-05). Here a connection is pinged when it is taken, and only when its
+//! in wake-ups: about 2–3% of the CPU a webhook delivery costs and of the engine's runs per
+//! second (BENCHMARKS.md, 2026-12-05). Here a connection is pinged when it is taken, and only when its
 //! last use did not finish (a dropped transaction, a statement cut short) or it has been idle
 //! [`PING_AFTER_IDLE`] or longer.
 
@@ -149,7 +149,7 @@ impl DerefMut for Taken {
 }
 
 /// An open transaction on a pooled connection, used as the connection itself (`&mut *tx`).
-/// Dropped without [`Tx::commit`] or [`Tx::rollback`], it is rolled back at once, on a task of
+/// Dropped without [`Tx::commit`], it is rolled back at once, on a task of
 /// its own, before the connection goes back: its locks are not left held until the next use.
 pub struct Tx {
     /// `None` once committed or rolled back.
@@ -160,14 +160,6 @@ impl Tx {
     pub async fn commit(mut self) -> Result<(), sqlx::Error> {
         let conn = self.conn.as_mut().expect("an open transaction holds its connection");
         PgTransactionManager::commit(conn).await?;
-        conn.settle();
-        self.conn = None;
-        Ok(())
-    }
-
-    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
-        let conn = self.conn.as_mut().expect("an open transaction holds its connection");
-        PgTransactionManager::rollback(conn).await?;
         conn.settle();
         self.conn = None;
         Ok(())
