@@ -187,6 +187,27 @@ async fn a_begin_cancelled_midway_leaves_no_transaction_open_on_the_connection()
     assert!(unseen.is_empty(), "writes after a begin cut after these many polls were not committed: {unseen:?}");
 }
 
+/// A change dropped without committing (an error's `?`, a request's client gone) gives its
+/// locks up at once, not when its connection is next used: the pool sends its `ROLLBACK` as it
+/// takes the connection back. Each round locks a run in a change, begins a second change on
+/// the pool's other connection, drops the first, and locks the same run in the second (the
+/// pool's connections run without a lock timeout here: a lock left held would hang).
+#[tokio::test]
+async fn a_dropped_change_releases_its_locks_at_once() {
+    let (db, s, run) = submitted(TWO_STEPS).await;
+    let pool = engine::db::connect(&db.url, 2).await.unwrap();
+    for round in 0..20 {
+        let mut ch = Change::begin(&pool, Actor::System).await.unwrap();
+        assert!(ch.lock_run(s.org, run).await.unwrap().is_some(), "round {round}: the run is not found");
+        let mut next = Change::begin(&pool, Actor::System).await.unwrap();
+        drop(ch);
+        let locked = tokio::time::timeout(Duration::from_secs(60), next.lock_run(s.org, run)).await;
+        assert!(matches!(locked, Ok(Ok(Some(_)))), "round {round}: the dropped change still holds the run's lock");
+        drop(next);
+    }
+    db.discard().await;
+}
+
 /// A caller dropped while its `COMMIT` is in flight (a host dropping its watching claim, a
 /// request's client gone) must leave the change committed and the connection clean: with
 /// sqlx's own commit, the dropped transaction sends a `ROLLBACK` on the connection's next use,
