@@ -9,8 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use engine::ids::{OrgId, ProjectId};
-use engine::store::{triggers, Actor, Change};
+use engine::ids::{OrgId, ProjectId, RunId};
+use engine::store::{admission, triggers, Actor, Change};
+use engine::substate;
 use engine::testkit::{test_db, TestDb};
 use serde_json::{json, Value};
 use shopfloor_tests::github_fake::payloads::{self, bot, user};
@@ -254,6 +255,29 @@ async fn the_fourth_cycle_is_blocked_with_an_ask_and_a_reset_runs_again() {
 }
 
 /// Expressions see `trigger` (the webhook that started the run) and `project`.
+/// A new issue's delivery reads admission's gates in the statement that records its trigger
+/// event (`store::admission::gates`): a paused project holds the run it opens, as it holds a
+/// run submitted over the API, and unpausing lets the run finish. (A paused workflow takes no
+/// delivery at all: it is not judged.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_issues_run_is_held_while_its_project_is_paused() {
+    let env = start(&[QUICK]).await;
+    let pause = async |paused: bool| {
+        let mut ch = Change::begin(&env.db.pool, Actor::System).await.unwrap();
+        admission::set_project_paused(&mut ch, env.org, env.project, paused).await.unwrap();
+        ch.commit().await.unwrap();
+    };
+    pause(true).await;
+    let (status, answer) = env.send("issues", &Issue::new(31, "Paused work").labeled(&env.repo, "ready")).await;
+    assert_eq!((status, &answer["runs_opened"]), (202, &json!(1)), "{answer}");
+    let run: RunId = sqlx::query_scalar("SELECT run_id FROM runs").fetch_one(&env.db.pool).await.unwrap();
+    let why = substate::why(&env.db.pool, env.org, run).await.unwrap();
+    assert_eq!((why.words.as_str(), why.text.as_str()), ("held", "Held: the project is paused"));
+    pause(false).await;
+    env.until(&format!("SELECT count(*) FROM runs WHERE status = 'completed' AND run_id = '{}'", run.0), 1).await;
+    env.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_decision_routes_on_the_trigger_and_the_project() {
     let env = start(&[ROUTED]).await;

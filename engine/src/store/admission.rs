@@ -21,10 +21,12 @@
 //! not the head stays in line.
 
 //!
-//! The decision is in `plan.rs` (the stages and the writes that apply them), the lines and
+//! The decision is in `plan.rs` (the stages and the writes that apply them; the gates' read,
+//! which a trigger event's insert may carry, in `gates.rs`), the lines and
 //! what lets runs through in `lines.rs`; this file holds admission at the engine, which may
 //! end a `drop` group's victim (`runs::drop_victim`), and the operator's settings.
 
+pub(crate) mod gates;
 pub(crate) mod lines;
 pub(crate) mod plan;
 

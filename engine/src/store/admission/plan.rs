@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use super::gates::{self, Gates};
 use super::lines::{ahead_of, board_occupied, held_in, lock_queue, poke, try_lock_queue, window};
 use crate::admission::{self as rules, ItemRef, QueueKind};
 use crate::catalog::Catalog;
@@ -141,29 +142,17 @@ pub(crate) async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result
     let workflow = c.workflow.0.to_string();
     let project = c.project.0.to_string();
 
-    // Gates. The workflow's and project's rows are read FOR SHARE: a pause or unpause updates
-    // them, so it is ordered with this admission. At submit, a run that nothing but the gates
-    // and the org's cap can hold (no concurrency group, board column or throttle) tries the
-    // org's line in the same statement when the gates and budgets let it through: the lock
-    // `try_lock_queue` would take next, a round trip sooner (`org_free`).
+    // Gates, read by this statement or, for a new item's first trigger event, by its insert.
     let columns = rules::board_columns(&def);
-    let org_next = c.at_submit && def.concurrency.is_none() && def.throttle.is_none() && columns.is_empty();
-    let (name, wf_paused, project_paused, has_budgets, org_free): (String, bool, bool, bool, Option<bool>) = sqlx::query_as(
-        "SELECT w.name, w.paused, p.paused, b.any, \
-                CASE WHEN $3 AND NOT w.paused AND NOT p.paused AND NOT b.any THEN \
-                     EXISTS (SELECT 1 FROM admission_queues q WHERE q.org_id = $2 AND q.queue = $4 FOR UPDATE SKIP LOCKED) \
-                     OR NOT EXISTS (SELECT 1 FROM admission_queues q WHERE q.org_id = $2 AND q.queue = $4) END \
-         FROM workflows w JOIN projects p ON p.project_id = w.project_id \
-         CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM budgets b WHERE b.org_id = w.org_id \
-                                            AND (b.project_id IS NULL OR b.project_id = w.project_id)) AS any) b \
-         WHERE w.workflow_id = $1 AND w.org_id = $2 FOR SHARE OF w, p",
-    )
-    .bind(c.workflow)
-    .bind(c.org)
-    .bind(org_next)
-    .bind(rules::ORG_QUEUE)
-    .fetch_one(&mut *ch.tx)
-    .await?;
+    let org_next = gates::org_next(&def, c.at_submit);
+    let read = match ch.gates_ahead.take() {
+        Some(ahead) if ahead.workflow == c.workflow && ahead.org_next == org_next => ahead.gates,
+        _ => {
+            let sql = gates::select("$1", "$2", "$3", "$4");
+            sqlx::query_as(&sql).bind(c.workflow).bind(c.org).bind(org_next).bind(rules::ORG_QUEUE).fetch_one(&mut *ch.tx).await?
+        }
+    };
+    let Gates { name, workflow_paused: wf_paused, project_paused, has_budgets, org_free } = read;
     let gates = [
         (project_paused, rules::project_paused_queue(&project), "the project is paused".to_owned()),
         (wf_paused, rules::paused_queue(&workflow), format!("workflow {name} is paused")),

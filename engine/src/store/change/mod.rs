@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use crate::db::{Db, Tx};
 
+use super::admission::gates::ReadAhead;
 use super::run_rows::RunRow;
 use crate::event_log::Extra;
 use crate::trace::TraceParent;
@@ -141,6 +142,8 @@ pub struct Change {
     /// What became of the webhook delivery this change ingests, written by the commit's last
     /// statement (`finish_delivery`).
     delivery_outcome: Option<DeliveryOutcome>,
+    /// Admission's gates, read by a trigger event's insert for the run it opens next.
+    pub(super) gates_ahead: Option<ReadAhead>,
 }
 
 /// A delivery's outcome and detail, for `github_deliveries`.
@@ -191,6 +194,7 @@ impl Change {
             written: Vec::new(),
             tally: crate::metrics::Tally::default(),
             delivery_outcome: None,
+            gates_ahead: None,
         })
     }
 

@@ -9,13 +9,14 @@
 use futures::future::BoxFuture;
 use serde::Serialize;
 use serde_json::{json, Value};
-use sqlx::Row;
+use sqlx::{FromRow as _, Row};
 use uuid::Uuid;
 
 use super::items::{lock_item, project_context, workflow, ItemRow, WorkflowInfo};
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, WorkflowId};
 use crate::item_keys::{content_hash, dedup_key};
 use crate::judge::{self, Verdict};
+use crate::store::admission::gates::{self, Gates, ReadAhead};
 use crate::store::run_rows::{NewRun, RunRow};
 use crate::store::{cap, Change, Result, StoreError};
 
@@ -83,19 +84,26 @@ pub(crate) async fn submit_event(ch: &mut Change, new: NewEvent<'_>, runs: &RunO
          VALUES ($1, $2, $3, $4, $5, $6, 'github', $7, 'accepted', $8, $9) \
          ON CONFLICT ON CONSTRAINT trigger_events_dedup DO NOTHING RETURNING event_id";
     // On an item this change created, the event's insert takes the first cycle of the budget
-    // too ([`admit`]): one statement fewer for the first delivery about an issue.
+    // too ([`admit`]): one statement fewer for the first delivery about an issue. Its run is
+    // submitted next (no run can be open on the item), so the insert reads admission's gates
+    // for it as well, unless a person's approval defers the run before any gate.
     let first_cycle = new.item.fresh && takes_first_cycle(new.workflow);
+    let read_gates = first_cycle && !new.workflow.def.approval_required;
+    let org_next = gates::org_next(&new.workflow.def, true);
     let sql = if first_cycle {
+        // The gates' row is missing when the workflow's is gone: admission then reads, and
+        // fails, as it would have.
+        let gates = if read_gates { format!(", g.* FROM e LEFT JOIN ({}) g ON true", gates::select("$4", "$1", "$10", "$11")) } else { " FROM e".to_owned() };
         format!(
             "WITH e AS ({insert}, org_id, project_id, item_id, workflow_id, generation), \
                   b AS (INSERT INTO item_cycle_budgets (org_id, project_id, item_id, workflow_id, generation, cycles_used) \
                         SELECT org_id, project_id, item_id, workflow_id, generation, 1 FROM e) \
-             SELECT event_id FROM e"
+             SELECT e.event_id{gates}"
         )
     } else {
         insert.to_owned()
     };
-    let inserted: Option<Uuid> = sqlx::query_scalar(&sql)
+    let mut query = sqlx::query(&sql)
         .bind(new.org)
         .bind(new.project)
         .bind(id)
@@ -104,11 +112,15 @@ pub(crate) async fn submit_event(ch: &mut Change, new: NewEvent<'_>, runs: &RunO
         .bind(&key)
         .bind(&payload)
         .bind(generation)
-        .bind(new.delivery)
-        .fetch_optional(&mut *ch.tx)
-        .await?;
-    if inserted.is_none() {
+        .bind(new.delivery);
+    if read_gates {
+        query = query.bind(org_next).bind(crate::admission::ORG_QUEUE);
+    }
+    let Some(row) = query.fetch_optional(&mut *ch.tx).await? else {
         return Ok(Claim::Duplicate);
+    };
+    if read_gates && row.try_get::<Option<String>, _>("name")?.is_some() {
+        ch.gates_ahead = Some(ReadAhead { workflow: new.workflow.id, org_next, gates: Gates::from_row(&row)? });
     }
     let ev = EventRef { id, org: new.org, project: new.project, item: new.item.item_id, generation, trigger: new.trigger, fresh_item: new.item.fresh };
     claim(ch, &ev, new.workflow, runs).await
