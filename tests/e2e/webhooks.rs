@@ -259,6 +259,38 @@ async fn the_fourth_cycle_is_blocked_with_an_ask_and_a_reset_runs_again() {
 /// event (`store::admission::gates`): a paused project holds the run it opens, as it holds a
 /// run submitted over the API, and unpausing lets the run finish. (A paused workflow takes no
 /// delivery at all: it is not judged.)
+/// Two projects of one org connect the same repository: a delivery makes the item, and opens
+/// the run, in each; a redelivery makes nothing; an edit reaches both stored items.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repository_connected_by_two_projects_has_its_item_in_each() {
+    let env = start(&[QUICK]).await;
+    let mut ch = Change::begin(&env.db.pool, Actor::System).await.unwrap();
+    let api = engine::store::tenants::create_project(&mut ch, env.org, &engine::ids::Slug::parse("api").unwrap(), "API").await.unwrap();
+    put_workflows(&mut ch, env.org, api, &[QUICK]).await;
+    connect_widgets(&mut ch, env.org, api).await;
+    ch.commit().await.unwrap();
+    let key = "'[\"github\",\"acme/widgets\",41]'";
+    let per_project = format!("SELECT count(DISTINCT project_id) FROM items WHERE key = {key}");
+
+    let mut issue = Issue::new(41, "Shared work");
+    let labelled = issue.labeled(&env.repo, "ready");
+    let (status, answer) = env.hooks.send("issues", "shared-1", &labelled).await;
+    assert_eq!((status, &answer["runs_opened"]), (202, &json!(2)), "{answer}");
+    assert_eq!(env.scalar(&per_project).await, 2);
+    assert_eq!(env.scalar("SELECT count(DISTINCT project_id) FROM runs").await, 2);
+    let (status, answer) = env.hooks.send("issues", "shared-1", &labelled).await;
+    assert_eq!((status, answer["outcome"].as_str()), (200, Some("redelivery")));
+    assert_eq!(env.scalar(&format!("SELECT count(*) FROM items WHERE key = {key}")).await, 2);
+    env.until("SELECT count(*) FROM runs WHERE status = 'running'", 0).await;
+
+    let (status, answer) = env.send("issues", &issue.edited(&env.repo, "Steps to reproduce", "alice")).await;
+    assert_eq!((status, &answer["runs_opened"]), (202, &json!(2)), "{answer}");
+    assert_eq!(env.scalar(&format!("SELECT count(*) FROM items WHERE key = {key} AND data->>'body' = 'Steps to reproduce'")).await, 2);
+    assert_eq!(env.scalar("SELECT count(*) FROM runs").await, 4);
+    env.until("SELECT count(*) FROM runs WHERE status = 'running'", 0).await;
+    env.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_issues_run_is_held_while_its_project_is_paused() {
     let env = start(&[QUICK]).await;
