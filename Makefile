@@ -19,10 +19,11 @@ bench: ## measure the engine against this machine's durable-commit limit; append
 chaos: ## 2000 runs over HTTP through process kills, a PostgreSQL crash, a PgBouncer restart, cut and blackholed links, a frozen engine and a poisoned run
 	scripts/chaos.sh
 
-lint: ## clippy over every target, warnings as errors
+lint: ## rustfmt's layout (rustfmt.toml) and clippy over every target, warnings as errors
+	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-fmt: ## format the workspace
+fmt: ## format the workspace (rustfmt.toml)
 	$(CARGO) fmt --all
 
 openapi: ## regenerate openapi/openapi.json from the code (the drift test checks it)

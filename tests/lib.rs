@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use engine::db::Db;
 use engine::ids::RunId;
 use engine::store::runs;
 use engine::store::{Actor, Change};
-use engine::db::Db;
 
 /// Waits until `url` answers 200 (a server's `/readyz` once it has started). The deadline only
 /// ends a hung test: a loaded machine may take long, and nothing is asserted about how long.
@@ -72,11 +72,7 @@ impl EngineProcess {
 /// it executes in `effects`, draining for 5 s and logging at `log`; its database and output are
 /// the caller's to set.
 pub fn engine_command(mut program: Command, id: &str, effects: &Path, log: &str) -> Command {
-    program
-        .args(["engine", "--test-executor", "--engine-id", id, "--log", log])
-        .arg("--test-effects")
-        .arg(effects)
-        .env("SHOPFLOOR_DRAIN_SECS", "5");
+    program.args(["engine", "--test-executor", "--engine-id", id, "--log", log]).arg("--test-effects").arg(effects).env("SHOPFLOOR_DRAIN_SECS", "5");
     program
 }
 
@@ -182,25 +178,18 @@ pub async fn check_invariants(pool: &Db, effects: &Path) -> Invariants {
     let text = std::fs::read_to_string(effects).unwrap_or_default();
     let mut seen = std::collections::HashSet::new();
     let mut doubled = text.lines().filter(|l| !seen.insert(l.split(' ').next().unwrap_or_default().to_owned())).count() as i64;
-    doubled += scalar(
-        pool,
-        "SELECT count(*) FROM (SELECT 1 FROM steps WHERE state = 'succeeded' GROUP BY run_id, node, visit HAVING count(*) > 1) d",
-    )
-    .await;
-    let event_gaps = scalar(
-        pool,
-        "SELECT count(*) FROM (SELECT run_id FROM run_events GROUP BY run_id HAVING min(seq) <> 1 OR max(seq) <> count(*)) g",
-    )
-    .await;
+    doubled += scalar(pool, "SELECT count(*) FROM (SELECT 1 FROM steps WHERE state = 'succeeded' GROUP BY run_id, node, visit HAVING count(*) > 1) d").await;
+    let event_gaps = scalar(pool, "SELECT count(*) FROM (SELECT run_id FROM run_events GROUP BY run_id HAVING min(seq) <> 1 OR max(seq) <> count(*)) g").await;
     // Each step event names its actor. One by an engine is audited by the journal itself;
     // every other is written with one audit entry on the same step, so per step the counts of
     // those events and of its audit entries are equal.
     let unnamed = scalar(pool, "SELECT count(*) FROM run_events WHERE actor IS NULL").await;
-    let step_events: Vec<(uuid::Uuid, i64)> =
-        sqlx::query_as("SELECT step_id, count(*) FROM run_events WHERE step_id IS NOT NULL AND kind LIKE 'step.%' AND actor NOT LIKE 'engine:%' GROUP BY step_id")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let step_events: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+        "SELECT step_id, count(*) FROM run_events WHERE step_id IS NOT NULL AND kind LIKE 'step.%' AND actor NOT LIKE 'engine:%' GROUP BY step_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
     let audits: std::collections::HashMap<String, i64> =
         sqlx::query_as::<_, (String, i64)>("SELECT target_id, count(*) FROM audit_log WHERE target_kind = 'step' GROUP BY target_id")
             .fetch_all(pool)
@@ -208,10 +197,8 @@ pub async fn check_invariants(pool: &Db, effects: &Path) -> Invariants {
             .unwrap()
             .into_iter()
             .collect();
-    let audit_missing = step_events
-        .iter()
-        .filter(|(step, events)| audits.get(&engine::ids::StepId(*step).to_string()).copied().unwrap_or(0) < *events)
-        .count() as i64
+    let audit_missing = step_events.iter().filter(|(step, events)| audits.get(&engine::ids::StepId(*step).to_string()).copied().unwrap_or(0) < *events).count()
+        as i64
         + unnamed;
     let steps_held = scalar(pool, "SELECT count(*) FROM steps WHERE state IN ('leased', 'running')").await;
     Invariants { runs_lost, effects_doubled: doubled, event_gaps, audit_missing, steps_held }

@@ -35,10 +35,16 @@ pub struct Link {
 }
 
 fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
-        panic!("cannot run `ip` ({e}): this test needs iproute2 and root (Linux network namespaces); install iproute2 and run it as root")
-    });
-    assert!(out.status.success(), "`ip {}` failed: {} (this test needs root for network namespaces)", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `ip` ({e}): this test needs iproute2 and root (Linux network namespaces); install iproute2 and run it as root"));
+    assert!(
+        out.status.success(),
+        "`ip {}` failed: {} (this test needs root for network namespaces)",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
 }
 
 impl Netns {

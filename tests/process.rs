@@ -22,11 +22,7 @@ pub fn sh(dir: &Path, script: &str) {
 /// is discarded but for errors (a test sends either elsewhere by setting it again).
 pub fn shopfloor(args: &[&str], database_url: &str) -> Command {
     let mut cmd = Command::new(shopfloor_bin());
-    cmd.args(args)
-        .env("DATABASE_URL", database_url)
-        .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+    cmd.args(args).env("DATABASE_URL", database_url).env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY).stdout(Stdio::null()).stderr(Stdio::inherit());
     cmd
 }
 

@@ -9,7 +9,7 @@ use engine::sealing::SecretKey;
 use engine::store::signing_keys;
 use engine::store::tenants::{self, TokenRecord};
 use engine::store::{Change, StoreError};
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
 
@@ -44,34 +44,29 @@ pub async fn issue_user_token(ch: &mut Change, key: &SecretKey, t: UserToken<'_>
 
 /// As [`issue_user_token`], with the token's `jti` (its id in `api_tokens`).
 pub async fn issue_user_token_with_id(ch: &mut Change, key: &SecretKey, t: UserToken<'_>) -> Result<(uuid::Uuid, String), StoreError> {
-    let spec = Spec { org: t.org, kind: "user", user: Some(t.user), host: None, project: t.project, role: t.role, name: t.name, ttl: t.ttl, sub: t.user.to_string() };
+    let spec =
+        Spec { org: t.org, kind: "user", user: Some(t.user), host: None, project: t.project, role: t.role, name: t.name, ttl: t.ttl, sub: t.user.to_string() };
     issue(ch, key, spec).await.map(|(jti, token, _)| (jti, token))
 }
 
 /// A token that registers one host in a project (kind `registration`, role `host`): it can
 /// only call the registration route. Returns its `jti`, the signed text and its expiry.
 pub async fn issue_registration_token(
-    ch: &mut Change,
-    key: &SecretKey,
-    org: OrgId,
-    project: ProjectId,
-    name: &str,
-    ttl: Duration,
+    ch: &mut Change, key: &SecretKey, org: OrgId, project: ProjectId, name: &str, ttl: Duration,
 ) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
-    issue(ch, key, Spec { org, kind: "registration", user: None, host: None, project: Some(project), role: "host", name, ttl, sub: format!("project:{project}") }).await
+    issue(
+        ch,
+        key,
+        Spec { org, kind: "registration", user: None, host: None, project: Some(project), role: "host", name, ttl, sub: format!("project:{project}") },
+    )
+    .await
 }
 
 /// A host's credential (kind `host`, role `host`), made when a registration token registers
 /// it: it can only call the host protocol, as that host. Returns its `jti`, the signed text and
 /// its expiry. Deregistering the host revokes it.
 pub async fn issue_host_credential(
-    ch: &mut Change,
-    key: &SecretKey,
-    org: OrgId,
-    project: ProjectId,
-    host: HostId,
-    name: &str,
-    ttl: Duration,
+    ch: &mut Change, key: &SecretKey, org: OrgId, project: ProjectId, host: HostId, name: &str, ttl: Duration,
 ) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
     issue(ch, key, Spec { org, kind: "host", user: None, host: Some(host), project: Some(project), role: "host", name, ttl, sub: format!("host:{host}") }).await
 }
@@ -123,6 +118,7 @@ async fn issue(ch: &mut Change, key: &SecretKey, t: Spec<'_>) -> Result<(uuid::U
     };
     let mut header = Header::new(Algorithm::HS256);
     header.kid = Some(kid);
-    let token = encode(&header, &claims, &EncodingKey::from_secret(signing.secret.expose_secret())).map_err(|e| StoreError::Invalid(format!("cannot sign token: {e}")))?;
+    let token = encode(&header, &claims, &EncodingKey::from_secret(signing.secret.expose_secret()))
+        .map_err(|e| StoreError::Invalid(format!("cannot sign token: {e}")))?;
     Ok((jti, token, expires_at))
 }

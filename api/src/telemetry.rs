@@ -26,9 +26,9 @@ use engine::trace::TraceParent;
 use opentelemetry::logs::{AnyValue, Logger as _, LoggerProvider as _, Severity};
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_otlp::{LogExporter, Protocol, SpanExporter, WithExportConfig};
+use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::logs::SdkLoggerProvider;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use opentelemetry_sdk::Resource;
 use tracing::Subscriber;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::fmt::format::Writer;
@@ -75,11 +75,7 @@ impl Exporting {
 /// Call it outside any async runtime: the exporters' HTTP client blocks on its own threads.
 pub fn init(log: &str, export: bool, process: &str) -> Telemetry {
     let filter = EnvFilter::try_new(log).unwrap_or_else(|_| EnvFilter::new("info"));
-    let lines = tracing_subscriber::fmt::layer()
-        .json()
-        .with_writer(std::io::stderr)
-        .event_format(TraceIds)
-        .with_filter(filter);
+    let lines = tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).event_format(TraceIds).with_filter(filter);
     let exporting = if export { Exporting::from_env(|k| std::env::var(k).ok()) } else { Exporting::default() };
     let mut problems = Vec::new();
     let resource = resource(process);

@@ -19,15 +19,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{Context, Result, bail, ensure};
 use engine::sealing::SecretKey;
-use engine::store::{installations, Actor, Change};
+use engine::store::{Actor, Change, installations};
 use hmac::{Hmac, Mac};
 use secrecy::ExposeSecret as _;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sha2::Sha256;
 
-use crate::setup::{scalar_i64, steps_and_seconds, submit_many, Bench, Db};
+use crate::setup::{Bench, Db, scalar_i64, steps_and_seconds, submit_many};
 
 /// The three-in-a-row of `engine_steps_per_s`, for hosts: each step runs `true`.
 const HOST_SEQUENTIAL: &str = r#"name: three-on-hosts
@@ -159,7 +159,8 @@ pub(crate) async fn host_throughput(b: &Bench, root: &Path, n: usize) -> Result<
     let key = SecretKey::generate();
     let mut ch = Change::begin(&db.pool, Actor::System).await?;
     for i in 0..HOSTS {
-        let (_, token, _) = api::auth::issue_registration_token(&mut ch, &key, seed.org, seed.project, &format!("bench host {i}"), chrono::Duration::hours(2)).await?;
+        let (_, token, _) =
+            api::auth::issue_registration_token(&mut ch, &key, seed.org, seed.project, &format!("bench host {i}"), chrono::Duration::hours(2)).await?;
         tokens.push(token);
     }
     ch.commit().await?;
@@ -203,11 +204,8 @@ pub(crate) async fn host_throughput(b: &Bench, root: &Path, n: usize) -> Result<
     let elsewhere = scalar_i64(&db.pool, "SELECT count(*) FROM steps WHERE holder IS NULL OR holder NOT LIKE 'host:%'").await?;
     ensure!(elsewhere == 0, "{elsewhere} steps were not run by a host");
     // Each node's harness ran: a host's answer for `true`, exit code 0, once per node.
-    let ran = scalar_i64(
-        &db.pool,
-        "SELECT count(*) FROM steps WHERE state = 'succeeded' AND output->>'harness' = 'command' AND output->>'exit_code' = '0'",
-    )
-    .await?;
+    let ran =
+        scalar_i64(&db.pool, "SELECT count(*) FROM steps WHERE state = 'succeeded' AND output->>'harness' = 'command' AND output->>'exit_code' = '0'").await?;
     ensure!(ran == 3 * n as i64, "{ran} steps succeeded with the `command` harness's exit code 0, not {}", 3 * n);
     let hosts = scalar_i64(&db.pool, "SELECT count(DISTINCT holder) FROM steps").await?;
     if hosts < HOSTS as i64 {

@@ -143,7 +143,12 @@ async fn measure_webhooks(b: &Bench, runs: usize, r: &mut Report) -> Result<()> 
     r.add("webhook_p99_ms", format!("{:.1}", w.p99_ms));
     r.add(
         "webhook_note",
-        format!("{n} deliveries from {} clients to one `shopfloor api`, after {} warm-up deliveries; p50 {:.1} ms", fleet::WEBHOOK_CLIENTS, fleet::WEBHOOK_WARMUP, w.p50_ms),
+        format!(
+            "{n} deliveries from {} clients to one `shopfloor api`, after {} warm-up deliveries; p50 {:.1} ms",
+            fleet::WEBHOOK_CLIENTS,
+            fleet::WEBHOOK_WARMUP,
+            w.p50_ms
+        ),
     );
     Ok(())
 }

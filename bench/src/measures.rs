@@ -3,11 +3,11 @@
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use engine::store::{runs, Actor, Change};
+use anyhow::{Context, Result, bail};
+use engine::store::{Actor, Change, runs};
 use serde_json::json;
 
-use crate::setup::{scalar_i64, steps_and_seconds, submit_many, until_count, Bench};
+use crate::setup::{Bench, scalar_i64, steps_and_seconds, submit_many, until_count};
 
 /// Three leased steps in a row.
 const SEQUENTIAL: &str = "name: three-in-a-row
@@ -66,11 +66,7 @@ pub(crate) async fn pgbench_tps(b: &Bench, bindir: &std::path::Path, seconds: u3
     if !init.status.success() {
         bail!("pgbench -i failed: {}", String::from_utf8_lossy(&init.stderr));
     }
-    let run = Command::new(&pgbench)
-        .args(["-N", "-c", "8", "-j", "2", "-T", &seconds.to_string()])
-        .arg(&url)
-        .output()
-        .context("running pgbench")?;
+    let run = Command::new(&pgbench).args(["-N", "-c", "8", "-j", "2", "-T", &seconds.to_string()]).arg(&url).output().context("running pgbench")?;
     let out = String::from_utf8_lossy(&run.stdout);
     out.lines()
         .find(|l| l.starts_with("tps = "))

@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::process::Stdio;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
-use crate::setup::{with_database, Bench};
+use crate::setup::{Bench, with_database};
 
 /// The peer's figures, as `chains.mjs` printed them.
 pub(crate) struct Peer {
@@ -40,7 +40,14 @@ pub(crate) async fn graphile_worker(b: &Bench, root: &Path, chains: usize) -> Re
     if !out.status.success() {
         bail!("the peer failed ({}): {text}", out.status);
     }
-    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{name}: "))).map(str::to_owned).with_context(|| format!("the peer printed no {name}: {text}"));
+    let field = |name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(&format!("{name}: "))).map(str::to_owned).with_context(|| format!("the peer printed no {name}: {text}"))
+    };
     let number = |name: &str| -> Result<f64> { field(name)?.parse().with_context(|| format!("the peer's {name} is not a number")) };
-    Ok(Peer { version: field("peer_version")?, chains_per_s: number("peer_chains_per_s")?, wake_p50_ms: number("peer_wake_p50_ms")?, wake_p99_ms: number("peer_wake_p99_ms")? })
+    Ok(Peer {
+        version: field("peer_version")?,
+        chains_per_s: number("peer_chains_per_s")?,
+        wake_p50_ms: number("peer_wake_p50_ms")?,
+        wake_p99_ms: number("peer_wake_p99_ms")?,
+    })
 }

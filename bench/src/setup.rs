@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use engine::ids::{OrgId, ProjectId, RunId, Slug, WorkflowId};
 use engine::store::runs::{self, NewRun};
-use engine::store::{admission, tenants, workflows, Actor, Change};
+use engine::store::{Actor, Change, admission, tenants, workflows};
 
 pub(crate) struct Bench {
     /// The cluster's URL for the `postgres` database; measures make databases of their own.
@@ -76,12 +76,8 @@ impl Engine {
     /// Resident memory in MiB, from /proc.
     pub(crate) fn rss_mb(&self) -> Result<f64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .context("no VmRSS")?;
+        let kb: f64 =
+            status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).context("no VmRSS")?;
         Ok(kb / 1024.0)
     }
 }

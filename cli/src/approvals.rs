@@ -9,9 +9,9 @@ use serde_json::{Map, Value};
 use super::error::ClientError;
 use super::form::{self, Terminal};
 use super::http::{Answer, Api, Body};
-use super::model::{run_ref, Approval, RunDetail};
+use super::model::{Approval, RunDetail, run_ref};
 use super::sse;
-use super::{say, Conn};
+use super::{Conn, say};
 
 #[derive(Debug, Args)]
 pub struct ApproveArgs {

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::error::ClientError;
 use super::Conn;
+use super::error::ClientError;
 
 /// What the file holds.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -85,7 +85,8 @@ fn non_empty_env(name: &str) -> Option<String> {
 pub(crate) fn load() -> Result<FileConfig, ClientError> {
     let path = path()?;
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ClientError::Failed(format!("{} is not a shopfloor config file ({e}); run `shopfloor login` again", path.display()))),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Failed(format!("{} is not a shopfloor config file ({e}); run `shopfloor login` again", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
         Err(e) => Err(ClientError::Failed(format!("cannot read {}: {e}", path.display()))),
     }

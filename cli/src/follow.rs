@@ -27,13 +27,13 @@ use futures::StreamExt as _;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::approvals::{answer_words, pick, send_approval};
 use super::error::ClientError;
 use super::form::{self, Prompt};
-use super::http::{with_query, Api, Body};
-use super::approvals::{answer_words, pick, send_approval};
+use super::http::{Api, Body, with_query};
 use super::model::{Approval, RunDetail};
 use super::sse;
-use super::table::{clock, status_tint, Style, Tint};
+use super::table::{Style, Tint, clock, status_tint};
 
 /// How often a running crew step's log is read.
 const TRANSCRIPT_EVERY: Duration = Duration::from_secs(1);
@@ -331,7 +331,8 @@ async fn transcripts(api: &Api, screen: &Screen, state: &mut State) -> Result<()
     for (step, mut after) in steps {
         let ended = state.detail.steps.iter().any(|s| s.id == step && !matches!(s.state.as_str(), "pending" | "running" | "leased"));
         loop {
-            let url = with_query(api.project_url(&["runs", &state.run, "steps", &step, "logs"])?, &[("after", Some(&after.to_string())), ("limit", Some("200"))]);
+            let url =
+                with_query(api.project_url(&["runs", &state.run, "steps", &step, "logs"])?, &[("after", Some(&after.to_string())), ("limit", Some("200"))]);
             let page: LogPage = api.get(url).await?.json()?;
             for l in &page.items {
                 let mark = if l.stream == "stderr" { "!" } else { "│" };

@@ -6,10 +6,10 @@ use clap::{Args, Subcommand};
 use serde::Deserialize;
 
 use super::error::ClientError;
-use super::http::{with_query, Api, Body};
-use super::list::{print_table, Page, PageArgs};
-use super::table::{ago, plain, stamp, Style, Table, Tint};
-use super::{say, Conn};
+use super::http::{Api, Body, with_query};
+use super::list::{Page, PageArgs, print_table};
+use super::table::{Style, Table, Tint, ago, plain, stamp};
+use super::{Conn, say};
 
 #[derive(Debug, Args)]
 pub struct HostsArgs {
@@ -155,7 +155,9 @@ async fn host_id(api: &Api, host: &str) -> Result<String, ClientError> {
     }
     match found.as_slice() {
         [id] => Ok(id.clone()),
-        [] => Err(ClientError::Failed(format!("no host named `{host}` in {}/{}: `shopfloor hosts list` shows their names and ids", api.org()?, api.project()?))),
+        [] => {
+            Err(ClientError::Failed(format!("no host named `{host}` in {}/{}: `shopfloor hosts list` shows their names and ids", api.org()?, api.project()?)))
+        }
         many => Err(ClientError::Usage(format!("{} hosts are named `{host}`: give one's id ({})", many.len(), many.join(", ")))),
     }
 }
@@ -189,9 +191,5 @@ pub fn host_command(server: &str, token: &str, name: Option<&str>, capabilities:
 /// A word a POSIX shell reads back as itself: as is when it is plain, else single-quoted.
 fn shell_word(text: &str) -> String {
     let plain = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "-_.,:/@%+=".contains(c));
-    if plain {
-        text.to_owned()
-    } else {
-        format!("'{}'", text.replace('\'', r"'\''"))
-    }
+    if plain { text.to_owned() } else { format!("'{}'", text.replace('\'', r"'\''")) }
 }

@@ -8,13 +8,13 @@
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode, Url};
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::Conn;
 use super::config::{self, Settings};
 use super::error::{ClientError, WorkflowProblem};
-use super::Conn;
 
 /// How long one ordinary request may take (the event stream has no limit).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -73,7 +73,8 @@ impl Api {
     }
 
     pub(crate) fn new(settings: &Settings) -> Result<Api, ClientError> {
-        let server = settings.server.as_deref().ok_or_else(|| ClientError::Usage("no server: run `shopfloor login --server URL` or set SHOPFLOOR_SERVER".into()))?;
+        let server =
+            settings.server.as_deref().ok_or_else(|| ClientError::Usage("no server: run `shopfloor login --server URL` or set SHOPFLOOR_SERVER".into()))?;
         let token = settings.token.clone().ok_or_else(|| ClientError::Usage("no token: run `shopfloor login` or set SHOPFLOOR_TOKEN".into()))?;
         Api::with(server, token, settings.org.clone(), settings.project.clone())
     }
@@ -145,11 +146,7 @@ impl Api {
         let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
         let status = resp.status();
         let body = resp.bytes().await.map_err(|e| self.unreachable(&e))?.to_vec();
-        if status.is_success() {
-            Ok(Answer { body })
-        } else {
-            Err(refused(status, &body))
-        }
+        if status.is_success() { Ok(Answer { body }) } else { Err(refused(status, &body)) }
     }
 
     pub(crate) async fn get(&self, url: Url) -> Result<Answer, ClientError> {

@@ -4,8 +4,8 @@ use clap::Args;
 use serde::Deserialize;
 
 use super::http::with_query;
-use super::table::{Style, Table};
 use super::say;
+use super::table::{Style, Table};
 
 /// Prints a table, or says there is nothing, and where the next page starts.
 pub(crate) fn print_table(table: &Table, style: Style, nothing: &str, next_cursor: Option<&str>) {

@@ -5,8 +5,8 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::error::ClientError;
 use super::Conn;
+use super::error::ClientError;
 
 /// A run as the API describes it (the fields this client shows).
 #[derive(Debug, Clone, Deserialize)]

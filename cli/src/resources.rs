@@ -7,10 +7,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ClientError;
-use super::http::{with_query, Api, Body};
-use super::list::{print_table, Page, PageArgs};
-use super::table::{ago, plain, stamp, Style, Table, Tint};
-use super::{say, Conn};
+use super::http::{Api, Body, with_query};
+use super::list::{Page, PageArgs, print_table};
+use super::table::{Style, Table, Tint, ago, plain, stamp};
+use super::{Conn, say};
 
 #[derive(Debug, Args)]
 pub struct AuditArgs {
@@ -82,7 +82,12 @@ pub(super) async fn audit(args: AuditArgs) -> Result<u8, ClientError> {
     let list: Page<AuditEntry> = answer.json()?;
     let mut t = Table::new(&["AT", "ACTOR", "ACTION", "TARGET"]);
     for e in &list.items {
-        t.row(vec![plain(stamp(e.at)), plain(format!("{}:{}", e.actor_kind, e.actor_id)), plain(&e.action), plain(format!("{}:{}", e.target_kind, e.target_id))]);
+        t.row(vec![
+            plain(stamp(e.at)),
+            plain(format!("{}:{}", e.actor_kind, e.actor_id)),
+            plain(&e.action),
+            plain(format!("{}:{}", e.target_kind, e.target_id)),
+        ]);
     }
     print_table(&t, Style::detect(), "no audit entries", list.next_cursor.as_deref());
     Ok(0)
@@ -122,11 +127,7 @@ const ROLES: [&str; 4] = ["viewer", "member", "admin", "owner"];
 /// A role given on the command line, checked here so that a typo gets the roles in one line
 /// rather than the server's words about JSON.
 fn parse_role(text: &str) -> Result<&str, ClientError> {
-    if ROLES.contains(&text) {
-        Ok(text)
-    } else {
-        Err(ClientError::Usage(format!("--role `{text}` is not a role: give one of {}", ROLES.join(", "))))
-    }
+    if ROLES.contains(&text) { Ok(text) } else { Err(ClientError::Usage(format!("--role `{text}` is not a role: give one of {}", ROLES.join(", ")))) }
 }
 
 #[derive(Deserialize)]

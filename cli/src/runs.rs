@@ -15,11 +15,11 @@ use serde_json::Value;
 use super::error::ClientError;
 use super::follow;
 use super::form;
-use super::http::{with_query, Api, Body};
-use super::model::{run_ref, Run, RunDetail};
+use super::http::{Api, Body, with_query};
+use super::model::{Run, RunDetail, run_ref};
 use super::sse;
-use super::table::{ago, line, plain, span, stamp, status_tint, Style, Table, Tint};
-use super::{say, Conn};
+use super::table::{Style, Table, Tint, ago, line, plain, span, stamp, status_tint};
+use super::{Conn, say};
 
 #[derive(Debug, Args)]
 pub struct RunsArgs {
@@ -389,7 +389,9 @@ async fn runs_list(api: &Api, q: &ListArgs, json: bool, style: Style) -> Result<
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Prints a watched run again when its state or words changed.
-async fn watch_row(api: &Api, q: &ListArgs, id: &str, last: &mut HashMap<String, (String, String)>, widths: &[usize], json: bool, style: Style) -> Result<(), ClientError> {
+async fn watch_row(
+    api: &Api, q: &ListArgs, id: &str, last: &mut HashMap<String, (String, String)>, widths: &[usize], json: bool, style: Style,
+) -> Result<(), ClientError> {
     let answer = match api.get(api.project_url(&["runs", id])?).await {
         Ok(a) => a,
         // A run deleted meanwhile (a dry run's retention) is simply not shown.
@@ -459,7 +461,15 @@ fn show_run(d: &RunDetail, style: Style) {
             if s.timed_out {
                 state.push_str(" (timed out)");
             }
-            t.row(vec![plain(&s.node), plain(&s.kind), (state, status_tint(&s.state)), plain(s.attempt.to_string()), plain(took), plain(&s.id), plain(s.reason.clone().unwrap_or_default())]);
+            t.row(vec![
+                plain(&s.node),
+                plain(&s.kind),
+                (state, status_tint(&s.state)),
+                plain(s.attempt.to_string()),
+                plain(took),
+                plain(&s.id),
+                plain(s.reason.clone().unwrap_or_default()),
+            ]);
         }
         for l in t.render(style) {
             say!("{l}");

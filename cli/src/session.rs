@@ -6,17 +6,17 @@
 
 use std::io::{IsTerminal as _, Read as _, Write as _};
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use clap::Args;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::config::{self, FileConfig, Source};
 use super::error::ClientError;
 use super::form::{Prompt as _, Terminal};
-use super::http::{parse_server, with_query, Api};
-use super::{say, Conn};
+use super::http::{Api, parse_server, with_query};
+use super::{Conn, say};
 
 #[derive(Debug, Args)]
 pub struct LoginArgs {
@@ -69,7 +69,9 @@ pub(super) async fn login(args: LoginArgs) -> Result<u8, ClientError> {
     }
     let org = match args.org {
         Some(org) => org,
-        None if std::io::stdin().is_terminal() => Terminal.line("Org slug: ").await.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).ok_or_else(|| ClientError::Usage("no org given".into()))?,
+        None if std::io::stdin().is_terminal() => {
+            Terminal.line("Org slug: ").await.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).ok_or_else(|| ClientError::Usage("no org given".into()))?
+        }
         None => return Err(ClientError::Usage("give the org's slug with --org".into())),
     };
     let api = Api::with(&server, token.clone(), Some(org.clone()), None)?;
@@ -114,7 +116,7 @@ fn read_token(from_stdin: bool) -> Result<String, ClientError> {
 
 /// Reads a line in raw mode without echoing it.
 fn read_hidden(question: &str) -> Result<String, ClientError> {
-    use crossterm::event::{read, Event, KeyCode, KeyEventKind, KeyModifiers};
+    use crossterm::event::{Event, KeyCode, KeyEventKind, KeyModifiers, read};
     eprint!("{question}");
     let _ = std::io::stderr().flush();
     crossterm::terminal::enable_raw_mode().map_err(ClientError::failed)?;
@@ -156,11 +158,7 @@ pub(super) async fn context(args: ContextArgs) -> Result<u8, ClientError> {
     let mut file = config::load()?;
     let changed_org = args.org.as_ref().is_some_and(|o| Some(o) != file.org.as_ref());
     let org = args.org.or_else(|| file.org.clone()).ok_or_else(|| ClientError::Usage("no org yet: give --org".into()))?;
-    let project = if args.no_project {
-        None
-    } else {
-        args.project.or_else(|| if changed_org { None } else { file.project.clone() })
-    };
+    let project = if args.no_project { None } else { args.project.or_else(|| if changed_org { None } else { file.project.clone() }) };
     let server = file.server.clone().ok_or_else(|| ClientError::Usage("not logged in: run `shopfloor login --server URL` first".into()))?;
     let token = file.token.clone().ok_or_else(|| ClientError::Usage("not logged in: run `shopfloor login --server URL` first".into()))?;
     // The server must know the pair, with this token.

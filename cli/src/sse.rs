@@ -13,7 +13,7 @@ use reqwest::{Method, Url};
 use serde_json::Value;
 
 use super::error::ClientError;
-use super::http::{refused, Api};
+use super::http::{Api, refused};
 
 /// One event: its kind (`event`) and its `data` as JSON (its `id` is kept by the stream).
 #[derive(Debug, Clone)]

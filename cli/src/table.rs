@@ -42,11 +42,7 @@ impl Style {
             Tint::Yellow => "33",
             Tint::Cyan => "36",
         };
-        if self.color && !text.is_empty() {
-            format!("\x1b[{code}m{text}\x1b[0m")
-        } else {
-            text.to_owned()
-        }
+        if self.color && !text.is_empty() { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
     }
 }
 
@@ -143,11 +139,7 @@ pub fn ago_in(at: DateTime<Utc>, units: [&str; 4]) -> String {
     } else {
         format!("{}{d}", n / 86_400)
     };
-    if future {
-        format!("in {span}")
-    } else {
-        format!("{span} ago")
-    }
+    if future { format!("in {span}") } else { format!("{span} ago") }
 }
 
 /// A time as the operator reads it: `2025-05-01 14:03:07Z`.

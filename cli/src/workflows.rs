@@ -8,9 +8,9 @@ use serde::Deserialize;
 
 use super::error::{ClientError, WorkflowProblem};
 use super::http::{Api, Body};
-use super::list::{print_table, Page, PageArgs};
-use super::table::{ago, plain, Style, Table, Tint};
-use super::{say, Conn};
+use super::list::{Page, PageArgs, print_table};
+use super::table::{Style, Table, Tint, ago, plain};
+use super::{Conn, say};
 
 #[derive(Debug, Args)]
 pub struct WorkflowsArgs {

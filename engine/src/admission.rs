@@ -76,9 +76,7 @@ pub struct ItemRef {
 impl ItemRef {
     /// The repository is the second element of a GitHub item key.
     pub fn from_key(key: String) -> ItemRef {
-        let repository = serde_json::from_str::<Vec<serde_json::Value>>(&key)
-            .ok()
-            .and_then(|parts| parts.get(1).and_then(|r| r.as_str()).map(str::to_owned));
+        let repository = serde_json::from_str::<Vec<serde_json::Value>>(&key).ok().and_then(|parts| parts.get(1).and_then(|r| r.as_str()).map(str::to_owned));
         ItemRef { key, repository }
     }
 }

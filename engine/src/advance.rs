@@ -9,16 +9,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::catalog::Catalog;
-use crate::definition::timeouts::{step_timeout, OUTPUT_TIMEOUT};
+use crate::definition::timeouts::{OUTPUT_TIMEOUT, step_timeout};
 use crate::definition::{self, Definition, Node, NodeKind, Wait};
 use crate::ids::{RunId, StepId, WorkflowId};
 use crate::run_context::context;
-use crate::state::{run, step, StepState};
-use crate::store::steps::{self, Failure, FailureClass, Initial, NewStep, StepRow, LEASE_GRACE};
-use crate::store::{admission, approvals, budgets, runs, Change, Result, StoreError};
+use crate::state::{StepState, run, step};
+use crate::store::steps::{self, Failure, FailureClass, Initial, LEASE_GRACE, NewStep, StepRow};
+use crate::store::{Change, Result, StoreError, admission, approvals, budgets, runs};
 use crate::walk::{self, Outcome, StepRecord};
 
 /// How long a `wait: { event: … }` waits without its own `timeout:`; then it resolves with
@@ -196,10 +196,9 @@ fn with_rerun_starts(def: &Definition, run: &runs::RunRow, history: &[StepRow], 
 fn record(s: &StepRow) -> StepRecord {
     let finished_seq = s.finished_seq.unwrap_or(s.started_seq) as u64;
     let state = match s.state() {
-        StepState::Succeeded => walk::StepState::Succeeded {
-            route: s.output.as_ref().and_then(|o| o.get("route")).and_then(Value::as_str).map(str::to_owned),
-            finished_seq,
-        },
+        StepState::Succeeded => {
+            walk::StepState::Succeeded { route: s.output.as_ref().and_then(|o| o.get("route")).and_then(Value::as_str).map(str::to_owned), finished_seq }
+        }
         StepState::Failed => walk::StepState::Failed {
             reason: s.reason.clone().unwrap_or_else(|| "failed".into()),
             class: match s.failure_class.as_deref().map(FailureClass::parse) {
@@ -219,13 +218,7 @@ fn record(s: &StepRow) -> StepRecord {
 /// Starts one node; returns true when it was resolved at once (the walk may go on).
 #[allow(clippy::too_many_arguments)]
 async fn start_node(
-    ch: &mut Change,
-    engine: &Engine<'_>,
-    run: &runs::RunRow,
-    node: &Node,
-    start: &walk::Start,
-    history: &[StepRow],
-    out: &mut Vec<ToExecute>,
+    ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow, node: &Node, start: &walk::Start, history: &[StepRow], out: &mut Vec<ToExecute>,
 ) -> Result<bool> {
     let run_id = run.run_id;
     // A crew step needs a host that runs its harness (edit-and-retry may have changed it).
@@ -323,14 +316,13 @@ async fn start_node(
         }
         NodeKind::Workflow(child) => {
             let step = steps::create(ch, run_id, new(Initial::Waiting)).await?;
-            let target: Option<(WorkflowId, i32)> = sqlx::query_as(
-                "SELECT workflow_id, latest_version FROM workflows WHERE project_id = $1 AND org_id = $2 AND name = $3 AND latest_version > 0",
-            )
-            .bind(run.project_id)
-            .bind(run.org_id)
-            .bind(&child.name)
-            .fetch_optional(ch.conn())
-            .await?;
+            let target: Option<(WorkflowId, i32)> =
+                sqlx::query_as("SELECT workflow_id, latest_version FROM workflows WHERE project_id = $1 AND org_id = $2 AND name = $3 AND latest_version > 0")
+                    .bind(run.project_id)
+                    .bind(run.org_id)
+                    .bind(&child.name)
+                    .fetch_optional(ch.conn())
+                    .await?;
             let Some((workflow, version)) = target else {
                 let failure = Failure::new(format!("workflow `{}` not found", child.name), FailureClass::Final);
                 steps::fail::<step::Waiting>(ch, run_id, step, &failure, None).await?;
@@ -409,10 +401,8 @@ async fn start_node(
 /// delay to) until `t`, in whole milliseconds rounded up as wakes store them: measured on this
 /// process's clock, later than that start, the wake would fall due early.
 async fn until(ch: &mut Change, t: chrono::DateTime<chrono::Utc>) -> Result<Duration> {
-    let ms: f64 = sqlx::query_scalar("SELECT ceil(greatest(extract(epoch FROM $1::timestamptz - now()) * 1000, 0))::float8")
-        .bind(t)
-        .fetch_one(ch.conn())
-        .await?;
+    let ms: f64 =
+        sqlx::query_scalar("SELECT ceil(greatest(extract(epoch FROM $1::timestamptz - now()) * 1000, 0))::float8").bind(t).fetch_one(ch.conn()).await?;
     Ok(Duration::from_millis(ms as u64))
 }
 
@@ -471,13 +461,7 @@ async fn lease_to_self(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow,
 
 /// A wake that came due for one step.
 async fn on_step_wake(
-    ch: &mut Change,
-    engine: &Engine<'_>,
-    run: &runs::RunRow,
-    def: &Definition,
-    step_id: StepId,
-    reason: &str,
-    out: &mut Vec<ToExecute>,
+    ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow, def: &Definition, step_id: StepId, reason: &str, out: &mut Vec<ToExecute>,
 ) -> Result<()> {
     let run_id = run.run_id;
     let Some(step) = steps::get(ch, run_id, step_id).await? else { return Ok(()) };

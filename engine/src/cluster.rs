@@ -28,7 +28,7 @@ pub use error::ClusterError;
 use error::io_err;
 use os::Runner;
 use os::find_bindir;
-use server::{choose_port, create_database, initdb, prepare_log, running_port, start_server, stop_server, wait_ready, write_conf, Layout, DATABASE};
+use server::{DATABASE, Layout, choose_port, create_database, initdb, prepare_log, running_port, start_server, stop_server, wait_ready, write_conf};
 
 /// How many times a start is retried on another port when the remembered one was taken
 /// between our check and the server's bind.
@@ -63,9 +63,7 @@ pub struct Cluster {
 /// Either way the database `shopfloor` exists when this returns.
 pub async fn ensure_running(opts: &ClusterOptions) -> Result<Cluster, ClusterError> {
     let owned = opts.clone();
-    let cluster = tokio::task::spawn_blocking(move || ensure_running_blocking(&owned))
-        .await
-        .map_err(|e| ClusterError::Task(e.to_string()))??;
+    let cluster = tokio::task::spawn_blocking(move || ensure_running_blocking(&owned)).await.map_err(|e| ClusterError::Task(e.to_string()))??;
     if let Err(e) = create_database(cluster.port).await {
         if cluster.started_here {
             // The database error is the one worth reporting; a failed stop here would only
@@ -113,12 +111,7 @@ struct DirLock {
 
 impl DirLock {
     fn acquire(path: &Path) -> Result<DirLock, ClusterError> {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .map_err(|e| io_err("open", path, e))?;
+        let file = OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(|e| io_err("open", path, e))?;
         // SAFETY: the descriptor is open for as long as `file` lives; flock has no other
         // preconditions.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -186,8 +179,7 @@ fn make_traversable(dir: &Path) -> Result<(), ClusterError> {
         let meta = fs::metadata(d).map_err(|e| io_err("read", d, e))?;
         let mode = meta.permissions().mode();
         if mode & 0o001 == 0 {
-            fs::set_permissions(d, fs::Permissions::from_mode(mode | 0o001))
-                .map_err(|e| io_err("make searchable", d, e))?;
+            fs::set_permissions(d, fs::Permissions::from_mode(mode | 0o001)).map_err(|e| io_err("make searchable", d, e))?;
             tracing::info!(dir = %d.display(), "made searchable by others so the postgres user can reach the embedded cluster");
         }
     }

@@ -28,8 +28,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow};
 use sqlx::{Either, Execute, Executor, PgPool, Postgres};
 
 use crate::ids::OrgId;
-use conns::{Pool, BEGINNING};
 pub use conns::Tx;
+use conns::{BEGINNING, Pool};
 
 /// The migrations in `migrations/`, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -44,7 +44,9 @@ pub enum DbError {
     SchemaNewer { db: i64, code: i64 },
     #[error("the database schema is at migration {db}, but this binary needs {code}; run `shopfloor migrate`")]
     SchemaOlder { db: i64, code: i64 },
-    #[error("the database at {target} refused a startup parameter ({cause}), as PgBouncer does; if DATABASE_URL is a pooler, set SHOPFLOOR_LISTEN_DATABASE_URL to the PostgreSQL server itself (README: Behind PgBouncer)")]
+    #[error(
+        "the database at {target} refused a startup parameter ({cause}), as PgBouncer does; if DATABASE_URL is a pooler, set SHOPFLOOR_LISTEN_DATABASE_URL to the PostgreSQL server itself (README: Behind PgBouncer)"
+    )]
     PoolerRefused { target: String, cause: String },
     #[error("migrations need a direct connection, not a transaction pooler (they hold a session lock); set SHOPFLOOR_LISTEN_DATABASE_URL to the server itself")]
     MigrateThroughPooler,
@@ -294,7 +296,9 @@ impl<'c> Executor<'c> for &'c Db {
         })
     }
 
-    fn prepare_with<'e, 'q: 'e>(self, sql: &'q str, parameters: &'e [sqlx::postgres::PgTypeInfo]) -> futures::future::BoxFuture<'e, Result<sqlx::postgres::PgStatement<'q>, sqlx::Error>>
+    fn prepare_with<'e, 'q: 'e>(
+        self, sql: &'q str, parameters: &'e [sqlx::postgres::PgTypeInfo],
+    ) -> futures::future::BoxFuture<'e, Result<sqlx::postgres::PgStatement<'q>, sqlx::Error>>
     where
         'c: 'e,
     {
@@ -353,14 +357,15 @@ async fn open(options: PgConnectOptions, max_connections: u32, route: Route, gua
     let target = format!("{}:{}", options.get_host(), options.get_port());
     let unreachable = |cause: String| DbError::Unreachable { target: target.clone(), cause };
     // One direct connection first: a pool would only say that it timed out.
-    let probe = tokio::time::timeout(Duration::from_secs(10), options.connect())
-        .await
-        .map_err(|_| unreachable("no answer within 10 s".into()))?
-        .map_err(|e| match e.as_database_error() {
+    let probe = tokio::time::timeout(Duration::from_secs(10), options.connect()).await.map_err(|_| unreachable("no answer within 10 s".into()))?.map_err(
+        |e| match e.as_database_error() {
             // PgBouncer's words for a parameter it passes on to no server (`options`).
-            Some(d) if d.message().starts_with("unsupported startup parameter") => DbError::PoolerRefused { target: target.clone(), cause: d.message().to_owned() },
+            Some(d) if d.message().starts_with("unsupported startup parameter") => {
+                DbError::PoolerRefused { target: target.clone(), cause: d.message().to_owned() }
+            }
             _ => unreachable(e.to_string()),
-        })?;
+        },
+    )?;
     drop(probe);
     let conns = conns::pool(options.clone(), max_connections, Duration::from_secs(10));
     let raw = raw_options(max_connections, Duration::from_secs(10)).connect_lazy_with(options);
@@ -390,16 +395,11 @@ pub fn code_version() -> i64 {
 
 /// The newest migration applied to the database, 0 when none.
 pub async fn db_version(pool: &Db) -> Result<i64, DbError> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-        .fetch_one(pool)
-        .await?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
     if !exists {
         return Ok(0);
     }
-    let v: Option<i64> =
-        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-            .fetch_one(pool)
-            .await?;
+    let v: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await?;
     Ok(v.unwrap_or(0))
 }
 

@@ -12,7 +12,7 @@
 
 use std::sync::OnceLock;
 
-use serde_json::{json, Map, Value as Json};
+use serde_json::{Map, Value as Json, json};
 
 use crate::ids::{OrgId, ProjectId, RunId};
 
@@ -330,7 +330,8 @@ mod tests {
     #[test]
     fn a_session_event_maps_to_gen_ai_keys() {
         let attrs = json!({ "model": "claude-x", "cost_usd": 1.5, "input_tokens": 10, "output_tokens": 20, "host": "host-1", "attempt": 1 });
-        let extra = Extra { duration_ms: Some(1200), ..Extra::from_output(&json!({ "branch": "shopfloor/1-x", "head_sha": "abc", "repository": "acme/widgets" })) };
+        let extra =
+            Extra { duration_ms: Some(1200), ..Extra::from_output(&json!({ "branch": "shopfloor/1-x", "head_sha": "abc", "repository": "acme/widgets" })) };
         let e = Event {
             org: OrgId(uuid::Uuid::nil()),
             project: ProjectId(uuid::Uuid::nil()),

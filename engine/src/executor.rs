@@ -19,11 +19,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::advance::ToExecute;
 use crate::store::steps::{Failure, FailureClass};
-use crate::store::{budgets, Actor, Change, StoreError};
+use crate::store::{Actor, Change, StoreError, budgets};
 
 #[derive(Debug, Clone)]
 pub struct TestExecutor {
@@ -53,11 +53,7 @@ impl TestExecutor {
         }
         if let Some(path) = &self.effects {
             let line = format!("{} {} {} {} {}\n", job.step, job.run, job.node, job.visit, job.attempt);
-            let written = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .and_then(|mut f| f.write_all(line.as_bytes()));
+            let written = std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(line.as_bytes()));
             if let Err(e) = written {
                 return Err(Failure::new(format!("test executor cannot record its effect: {e}"), FailureClass::Infrastructure));
             }

@@ -5,7 +5,7 @@
 use protocol::{Caps, Item, Usage};
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{is_word, RunId, StepId};
+use crate::ids::{RunId, StepId, is_word};
 
 /// A capability a host advertises and a node `requires`: `linux`, `arm64`, `gpu`,
 /// `harness:claude-code`. Lowercase letters, digits and `:._-`, 1 to 64 characters.

@@ -82,12 +82,7 @@ pub fn item_key(repository: &str, number: Option<i64>) -> String {
 /// item's cycle generation once it is above zero (so a reset lets the same content act again).
 /// A repository item has `null` for its number.
 pub fn dedup_key(workflow: &str, repository: &str, number: Option<i64>, content_hash: &str, generation: i32) -> String {
-    let mut key = vec![
-        Value::from(workflow),
-        Value::from(repository.to_lowercase()),
-        number.map_or(Value::Null, Value::from),
-        Value::from(content_hash),
-    ];
+    let mut key = vec![Value::from(workflow), Value::from(repository.to_lowercase()), number.map_or(Value::Null, Value::from), Value::from(content_hash)];
     if generation > 0 {
         key.push(Value::from(generation));
     }

@@ -20,15 +20,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::db::Db;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use crate::db::Db;
 
 use crate::ids::ProjectId;
 use crate::net_guard::{Policy, Refused, SystemResolver, VettedResolver};
 use crate::store::jobs::Job;
 use crate::store::webhooks_out::{self, Answer};
-use crate::store::{retention, Actor, Change, StoreError};
+use crate::store::{Actor, Change, StoreError, retention};
 
 /// How long a receiver has to answer a delivery.
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -205,9 +205,6 @@ mod tests {
     #[test]
     fn the_signature_is_githubs_scheme() {
         // The example of GitHub's "Validating webhook deliveries".
-        assert_eq!(
-            signature("It's a Secret to Everybody", b"Hello, World!"),
-            "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
-        );
+        assert_eq!(signature("It's a Secret to Everybody", b"Hello, World!"), "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17");
     }
 }

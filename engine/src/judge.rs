@@ -7,10 +7,10 @@
 //! start a run. Revocation ("the item stopped matching") re-evaluates a pending run's `if:`
 //! with the `trigger` that started it and the item as it is now.
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
+use crate::definition::{GithubTrigger, Senders, expr};
 use crate::triggers::projection::comment_fields;
-use crate::definition::{expr, GithubTrigger, Senders};
 
 /// The outcome of an `if:`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,10 +178,7 @@ pub fn trigger_context(delivery: &str, event: &str, payload: &Value, sender: &Se
         }
     }
     if event == "status" {
-        obj.insert(
-            "check".into(),
-            json!({ "name": payload.get("context"), "state": payload.get("state"), "head_sha": payload.get("sha") }),
-        );
+        obj.insert("check".into(), json!({ "name": payload.get("context"), "state": payload.get("state"), "head_sha": payload.get("sha") }));
     }
     if event == "push" {
         obj.insert("ref".into(), payload.get("ref").cloned().unwrap_or(Value::Null));

@@ -26,14 +26,14 @@
 
 use std::future::poll_fn;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
-use sqlx::postgres::PgSslMode;
 use sqlx::ConnectOptions;
+use sqlx::postgres::PgSslMode;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -60,7 +60,8 @@ pub struct Keepalive {
 
 impl Keepalive {
     /// 10 s idle, then 3 probes 5 s apart: a silent peer is noticed within 25 s.
-    pub const DEFAULT: Keepalive = Keepalive { idle: Duration::from_secs(10), interval: Duration::from_secs(5), retries: 3, user_timeout: Duration::from_secs(25) };
+    pub const DEFAULT: Keepalive =
+        Keepalive { idle: Duration::from_secs(10), interval: Duration::from_secs(5), retries: 3, user_timeout: Duration::from_secs(25) };
 
     /// Settings with the user timeout at `idle + interval × retries` unless one is given;
     /// durations under a second are raised to one (the kernel counts keepalives in seconds).
@@ -365,7 +366,10 @@ mod tests {
         let t = Target::parse("postgres://u@h/d?options=-c%20tcp_keepalives_idle%3D60").unwrap().with_keepalive(k);
         let c = t.config();
         assert!(c.get_keepalives());
-        assert_eq!((c.get_keepalives_idle(), c.get_keepalives_interval(), c.get_keepalives_retries()), (Duration::from_secs(1), Some(Duration::from_secs(2)), Some(3)));
+        assert_eq!(
+            (c.get_keepalives_idle(), c.get_keepalives_interval(), c.get_keepalives_retries()),
+            (Duration::from_secs(1), Some(Duration::from_secs(2)), Some(3))
+        );
         assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(7)));
         assert_eq!(
             c.get_options(),

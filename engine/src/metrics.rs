@@ -11,17 +11,17 @@
 //! No label carries tenant data: routes are templates (`/api/v1/orgs/{org}/…`), queues are
 //! named by kind, webhook events by their type. The scrape is unauthenticated.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::LazyLock;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use crate::db::Db;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use crate::db::Db;
 
 /// The content type of [`render`]'s answer (OpenMetrics text, which Prometheus scrapes).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

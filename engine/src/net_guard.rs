@@ -485,7 +485,19 @@ mod tests {
 
     #[test]
     fn allowing_private_lets_in_the_private_network_and_nothing_else() {
-        for url in ["http://127.0.0.1:9/", "http://2130706433/", "http://[::1]/", "http://[::ffff:7f00:1]/", "http://10.1.2.3/", "http://192.168.0.10/", "http://[fd12::1]/", "http://100.64.1.1/", "http://localhost:8080/", "http://receiver/", "http://db.internal/"] {
+        for url in [
+            "http://127.0.0.1:9/",
+            "http://2130706433/",
+            "http://[::1]/",
+            "http://[::ffff:7f00:1]/",
+            "http://10.1.2.3/",
+            "http://192.168.0.10/",
+            "http://[fd12::1]/",
+            "http://100.64.1.1/",
+            "http://localhost:8080/",
+            "http://receiver/",
+            "http://db.internal/",
+        ] {
             assert_eq!(ON_PREM.target(url).map(|_| ()), Ok(()), "{url}");
         }
         let still = [

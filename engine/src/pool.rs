@@ -28,7 +28,7 @@ use crate::ids::{RunId, StepId};
 use crate::listen::{Listener, Target};
 use crate::state::StepState;
 use crate::store::steps::{self, Failure};
-use crate::store::{engine_errors, Actor, Change, Notice, StoreError, NOTIFY_CHANNEL};
+use crate::store::{Actor, Change, NOTIFY_CHANNEL, Notice, StoreError, engine_errors};
 
 /// How often a holder renews the lease of a step it executes.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -402,43 +402,46 @@ impl Pool {
             // The execution's span, child of the run's trace (`crate::trace`).
             let span = crate::trace::step_span(job.traceparent.as_deref(), job.run, job.step, &job.node, &job.kind, job.attempt);
             let in_span = span.clone();
-            self.tasks.spawn(tracing::Instrument::instrument(async move {
-                let work = {
-                    let (job, holder, db) = (job.clone(), holder.clone(), db.clone());
-                    async move {
-                        match (outputs, test) {
-                            (Some(out), _) => out.execute(&db, &catalog, &job).await,
-                            (None, Some(test)) => Executed::from(test.execute(&db, &job, &holder).await),
-                            (None, None) => Executed::Failed(Failure::new("no executor", steps::FailureClass::Infrastructure)),
-                        }
-                    }
-                };
-                tokio::pin!(work);
-                let mut beat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
-                let result = loop {
-                    tokio::select! {
-                        r = &mut work => break r,
-                        _ = beat.tick() => {
-                            match steps::heartbeat(&db, job.org, job.step, &holder).await {
-                                Ok(StepState::Leased | StepState::Running) => {}
-                                Ok(state) => {
-                                    tracing::info!(step.id = %job.step, %state, "step moved on under its holder; stopping");
-                                    return;
-                                }
-                                Err(e) => tracing::warn!(step.id = %job.step, error = %e, "lease renewal failed"),
+            self.tasks.spawn(tracing::Instrument::instrument(
+                async move {
+                    let work = {
+                        let (job, holder, db) = (job.clone(), holder.clone(), db.clone());
+                        async move {
+                            match (outputs, test) {
+                                (Some(out), _) => out.execute(&db, &catalog, &job).await,
+                                (None, Some(test)) => Executed::from(test.execute(&db, &job, &holder).await),
+                                (None, None) => Executed::Failed(Failure::new("no executor", steps::FailureClass::Infrastructure)),
                             }
                         }
-                    }
-                };
-                let (outcome, reason) = match &result {
-                    Executed::Succeeded(_) => ("succeeded", None),
-                    Executed::Failed(f) => ("failed", Some(f.reason.as_str())),
-                    Executed::Deferred { reason, .. } => ("deferred", Some(reason.as_str())),
-                };
-                crate::trace::record_outcome(&span, outcome, reason);
-                // The receiver only goes away when the loop exits; then recovery takes over.
-                let _ = tx.send(Done { job, result });
-            }, in_span));
+                    };
+                    tokio::pin!(work);
+                    let mut beat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
+                    let result = loop {
+                        tokio::select! {
+                            r = &mut work => break r,
+                            _ = beat.tick() => {
+                                match steps::heartbeat(&db, job.org, job.step, &holder).await {
+                                    Ok(StepState::Leased | StepState::Running) => {}
+                                    Ok(state) => {
+                                        tracing::info!(step.id = %job.step, %state, "step moved on under its holder; stopping");
+                                        return;
+                                    }
+                                    Err(e) => tracing::warn!(step.id = %job.step, error = %e, "lease renewal failed"),
+                                }
+                            }
+                        }
+                    };
+                    let (outcome, reason) = match &result {
+                        Executed::Succeeded(_) => ("succeeded", None),
+                        Executed::Failed(f) => ("failed", Some(f.reason.as_str())),
+                        Executed::Deferred { reason, .. } => ("deferred", Some(reason.as_str())),
+                    };
+                    crate::trace::record_outcome(&span, outcome, reason);
+                    // The receiver only goes away when the loop exits; then recovery takes over.
+                    let _ = tx.send(Done { job, result });
+                },
+                in_span,
+            ));
         }
     }
 
@@ -491,7 +494,8 @@ async fn record(ctx: &RecordCtx, batch: &[Done]) -> Result<Vec<ToExecute>, Store
                 Ok(_) => tracing::error!(run.id = %done.job.run, error = %e, "cannot advance run after its step's result; it is woken to try again"),
                 Err(again) if run_local(&again) => {
                     let wake = [(None, "advance".to_owned())];
-                    let outcome = engine_errors::record(&ctx.db, Actor::Engine(ctx.id.clone()), done.job.run, &wake, &again.to_string(), is_logic_error(&again)).await?;
+                    let outcome =
+                        engine_errors::record(&ctx.db, Actor::Engine(ctx.id.clone()), done.job.run, &wake, &again.to_string(), is_logic_error(&again)).await?;
                     tracing::error!(run.id = %done.job.run, error = %again, outcome = ?outcome, "cannot record a step's result");
                 }
                 Err(again) => return Err(again),
@@ -564,7 +568,13 @@ fn run_local(e: &StoreError) -> bool {
             let code = db.code().unwrap_or_default();
             !(code.starts_with("40") || code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || code == "55P03" || code == "57014")
         }
-        StoreError::Sql(sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) | sqlx::Error::RowNotFound | sqlx::Error::ColumnNotFound(_) | sqlx::Error::TypeNotFound { .. }) => true,
+        StoreError::Sql(
+            sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::RowNotFound
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::TypeNotFound { .. },
+        ) => true,
         StoreError::Sql(_) | StoreError::Sealed(_) => false,
         StoreError::Stale(_) | StoreError::Refused(_) | StoreError::Full(_) => true,
         _ => is_logic_error(e),

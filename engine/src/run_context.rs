@@ -2,7 +2,7 @@
 //! (decisions, approval prompts, child inputs) and by the host protocol (a crew step's prompt),
 //! so it stands below both.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::state::StepState;
 use crate::store::runs::RunRow;

@@ -30,7 +30,6 @@
 //! in a line (`admission_waits`), with the runs ahead of it; a run not yet looked at by the
 //! engine whose project or workflow is paused is shown held, as admission will hold it.
 
-
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -41,8 +40,8 @@ use crate::store::approvals::{RUN_APPROVAL_NODE, START_PROMPT};
 mod load;
 mod why;
 
-pub use load::{why, whys, QUERIES};
-pub use why::{answer, explain, Why};
+pub use load::{QUERIES, why, whys};
+pub use why::{Why, answer, explain};
 
 /// A host counts as available when it was seen this recently (DESIGN.md: "in the last day").
 pub const HOST_SEEN_WITHIN_HOURS: i64 = 24;
@@ -68,13 +67,7 @@ pub enum Substate {
     /// On a timer: a `wait`, a retry's backoff, a throttle.
     Sleeping { node: Option<String>, until: DateTime<Utc>, cause: SleepCause },
     /// An approval (`approval: true`, with its prompt) or an event wait (`signal` is the event).
-    AwaitingSignal {
-        node: String,
-        approval: bool,
-        signal: String,
-        prompt: Option<String>,
-        deadline: Option<DateTime<Utc>>,
-    },
+    AwaitingSignal { node: String, approval: bool, signal: String, prompt: Option<String>, deadline: Option<DateTime<Utc>> },
     /// A `workflow` step waits for its child run.
     AwaitingChild { node: String, child: Option<RunId> },
     /// A concurrency group held by other runs; `ahead` runs are in line before it.
@@ -222,12 +215,8 @@ pub fn derive(facts: &RunFacts, now: DateTime<Utc>) -> Option<Substate> {
     if facts.status.is_terminal() {
         return None;
     }
-    let from_steps = facts
-        .steps
-        .iter()
-        .filter(|s| s.is_open())
-        .map(|s| of_step(facts, s, now))
-        .min_by(|a, b| a.rank().cmp(&b.rank()).then_with(|| wakes_first(a, b)));
+    let from_steps =
+        facts.steps.iter().filter(|s| s.is_open()).map(|s| of_step(facts, s, now)).min_by(|a, b| a.rank().cmp(&b.rank()).then_with(|| wakes_first(a, b)));
     Some(from_steps.unwrap_or_else(|| if facts.awaits_start && !facts.started { start_approval() } else { of_hold(facts.hold.as_ref()) }))
 }
 
@@ -281,13 +270,7 @@ fn of_step(facts: &RunFacts, s: &StepFacts, now: DateTime<Utc>) -> Substate {
 fn of_waiting(s: &StepFacts, now: DateTime<Utc>) -> Substate {
     let node = s.node.clone();
     match s.kind.as_str() {
-        "approval" => Substate::AwaitingSignal {
-            node,
-            approval: true,
-            signal: "approval".into(),
-            prompt: s.prompt.clone(),
-            deadline: s.deadline,
-        },
+        "approval" => Substate::AwaitingSignal { node, approval: true, signal: "approval".into(), prompt: s.prompt.clone(), deadline: s.deadline },
         "workflow" => Substate::AwaitingChild { node, child: s.child },
         "wait" => match &s.event {
             Some(event) => Substate::AwaitingSignal { node, approval: false, signal: event.clone(), prompt: None, deadline: s.wake_at },
@@ -300,10 +283,7 @@ fn of_waiting(s: &StepFacts, now: DateTime<Utc>) -> Substate {
 
 /// A backoff's cause: the failure of the attempt before.
 fn retry_cause(facts: &RunFacts, s: &StepFacts) -> SleepCause {
-    let before = facts
-        .steps
-        .iter()
-        .find(|p| p.node == s.node && p.visit == s.visit && p.attempt == s.attempt - 1 && p.state == StepState::Failed);
+    let before = facts.steps.iter().find(|p| p.node == s.node && p.visit == s.visit && p.attempt == s.attempt - 1 && p.state == StepState::Failed);
     let after = match before {
         Some(StepFacts { exit_code: Some(code), .. }) => format!("exit code {code}"),
         Some(p) => p.reason.clone().unwrap_or_else(|| "a failure".into()),
@@ -357,7 +337,16 @@ mod tests {
     }
 
     fn facts(steps: Vec<StepFacts>) -> RunFacts {
-        RunFacts { run: RunId::mint(), status: RunStatus::Running, reason: None, hold: None, started: !steps.is_empty(), awaits_start: false, steps, hosts: vec![] }
+        RunFacts {
+            run: RunId::mint(),
+            status: RunStatus::Running,
+            reason: None,
+            hold: None,
+            started: !steps.is_empty(),
+            awaits_start: false,
+            steps,
+            hosts: vec![],
+        }
     }
 
     fn caps(c: &[&str]) -> Vec<String> {
@@ -407,10 +396,7 @@ mod tests {
         let mut f = facts(vec![s]);
         f.hosts = vec![caps(&["linux"]), caps(&["linux", "arm64"])];
         let why = answer(&f, now());
-        assert_eq!(
-            why.substate,
-            Some(Substate::Unroutable { node: "build".into(), requires: caps(&["linux", "gpu"]), missing: caps(&["gpu"]) })
-        );
+        assert_eq!(why.substate, Some(Substate::Unroutable { node: "build".into(), requires: caps(&["linux", "gpu"]), missing: caps(&["gpu"]) }));
         assert_eq!(why.text, "Waiting for a host with linux, gpu: none online has gpu");
         assert_eq!(why.words, "no host can run this");
 

@@ -13,9 +13,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::db::Db;
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
-use crate::db::Db;
 
 use crate::db;
 
@@ -68,42 +68,24 @@ pub async fn test_db() -> TestDb {
              this role may CREATE DATABASE"
         )
     });
-    let admin_pool = db::connect(&admin_url, 1)
-        .await
-        .unwrap_or_else(|e| panic!("test_db: cannot connect to DATABASE_URL: {e}"));
-    let mut admin = admin_pool
-        .pool()
-        .acquire()
-        .await
-        .unwrap_or_else(|e| panic!("test_db: cannot connect to DATABASE_URL: {e}"));
+    let admin_pool = db::connect(&admin_url, 1).await.unwrap_or_else(|e| panic!("test_db: cannot connect to DATABASE_URL: {e}"));
+    let mut admin = admin_pool.pool().acquire().await.unwrap_or_else(|e| panic!("test_db: cannot connect to DATABASE_URL: {e}"));
 
     sweep_stale(&mut admin).await;
     let template = template_name();
     ensure_template(&mut admin, &admin_url, &template).await;
 
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let name = format!("t_{now}_{:08x}", rand::random::<u32>());
-    execute(
-        &mut admin,
-        &format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\" STRATEGY FILE_COPY"),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("test_db: cannot clone {template} into {name}: {e}"));
+    execute(&mut admin, &format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\" STRATEGY FILE_COPY"))
+        .await
+        .unwrap_or_else(|e| panic!("test_db: cannot clone {template} into {name}: {e}"));
     drop(admin);
     admin_pool.close().await;
 
     let url = with_database(&admin_url, &name);
-    let pool = db::connect(&url, POOL_SIZE)
-        .await
-        .unwrap_or_else(|e| panic!("test_db: cannot connect to the test database {name}: {e}"));
-    TestDb {
-        pool,
-        url,
-        name,
-        admin_url,
-    }
+    let pool = db::connect(&url, POOL_SIZE).await.unwrap_or_else(|e| panic!("test_db: cannot connect to the test database {name}: {e}"));
+    TestDb { pool, url, name, admin_url }
 }
 
 impl TestDb {
@@ -113,26 +95,15 @@ impl TestDb {
         let leftovers = stale_wakes(&self.pool).await;
         let name = self.name.clone();
         self.discard().await;
-        assert!(
-            leftovers.is_empty(),
-            "test database {name} was left with due wakes that no engine claimed: {}",
-            leftovers.join(", ")
-        );
+        assert!(leftovers.is_empty(), "test database {name} was left with due wakes that no engine claimed: {}", leftovers.join(", "));
     }
 
     /// Drops the database without checking anything: for tests that leave work undone on
     /// purpose.
     pub async fn discard(self) {
         self.pool.close().await;
-        let admin = db::connect(&self.admin_url, 1).await.unwrap_or_else(|e| {
-            panic!("cannot connect to DATABASE_URL to drop {}: {e}", self.name)
-        });
-        let dropped = sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-            self.name
-        ))
-        .execute(&admin)
-        .await;
+        let admin = db::connect(&self.admin_url, 1).await.unwrap_or_else(|e| panic!("cannot connect to DATABASE_URL to drop {}: {e}", self.name));
+        let dropped = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name)).execute(&admin).await;
         admin.close().await;
         if let Err(e) = dropped {
             panic!("cannot drop the test database {}: {e}", self.name);
@@ -166,24 +137,14 @@ async fn stale_wakes(pool: &Db) -> Vec<String> {
 /// Drops the databases of tests that died more than [`SWEEP_AFTER`] ago. Another process may
 /// be sweeping the same ones, so failures are ignored.
 async fn sweep_stale(admin: &mut PgConnection) {
-    let names: Vec<String> =
-        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 't\\_%'")
-            .fetch_all(&mut *admin)
-            .await
-            .unwrap_or_default();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let names: Vec<String> = sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 't\\_%'").fetch_all(&mut *admin).await.unwrap_or_default();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     for name in names {
         let Some(created) = name.split('_').nth(1).and_then(|s| s.parse::<u64>().ok()) else {
             continue;
         };
         if now.saturating_sub(created) > SWEEP_AFTER.as_secs() {
-            let _ = execute(
-                admin,
-                &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
-            )
-            .await;
+            let _ = execute(admin, &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await;
         }
     }
 }
@@ -194,58 +155,32 @@ async fn ensure_template(admin: &mut PgConnection, admin_url: &str, template: &s
     if database_exists(admin, template).await {
         return;
     }
-    execute(admin, &format!("SELECT pg_advisory_lock({TEMPLATE_LOCK})"))
-        .await
-        .unwrap_or_else(|e| panic!("test_db: cannot take the template lock: {e}"));
+    execute(admin, &format!("SELECT pg_advisory_lock({TEMPLATE_LOCK})")).await.unwrap_or_else(|e| panic!("test_db: cannot take the template lock: {e}"));
     if !database_exists(admin, template).await {
         build_template(admin, admin_url, template).await;
     }
-    execute(
-        admin,
-        &format!("SELECT pg_advisory_unlock({TEMPLATE_LOCK})"),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("test_db: cannot release the template lock: {e}"));
+    execute(admin, &format!("SELECT pg_advisory_unlock({TEMPLATE_LOCK})")).await.unwrap_or_else(|e| panic!("test_db: cannot release the template lock: {e}"));
 }
 
 async fn build_template(admin: &mut PgConnection, admin_url: &str, template: &str) {
     let building = format!("{template}_building");
-    let step = |what: &str, e: &dyn std::fmt::Display| -> ! {
-        panic!("test_db: building the template {template}: {what}: {e}")
-    };
+    let step = |what: &str, e: &dyn std::fmt::Display| -> ! { panic!("test_db: building the template {template}: {what}: {e}") };
     // A builder that died leaves its half-built template behind; we hold the lock, so no
     // one else is building it now.
-    if let Err(e) = execute(
-        admin,
-        &format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)"),
-    )
-    .await
-    {
+    if let Err(e) = execute(admin, &format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)")).await {
         step("drop a half-built one", &e);
     }
-    if let Err(e) = execute(
-        admin,
-        &format!("CREATE DATABASE \"{building}\" TEMPLATE template0"),
-    )
-    .await
-    {
+    if let Err(e) = execute(admin, &format!("CREATE DATABASE \"{building}\" TEMPLATE template0")).await {
         step("create", &e);
     }
-    let pool = db::connect(&with_database(admin_url, &building), 2)
-        .await
-        .unwrap_or_else(|e| step("connect", &e));
+    let pool = db::connect(&with_database(admin_url, &building), 2).await.unwrap_or_else(|e| step("connect", &e));
     if let Err(e) = db::migrate(&pool).await {
         step("migrate", &e);
     }
     pool.close().await;
 
     // A template that nobody can connect to can always be cloned.
-    if let Err(e) = execute(
-        admin,
-        &format!("ALTER DATABASE \"{building}\" WITH ALLOW_CONNECTIONS false"),
-    )
-    .await
-    {
+    if let Err(e) = execute(admin, &format!("ALTER DATABASE \"{building}\" WITH ALLOW_CONNECTIONS false")).await {
         step("close it to connections", &e);
     }
     // The server may still be ending the sessions we just closed, which blocks the rename.
@@ -254,9 +189,7 @@ async fn build_template(admin: &mut PgConnection, admin_url: &str, template: &st
     loop {
         match execute(admin, &rename).await {
             Ok(()) => return,
-            Err(sqlx::Error::Database(e))
-                if e.code().as_deref() == Some("55006") && tries < 100 =>
-            {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") && tries < 100 => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -281,9 +214,7 @@ async fn execute(conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> 
 fn with_database(url: &str, database: &str) -> String {
     let (head, query) = url.split_at(url.find('?').unwrap_or(url.len()));
     let authority = head.find("://").map_or(0, |i| i + 3);
-    let base = head[authority..]
-        .find('/')
-        .map_or(head, |i| &head[..authority + i]);
+    let base = head[authority..].find('/').map_or(head, |i| &head[..authority + i]);
     format!("{base}/{database}{query}")
 }
 
@@ -329,7 +260,9 @@ pub async fn events_told() {
 /// Makes `workflow`'s cycle budget on `acme/web#7` used up, as ingest leaves it: the item (an
 /// open issue labelled `ready`), an `issues.labeled` event it blocked, and the budget's ask.
 /// Returns the item.
-pub async fn used_up_cycle_budget(pool: &Db, org: crate::ids::OrgId, project: crate::ids::ProjectId, workflow: crate::ids::WorkflowId, workflow_name: &str) -> crate::ids::ItemId {
+pub async fn used_up_cycle_budget(
+    pool: &Db, org: crate::ids::OrgId, project: crate::ids::ProjectId, workflow: crate::ids::WorkflowId, workflow_name: &str,
+) -> crate::ids::ItemId {
     use serde_json::json;
     let mut ch = crate::store::Change::begin(pool, crate::store::Actor::System).await.expect("a change");
     let item = crate::store::triggers::ensure_item(&mut ch, org, project, r#"["github","acme/web",7]"#).await.expect("the item");
@@ -380,7 +313,7 @@ pub struct Seed {
 /// Org `slug` (its owner `owner@<slug>.test`) with project `web`, and `source` as its workflow
 /// `wf`; a source that does not validate fails the test.
 pub async fn seed(pool: &Db, slug: &str, source: &str) -> Seed {
-    use crate::store::{workflows, Actor, Change};
+    use crate::store::{Actor, Change, workflows};
     if let Err(problems) = crate::definition::parse(source) {
         panic!("test workflow does not validate: {problems:?}");
     }
@@ -505,14 +438,8 @@ mod tests {
 
     #[test]
     fn with_database_replaces_only_the_path() {
-        assert_eq!(
-            with_database("postgres://u@h:1/db", "t"),
-            "postgres://u@h:1/t"
-        );
+        assert_eq!(with_database("postgres://u@h:1/db", "t"), "postgres://u@h:1/t");
         assert_eq!(with_database("postgres://u@h:1", "t"), "postgres://u@h:1/t");
-        assert_eq!(
-            with_database("postgres://u:p@h/db?sslmode=disable", "t"),
-            "postgres://u:p@h/t?sslmode=disable"
-        );
+        assert_eq!(with_database("postgres://u:p@h/db?sslmode=disable", "t"), "postgres://u:p@h/t?sslmode=disable");
     }
 }

@@ -174,46 +174,24 @@ pub fn walk(def: &Definition, history: &[StepRecord]) -> Walk {
     let steps = Steps::new(&graph, history);
 
     if let Some(outcome) = ended(&graph, &steps) {
-        return Walk {
-            start: Vec::new(),
-            finished: Some(outcome),
-        };
+        return Walk { start: Vec::new(), finished: Some(outcome) };
     }
 
-    let status: Vec<Status> = (0..graph.len())
-        .map(|n| status(&graph, &steps, n))
-        .collect();
+    let status: Vec<Status> = (0..graph.len()).map(|n| status(&graph, &steps, n)).collect();
     let mut start = Vec::new();
     for (n, node) in graph.nodes.iter().enumerate() {
         if waits(&graph, &status, n) {
             continue;
         }
         match &status[n] {
-            Status::Retry {
-                visit,
-                attempt,
-                delay,
-            } => start.push(Start {
-                node: node.id.clone(),
-                visit: *visit,
-                attempt: *attempt,
-                delay: *delay,
-            }),
+            Status::Retry { visit, attempt, delay } => start.push(Start { node: node.id.clone(), visit: *visit, attempt: *attempt, delay: *delay }),
             Status::Triggered => {
                 let visit = steps.last_visit(n).saturating_add(1);
                 if visit > graph.def.stop_the_line_attempts {
                     let reason = format!("{STOPPED_LINE_PREFIX}{}", node.id);
-                    return Walk {
-                        start: Vec::new(),
-                        finished: Some(Outcome::Failed { reason }),
-                    };
+                    return Walk { start: Vec::new(), finished: Some(Outcome::Failed { reason }) };
                 }
-                start.push(Start {
-                    node: node.id.clone(),
-                    visit,
-                    attempt: 1,
-                    delay: Duration::ZERO,
-                });
+                start.push(Start { node: node.id.clone(), visit, attempt: 1, delay: Duration::ZERO });
             }
             Status::Open | Status::Idle => {}
         }
@@ -233,12 +211,7 @@ pub fn allowed_attempts(node: &Node, class: FailureClass, exit_code: Option<i32>
             configured.max(INFRASTRUCTURE_ATTEMPTS)
         }
         FailureClass::Ordinary => match &node.retry {
-            Some(r)
-                if r.exit_codes.is_empty()
-                    || exit_code.is_some_and(|c| r.exit_codes.contains(&c)) =>
-            {
-                r.attempts.max(1)
-            }
+            Some(r) if r.exit_codes.is_empty() || exit_code.is_some_and(|c| r.exit_codes.contains(&c)) => r.attempts.max(1),
             _ => 1,
         },
     }
@@ -279,11 +252,7 @@ impl<'h> Steps<'h> {
         for steps in &mut by_node {
             steps.sort_by_key(|s| (s.started_seq, s.visit, s.attempt));
         }
-        Steps {
-            by_node,
-            any_open: history.iter().any(|s| s.state == StepState::Open),
-            empty: history.is_empty(),
-        }
+        Steps { by_node, any_open: history.iter().any(|s| s.state == StepState::Open), empty: history.is_empty() }
     }
 
     fn latest(&self, n: usize) -> Option<&'h StepRecord> {
@@ -329,11 +298,7 @@ fn status(graph: &Graph<'_>, steps: &Steps<'_>, n: usize) -> Status {
     let latest = steps.latest(n);
     // `retry` answers only for a failed step, so this is "the latest step failed, retryably".
     if let Some((step, delay)) = latest.and_then(|s| retry(node, s).map(|d| (s, d))) {
-        return Status::Retry {
-            visit: step.visit,
-            attempt: step.attempt.saturating_add(1),
-            delay,
-        };
+        return Status::Retry { visit: step.visit, attempt: step.attempt.saturating_add(1), delay };
     }
     if steps.empty && graph.is_root(n) {
         return Status::Triggered;
@@ -341,16 +306,9 @@ fn status(graph: &Graph<'_>, steps: &Steps<'_>, n: usize) -> Status {
     // An edge taken before the node's latest step started has been used by that step.
     let since = latest.map(|s| s.started_seq);
     let triggered = graph.incoming[n].iter().any(|edge| {
-        steps.by_node[edge.from].iter().any(|step| {
-            finished_seq(step).is_some_and(|seq| since.is_none_or(|since| seq > since))
-                && takes(graph, *edge, n, step)
-        })
+        steps.by_node[edge.from].iter().any(|step| finished_seq(step).is_some_and(|seq| since.is_none_or(|since| seq > since)) && takes(graph, *edge, n, step))
     });
-    if triggered {
-        Status::Triggered
-    } else {
-        Status::Idle
-    }
+    if triggered { Status::Triggered } else { Status::Idle }
 }
 
 /// Whether a pending node must wait: one of its predecessors is open, or pending and not
@@ -375,9 +333,7 @@ fn takes(graph: &Graph<'_>, edge: Edge, to: usize, step: &StepRecord) -> bool {
         },
         StepState::Failed { .. } if retry(from, step).is_none() => {
             match (handling(from), edge.kind) {
-                (Handling::Handler, EdgeKind::Failure)
-                | (Handling::Continue, EdgeKind::Plain)
-                | (Handling::Loop, EdgeKind::Loop) => true,
+                (Handling::Handler, EdgeKind::Failure) | (Handling::Continue, EdgeKind::Plain) | (Handling::Loop, EdgeKind::Loop) => true,
                 // Going on past a failed decision means taking its answer for "no case".
                 (Handling::Continue, EdgeKind::Route) => match &from.kind {
                     NodeKind::Decision(d) => d.default.as_deref() == Some(to_id),
@@ -418,21 +374,15 @@ fn handling(node: &Node) -> Handling {
 /// The backoff before retrying `step`, a failed step of `node`, or `None` when it failed for
 /// good.
 fn retry(node: &Node, step: &StepRecord) -> Option<Duration> {
-    let StepState::Failed {
-        class, exit_code, ..
-    } = &step.state
-    else {
+    let StepState::Failed { class, exit_code, .. } = &step.state else {
         return None;
     };
-    (step.attempt < allowed_attempts(node, *class, *exit_code))
-        .then(|| retry_delay(node, step.attempt))
+    (step.attempt < allowed_attempts(node, *class, *exit_code)).then(|| retry_delay(node, step.attempt))
 }
 
 fn finished_seq(step: &StepRecord) -> Option<u64> {
     match &step.state {
-        StepState::Succeeded { finished_seq, .. } | StepState::Failed { finished_seq, .. } => {
-            Some(*finished_seq)
-        }
+        StepState::Succeeded { finished_seq, .. } | StepState::Failed { finished_seq, .. } => Some(*finished_seq),
         StepState::Open | StepState::Cancelled => None,
     }
 }
@@ -455,12 +405,8 @@ fn ended(graph: &Graph<'_>, steps: &Steps<'_>) -> Option<Outcome> {
         })
         .min_by_key(|(seq, _)| *seq)
         .map(|(_, outcome)| match outcome {
-            EndOutcome::Completed => Outcome::Completed {
-                reason: Some(ENDED.to_owned()),
-            },
-            EndOutcome::Failed => Outcome::Failed {
-                reason: ENDED.to_owned(),
-            },
+            EndOutcome::Completed => Outcome::Completed { reason: Some(ENDED.to_owned()) },
+            EndOutcome::Failed => Outcome::Failed { reason: ENDED.to_owned() },
         })
 }
 
@@ -473,21 +419,13 @@ fn settle(graph: &Graph<'_>, steps: &Steps<'_>) -> Outcome {
         .filter(|(node, _)| handling(node) == Handling::Unhandled)
         .flat_map(|(node, steps)| steps.iter().map(move |s| (node, *s)))
         .filter_map(|(node, step)| match &step.state {
-            StepState::Failed {
-                reason,
-                finished_seq,
-                ..
-            } if retry(node, step).is_none() => Some((*finished_seq, step.attempt, reason)),
+            StepState::Failed { reason, finished_seq, .. } if retry(node, step).is_none() => Some((*finished_seq, step.attempt, reason)),
             _ => None,
         })
         .min_by_key(|(seq, _, _)| *seq);
     match unhandled {
-        Some((_, attempt, _)) if attempt > 1 => Outcome::Failed {
-            reason: ATTEMPTS_EXHAUSTED.to_owned(),
-        },
-        Some((_, _, reason)) => Outcome::Failed {
-            reason: reason.clone(),
-        },
+        Some((_, attempt, _)) if attempt > 1 => Outcome::Failed { reason: ATTEMPTS_EXHAUSTED.to_owned() },
+        Some((_, _, reason)) => Outcome::Failed { reason: reason.clone() },
         None => Outcome::Completed { reason: None },
     }
 }

@@ -32,7 +32,7 @@ use crate::client::{ClaimAnswer, Client, ClientError, Credential};
 use crate::config::{HostArgs, Settings};
 use crate::journal::{Entry, Journal, Phase};
 use crate::recovery::{self, Conclusion, Decision, Facts, Observation, Server};
-use crate::{process, HostError};
+use crate::{HostError, process};
 
 /// How long a claim waits on the server.
 const CLAIM_WAIT: Duration = Duration::from_secs(30);
@@ -47,7 +47,12 @@ struct WorkDirLock {
 
 fn lock_work_dir(dir: &Path) -> Result<WorkDirLock, HostError> {
     let path = dir.join("host.lock");
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| HostError::Setup(format!("cannot open {}: {e}", path.display())))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| HostError::Setup(format!("cannot open {}: {e}", path.display())))?;
     use std::os::fd::AsRawFd;
     // SAFETY: flock on a descriptor we own; released when the file is closed.
     let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
@@ -71,15 +76,17 @@ fn token_kind(token: &str) -> Option<String> {
 async fn credential(settings: &Settings, token: Option<&str>) -> Result<Credential, HostError> {
     let path = settings.work_dir.join("credential.json");
     if let Ok(bytes) = std::fs::read(&path) {
-        let c: Credential = serde_json::from_slice(&bytes).map_err(|e| HostError::Setup(format!("{} is unreadable ({e}); remove it and register again", path.display())))?;
+        let c: Credential =
+            serde_json::from_slice(&bytes).map_err(|e| HostError::Setup(format!("{} is unreadable ({e}); remove it and register again", path.display())))?;
         if c.server.is_empty() || c.server == settings.server {
             return Ok(c);
         }
         return Err(HostError::Setup(format!("{} is a credential for {}, not {}; use another --work-dir", path.display(), c.server, settings.server)));
     }
-    let token = token.map(str::trim).filter(|t| !t.is_empty()).ok_or_else(|| {
-        HostError::Setup("no credential yet: pass --token with a registration token (an admin makes one under the project's hosts)".into())
-    })?;
+    let token = token
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| HostError::Setup("no credential yet: pass --token with a registration token (an admin makes one under the project's hosts)".into()))?;
     match token_kind(token).as_deref() {
         Some("registration") => {
             let body = RegisterHost { name: settings.name.clone(), capabilities: settings.capabilities.clone(), max_concurrent: Some(settings.slots) };
@@ -116,7 +123,13 @@ pub async fn run(args: HostArgs) -> Result<(), HostError> {
     let journal = Journal::open(&settings.work_dir).map_err(|e| HostError::Setup(format!("cannot open the journal: {e}")))?;
     tracing::info!(server = %settings.server, slots = settings.slots, capabilities = ?settings.capabilities, "host started");
     let (drain, abort) = crate::process::shutdown_signals();
-    let mut agent = Agent { shared: Arc::new(Shared::new(client, settings, journal)), running: HashMap::new(), tasks: JoinSet::new(), task_steps: HashMap::new(), waiting: Vec::new() };
+    let mut agent = Agent {
+        shared: Arc::new(Shared::new(client, settings, journal)),
+        running: HashMap::new(),
+        tasks: JoinSet::new(),
+        task_steps: HashMap::new(),
+        waiting: Vec::new(),
+    };
     let result = agent.serve(drain, abort).await;
     agent.tasks.shutdown().await;
     result

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::{Complete, Outcome};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -37,7 +37,7 @@ use crate::process;
 pub(crate) mod session;
 mod signal;
 
-use session::{converse, interrupt, POLL, reporter, sleep_until, stop_reason, Proc, Session, Tail, ToReporter, ToStdin};
+use session::{POLL, Proc, Session, Tail, ToReporter, ToStdin, converse, interrupt, reporter, sleep_until, stop_reason};
 pub use signal::{Shared, Stop, StopSignal};
 
 /// Runs an attempt from a fresh claim to its cleanup.
@@ -246,12 +246,7 @@ async fn prepare(shared: &Shared, e: &mut Entry) -> Result<(), String> {
 /// Watches a harness until it is gone, enforcing its timeout and stopping it when told to;
 /// returns what to report (`None`: nothing, the server moved on).
 async fn supervise(
-    shared: &Shared,
-    e: &mut Entry,
-    mut proc: Proc,
-    kind: Kind,
-    stop: &StopSignal,
-    tx: mpsc::UnboundedSender<ToReporter>,
+    shared: &Shared, e: &mut Entry, mut proc: Proc, kind: Kind, stop: &StopSignal, tx: mpsc::UnboundedSender<ToReporter>,
     stdin: Option<mpsc::UnboundedSender<ToStdin>>,
 ) -> Option<Complete> {
     let pid = e.pid.unwrap_or(0);

@@ -185,7 +185,10 @@ mod tests {
     async fn a_worktree_starts_from_the_branch_when_it_exists_and_pushes_without_force() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        sh(d, "git init -q --bare -b main remote.git && git clone -q remote.git seed 2>/dev/null && cd seed && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m init && git push -q origin HEAD:main");
+        sh(
+            d,
+            "git init -q --bare -b main remote.git && git clone -q remote.git seed 2>/dev/null && cd seed && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m init && git push -q origin HEAD:main",
+        );
         let g = git();
         let cache = cache_path(d, "acme/widgets");
         let url = d.join("remote.git").to_string_lossy().into_owned();

@@ -202,11 +202,7 @@ fn real_model(m: Option<&str>) -> Option<String> {
 
 fn short(text: &str, max: usize) -> String {
     let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default();
-    if line.chars().count() <= max {
-        line.to_owned()
-    } else {
-        format!("{}…", line.chars().take(max).collect::<String>())
-    }
+    if line.chars().count() <= max { line.to_owned() } else { format!("{}…", line.chars().take(max).collect::<String>()) }
 }
 
 /// Codex items that are tool calls (not messages, reasoning, plans or warnings).
@@ -514,9 +510,12 @@ impl Reader {
                         let class = if (400..500).contains(&status) && status != 429 && status != 408 { "final" } else { "ordinary" };
                         fail(format!("API error {status}: {words}"), class, text, subtype)
                     }
-                    (Some("error_during_execution"), _) => {
-                        fail(first_error.map_or_else(|| "error during execution".to_owned(), |e| format!("error during execution: {e}")), "ordinary", text, subtype)
-                    }
+                    (Some("error_during_execution"), _) => fail(
+                        first_error.map_or_else(|| "error during execution".to_owned(), |e| format!("error during execution: {e}")),
+                        "ordinary",
+                        text,
+                        subtype,
+                    ),
                     _ => {
                         let error = first_error.or_else(|| (!text.trim().is_empty()).then(|| short(&text, 150)));
                         fail(error.map_or_else(|| "harness error".to_owned(), |e| format!("harness error: {e}")), "ordinary", text, subtype)
@@ -525,7 +524,9 @@ impl Reader {
             }
             Kind::Codex => match self.codex_failure {
                 Some(why) => fail(format!("turn failed: {why}"), "ordinary", text, None),
-                None if self.codex_turns_done && exit.signal.is_none() => Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype: None },
+                None if self.codex_turns_done && exit.signal.is_none() => {
+                    Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype: None }
+                }
                 None => fail(format!("no turn completed ({})", exit_reason(exit)), "ordinary", text, None),
             },
             Kind::Command => match exit.code {
@@ -548,7 +549,9 @@ pub fn pr_instructions(template: Option<&str>, issue: Option<i64>) -> String {
         Some(t) if !t.trim().is_empty() => format!(" Fill in the repository's pull request template:\n\n{}\n", t.trim()),
         _ => " Say what changed and why, briefly.".to_owned(),
     };
-    format!("\n\n---\nWhen you are done, end your answer with the pull request's description: a line that says exactly {PR_MARKER}, then the description.{closes}{fill}")
+    format!(
+        "\n\n---\nWhen you are done, end your answer with the pull request's description: a line that says exactly {PR_MARKER}, then the description.{closes}{fill}"
+    )
 }
 
 /// The pull request's description in an answer: what follows the last marker line, or the

@@ -72,12 +72,7 @@ pub fn group_members(pgid: i32) -> Vec<i32> {
 
 /// Starts `program` as the leader of a new process group in `cwd`, its stdout and stderr
 /// appended to `output`, `stdin` written to it (then closed) by a task the caller owns.
-pub fn spawn_harness(
-    program: &[String],
-    cwd: &Path,
-    env: &[(String, String)],
-    output: &Path,
-) -> std::io::Result<Child> {
+pub fn spawn_harness(program: &[String], cwd: &Path, env: &[(String, String)], output: &Path) -> std::io::Result<Child> {
     let (first, args) = program.split_first().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
     let out = std::fs::OpenOptions::new().create(true).append(true).open(output)?;
     let err = out.try_clone()?;
@@ -163,7 +158,7 @@ pub fn shutdown_signals() -> (tokio_util::sync::CancellationToken, tokio_util::s
     let (drain, abort) = (tokio_util::sync::CancellationToken::new(), tokio_util::sync::CancellationToken::new());
     let (d, a) = (drain.clone(), abort.clone());
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
+        use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
             tracing::warn!("cannot install signal handlers");
             return;

@@ -194,10 +194,7 @@ pub struct StepToken {
 
 impl std::fmt::Debug for StepToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StepToken")
-            .field("repository", &self.repository)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .finish()
+        f.debug_struct("StepToken").field("repository", &self.repository).field("token", &self.token.as_ref().map(|_| "<redacted>")).finish()
     }
 }
 

@@ -13,7 +13,7 @@ use protocol::Usage;
 use serde_json::json;
 
 use crate::browser::register_host;
-use crate::chromium::{accessibility, click, click_on, driver, fits, fits_here, h1, resize, script, text, type_into, until, until_found, until_h1, VIEWPORTS};
+use crate::chromium::{VIEWPORTS, accessibility, click, click_on, driver, fits, fits_here, h1, resize, script, text, type_into, until, until_found, until_h1};
 use crate::operate::sign_in;
 use crate::support::{App, Org};
 
@@ -114,7 +114,12 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     let form = format!("form.resolve[action$='/runs/{other}/resolve']");
     type_into(&c, &format!("{form} input[name=note]"), "flaky runner, fixed").await;
     click_on(&c, &format!("{form} button[type=submit]")).await;
-    until(&c, &format!("return document.querySelector('h1').textContent.includes('Today') && !document.querySelector({})", json!(card)), "the failure resolved").await;
+    until(
+        &c,
+        &format!("return document.querySelector('h1').textContent.includes('Today') && !document.querySelector({})", json!(card)),
+        "the failure resolved",
+    )
+    .await;
     let resolved: bool = sqlx::query_scalar("SELECT resolved_at IS NOT NULL FROM runs WHERE run_id = $1").bind(other).fetch_one(app.pool()).await.unwrap();
     assert!(resolved, "the run is marked resolved");
 
@@ -139,7 +144,8 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
 async fn loop_until_new_run(app: &App, source: RunId) -> RunId {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
-        let found: Option<RunId> = sqlx::query_scalar("SELECT run_id FROM runs WHERE source_run_id = $1").bind(source).fetch_optional(app.pool()).await.unwrap();
+        let found: Option<RunId> =
+            sqlx::query_scalar("SELECT run_id FROM runs WHERE source_run_id = $1").bind(source).fetch_optional(app.pool()).await.unwrap();
         if let Some(run) = found {
             return run;
         }

@@ -12,10 +12,7 @@ use protocol::Usage;
 use serde_json::json;
 use shopfloor_tests::github_fake::oauth::Account;
 
-use crate::chromium::{
-    accessibility, browser, click, driver, fill, fits, h1, script, text, until, until_found,
-    until_h1,
-};
+use crate::chromium::{accessibility, browser, click, driver, fill, fits, h1, script, text, until, until_found, until_h1};
 use crate::support::App;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -28,11 +25,7 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
     let agent = app.submit(&org, org.agent).await;
     app.until_asked(approval).await;
     app.until_build_pending(agent).await;
-    app.github.sign_in_as(Account {
-        login: "acme-owner".into(),
-        id: 1,
-        emails: vec![],
-    });
+    app.github.sign_in_as(Account { login: "acme-owner".into(), id: 1, emails: vec![] });
     let c = browser(&d).await;
 
     // Sign in with GitHub.
@@ -45,17 +38,9 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
 
     // The approval is under Needs you, with its prompt and deadline.
     let needs = text(&c, "#needs-you").await;
-    assert!(
-        needs.contains("Ship the release?") && needs.contains("deadline"),
-        "{needs}"
-    );
+    assert!(needs.contains("Ship the release?") && needs.contains("deadline"), "{needs}");
     accessibility(&c, "today").await;
-    until(
-        &c,
-        "return document.body.dataset.live === 'on'",
-        "the live stream connected",
-    )
-    .await;
+    until(&c, "return document.body.dataset.live === 'on'", "the live stream connected").await;
     fits(&c, "today").await;
 
     // Open the run.
@@ -75,43 +60,21 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
     // Fill it in: the run moves on, and the page follows it live, with no reload.
     fill(&c, "form.approve input[name=ticket]", "T-42").await;
     click(&c, "form.approve button[type=submit]").await;
-    until(
-        &c,
-        "return !document.querySelector('form.approve') && document.body.dataset.live === 'on'",
-        "the answered page, live",
-    )
-    .await;
+    until(&c, "return !document.querySelector('form.approve') && document.body.dataset.live === 'on'", "the answered page, live").await;
     script(&c, "window.__sameDocument = 'yes'").await;
     let before = h1(&c).await;
-    assert!(
-        !before.contains("Completed"),
-        "the run should still be asleep when the page loads: {before}"
-    );
-    app.until(
-        approval,
-        "SELECT status = 'completed' FROM runs WHERE run_id = $1",
-        "the run completes",
-    )
-    .await;
+    assert!(!before.contains("Completed"), "the run should still be asleep when the page loads: {before}");
+    app.until(approval, "SELECT status = 'completed' FROM runs WHERE run_id = $1", "the run completes").await;
     until_h1(&c, "Completed", "the run completes on the page").await;
     let same = script(&c, "return window.__sameDocument || null").await;
-    assert_eq!(
-        same,
-        json!("yes"),
-        "the page updated in place, not by a reload"
-    );
+    assert_eq!(same, json!("yes"), "the page updated in place, not by a reload");
     let refreshes = script(&c, "return Number(document.body.dataset.refreshes || 0)").await;
-    assert!(
-        refreshes.as_i64().unwrap_or(0) >= 1,
-        "live refreshes: {refreshes}"
-    );
+    assert!(refreshes.as_i64().unwrap_or(0) >= 1, "live refreshes: {refreshes}");
     accessibility(&c, "completed run").await;
     fits(&c, "run").await;
 
     // Cancel another run.
-    c.goto(&app.url(&format!("/orgs/acme/projects/web/runs/{slow}")))
-        .await
-        .unwrap();
+    c.goto(&app.url(&format!("/orgs/acme/projects/web/runs/{slow}"))).await.unwrap();
     until_h1(&c, "Asleep until", "the slow run asleep").await;
     fill(&c, "#cancel-reason", "not today").await;
     click(&c, "#cancel-run").await;
@@ -120,63 +83,25 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
     // A host takes the agent's step and reports its session: the transcript grows live.
     let host = register_host(&app, &org).await;
     let catalog = engine::catalog::Catalog::default();
-    let claimed = host_store::claim(app.pool(), &catalog, &host, 1)
-        .await
-        .expect("claim");
-    let step = claimed
-        .assignments
-        .first()
-        .expect("the crew step is claimed")
-        .step;
-    host_store::start(app.pool(), &host, step, "command")
-        .await
-        .expect("start");
-    c.goto(&app.url(&format!("/orgs/acme/projects/web/runs/{agent}")))
-        .await
-        .unwrap();
+    let claimed = host_store::claim(app.pool(), &catalog, &host, 1).await.expect("claim");
+    let step = claimed.assignments.first().expect("the crew step is claimed").step;
+    host_store::start(app.pool(), &host, step, "command").await.expect("start");
+    c.goto(&app.url(&format!("/orgs/acme/projects/web/runs/{agent}"))).await.unwrap();
     until(&c, "return document.querySelector('h1').textContent.includes('Running build') && document.body.dataset.live === 'on'", "the agent running").await;
     script(&c, "window.__sameDocument = 'yes'").await;
     until(&c, "return !!document.getElementById('transcript') && !!document.getElementById('transcript').dataset.stream", "a live transcript").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     for seq in 1..=6 {
-        let line = LogLine {
-            seq,
-            stream: if seq % 3 == 0 {
-                "stderr".into()
-            } else {
-                "assistant".into()
-            },
-            line: format!("step {seq}: building the widget"),
-        };
-        let usage = Usage {
-            input_tokens: 1000 * seq,
-            output_tokens: 100 * seq,
-            cost_usd: Some(0.01 * seq as f64),
-            turns: seq as i32,
-            ..Usage::default()
-        };
-        host_store::report(
-            app.pool(),
-            &host,
-            step,
-            Some("command"),
-            &[line],
-            &usage,
-            host_store::RUN_LOG_CAP_BYTES,
-        )
-        .await
-        .expect("report");
-        let want =
-            format!("return document.querySelectorAll('#transcript-lines li').length >= {seq}");
+        let line = LogLine { seq, stream: if seq % 3 == 0 { "stderr".into() } else { "assistant".into() }, line: format!("step {seq}: building the widget") };
+        let usage = Usage { input_tokens: 1000 * seq, output_tokens: 100 * seq, cost_usd: Some(0.01 * seq as f64), turns: seq as i32, ..Usage::default() };
+        host_store::report(app.pool(), &host, step, Some("command"), &[line], &usage, host_store::RUN_LOG_CAP_BYTES).await.expect("report");
+        let want = format!("return document.querySelectorAll('#transcript-lines li').length >= {seq}");
         until(&c, &want, &format!("transcript line {seq} on the page")).await;
     }
     let same = script(&c, "return window.__sameDocument || null").await;
     assert_eq!(same, json!("yes"), "the transcript grew without a reload");
     let transcript = text(&c, "#transcript-lines").await;
-    assert!(
-        transcript.contains("step 6: building the widget"),
-        "{transcript}"
-    );
+    assert!(transcript.contains("step 6: building the widget"), "{transcript}");
     accessibility(&c, "run with a transcript").await;
     fits(&c, "run-transcript").await;
 
@@ -186,30 +111,12 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
 
 pub(crate) async fn register_host(app: &App, org: &crate::support::Org) -> HostRow {
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-    let (jti, _, _) = api::auth::issue_registration_token(
-        &mut ch,
-        &engine::testkit::secret_key(),
-        org.id,
-        org.project,
-        "builder",
-        chrono::Duration::hours(1),
-    )
-    .await
-    .unwrap();
-    let caps = [
-        Capability::parse("linux").unwrap(),
-        Capability::parse("harness:command").unwrap(),
-    ];
+    let (jti, _, _) =
+        api::auth::issue_registration_token(&mut ch, &engine::testkit::secret_key(), org.id, org.project, "builder", chrono::Duration::hours(1)).await.unwrap();
+    let caps = [Capability::parse("linux").unwrap(), Capability::parse("harness:command").unwrap()];
     let id = host_store::register(
         &mut ch,
-        &NewHost {
-            org: org.id,
-            project: org.project,
-            name: "builder-1",
-            capabilities: &caps,
-            max_concurrent: 1,
-            registration: jti,
-        },
+        &NewHost { org: org.id, project: org.project, name: "builder-1", capabilities: &caps, max_concurrent: 1, registration: jti },
     )
     .await
     .unwrap();

@@ -42,10 +42,7 @@ pub(crate) async fn driver() -> Driver {
              them with apt-get when it can"
         );
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port");
     let mut child = Command::new(&chromedriver)
         .arg(format!("--port={port}"))
         .arg("--allowed-ips=127.0.0.1")
@@ -56,18 +53,8 @@ pub(crate) async fn driver() -> Driver {
     let url = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     for _ in 0..100 {
-        if http
-            .get(format!("{url}/status"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return Driver {
-                child,
-                url,
-                _profile: tempfile::tempdir().expect("a profile directory"),
-                chromium,
-            };
+        if http.get(format!("{url}/status")).send().await.is_ok_and(|r| r.status().is_success()) {
+            return Driver { child, url, _profile: tempfile::tempdir().expect("a profile directory"), chromium };
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -157,48 +144,28 @@ pub(crate) async fn until_found(c: &Client, css: &str, what: &str) {
 
 /// Clicks the element `css` finds.
 pub(crate) async fn click(c: &Client, css: &str) {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap();
+    c.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).click().await.unwrap();
 }
 
 /// Replaces the text of the field `css` finds with `text`.
 pub(crate) async fn fill(c: &Client, css: &str, text: &str) {
-    let field = c
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    let field = c.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}"));
     field.clear().await.unwrap();
     field.send_keys(text).await.unwrap();
 }
 
 /// The text of the element `css` finds.
 pub(crate) async fn text(c: &Client, css: &str) -> String {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .text()
-        .await
-        .unwrap_or_default()
+    c.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).text().await.unwrap_or_default()
 }
 
 /// What `script` returns.
 pub(crate) async fn script(c: &Client, script: &str) -> Value {
-    c.execute(script, vec![])
-        .await
-        .unwrap_or_else(|e| panic!("{script}: {e}"))
+    c.execute(script, vec![]).await.unwrap_or_else(|e| panic!("{script}: {e}"))
 }
 
 pub(crate) async fn h1(c: &Client) -> String {
-    c.find(Locator::Css("h1"))
-        .await
-        .expect("an h1")
-        .text()
-        .await
-        .unwrap_or_default()
+    c.find(Locator::Css("h1")).await.expect("an h1").text().await.unwrap_or_default()
 }
 
 /// One h1; every visible field labelled; every state badge and graph node says its state in
@@ -228,9 +195,7 @@ pub(crate) async fn accessibility(c: &Client, page: &str) {
 }
 
 fn screenshots() -> PathBuf {
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let dir = target.join("screenshots");
     std::fs::create_dir_all(&dir).expect("target/screenshots");
     dir

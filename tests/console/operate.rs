@@ -11,10 +11,7 @@ use std::time::Duration;
 use fantoccini::Client;
 use shopfloor_tests::github_fake::oauth::Account;
 
-use crate::chromium::{
-    Driver, accessibility, browser, click, driver, fill, fits, h1, script, text, until_found,
-    until_h1, until_text,
-};
+use crate::chromium::{Driver, accessibility, browser, click, driver, fill, fits, h1, script, text, until_found, until_h1, until_text};
 use crate::support::{App, Org};
 
 /// A child process, killed when dropped (a failed assertion must not leave a host running).
@@ -29,11 +26,7 @@ impl Drop for Proc {
 
 /// Signs in as the org's owner through the fake GitHub, and lands on Today.
 pub(crate) async fn sign_in(d: &Driver, app: &App, slug: &str) -> Client {
-    app.github.sign_in_as(Account {
-            login: format!("{slug}-owner"),
-            id: 1,
-            emails: vec![],
-        });
+    app.github.sign_in_as(Account { login: format!("{slug}-owner"), id: 1, emails: vec![] });
     let c = browser(d).await;
     c.goto(&app.url("/")).await.unwrap();
     until_found(&c, "#github-signin", "the sign-in page").await;
@@ -56,10 +49,7 @@ async fn until_db(app: &App, sql: &str, what: &str) {
         if done {
             return;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "never happened: {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -129,23 +119,14 @@ async fn a_person_adds_a_host_and_sees_it_come_online() {
     until_found(&c, "#host-command", "the command to paste").await;
     check(&c, "host-add-command").await;
     let command = script(&c, "return document.getElementById('host-command').value").await;
-    let command = command
-        .as_str()
-        .expect("the command's text")
-        .trim()
-        .to_owned();
+    let command = command.as_str().expect("the command's text").trim().to_owned();
     let note = text(&c, ".host-command").await;
     assert!(note.contains("registers one host, once"), "{note}");
 
     // Paste it, as a person would on the machine (with a work directory of the test's own).
     let words = shell_words(&command);
     assert_eq!(words[..2], ["shopfloor", "host"], "{command}");
-    assert!(
-        words
-            .windows(2)
-            .any(|w| w == ["--server", app.base.as_str()]),
-        "{command}"
-    );
+    assert!(words.windows(2).any(|w| w == ["--server", app.base.as_str()]), "{command}");
     let work = tempfile::tempdir().unwrap();
     let host = Proc(
         Command::new(&bin)
@@ -161,12 +142,7 @@ async fn a_person_adds_a_host_and_sees_it_come_online() {
             .spawn()
             .expect("spawn shopfloor host"),
     );
-    until_db(
-        &app,
-        "SELECT EXISTS (SELECT 1 FROM hosts WHERE name = 'box-1' AND last_seen_at IS NOT NULL)",
-        "the host registered and reported",
-    )
-    .await;
+    until_db(&app, "SELECT EXISTS (SELECT 1 FROM hosts WHERE name = 'box-1' AND last_seen_at IS NOT NULL)", "the host registered and reported").await;
 
     open(&c, &app, "/orgs/acme/projects/web/hosts", "Hosts of web").await;
     let row = text(&c, "#hosts tbody tr").await;
@@ -182,11 +158,7 @@ async fn a_person_adds_a_host_and_sees_it_come_online() {
 /// A host that reported just now, as `shopfloor host` would.
 async fn online_host(app: &App, org: &Org) -> engine::store::hosts::HostRow {
     let host = crate::browser::register_host(app, org).await;
-    sqlx::query("UPDATE hosts SET last_seen_at = now() WHERE host_id = $1")
-        .bind(host.host_id)
-        .execute(app.pool())
-        .await
-        .unwrap();
+    sqlx::query("UPDATE hosts SET last_seen_at = now() WHERE host_id = $1").bind(host.host_id).execute(app.pool()).await.unwrap();
     host
 }
 
@@ -237,30 +209,21 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
     click(&c, "#set-limit button[type=submit]").await;
     until_found(&c, "#limits", "the limit listed").await;
     let limit = text(&c, "#limits tbody").await;
-    assert!(
-        limit.contains("$2.00") && limit.contains("hard") && limit.contains("reached"),
-        "{limit}"
-    );
+    assert!(limit.contains("$2.00") && limit.contains("hard") && limit.contains("reached"), "{limit}");
 
     let run = app.submit(&org, org.slow).await;
     app.until_held_by_budget(run).await;
     c.refresh().await.unwrap();
     until_text(&c, "#held", &run.to_string(), "the run under held by a budget").await;
     let held = text(&c, "#held").await;
-    assert!(
-        held.contains("the project's daily budget of $2.00 (hard) is spent"),
-        "{held}"
-    );
+    assert!(held.contains("the project's daily budget of $2.00 (hard) is spent"), "{held}");
     check(&c, "budgets-held").await;
 
     // The org's page lists it too, with its project.
     click(&c, "#org-budgets").await;
     until_h1(&c, "Budgets of acme", "the org's budgets").await;
     let held = text(&c, "#held").await;
-    assert!(
-        held.contains(&run.to_string()) && held.contains("web"),
-        "{held}"
-    );
+    assert!(held.contains(&run.to_string()) && held.contains("web"), "{held}");
     check(&c, "budgets-org").await;
 
     // The run's own page says what holds it.
@@ -304,13 +267,7 @@ async fn a_person_adds_a_member_and_subscribes_a_webhook() {
 
     // A run's events are delivered (or tried); one is sent again from the page.
     app.delivered(&org).await;
-    open(
-        &c,
-        &app,
-        "/orgs/acme/projects/web/webhooks",
-        "Outgoing webhooks of web",
-    )
-    .await;
+    open(&c, &app, "/orgs/acme/projects/web/webhooks", "Outgoing webhooks of web").await;
     let deliveries = text(&c, "table.deliveries").await;
     assert!(deliveries.contains("run."), "{deliveries}");
     click(&c, "table.deliveries button[type=submit]").await;

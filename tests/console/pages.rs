@@ -2,7 +2,7 @@
 //! GitHub), the session cookie's attributes, CSRF on every form, each page's one h1 and
 //! labelled fields, approving with validation messages, cancel, sign-out.
 
-use engine::store::{workflows, Actor, Change};
+use engine::store::{Actor, Change, workflows};
 use reqwest::StatusCode;
 
 use crate::support::{Answer, App, Browser, count, field, page_csrf};
@@ -19,15 +19,8 @@ fn accessible(html: &str, page: &str) {
             if element.contains("type=\"hidden\"") {
                 continue;
             }
-            let id = element
-                .split("id=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or_else(|| panic!("{page}: a field without an id: {element}"));
-            assert!(
-                html.contains(&format!("for=\"{id}\"")),
-                "{page}: field #{id} has no label"
-            );
+            let id = element.split("id=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or_else(|| panic!("{page}: a field without an id: {element}"));
+            assert!(html.contains(&format!("for=\"{id}\"")), "{page}: field #{id} has no label");
         }
     }
 }
@@ -50,49 +43,24 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
     // Not signed in: to the sign-in page, and back afterwards.
     let first = b.get("/orgs/acme").await;
     assert_eq!(first.status, StatusCode::SEE_OTHER);
-    assert!(
-        first.location().starts_with("/signin?next="),
-        "{}",
-        first.location()
-    );
+    assert!(first.location().starts_with("/signin?next="), "{}", first.location());
 
     let signin = b.get("/signin").await;
     accessible(&signin.body, "sign-in");
-    let pre = signin
-        .headers
-        .get_all("set-cookie")
-        .iter()
-        .map(|v| v.to_str().unwrap().to_owned())
-        .collect::<Vec<_>>()
-        .join("\n");
-    assert!(
-        pre.contains("HttpOnly") && pre.contains("SameSite=Lax") && !pre.contains("Secure"),
-        "{pre}"
-    );
+    let pre = signin.headers.get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_owned()).collect::<Vec<_>>().join("\n");
+    assert!(pre.contains("HttpOnly") && pre.contains("SameSite=Lax") && !pre.contains("Secure"), "{pre}");
 
     // A wrong token stays signed out.
     let csrf = page_csrf(&signin.body);
-    let bad = b
-        .post_form("/signin/token", &csrf, &[("token", "nope"), ("next", "/")])
-        .await;
+    let bad = b.post_form("/signin/token", &csrf, &[("token", "nope"), ("next", "/")]).await;
     assert!(bad.location().contains("error=token"), "{}", bad.location());
 
     let today = b.sign_in_with_token(&org.owner_token).await;
     assert_eq!(today.status, StatusCode::OK, "{}", today.body);
     assert!(today.body.contains("Today in acme"));
-    let cookie = b
-        .cookies
-        .get("shopfloor_session")
-        .cloned()
-        .expect("a session cookie");
-    assert!(
-        cookie.starts_with("acme.") && !cookie.contains(&org.owner_token),
-        "the pasted token is never the session"
-    );
-    assert!(
-        today.body.contains("Ship the release?"),
-        "the approval is under Needs you"
-    );
+    let cookie = b.cookies.get("shopfloor_session").cloned().expect("a session cookie");
+    assert!(cookie.starts_with("acme.") && !cookie.contains(&org.owner_token), "the pasted token is never the session");
+    assert!(today.body.contains("Ship the release?"), "the approval is under Needs you");
     accessible(&today.body, "today");
 
     let base = "/orgs/acme/projects/web";
@@ -108,21 +76,11 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
         "/orgs/acme/tokens".to_owned(),
     ] {
         let page = open(&mut b, &path, &path).await;
-        assert!(
-            page.headers.get("content-security-policy").is_some(),
-            "{path}"
-        );
+        assert!(page.headers.get("content-security-policy").is_some(), "{path}");
     }
     let run_page = b.get(&format!("{base}/runs/{run}")).await;
-    assert!(
-        run_page.body.contains("Waiting for approval at review"),
-        "the headline says what it does"
-    );
-    assert!(
-        run_page.body.contains("<svg class=\"graph\"")
-            && run_page.body.contains("‖ approval · waiting"),
-        "the graph shows node states in words"
-    );
+    assert!(run_page.body.contains("Waiting for approval at review"), "the headline says what it does");
+    assert!(run_page.body.contains("<svg class=\"graph\"") && run_page.body.contains("‖ approval · waiting"), "the graph shows node states in words");
     app.discard().await;
 }
 
@@ -137,9 +95,7 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     let csrf = page_csrf(&page.body);
 
     // Without the field, or with another session's, nothing happens.
-    let forged = b
-        .post(&format!("{path}/approve/review"), &[("ticket", "T-1")])
-        .await;
+    let forged = b.post(&format!("{path}/approve/review"), &[("ticket", "T-1")]).await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
     let forged = b.post(&format!("{path}/cancel"), &[("_csrf", "x")]).await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
@@ -147,13 +103,7 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     assert_eq!(status, "running");
 
     // A required field left empty and a number that is not one: both messages, nothing decided.
-    let refused = b
-        .post_form(
-            &format!("{path}/approve/review"),
-            &csrf,
-            &[("ticket", " "), ("risk", "high")],
-        )
-        .await;
+    let refused = b.post_form(&format!("{path}/approve/review"), &csrf, &[("ticket", " "), ("risk", "high")]).await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
     refused.shows("ticket is required");
     refused.shows("risk must be a number");
@@ -161,51 +111,25 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     let open: bool = app.read("SELECT decision IS NULL FROM approvals WHERE run_id = $1", run).await;
     assert!(open, "the run keeps waiting");
 
-    let approved = b
-        .post_form(
-            &format!("{path}/approve/review"),
-            &csrf,
-            &[("ticket", "T-42"), ("risk", "2")],
-        )
-        .await;
+    let approved = b.post_form(&format!("{path}/approve/review"), &csrf, &[("ticket", "T-42"), ("risk", "2")]).await;
     assert_eq!(approved.status, StatusCode::SEE_OTHER, "{}", approved.body);
-    let answer: serde_json::Value =
-        app.read("SELECT answer FROM approvals WHERE run_id = $1", run).await;
+    let answer: serde_json::Value = app.read("SELECT answer FROM approvals WHERE run_id = $1", run).await;
     assert_eq!(answer, serde_json::json!({ "ticket": "T-42", "risk": 2 }));
     let approver: String = app.read("SELECT decided_by FROM approvals WHERE run_id = $1", run).await;
-    assert!(
-        approver.contains(&org.owner.to_string()),
-        "decided by the signed-in person: {approver}"
-    );
+    assert!(approver.contains(&org.owner.to_string()), "decided by the signed-in person: {approver}");
 
     // Cancel another run.
     let slow = app.submit(&org, org.slow).await;
-    let cancelled = b
-        .post_form(
-            &format!("/orgs/acme/projects/web/runs/{slow}/cancel"),
-            &csrf,
-            &[("reason", "not today")],
-        )
-        .await;
+    let cancelled = b.post_form(&format!("/orgs/acme/projects/web/runs/{slow}/cancel"), &csrf, &[("reason", "not today")]).await;
     assert_eq!(cancelled.status, StatusCode::SEE_OTHER);
     let (status, reason): (String, Option<String>) =
-        sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1")
-            .bind(slow)
-            .fetch_one(app.pool())
-            .await
-            .unwrap();
-    assert_eq!(
-        (status.as_str(), reason.as_deref()),
-        ("cancelled", Some("cancelled: not today"))
-    );
+        sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(slow).fetch_one(app.pool()).await.unwrap();
+    assert_eq!((status.as_str(), reason.as_deref()), ("cancelled", Some("cancelled: not today")));
 
     // A viewer reads, and has no forms to act with; a post is refused by the REST API's role check.
     let mut v = app.signed_in(&org.viewer_token).await;
     let page = v.get(&format!("/orgs/acme/projects/web/runs/{slow}")).await;
-    assert!(
-        !page.body.contains("/rerun\""),
-        "no rerun form for a viewer"
-    );
+    assert!(!page.body.contains("/rerun\""), "no rerun form for a viewer");
     // The tokens page has a form for everyone; its CSRF field is the session's.
     let vcsrf = page_csrf(&v.get("/orgs/acme/tokens").await.body);
     let refused = v.press(&format!("/orgs/acme/projects/web/runs/{slow}/rerun"), &vcsrf).await;
@@ -221,11 +145,7 @@ async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
     assert!(!b.cookies.contains_key("shopfloor_session"));
     b.cookies = old;
     let after = b.get("/orgs/acme").await;
-    assert_eq!(
-        after.status,
-        StatusCode::SEE_OTHER,
-        "a revoked session signs in again"
-    );
+    assert_eq!(after.status, StatusCode::SEE_OTHER, "a revoked session signs in again");
     app.discard().await;
 }
 
@@ -239,54 +159,28 @@ async fn github_sign_in_finds_the_person_by_login_or_verified_email() {
     let mut b = Browser::new(&app.base);
 
     // By login: the owner of acme.
-    oauth.sign_in_as(Account {
-        login: "ACME-owner".into(),
-        id: 7,
-        emails: vec![("someone@else.test".into(), true)],
-    });
+    oauth.sign_in_as(Account { login: "ACME-owner".into(), id: 7, emails: vec![("someone@else.test".into(), true)] });
     let signin = b.get("/signin?next=/orgs/acme/audit").await;
     assert!(signin.body.contains("Sign in with GitHub"));
     let start = b.get("/auth/github?next=/orgs/acme/audit").await;
     let authorize = start.location();
-    assert!(
-        authorize.starts_with(&oauth.url) && authorize.contains("state="),
-        "{authorize}"
-    );
+    assert!(authorize.starts_with(&oauth.url) && authorize.contains("state="), "{authorize}");
     let back = b.get(&authorize).await; // the fake approves at once
-    assert!(
-        back.location().contains("/auth/github/callback?code="),
-        "{}",
-        back.location()
-    );
+    assert!(back.location().contains("/auth/github/callback?code="), "{}", back.location());
     let landed = b.get(&back.location()).await;
     assert_eq!(landed.location(), "/orgs/acme/audit");
     let audit = b.follow(landed).await;
     assert_eq!(audit.status, StatusCode::OK, "{}", audit.body);
     assert!(b.cookies["shopfloor_session"].starts_with("acme."));
-    assert_eq!(
-        oauth
-            .seen()
-            .iter()
-            .filter(|s| s.as_str() == "POST /login/oauth/access_token")
-            .count(),
-        1
-    );
+    assert_eq!(oauth.seen().iter().filter(|s| s.as_str() == "POST /login/oauth/access_token").count(), 1);
 
     // A replayed callback (same code, same state) is refused: the state was spent.
     let replay = b.get(&back.location()).await;
-    assert!(
-        replay.location().contains("error="),
-        "{}",
-        replay.location()
-    );
+    assert!(replay.location().contains("error="), "{}", replay.location());
 
     // By verified email, for a person with no login recorded: the viewer of `other`.
     let mut c = Browser::new(&app.base);
-    oauth.sign_in_as(Account {
-        login: "stranger".into(),
-        id: 8,
-        emails: vec![("viewer@other.test".into(), true)],
-    });
+    oauth.sign_in_as(Account { login: "stranger".into(), id: 8, emails: vec![("viewer@other.test".into(), true)] });
     let start = c.get("/auth/github").await;
     let back = c.get(&start.location()).await;
     let callback = c.get(&back.location()).await;
@@ -295,29 +189,17 @@ async fn github_sign_in_finds_the_person_by_login_or_verified_email() {
 
     // An unverified email is not enough, and a stranger gets no session.
     let mut d = Browser::new(&app.base);
-    oauth.sign_in_as(Account {
-        login: "mallory".into(),
-        id: 9,
-        emails: vec![("owner@acme.test".into(), false)],
-    });
+    oauth.sign_in_as(Account { login: "mallory".into(), id: 9, emails: vec![("owner@acme.test".into(), false)] });
     let start = d.get("/auth/github").await;
     let back = d.get(&start.location()).await;
     let landed = d.get(&back.location()).await;
-    assert!(
-        landed.location().contains("error=nomember"),
-        "{}",
-        landed.location()
-    );
+    assert!(landed.location().contains("error=nomember"), "{}", landed.location());
     assert!(!d.cookies.contains_key("shopfloor_session"));
 
     // A callback whose state does not match the browser's is refused.
     let mut e = Browser::new(&app.base);
     let forged = e.get("/auth/github/callback?code=code1&state=guess").await;
-    assert!(
-        forged.location().contains("error=state"),
-        "{}",
-        forged.location()
-    );
+    assert!(forged.location().contains("error=state"), "{}", forged.location());
     app.discard().await;
 }
 
@@ -333,41 +215,17 @@ async fn workflows_page_shows_problems_at_their_lines() {
     assert_eq!(checked.status, StatusCode::UNPROCESSABLE_ENTITY);
     checked.shows("class=\"problem\"");
     assert!(checked.body.contains("Not valid"));
-    let uploaded = b
-        .post_form(
-            "/orgs/acme/projects/web/workflows",
-            &csrf,
-            &[("source", broken)],
-        )
-        .await;
+    let uploaded = b.post_form("/orgs/acme/projects/web/workflows", &csrf, &[("source", broken)]).await;
     assert_eq!(uploaded.status, StatusCode::UNPROCESSABLE_ENTITY);
     let good = "name: tiny\nnodes:\n  nap:\n    wait: { for: 1m }\n";
-    let uploaded = b
-        .post_form(
-            "/orgs/acme/projects/web/workflows",
-            &csrf,
-            &[("source", good)],
-        )
-        .await;
-    assert_eq!(
-        uploaded.location(),
-        "/orgs/acme/projects/web/workflows/tiny"
-    );
+    let uploaded = b.post_form("/orgs/acme/projects/web/workflows", &csrf, &[("source", good)]).await;
+    assert_eq!(uploaded.location(), "/orgs/acme/projects/web/workflows/tiny");
     let paused = b.press("/orgs/acme/projects/web/workflows/tiny/pause", &csrf).await;
     assert_eq!(paused.status, StatusCode::SEE_OTHER);
-    let is_paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE name = 'tiny'")
-        .fetch_one(app.pool())
-        .await
-        .unwrap();
+    let is_paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE name = 'tiny'").fetch_one(app.pool()).await.unwrap();
     assert!(is_paused);
     // Tokens: made once, shown once.
-    let made = b
-        .post_form(
-            "/orgs/acme/tokens",
-            &csrf,
-            &[("name", "ci"), ("role", "member"), ("days", "7")],
-        )
-        .await;
+    let made = b.post_form("/orgs/acme/tokens", &csrf, &[("name", "ci"), ("role", "member"), ("days", "7")]).await;
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
     assert!(made.body.contains("not shown again"));
     app.discard().await;
@@ -378,29 +236,14 @@ async fn the_live_stream_carries_the_projects_run_events() {
     let app = App::start(true).await;
     let org = app.org("acme").await;
     let b = app.signed_in(&org.owner_token).await;
-    let cookie = b
-        .cookies
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("; ");
-    let mut resp = b
-        .http
-        .get(app.url("/orgs/acme/projects/web/live"))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap();
+    let cookie = b.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ");
+    let mut resp = b.http.get(app.url("/orgs/acme/projects/web/live")).header("cookie", cookie).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let run = app.submit(&org, org.approve).await;
     let mut seen = String::new();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
     while !seen.contains("run.awaiting") {
-        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
-            .await
-            .expect("an event within 10 s")
-            .unwrap()
-            .expect("the stream stays open");
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk()).await.expect("an event within 10 s").unwrap().expect("the stream stays open");
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(seen.contains(&run.to_string()), "{seen}");
@@ -415,30 +258,15 @@ async fn a_resolved_failure_leaves_todays_failures_to_resolve() {
     let run = app.submit(&org, org.approve).await;
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     ch.lock_run(org.id, run).await.unwrap().unwrap();
-    runs::finish::<engine::state::run::Failed>(&mut ch, run, Some("exit_code:1"))
-        .await
-        .unwrap();
+    runs::finish::<engine::state::run::Failed>(&mut ch, run, Some("exit_code:1")).await.unwrap();
     ch.commit().await.unwrap();
     let mut b = Browser::new(&app.base);
     let today = b.sign_in_with_token(&org.owner_token).await;
-    let section = |html: &str| {
-        html.split("Failures to resolve").nth(1).map(|rest| {
-            rest.split("</section>")
-                .next()
-                .unwrap_or_default()
-                .to_owned()
-        })
-    };
-    assert!(
-        section(&today.body).is_some_and(|s| s.contains(&run.to_string())),
-        "the failed run is to resolve: {}",
-        today.body
-    );
+    let section = |html: &str| html.split("Failures to resolve").nth(1).map(|rest| rest.split("</section>").next().unwrap_or_default().to_owned());
+    assert!(section(&today.body).is_some_and(|s| s.contains(&run.to_string())), "the failed run is to resolve: {}", today.body);
 
     let resolved = reqwest::Client::new()
-        .post(app.url(&format!(
-            "/api/v1/orgs/acme/projects/web/runs/{run}/resolve"
-        )))
+        .post(app.url(&format!("/api/v1/orgs/acme/projects/web/runs/{run}/resolve")))
         .bearer_auth(&org.owner_token)
         .json(&serde_json::json!({ "note": "known flake" }))
         .send()
@@ -447,16 +275,9 @@ async fn a_resolved_failure_leaves_todays_failures_to_resolve() {
     assert_eq!(resolved.status(), StatusCode::OK);
     let today = b.get("/orgs/acme").await;
     assert_eq!(today.status, StatusCode::OK);
-    assert!(
-        section(&today.body).is_none(),
-        "a resolved failure is not to resolve any more: {}",
-        today.body
-    );
+    assert!(section(&today.body).is_none(), "a resolved failure is not to resolve any more: {}", today.body);
     // Still failed, and still listed among the runs that finished.
-    assert!(
-        today.body.contains(&run.to_string()),
-        "it still shows as finished lately"
-    );
+    assert!(today.body.contains(&run.to_string()), "it still shows as finished lately");
     app.discard().await;
 }
 
@@ -474,105 +295,38 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
     let post = |path: String, token: String, body: serde_json::Value| {
         let (http, url) = (http.clone(), app.url(&path));
         async move {
-            let resp = http
-                .post(url)
-                .bearer_auth(token)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let resp = http.post(url).bearer_auth(token).json(&body).send().await.unwrap();
             assert!(resp.status().is_success(), "{path}: {}", resp.status());
             resp.json::<serde_json::Value>().await.unwrap()
         }
     };
-    let reg = post(
-        "/api/v1/orgs/acme/projects/web/host-registrations".into(),
-        org.owner_token.clone(),
-        serde_json::json!({ "name": "box" }),
-    )
-    .await;
+    let reg = post("/api/v1/orgs/acme/projects/web/host-registrations".into(), org.owner_token.clone(), serde_json::json!({ "name": "box" })).await;
     let body = serde_json::json!({ "name": "box", "capabilities": ["linux", "harness:command"] });
-    let host = post(
-        "/api/v1/host/register".into(),
-        reg["token"].as_str().unwrap().into(),
-        body,
-    )
-    .await["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let claimed = post(
-        "/api/v1/host/claim".into(),
-        host.clone(),
-        serde_json::json!({ "max": 1, "wait_secs": 10 }),
-    )
-    .await;
-    let step = claimed["assignments"][0]["step"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let host = post("/api/v1/host/register".into(), reg["token"].as_str().unwrap().into(), body).await["token"].as_str().unwrap().to_owned();
+    let claimed = post("/api/v1/host/claim".into(), host.clone(), serde_json::json!({ "max": 1, "wait_secs": 10 })).await;
+    let step = claimed["assignments"][0]["step"].as_str().unwrap().to_owned();
     // Started as Claude Code would be (the form does not look at the harness; the REST route does).
-    post(
-        format!("/api/v1/host/steps/{step}/start"),
-        host.clone(),
-        serde_json::json!({ "harness": "claude-code" }),
-    )
-    .await;
+    post(format!("/api/v1/host/steps/{step}/start"), host.clone(), serde_json::json!({ "harness": "claude-code" })).await;
 
     let mut b = app.signed_in(&org.owner_token).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");
     let page = b.get(&path).await;
     let action = format!("{path}/steps/{step}/messages").replace('/', "&#x2f;");
-    assert!(
-        page.body.contains(&format!(
-            "action=\"{action}\" class=\"card\" id=\"say-form\""
-        )),
-        "{}",
-        page.body
-    );
+    assert!(page.body.contains(&format!("action=\"{action}\" class=\"card\" id=\"say-form\"")), "{}", page.body);
     accessible(&page.body, "run page with a live session");
     let csrf = page_csrf(&page.body);
-    let forged = b
-        .post(
-            &format!("{path}/steps/{step}/messages"),
-            &[("_csrf", "x"), ("text", "hi")],
-        )
-        .await;
+    let forged = b.post(&format!("{path}/steps/{step}/messages"), &[("_csrf", "x"), ("text", "hi")]).await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
-    let sent = b
-        .post_form(
-            &format!("{path}/steps/{step}/messages"),
-            &csrf,
-            &[("text", "Prefer the blue widget.")],
-        )
-        .await;
+    let sent = b.post_form(&format!("{path}/steps/{step}/messages"), &csrf, &[("text", "Prefer the blue widget.")]).await;
     assert_eq!(sent.status, StatusCode::SEE_OTHER, "{}", sent.body);
     assert_eq!(sent.location(), path);
-    let beat = post(
-        format!("/api/v1/host/steps/{step}/heartbeat"),
-        host.clone(),
-        serde_json::json!({}),
-    )
-    .await;
-    assert_eq!(
-        beat["messages"][0]["text"], "Prefer the blue widget.",
-        "{beat}"
-    );
+    let beat = post(format!("/api/v1/host/steps/{step}/heartbeat"), host.clone(), serde_json::json!({})).await;
+    assert_eq!(beat["messages"][0]["text"], "Prefer the blue widget.", "{beat}");
     let by: String = app.read("SELECT sent_by FROM step_messages WHERE run_id = $1", run).await;
-    assert_eq!(
-        by,
-        format!("user:{}", org.owner),
-        "sent as the signed-in person"
-    );
+    assert_eq!(by, format!("user:{}", org.owner), "sent as the signed-in person");
 
     // An empty message is refused beside the form, nothing sent.
-    let refused = b
-        .post_form(
-            &format!("{path}/steps/{step}/messages"),
-            &csrf,
-            &[("text", "  ")],
-        )
-        .await;
+    let refused = b.post_form(&format!("{path}/steps/{step}/messages"), &csrf, &[("text", "  ")]).await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
     refused.shows("id=\"say-form\"");
     refused.shows("role=\"alert\"");
@@ -636,9 +390,7 @@ async fn workflow_source_keeps_its_indentation() {
 
 /// The text of the element with `id` (a `<textarea>`, a cell), its HTML escapes read back.
 fn text_of(html: &str, id: &str) -> String {
-    let at = html
-        .find(&format!("id=\"{id}\""))
-        .unwrap_or_else(|| panic!("no #{id}"));
+    let at = html.find(&format!("id=\"{id}\"")).unwrap_or_else(|| panic!("no #{id}"));
     let rest = &html[at..];
     let rest = &rest[rest.find('>').expect("the tag ends") + 1..];
     unescape(&rest[..rest.find('<').expect("the text ends")])
@@ -657,10 +409,7 @@ fn unescape(s: &str) -> String {
 /// The registration token in a `shopfloor host … --token <token> …` command.
 pub(crate) fn token_in(command: &str) -> String {
     let words: Vec<&str> = command.split_whitespace().collect();
-    let at = words
-        .iter()
-        .position(|w| *w == "--token")
-        .expect("a --token word");
+    let at = words.iter().position(|w| *w == "--token").expect("a --token word");
     words[at + 1].to_owned()
 }
 
@@ -670,55 +419,25 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
     let org = app.org("acme").await;
     let mut b = app.signed_in(&org.owner_token).await;
     let hosts = b.get("/orgs/acme/projects/web/hosts").await;
-    assert!(
-        hosts
-            .body
-            .contains("href=\"/orgs/acme/projects/web/hosts/add\""),
-        "the hosts page links to Add a host"
-    );
+    assert!(hosts.body.contains("href=\"/orgs/acme/projects/web/hosts/add\""), "the hosts page links to Add a host");
     let form = open(&mut b, "/orgs/acme/projects/web/hosts/add", "add a host").await;
     let csrf = page_csrf(&form.body);
 
-    let made = b
-        .post_form(
-            "/orgs/acme/projects/web/hosts/add",
-            &csrf,
-            &[
-                ("name", "box 1"),
-                ("capabilities", "linux, harness:command"),
-                ("hours", "2"),
-            ],
-        )
-        .await;
+    let made = b.post_form("/orgs/acme/projects/web/hosts/add", &csrf, &[("name", "box 1"), ("capabilities", "linux, harness:command"), ("hours", "2")]).await;
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
     accessible(&made.body, "add a host, answered");
     let command = text_of(&made.body, "host-command");
     let token = token_in(&command);
     // The CLI's command, word for word, aimed at the address the console was reached at.
-    assert_eq!(
-        command,
-        cli::host_command(
-            &app.base,
-            &token,
-            Some("box 1"),
-            Some("linux,harness:command")
-        )
-    );
-    assert!(
-        command.contains("--name 'box 1'"),
-        "a name with a space is quoted: {command}"
-    );
+    assert_eq!(command, cli::host_command(&app.base, &token, Some("box 1"), Some("linux,harness:command")));
+    assert!(command.contains("--name 'box 1'"), "a name with a space is quoted: {command}");
     assert_eq!(count(&made.body, &token), 1, "the token appears once");
     made.shows("once");
-    let kind: String =
-        app.read("SELECT kind FROM api_tokens WHERE org_id = $1 AND name = 'box 1'", org.id).await;
+    let kind: String = app.read("SELECT kind FROM api_tokens WHERE org_id = $1 AND name = 'box 1'", org.id).await;
     assert_eq!(kind, "registration");
 
     // A reload shows the form, never the token again.
-    for path in [
-        "/orgs/acme/projects/web/hosts/add",
-        "/orgs/acme/projects/web/hosts",
-    ] {
+    for path in ["/orgs/acme/projects/web/hosts/add", "/orgs/acme/projects/web/hosts"] {
         let again = b.get(path).await;
         assert_eq!(again.status, StatusCode::OK);
         assert!(!again.body.contains(&token), "{path} shows the token again");
@@ -726,30 +445,14 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
     }
 
     // A capability the host would refuse is caught before a token is made.
-    let bad = b
-        .post_form(
-            "/orgs/acme/projects/web/hosts/add",
-            &csrf,
-            &[
-                ("name", "box-2"),
-                ("capabilities", "Linux!"),
-                ("hours", "2"),
-            ],
-        )
-        .await;
+    let bad = b.post_form("/orgs/acme/projects/web/hosts/add", &csrf, &[("name", "box-2"), ("capabilities", "Linux!"), ("hours", "2")]).await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     bad.shows("is not a capability");
 
     // A viewer is refused by the REST route, in its words.
     let mut viewer = app.signed_in(&org.viewer_token).await;
     let form = viewer.get("/orgs/acme/projects/web/hosts/add").await;
-    let refused = viewer
-        .post_form(
-            "/orgs/acme/projects/web/hosts/add",
-            &page_csrf(&form.body),
-            &[("name", "box-3"), ("hours", "2")],
-        )
-        .await;
+    let refused = viewer.post_form("/orgs/acme/projects/web/hosts/add", &page_csrf(&form.body), &[("name", "box-3"), ("hours", "2")]).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     refused.shows("this needs the admin role");
     assert!(!refused.body.contains("--token"));
@@ -779,27 +482,15 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
     let seen = viewer.get("/orgs/acme/projects/web/hosts").await;
     let refused = viewer.press(&format!("/orgs/acme/projects/web/hosts/{id}/drain"), &page_csrf(&seen.body)).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
-    assert!(
-        refused
-            .body
-            .contains("this needs the admin role or above; the token has viewer"),
-        "{}",
-        refused.body
-    );
-    let drained: bool =
-        app.read("SELECT drained_at IS NOT NULL FROM hosts WHERE host_id = $1", host.host_id).await;
+    assert!(refused.body.contains("this needs the admin role or above; the token has viewer"), "{}", refused.body);
+    let drained: bool = app.read("SELECT drained_at IS NOT NULL FROM hosts WHERE host_id = $1", host.host_id).await;
     assert!(!drained, "a viewer drained a host");
 
     // Drained: its own badge, and the undrain button.
     let done = b.press(&format!("/orgs/acme/projects/web/hosts/{id}/drain"), &csrf).await;
     assert_eq!(done.status, StatusCode::SEE_OTHER);
     let page = b.follow(done).await;
-    assert!(
-        page.body
-            .contains("<span aria-hidden=\"true\">‖</span> drained"),
-        "{}",
-        page.body
-    );
+    assert!(page.body.contains("<span aria-hidden=\"true\">‖</span> drained"), "{}", page.body);
     assert!(!page.body.contains("online</span>"));
     assert!(page.body.contains("Undrain builder-1"));
     let done = b.press(&format!("/orgs/acme/projects/web/hosts/{id}/undrain"), &csrf).await;
@@ -813,13 +504,11 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
         let answer = b.press(&format!("/orgs/acme/projects/web/hosts/{theirs_id}/{verb}"), &csrf).await;
         assert_eq!(answer.status, StatusCode::NOT_FOUND, "{verb}");
     }
-    let untouched: bool = sqlx::query_scalar(
-        "SELECT drained_at IS NULL AND deregistered_at IS NULL FROM hosts WHERE host_id = $1",
-    )
-    .bind(theirs.host_id)
-    .fetch_one(app.pool())
-    .await
-    .unwrap();
+    let untouched: bool = sqlx::query_scalar("SELECT drained_at IS NULL AND deregistered_at IS NULL FROM hosts WHERE host_id = $1")
+        .bind(theirs.host_id)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
     assert!(untouched);
 
     let gone = b.press(&format!("/orgs/acme/projects/web/hosts/{id}/deregister"), &csrf).await;
@@ -836,108 +525,55 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
     let mut b = app.signed_in(&org.owner_token).await;
     let page = open(&mut b, "/orgs/acme/projects/web/budgets", "budgets").await;
     page.shows("No limit is set");
-    assert!(
-        page.body.contains("aria-current=\"page\">Budgets"),
-        "the nav marks Budgets"
-    );
-    assert!(
-        page.body.contains("<td>$3.50</td><td>$3.50</td>"),
-        "today's and this month's spend: {}",
-        page.body
-    );
+    assert!(page.body.contains("aria-current=\"page\">Budgets"), "the nav marks Budgets");
+    assert!(page.body.contains("<td>$3.50</td><td>$3.50</td>"), "today's and this month's spend: {}", page.body);
     let csrf = page_csrf(&page.body);
 
     // A viewer cannot set one: the REST refusal is shown at the form.
     let mut viewer = app.signed_in(&org.viewer_token).await;
     let seen = viewer.get("/orgs/acme/projects/web/budgets").await;
-    let refused = viewer
-        .post_form(
-            "/orgs/acme/projects/web/budgets",
-            &page_csrf(&seen.body),
-            &[("period", "day"), ("usd_limit", "1"), ("kind", "hard")],
-        )
-        .await;
+    let refused = viewer.post_form("/orgs/acme/projects/web/budgets", &page_csrf(&seen.body), &[("period", "day"), ("usd_limit", "1"), ("kind", "hard")]).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     assert!(refused.body.contains("this needs the admin role"));
-    let bad = b
-        .post_form(
-            "/orgs/acme/projects/web/budgets",
-            &csrf,
-            &[("period", "day"), ("usd_limit", "lots"), ("kind", "hard")],
-        )
-        .await;
+    let bad = b.post_form("/orgs/acme/projects/web/budgets", &csrf, &[("period", "day"), ("usd_limit", "lots"), ("kind", "hard")]).await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
 
     // A hard daily limit below what was spent today: reached, and a new run is held by it.
-    let set = b
-        .post_form(
-            "/orgs/acme/projects/web/budgets",
-            &csrf,
-            &[("period", "day"), ("usd_limit", "2"), ("kind", "hard")],
-        )
-        .await;
+    let set = b.post_form("/orgs/acme/projects/web/budgets", &csrf, &[("period", "day"), ("usd_limit", "2"), ("kind", "hard")]).await;
     assert_eq!(set.status, StatusCode::SEE_OTHER, "{}", set.body);
     let run = app.submit(&org, org.slow).await;
     app.until_held_by_budget(run).await;
     let page = b.follow(set).await;
-    let row = &page.body[page
-        .body
-        .find("id=\"limit-project:web:day\"")
-        .expect("the limit's row")..];
+    let row = &page.body[page.body.find("id=\"limit-project:web:day\"").expect("the limit's row")..];
     let row = &row[..row.find("</tr>").unwrap()];
-    assert!(
-        row.contains("project web") && row.contains("$2.00") && row.contains("hard"),
-        "{row}"
-    );
+    assert!(row.contains("project web") && row.contains("$2.00") && row.contains("hard"), "{row}");
     assert!(row.contains("$3.50") && row.contains("reached"), "{row}");
     let held = &page.body[page.body.find("id=\"held\"").unwrap()..];
     assert!(held.contains(&run.to_string()), "{held}");
-    assert!(
-        held.contains("the project&#x27;s daily budget of $2.00 (hard) is spent"),
-        "{held}"
-    );
+    assert!(held.contains("the project&#x27;s daily budget of $2.00 (hard) is spent"), "{held}");
 
     // A viewer's removal is refused beside the limit's row.
     let refused = viewer.press("/orgs/acme/projects/web/budgets/day/remove", &page_csrf(&seen.body)).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     let row = &refused.body[refused.body.find("id=\"limit-project:web:day\"").unwrap()..];
-    assert!(
-        row[..row.find("</tr>").unwrap()].contains("this needs the admin role"),
-        "{row}"
-    );
+    assert!(row[..row.find("</tr>").unwrap()].contains("this needs the admin role"), "{row}");
 
     // The org's page: every project's limits, and the org's own, set there.
     let org_page = open(&mut b, "/orgs/acme/budgets", "org budgets").await;
     assert!(org_page.body.contains(&run.to_string()));
-    let set = b
-        .post_form(
-            "/orgs/acme/budgets",
-            &page_csrf(&org_page.body),
-            &[("period", "month"), ("usd_limit", "500"), ("kind", "soft")],
-        )
-        .await;
+    let set = b.post_form("/orgs/acme/budgets", &page_csrf(&org_page.body), &[("period", "month"), ("usd_limit", "500"), ("kind", "soft")]).await;
     let org_page = b.follow(set).await;
     let row = &org_page.body[org_page.body.find("id=\"limit-org:month\"").unwrap()..];
-    assert!(
-        row[..row.find("</tr>").unwrap()].contains("$500.00"),
-        "{row}"
-    );
+    assert!(row[..row.find("</tr>").unwrap()].contains("$500.00"), "{row}");
     assert!(row.contains("soft"));
     // Removing a limit that is not set is the REST API's not found.
-    let none = b
-        .press("/orgs/acme/budgets/day/remove", &csrf)
-        .await;
+    let none = b.press("/orgs/acme/budgets/day/remove", &csrf).await;
     assert_eq!(none.status, StatusCode::NOT_FOUND);
 
     // Removing the project's limit releases the run.
     let removed = b.press("/orgs/acme/projects/web/budgets/day/remove", &csrf).await;
     assert_eq!(removed.status, StatusCode::SEE_OTHER);
-    app.until(
-        run,
-        "SELECT NOT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1)",
-        "released",
-    )
-    .await;
+    app.until(run, "SELECT NOT EXISTS (SELECT 1 FROM admission_waits WHERE run_id = $1)", "released").await;
     let page = b.get("/orgs/acme/projects/web/budgets").await;
     assert!(page.body.contains("No run is held by a budget"));
     assert!(!page.body.contains("id=\"limit-project:web:day\""));
@@ -956,41 +592,18 @@ async fn members_page_adds_people_changes_roles_and_removes_them() {
     assert!(page.body.contains("aria-current=\"page\">Members"));
     let csrf = page_csrf(&page.body);
 
-    let added = b
-        .post_form(
-            "/orgs/acme/members",
-            &csrf,
-            &[("email", "dana@acme.test"), ("role", "member")],
-        )
-        .await;
+    let added = b.post_form("/orgs/acme/members", &csrf, &[("email", "dana@acme.test"), ("role", "member")]).await;
     assert_eq!(added.status, StatusCode::SEE_OTHER, "{}", added.body);
     let page = b.follow(added).await;
-    let user: uuid::Uuid = sqlx::query_scalar(
-        "SELECT user_id FROM users WHERE org_id = $1 AND email = 'dana@acme.test'",
-    )
-    .bind(org.id)
-    .fetch_one(app.pool())
-    .await
-    .unwrap();
+    let user: uuid::Uuid =
+        sqlx::query_scalar("SELECT user_id FROM users WHERE org_id = $1 AND email = 'dana@acme.test'").bind(org.id).fetch_one(app.pool()).await.unwrap();
     let row = &page.body[page.body.find(&format!("id=\"member-{user}\"")).unwrap()..];
     assert!(row.contains("<td class=\"role\">member</td>"), "{row}");
-    let again = b
-        .post_form(
-            "/orgs/acme/members",
-            &csrf,
-            &[("email", "dana@acme.test"), ("role", "member")],
-        )
-        .await;
+    let again = b.post_form("/orgs/acme/members", &csrf, &[("email", "dana@acme.test"), ("role", "member")]).await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     again.shows("id=\"add-error\"");
 
-    let changed = b
-        .post_form(
-            &format!("/orgs/acme/members/{user}/role"),
-            &csrf,
-            &[("role", "admin")],
-        )
-        .await;
+    let changed = b.post_form(&format!("/orgs/acme/members/{user}/role"), &csrf, &[("role", "admin")]).await;
     let page = b.follow(changed).await;
     let row = &page.body[page.body.find(&format!("id=\"member-{user}\"")).unwrap()..];
     assert!(row.contains("<td class=\"role\">admin</td>"), "{row}");
@@ -1022,32 +635,15 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     assert!(page.body.contains("No outgoing webhook"));
     let csrf = page_csrf(&page.body);
 
-    let refused = b
-        .post_form(
-            "/orgs/acme/projects/web/webhooks",
-            &csrf,
-            &[("url", "http://127.0.0.1:9/hook"), ("events", "")],
-        )
-        .await;
+    let refused = b.post_form("/orgs/acme/projects/web/webhooks", &csrf, &[("url", "http://127.0.0.1:9/hook"), ("events", "")]).await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
     refused.shows("id=\"create-error\"");
 
-    let made = b
-        .post_form(
-            "/orgs/acme/projects/web/webhooks",
-            &csrf,
-            &[
-                ("url", "https://hooks.example.com/shopfloor"),
-                ("events", "run.*, step.failed"),
-            ],
-        )
-        .await;
+    let made =
+        b.post_form("/orgs/acme/projects/web/webhooks", &csrf, &[("url", "https://hooks.example.com/shopfloor"), ("events", "run.*, step.failed")]).await;
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
     accessible(&made.body, "webhooks, answered");
-    let at = made
-        .body
-        .find("id=\"new-secret\"")
-        .expect("the secret's field");
+    let at = made.body.find("id=\"new-secret\"").expect("the secret's field");
     let rest = &made.body[at..];
     let rest = &rest[rest.find("value=\"").unwrap() + 7..];
     let secret = rest[..rest.find('"').unwrap()].to_owned();
@@ -1056,19 +652,16 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     let reload = b.get("/orgs/acme/projects/web/webhooks").await;
     assert!(!reload.body.contains(&secret), "the secret is shown again");
     assert!(reload.body.contains("step.failed"));
-    let webhook: uuid::Uuid =
-        app.read("SELECT subscription_id FROM webhook_subscriptions WHERE org_id = $1", org.id).await;
+    let webhook: uuid::Uuid = app.read("SELECT subscription_id FROM webhook_subscriptions WHERE org_id = $1", org.id).await;
 
     // A run's events make deliveries; one is replayed as a new delivery.
     let run = app.delivered(&org).await;
     let page = b.get("/orgs/acme/projects/web/webhooks").await;
-    let delivery: uuid::Uuid = sqlx::query_scalar(
-        "SELECT delivery_id FROM webhook_deliveries WHERE run_id = $1 ORDER BY created_at LIMIT 1",
-    )
-    .bind(run)
-    .fetch_one(app.pool())
-    .await
-    .unwrap();
+    let delivery: uuid::Uuid = sqlx::query_scalar("SELECT delivery_id FROM webhook_deliveries WHERE run_id = $1 ORDER BY created_at LIMIT 1")
+        .bind(run)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
     page.shows(&format!("id=\"delivery-{delivery}\""));
     let replayed = b.press(&format!("/orgs/acme/projects/web/webhooks/{webhook}/deliveries/{delivery}/replay"), &csrf).await;
     assert_eq!(replayed.status, StatusCode::SEE_OTHER);
@@ -1083,9 +676,7 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     assert!(!seen.body.contains("hooks.example.com"));
 
     // Another org's webhook is not found here.
-    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System)
-        .await
-        .unwrap();
+    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System).await.unwrap();
     let (theirs, _) = engine::store::webhooks_out::create(
         &mut ch,
         other.id,

@@ -88,20 +88,14 @@ impl tracing::field::Visit for Message {
 /// The large tables a plan reads sequentially (`Seq Scan on steps s`, `Parallel Seq Scan on …`).
 fn sequential_scans(plan: &str) -> Vec<&str> {
     plan.match_indices("Seq Scan on ")
-        .filter_map(|(at, m)| {
-            plan[at + m.len()..]
-                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .next()
-        })
+        .filter_map(|(at, m)| plan[at + m.len()..].split(|c: char| !(c.is_alphanumeric() || c == '_')).next())
         .filter(|table| LARGE.contains(table))
         .collect()
 }
 
 impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for CountStatements {
     fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
-        let in_page = ctx
-            .event_scope(event)
-            .is_some_and(|mut scope| scope.any(|span| span.name() == PAGE_SPAN));
+        let in_page = ctx.event_scope(event).is_some_and(|mut scope| scope.any(|span| span.name() == PAGE_SPAN));
         if !in_page {
             return;
         }
@@ -119,12 +113,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for CountStatemen
             "sqlx::postgres::notice" => {
                 let mut plan = Message::default();
                 event.record(&mut plan);
-                let statement = plan
-                    .0
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Query Text: "))
-                    .unwrap_or("?")
-                    .to_owned();
+                let statement = plan.0.lines().find_map(|l| l.strip_prefix("Query Text: ")).unwrap_or("?").to_owned();
                 for table in sequential_scans(&plan.0) {
                     SCANS.with(|s| s.borrow_mut().push(format!("{table}: {statement}")));
                 }
@@ -140,33 +129,18 @@ pub(crate) fn counted(m: &tracing::Metadata<'_>) -> bool {
 }
 
 /// Tables large enough that a sequential scan of them on a page is a missing index.
-const LARGE: &[&str] = &[
-    "runs",
-    "steps",
-    "run_events",
-    "approvals",
-    "audit_log",
-    "step_logs",
-    "wakes",
-    "step_sessions",
-];
+const LARGE: &[&str] = &["runs", "steps", "run_events", "approvals", "audit_log", "step_logs", "wakes", "step_sessions"];
 
 /// A pool whose connections send each statement's plan back as a notice (`auto_explain`,
 /// loaded at connection start: the test's database user is a superuser).
 fn explaining_pool(url: &str) -> engine::db::Db {
-    let options = sqlx::postgres::PgConnectOptions::from_str(url)
-        .unwrap()
-        .options([
-            ("session_preload_libraries", "auto_explain"),
-            ("auto_explain.log_min_duration", "0"),
-            ("auto_explain.log_level", "notice"),
-            ("auto_explain.log_nested_statements", "on"),
-        ]);
-    engine::db::Db::from(
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect_lazy_with(options),
-    )
+    let options = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().options([
+        ("session_preload_libraries", "auto_explain"),
+        ("auto_explain.log_min_duration", "0"),
+        ("auto_explain.log_level", "notice"),
+        ("auto_explain.log_nested_statements", "on"),
+    ]);
+    engine::db::Db::from(sqlx::postgres::PgPoolOptions::new().max_connections(4).connect_lazy_with(options))
 }
 
 /// Seeds `n` runs of every status in the org's project, with their steps, events, approvals
@@ -216,12 +190,7 @@ async fn seed(pool: &engine::db::Db, org: &crate::support::Org, n: i64) {
         let q = match (1..=5).filter(|i| s.contains(&format!("${i}"))).count() {
             1 => sqlx::query(s).bind(org.id),
             2 => sqlx::query(s).bind(org.id).bind(org.project),
-            _ => sqlx::query(s)
-                .bind(org.id)
-                .bind(org.project)
-                .bind(org.approve)
-                .bind(org.slow)
-                .bind(n as i32),
+            _ => sqlx::query(s).bind(org.id).bind(org.project).bind(org.approve).bind(org.slow).bind(n as i32),
         };
         q.execute(pool).await.unwrap_or_else(|e| panic!("{s}: {e}"));
     }
@@ -246,37 +215,19 @@ struct Measured {
 }
 
 async fn measure(router: &axum::Router, cookie: &str, path: &str) -> Measured {
-    let req = Request::get(path)
-        .header(header::COOKIE, cookie)
-        .header(header::HOST, "console.test")
-        .body(Body::empty())
-        .unwrap();
+    let req = Request::get(path).header(header::COOKIE, cookie).header(header::HOST, "console.test").body(Body::empty()).unwrap();
     STATEMENTS.with(|c| c.set(0));
     SCOPES.with(|c| c.set(0));
     SCANS.with(|s| s.borrow_mut().clear());
     let started = Instant::now();
-    let response = router
-        .clone()
-        .oneshot(req)
-        .instrument(tracing::info_span!(PAGE_SPAN))
-        .await
-        .unwrap();
+    let response = router.clone().oneshot(req).instrument(tracing::info_span!(PAGE_SPAN)).await.unwrap();
     let millis = started.elapsed().as_secs_f64() * 1000.0;
     let statements = STATEMENTS.with(Cell::get);
     let scopes = SCOPES.with(Cell::get);
     let scans = SCANS.with(|s| std::mem::take(&mut *s.borrow_mut()));
     let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), 64 << 20)
-        .await
-        .unwrap();
-    Measured {
-        status,
-        statements,
-        scopes,
-        scans,
-        millis,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-    }
+    let bytes = axum::body::to_bytes(response.into_body(), 64 << 20).await.unwrap();
+    Measured { status, statements, scopes, scans, millis, body: String::from_utf8_lossy(&bytes).into_owned() }
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -288,34 +239,20 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
     seed(app.pool(), &acme, 10_000).await;
     seed(app.pool(), &noise, 10_000).await;
     sqlx::query("ANALYZE").execute(app.pool()).await.unwrap();
-    eprintln!(
-        "seeded 2 x 10,000 runs in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("seeded 2 x 10,000 runs in {:.1} s", started.elapsed().as_secs_f64());
     let completed: RunId = app.read("SELECT run_id FROM runs WHERE org_id = $1 AND status = 'failed' ORDER BY created_at DESC LIMIT 1", acme.id).await;
-    let waiting: RunId = sqlx::query_scalar(
-        "SELECT a.run_id FROM approvals a WHERE a.org_id = $1 AND a.decision IS NULL LIMIT 1",
-    )
-    .bind(acme.id)
-    .fetch_one(app.pool())
-    .await
-    .unwrap();
-
-    // A console session of the owner, as sign-in makes it.
-    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System)
+    let waiting: RunId = sqlx::query_scalar("SELECT a.run_id FROM approvals a WHERE a.org_id = $1 AND a.decision IS NULL LIMIT 1")
+        .bind(acme.id)
+        .fetch_one(app.pool())
         .await
         .unwrap();
+
+    // A console session of the owner, as sign-in makes it.
+    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System).await.unwrap();
     let token = api::auth::issue_user_token(
         &mut ch,
         &engine::testkit::secret_key(),
-        api::auth::UserToken {
-            org: acme.id,
-            user: acme.owner,
-            project: None,
-            role: "owner",
-            name: "console session",
-            ttl: chrono::Duration::hours(1),
-        },
+        api::auth::UserToken { org: acme.id, user: acme.owner, project: None, role: "owner", name: "console session", ttl: chrono::Duration::hours(1) },
     )
     .await
     .unwrap();
@@ -326,18 +263,9 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
     let pages = [
         ("today", "/orgs/acme".to_owned()),
         ("runs", format!("{base}/runs")),
-        (
-            "runs filtered",
-            format!("{base}/runs?status=failed&workflow=approve"),
-        ),
-        (
-            "runs by substate",
-            format!("{base}/runs?substate=awaiting_signal"),
-        ),
-        (
-            "runs in a window",
-            format!("{base}/runs?since=2020-01-01T00:00&until=2100-01-01T00:00"),
-        ),
+        ("runs filtered", format!("{base}/runs?status=failed&workflow=approve")),
+        ("runs by substate", format!("{base}/runs?substate=awaiting_signal")),
+        ("runs in a window", format!("{base}/runs?since=2020-01-01T00:00&until=2100-01-01T00:00")),
         ("run, failed", format!("{base}/runs/{completed}")),
         ("run, waiting", format!("{base}/runs/{waiting}")),
         ("hosts", format!("{base}/hosts")),
@@ -346,11 +274,7 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
         ("audit log", "/orgs/acme/audit".to_owned()),
         ("tokens", "/orgs/acme/tokens".to_owned()),
     ];
-    let state = AppState::new(
-        explaining_pool(&app.db.url),
-        app.db.url.parse().unwrap(),
-        engine::testkit::secret_key(),
-    );
+    let state = AppState::new(explaining_pool(&app.db.url), app.db.url.parse().unwrap(), engine::testkit::secret_key());
     let router = console_app(state, Default::default());
     let mut report = Vec::new();
     for (name, path) in &pages {
@@ -360,36 +284,18 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
         for _ in 0..3 {
             runs.push(measure(&router, &cookie, path).await);
         }
-        let scanned: Vec<&String> = std::iter::once(&warm)
-            .chain(&runs)
-            .flat_map(|m| &m.scans)
-            .collect();
-        assert!(
-            scanned.is_empty(),
-            "{name} ({path}) read large tables without an index: {scanned:#?}"
-        );
+        let scanned: Vec<&String> = std::iter::once(&warm).chain(&runs).flat_map(|m| &m.scans).collect();
+        assert!(scanned.is_empty(), "{name} ({path}) read large tables without an index: {scanned:#?}");
         let statements = runs.iter().map(|m| m.statements).max().unwrap_or(0);
-        assert!(
-            statements <= 20,
-            "{name}: {statements} statements for one page (N+1?)"
-        );
-        assert!(
-            runs.iter().all(|m| m.statements == runs[0].statements),
-            "{name}: the statement count varies between identical requests"
-        );
+        assert!(statements <= 20, "{name}: {statements} statements for one page (N+1?)");
+        assert!(runs.iter().all(|m| m.statements == runs[0].statements), "{name}: the statement count varies between identical requests");
         // Each transaction of the tenant pool sets the org once, then sends at least one statement.
         let scopes = runs.iter().map(|m| m.scopes).max().unwrap_or(0);
-        assert!(
-            scopes <= statements,
-            "{name}: {scopes} settings of the org for {statements} statements"
-        );
+        assert!(scopes <= statements, "{name}: {scopes} settings of the org for {statements} statements");
         let mut times: Vec<f64> = runs.iter().map(|m| m.millis).collect();
         times.sort_by(f64::total_cmp);
         report.push(format!("{name:<18} {statements:>3} statements (+{scopes:>2} org settings)  {:>7.1} ms (median of 3)", times[1]));
     }
-    eprintln!(
-        "console pages at 10,000 runs (debug build):\n{}",
-        report.join("\n")
-    );
+    eprintln!("console pages at 10,000 runs (debug build):\n{}", report.join("\n"));
     app.discard().await;
 }

@@ -61,10 +61,7 @@ impl App {
     }
 
     /// Also acting as the GitHub App (`github_app`) where the REST API calls GitHub as the App.
-    pub(crate) async fn start_with(
-        with_engine: bool,
-        github_app: Option<std::sync::Arc<engine::github::GithubApp>>,
-    ) -> App {
+    pub(crate) async fn start_with(with_engine: bool, github_app: Option<std::sync::Arc<engine::github::GithubApp>>) -> App {
         init_tracing();
         let mut served = App::serve(false, |state, github| {
             if let Some(app) = github_app {
@@ -74,11 +71,8 @@ impl App {
         })
         .await;
         if with_engine {
-            let cfg = PoolConfig {
-                max_in_flight: 16,
-                drain: Duration::from_secs(2),
-                ..engine::testkit::pool_config("console-test-engine", &served.db.url, None)
-            };
+            let cfg =
+                PoolConfig { max_in_flight: 16, drain: Duration::from_secs(2), ..engine::testkit::pool_config("console-test-engine", &served.db.url, None) };
             served.start_engine(cfg);
         }
         served
@@ -90,20 +84,14 @@ impl App {
         T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
         A: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + 'static,
     {
-        sqlx::query_scalar(sql)
-            .bind(arg)
-            .fetch_one(self.pool())
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        sqlx::query_scalar(sql).bind(arg).fetch_one(self.pool()).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
     /// Records `usd` spent today by the org's project (1,000 tokens), as hosts' session
     /// reports do.
     pub(crate) async fn record_spend(&self, org: &Org, usd: f64) {
         let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
-        engine::store::budgets::record_spend(&mut ch, org.id, org.project, usd, 1000)
-            .await
-            .unwrap();
+        engine::store::budgets::record_spend(&mut ch, org.id, org.project, usd, 1000).await.unwrap();
         ch.commit().await.unwrap();
     }
 
@@ -120,38 +108,17 @@ impl App {
         let pool = self.pool();
         let mut ch = Change::begin(pool, Actor::System).await.unwrap();
         let people = engine::testkit::org_with_people(&mut ch, slug, ["viewer"]).await;
-        let (id, project, owner, [viewer]) =
-            (people.org, people.project, people.owner, people.members);
-        let (approve, _) = workflows::put_version(&mut ch, id, project, "approve", APPROVAL)
-            .await
-            .unwrap();
-        let (agent, _) = workflows::put_version(&mut ch, id, project, "agent", AGENT)
-            .await
-            .unwrap();
-        let (slow, _) = workflows::put_version(&mut ch, id, project, "slow", SLOW)
-            .await
-            .unwrap();
+        let (id, project, owner, [viewer]) = (people.org, people.project, people.owner, people.members);
+        let (approve, _) = workflows::put_version(&mut ch, id, project, "approve", APPROVAL).await.unwrap();
+        let (agent, _) = workflows::put_version(&mut ch, id, project, "agent", AGENT).await.unwrap();
+        let (slow, _) = workflows::put_version(&mut ch, id, project, "slow", SLOW).await.unwrap();
         let day = chrono::Duration::days(1);
         let owner_token = token(&mut ch, id, owner, "owner", day).await;
         let viewer_token = token(&mut ch, id, viewer, "viewer", day).await;
         ch.commit().await.unwrap();
         // Test setup: people's GitHub logins are recorded by whoever adds them (not yet an API).
-        sqlx::query("UPDATE users SET github_login = $2 WHERE user_id = $1")
-            .bind(owner)
-            .bind(format!("{slug}-owner"))
-            .execute(pool)
-            .await
-            .unwrap();
-        Org {
-            id,
-            project,
-            owner,
-            owner_token,
-            viewer_token,
-            approve,
-            agent,
-            slow,
-        }
+        sqlx::query("UPDATE users SET github_login = $2 WHERE user_id = $1").bind(owner).bind(format!("{slug}-owner")).execute(pool).await.unwrap();
+        Org { id, project, owner, owner_token, viewer_token, approve, agent, slow }
     }
 
     /// Submits a run of `workflow` through the store, as the REST submit does.
@@ -213,33 +180,18 @@ impl Answer {
     }
 
     pub(crate) fn location(&self) -> String {
-        self.headers
-            .get(LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
+        self.headers.get(LOCATION).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
     }
 }
 
 impl Browser {
     pub(crate) fn new(base: &str) -> Browser {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap();
-        Browser {
-            http,
-            cookies: HashMap::new(),
-            base: base.to_owned(),
-        }
+        let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        Browser { http, cookies: HashMap::new(), base: base.to_owned() }
     }
 
     fn cookie_header(&self) -> String {
-        self.cookies
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join("; ")
+        self.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ")
     }
 
     fn keep(&mut self, headers: &HeaderMap) {
@@ -258,43 +210,21 @@ impl Browser {
     }
 
     fn absolute(&self, path: &str) -> String {
-        if path.starts_with("http") {
-            path.to_owned()
-        } else {
-            format!("{}{path}", self.base)
-        }
+        if path.starts_with("http") { path.to_owned() } else { format!("{}{path}", self.base) }
     }
 
     pub(crate) async fn get(&mut self, path: &str) -> Answer {
-        let resp = self
-            .http
-            .get(self.absolute(path))
-            .header(COOKIE, self.cookie_header())
-            .send()
-            .await
-            .expect("request");
+        let resp = self.http.get(self.absolute(path)).header(COOKIE, self.cookie_header()).send().await.expect("request");
         self.answer(resp).await
     }
 
     pub(crate) async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Answer {
-        let resp = self
-            .http
-            .post(self.absolute(path))
-            .header(COOKIE, self.cookie_header())
-            .form(form)
-            .send()
-            .await
-            .expect("request");
+        let resp = self.http.post(self.absolute(path)).header(COOKIE, self.cookie_header()).form(form).send().await.expect("request");
         self.answer(resp).await
     }
 
     /// Posts a form as its page sends it: the page's CSRF field, then `fields`.
-    pub(crate) async fn post_form(
-        &mut self,
-        path: &str,
-        csrf: &str,
-        fields: &[(&str, &str)],
-    ) -> Answer {
+    pub(crate) async fn post_form(&mut self, path: &str, csrf: &str, fields: &[(&str, &str)]) -> Answer {
         let mut form = vec![("_csrf", csrf)];
         form.extend_from_slice(fields);
         self.post(path, &form).await
@@ -309,19 +239,9 @@ impl Browser {
         let status = resp.status();
         let headers = resp.headers().clone();
         self.keep(&headers);
-        let streaming = headers
-            .get(reqwest::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        let body = if streaming {
-            String::new()
-        } else {
-            resp.text().await.unwrap_or_default()
-        };
-        Answer {
-            status,
-            headers,
-            body,
-        }
+        let streaming = headers.get(reqwest::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let body = if streaming { String::new() } else { resp.text().await.unwrap_or_default() };
+        Answer { status, headers, body }
     }
 
     /// Follows redirects (by hand, so cookies set on the way are kept) up to a page.
@@ -340,9 +260,7 @@ impl Browser {
     pub(crate) async fn sign_in_with_token(&mut self, token: &str) -> Answer {
         let page = self.get("/signin").await;
         let csrf = page_csrf(&page.body);
-        let answer = self
-            .post_form("/signin/token", &csrf, &[("token", token), ("next", "/")])
-            .await;
+        let answer = self.post_form("/signin/token", &csrf, &[("token", token), ("next", "/")]).await;
         self.follow(answer).await
     }
 }
@@ -353,12 +271,7 @@ pub(crate) fn field(html: &str, name: &str) -> Option<String> {
     let rest = &html[at..];
     let v = rest.find("value=\"")?;
     let rest = &rest[v + 7..];
-    Some(
-        rest[..rest.find('"')?]
-            .replace("&amp;", "&")
-            .replace("&#x2f;", "/")
-            .replace("&#x2F;", "/"),
-    )
+    Some(rest[..rest.find('"')?].replace("&amp;", "&").replace("&#x2f;", "/").replace("&#x2F;", "/"))
 }
 
 /// The CSRF field of the page's own forms (the header's sign-out form has another).
@@ -374,13 +287,10 @@ pub(crate) fn init_tracing() {
     use tracing_subscriber::layer::SubscriberExt as _;
     static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     INSTALLED.get_or_init(|| {
-        let errors = tracing_subscriber::fmt::layer()
-            .with_test_writer()
-            .with_filter(tracing_subscriber::filter::LevelFilter::WARN);
-        let subscriber = tracing_subscriber::registry().with(errors).with(
-            crate::scale::CountStatements
-                .with_filter(tracing_subscriber::filter::filter_fn(crate::scale::counted)),
-        );
+        let errors = tracing_subscriber::fmt::layer().with_test_writer().with_filter(tracing_subscriber::filter::LevelFilter::WARN);
+        let subscriber = tracing_subscriber::registry()
+            .with(errors)
+            .with(crate::scale::CountStatements.with_filter(tracing_subscriber::filter::filter_fn(crate::scale::counted)));
         let _ = tracing::subscriber::set_global_default(subscriber);
     });
 }

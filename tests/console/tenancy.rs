@@ -18,10 +18,7 @@ async fn one_org_sees_nothing_of_another() {
 
     let today = b.get("/orgs/other").await;
     assert_eq!(today.status, StatusCode::OK);
-    assert!(
-        !today.body.contains("Ship the release?") && !today.body.contains(&secret.to_string()),
-        "acme's approval is not on other's Today"
-    );
+    assert!(!today.body.contains("Ship the release?") && !today.body.contains(&secret.to_string()), "acme's approval is not on other's Today");
     for path in [
         "/orgs/acme".to_owned(),
         "/orgs/acme/audit".to_owned(),
@@ -39,28 +36,14 @@ async fn one_org_sees_nothing_of_another() {
         assert_eq!(page.status, StatusCode::NOT_FOUND, "{path}: {}", page.body);
         assert!(!page.body.contains("Ship the release?"), "{path}");
     }
-    let posted = b
-        .post(
-            &format!("/orgs/other/projects/web/runs/{secret}/cancel"),
-            &[("_csrf", "x")],
-        )
-        .await;
-    assert!(
-        matches!(posted.status, StatusCode::FORBIDDEN | StatusCode::NOT_FOUND),
-        "{}",
-        posted.status
-    );
+    let posted = b.post(&format!("/orgs/other/projects/web/runs/{secret}/cancel"), &[("_csrf", "x")]).await;
+    assert!(matches!(posted.status, StatusCode::FORBIDDEN | StatusCode::NOT_FOUND), "{}", posted.status);
     let status: String = app.read("SELECT status FROM runs WHERE run_id = $1", secret).await;
     assert_eq!(status, "running");
 
     // A cookie that files other's token under acme's name opens nothing of acme.
-    let token = b.cookies["shopfloor_session"]
-        .split_once('.')
-        .unwrap()
-        .1
-        .to_owned();
-    b.cookies
-        .insert("shopfloor_session".into(), format!("acme.{token}"));
+    let token = b.cookies["shopfloor_session"].split_once('.').unwrap().1.to_owned();
+    b.cookies.insert("shopfloor_session".into(), format!("acme.{token}"));
     let forged = b.get("/orgs/acme").await;
     assert_eq!(forged.status, StatusCode::NOT_FOUND);
 
@@ -68,13 +51,6 @@ async fn one_org_sees_nothing_of_another() {
     let mut c = app.signed_in(&other.owner_token).await;
     let live = c.get("/orgs/other/projects/web/live").await;
     assert_eq!(live.status, StatusCode::OK);
-    assert!(
-        live.headers
-            .get("content-type")
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream")
-    );
+    assert!(live.headers.get("content-type").unwrap().to_str().unwrap().starts_with("text/event-stream"));
     app.discard().await;
 }

@@ -26,7 +26,9 @@ use std::time::Duration;
 use serde_json::json;
 use shopfloor_tests::netns::Netns;
 use shopfloor_tests::proxy::Proxy;
-use shopfloor_tests::{check_invariants, own_cluster, scalar, seed, shopfloor_bin, statement_calls, statements_sent, submit_many, until_all_done, EngineProcess, Invariants};
+use shopfloor_tests::{
+    EngineProcess, Invariants, check_invariants, own_cluster, scalar, seed, shopfloor_bin, statement_calls, statements_sent, submit_many, until_all_done,
+};
 
 const WORKFLOW: &str = include_str!("../workflows/blackhole.yaml");
 

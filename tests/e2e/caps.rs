@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use engine::store::{budgets, Actor, Change};
-use serde_json::{json, Value};
+use engine::store::{Actor, Change, budgets};
+use serde_json::{Value, json};
 
 use super::host_env::*;
 
@@ -100,13 +100,13 @@ async fn a_session_past_its_turn_cap_is_stopped_by_the_server() {
     let _host = env.host_with("turns", 1, "linux,harness:claude-code", &claude).await;
     let run = env.submit("turns", vec![json!({})]).await[0];
     // The stand-in goes on for a minute; the server stops it once it reports a fourth turn.
-    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND reason = 'turn_cap')", Duration::from_secs(50), "stopped at its turn cap")
-        .await;
-    let turns: i32 = sqlx::query_scalar("SELECT ss.turns FROM step_sessions ss JOIN steps s ON s.step_id = ss.step_id WHERE s.run_id = $1 AND s.reason = 'turn_cap'")
-        .bind(run)
-        .fetch_one(&env.db.pool)
-        .await
-        .unwrap();
+    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND reason = 'turn_cap')", Duration::from_secs(50), "stopped at its turn cap").await;
+    let turns: i32 =
+        sqlx::query_scalar("SELECT ss.turns FROM step_sessions ss JOIN steps s ON s.step_id = ss.step_id WHERE s.run_id = $1 AND s.reason = 'turn_cap'")
+            .bind(run)
+            .fetch_one(&env.db.pool)
+            .await
+            .unwrap();
     assert!(turns > 3, "stopped at {turns} turns, within its cap of 3");
     env.finish().await;
 }

@@ -51,7 +51,8 @@ fn check(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
 /// The line of a check, and the one after it.
 fn line_of<'a>(out: &'a str, check: &str) -> (&'a str, Option<&'a str>) {
     let lines: Vec<&str> = out.lines().collect();
-    let i = lines.iter().position(|l| l.split_once(':').is_some_and(|(head, _)| head.ends_with(check))).unwrap_or_else(|| panic!("no `{check}` line in:\n{out}"));
+    let i =
+        lines.iter().position(|l| l.split_once(':').is_some_and(|(head, _)| head.ends_with(check))).unwrap_or_else(|| panic!("no `{check}` line in:\n{out}"));
     (lines[i], lines.get(i + 1).copied())
 }
 
@@ -126,7 +127,16 @@ async fn each_failing_check_says_its_fix_and_the_exit_is_not_zero() {
     std::fs::write(bad_key.path(), "not a pem").unwrap();
     let key = bad_key.path().to_str().unwrap();
     let (code, out) = tokio::task::block_in_place(|| {
-        check(&[], &[("DATABASE_URL", &db.url), ("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", "s"), ("SHOPFLOOR_GITHUB_APP_ID", "1"), ("SHOPFLOOR_GITHUB_APP_KEY_FILE", key), ("SHOPFLOOR_GITHUB_API_URL", &fake.url)])
+        check(
+            &[],
+            &[
+                ("DATABASE_URL", &db.url),
+                ("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", "s"),
+                ("SHOPFLOOR_GITHUB_APP_ID", "1"),
+                ("SHOPFLOOR_GITHUB_APP_KEY_FILE", key),
+                ("SHOPFLOOR_GITHUB_API_URL", &fake.url),
+            ],
+        )
     });
     assert_eq!(code, 1, "{out}");
     assert_fails(&out, "github app", "SHOPFLOOR_GITHUB_APP_KEY_FILE");
@@ -169,7 +179,15 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
 
     // A `harness:command` host has neither claude nor codex, and needs neither.
     let (code, out) = tokio::task::block_in_place(|| {
-        check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &server), ("SHOPFLOOR_HOST_CAPABILITIES", "linux,harness:command"), ("SHOPFLOOR_CLAUDE_COMMAND", "/nonexistent/claude")])
+        check(
+            &["--host"],
+            &[
+                ("PATH", &path),
+                ("SHOPFLOOR_SERVER", &server),
+                ("SHOPFLOOR_HOST_CAPABILITIES", "linux,harness:command"),
+                ("SHOPFLOOR_CLAUDE_COMMAND", "/nonexistent/claude"),
+            ],
+        )
     });
     assert_eq!(code, 0, "{out}");
     assert!(!out.contains("claude") && !out.contains("codex"), "harnesses the host does not advertise are not checked: {out}");
@@ -177,7 +195,8 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
         assert_ok(&out, name);
     }
     // One that advertises no harness at all is told it runs no crew step, and passes.
-    let (code, out) = tokio::task::block_in_place(|| check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &server), ("SHOPFLOOR_HOST_CAPABILITIES", "linux")]));
+    let (code, out) =
+        tokio::task::block_in_place(|| check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &server), ("SHOPFLOOR_HOST_CAPABILITIES", "linux")]));
     assert_eq!(code, 0, "{out}");
     assert!(out.lines().any(|l| l.starts_with("skip harnesses: the host advertises none")), "{out}");
     assert!(!out.lines().any(|l| l.contains(" claude: ") || l.contains(" codex: ")), "{out}");
@@ -215,7 +234,10 @@ async fn a_transaction_pooler_without_a_direct_url_fails_with_its_fix() {
         let (code, out) = check(&[], &[("DATABASE_URL", &pooled), ("SHOPFLOOR_SECRET_KEY", key)]);
         assert_eq!(code, 1);
         let (line, fix) = line_of(&out, "database pooler");
-        assert_eq!(line, "FAIL database pooler: DATABASE_URL is a transaction pooler (two connections shared one server session) and SHOPFLOOR_LISTEN_DATABASE_URL is not set");
+        assert_eq!(
+            line,
+            "FAIL database pooler: DATABASE_URL is a transaction pooler (two connections shared one server session) and SHOPFLOOR_LISTEN_DATABASE_URL is not set"
+        );
         assert!(fix.is_some_and(|f| f.trim_start().starts_with("fix: set SHOPFLOOR_LISTEN_DATABASE_URL to the PostgreSQL server itself")), "{fix:?}");
         // The other checks still read the database, through the pooler.
         assert_ok(&out, "database");

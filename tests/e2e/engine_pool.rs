@@ -5,9 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use engine::db::Db;
-use engine::testkit::{join_and_loop, test_db, TestDb};
-use serde_json::{json, Value};
-use shopfloor_tests::{check_invariants, effects_count, own_cluster, scalar, seed, submit_many, until_all_done, EngineProcess, Invariants};
+use engine::testkit::{TestDb, join_and_loop, test_db};
+use serde_json::{Value, json};
+use shopfloor_tests::{EngineProcess, Invariants, check_invariants, effects_count, own_cluster, scalar, seed, submit_many, until_all_done};
 
 /// Steps per run: plan, left, right, ci (fails), left, ci, ship.
 const STEPS_PER_RUN: i64 = 7;
@@ -47,10 +47,8 @@ async fn two_engine_processes_complete_a_thousand_runs_exactly_once() {
     assert_eq!(scalar(&db.pool, "SELECT count(*) FROM steps").await, 1000 * STEPS_PER_RUN);
     assert_eq!(effects_count(effects) as i64, 1000 * STEPS_PER_RUN);
     // Both processes did part of the work.
-    let by_engine: Vec<(String, i64)> = sqlx::query_as("SELECT holder, count(*) FROM steps WHERE holder IS NOT NULL GROUP BY holder ORDER BY holder")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
+    let by_engine: Vec<(String, i64)> =
+        sqlx::query_as("SELECT holder, count(*) FROM steps WHERE holder IS NOT NULL GROUP BY holder ORDER BY holder").fetch_all(&db.pool).await.unwrap();
     assert_eq!(by_engine.len(), 2, "{by_engine:?}");
     db.finish().await;
 }
@@ -75,12 +73,10 @@ async fn a_killed_engines_leased_steps_are_recovered_by_the_other() {
     let expired = scalar(&db.pool, "SELECT count(*) FROM steps WHERE reason = 'lease_expired' AND holder = 'engine:victim'").await;
     assert_eq!(expired, 20, "each step the victim held ends as lease_expired");
     // Recovered within the lease and its grace (45 s) plus a little.
-    let slowest: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM max(ended_at - started_at))::float8 FROM steps WHERE reason = 'lease_expired'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let slowest: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(ended_at - started_at))::float8 FROM steps WHERE reason = 'lease_expired'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert!(slowest < 50.0, "a held step took {slowest} s to be taken back");
     db.finish().await;
 }

@@ -8,8 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use engine::store::{Actor, Change};
-use engine::testkit::{test_db, TestDb};
-use engine::triggers::{ingest, Delivery, IngestOutcome};
+use engine::testkit::{TestDb, test_db};
+use engine::triggers::{Delivery, IngestOutcome, ingest};
 use serde_json::Value;
 use shopfloor_tests::github_fake::{self, FakeGithub, Repo};
 use shopfloor_tests::process::Proc;

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::github_fake::{Issue, PullRequest};
 
@@ -90,7 +90,12 @@ async fn the_reconciler_moves_the_card_when_the_pull_request_closes_and_leaves_o
         env.fake.put_issue(&env.repo.full_name, issue.json(&env.repo));
         env.deliver("issues", &payloads::issues_event("labeled", &env.repo, &issue, &user("bob"), Some("ship"))).await;
         env.until(&format!("SELECT count(*) FROM steps WHERE node = 'closed' AND state = 'waiting' AND run_id IN (SELECT r.run_id FROM runs r JOIN items i ON i.item_id = r.item_id WHERE i.key = '[\"github\",\"acme/widgets\",{number}]')"), 1, LONG).await;
-        let pr = env.fake.pulls("acme/widgets").into_iter().find(|p| p["body"].as_str().is_some_and(|b| b.starts_with(&format!("Closes #{number}")))).expect("the run's pull request");
+        let pr = env
+            .fake
+            .pulls("acme/widgets")
+            .into_iter()
+            .find(|p| p["body"].as_str().is_some_and(|b| b.starts_with(&format!("Closes #{number}"))))
+            .expect("the run's pull request");
         opened.push(pr);
     }
     assert_eq!(env.scalar("SELECT count(*) FROM github_watches WHERE watch = 'pull_request.closed'").await, 2);
@@ -109,7 +114,8 @@ async fn the_reconciler_moves_the_card_when_the_pull_request_closes_and_leaves_o
     env.fake.graphql_reply(cards("PVTI_card1"));
     env.fake.graphql_reply(json!({ "updateProjectV2ItemFieldValue": { "projectV2Item": { "id": "PVTI_card1" } } }));
     let as_pr = |p: &Value, merged: bool| {
-        let mut pr = PullRequest::new(p["number"].as_i64().unwrap_or_default(), p["title"].as_str().unwrap_or_default(), p["head"]["sha"].as_str().unwrap_or_default());
+        let mut pr =
+            PullRequest::new(p["number"].as_i64().unwrap_or_default(), p["title"].as_str().unwrap_or_default(), p["head"]["sha"].as_str().unwrap_or_default());
         pr.head_ref = p["head"]["ref"].as_str().unwrap_or_default().to_owned();
         pr.state = "closed".into();
         pr.merged = merged;
@@ -151,8 +157,14 @@ async fn the_watch_and_schedule_lookups_use_indexes() {
     let mut conn = env.db.pool.pool().acquire().await.unwrap();
     // Each lookup a delivery (waking watchers) or an engine's claim (due ticks) makes.
     let lookups = [
-        ("github_watches_by_item", "SELECT step_id FROM github_watches WHERE project_id = gen_random_uuid() AND repository = 'a/b' AND number = 1 AND org_id = gen_random_uuid()"),
-        ("github_watches_by_sha", "SELECT step_id FROM github_watches WHERE project_id = gen_random_uuid() AND repository = 'a/b' AND head_sha = 'abc' AND org_id = gen_random_uuid() AND watch = 'checks'"),
+        (
+            "github_watches_by_item",
+            "SELECT step_id FROM github_watches WHERE project_id = gen_random_uuid() AND repository = 'a/b' AND number = 1 AND org_id = gen_random_uuid()",
+        ),
+        (
+            "github_watches_by_sha",
+            "SELECT step_id FROM github_watches WHERE project_id = gen_random_uuid() AND repository = 'a/b' AND head_sha = 'abc' AND org_id = gen_random_uuid() AND watch = 'checks'",
+        ),
         ("schedules_due", "SELECT EXISTS (SELECT 1 FROM schedules WHERE next_at <= now())"),
         ("schedules_due", "SELECT min(next_at) FROM schedules"),
     ];

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::github_fake::{Fault, Issue};
 
@@ -146,7 +146,8 @@ async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defe
 
     // 4xx: the step fails for good at once, without a retry; the run fails.
     env.until("SELECT count(*) FROM runs WHERE status = 'failed'", 1, LONG).await;
-    let failed: (String, String) = sqlx::query_as("SELECT s.reason, s.failure_class FROM steps s WHERE s.state = 'failed'").fetch_one(&env.db.pool).await.unwrap();
+    let failed: (String, String) =
+        sqlx::query_as("SELECT s.reason, s.failure_class FROM steps s WHERE s.state = 'failed'").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(failed, ("github:422".to_owned(), "final".to_owned()));
     assert_eq!(env.fake.requests_to("POST", &path(10)).len(), 1, "a 4xx is never retried");
     assert!(env.fake.comments("acme/widgets", 10).is_empty());
@@ -210,10 +211,7 @@ async fn labels_are_added_and_removed_and_the_card_moves_on_the_board() {
     let graphql = env.fake.requests_to("POST", "/graphql");
     assert_eq!(graphql.len(), 2, "{graphql:?}");
     assert_eq!(graphql[0].body["variables"]["id"], format!("I_{}_7", env.repo.id));
-    assert_eq!(
-        graphql[1].body["variables"],
-        json!({ "project": "PVT_board", "item": "PVTI_card7", "field": "PVTSSF_status", "option": "opt_progress" })
-    );
+    assert_eq!(graphql[1].body["variables"], json!({ "project": "PVT_board", "item": "PVTI_card7", "field": "PVTSSF_status", "option": "opt_progress" }));
     assert!(graphql[1].body["query"].as_str().unwrap_or_default().contains("updateProjectV2ItemFieldValue"));
     assert!(graphql[0].authorization.as_deref().unwrap_or_default().starts_with("Bearer ghs_"));
     let output: Value = sqlx::query_scalar("SELECT output FROM steps WHERE node = 'move'").fetch_one(&env.db.pool).await.unwrap();

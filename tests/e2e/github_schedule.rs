@@ -15,7 +15,10 @@ const TICK: &str = include_str!("../workflows/tick.yaml");
 /// (scheduled_at, fired at, dedup key) of every tick so far, in order.
 async fn ticks(env: &GhEnv) -> Vec<(DateTime<Utc>, DateTime<Utc>, String)> {
     let rows: Vec<(Value, DateTime<Utc>, String)> =
-        sqlx::query_as("SELECT payload, created_at, dedup_key FROM trigger_events WHERE source = 'schedule' ORDER BY created_at").fetch_all(&env.db.pool).await.unwrap();
+        sqlx::query_as("SELECT payload, created_at, dedup_key FROM trigger_events WHERE source = 'schedule' ORDER BY created_at")
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
     rows.into_iter()
         .map(|(p, at, key)| {
             let scheduled = p.pointer("/trigger/scheduled_at").and_then(Value::as_str).and_then(|t| t.parse().ok()).expect("scheduled_at");

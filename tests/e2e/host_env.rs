@@ -7,14 +7,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::ids::{OrgId, ProjectId, RunId, WorkflowId};
-use engine::store::{installations, Actor, Change};
-use engine::testkit::{test_db, TestDb};
+use engine::store::{Actor, Change, installations};
+use engine::testkit::{TestDb, test_db};
 use serde_json::Value;
 use shopfloor_tests::github_fake::{self, FakeGithub, Repo, WebhookClient};
-use shopfloor_tests::process::{listen, sh, shopfloor, Listening, Proc};
+use shopfloor_tests::process::{Listening, Proc, listen, sh, shopfloor};
 use shopfloor_tests::shopfloor_bin;
 
-use crate::support::{acme, owner_token, put_workflows, registration, Acme};
+use crate::support::{Acme, acme, owner_token, put_workflows, registration};
 
 const SECRET: &str = "host tests' webhook secret";
 
@@ -147,9 +147,12 @@ impl Env {
         let d = dir.path();
         std::fs::create_dir_all(d.join("remotes/acme")).unwrap();
         std::fs::create_dir_all(d.join("marks")).unwrap();
-        sh(d, "git init -q --bare -b main remotes/acme/widgets.git && git clone -q remotes/acme/widgets.git seed 2>/dev/null \
+        sh(
+            d,
+            "git init -q --bare -b main remotes/acme/widgets.git && git clone -q remotes/acme/widgets.git seed 2>/dev/null \
                && cd seed && echo '# widgets' > README.md && mkdir -p .github && echo '## What and why' > .github/pull_request_template.md \
-               && git add -A && git -c user.name=t -c user.email=t@example.com commit -q -m init && git push -q origin HEAD:main");
+               && git add -A && git -c user.name=t -c user.email=t@example.com commit -q -m init && git push -q origin HEAD:main",
+        );
         let fake = d.join("claude");
         std::fs::write(&fake, FAKE_CLAUDE).unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -309,9 +312,19 @@ impl Env {
 
     /// The one step of `node` that is running, with the pid its harness wrote down.
     pub(crate) async fn running_harness(&self, run: RunId, node: &str) -> (String, i32) {
-        self.until(run, &format!("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = '{node}' AND state = 'running')"), Duration::from_secs(120), "ran").await;
-        let step: engine::ids::StepId =
-            sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = $2 AND state = 'running'").bind(run).bind(node).fetch_one(&self.db.pool).await.unwrap();
+        self.until(
+            run,
+            &format!("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = '{node}' AND state = 'running')"),
+            Duration::from_secs(120),
+            "ran",
+        )
+        .await;
+        let step: engine::ids::StepId = sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = $2 AND state = 'running'")
+            .bind(run)
+            .bind(node)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap();
         let path = self.marks().join(format!("{step}.pid"));
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -346,4 +359,3 @@ pub(crate) fn group(pgid: i32) -> Vec<i32> {
     }
     out
 }
-

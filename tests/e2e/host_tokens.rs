@@ -38,9 +38,11 @@ fn git_calls(env: &Env) -> Vec<(String, i64, Option<String>)> {
             let mut f = l.splitn(3, ' ');
             let (verb, ms, header) = (f.next()?, f.next()?.parse().ok()?, f.next()?);
             // `AUTHORIZATION: basic <base64 of x-access-token:TOKEN>`
-            let token = header.rsplit(' ').next().and_then(|b| data_encoding::BASE64.decode(b.as_bytes()).ok()).and_then(|d| {
-                String::from_utf8(d).ok().and_then(|s| s.strip_prefix("x-access-token:").map(str::to_owned))
-            });
+            let token = header
+                .rsplit(' ')
+                .next()
+                .and_then(|b| data_encoding::BASE64.decode(b.as_bytes()).ok())
+                .and_then(|d| String::from_utf8(d).ok().and_then(|s| s.strip_prefix("x-access-token:").map(str::to_owned)));
             Some((verb.to_owned(), ms, token))
         })
         .collect()
@@ -130,7 +132,8 @@ async fn an_adopted_attempt_pushes_with_a_fresh_token() {
     wait_for("a token asked for by the adopting host", Duration::from_secs(120), || push_tokens(&env).len() > before).await;
     finish_past_the_claim_tokens_expiry(&env, run, &step).await;
     // The one attempt, finished by the adopting host: not taken back.
-    let attempts: Vec<(i32, String)> = sqlx::query_as("SELECT attempt, state FROM steps WHERE run_id = $1 AND node = 'work'").bind(run).fetch_all(&env.db.pool).await.unwrap();
+    let attempts: Vec<(i32, String)> =
+        sqlx::query_as("SELECT attempt, state FROM steps WHERE run_id = $1 AND node = 'work'").bind(run).fetch_all(&env.db.pool).await.unwrap();
     assert_eq!(attempts, [(1, "succeeded".to_owned())]);
     let remote = env.dir.path().join("remotes/acme/widgets.git");
     assert_eq!(git_out(&remote, &["log", "-1", "--format=%s", "shopfloor/11-adopted-work"]), "work: Adopted work");

@@ -20,9 +20,9 @@
 use std::time::{Duration, Instant};
 
 use engine::ids::RunId;
-use serde_json::{json, Value};
-use shopfloor_tests::github_fake::payloads::{self, user};
+use serde_json::{Value, json};
 use shopfloor_tests::github_fake::WebhookClient;
+use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::process::Proc;
 
 const SECRET: &str = "host tests' webhook secret";
@@ -60,20 +60,22 @@ async fn a_host_runs_crew_steps_in_worktrees_and_pushes_the_branch() {
     assert_eq!(output["commits"].as_array().map(Vec::len), Some(1));
     assert_eq!(output["pr_body"], "Closes #7\n\nAdd a line to CHANGES.md\n\nSo that the change shows.");
     assert_eq!(output["usage"]["cost_usd"], 0.012346);
-    assert_eq!((output["usage"]["input_tokens"].as_i64(), output["usage"]["output_tokens"].as_i64(), output["usage"]["turns"].as_i64()), (Some(42), Some(35), Some(2)));
+    assert_eq!(
+        (output["usage"]["input_tokens"].as_i64(), output["usage"]["output_tokens"].as_i64(), output["usage"]["turns"].as_i64()),
+        (Some(42), Some(35), Some(2))
+    );
     assert_eq!(output["usage"]["model"], "claude-sonnet-4-5-20250929");
     // plan is not followed by a pull request of its own work: no description asked of it.
     let plan: Value = sqlx::query_scalar("SELECT output FROM steps WHERE run_id = $1 AND node = 'plan'").bind(run).fetch_one(&env.db.pool).await.unwrap();
     assert!(plan.get("pr_body").is_none() && plan["text"].as_str().is_some_and(|t| t.starts_with("Added a line")), "{plan}");
 
     // The session: transcript lines in order, the figures, and a step.session event.
-    let streams: Vec<String> = sqlx::query_scalar(
-        "SELECT l.stream FROM step_logs l JOIN steps s USING (step_id) WHERE s.run_id = $1 AND s.node = 'build' ORDER BY l.seq",
-    )
-    .bind(run)
-    .fetch_all(&env.db.pool)
-    .await
-    .unwrap();
+    let streams: Vec<String> =
+        sqlx::query_scalar("SELECT l.stream FROM step_logs l JOIN steps s USING (step_id) WHERE s.run_id = $1 AND s.node = 'build' ORDER BY l.seq")
+            .bind(run)
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
     assert_eq!(streams, ["system", "assistant", "tool_result", "assistant", "result"]);
     let (cost, tokens): (f64, i64) = sqlx::query_as(
         "SELECT cost_usd::float8, input_tokens + output_tokens FROM step_sessions JOIN steps s USING (step_id) WHERE s.run_id = $1 AND s.node = 'build'",
@@ -83,12 +85,14 @@ async fn a_host_runs_crew_steps_in_worktrees_and_pushes_the_branch() {
     .await
     .unwrap();
     assert_eq!((cost, tokens), (0.012346, 77));
-    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 AND node = 'build' ORDER BY seq").bind(run).fetch_all(&env.db.pool).await.unwrap();
+    let kinds: Vec<String> =
+        sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 AND node = 'build' ORDER BY seq").bind(run).fetch_all(&env.db.pool).await.unwrap();
     assert_eq!(kinds, ["step.created", "step.leased", "step.running", "step.succeeded", "step.session"]);
-    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor_kind = 'host' AND action IN ('step.running', 'step.succeeded', 'step.session')")
-        .fetch_one(&env.db.pool)
-        .await
-        .unwrap();
+    let audited: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor_kind = 'host' AND action IN ('step.running', 'step.succeeded', 'step.session')")
+            .fetch_one(&env.db.pool)
+            .await
+            .unwrap();
     assert_eq!(audited, 6, "two steps, three host changes each");
 
     // Readable over the API: the transcript of the step.
@@ -253,12 +257,19 @@ async fn an_issue_becomes_a_pull_request_through_a_host() {
     let run = run_for_ready_issue(&env, &hooks, 7, "Add a widget").await;
 
     // The plan runs on the host; a person approves it over the API.
-    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'review_plan' AND state = 'waiting')", Duration::from_secs(120), "asked for approval").await;
+    env.until(
+        run,
+        "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'review_plan' AND state = 'waiting')",
+        Duration::from_secs(120),
+        "asked for approval",
+    )
+    .await;
     let (status, approved) = env.post(&format!("/orgs/acme/projects/web/runs/{run}/approvals/review_plan"), &json!({})).await;
     assert!((200..300).contains(&status), "{status} {approved}");
 
     // The build commits and pushes the issue's branch; the pull request is opened from it.
-    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI").await;
+    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI")
+        .await;
     let remote = env.dir.path().join("remotes/acme/widgets.git");
     let pushed = git_out(&remote, &["log", "--format=%s", "shopfloor/7-add-a-widget"]);
     assert_eq!(pushed.lines().collect::<Vec<_>>(), ["build: Add a widget", "plan: Add a widget", "init"]);
@@ -273,12 +284,16 @@ async fn an_issue_becomes_a_pull_request_through_a_host() {
     let mints: Vec<Value> = fake.requests_to("POST", "/app/installations/77/access_tokens").into_iter().map(|r| r.body).collect();
     assert!(mints.contains(&json!({ "repositories": ["widgets"], "permissions": { "contents": "write" } })), "{mints:?}");
     assert!(mints.contains(&json!({ "repositories": ["widgets"], "permissions": { "pull_requests": "write", "contents": "read" } })), "{mints:?}");
-    assert!(mints.iter().all(|m| m["permissions"].is_object() && m["repositories"] == json!(["widgets"])), "every token names its permissions and one repository: {mints:?}");
+    assert!(
+        mints.iter().all(|m| m["permissions"].is_object() && m["repositories"] == json!(["widgets"])),
+        "every token names its permissions and one repository: {mints:?}"
+    );
 
     // CI reports on the pull request's head: the gate passes and the run completes.
     let head = pr["head"]["sha"].as_str().unwrap().to_owned();
     let number = pr["number"].as_i64().unwrap();
-    let (status, _) = hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &head, "completed", Some("success"), &[number])).await;
+    let (status, _) =
+        hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &head, "completed", Some("success"), &[number])).await;
     assert_eq!(status, 202);
     env.until(run, "SELECT status = 'completed' FROM runs WHERE run_id = $1", Duration::from_secs(120), "completed").await;
 
@@ -353,7 +368,8 @@ async fn two_hundred_steps_on_four_hosts_with_two_slots_each_run_exactly_once() 
     let took = started.elapsed();
     let completed: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'completed'").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(completed, runs.len() as i64);
-    let steps: Vec<(engine::ids::StepId, String)> = sqlx::query_as("SELECT step_id, holder FROM steps WHERE node = 'work'").fetch_all(&env.db.pool).await.unwrap();
+    let steps: Vec<(engine::ids::StepId, String)> =
+        sqlx::query_as("SELECT step_id, holder FROM steps WHERE node = 'work'").fetch_all(&env.db.pool).await.unwrap();
     assert_eq!(steps.len(), 200, "one attempt per run: no step was retried");
     // Each step's harness ran exactly once: one line in its counter file.
     for (step, _) in &steps {
@@ -395,7 +411,8 @@ async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {
     let hooks = WebhookClient::new(&env.base, SECRET);
     let run = run_for_ready_issue(&env, &hooks, 8, "Gate the push").await;
 
-    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI").await;
+    env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI")
+        .await;
     let remote = env.dir.path().join("remotes/acme/widgets.git");
     let pushed = git_out(&remote, &["rev-parse", "shopfloor/8-gate-the-push"]).trim().to_owned();
     let watched: Option<String> = sqlx::query_scalar("SELECT head_sha FROM github_watches WHERE run_id = $1").bind(run).fetch_one(&env.db.pool).await.unwrap();
@@ -403,7 +420,8 @@ async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {
     assert!(fake.pulls("acme/widgets").is_empty(), "no pull request before CI passed");
 
     // CI on the branch (no pull request yet) passes the gate; then the pull request opens.
-    let (status, _) = hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &pushed, "completed", Some("success"), &[])).await;
+    let (status, _) =
+        hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &pushed, "completed", Some("success"), &[])).await;
     assert_eq!(status, 202);
     env.until(run, "SELECT status = 'completed' FROM runs WHERE run_id = $1", Duration::from_secs(60), "completed").await;
     let pulls = fake.pulls("acme/widgets");
@@ -433,7 +451,8 @@ async fn a_crew_step_whose_session_goes_silent_is_stalled_and_retried() {
         (1..=3).map(|a| (a, "failed".to_owned(), Some("stalled".to_owned()), Some("infrastructure".to_owned()))).collect();
     assert_eq!(attempts, expected);
     // Each had reported its first lines before it went silent.
-    let reported: i64 = sqlx::query_scalar("SELECT count(*) FROM step_sessions WHERE run_id = $1 AND lines > 0").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    let reported: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM step_sessions WHERE run_id = $1 AND lines > 0").bind(run).fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(reported, 3);
     drop(_host);
     env.finish().await;

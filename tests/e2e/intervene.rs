@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::host_env::*;
 
@@ -20,13 +20,7 @@ async fn a_message_to_a_live_session_reaches_the_harness_and_its_transcript() {
     let run = env.submit("listening", vec![json!({ "words": "build the widget" })]).await[0];
     let (step, _) = env.running_harness(run, "work").await;
     // The stand-in has read its prompt and listens for the next user line.
-    env.until(
-        run,
-        "SELECT EXISTS (SELECT 1 FROM step_logs WHERE run_id = $1 AND line LIKE '%Listening.%')",
-        Duration::from_secs(120),
-        "listened",
-    )
-    .await;
+    env.until(run, "SELECT EXISTS (SELECT 1 FROM step_logs WHERE run_id = $1 AND line LIKE '%Listening.%')", Duration::from_secs(120), "listened").await;
 
     let text = "Use the \"blue\" widget, please";
     let (status, sent) = env.post(&format!("/orgs/acme/projects/web/runs/{run}/steps/{step}/messages"), &json!({ "text": text })).await;
@@ -37,16 +31,19 @@ async fn a_message_to_a_live_session_reaches_the_harness_and_its_transcript() {
     assert_eq!(env.status(run).await, ("completed".to_owned(), None));
 
     // The transcript: the echo of the message as an assistant line, before the result.
-    let lines: Vec<(String, String)> = sqlx::query_as("SELECT stream, line FROM step_logs WHERE run_id = $1 ORDER BY seq").bind(run).fetch_all(&env.db.pool).await.unwrap();
+    let lines: Vec<(String, String)> =
+        sqlx::query_as("SELECT stream, line FROM step_logs WHERE run_id = $1 ORDER BY seq").bind(run).fetch_all(&env.db.pool).await.unwrap();
     let heard = lines.iter().position(|(_, l)| l.contains(r#"heard: Use the \"blue\" widget, please"#)).unwrap_or_else(|| panic!("no echo in {lines:#?}"));
     let result = lines.iter().position(|(s, _)| s == "result").expect("a result line");
     assert_eq!(lines[heard].0, "assistant");
     assert!(heard < result, "{lines:#?}");
 
     // Delivered, audited with the person, and an event without the text.
-    let delivered: bool = sqlx::query_scalar("SELECT delivered_at IS NOT NULL FROM step_messages WHERE run_id = $1").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    let delivered: bool =
+        sqlx::query_scalar("SELECT delivered_at IS NOT NULL FROM step_messages WHERE run_id = $1").bind(run).fetch_one(&env.db.pool).await.unwrap();
     assert!(delivered, "the host acknowledged the message");
-    let event: Value = sqlx::query_scalar("SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'step.message'").bind(run).fetch_one(&env.db.pool).await.unwrap();
+    let event: Value =
+        sqlx::query_scalar("SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'step.message'").bind(run).fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(event["chars"], text.chars().count());
     assert!(event["by"].as_str().is_some_and(|b| b.starts_with("user:")), "{event}");
     assert!(!event.to_string().contains("blue"), "the event carries no text: {event}");

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use engine::ids::RunId;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use shopfloor_tests::github_fake::Issue;
 use shopfloor_tests::sse::Sse;
 
@@ -39,13 +39,11 @@ impl Env {
 
     /// The runs of `workflow`, oldest first: (id, status, reason).
     async fn runs_of(&self, workflow: &str) -> Vec<(RunId, String, Option<String>)> {
-        sqlx::query_as(
-            "SELECT r.run_id, r.status, r.reason FROM runs r JOIN workflows w USING (workflow_id) WHERE w.name = $1 ORDER BY r.created_at, r.run_id",
-        )
-        .bind(workflow)
-        .fetch_all(&self.db.pool)
-        .await
-        .unwrap()
+        sqlx::query_as("SELECT r.run_id, r.status, r.reason FROM runs r JOIN workflows w USING (workflow_id) WHERE w.name = $1 ORDER BY r.created_at, r.run_id")
+            .bind(workflow)
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
     }
 
     /// The trigger events of `workflow`, oldest first: (status, reason).
@@ -202,11 +200,24 @@ async fn an_event_wait_announces_itself_expires_at_the_default_deadline_or_is_wi
     let mut issue = Issue::new(12, "Waits for its pull request");
     assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "wait")).await["runs_opened"], 1);
     let run = env.runs_of("merge-wait").await[0].0.to_string();
-    let seen = sse.until("the waiting run's end", |e| e.data["run"] == run.as_str() && e.event.starts_with("run.") && e.event != "run.started" && e.event != "run.awaiting" && e.event != "run.wait_expired").await;
+    let seen = sse
+        .until("the waiting run's end", |e| {
+            e.data["run"] == run.as_str()
+                && e.event.starts_with("run.")
+                && e.event != "run.started"
+                && e.event != "run.awaiting"
+                && e.event != "run.wait_expired"
+        })
+        .await;
     let lifecycle: Vec<&str> = seen.iter().filter(|e| e.data["run"] == run.as_str() && e.event.starts_with("run.")).map(|e| e.event.as_str()).collect();
     assert_eq!(lifecycle, ["run.started", "run.awaiting", "run.wait_expired", "run.completed"]);
     let awaiting = seen.iter().find(|e| e.event == "run.awaiting").unwrap();
-    assert_eq!((awaiting.data["attrs"]["waits_on"].as_str(), awaiting.data["attrs"]["event"].as_str()), (Some("github"), Some("pull_request.closed")), "{:?}", awaiting.data);
+    assert_eq!(
+        (awaiting.data["attrs"]["waits_on"].as_str(), awaiting.data["attrs"]["event"].as_str()),
+        (Some("github"), Some("pull_request.closed")),
+        "{:?}",
+        awaiting.data
+    );
     let deadline = awaiting.data["attrs"]["deadline"].as_str().expect("a deadline");
     chrono::DateTime::parse_from_rfc3339(deadline).expect("the deadline is a timestamp");
     let output: Value = sqlx::query_scalar("SELECT output FROM steps WHERE node = 'merged'").fetch_one(&env.db.pool).await.unwrap();

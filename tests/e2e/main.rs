@@ -1,8 +1,8 @@
 //! End-to-end tests across processes: real `shopfloor engine` processes on a test database.
 
-mod chaos;
 mod blackhole;
 mod caps;
+mod chaos;
 mod check;
 mod engine_pool;
 mod github_env;

@@ -6,12 +6,12 @@
 use std::time::Duration;
 
 use engine::net_guard::Policy;
-use engine::store::{webhooks_out, Actor, Change};
-use engine::testkit::{test_db, TestDb};
+use engine::store::{Actor, Change, webhooks_out};
+use engine::testkit::{TestDb, test_db};
 use serde_json::json;
 use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::github_fake::{Issue, WebhookClient};
-use shopfloor_tests::process::{free_port, listen, shopfloor, Listening, Proc};
+use shopfloor_tests::process::{Listening, Proc, free_port, listen, shopfloor};
 
 use crate::support::{acme, connect_widgets, owner_token, put_workflows, widgets};
 
@@ -124,7 +124,8 @@ async fn api_and_engine_count_what_they_did() {
     let repo = widgets();
     let mut issue = Issue::new(7, "Make it faster");
     issue.labels.push("ready".to_owned());
-    let (status, _) = hooks.send("issues", &uuid::Uuid::new_v4().to_string(), &payloads::issues_event("labeled", &repo, &issue, &user("bob"), Some("ready"))).await;
+    let (status, _) =
+        hooks.send("issues", &uuid::Uuid::new_v4().to_string(), &payloads::issues_event("labeled", &repo, &issue, &user("bob"), Some("ready"))).await;
     assert_eq!(status, 202);
     let (status, _) = hooks.send_raw("issues", &uuid::Uuid::new_v4().to_string(), b"{}".to_vec(), Some("sha256=00")).await;
     assert_eq!(status, 401);
@@ -155,7 +156,11 @@ async fn api_and_engine_count_what_they_did() {
     assert_eq!(moved(&engine_before, &engine_after, "shopfloor_steps_finished_total", &[("kind", "crew"), ("outcome", "succeeded")]), 1.0);
     assert_eq!(moved(&engine_before, &engine_after, "shopfloor_step_duration_seconds_count", &[("kind", "crew")]), 1.0);
     assert_eq!(moved(&engine_before, &engine_after, "shopfloor_runs_finished_total", &[("status", "completed")]), 2.0);
-    assert_eq!(moved(&engine_before, &engine_after, "shopfloor_webhook_deliveries_total", &[("event", "run.completed"), ("outcome", "delivered")]), 2.0, "{engine_after}");
+    assert_eq!(
+        moved(&engine_before, &engine_after, "shopfloor_webhook_deliveries_total", &[("event", "run.completed"), ("outcome", "delivered")]),
+        2.0,
+        "{engine_after}"
+    );
     assert_eq!(sample(&engine_after, "shopfloor_lease_expiries_total", &[]), 0.0);
 
     // Neither shows a secret or a token.

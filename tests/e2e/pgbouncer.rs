@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use engine::db::{self, Route};
 use engine::ids::{OrgId, RunId, Slug};
-use engine::store::{tenants, Actor, Change};
+use engine::store::{Actor, Change, tenants};
 use engine::testkit::test_db;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use shopfloor_tests::pgbouncer::PgBouncer;
-use shopfloor_tests::process::{free_port, shopfloor, Proc};
+use shopfloor_tests::process::{Proc, free_port, shopfloor};
 use shopfloor_tests::shopfloor_bin;
 use tokio::task::JoinSet;
 
@@ -102,7 +102,10 @@ async fn two_orgs_sharing_pgbouncer_server_connections_never_see_each_others_row
             let mut seen = Seen::new();
             for _ in 0..100 {
                 let (pid, user, org, projects): (i32, String, Option<String>, i64) =
-                    sqlx::query_as("SELECT pg_backend_pid(), current_user::text, current_setting('shopfloor.org', true), (SELECT count(*) FROM projects)").fetch_one(&owner).await.unwrap();
+                    sqlx::query_as("SELECT pg_backend_pid(), current_user::text, current_setting('shopfloor.org', true), (SELECT count(*) FROM projects)")
+                        .fetch_one(&owner)
+                        .await
+                        .unwrap();
                 assert_eq!(user, login, "a tenant's role outlived its transaction");
                 assert!(org.as_deref().unwrap_or("").is_empty(), "a tenant's org outlived its transaction: {org:?}");
                 assert_eq!(projects, 5, "the owner sees every org's projects");
@@ -241,7 +244,13 @@ async fn two_apis_and_two_engines_behind_pgbouncer_run_workflows_to_completion()
             }
             let other = &bases[1 - on];
             loop {
-                let answer = http.post(format!("{other}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/ask")).bearer_auth(&token).json(&json!({})).send().await.unwrap();
+                let answer = http
+                    .post(format!("{other}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/ask"))
+                    .bearer_auth(&token)
+                    .json(&json!({}))
+                    .send()
+                    .await
+                    .unwrap();
                 if answer.status().is_success() {
                     break;
                 }

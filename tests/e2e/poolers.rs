@@ -5,18 +5,17 @@
 use std::time::Duration;
 
 use engine::testkit::test_db;
-use shopfloor_tests::process::{free_port, shopfloor, Proc};
+use shopfloor_tests::process::{Proc, free_port, shopfloor};
 
 /// The application names of the backends that `LISTEN`, once there are `want` of them.
 async fn listeners(pool: &engine::db::Db, want: usize) -> Vec<String> {
     let found = async {
         loop {
-            let names: Vec<String> = sqlx::query_scalar(
-                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%' ORDER BY 1",
-            )
-            .fetch_all(pool)
-            .await
-            .unwrap();
+            let names: Vec<String> =
+                sqlx::query_scalar("SELECT application_name FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%' ORDER BY 1")
+                    .fetch_all(pool)
+                    .await
+                    .unwrap();
             if names.len() >= want {
                 return names;
             }

@@ -29,7 +29,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::testkit::test_db;
-use shopfloor_tests::process::{free_port, shopfloor, Proc};
+use shopfloor_tests::process::{Proc, free_port, shopfloor};
 use shopfloor_tests::shopfloor_bin;
 
 const README: &str = include_str!("../../README.md");
@@ -322,8 +322,10 @@ fn check_readyz(tour: &[TourLine], out: &Outputs) {
     let line = find(tour, "`curl …/readyz`", |c| c.starts_with("curl") && c.contains("/readyz"));
     let comment = line.comment();
     let promised = comment.split_once('{').and_then(|(_, rest)| rest.split_once('}')).map(|(body, _)| format!("{{{body}}}"));
-    let promised: serde_json::Value = serde_json::from_str(&promised.unwrap_or_default()).unwrap_or_else(|e| panic!("{}: its comment shows no JSON ({e})", line.named()));
-    let answered: serde_json::Value = serde_json::from_str(&out.out(line)).unwrap_or_else(|e| panic!("{} printed no JSON ({e}){}", line.named(), out.shown(line)));
+    let promised: serde_json::Value =
+        serde_json::from_str(&promised.unwrap_or_default()).unwrap_or_else(|e| panic!("{}: its comment shows no JSON ({e})", line.named()));
+    let answered: serde_json::Value =
+        serde_json::from_str(&out.out(line)).unwrap_or_else(|e| panic!("{} printed no JSON ({e}){}", line.named(), out.shown(line)));
     assert_eq!(answered, promised, "{} answered otherwise than its comment says", line.named());
     assert_eq!(answered["status"], "ready", "{}", line.named());
     assert_eq!(promised["schema"].as_i64(), Some(latest_migration()), "{}: the schema is not the number of the latest migration in migrations/", line.named());
@@ -334,7 +336,12 @@ fn check_token(tour: &[TourLine], out: &Outputs) {
     let line = find(tour, "`admin create-org`", |c| c.contains("admin create-org"));
     assert!(line.assigned().is_some(), "{}: the tour keeps the token in a variable", line.named());
     let token = out.value(line);
-    assert!(token.lines().count() == 1 && token.trim().split('.').count() == 3, "{} should print a JWT alone on stdout, got {token:?}{}", line.named(), out.shown(line));
+    assert!(
+        token.lines().count() == 1 && token.trim().split('.').count() == 3,
+        "{} should print a JWT alone on stdout, got {token:?}{}",
+        line.named(),
+        out.shown(line)
+    );
 }
 
 /// `shopfloor validate FILE` printed `ok FILE`.
@@ -348,7 +355,11 @@ fn check_validate(tour: &[TourLine], out: &Outputs) {
 fn check_login(tour: &[TourLine], out: &Outputs, home: &Path) {
     let line = find(tour, "`sf login`", |c| c.contains("sf login"));
     assert!(out.out(line).starts_with("Logged in to http://localhost:"), "{}{}", line.named(), out.shown(line));
-    assert!(line.comment().contains("~/.config/shopfloor") && line.comment().contains("0600"), "{}: the comment no longer says where the config goes", line.named());
+    assert!(
+        line.comment().contains("~/.config/shopfloor") && line.comment().contains("0600"),
+        "{}: the comment no longer says where the config goes",
+        line.named()
+    );
     let config = home.join(".config/shopfloor/config.json");
     let mode = std::fs::metadata(&config).unwrap_or_else(|e| panic!("{}: no {} ({e})", line.named(), config.display())).permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "{}: {}", line.named(), config.display());
@@ -358,7 +369,12 @@ fn check_login(tour: &[TourLine], out: &Outputs, home: &Path) {
 fn check_submit(tour: &[TourLine], out: &Outputs) -> String {
     let line = find(tour, "`sf runs submit`", |c| c.contains("sf runs submit"));
     let run = out.value(line);
-    assert!(run.starts_with("run-") && run.lines().count() == 1 && !run.contains(' '), "{} should print the new run's id alone, got {run:?}{}", line.named(), out.shown(line));
+    assert!(
+        run.starts_with("run-") && run.lines().count() == 1 && !run.contains(' '),
+        "{} should print the new run's id alone, got {run:?}{}",
+        line.named(),
+        out.shown(line)
+    );
     run.trim().to_owned()
 }
 
@@ -378,7 +394,12 @@ fn check_run_commands(tour: &[TourLine], out: &Outputs, run: &str) {
     let why = find(tour, "`sf runs why`", |c| c.starts_with("sf runs why"));
     let sentence = out.out(why);
     let first = sentence.chars().next().unwrap_or(' ');
-    assert!(sentence.lines().count() == 1 && first.is_uppercase() && sentence.split_whitespace().count() > 3, "{} should say what holds the run in a sentence{}", why.named(), out.shown(why));
+    assert!(
+        sentence.lines().count() == 1 && first.is_uppercase() && sentence.split_whitespace().count() > 3,
+        "{} should say what holds the run in a sentence{}",
+        why.named(),
+        out.shown(why)
+    );
     for live in tour.iter().filter(|l| l.is_command() && l.runs_until_interrupted()) {
         assert!(out.out(live).contains(run), "{} never showed the run{}", live.named(), out.shown(live));
     }
@@ -401,7 +422,12 @@ fn check_host_check(tour: &[TourLine], out: &Outputs) {
     let line = find(tour, "`shopfloor check --host`", |c| c.contains("shopfloor check --host"));
     let text = out.out(line);
     for name in ["claude", "git", "server"] {
-        assert!(text.lines().any(|l| l.starts_with("ok") && l.contains(&format!(" {name}: "))), "{}: no passing `{name}` check{}", line.named(), out.shown(line));
+        assert!(
+            text.lines().any(|l| l.starts_with("ok") && l.contains(&format!(" {name}: "))),
+            "{}: no passing `{name}` check{}",
+            line.named(),
+            out.shown(line)
+        );
     }
 }
 

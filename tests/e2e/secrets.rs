@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use data_encoding::{BASE64, BASE64URL_NOPAD, HEXLOWER};
 use engine::ids::RunId;
-use engine::store::{installations, workflows, Actor, Change};
+use engine::store::{Actor, Change, installations, workflows};
 use engine::testkit::test_db;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::github_fake::{self, FakeGithub, WebhookClient};
-use shopfloor_tests::process::{listen, sh, shopfloor, Listening, Proc};
+use shopfloor_tests::process::{Listening, Proc, listen, sh, shopfloor};
 use shopfloor_tests::shopfloor_bin;
 
 use crate::host_env::FAKE_CLAUDE;
@@ -71,16 +71,18 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
 
     std::fs::create_dir_all(d.join("remotes/acme")).unwrap();
     std::fs::create_dir_all(d.join("marks")).unwrap();
-    sh(&d, "git init -q --bare -b main remotes/acme/widgets.git && git clone -q remotes/acme/widgets.git seed 2>/dev/null \
+    sh(
+        &d,
+        "git init -q --bare -b main remotes/acme/widgets.git && git clone -q remotes/acme/widgets.git seed 2>/dev/null \
             && cd seed && echo '# widgets' > README.md && git add -A && git -c user.name=t -c user.email=t@example.com commit -q -m init \
-            && git push -q origin HEAD:main");
+            && git push -q origin HEAD:main",
+    );
     let claude = d.join("claude");
     std::fs::write(&claude, FAKE_CLAUDE).unwrap();
     std::fs::set_permissions(&claude, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 
     let mut cmd = shopfloor(&["serve", "--log", LOG], &db.url);
-    cmd.env("SHOPFLOOR_DRAIN_SECS", "2")
-        .env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", WEBHOOK_SECRET);
+    cmd.env("SHOPFLOOR_DRAIN_SECS", "2").env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", WEBHOOK_SECRET);
     github_fake::as_app(&mut cmd, &fake.url, 2);
     to_files(&mut cmd, &d, "serve");
     let Listening { proc: serve, base } = listen(cmd).await;
@@ -90,7 +92,8 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     // The project's event stream, read until the end of the test.
     let stream = Arc::new(Mutex::new(String::new()));
     let reader = {
-        let (stream, response) = (stream.clone(), http.get(format!("{base}/api/v1/orgs/acme/projects/web/events")).bearer_auth(&owner_token).send().await.unwrap());
+        let (stream, response) =
+            (stream.clone(), http.get(format!("{base}/api/v1/orgs/acme/projects/web/events")).bearer_auth(&owner_token).send().await.unwrap());
         assert_eq!(response.status(), 200);
         tokio::spawn(async move {
             let mut response = response;
@@ -102,7 +105,14 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
 
     // A console session, signed in with the person's token.
     let signin = http.get(format!("{base}/signin")).send().await.unwrap();
-    let pre = signin.headers().get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).map(|c| c.split(';').next().unwrap().to_owned()).collect::<Vec<_>>().join("; ");
+    let pre = signin
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(|c| c.split(';').next().unwrap().to_owned())
+        .collect::<Vec<_>>()
+        .join("; ");
     let page = signin.text().await.unwrap();
     let main = &page[page.find("<main").expect("a main element")..];
     let at = main.find("name=\"_csrf\"").expect("a CSRF field");
@@ -171,7 +181,13 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     let page = http.get(&run_page).header("cookie", format!("shopfloor_session={session}")).send().await.unwrap();
     assert_eq!(page.status(), 200, "the console session works");
     answers.push(("console run page".to_owned(), answer(page).await));
-    let approved = http.post(format!("{base}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/review_plan")).bearer_auth(&owner_token).json(&json!({})).send().await.unwrap();
+    let approved = http
+        .post(format!("{base}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/review_plan"))
+        .bearer_auth(&owner_token)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
     assert!(approved.status().is_success());
     answers.push(("approval".to_owned(), answer(approved).await));
     until("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", "waited on CI").await;
@@ -179,7 +195,8 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     assert_eq!(pulls.len(), 1, "{pulls:?}");
     let head = pulls[0]["head"]["sha"].as_str().unwrap().to_owned();
     let number = pulls[0]["number"].as_i64().unwrap();
-    let (status, body) = hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &head, "completed", Some("success"), &[number])).await;
+    let (status, body) =
+        hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &head, "completed", Some("success"), &[number])).await;
     assert_eq!(status, 202);
     answers.push(("check webhook answer".to_owned(), body.to_string()));
     until("SELECT status = 'completed' FROM runs WHERE run_id = $1", "completed").await;
@@ -194,12 +211,23 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     assert_eq!(status, 401);
     answers.push(("signed with another secret".to_owned(), body.to_string()));
     let runs = format!("{base}/api/v1/orgs/acme/projects/web/runs");
-    for (what, token) in [("tampered token", format!("{owner_token}x")), ("webhook secret as a token", WEBHOOK_SECRET.to_owned()), ("registration token as a person", registration.clone())] {
+    for (what, token) in [
+        ("tampered token", format!("{owner_token}x")),
+        ("webhook secret as a token", WEBHOOK_SECRET.to_owned()),
+        ("registration token as a person", registration.clone()),
+    ] {
         let r = http.get(&runs).bearer_auth(&token).send().await.unwrap();
         assert!(r.status().is_client_error(), "{what}: {}", r.status());
         answers.push((what.to_owned(), answer(r).await));
     }
-    let r = http.post(&runs).bearer_auth(&owner_token).header("content-type", "application/json").body(format!("{{\"workflow\": \"{owner_token}")).send().await.unwrap();
+    let r = http
+        .post(&runs)
+        .bearer_auth(&owner_token)
+        .header("content-type", "application/json")
+        .body(format!("{{\"workflow\": \"{owner_token}"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     answers.push(("bad JSON".to_owned(), answer(r).await));
     let r = http.post(format!("{base}/api/v1/host/claim")).bearer_auth(format!("{registration}x")).json(&json!({ "max": 0 })).send().await.unwrap();
@@ -229,10 +257,8 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     let host_credential = credential_strings.into_iter().find(|s| s.len() > 40 && s.split('.').count() == 3).expect("a JWT in credential.json");
     // Signing keys are sealed at rest: what leaks would be the opened secret.
     let sealed: Vec<(String, Vec<u8>)> = sqlx::query_as("SELECT kid, sealed FROM signing_keys").fetch_all(&db.pool).await.unwrap();
-    let signing_keys: Vec<Vec<u8>> = sealed
-        .iter()
-        .map(|(kid, sealed)| secrecy::ExposeSecret::expose_secret(&engine::testkit::secret_key().open(kid, sealed).unwrap()).to_vec())
-        .collect();
+    let signing_keys: Vec<Vec<u8>> =
+        sealed.iter().map(|(kid, sealed)| secrecy::ExposeSecret::expose_secret(&engine::testkit::secret_key().open(kid, sealed).unwrap()).to_vec()).collect();
     let pem = std::fs::read_to_string(&key_file).unwrap();
     let mut secrets: Vec<(String, String)> = vec![
         ("webhook secret".into(), WEBHOOK_SECRET.into()),
@@ -265,7 +291,10 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     for name in ["serve.out", "serve.err", "host.out", "host.err"] {
         places.push((name.to_owned(), std::fs::read_to_string(d.join(name)).unwrap_or_default()));
     }
-    let events: Vec<String> = sqlx::query_scalar("SELECT kind || ' ' || coalesce(node, '') || ' ' || attrs::text FROM run_events ORDER BY event_id").fetch_all(&db.pool).await.unwrap();
+    let events: Vec<String> = sqlx::query_scalar("SELECT kind || ' ' || coalesce(node, '') || ' ' || attrs::text FROM run_events ORDER BY event_id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
     places.push(("run events".to_owned(), events.join("\n")));
     places.push(("event stream".to_owned(), stream.lock().unwrap().clone()));
     for (what, text) in answers {

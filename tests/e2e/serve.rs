@@ -4,7 +4,7 @@ use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Stdio};
 
-use shopfloor_tests::process::{free_port, Proc};
+use shopfloor_tests::process::{Proc, free_port};
 use shopfloor_tests::shopfloor_bin;
 
 #[tokio::test(flavor = "multi_thread")]

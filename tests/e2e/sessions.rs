@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use engine::ids::RunId;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use crate::host_env::{alive, Env};
+use crate::host_env::{Env, alive};
 
 /// The transcripts, from the host crate.
 fn fixtures() -> PathBuf {
@@ -218,9 +218,17 @@ async fn every_real_format_transcript_is_recorded_right_through_a_host() {
             env.until(*run, "SELECT status IN ('completed', 'failed') FROM runs WHERE run_id = $1", Duration::from_secs(120), "ended").await;
             let got: Recorded = sqlx::query_as(RECORDED_SQL).bind(run).fetch_one(&env.db.pool).await.unwrap();
             let what = c.fixture;
-            assert_eq!((got.state.as_str(), got.reason.as_deref(), got.failure_class.as_deref()), (c.state, c.reason, c.class), "{what}: outcome, reason, class");
+            assert_eq!(
+                (got.state.as_str(), got.reason.as_deref(), got.failure_class.as_deref()),
+                (c.state, c.reason, c.class),
+                "{what}: outcome, reason, class"
+            );
             assert_eq!((got.cost_usd, got.estimated_cost_usd, got.spent_usd), (c.cost, c.estimated, c.spent), "{what}: reported, estimated, spent");
-            assert_eq!((got.input_tokens, got.output_tokens, got.output_tokens_lower_bound), (c.tokens.0, c.tokens.1, c.lower_bound), "{what}: tokens in and out");
+            assert_eq!(
+                (got.input_tokens, got.output_tokens, got.output_tokens_lower_bound),
+                (c.tokens.0, c.tokens.1, c.lower_bound),
+                "{what}: tokens in and out"
+            );
             assert_eq!((got.turns, got.tool_calls, got.model.as_deref()), (c.turns, c.tool_calls, c.model), "{what}: turns, tool calls, model");
         }
 

@@ -73,12 +73,7 @@ fn the_store_imports_nothing_from_the_engine_above_it() {
             }
         }
     }
-    assert!(
-        wrong.is_empty(),
-        "store/ imports from {}:\n{}",
-        ABOVE_THE_STORE.join(", "),
-        wrong.join("\n")
-    );
+    assert!(wrong.is_empty(), "store/ imports from {}:\n{}", ABOVE_THE_STORE.join(", "), wrong.join("\n"));
 }
 
 #[test]
@@ -101,16 +96,11 @@ fn no_source_file_is_longer_than_600_lines() {
 
 #[test]
 fn the_circle_finder_finds_a_made_up_circle() {
-    let edges: BTreeMap<String, BTreeSet<String>> = [
-        ("a.rs", vec!["b.rs"]),
-        ("b.rs", vec!["c.rs", "d.rs"]),
-        ("c.rs", vec!["a.rs"]),
-        ("d.rs", vec![]),
-        ("e.rs", vec!["d.rs"]),
-    ]
-    .into_iter()
-    .map(|(f, to)| (f.to_owned(), to.into_iter().map(str::to_owned).collect()))
-    .collect();
+    let edges: BTreeMap<String, BTreeSet<String>> =
+        [("a.rs", vec!["b.rs"]), ("b.rs", vec!["c.rs", "d.rs"]), ("c.rs", vec!["a.rs"]), ("d.rs", vec![]), ("e.rs", vec!["d.rs"])]
+            .into_iter()
+            .map(|(f, to)| (f.to_owned(), to.into_iter().map(str::to_owned).collect()))
+            .collect();
     assert_eq!(circles(&edges), vec!["a.rs → b.rs → c.rs → a.rs".to_owned()]);
     let mut straight = edges.clone();
     straight.get_mut("c.rs").unwrap().clear();
@@ -121,16 +111,10 @@ fn the_circle_finder_finds_a_made_up_circle() {
 fn paths_become_edges_as_the_doc_says() {
     let sources = [
         ("lib.rs", "pub mod store;\npub mod advance;\nmod walk;\n"),
-        (
-            "store/mod.rs",
-            "mod change;\npub mod runs;\npub mod steps;\npub use change::Change;\npub type Result<T> = std::result::Result<T, ()>;\n",
-        ),
+        ("store/mod.rs", "mod change;\npub mod runs;\npub mod steps;\npub use change::Change;\npub type Result<T> = std::result::Result<T, ()>;\n"),
         ("store/change.rs", "use super::Result;\nfn f() { let _ = super::steps::COLUMNS; }\n"),
         ("store/steps.rs", "pub const COLUMNS: &str = \"\";\n"),
-        (
-            "store/runs.rs",
-            "use super::{Change, Result};\n// crate::advance::x\nconst S: &str = \"crate::advance::y\";\npub const COLUMNS: &str = \"\";\n",
-        ),
+        ("store/runs.rs", "use super::{Change, Result};\n// crate::advance::x\nconst S: &str = \"crate::advance::y\";\npub const COLUMNS: &str = \"\";\n"),
         (
             "advance.rs",
             "use crate::store::{self, runs};\nfn f() { runs::go(); store::Change::new(); }\nmod inner { use super::f; }\n#[cfg(test)]\nmod tests { use crate::walk::x; }\n",
@@ -247,8 +231,7 @@ impl Crate {
             codes.insert(file, code);
         }
         let by_module: BTreeMap<Vec<String>, String> = files.iter().map(|(f, m)| (m.clone(), f.clone())).collect();
-        let names: BTreeMap<String, Names> =
-            codes.iter().map(|(file, code)| (file.clone(), names(&files[file], code, &by_module))).collect();
+        let names: BTreeMap<String, Names> = codes.iter().map(|(file, code)| (file.clone(), names(&files[file], code, &by_module))).collect();
         let mut edges = BTreeMap::new();
         for (file, named) in &names {
             let targets = named.paths.iter().filter_map(|p| resolve(p.clone(), &names, &by_module));
@@ -413,10 +396,7 @@ fn without_tests(code: &str) -> (String, Vec<String>, usize) {
             j += 1;
         }
         let item: String = out[start + pattern.len()..j.min(out.len())].iter().collect();
-        let words: Vec<&str> = item
-            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .filter(|w| !w.is_empty())
-            .collect();
+        let words: Vec<&str> = item.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| !w.is_empty()).collect();
         let declared = words.iter().position(|w| *w == "mod").and_then(|pos| words.get(pos + 1));
         if let Some(name) = declared.filter(|_| !item.contains('{')) {
             test_mods.push((*name).to_owned());
@@ -553,9 +533,7 @@ fn names(module: &[String], code: &str, by_module: &BTreeMap<Vec<String>, String
             }
         }
         // A path in code: `a::b…`, not the tail of a longer one.
-        let at_path = toks.get(i + 1).is_some_and(|t| t == "::")
-            && toks.get(i + 2).is_some_and(is_ident)
-            && !(i > 0 && toks[i - 1] == "::");
+        let at_path = toks.get(i + 1).is_some_and(|t| t == "::") && toks.get(i + 2).is_some_and(is_ident) && !(i > 0 && toks[i - 1] == "::");
         if at_path && is_ident(&toks[i]) {
             let mut path = vec![toks[i].clone()];
             let mut j = i + 1;
@@ -578,14 +556,8 @@ fn names(module: &[String], code: &str, by_module: &BTreeMap<Vec<String>, String
 /// module with a file of its own, unless that file only re-exports the next segment (a `use`
 /// binding it, or a glob over a module that has it), which is then followed. `None` for a
 /// module named by itself, or a name re-exported from another crate.
-fn resolve<'a>(
-    mut path: Vec<String>,
-    names: &BTreeMap<String, Names>,
-    by_module: &'a BTreeMap<Vec<String>, String>,
-) -> Option<&'a String> {
-    let has = |module: &[String], item: &String| {
-        by_module.get(module).is_some_and(|f| names[f].defined.contains(item) || names[f].bound.contains_key(item))
-    };
+fn resolve<'a>(mut path: Vec<String>, names: &BTreeMap<String, Names>, by_module: &'a BTreeMap<Vec<String>, String>) -> Option<&'a String> {
+    let has = |module: &[String], item: &String| by_module.get(module).is_some_and(|f| names[f].defined.contains(item) || names[f].bound.contains_key(item));
     // Each step follows one re-export; a chain longer than the crate has files is a loop.
     for _ in 0..=by_module.len() {
         if by_module.contains_key(&path) {
@@ -728,14 +700,7 @@ fn sccs(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<&str>> {
             }
         }
     }
-    let mut t = Tarjan {
-        edges,
-        index: BTreeMap::new(),
-        low: BTreeMap::new(),
-        stack: Vec::new(),
-        on_stack: BTreeSet::new(),
-        groups: Vec::new(),
-    };
+    let mut t = Tarjan { edges, index: BTreeMap::new(), low: BTreeMap::new(), stack: Vec::new(), on_stack: BTreeSet::new(), groups: Vec::new() };
     for v in edges.keys() {
         if !t.index.contains_key(v.as_str()) {
             t.visit(v);

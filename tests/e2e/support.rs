@@ -3,7 +3,7 @@
 //! API's own tests depend on `shopfloor_tests`).
 
 use engine::ids::{OrgId, ProjectId, Slug, UserId, WorkflowId};
-use engine::store::{installations, tenants, workflows, Change};
+use engine::store::{Change, installations, tenants, workflows};
 use shopfloor_tests::github_fake::{FakeGithub, Issue, Repo};
 
 /// Org `acme` (its owner `o@example.com`) and its project `web`.

@@ -20,18 +20,18 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use engine::store::{workflows, Actor, Change};
+use engine::store::{Actor, Change, workflows};
 use engine::testkit::test_db;
 use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
-use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::logs::v1::LogRecord;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::Value;
 use shopfloor_tests::github_fake::payloads::{self, user};
 use shopfloor_tests::github_fake::{Issue, WebhookClient};
-use shopfloor_tests::process::{listen, shopfloor, Listening, Proc};
+use shopfloor_tests::process::{Listening, Proc, listen, shopfloor};
 
 use crate::support::{acme, connect_widgets, owner_token, widgets};
 
@@ -88,7 +88,9 @@ fn text(v: Option<&any_value::Value>) -> Option<&str> {
 
 /// Answers one OTLP/HTTP export: a protobuf `Req` is handed to `keep`, anything else is
 /// refused and counted.
-fn export<Req: Message + Default, Resp: Message + Default>(got: &Shared, headers: &HeaderMap, body: Bytes, keep: impl FnOnce(&mut Received, Req)) -> (StatusCode, Vec<u8>) {
+fn export<Req: Message + Default, Resp: Message + Default>(
+    got: &Shared, headers: &HeaderMap, body: Bytes, keep: impl FnOnce(&mut Received, Req),
+) -> (StatusCode, Vec<u8>) {
     let decoded = Req::decode(body).ok().filter(|_| protobuf(headers));
     let mut got = got.lock().unwrap();
     let Some(req) = decoded else {
@@ -205,15 +207,7 @@ async fn a_webhook_run_is_one_trace_and_its_events_are_log_records() {
     let run: String = tokio::time::timeout(Duration::from_secs(120), completed).await.expect("the run did not complete");
 
     // The REST API names its trace.
-    let detail: Value = http
-        .get(format!("{base}/api/v1/orgs/acme/projects/web/runs/{run}"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let detail: Value = http.get(format!("{base}/api/v1/orgs/acme/projects/web/runs/{run}")).bearer_auth(&token).send().await.unwrap().json().await.unwrap();
     let trace_id = detail["trace_id"].as_str().unwrap_or_else(|| panic!("no trace_id in {detail}")).to_owned();
     assert!(trace_id.len() == 32 && trace_id.bytes().all(|b| b.is_ascii_hexdigit()), "{trace_id}");
 
@@ -268,7 +262,10 @@ async fn a_webhook_run_is_one_trace_and_its_events_are_log_records() {
         assert_eq!(hex(&r.trace_id), trace_id, "{} is in the run's trace", r.event_name);
         assert_eq!(body["shopfloor.run.id"], Value::from(run.as_str()));
     }
-    let done = records.iter().find(|r| r.event_name == "shopfloor.step.succeeded" && text(attr(&r.attributes, "shopfloor.node")) == Some("code")).expect("code's step.succeeded");
+    let done = records
+        .iter()
+        .find(|r| r.event_name == "shopfloor.step.succeeded" && text(attr(&r.attributes, "shopfloor.node")) == Some("code"))
+        .expect("code's step.succeeded");
     assert!(matches!(attr(&done.attributes, "shopfloor.duration_ms"), Some(any_value::Value::IntValue(_))), "{:?}", done.attributes);
     assert!(matches!(attr(&done.attributes, "shopfloor.workflow.version"), Some(any_value::Value::IntValue(1))));
     let body: Value = serde_json::from_str(match done.body.as_ref().and_then(|b| b.value.as_ref()) {

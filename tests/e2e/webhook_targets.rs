@@ -5,9 +5,9 @@
 //! taken, and metadata, link-local and unspecified ones are still refused.
 
 use engine::store::{Actor, Change};
-use engine::testkit::{test_db, TestDb};
-use serde_json::{json, Value};
-use shopfloor_tests::process::{listen, shopfloor, Listening};
+use engine::testkit::{TestDb, test_db};
+use serde_json::{Value, json};
+use shopfloor_tests::process::{Listening, listen, shopfloor};
 
 use crate::support::{acme, owner_token};
 
@@ -71,7 +71,13 @@ async fn seed(db: &TestDb) -> String {
 /// POSTs a subscription to `url`; the status and the body (a problem's detail is checked to
 /// come with its content type).
 async fn subscribe(base: &str, token: &str, url: &str) -> (u16, Value) {
-    let r = reqwest::Client::new().post(format!("{base}{WEBHOOKS}")).bearer_auth(token).json(&json!({ "url": url, "events": ["run.completed"] })).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{base}{WEBHOOKS}"))
+        .bearer_auth(token)
+        .json(&json!({ "url": url, "events": ["run.completed"] }))
+        .send()
+        .await
+        .unwrap();
     let status = r.status().as_u16();
     let kind = r.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let body: Value = r.json().await.unwrap_or(Value::Null);
@@ -115,11 +121,25 @@ async fn internal_targets_are_refused_when_a_webhook_is_made() {
 
     // On premises: loopback and private targets are taken; metadata and the like are not.
     let Listening { proc: _server, base } = api(&db, &[("SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE", "true")]).await;
-    for url in ["http://127.0.0.1:8080/hook", "http://2130706433/hook", "http://[::1]/hook", "http://10.0.0.1/hook", "http://localhost:3000/hook", "http://100.64.0.1/hook"] {
+    for url in [
+        "http://127.0.0.1:8080/hook",
+        "http://2130706433/hook",
+        "http://[::1]/hook",
+        "http://10.0.0.1/hook",
+        "http://localhost:3000/hook",
+        "http://100.64.0.1/hook",
+    ] {
         let (status, made) = subscribe(&base, &token, url).await;
         assert_eq!(status, 201, "{url}: {made}");
     }
-    for url in ["http://169.254.169.254/latest/meta-data/", "http://[fd00:ec2::254]/", "http://metadata.google.internal/", "http://169.254.10.10/", "http://0.0.0.0/", "http://255.255.255.255/"] {
+    for url in [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fd00:ec2::254]/",
+        "http://metadata.google.internal/",
+        "http://169.254.10.10/",
+        "http://0.0.0.0/",
+        "http://255.255.255.255/",
+    ] {
         let (status, problem) = subscribe(&base, &token, url).await;
         assert_eq!(status, 422, "{url}: {problem}");
     }

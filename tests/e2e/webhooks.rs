@@ -10,15 +10,15 @@
 use std::time::{Duration, Instant};
 
 use engine::ids::{OrgId, ProjectId, RunId};
-use engine::store::{admission, triggers, Actor, Change};
+use engine::store::{Actor, Change, admission, triggers};
 use engine::substate;
-use engine::testkit::{test_db, TestDb};
-use serde_json::{json, Value};
+use engine::testkit::{TestDb, test_db};
+use serde_json::{Value, json};
 use shopfloor_tests::github_fake::payloads::{self, bot, user};
-use shopfloor_tests::github_fake::{Fault, FakeGithub, Issue, PullRequest, Repo, WebhookClient};
-use shopfloor_tests::process::{listen, shopfloor, Listening};
+use shopfloor_tests::github_fake::{FakeGithub, Fault, Issue, PullRequest, Repo, WebhookClient};
+use shopfloor_tests::process::{Listening, listen, shopfloor};
 
-use crate::support::{acme, connect_widgets, put_workflows, widgets, Acme, INSTALLATION};
+use crate::support::{Acme, INSTALLATION, acme, connect_widgets, put_workflows, widgets};
 
 const SECRET: &str = "It's a Secret to Everybody";
 
@@ -71,7 +71,11 @@ impl Env {
 
     /// (status, reason) of every run of `workflow`, oldest first.
     async fn runs(&self, workflow: &str) -> Vec<(String, Option<String>)> {
-        self.statuses("SELECT r.status, r.reason FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id WHERE w.name = $1 ORDER BY r.created_at, r.run_id", workflow).await
+        self.statuses(
+            "SELECT r.status, r.reason FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id WHERE w.name = $1 ORDER BY r.created_at, r.run_id",
+            workflow,
+        )
+        .await
     }
 
     /// (status, reason) of every trigger event of `workflow`, oldest first.
@@ -182,7 +186,8 @@ async fn redeliveries_and_the_same_content_open_one_run() {
     assert_eq!(answer["runs_opened"], 0, "{answer}");
     assert_eq!(env.runs("quick").await.len(), 2);
     assert_eq!(env.runs("open-door").await.len(), 1);
-    let body: String = sqlx::query_scalar("SELECT data->>'body' FROM items WHERE key = '[\"github\",\"acme/widgets\",8]'").fetch_one(&env.db.pool).await.unwrap();
+    let body: String =
+        sqlx::query_scalar("SELECT data->>'body' FROM items WHERE key = '[\"github\",\"acme/widgets\",8]'").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(body, " hello", "hidden comments never reach the projection");
     env.until("SELECT count(*) FROM runs WHERE status = 'running' AND workflow_id IN (SELECT workflow_id FROM workflows WHERE name = 'quick')", 0).await;
     env.finish().await;
@@ -201,7 +206,8 @@ async fn unstarted_runs_are_superseded_by_new_content_and_revoked_when_the_item_
     let runs = env.runs("gated").await;
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[0].0, "cancelled");
-    let second_event: uuid::Uuid = sqlx::query_scalar("SELECT event_id FROM trigger_events ORDER BY created_at DESC LIMIT 1").fetch_one(&env.db.pool).await.unwrap();
+    let second_event: uuid::Uuid =
+        sqlx::query_scalar("SELECT event_id FROM trigger_events ORDER BY created_at DESC LIMIT 1").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(runs[0].1.as_deref(), Some(format!("superseded by {second_event}").as_str()));
     assert_eq!(runs[1].0, "running");
 
@@ -357,7 +363,10 @@ async fn every_event_type_is_ingested_into_the_projection() {
         r.1["outcome"].as_str().unwrap_or_default().to_owned()
     };
     assert_eq!(ok(env.send("pull_request", &payloads::pull_request_event("opened", &repo, &pr, &user("alice"))).await), "accepted");
-    assert_eq!(ok(env.send("check_run", &payloads::check_run_event("completed", &repo, 1, "test", &sha, "completed", Some("success"), &[5])).await), "accepted");
+    assert_eq!(
+        ok(env.send("check_run", &payloads::check_run_event("completed", &repo, 1, "test", &sha, "completed", Some("success"), &[5])).await),
+        "accepted"
+    );
     assert_eq!(ok(env.send("check_suite", &payloads::check_suite_event(&repo, 2, &sha, "success")).await), "accepted");
     assert_eq!(ok(env.send("status", &payloads::status_event(&repo, &sha, "ci/build", "failure")).await), "accepted");
     // A late "in progress" for the completed check run does not take the result back.
@@ -393,7 +402,8 @@ async fn every_event_type_is_ingested_into_the_projection() {
     assert_eq!(data["board"]["column"], "In progress", "{data}");
 
     assert_eq!(ok(env.send("push", &payloads::push_event(&repo, "refs/heads/main", &"0".repeat(40), &"c".repeat(40), "alice")).await), "accepted");
-    let head: String = sqlx::query_scalar("SELECT data->>'head_sha' FROM items WHERE key = '[\"github\",\"acme/widgets\"]'").fetch_one(&env.db.pool).await.unwrap();
+    let head: String =
+        sqlx::query_scalar("SELECT data->>'head_sha' FROM items WHERE key = '[\"github\",\"acme/widgets\"]'").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(head, "c".repeat(40));
 
     // Installations: suspended deliveries are stored and do nothing; a removed repository is
@@ -533,9 +543,15 @@ async fn the_ingest_and_rejudge_lookups_use_indexes() {
     let mut conn = db.pool.pool().acquire().await.unwrap();
     // Each lookup a delivery or a run's end makes.
     let lookups = [
-        ("trigger_events_waiting", "SELECT event_id FROM trigger_events WHERE item_id = gen_random_uuid() AND workflow_id = gen_random_uuid() AND org_id = gen_random_uuid() AND status = 'queued'"),
+        (
+            "trigger_events_waiting",
+            "SELECT event_id FROM trigger_events WHERE item_id = gen_random_uuid() AND workflow_id = gen_random_uuid() AND org_id = gen_random_uuid() AND status = 'queued'",
+        ),
         // Both are partial indexes on running runs; on empty tables their costs tie.
-        ("runs_by_item|runs_running_by_org", "SELECT run_id FROM runs WHERE item_id = gen_random_uuid() AND workflow_id = gen_random_uuid() AND status = 'running' AND org_id = gen_random_uuid()"),
+        (
+            "runs_by_item|runs_running_by_org",
+            "SELECT run_id FROM runs WHERE item_id = gen_random_uuid() AND workflow_id = gen_random_uuid() AND status = 'running' AND org_id = gen_random_uuid()",
+        ),
         ("items_by_head", "SELECT item_id FROM items WHERE project_id = gen_random_uuid() AND head_sha = 'abc' AND org_id = gen_random_uuid()"),
         ("items_by_node", "SELECT item_id FROM items WHERE org_id = gen_random_uuid() AND node_id = 'I_1'"),
         ("items_project_id_key_key", "SELECT item_id FROM items WHERE project_id = gen_random_uuid() AND key = 'k'"),

@@ -7,8 +7,8 @@ pub mod oauth;
 pub mod payloads;
 pub mod server;
 
-pub use payloads::{sign, Issue, PullRequest, Repo, WebhookClient};
-pub use server::{Fault, FakeGithub, Minted, Recorded};
+pub use payloads::{Issue, PullRequest, Repo, WebhookClient, sign};
+pub use server::{FakeGithub, Fault, Minted, Recorded};
 
 use std::path::PathBuf;
 use std::process::Command;

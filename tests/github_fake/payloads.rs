@@ -7,7 +7,7 @@
 //! `action`, `sender`, `repository`, `organization` and `installation`.
 
 use hmac::{Hmac, Mac};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sha2::Sha256;
 
 /// A repository connected through an App installation.
@@ -70,7 +70,12 @@ fn now() -> String {
 }
 
 fn labels(names: &[String]) -> Value {
-    json!(names.iter().map(|n| json!({ "id": n.len(), "node_id": format!("LA_{n}"), "name": n, "color": "ededed", "default": false, "description": null })).collect::<Vec<_>>())
+    json!(
+        names
+            .iter()
+            .map(|n| json!({ "id": n.len(), "node_id": format!("LA_{n}"), "name": n, "color": "ededed", "default": false, "description": null }))
+            .collect::<Vec<_>>()
+    )
 }
 
 /// An issue's state, from which payloads are built.
@@ -344,7 +349,8 @@ pub fn installation_event(action: &str, installation: i64, account: &str, reposi
 
 /// `installation_repositories` (added / removed).
 pub fn installation_repositories_event(action: &str, installation: i64, account: &str, added: &[&str], removed: &[&str]) -> Value {
-    let list = |names: &[&str]| names.iter().map(|r| json!({ "id": r.len(), "name": r.split('/').nth(1), "full_name": r, "private": true })).collect::<Vec<_>>();
+    let list =
+        |names: &[&str]| names.iter().map(|r| json!({ "id": r.len(), "name": r.split('/').nth(1), "full_name": r, "private": true })).collect::<Vec<_>>();
     json!({
         "action": action,
         "installation": { "id": installation, "account": { "login": account, "id": 1, "type": "Organization" } },

@@ -11,12 +11,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::Router;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 /// One request the fake received.
@@ -189,10 +189,7 @@ impl FakeGithub {
 }
 
 fn names(labels: Option<&Value>) -> Vec<String> {
-    labels
-        .and_then(Value::as_array)
-        .map(|l| l.iter().filter_map(|x| x.get("name").and_then(Value::as_str)).map(str::to_owned).collect())
-        .unwrap_or_default()
+    labels.and_then(Value::as_array).map(|l| l.iter().filter_map(|x| x.get("name").and_then(Value::as_str)).map(str::to_owned).collect()).unwrap_or_default()
 }
 
 fn now() -> String {
@@ -231,10 +228,7 @@ async fn handle(State(data): State<Arc<Mutex<Data>>>, method: Method, uri: Uri, 
             authorization: headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned),
             body: body.clone(),
         });
-        let found = d
-            .injections
-            .iter_mut()
-            .find(|i| i.times > 0 && i.method.as_ref().is_none_or(|m| *m == method) && path.starts_with(&i.path_prefix));
+        let found = d.injections.iter_mut().find(|i| i.times > 0 && i.method.as_ref().is_none_or(|m| *m == method) && path.starts_with(&i.path_prefix));
         found.map(|i| {
             i.times -= 1;
             i.fault.clone()
@@ -355,7 +349,9 @@ fn route(d: &mut Data, method: &Method, path: &str, query: &str, body: Value) ->
             None => error(404, "Not Found"),
         },
         ("GET", ["app"]) => ok(StatusCode::OK, json!({ "id": 1, "slug": "shopfloor-test", "name": "shopfloor test", "owner": { "login": "shopfloor" } })),
-        ("GET", ["repos", _, _, "installation"]) => ok(StatusCode::OK, json!({ "id": 77, "account": { "login": seg[1] }, "app_id": 1, "target_type": "Organization" })),
+        ("GET", ["repos", _, _, "installation"]) => {
+            ok(StatusCode::OK, json!({ "id": 77, "account": { "login": seg[1] }, "app_id": 1, "target_type": "Organization" }))
+        }
         ("GET", ["repos", _, _, "issues", n]) => match d.issues.get(&(repo(&seg), num(n))).or_else(|| d.pulls.get(&(repo(&seg), num(n)))) {
             Some(issue) => ok(StatusCode::OK, issue.clone()),
             None => error(404, "Not Found"),
@@ -374,9 +370,7 @@ fn route(d: &mut Data, method: &Method, path: &str, query: &str, body: Value) ->
             issue["updated_at"] = json!(now());
             ok(StatusCode::OK, issue.clone())
         }
-        ("GET", ["repos", _, _, "issues", n, "comments"]) => {
-            ok(StatusCode::OK, json!(d.comments.get(&(repo(&seg), num(n))).cloned().unwrap_or_default()))
-        }
+        ("GET", ["repos", _, _, "issues", n, "comments"]) => ok(StatusCode::OK, json!(d.comments.get(&(repo(&seg), num(n))).cloned().unwrap_or_default())),
         ("POST", ["repos", _, _, "issues", n, "comments"]) => {
             let Some(text) = body.get("body").and_then(Value::as_str) else { return error(422, "Validation Failed") };
             let id = d.id();
@@ -394,7 +388,9 @@ fn route(d: &mut Data, method: &Method, path: &str, query: &str, body: Value) ->
             let key = (repo(&seg), num(n));
             let new: Vec<String> = match &body {
                 Value::Array(l) => l.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
-                other => other.get("labels").and_then(Value::as_array).map(|l| l.iter().filter_map(Value::as_str).map(str::to_owned).collect()).unwrap_or_default(),
+                other => {
+                    other.get("labels").and_then(Value::as_array).map(|l| l.iter().filter_map(Value::as_str).map(str::to_owned).collect()).unwrap_or_default()
+                }
             };
             let Some(issue) = d.issues.get_mut(&key) else { return error(404, "Not Found") };
             let mut all = names(issue.get("labels"));
@@ -423,7 +419,10 @@ fn route(d: &mut Data, method: &Method, path: &str, query: &str, body: Value) ->
             let Some(name) = body.get("name").and_then(Value::as_str) else { return error(422, "Validation Failed") };
             let list = d.labels.entry(repo(&seg)).or_default();
             if list.iter().any(|l| l["name"] == name) {
-                return ok(StatusCode::UNPROCESSABLE_ENTITY, json!({ "message": "Validation Failed", "errors": [{ "resource": "Label", "code": "already_exists", "field": "name" }], "documentation_url": DOCS }));
+                return ok(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    json!({ "message": "Validation Failed", "errors": [{ "resource": "Label", "code": "already_exists", "field": "name" }], "documentation_url": DOCS }),
+                );
             }
             list.push(label(name));
             ok(StatusCode::CREATED, label(name))
@@ -438,11 +437,13 @@ fn route(d: &mut Data, method: &Method, path: &str, query: &str, body: Value) ->
                 .filter(|((pr_repo, _), _)| *pr_repo == r)
                 .map(|(_, p)| p.clone())
                 .filter(|p| state == "all" || p["state"] == state)
-                .filter(|p| params.get("head").is_none_or(|h| {
-                    let h = h.replace("%3A", ":");
-                    let label = p.pointer("/head/label").and_then(Value::as_str).unwrap_or_default();
-                    label == h || p.pointer("/head/ref").and_then(Value::as_str) == h.split(':').nth(1)
-                }))
+                .filter(|p| {
+                    params.get("head").is_none_or(|h| {
+                        let h = h.replace("%3A", ":");
+                        let label = p.pointer("/head/label").and_then(Value::as_str).unwrap_or_default();
+                        label == h || p.pointer("/head/ref").and_then(Value::as_str) == h.split(':').nth(1)
+                    })
+                })
                 .collect();
             ok(StatusCode::OK, json!(list))
         }
@@ -457,7 +458,10 @@ fn route(d: &mut Data, method: &Method, path: &str, query: &str, body: Value) ->
             };
             let owner = r.split('/').next().unwrap_or_default().to_owned();
             let head_label = if head.contains(':') { head.to_owned() } else { format!("{owner}:{head}") };
-            if d.pulls.iter().any(|((pr_repo, _), p)| *pr_repo == r && p["state"] == "open" && p.pointer("/head/label").and_then(Value::as_str) == Some(head_label.as_str())) {
+            if d.pulls
+                .iter()
+                .any(|((pr_repo, _), p)| *pr_repo == r && p["state"] == "open" && p.pointer("/head/label").and_then(Value::as_str) == Some(head_label.as_str()))
+            {
                 return ok(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     json!({ "message": "Validation Failed", "errors": [{ "resource": "PullRequest", "code": "custom", "message": format!("A pull request already exists for {head_label}.") }], "documentation_url": DOCS }),

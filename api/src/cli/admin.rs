@@ -14,7 +14,7 @@ use clap::Subcommand;
 use engine::cluster::{self, ClusterOptions};
 use engine::ids::Slug;
 use engine::sealing::SecretKey;
-use engine::store::{signing_keys, tenants, Actor, Change};
+use engine::store::{Actor, Change, signing_keys, tenants};
 
 use super::args::{DbArgs, SecretKeyArgs};
 use super::database::Database;
@@ -178,9 +178,7 @@ pub(super) async fn run(cmd: AdminCommand) -> Result<(), CliError> {
             println!("{}", c.url);
             Ok(())
         }
-        AdminCommand::Cluster(ClusterCommand::Stop { data_dir }) => {
-            cluster::stop_dir(&ClusterOptions { data_dir, durable: false }).map_err(CliError::msg)
-        }
+        AdminCommand::Cluster(ClusterCommand::Stop { data_dir }) => cluster::stop_dir(&ClusterOptions { data_dir, durable: false }).map_err(CliError::msg),
     }
 }
 

@@ -31,11 +31,7 @@ impl DbArgs {
     /// give both), and its pools are made safe behind one (`engine::db::Route::Pooler`).
     pub fn route(&self) -> engine::db::Route {
         let given = |u: &Option<String>| u.as_deref().is_some_and(|u| !u.trim().is_empty());
-        if given(&self.database_url) && given(&self.listen.listen_database_url) {
-            engine::db::Route::Pooler
-        } else {
-            engine::db::Route::Direct
-        }
+        if given(&self.database_url) && given(&self.listen.listen_database_url) { engine::db::Route::Pooler } else { engine::db::Route::Direct }
     }
 }
 
@@ -272,4 +268,3 @@ pub struct SecretKeyArgs {
     #[arg(long = "secret-key", env = "SHOPFLOOR_SECRET_KEY", hide_env_values = true)]
     pub secret_key: Option<SecretString>,
 }
-

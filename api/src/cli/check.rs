@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use secrecy::ExposeSecret;
 use engine::db::Db;
+use secrecy::ExposeSecret;
 
 use super::args::{DbArgs, GithubAppArgs, GithubArgs, SecretKeyArgs};
 
@@ -143,7 +143,11 @@ async fn database(args: &DbArgs, route: engine::db::Route) -> (Option<Db>, Outco
     let Some(url) = args.database_url.as_deref().filter(|u| !u.trim().is_empty()) else {
         return (
             None,
-            Outcome::fail(NAME, "DATABASE_URL is not set", "set DATABASE_URL to postgres://USER:PASSWORD@HOST:PORT/DATABASE (`shopfloor admin cluster start` prints one for an embedded cluster)"),
+            Outcome::fail(
+                NAME,
+                "DATABASE_URL is not set",
+                "set DATABASE_URL to postgres://USER:PASSWORD@HOST:PORT/DATABASE (`shopfloor admin cluster start` prints one for an embedded cluster)",
+            ),
         );
     };
     let pool = match engine::db::connect_on(url, 2, route).await {
@@ -178,12 +182,22 @@ async fn pooler(args: &DbArgs, pooled: Result<bool, engine::db::DbError>) -> Out
         Err(_) => return Outcome::skip(NAME, "cannot tell without reaching the database"),
     };
     match (pooled, listen) {
-        (true, None) => Outcome::fail(NAME, "DATABASE_URL is a transaction pooler (two connections shared one server session) and SHOPFLOOR_LISTEN_DATABASE_URL is not set", DIRECT),
+        (true, None) => Outcome::fail(
+            NAME,
+            "DATABASE_URL is a transaction pooler (two connections shared one server session) and SHOPFLOOR_LISTEN_DATABASE_URL is not set",
+            DIRECT,
+        ),
         (_, Some(listen)) => match engine::db::is_transaction_pooler(listen).await {
             Ok(true) => Outcome::fail(NAME, "SHOPFLOOR_LISTEN_DATABASE_URL is a transaction pooler too", DIRECT),
-            Ok(false) if pooled => Outcome::ok(NAME, "DATABASE_URL is a transaction pooler; LISTEN and migrations go to SHOPFLOOR_LISTEN_DATABASE_URL, which is direct"),
+            Ok(false) if pooled => {
+                Outcome::ok(NAME, "DATABASE_URL is a transaction pooler; LISTEN and migrations go to SHOPFLOOR_LISTEN_DATABASE_URL, which is direct")
+            }
             Ok(false) => Outcome::ok(NAME, "DATABASE_URL is direct; SHOPFLOOR_LISTEN_DATABASE_URL is set, so the pools work as behind a transaction pooler"),
-            Err(e) => Outcome::fail(NAME, format!("SHOPFLOOR_LISTEN_DATABASE_URL: {}", split_fix(&e.to_string(), "").0), "set SHOPFLOOR_LISTEN_DATABASE_URL to a reachable PostgreSQL server"),
+            Err(e) => Outcome::fail(
+                NAME,
+                format!("SHOPFLOOR_LISTEN_DATABASE_URL: {}", split_fix(&e.to_string(), "").0),
+                "set SHOPFLOOR_LISTEN_DATABASE_URL to a reachable PostgreSQL server",
+            ),
         },
         (false, None) => Outcome::ok(NAME, "DATABASE_URL is direct (no transaction pooler)"),
     }
@@ -203,7 +217,9 @@ async fn secret_key(args: &SecretKeyArgs, db: Option<&Db>) -> Outcome {
     match engine::store::signing_keys::check_opens(pool, &key).await {
         Ok((0, _)) => Outcome::ok(NAME, "set, well formed; no signing key yet"),
         Ok((n, 0)) => Outcome::ok(NAME, format!("opens the {n} signing key{}", if n == 1 { "" } else { "s" })),
-        Ok((n, plaintext)) => Outcome::ok(NAME, format!("opens the sealed signing keys; {plaintext} of {n} still in plaintext, sealed when `serve` or `api` starts")),
+        Ok((n, plaintext)) => {
+            Outcome::ok(NAME, format!("opens the sealed signing keys; {plaintext} of {n} still in plaintext, sealed when `serve` or `api` starts"))
+        }
         Err(engine::store::StoreError::Sealed(e)) => Outcome::fail(
             NAME,
             format!("does not open signing key `{}`", e.kid),
@@ -239,23 +255,17 @@ async fn github_app(args: &GithubAppArgs, db: Option<&Db>) -> Outcome {
         Ok(Some(app)) => app,
         Ok(None) => return Outcome::fail(NAME, "not configured", "set SHOPFLOOR_GITHUB_APP_ID"),
         Err(e) => {
-            return Outcome::fail(
-                NAME,
-                e.to_string(),
-                "set SHOPFLOOR_GITHUB_APP_KEY_FILE to the private key (PEM) generated on the App's settings page",
-            );
+            return Outcome::fail(NAME, e.to_string(), "set SHOPFLOOR_GITHUB_APP_KEY_FILE to the private key (PEM) generated on the App's settings page");
         }
     };
     let api = app.api_url().to_owned();
     // A connected repository's installation mints a token as an output step would.
     let repository: Option<(i64, String)> = match db {
-        Some(pool) => sqlx::query_as(
-            "SELECT installation_id, full_name FROM repositories WHERE installation_id IS NOT NULL ORDER BY created_at LIMIT 1",
-        )
-        .fetch_optional(pool)
-        .await
-        .ok()
-        .flatten(),
+        Some(pool) => sqlx::query_as("SELECT installation_id, full_name FROM repositories WHERE installation_id IS NOT NULL ORDER BY created_at LIMIT 1")
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten(),
         None => None,
     };
     let fix = |e: &engine::github::client::CallError| match e {
@@ -327,7 +337,9 @@ fn prices(path: Option<&Path>) -> Outcome {
     match (host::prices::Prices::load(path), path) {
         (Ok(_), None) => Outcome::ok("prices", "the table shipped with this release"),
         (Ok(_), Some(p)) => Outcome::ok("prices", format!("{}", p.display())),
-        (Err(e), _) => Outcome::fail("prices", e, "fix the file SHOPFLOOR_HOST_PRICES names (the shape of host/prices.json), or unset it for the shipped table"),
+        (Err(e), _) => {
+            Outcome::fail("prices", e, "fix the file SHOPFLOOR_HOST_PRICES names (the shape of host/prices.json), or unset it for the shipped table")
+        }
     }
 }
 

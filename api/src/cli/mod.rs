@@ -16,14 +16,20 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-
-pub use args::{ApiArgs, DbArgs, EngineArgs, GithubAppArgs, GithubArgs, HostsArgs, ListenArgs, ListenDbArgs, MigrateArgs, PoolArgs, SecretKeyArgs, ServeArgs, ServerArgs, WebhooksArgs};
+pub use args::{
+    ApiArgs, DbArgs, EngineArgs, GithubAppArgs, GithubArgs, HostsArgs, ListenArgs, ListenDbArgs, MigrateArgs, PoolArgs, SecretKeyArgs, ServeArgs, ServerArgs,
+    WebhooksArgs,
+};
 pub use database::Database;
 pub use error::CliError;
 pub use processes::app;
 
 #[derive(Debug, Parser)]
-#[command(name = "shopfloor", version, about = "A durable, audited backend for software factories: GitHub events start runs of workflows that coding agents, CI gates and people walk.")]
+#[command(
+    name = "shopfloor",
+    version,
+    about = "A durable, audited backend for software factories: GitHub events start runs of workflows that coding agents, CI gates and people walk."
+)]
 pub struct Cli {
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `shopfloor=debug,sqlx=warn`.
     #[arg(long = "log", env = "SHOPFLOOR_LOG", default_value = "info", global = true)]

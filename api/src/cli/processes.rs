@@ -7,10 +7,10 @@ use engine::pool::PoolConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::secret_key;
 use super::args::{ApiArgs, EngineArgs, GithubAppArgs, MigrateArgs, PoolArgs, ServeArgs, ServerArgs, WebhooksArgs};
 use super::database::Database;
 use super::error::CliError;
+use super::secret_key;
 use crate::http::{self, AppState};
 
 /// Applies the migrations, then seals the signing keys an earlier release stored in plaintext
@@ -64,7 +64,17 @@ pub(super) async fn serve(ServeArgs { server: args, pool: pool_args }: ServeArgs
     let (drain, abort) = host::process::shutdown_signals();
     let cfg = pool_config(&pool_args, listen.clone(), outputs, webhooks);
     let settings = HttpSettings::of(&args);
-    let server = tokio::spawn(serve_http(listener, db.pool.clone(), listen, key, drain.clone(), args.github.webhook_secret.clone(), args.console.clone(), app, settings));
+    let server = tokio::spawn(serve_http(
+        listener,
+        db.pool.clone(),
+        listen,
+        key,
+        drain.clone(),
+        args.github.webhook_secret.clone(),
+        args.console.clone(),
+        app,
+        settings,
+    ));
     let pool = tokio::spawn(engine::pool::run(db.pool.clone(), cfg, drain.clone(), abort.clone()));
     tracing::info!(listen = %args.listen.listen, "shopfloor is serving");
     let (served, pooled) = tokio::join!(server, pool);
@@ -128,7 +138,12 @@ pub(super) fn github_app(args: &GithubAppArgs) -> Result<Option<std::sync::Arc<e
             .map(secrecy::SecretString::from)
             .map_err(|e| CliError::Failed(format!("cannot read SHOPFLOOR_GITHUB_APP_KEY_FILE {}: {e}", path.display())))?,
         (None, Some(key)) => key.clone(),
-        (None, None) => return Err(CliError::Failed("SHOPFLOOR_GITHUB_APP_ID is set but no key: set SHOPFLOOR_GITHUB_APP_KEY_FILE (or SHOPFLOOR_GITHUB_APP_KEY) to the App's private key, PEM".into())),
+        (None, None) => {
+            return Err(CliError::Failed(
+                "SHOPFLOOR_GITHUB_APP_ID is set but no key: set SHOPFLOOR_GITHUB_APP_KEY_FILE (or SHOPFLOOR_GITHUB_APP_KEY) to the App's private key, PEM"
+                    .into(),
+            ));
+        }
     };
     let settings = engine::github::AppSettings {
         app_id,
@@ -148,7 +163,9 @@ fn webhook_client(args: &WebhooksArgs) -> Result<engine::jobs::WebhookClient, Cl
     engine::jobs::WebhookClient::new(args.policy()).map_err(|e| CliError::Failed(format!("cannot build the webhook delivery client: {e}")))
 }
 
-fn pool_config(args: &PoolArgs, listen: engine::listen::Target, outputs: Option<engine::github::OutputExecutor>, webhooks: engine::jobs::WebhookClient) -> PoolConfig {
+fn pool_config(
+    args: &PoolArgs, listen: engine::listen::Target, outputs: Option<engine::github::OutputExecutor>, webhooks: engine::jobs::WebhookClient,
+) -> PoolConfig {
     let id = args.engine_id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "engine".into());
         format!("{host}-{}", std::process::id())
@@ -209,14 +226,8 @@ pub fn app(state: &AppState, webhook_secret: Option<secrecy::SecretString>, cons
 /// Serves the app; its event hub LISTENs on `listen`.
 #[expect(clippy::too_many_arguments, reason = "the settings of `serve` and `api`, passed once")]
 async fn serve_http(
-    listener: TcpListener,
-    db: engine::db::Db,
-    listen: engine::listen::Target,
-    secret_key: engine::sealing::SecretKey,
-    drain: CancellationToken,
-    webhook_secret: Option<secrecy::SecretString>,
-    console: crate::console::ConsoleConfig,
-    github: Option<std::sync::Arc<engine::github::GithubApp>>,
+    listener: TcpListener, db: engine::db::Db, listen: engine::listen::Target, secret_key: engine::sealing::SecretKey, drain: CancellationToken,
+    webhook_secret: Option<secrecy::SecretString>, console: crate::console::ConsoleConfig, github: Option<std::sync::Arc<engine::github::GithubApp>>,
     settings: HttpSettings,
 ) -> Result<(), CliError> {
     let state = AppState::new(db, listen, secret_key);
@@ -251,4 +262,3 @@ async fn serve_metrics(listener: TcpListener, db: engine::db::Db, drain: Cancell
         tracing::error!(error = %e, "the metrics listener stopped");
     }
 }
-

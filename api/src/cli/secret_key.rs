@@ -13,16 +13,17 @@ use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
-use engine::sealing::SecretKey;
-use engine::store::{signing_keys, Actor, Change};
-use secrecy::ExposeSecret;
 use engine::db::Db;
+use engine::sealing::SecretKey;
+use engine::store::{Actor, Change, signing_keys};
+use secrecy::ExposeSecret;
 
 use super::args::{DbArgs, SecretKeyArgs};
 use super::error::CliError;
 
 /// What to write in SHOPFLOOR_SECRET_KEY, said by every error about it.
-const HOW: &str = "set SHOPFLOOR_SECRET_KEY to 32 random bytes in base64, e.g. the output of `openssl rand -base64 32`, the same on every process of this database";
+const HOW: &str =
+    "set SHOPFLOOR_SECRET_KEY to 32 random bytes in base64, e.g. the output of `openssl rand -base64 32`, the same on every process of this database";
 
 impl SecretKeyArgs {
     /// The key given by the flag or the variable, if one is.

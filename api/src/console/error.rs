@@ -1,7 +1,7 @@
 //! `ConsoleError`: how a console request fails, as an HTML page (or a redirect to sign-in).
 //! As in the REST API, a 5xx never shows its cause: it goes to the log once, here.
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 
 use super::escape::{escape, urlencode};

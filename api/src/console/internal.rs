@@ -4,15 +4,15 @@
 //! person exactly as it would see their token.
 
 use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, Request, StatusCode, header};
 use axum::response::Response;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tower::ServiceExt as _;
 
 use super::{Console, ConsoleError};
-use crate::http::auth::Caller;
 use crate::http::Problem;
+use crate::http::auth::Caller;
 
 /// A refusal of the REST API (4xx), to show beside the form that caused it.
 #[derive(Debug, Clone)]
@@ -29,7 +29,9 @@ impl Refusal {
 
 impl Console {
     /// Sends one request to the REST router as `caller`; `path` is below `/api/v1`.
-    pub(super) async fn dispatch(&self, caller: &Caller, method: Method, path: &str, body: Option<Value>, headers: &[(&str, &str)]) -> Result<Response, ConsoleError> {
+    pub(super) async fn dispatch(
+        &self, caller: &Caller, method: Method, path: &str, body: Option<Value>, headers: &[(&str, &str)],
+    ) -> Result<Response, ConsoleError> {
         let mut req = Request::builder().method(method).uri(format!("/api/v1{path}"));
         for (name, value) in headers {
             req = req.header(*name, *value);

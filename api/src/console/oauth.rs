@@ -8,21 +8,21 @@
 //! project limit (the pasted token itself is never stored in the browser).
 
 use axum::extract::{Form, Query, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Duration;
 use engine::ids::{OrgId, UserId};
-use engine::store::{api_writes, Actor, Change};
+use engine::store::{Actor, Change, api_writes};
 use rand::RngCore;
 use secrecy::ExposeSecret;
 use serde::Deserialize;
 
-use super::session::{self, check_csrf, cookie, csrf_for, entries, join_entries, secure, set_cookie, PRE_COOKIE, SESSION_COOKIE, SESSION_TOKEN_NAME};
+use super::session::{self, PRE_COOKIE, SESSION_COOKIE, SESSION_TOKEN_NAME, check_csrf, cookie, csrf_for, entries, join_entries, secure, set_cookie};
 use super::view::{self, Page};
 use super::{Console, ConsoleError};
-use crate::auth::{issue_user_token_with_id, UserToken};
-use crate::http::auth::{verify, Role, TokenKind};
+use crate::auth::{UserToken, issue_user_token_with_id};
+use crate::http::auth::{Role, TokenKind, verify};
 use crate::http::limits::Limits;
 
 /// Charges each sign-in attempt (token, GitHub, GitHub's callback) to the client's address;
@@ -72,7 +72,9 @@ pub(super) async fn signin_page(State(c): State<Console>, headers: HeaderMap, Qu
     let error = q.error.as_deref().map(|e| match e {
         "state" => "The sign-in with GitHub expired or came from elsewhere. Try again.".to_owned(),
         "github" => "GitHub did not confirm who you are. Try again.".to_owned(),
-        "nomember" => "That GitHub account is not a member of any org here. Ask an owner of your org to add you (by your GitHub login or your verified email).".to_owned(),
+        "nomember" => {
+            "That GitHub account is not a member of any org here. Ask an owner of your org to add you (by your GitHub login or your verified email).".to_owned()
+        }
         "denied" => "You declined on GitHub.".to_owned(),
         _ => "Sign-in failed. Try again.".to_owned(),
     });
@@ -142,8 +144,12 @@ pub(super) async fn signin_token(State(c): State<Console>, headers: HeaderMap, F
     let (Some(user), Some(role)) = (caller.user, caller.role) else { return Ok(signin_error(&next, "token")) };
     let mut ch = Change::begin(c.db(), caller.actor()).await?;
     let ttl = Duration::hours(i64::from(c.cfg().session_hours.max(1)));
-    let (_, session) =
-        issue_user_token_with_id(&mut ch, c.state().secret_key(), UserToken { org: caller.org, user, project: caller.project, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl }).await?;
+    let (_, session) = issue_user_token_with_id(
+        &mut ch,
+        c.state().secret_key(),
+        UserToken { org: caller.org, user, project: caller.project, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl },
+    )
+    .await?;
     ch.commit().await?;
     Ok(signed_in(&c, &headers, vec![(caller.org_slug, session)], &next))
 }
@@ -256,7 +262,12 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
         // Each session token is written as the org it belongs to.
         engine::tenancy::act_for(org);
         let mut ch = Change::begin(c.db(), Actor::User(user)).await?;
-        let (_, token) = issue_user_token_with_id(&mut ch, c.state().secret_key(), UserToken { org, user, project: None, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl }).await?;
+        let (_, token) = issue_user_token_with_id(
+            &mut ch,
+            c.state().secret_key(),
+            UserToken { org, user, project: None, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl },
+        )
+        .await?;
         ch.commit().await?;
         sessions.push((slug, token));
     }
@@ -312,7 +323,12 @@ async fn github_identity(c: &Console, headers: &HeaderMap, code: &str) -> Result
     let cfg = c.cfg();
     let api = cfg.github_oauth_api_url.trim_end_matches('/');
     let get = |path: &str| {
-        c.inner.http.get(format!("{api}{path}")).bearer_auth(&token).header(header::ACCEPT, "application/vnd.github+json").header("X-GitHub-Api-Version", "2022-11-28")
+        c.inner
+            .http
+            .get(format!("{api}{path}"))
+            .bearer_auth(&token)
+            .header(header::ACCEPT, "application/vnd.github+json")
+            .header("X-GitHub-Api-Version", "2022-11-28")
     };
     let Some(answer) = accepted(get("/user"), "/user").await else { return Ok(None) };
     let Ok(user) = answer.json::<GithubUser>().await else { return Ok(None) };

@@ -15,11 +15,8 @@ pub(crate) const NAMES_SQL: &str = "SELECT 'user:' || user_id::text AS actor, co
 /// the names of people and hosts read in `org` only (one statement).
 pub(super) async fn names(db: &engine::db::Db, org: OrgId, actors: impl IntoIterator<Item = String>) -> Result<HashMap<String, String>, sqlx::Error> {
     let actors: Vec<String> = actors.into_iter().collect();
-    let ids: Vec<uuid::Uuid> = actors
-        .iter()
-        .filter_map(|a| a.strip_prefix("user:").or_else(|| a.strip_prefix("host:")))
-        .filter_map(|id| id.parse().ok())
-        .collect();
+    let ids: Vec<uuid::Uuid> =
+        actors.iter().filter_map(|a| a.strip_prefix("user:").or_else(|| a.strip_prefix("host:"))).filter_map(|id| id.parse().ok()).collect();
     let known: HashMap<String, String> = if ids.is_empty() {
         HashMap::new()
     } else {

@@ -13,13 +13,13 @@
 //! Before sign-in, a random `shopfloor_pre` cookie plays the same part (double submit), and it
 //! carries the OAuth `state`.
 
-use axum::http::{header, HeaderMap, HeaderValue};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use axum::http::{HeaderMap, HeaderValue, header};
 use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 
 use super::{Console, ConsoleError};
-use crate::http::auth::{verify, Caller, Role, TokenKind};
+use crate::http::auth::{Caller, Role, TokenKind, verify};
 
 pub(super) const SESSION_COOKIE: &str = "shopfloor_session";
 pub(super) const PRE_COOKIE: &str = "shopfloor_pre";
@@ -147,12 +147,6 @@ impl Console {
             return Err(not_found());
         }
         let whole = cookie(headers, SESSION_COOKIE).unwrap_or_default();
-        Ok(OrgSession {
-            csrf: csrf_for(token),
-            signout_csrf: csrf_for(whole),
-            orgs: all.iter().map(|(s, _)| s.clone()).collect(),
-            org: org.to_owned(),
-            caller,
-        })
+        Ok(OrgSession { csrf: csrf_for(token), signout_csrf: csrf_for(whole), orgs: all.iter().map(|(s, _)| s.clone()).collect(), org: org.to_owned(), caller })
     }
 }

@@ -197,7 +197,9 @@ fn codex_item(item: &Value, completed: bool) -> Shown {
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
-                .map(|t| format!("{} {}", if t.get("completed").and_then(Value::as_bool) == Some(true) { "☑" } else { "☐" }, str_at(t, "text").unwrap_or_default()))
+                .map(|t| {
+                    format!("{} {}", if t.get("completed").and_then(Value::as_bool) == Some(true) { "☑" } else { "☐" }, str_at(t, "text").unwrap_or_default())
+                })
                 .collect();
             shown("info", format!("Plan:\n{}", items.join("\n")))
         }
@@ -236,7 +238,8 @@ mod tests {
         assert_eq!(show("tool", started), shown("tool", "→ $ bash -lc 'cargo test'"));
         let done = r#"{"type":"item.completed","item":{"id":"item_1","type":"command_execution","command":"bash -lc 'cargo test'","aggregated_output":"test result: ok\n","exit_code":0,"status":"completed"}}"#;
         assert_eq!(show("tool", done), shown("result", "← $ bash -lc 'cargo test': test result: ok"));
-        let change = r#"{"type":"item.completed","item":{"id":"item_2","type":"file_change","changes":[{"path":"src/lib.rs","kind":"update"}],"status":"completed"}}"#;
+        let change =
+            r#"{"type":"item.completed","item":{"id":"item_2","type":"file_change","changes":[{"path":"src/lib.rs","kind":"update"}],"status":"completed"}}"#;
         assert_eq!(show("tool", change), shown("tool", "→ changed src/lib.rs"));
         let turn = r#"{"type":"turn.completed","usage":{"input_tokens":2400,"cached_input_tokens":1200,"output_tokens":300}}"#;
         assert_eq!(show("turn", turn), shown("info", "Turn done: 2400 tokens in, 300 out"));

@@ -3,7 +3,7 @@
 //! the binary; `templates()` compiles them all, so a syntax error fails the console's start and
 //! its tests, and a page that names a value it was not given fails its render test.
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use minijinja::{Environment, UndefinedBehavior, Value};
@@ -109,11 +109,12 @@ impl Console {
 
     /// The project slugs of the org (the caller's one project for a token limited to it).
     pub(super) async fn projects(&self, s: &OrgSession) -> Result<Vec<String>, ConsoleError> {
-        let slugs: Vec<String> = sqlx::query_scalar("SELECT slug FROM projects WHERE org_id = $1 AND ($2::uuid IS NULL OR project_id = $2) ORDER BY slug LIMIT 200")
-            .bind(s.caller.org)
-            .bind(s.caller.project)
-            .fetch_all(self.db())
-            .await?;
+        let slugs: Vec<String> =
+            sqlx::query_scalar("SELECT slug FROM projects WHERE org_id = $1 AND ($2::uuid IS NULL OR project_id = $2) ORDER BY slug LIMIT 200")
+                .bind(s.caller.org)
+                .bind(s.caller.project)
+                .fetch_all(self.db())
+                .await?;
         Ok(slugs)
     }
 
@@ -131,7 +132,9 @@ pub(super) fn html(status: StatusCode, body: String) -> Response {
     headers.insert("x-frame-options", HeaderValue::from_static("DENY"));
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self' https:"),
+        HeaderValue::from_static(
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self' https:",
+        ),
     );
     response
 }

@@ -9,11 +9,11 @@ use engine::store::{admission, retention};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::Json;
 use super::tenant::{OrgScope, ProjectScope};
-use super::AppState;
 
 /// The org's cap on running runs, and where it stands.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -19,7 +19,7 @@ use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{Json, Query};
 use super::tenant::{OrgScope, ProjectScope};
-use super::{page, AppState};
+use super::{AppState, page};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct AuditEntry {
@@ -85,7 +85,9 @@ async fn read(state: &AppState, org: OrgId, project: Option<ProjectId>, q: Audit
 }
 
 /// The page's rows of `audit_log`.
-async fn audited(state: &AppState, org: OrgId, project: Option<ProjectId>, q: &AuditQuery, after: Option<(DateTime<Utc>, i64)>, limit: i64) -> Result<Vec<AuditEntry>, ApiError> {
+async fn audited(
+    state: &AppState, org: OrgId, project: Option<ProjectId>, q: &AuditQuery, after: Option<(DateTime<Utc>, i64)>, limit: i64,
+) -> Result<Vec<AuditEntry>, ApiError> {
     let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(
         "SELECT audit_id, at, actor_kind, actor_id, action, target_kind, target_id, detail FROM audit_log WHERE org_id = ",
     );
@@ -147,11 +149,11 @@ mod journal {
 
     use chrono::{DateTime, Utc};
     use engine::ids::{OrgId, ProjectId, RunId, StepId};
-    use serde_json::{json, Value};
+    use serde_json::{Value, json};
 
-    use super::{kind_and_id, push_action, push_window, AuditEntry, AuditQuery, ACTOR_KINDS, TARGET_KINDS};
-    use crate::http::error::ApiError;
+    use super::{ACTOR_KINDS, AuditEntry, AuditQuery, TARGET_KINDS, kind_and_id, push_action, push_window};
     use crate::http::AppState;
+    use crate::http::error::ApiError;
 
     /// A journal entry's id is its event's id less this: negative, below every id of
     /// `audit_log`, in the events' order, and exact as a JSON number.
@@ -212,7 +214,9 @@ mod journal {
     }
 
     /// The page's engine moves (at most `limit + 1`), under the same filters as the audit log.
-    pub(super) async fn moves(state: &AppState, org: OrgId, project: Option<ProjectId>, q: &AuditQuery, after: Option<(DateTime<Utc>, i64)>, limit: i64) -> Result<Vec<AuditEntry>, ApiError> {
+    pub(super) async fn moves(
+        state: &AppState, org: OrgId, project: Option<ProjectId>, q: &AuditQuery, after: Option<(DateTime<Utc>, i64)>, limit: i64,
+    ) -> Result<Vec<AuditEntry>, ApiError> {
         let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!(
             "SELECT event_id, at, actor, {ACTION} AS action, run_id, step_id, node, attrs FROM run_events WHERE org_id = "
         ));

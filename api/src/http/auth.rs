@@ -16,14 +16,14 @@ use axum::http::header;
 use axum::http::request::Parts;
 use engine::ids::{OrgId, ProjectId, UserId};
 use engine::store::Actor;
-use jsonwebtoken::{decode, decode_header, Algorithm, DecodingKey, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation, decode, decode_header};
 use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::AppState;
 use super::error::ApiError;
 use super::keys::refuse;
-use super::AppState;
 use crate::auth::Claims;
 
 /// A person's role in an org; each includes the ones below it.

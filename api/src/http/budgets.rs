@@ -11,11 +11,11 @@ use engine::store::budgets;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use super::tenant::{OrgScope, ProjectScope};
-use super::AppState;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct BudgetList {
@@ -110,7 +110,9 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope) -> Result<Json
     params(OrgScope, PeriodPath),
     request_body = SetBudget,
     responses((status = 200, body = BudgetList)))]
-pub async fn set_org(State(state): State<AppState>, scope: OrgScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>) -> Result<Json<BudgetList>, ApiError> {
+pub async fn set_org(
+    State(state): State<AppState>, scope: OrgScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>,
+) -> Result<Json<BudgetList>, ApiError> {
     set(&state, &scope, None, &p.period, &body).await
 }
 
@@ -136,7 +138,9 @@ pub async fn list_project(State(state): State<AppState>, scope: ProjectScope) ->
     params(ProjectScope, PeriodPath),
     request_body = SetBudget,
     responses((status = 200, body = BudgetList)))]
-pub async fn set_project(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>) -> Result<Json<BudgetList>, ApiError> {
+pub async fn set_project(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>,
+) -> Result<Json<BudgetList>, ApiError> {
     set(&state, &scope.org, Some(scope.project), &p.period, &body).await
 }
 

@@ -4,7 +4,7 @@
 //! A 5xx never shows its cause: the client reads "internal error" and the cause travels in a
 //! response extension to the `log_failures` middleware, which logs it once with the request.
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engine::store::StoreError;
 use serde::Serialize;
@@ -146,7 +146,13 @@ impl ApiError {
             ApiError::InvalidWorkflow(p) => Some(p.clone()),
             _ => None,
         };
-        Problem { kind: format!("{PROBLEM_BASE}{kind}"), title: title.to_owned(), status: status.as_u16(), detail: engine::store::cap(&self.to_string()), problems }
+        Problem {
+            kind: format!("{PROBLEM_BASE}{kind}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: engine::store::cap(&self.to_string()),
+            problems,
+        }
     }
 }
 

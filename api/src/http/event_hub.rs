@@ -25,7 +25,7 @@ use chrono::{DateTime, Utc};
 use engine::db::Db;
 use engine::ids::{OrgId, ProjectId, RunId, StepId};
 use engine::listen::{Listener, Target};
-use engine::store::{Notice, NOTIFY_CHANNEL};
+use engine::store::{NOTIFY_CHANNEL, Notice};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{broadcast, watch};
@@ -182,13 +182,8 @@ fn may_be_ready(payload: &str) -> bool {
 }
 
 async fn follow(
-    db: Db,
-    target: Target,
-    tx: broadcast::Sender<Arc<StreamEvent>>,
-    pos: Arc<tokio::sync::Mutex<Option<Position>>>,
-    ready: watch::Sender<u64>,
-    logs: broadcast::Sender<RunId>,
-    stop: CancellationToken,
+    db: Db, target: Target, tx: broadcast::Sender<Arc<StreamEvent>>, pos: Arc<tokio::sync::Mutex<Option<Position>>>, ready: watch::Sender<u64>,
+    logs: broadcast::Sender<RunId>, stop: CancellationToken,
 ) {
     let mut backoff = Duration::from_secs(1);
     let mut listener = Listener::new(&target, NOTIFY_CHANNEL);

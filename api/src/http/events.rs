@@ -16,12 +16,12 @@ use serde::Deserialize;
 use tokio::sync::broadcast;
 use utoipa::IntoParams;
 
+use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
-use super::event_hub::{backlog, horizon, Position, RunEvent, StreamEvent, BATCH};
+use super::event_hub::{BATCH, Position, RunEvent, StreamEvent, backlog, horizon};
 use super::extract::Query;
 use super::tenant::ProjectScope;
-use super::AppState;
 
 /// The console's live transcripts: the runs whose step logs grew, and the signal that the
 /// replica shuts down (a transcript stream ends then, like the event streams).
@@ -110,10 +110,7 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
               (status = 429, description = "The token already holds as many open streams as it may (`SHOPFLOOR_STREAMS_PER_TOKEN`)")),
 )]
 pub async fn stream(
-    State(state): State<AppState>,
-    scope: ProjectScope,
-    headers: HeaderMap,
-    Query(q): Query<StreamQuery>,
+    State(state): State<AppState>, scope: ProjectScope, headers: HeaderMap, Query(q): Query<StreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     scope.require(Role::Viewer)?;
     let place = state.limits().open_stream(scope.org.caller.jti)?;

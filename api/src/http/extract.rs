@@ -7,14 +7,14 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
+use utoipa::IntoParams;
+use utoipa::openapi::Required;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
-use utoipa::openapi::Required;
-use utoipa::IntoParams;
 
 use super::error::ApiError;
 
@@ -142,7 +142,8 @@ impl<S: Send + Sync> FromRequest<S> for WorkflowSource {
         if !yaml {
             return Err(ApiError::UnsupportedMediaType("send the workflow as application/yaml, or as JSON {\"source\": \"…\"}".into()));
         }
-        let text = String::from_utf8(bytes.to_vec()).map_err(|e| ApiError::BadRequest(format!("the workflow is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to())))?;
+        let text = String::from_utf8(bytes.to_vec())
+            .map_err(|e| ApiError::BadRequest(format!("the workflow is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to())))?;
         if text.contains('\0') {
             return Err(ApiError::BadRequest("the workflow may not contain NUL characters".into()));
         }
@@ -224,13 +225,15 @@ impl IntoParams for IdempotencyKey {
             .min_length(Some(1))
             .max_length(Some(255))
             .pattern(Some("^[!-~]+$"));
-        vec![ParameterBuilder::new()
-            .name("Idempotency-Key")
-            .parameter_in(ParameterIn::Header)
-            .required(Required::False)
-            .description(Some("Makes a retried request safe; 1 to 255 visible ASCII characters"))
-            .schema(Some(schema))
-            .build()]
+        vec![
+            ParameterBuilder::new()
+                .name("Idempotency-Key")
+                .parameter_in(ParameterIn::Header)
+                .required(Required::False)
+                .description(Some("Makes a retried request safe; 1 to 255 visible ASCII characters"))
+                .schema(Some(schema))
+                .build(),
+        ]
     }
 }
 

@@ -2,13 +2,13 @@
 //! binary's schema). Neither needs a token. (`GET /api/v1/openapi.json` is served beside the
 //! routes it describes, in `http/mod.rs`.)
 
-use axum::extract::State;
 use axum::Json;
+use axum::extract::State;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::error::ApiError;
 use super::AppState;
+use super::error::ApiError;
 
 #[derive(Serialize, ToSchema)]
 pub struct Health {
@@ -36,4 +36,3 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
         }
     }
 }
-

@@ -16,7 +16,7 @@ use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{Json, JsonOrEmpty, Path, Query};
 use super::tenant::ProjectScope;
-use super::{page, AppState};
+use super::{AppState, page};
 use crate::auth::issue_registration_token;
 
 /// Lifetime of a registration token when none is asked for, and the longest allowed.
@@ -123,7 +123,8 @@ pub async fn register(State(state): State<AppState>, scope: ProjectScope, JsonOr
         return Err(ApiError::Unprocessable("name must be at most 100 printable characters".into()));
     }
     let mut ch = scope.change(&state).await?;
-    let (id, token, expires_at) = issue_registration_token(&mut ch, state.secret_key(), scope.org.org, scope.project, &name, Duration::hours(i64::from(hours))).await?;
+    let (id, token, expires_at) =
+        issue_registration_token(&mut ch, state.secret_key(), scope.org.org, scope.project, &name, Duration::hours(i64::from(hours))).await?;
     ch.commit().await?;
     Ok((StatusCode::CREATED, Json(Registration { id, token, expires_at })).into_response())
 }

@@ -7,8 +7,8 @@
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use engine::ids::OrgId;
-use engine::store::api_writes::{self, KeyClaim};
 use engine::store::Change;
+use engine::store::api_writes::{self, KeyClaim};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -54,11 +54,7 @@ pub async fn answer<T: Serialize>(ch: &mut Change, org: OrgId, key: &Idempotency
 /// was used before, else what `create` makes, recorded under the key as the answer (201
 /// Created) before the change commits.
 pub async fn create<T: Serialize>(
-    mut ch: Change,
-    org: OrgId,
-    key: &IdempotencyKey,
-    request: &impl Serialize,
-    create: impl AsyncFnOnce(&mut Change) -> Result<T, ApiError>,
+    mut ch: Change, org: OrgId, key: &IdempotencyKey, request: &impl Serialize, create: impl AsyncFnOnce(&mut Change) -> Result<T, ApiError>,
 ) -> Result<Response, ApiError> {
     if let Some(replay) = claim(&mut ch, org, key, request).await? {
         return Ok(replay);

@@ -17,11 +17,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{Json, Path};
 use super::tenant::OrgScope;
-use super::AppState;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Installation {
@@ -129,7 +129,7 @@ pub async fn claim(State(state): State<AppState>, scope: OrgScope, Json(body): J
         Err(engine::store::StoreError::NotFound(_)) => {
             return Err(ApiError::NotFound(format!(
                 "GitHub never announced installation {id} here: check that the App's webhook reaches this server, then try again"
-            )))
+            )));
         }
         other => other?,
     };

@@ -48,15 +48,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sha2::{Digest, Sha256};
 
-pub use super::error::retry_after_secs;
 use super::error::ApiError;
+pub use super::error::retry_after_secs;
 
 /// The host protocol's routes, which have their own token buckets.
 const HOST_PREFIX: &str = "/api/v1/host/";

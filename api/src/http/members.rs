@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::extract::{IdempotencyKey, Json, Path, Query};
 use super::page::{self, PageQuery};
 use super::tenant::OrgScope;
-use super::{idempotency, AppState};
+use super::{AppState, idempotency};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Member {
@@ -82,13 +82,15 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
     scope.require(Role::Viewer)?;
     let (limit, after) = q.start::<(String, uuid::Uuid)>()?;
     let rows: Vec<Member> = match after {
-        Some((email, user)) => sqlx::query_as(&format!("{SELECT} AND (u.email, u.user_id) > ($2, $3) ORDER BY u.email, u.user_id LIMIT $4"))
-            .bind(scope.org)
-            .bind(email)
-            .bind(user)
-            .bind(limit + 1)
-            .fetch_all(&state.db)
-            .await?,
+        Some((email, user)) => {
+            sqlx::query_as(&format!("{SELECT} AND (u.email, u.user_id) > ($2, $3) ORDER BY u.email, u.user_id LIMIT $4"))
+                .bind(scope.org)
+                .bind(email)
+                .bind(user)
+                .bind(limit + 1)
+                .fetch_all(&state.db)
+                .await?
+        }
         None => sqlx::query_as(&format!("{SELECT} ORDER BY u.email, u.user_id LIMIT $2")).bind(scope.org).bind(limit + 1).fetch_all(&state.db).await?,
     };
     Ok(Json(MemberList::page(rows, limit, |m| (m.email.clone(), m.user))))
@@ -117,7 +119,9 @@ pub async fn add(State(state): State<AppState>, scope: OrgScope, key: Idempotenc
     params(OrgScope, MemberPath),
     request_body = ChangeRole,
     responses((status = 200, body = Member), (status = 409, description = "The last owner")))]
-pub async fn change_role(State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>, Json(body): Json<ChangeRole>) -> Result<Json<Member>, ApiError> {
+pub async fn change_role(
+    State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>, Json(body): Json<ChangeRole>,
+) -> Result<Json<Member>, ApiError> {
     scope.require(Role::Admin)?;
     let user = user_id(&p.user)?;
     let mut ch = scope.change(&state).await?;

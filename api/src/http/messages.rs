@@ -14,12 +14,12 @@ use engine::store::messages as store;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{Json, Path};
-use super::runs::{in_project, run_id, StepPath};
+use super::runs::{StepPath, in_project, run_id};
 use super::tenant::ProjectScope;
-use super::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -50,7 +50,9 @@ pub struct SentMessage {
     request_body = SendMessage,
     responses((status = 201, body = SentMessage),
               (status = 409, description = "Not a live session, or its harness cannot take messages")))]
-pub async fn send(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Json(body): Json<SendMessage>) -> Result<(StatusCode, Json<SentMessage>), ApiError> {
+pub async fn send(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Json(body): Json<SendMessage>,
+) -> Result<(StatusCode, Json<SentMessage>), ApiError> {
     scope.require(Role::Member)?;
     let run = run_id(&p.run)?;
     let step: StepId = p.step.parse().map_err(|_| ApiError::NotFound("step not found".into()))?;

@@ -64,7 +64,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use error::{problem, ApiError, Problem, BODY_LIMIT};
+pub use error::{ApiError, BODY_LIMIT, Problem, problem};
 pub use state::AppState;
 
 /// The documented routes; `router` serves them and `openapi` describes them.

@@ -2,10 +2,10 @@
 //! every operation shares. The paths come from the router itself (`api_router`), so a route
 //! cannot exist undocumented; `openapi/openapi.json` is this document, checked by a test.
 
+use utoipa::OpenApi;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, ContentBuilder, Ref, RefOr, ResponseBuilder};
-use utoipa::OpenApi;
 
 use super::error::Problem;
 
@@ -47,7 +47,11 @@ const PROBLEMS: [(&str, &str, &str); 11] = [
     ("422", "Unprocessable", "Well-formed request that cannot be carried out"),
     ("429", "TooManyRequests", "Over a rate limit of this token or address (`rate-limited`: wait `Retry-After` seconds), or a line that is full"),
     ("500", "Internal", "Internal error (its cause is logged, never shown)"),
-    ("503", "Unavailable", "Not ready; the change collided with another and was rolled back: send it again (see Retry-After); or the request took longer than the server's timeout (`timeout`)"),
+    (
+        "503",
+        "Unavailable",
+        "Not ready; the change collided with another and was rolled back: send it again (see Retry-After); or the request took longer than the server's timeout (`timeout`)",
+    ),
 ];
 
 /// Completes the document once every route is in it: the bearer scheme, the shared problem
@@ -56,7 +60,13 @@ pub fn finish(doc: &mut utoipa::openapi::OpenApi) {
     let components = doc.components.get_or_insert_with(Default::default);
     components.add_security_scheme(
         "bearer",
-        SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).bearer_format("JWT").description(Some("An API token (`shopfloor admin create-org` prints the first one)")).build()),
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .bearer_format("JWT")
+                .description(Some("An API token (`shopfloor admin create-org` prints the first one)"))
+                .build(),
+        ),
     );
     for (_, name, description) in PROBLEMS {
         let response = ResponseBuilder::new().description(description).content(PROBLEM_TYPE, problem_content()).build();

@@ -11,12 +11,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
-use super::extract::{at_most, Json, JsonOrEmpty, Path};
-use super::runs::{in_project, run_id, RunPath};
+use super::extract::{Json, JsonOrEmpty, Path, at_most};
+use super::runs::{RunPath, in_project, run_id};
 use super::tenant::ProjectScope;
-use super::AppState;
 
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -49,7 +49,9 @@ pub struct ItemPath {
     params(ProjectScope, RunPath),
     request_body(content = Option<ResolveRun>, description = "Optional note"),
     responses((status = 200, body = Resolved), (status = 409, description = "The run did not fail")))]
-pub async fn resolve(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<ResolveRun>) -> Result<Json<Resolved>, ApiError> {
+pub async fn resolve(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<ResolveRun>,
+) -> Result<Json<Resolved>, ApiError> {
     scope.require(Role::Member)?;
     let run = run_id(&p.run)?;
     let mut ch = scope.change(&state).await?;
@@ -101,7 +103,15 @@ pub async fn cycle_asks(State(state): State<AppState>, scope: ProjectScope) -> R
     let asks = triggers::cycle_asks(&mut conn, scope.org.org, Some(scope.project)).await?;
     let items = asks
         .into_iter()
-        .map(|a| CycleAsk { item: a.item_id, key: a.item_key, title: a.item_title, workflow: a.workflow, cycles_used: a.cycles_used, asked_at: a.asked_at, ask: a.ask })
+        .map(|a| CycleAsk {
+            item: a.item_id,
+            key: a.item_key,
+            title: a.item_title,
+            workflow: a.workflow,
+            cycles_used: a.cycles_used,
+            asked_at: a.asked_at,
+            ask: a.ask,
+        })
         .collect();
     Ok(Json(CycleAskList { items }))
 }
@@ -125,10 +135,6 @@ pub async fn reset(State(state): State<AppState>, scope: ProjectScope, Path(p): 
     in_project.ok_or_else(not_found)?;
     let reset = triggers::reset_cycle_budget(&mut ch, scope.org.org, item).await?;
     ch.commit().await?;
-    let claims = reset
-        .claims
-        .into_iter()
-        .map(|(workflow, claim)| serde_json::json!({ "workflow": workflow, "claim": claim }))
-        .collect();
+    let claims = reset.claims.into_iter().map(|(workflow, claim)| serde_json::json!({ "workflow": workflow, "claim": claim })).collect();
     Ok(Json(CycleReset { generation: reset.generation, claims }))
 }

@@ -3,8 +3,8 @@
 //! the base64url of the last row's sort key as JSON. Never `OFFSET`: a page is "the rows
 //! after this key", so rows inserted while a client pages cannot shift or repeat what it reads.
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

@@ -13,7 +13,7 @@ use super::error::ApiError;
 use super::extract::{IdempotencyKey, Json, Query};
 use super::page::{self, PageQuery};
 use super::tenant::{OrgScope, ProjectScope};
-use super::{idempotency, AppState};
+use super::{AppState, idempotency};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Project {

@@ -4,18 +4,18 @@
 //! same as one that does not exist: another tenant's existence is never revealed.
 
 use axum::extract::{FromRequestParts, RawPathParams, Request};
+use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
-use axum::http::request::Parts;
 use engine::ids::{OrgId, ProjectId, Slug};
-use engine::store::{cap, Change};
-use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use engine::store::{Change, cap};
 use utoipa::openapi::Required;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::{IntoParams, PartialSchema};
 
+use super::AppState;
 use super::auth::{Caller, Role, TokenKind};
 use super::error::ApiError;
-use super::AppState;
 
 /// An org the caller belongs to, from the `{org}` path parameter.
 #[derive(Debug, Clone)]
@@ -47,9 +47,7 @@ impl OrgScope {
 }
 
 async fn path_param(parts: &mut Parts, name: &str) -> Result<Option<String>, ApiError> {
-    let raw = RawPathParams::from_request_parts(parts, &())
-        .await
-        .map_err(|e| ApiError::BadRequest(format!("bad path parameter: {}", e.body_text())))?;
+    let raw = RawPathParams::from_request_parts(parts, &()).await.map_err(|e| ApiError::BadRequest(format!("bad path parameter: {}", e.body_text())))?;
     Ok(raw.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_owned()))
 }
 
@@ -95,11 +93,8 @@ impl FromRequestParts<AppState> for ProjectScope {
         if Slug::parse(&slug).is_err() {
             return Err(not_found());
         }
-        let project: Option<ProjectId> = sqlx::query_scalar("SELECT project_id FROM projects WHERE org_id = $1 AND slug = $2")
-            .bind(org.org)
-            .bind(&slug)
-            .fetch_optional(&state.db)
-            .await?;
+        let project: Option<ProjectId> =
+            sqlx::query_scalar("SELECT project_id FROM projects WHERE org_id = $1 AND slug = $2").bind(org.org).bind(&slug).fetch_optional(&state.db).await?;
         let project = project.ok_or_else(not_found)?;
         // A token limited to one project sees no other.
         if org.caller.project.is_some_and(|p| p != project) {

@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use super::page::{self, PageQuery};
 use super::tenant::OrgScope;
-use crate::auth::{issue_user_token_with_id, UserToken};
+use crate::auth::{UserToken, issue_user_token_with_id};
 
 /// Lifetime of a token when none is asked for.
 const DEFAULT_DAYS: u32 = 90;
@@ -117,7 +117,8 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): 
         UserToken { org: scope.org, user, project: None, role: role.as_str(), name, ttl: Duration::days(i64::from(days)) },
     )
     .await?;
-    let record: Token = sqlx::query_as(&format!("SELECT {COLUMNS} FROM api_tokens WHERE org_id = $1 AND jti = $2")).bind(scope.org).bind(jti).fetch_one(ch.conn()).await?;
+    let record: Token =
+        sqlx::query_as(&format!("SELECT {COLUMNS} FROM api_tokens WHERE org_id = $1 AND jti = $2")).bind(scope.org).bind(jti).fetch_one(ch.conn()).await?;
     ch.commit().await?;
     Ok((StatusCode::CREATED, Json(CreatedToken { token, record })).into_response())
 }
@@ -130,11 +131,8 @@ pub async fn revoke(State(state): State<AppState>, scope: OrgScope, Path(p): Pat
     scope.require(Role::Member)?;
     let not_found = || ApiError::NotFound("token not found".into());
     let jti: uuid::Uuid = p.token.parse().map_err(|_| not_found())?;
-    let owner: Option<Option<uuid::Uuid>> = sqlx::query_scalar("SELECT user_id FROM api_tokens WHERE org_id = $1 AND jti = $2")
-        .bind(scope.org)
-        .bind(jti)
-        .fetch_optional(&state.db)
-        .await?;
+    let owner: Option<Option<uuid::Uuid>> =
+        sqlx::query_scalar("SELECT user_id FROM api_tokens WHERE org_id = $1 AND jti = $2").bind(scope.org).bind(jti).fetch_optional(&state.db).await?;
     let owner = owner.ok_or_else(not_found)?;
     // Someone else's token is not there for a non-admin, as in their list.
     if scope.role() < Role::Admin && owner != scope.caller.user.map(|u| u.0) {

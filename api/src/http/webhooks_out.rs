@@ -121,7 +121,9 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope) -> Result<
     params(ProjectScope),
     request_body = CreateWebhook,
     responses((status = 201, body = CreatedWebhook)))]
-pub async fn create(State(state): State<AppState>, scope: ProjectScope, Json(body): Json<CreateWebhook>) -> Result<(StatusCode, Json<CreatedWebhook>), ApiError> {
+pub async fn create(
+    State(state): State<AppState>, scope: ProjectScope, Json(body): Json<CreateWebhook>,
+) -> Result<(StatusCode, Json<CreatedWebhook>), ApiError> {
     scope.require(Role::Admin)?;
     let events = body.events.unwrap_or_else(|| vec!["run.*".to_owned()]);
     let mut ch = scope.change(&state).await?;
@@ -148,7 +150,9 @@ pub async fn delete(State(state): State<AppState>, scope: ProjectScope, Path(p):
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries", operation_id = "list_webhook_deliveries", tag = "webhooks",
     params(ProjectScope, WebhookPath, PageQuery),
     responses((status = 200, body = DeliveryList)))]
-pub async fn deliveries(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<WebhookPath>, Query(q): Query<PageQuery>) -> Result<Json<DeliveryList>, ApiError> {
+pub async fn deliveries(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<WebhookPath>, Query(q): Query<PageQuery>,
+) -> Result<Json<DeliveryList>, ApiError> {
     scope.require(Role::Admin)?;
     let webhook = subscription(&state, &scope, &p.webhook).await?;
     let (limit, after) = q.start::<(i64, Uuid)>()?;
@@ -209,10 +213,8 @@ pub async fn replay(State(state): State<AppState>, scope: ProjectScope, Path(p):
     let (_, delivery, _) = find_delivery(&state, &scope, &p).await?;
     let mut ch = scope.change(&state).await?;
     let id = store::replay(&mut ch, scope.org.org, scope.project, delivery.delivery_id).await?;
-    let made: Delivery = sqlx::query_as(&format!("SELECT {} FROM webhook_deliveries WHERE delivery_id = $1", store::DELIVERY_COLUMNS))
-        .bind(id)
-        .fetch_one(ch.conn())
-        .await?;
+    let made: Delivery =
+        sqlx::query_as(&format!("SELECT {} FROM webhook_deliveries WHERE delivery_id = $1", store::DELIVERY_COLUMNS)).bind(id).fetch_one(ch.conn()).await?;
     ch.commit().await?;
     Ok((StatusCode::CREATED, Json(made)))
 }

@@ -17,7 +17,7 @@ use super::error::{ApiError, WorkflowProblem};
 use super::extract::{IdempotencyKey, Json, Path, Query, WorkflowSource};
 use super::page::{self, PageQuery};
 use super::tenant::ProjectScope;
-use super::{idempotency, AppState};
+use super::{AppState, idempotency};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Workflow {
@@ -100,14 +100,13 @@ fn parse(source: &str) -> Result<engine::definition::Definition, ApiError> {
 }
 
 async fn find(state: &AppState, scope: &ProjectScope, name: &str) -> Result<(WorkflowId, Workflow), ApiError> {
-    let row: Option<(WorkflowId, String, i32, bool, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT workflow_id, name, latest_version, paused, created_at FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3",
-    )
-    .bind(scope.org.org)
-    .bind(scope.project)
-    .bind(name)
-    .fetch_optional(&state.db)
-    .await?;
+    let row: Option<(WorkflowId, String, i32, bool, DateTime<Utc>)> =
+        sqlx::query_as("SELECT workflow_id, name, latest_version, paused, created_at FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3")
+            .bind(scope.org.org)
+            .bind(scope.project)
+            .bind(name)
+            .fetch_optional(&state.db)
+            .await?;
     let (id, name, latest_version, paused, created_at) = row.ok_or_else(|| ApiError::NotFound(format!("workflow `{}` not found", cap(name))))?;
     Ok((id, Workflow { name, latest_version, paused, created_at }))
 }
@@ -153,7 +152,9 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
     request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
               (status = 422, description = "Every validation problem")))]
-pub async fn create(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, WorkflowSource(source): WorkflowSource,
+) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let def = parse(&source)?;
     upload(&state, &scope, &key, &def.name, &source, StatusCode::CREATED).await
@@ -179,14 +180,13 @@ pub async fn validate(scope: ProjectScope, WorkflowSource(source): WorkflowSourc
 pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>) -> Result<Json<WorkflowDetail>, ApiError> {
     scope.require(Role::Viewer)?;
     let (id, workflow) = find(&state, &scope, &p.name).await?;
-    let latest: Option<Version> = sqlx::query_as(
-        "SELECT version, sha256, created_by, created_at, source FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3",
-    )
-    .bind(scope.org.org)
-    .bind(id)
-    .bind(workflow.latest_version)
-    .fetch_optional(&state.db)
-    .await?;
+    let latest: Option<Version> =
+        sqlx::query_as("SELECT version, sha256, created_by, created_at, source FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3")
+            .bind(scope.org.org)
+            .bind(id)
+            .bind(workflow.latest_version)
+            .fetch_optional(&state.db)
+            .await?;
     Ok(Json(WorkflowDetail { workflow, latest }))
 }
 
@@ -197,7 +197,9 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     request_body(content((serde_json::Value = "application/yaml"), (SourceBody = "application/json")), description = "The workflow's YAML (any YAML document: one that is not a workflow is answered with its problems)"),
     responses((status = 201, body = Uploaded), (status = 200, description = "Unchanged", body = Uploaded),
               (status = 422, description = "Every validation problem")))]
-pub async fn put(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, WorkflowSource(source): WorkflowSource) -> Result<Response, ApiError> {
+pub async fn put(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, WorkflowSource(source): WorkflowSource,
+) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let def = parse(&source)?;
     if def.name != p.name {
@@ -210,7 +212,9 @@ pub async fn put(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/workflows/{name}/versions", operation_id = "list_workflow_versions", tag = "workflows",
     params(ProjectScope, NamePath, PageQuery),
     responses((status = 200, body = VersionList)))]
-pub async fn versions(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, Query(q): Query<PageQuery>) -> Result<Json<VersionList>, ApiError> {
+pub async fn versions(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<NamePath>, Query(q): Query<PageQuery>,
+) -> Result<Json<VersionList>, ApiError> {
     scope.require(Role::Viewer)?;
     let (limit, before) = q.start::<i32>()?;
     let (id, _) = find(&state, &scope, &p.name).await?;
@@ -236,14 +240,13 @@ pub async fn version(State(state): State<AppState>, scope: ProjectScope, Path(p)
     let not_found = || ApiError::NotFound(format!("version `{}` not found", cap(&p.version)));
     let number: i32 = p.version.parse().map_err(|_| not_found())?;
     let (id, _) = find(&state, &scope, &p.name).await?;
-    let row: Option<Version> = sqlx::query_as(
-        "SELECT version, sha256, created_by, created_at, source FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3",
-    )
-    .bind(scope.org.org)
-    .bind(id)
-    .bind(number)
-    .fetch_optional(&state.db)
-    .await?;
+    let row: Option<Version> =
+        sqlx::query_as("SELECT version, sha256, created_by, created_at, source FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3")
+            .bind(scope.org.org)
+            .bind(id)
+            .bind(number)
+            .fetch_optional(&state.db)
+            .await?;
     Ok(Json(row.ok_or_else(not_found)?))
 }
 

@@ -23,19 +23,19 @@ mod signature;
 
 use std::sync::Arc;
 
+use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::Router;
+use engine::db::Db;
 use engine::triggers::ingest::{self, Delivery, IngestError, IngestOutcome};
 use secrecy::SecretString;
 use serde_json::json;
-use engine::db::Db;
 
-use crate::http::limits::{declared_length, retry_after_secs, LimitArgs, Limits};
+use crate::http::limits::{LimitArgs, Limits, declared_length, retry_after_secs};
 
 pub use signature::{sign, verify};
 
@@ -153,11 +153,7 @@ impl IntoResponse for WebhookError {
 }
 
 fn text<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, WebhookError> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
-        .ok_or(WebhookError::MissingHeader(name))
+    headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty()).ok_or(WebhookError::MissingHeader(name))
 }
 
 /// `POST /webhooks/github`, counted by event and outcome. The event is named only once the
@@ -177,11 +173,7 @@ async fn github(state: State<WebhookState>, headers: HeaderMap, body: Bytes) -> 
 
 async fn handle(State(state): State<WebhookState>, headers: &HeaderMap, body: Bytes) -> Result<Response, WebhookError> {
     let secret = state.secret.as_deref().ok_or(WebhookError::NoSecret)?;
-    let signature = headers
-        .get("x-hub-signature-256")
-        .ok_or(WebhookError::MissingSignature)?
-        .to_str()
-        .map_err(|_| WebhookError::BadSignature)?;
+    let signature = headers.get("x-hub-signature-256").ok_or(WebhookError::MissingSignature)?.to_str().map_err(|_| WebhookError::BadSignature)?;
     if !verify(secret, &body, signature) {
         return Err(WebhookError::BadSignature);
     }
@@ -190,7 +182,8 @@ async fn handle(State(state): State<WebhookState>, headers: &HeaderMap, body: By
     let delivery = Delivery { id, event, body: &body };
     // The delivery's span is the root of the trace of each run it opens (`engine::trace`).
     // It carries the delivery's id and event, never a header's secret or the signature.
-    let span = tracing::info_span!(parent: None, "webhook", otel.name = "POST /webhooks/github", otel.kind = "server", github.delivery = id, github.event = event);
+    let span =
+        tracing::info_span!(parent: None, "webhook", otel.name = "POST /webhooks/github", otel.kind = "server", github.delivery = id, github.event = event);
     let ingested = tracing::Instrument::instrument(ingest::ingest(&state.db, &delivery), span.clone()).await;
     let _in_span = span.enter();
     match ingested {

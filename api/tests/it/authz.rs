@@ -8,13 +8,13 @@ use std::collections::BTreeSet;
 
 use api::http::auth::Role;
 use engine::ids::RunId;
-use engine::store::runs;
 use engine::net_guard::Policy;
-use engine::store::{api_writes, Actor, Change};
+use engine::store::runs;
+use engine::store::{Actor, Change, api_writes};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use crate::support::{alg_none, problem, signed_with_other_key, App, Org};
+use crate::support::{App, Org, alg_none, problem, signed_with_other_key};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Who {
@@ -110,9 +110,13 @@ fn cases() -> Vec<Case> {
         c(get.clone(), "/api/v1/orgs/{org}/audit", a, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/audit", a, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/repositories", v, 200, Nothing, none),
-        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/repositories", a, 201, Installation, |n| Some(json!({ "installation_id": 77, "repository": format!("acme/repo{n}") }))),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/repositories", a, 201, Installation, |n| {
+            Some(json!({ "installation_id": 77, "repository": format!("acme/repo{n}") }))
+        }),
         c(get.clone(), "/api/v1/orgs/{org}/github/installations", v, 200, Nothing, none),
-        c(post.clone(), "/api/v1/orgs/{org}/github/installations", a, 201, Installation, |_| Some(json!({ "installation_id": 77, "github_token": "ghu_authz" }))),
+        c(post.clone(), "/api/v1/orgs/{org}/github/installations", a, 201, Installation, |_| {
+            Some(json!({ "installation_id": 77, "github_token": "ghu_authz" }))
+        }),
         c(delete.clone(), "/api/v1/orgs/{org}/github/installations/{installation}", a, 204, Installation, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/events", v, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/workflows", v, 200, Nothing, none),
@@ -148,7 +152,9 @@ fn cases() -> Vec<Case> {
         c(post.clone(), "/api/v1/host/claim", None, 200, Nothing, |_| Some(json!({ "max": 0, "wait_secs": 0 }))),
         c(post.clone(), "/api/v1/host/steps/{step}/start", None, 409, SharedStep, none),
         c(post.clone(), "/api/v1/host/steps/{step}/heartbeat", None, 200, SharedStep, none),
-        c(post.clone(), "/api/v1/host/steps/{step}/session", None, 200, SharedStep, |_| Some(json!({ "lines": [{ "seq": 1, "stream": "stdout", "line": "x" }] }))),
+        c(post.clone(), "/api/v1/host/steps/{step}/session", None, 200, SharedStep, |_| {
+            Some(json!({ "lines": [{ "seq": 1, "stream": "stdout", "line": "x" }] }))
+        }),
         c(post.clone(), "/api/v1/host/steps/{step}/complete", None, 409, SharedStep, |_| Some(json!({ "outcome": "succeeded" }))),
         c(post.clone(), "/api/v1/host/steps/{step}/token", None, 409, SharedStep, none),
         c(post.clone(), "/api/v1/host/steps/{step}/messages/delivered", None, 200, SharedStep, |_| Some(json!({ "messages": [] }))),
@@ -169,7 +175,9 @@ fn cases() -> Vec<Case> {
         c(delete.clone(), "/api/v1/orgs/{org}/projects/{project}/budgets/{period}", a, 204, Budgets, none),
         c(get.clone(), "/api/v1/orgs/{org}/spend", v, 200, Nothing, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks", a, 200, Nothing, none),
-        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks", a, 201, Nothing, |_| Some(json!({ "url": "https://hooks.example.com/hook", "events": ["x.never"] }))),
+        c(post.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks", a, 201, Nothing, |_| {
+            Some(json!({ "url": "https://hooks.example.com/hook", "events": ["x.never"] }))
+        }),
         c(delete.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}", a, 204, Webhook, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries", a, 200, Webhook, none),
         c(get.clone(), "/api/v1/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}", a, 200, Delivery, none),
@@ -283,7 +291,8 @@ async fn every_route_answers_each_caller_exactly() {
     let shared_step = {
         let run = submit(&app, &org).await;
         app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
-        let step: engine::ids::StepId = sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
+        let step: engine::ids::StepId =
+            sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
         // Ended, so it holds no place under the org's cap on running runs.
         cancel(&app, &org, run).await;
         step.to_string()
@@ -310,7 +319,14 @@ async fn every_route_answers_each_caller_exactly() {
             n += 1;
             // A PUT uploads a new workflow, named as its body names it.
             let name = if case.method == Method::PUT { format!("put{n}") } else { "approve".to_owned() };
-            let mut path = case.route.replace("{org}", "acme").replace("{project}", "web").replace("{name}", &name).replace("{version}", "1").replace("{node}", "ask").replace("{period}", "day");
+            let mut path = case
+                .route
+                .replace("{org}", "acme")
+                .replace("{project}", "web")
+                .replace("{name}", &name)
+                .replace("{version}", "1")
+                .replace("{node}", "ask")
+                .replace("{period}", "day");
             match case.needs {
                 Needs::Nothing => {}
                 Needs::SharedStep => path = path.replace("{step}", &shared_step),
@@ -344,7 +360,17 @@ async fn every_route_answers_each_caller_exactly() {
                 }
                 Needs::Webhook | Needs::Delivery => {
                     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-                    let (webhook, _) = engine::store::webhooks_out::create(&mut ch, org.id, org.project, "https://hooks.example.com/hook", None, &["x.never".to_owned()], Policy::default()).await.unwrap();
+                    let (webhook, _) = engine::store::webhooks_out::create(
+                        &mut ch,
+                        org.id,
+                        org.project,
+                        "https://hooks.example.com/hook",
+                        None,
+                        &["x.never".to_owned()],
+                        Policy::default(),
+                    )
+                    .await
+                    .unwrap();
                     ch.commit().await.unwrap();
                     path = path.replace("{webhook}", &webhook.to_string());
                     if matches!(case.needs, Needs::Delivery) {
@@ -380,7 +406,8 @@ async fn every_route_answers_each_caller_exactly() {
                 Needs::Step => {
                     let run = submit(&app, &org).await;
                     app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
-                    let step: engine::ids::StepId = sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
+                    let step: engine::ids::StepId =
+                        sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
                     path = path.replace("{run}", &run.to_string()).replace("{step}", &step.to_string());
                 }
                 Needs::WaitingRun | Needs::EndedRun => {
@@ -477,7 +504,8 @@ async fn a_demotion_or_a_removal_applies_to_live_tokens_at_once() {
 
     app.json(Method::DELETE, &path, &org.admin, None, StatusCode::NO_CONTENT).await;
     app.json(Method::GET, runs, &org.member, None, StatusCode::UNAUTHORIZED).await;
-    let revoked: i64 = sqlx::query_scalar("SELECT count(*) FROM api_tokens WHERE user_id = $1 AND revoked_at IS NULL").bind(member).fetch_one(app.pool()).await.unwrap();
+    let revoked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM api_tokens WHERE user_id = $1 AND revoked_at IS NULL").bind(member).fetch_one(app.pool()).await.unwrap();
     assert_eq!(revoked, 0, "a removed member's tokens are revoked");
     let members = app.json(Method::GET, "/api/v1/orgs/acme/members", &org.viewer, None, StatusCode::OK).await;
     assert_eq!(members["items"].as_array().unwrap().len(), 3);
@@ -495,7 +523,8 @@ async fn hosts_are_listed_registered_and_deregistered() {
     assert_eq!((claims.kind.as_str(), claims.role.as_str()), ("registration", "host"));
     // A registration token reaches no person's route.
     app.json(Method::GET, &format!("{base}/runs"), token, None, StatusCode::FORBIDDEN).await;
-    app.json(Method::POST, &format!("{base}/host-registrations"), &org.admin, Some(&json!({ "expires_in_hours": 1000 })), StatusCode::UNPROCESSABLE_ENTITY).await;
+    app.json(Method::POST, &format!("{base}/host-registrations"), &org.admin, Some(&json!({ "expires_in_hours": 1000 })), StatusCode::UNPROCESSABLE_ENTITY)
+        .await;
 
     let a = add_host(&app, &org, "a").await;
     let b = add_host(&app, &org, "b").await;

@@ -4,7 +4,7 @@
 
 use reqwest::{Method, StatusCode};
 
-use crate::support::{problem, App};
+use crate::support::{App, problem};
 
 struct Bad {
     method: Method,
@@ -143,7 +143,15 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
     assert_eq!(too_large.kind, "https://shopfloor.dev/problems/payload-too-large");
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> = big.into_bytes().chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
     let streamed = reqwest::Body::wrap_stream(futures::stream::iter(chunks));
-    let resp = app.http.put(app.url(&format!("{p}/workflows/big"))).bearer_auth(&org.member).header("content-type", "application/yaml").body(streamed).send().await.unwrap();
+    let resp = app
+        .http
+        .put(app.url(&format!("{p}/workflows/big")))
+        .bearer_auth(&org.member)
+        .header("content-type", "application/yaml")
+        .body(streamed)
+        .send()
+        .await
+        .unwrap();
     let (status, headers) = (resp.status(), resp.headers().clone());
     problem(status, &headers, &resp.bytes().await.unwrap());
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::testkit::{test_db, TestDb};
-use serde_json::{json, Value};
+use engine::testkit::{TestDb, test_db};
+use serde_json::{Value, json};
 
 use crate::support::{KillOnDrop, Ran};
 
@@ -73,7 +73,13 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let admin = |args: &[&str]| {
-            let out = Command::new(BIN).args(args).env("DATABASE_URL", &db.url).env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY).env("SHOPFLOOR_LOG", "warn").output().unwrap();
+            let out = Command::new(BIN)
+                .args(args)
+                .env("DATABASE_URL", &db.url)
+                .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
+                .env("SHOPFLOOR_LOG", "warn")
+                .output()
+                .unwrap();
             assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
             String::from_utf8(out.stdout).unwrap()
         };
@@ -179,7 +185,6 @@ impl Server {
     }
 }
 
-
 fn is_waiting(run: &Value) -> bool {
     run["approvals"].as_array().is_some_and(|a| !a.is_empty())
 }
@@ -229,7 +234,12 @@ async fn login_stores_the_server_and_token_privately_and_context_switches_projec
 
     // Switching to a project the server does not know is refused, and nothing changes.
     s.plain(&["context", "--project", "ops"], None).fails(1, "error: Not found: project `ops` not found");
-    let out = Command::new(BIN).args(["admin", "create-project", "--org", "acme", "--slug", "ops"]).env("DATABASE_URL", &s.db.url).env("SHOPFLOOR_LOG", "warn").output().unwrap();
+    let out = Command::new(BIN)
+        .args(["admin", "create-project", "--org", "acme", "--slug", "ops"])
+        .env("DATABASE_URL", &s.db.url)
+        .env("SHOPFLOOR_LOG", "warn")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let ran = s.plain(&["context", "--project", "ops"], None).ok();
     assert_eq!(ran.stdout.trim(), "Now using org acme, project ops.");
@@ -312,7 +322,14 @@ async fn runs_are_submitted_shown_answered_rejected_cancelled_retried_and_rerun(
 
     let ran = s.cli(&["runs", "show", &run1]).ok();
     assert!(ran.stdout.starts_with(&format!("{run1}  acme:web:{run1}\n")), "{}", ran.stdout);
-    for want in ["workflow  ship v1", "status    running: waiting for approval", "Waiting for approval at ask: Ship it?", "field ticket (string, required)", "field size (choice: small|large, default small)", &format!("answer with: shopfloor approve {run1} ask")] {
+    for want in [
+        "workflow  ship v1",
+        "status    running: waiting for approval",
+        "Waiting for approval at ask: Ship it?",
+        "field ticket (string, required)",
+        "field size (choice: small|large, default small)",
+        &format!("answer with: shopfloor approve {run1} ask"),
+    ] {
         assert!(ran.stdout.contains(want), "`{want}` in:\n{}", ran.stdout);
     }
     assert!(ran.stdout.lines().any(|l| l.starts_with("build") && l.contains("crew") && l.contains("succeeded")), "{}", ran.stdout);
@@ -439,13 +456,18 @@ async fn runs_say_sends_a_message_to_the_running_crew_session() {
     let post = |path: String, token: String, body: Value| {
         let (http, base) = (http.clone(), base.clone());
         async move {
-        let resp = http.post(format!("{base}{path}")).bearer_auth(token).json(&body).send().await.unwrap();
-        assert!(resp.status().is_success(), "{path}: {}", resp.status());
-        resp.json::<Value>().await.unwrap()
+            let resp = http.post(format!("{base}{path}")).bearer_auth(token).json(&body).send().await.unwrap();
+            assert!(resp.status().is_success(), "{path}: {}", resp.status());
+            resp.json::<Value>().await.unwrap()
         }
     };
     let reg = post("/api/v1/orgs/acme/projects/web/host-registrations".into(), s.token.clone(), json!({ "name": "box" })).await;
-    let cred = post("/api/v1/host/register".into(), reg["token"].as_str().unwrap().into(), json!({ "name": "box", "capabilities": ["harness:claude-code"], "max_concurrent": 2 })).await;
+    let cred = post(
+        "/api/v1/host/register".into(),
+        reg["token"].as_str().unwrap().into(),
+        json!({ "name": "box", "capabilities": ["harness:claude-code"], "max_concurrent": 2 }),
+    )
+    .await;
     let host = cred["token"].as_str().unwrap().to_owned();
     let claimed = post("/api/v1/host/claim".into(), host.clone(), json!({ "max": 2, "wait_secs": 10 })).await;
     let steps: Vec<String> = claimed["assignments"].as_array().unwrap().iter().map(|a| a["step"].as_str().unwrap().to_owned()).collect();
@@ -482,7 +504,9 @@ async fn tokens_hosts_and_budgets() {
     assert!(ran.stderr.contains("shown this once"), "{}", ran.stderr);
 
     // A role that is none: the roles, on one line, and nothing is made.
-    let ran = s.cli(&["tokens", "create", "--name", "root", "--role", "superuser"]).fails(2, "error: --role `superuser` is not a role: give one of viewer, member, admin, owner");
+    let ran = s
+        .cli(&["tokens", "create", "--name", "root", "--role", "superuser"])
+        .fails(2, "error: --role `superuser` is not a role: give one of viewer, member, admin, owner");
     assert_eq!(ran.stdout, "");
 
     let ran = s.cli(&["tokens", "list"]).ok();
@@ -570,7 +594,8 @@ async fn runs_list_watch_prints_each_change_from_the_event_stream() {
     s.push("quick.yaml", QUICK);
     let first = s.cli(&["runs", "submit", "quick"]).ok().stdout.trim().to_owned();
     s.until(&first, "completed", |r| r["status"] == "completed").await;
-    let mut watch = KillOnDrop(s.with_env(s.command(&["runs", "list", "--watch", "--workflow", "quick"])).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let mut watch =
+        KillOnDrop(s.with_env(s.command(&["runs", "list", "--watch", "--workflow", "quick"])).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let out = watch.0.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -611,7 +636,8 @@ async fn runs_follow_in_a_terminal_answers_the_approval_with_a_and_sees_the_run_
     let run = s.cli(&["runs", "submit", "ship", "--input", r#"test={"step_ms":{"build":4000}}"#]).ok().stdout.trim().to_owned();
 
     // What a host's session report stores while the step runs (the test executor logs nothing).
-    let got = s.until(&run, "build running", |r| r["steps"].as_array().is_some_and(|st| st.iter().any(|x| x["node"] == "build" && x["state"] == "running"))).await;
+    let got =
+        s.until(&run, "build running", |r| r["steps"].as_array().is_some_and(|st| st.iter().any(|x| x["node"] == "build" && x["state"] == "running"))).await;
     let step_id: engine::ids::StepId = got["steps"][0]["id"].as_str().unwrap().parse().unwrap();
     sqlx::query(
         "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
@@ -806,7 +832,13 @@ async fn runs_submit_follow_shows_every_transcript_line_of_a_running_crew_step()
     let solo = "name: solo\nnodes:\n  build:\n    crew: { harness: command, command: make, prompt: build it }\n";
     s.push("solo.yaml", solo);
     let reg = host_post(&s, "/api/v1/orgs/acme/projects/web/host-registrations", &s.token, json!({ "name": "box" })).await;
-    let cred = host_post(&s, "/api/v1/host/register", reg["token"].as_str().unwrap(), json!({ "name": "box", "capabilities": ["harness:command"], "max_concurrent": 1 })).await;
+    let cred = host_post(
+        &s,
+        "/api/v1/host/register",
+        reg["token"].as_str().unwrap(),
+        json!({ "name": "box", "capabilities": ["harness:command"], "max_concurrent": 1 }),
+    )
+    .await;
     let host = cred["token"].as_str().unwrap().to_owned();
 
     let mut follow = KillOnDrop(s.with_env(s.command(&["runs", "submit", "solo", "--follow"])).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
@@ -828,7 +860,13 @@ async fn runs_submit_follow_shows_every_transcript_line_of_a_running_crew_step()
     until_line(&rx, "running", &mut seen);
     // Each line the session reports shows, one report after another.
     for (seq, line) in [(1, "compiling widgets"), (2, "linking widgets"), (3, "all tests pass")] {
-        host_post(&s, &format!("/api/v1/host/steps/{step}/session"), &host, json!({ "harness": "command", "lines": [{ "seq": seq, "stream": "stdout", "line": line }] })).await;
+        host_post(
+            &s,
+            &format!("/api/v1/host/steps/{step}/session"),
+            &host,
+            json!({ "harness": "command", "lines": [{ "seq": seq, "stream": "stdout", "line": line }] }),
+        )
+        .await;
         until_line(&rx, line, &mut seen);
     }
     host_post(&s, &format!("/api/v1/host/steps/{step}/complete"), &host, json!({ "outcome": "succeeded" })).await;

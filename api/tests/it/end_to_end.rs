@@ -6,9 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use api::auth::{issue_user_token, UserToken};
+use api::auth::{UserToken, issue_user_token};
 use engine::ids::Slug;
-use engine::store::{tenants, Actor, Change};
+use engine::store::{Actor, Change, tenants};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -20,9 +20,13 @@ const ISSUE_TO_PR: &str = include_str!("../../../engine/tests/fixtures/workflows
 async fn bootstrap(app: &App) -> String {
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     let (org, user) = tenants::create_org(&mut ch, &Slug::parse("acme").unwrap(), "Acme", "owner@acme.test").await.unwrap();
-    let token = issue_user_token(&mut ch, &engine::testkit::secret_key(), UserToken { org, user, project: None, role: "owner", name: "first owner token", ttl: chrono::Duration::days(90) })
-        .await
-        .unwrap();
+    let token = issue_user_token(
+        &mut ch,
+        &engine::testkit::secret_key(),
+        UserToken { org, user, project: None, role: "owner", name: "first owner token", ttl: chrono::Duration::days(90) },
+    )
+    .await
+    .unwrap();
     ch.commit().await.unwrap();
     token
 }
@@ -103,7 +107,8 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
     seen.extend(sse.until("run 1 completed", |e| is(e, &run1, "run.completed", None)).await);
     let detail = app.json(Method::GET, &format!("{base}/runs/{run1}"), &owner, None, StatusCode::OK).await;
     assert_eq!(detail["status"], "completed", "{detail}");
-    let nodes: Vec<String> = detail["steps"].as_array().unwrap().iter().map(|s| format!("{}:{}", s["node"].as_str().unwrap(), s["state"].as_str().unwrap())).collect();
+    let nodes: Vec<String> =
+        detail["steps"].as_array().unwrap().iter().map(|s| format!("{}:{}", s["node"].as_str().unwrap(), s["state"].as_str().unwrap())).collect();
     for want in ["$start:succeeded", "plan:succeeded", "review_plan:succeeded", "build:succeeded", "ci:succeeded", "route:succeeded", "open_pr:succeeded"] {
         assert!(nodes.contains(&want.to_owned()), "{want} not in {nodes:?}");
     }
@@ -120,7 +125,9 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
     seen.extend(sse.until("run 2 run-level approval", |e| is(e, &run2, "run.awaiting", Some("$start"))).await);
     app.json(Method::POST, &format!("{base}/runs/{run2}/approvals/$start"), &owner, None, StatusCode::OK).await;
     seen.extend(sse.until("run 2 review_plan", |e| is(e, &run2, "run.awaiting", Some("review_plan"))).await);
-    let rejected = app.json(Method::POST, &format!("{base}/runs/{run2}/approvals/review_plan/reject"), &owner, Some(&json!({ "reason": "too risky" })), StatusCode::OK).await;
+    let rejected = app
+        .json(Method::POST, &format!("{base}/runs/{run2}/approvals/review_plan/reject"), &owner, Some(&json!({ "reason": "too risky" })), StatusCode::OK)
+        .await;
     assert_eq!(rejected["decision"], "rejected");
     let cancelled = sse.until("run 2 cancelled", |e| is(e, &run2, "run.cancelled", None)).await;
     assert_eq!(cancelled.last().unwrap().data["attrs"]["reason"], "rejected at review_plan: too risky");
@@ -138,10 +145,13 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
 
     // The stream never skipped or repeated an event of a run, and ids only grew.
     assert_gapless(&seen);
-    let ids: Vec<(u64, i64)> = seen.iter().map(|e| {
-        let (x, n) = e.id.split_once('.').unwrap();
-        (x.parse().unwrap(), n.parse().unwrap())
-    }).collect();
+    let ids: Vec<(u64, i64)> = seen
+        .iter()
+        .map(|e| {
+            let (x, n) = e.id.split_once('.').unwrap();
+            (x.parse().unwrap(), n.parse().unwrap())
+        })
+        .collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids out of order: {ids:?}");
 
     // Resuming after run 2's first event replays exactly what followed it.
@@ -166,7 +176,12 @@ async fn a_run_is_driven_through_http_and_watched_over_sse() {
 /// runs' journal, never copied into `audit_log`) as one list, in one order, paged as one.
 async fn audit_trail(app: &App, owner: &str, run: &str, detail: &serde_json::Value) {
     let entries = |v: &serde_json::Value| -> Vec<(String, String, i64)> {
-        v["items"].as_array().unwrap().iter().map(|e| (e["action"].as_str().unwrap().to_owned(), e["actor_kind"].as_str().unwrap().to_owned(), e["id"].as_i64().unwrap())).collect()
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["action"].as_str().unwrap().to_owned(), e["actor_kind"].as_str().unwrap().to_owned(), e["id"].as_i64().unwrap()))
+            .collect()
     };
     let build = detail["steps"].as_array().unwrap().iter().find(|s| s["node"] == "build").unwrap()["id"].as_str().unwrap().to_owned();
     let step = app.json(Method::GET, &format!("/api/v1/orgs/acme/audit?target=step:{build}"), owner, None, StatusCode::OK).await;
@@ -175,7 +190,8 @@ async fn audit_trail(app: &App, owner: &str, run: &str, detail: &serde_json::Val
     assert!(entries(&step).iter().all(|(_, _, id)| *id < 0), "the engine's moves are read from the journal: {step}");
     assert_eq!(step["items"][2]["detail"]["node"], "build");
     assert_eq!(step["items"][1]["detail"]["holder"], "engine:api-test-engine", "the engine's lease and start are one move: {step}");
-    let copied: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor_kind = 'engine' AND target_kind = 'step'").fetch_one(app.pool()).await.unwrap();
+    let copied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor_kind = 'engine' AND target_kind = 'step'").fetch_one(app.pool()).await.unwrap();
     assert_eq!(copied, 0, "the engine's moves are not written twice");
 
     let of_run = app.json(Method::GET, &format!("/api/v1/orgs/acme/audit?target=run:{run}&limit=200"), owner, None, StatusCode::OK).await;

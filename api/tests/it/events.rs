@@ -3,17 +3,29 @@
 //! position, then delivered in `(xid, event_id)` order; a stream resumed from any position
 //! reads what followed it.
 
-
 use engine::ids::RunId;
 use engine::store::runs::{self, NewRun};
-use engine::store::{approvals, Actor, Change};
+use engine::store::{Actor, Change, approvals};
 use serde_json::json;
 
 use crate::support::{self, App, Org, Sse, SseEvent};
 
 async fn new_run(app: &App, org: &Org) -> NewRun {
-    let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(app.pool()).await.unwrap();
-    NewRun { org: org.id, project: org.project, workflow, version: 1, input: json!({}), item: None, trigger_event: None, parent: None, dry_run: false, needs_approval: false, source: None }
+    let workflow =
+        sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(app.pool()).await.unwrap();
+    NewRun {
+        org: org.id,
+        project: org.project,
+        workflow,
+        version: 1,
+        input: json!({}),
+        item: None,
+        trigger_event: None,
+        parent: None,
+        dry_run: false,
+        needs_approval: false,
+        source: None,
+    }
 }
 
 /// Reads the stream up to `run`'s wait at its approval; what it read.
@@ -79,10 +91,11 @@ async fn the_hub_follows_on_after_its_listen_connection_is_ended() {
 
     // The server ends every listening session (the hub's and the engine's), as a restart or
     // an operator would; each process subscribes again and looks once for what it missed.
-    let ended: Vec<bool> = sqlx::query_scalar("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'")
-        .fetch_all(app.pool())
-        .await
-        .unwrap();
+    let ended: Vec<bool> =
+        sqlx::query_scalar("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'")
+            .fetch_all(app.pool())
+            .await
+            .unwrap();
     assert_eq!(ended, [true, true], "the hub and the engine each listen once");
     let b = app.submit_approval(&org).await;
     until_awaiting(&mut sse, b, "run B waiting at its approval").await;

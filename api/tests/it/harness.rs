@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
-use api::auth::{issue_user_token, UserToken};
+use api::auth::{UserToken, issue_user_token};
 use api::http::AppState;
 use engine::db::Db;
 use engine::ids::{OrgId, ProjectId, RunId, UserId, WorkflowId};
 use engine::pool::PoolConfig;
 use engine::store::Change;
-use engine::testkit::{test_db, Engine, TestDb};
+use engine::testkit::{Engine, TestDb, test_db};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use shopfloor_tests::github_fake::oauth::FakeOauth;
@@ -59,7 +59,9 @@ impl App {
     }
 
     /// Sends a request with an optional bearer token and JSON body.
-    pub(crate) async fn send(&self, method: Method, path: &str, token: Option<&str>, body: Option<&Value>) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
+    pub(crate) async fn send(
+        &self, method: Method, path: &str, token: Option<&str>, body: Option<&Value>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
         let mut req = self.http.request(method, self.url(path));
         if let Some(t) = token {
             req = req.bearer_auth(t);

@@ -7,10 +7,10 @@
 //! says which figure is an estimate; an edit-and-retry's prompt and model reach the next host's
 //! assignment.
 
+use engine::db::Db;
 use engine::ids::{OrgId, RunId};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
-use engine::db::Db;
+use serde_json::{Value, json};
 
 use crate::support::{App, Org};
 
@@ -103,7 +103,10 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     let retried = app.json(Method::POST, &format!("{BASE}/runs/{run}/retry"), &org.member, Some(&edit), StatusCode::CREATED).await;
     let got = claim(&app, &host, 10).await;
     let a = &got["assignments"][0];
-    assert_eq!((a["run"].as_str(), a["prompt"].as_str(), a["model"].as_str(), a["harness"].as_str()), (retried["id"].as_str(), Some("do less"), Some("haiku"), Some("claude-code")));
+    assert_eq!(
+        (a["run"].as_str(), a["prompt"].as_str(), a["model"].as_str(), a["harness"].as_str()),
+        (retried["id"].as_str(), Some("do less"), Some("haiku"), Some("claude-code"))
+    );
     let step = a["step"].as_str().unwrap().to_owned();
     app.json(Method::POST, &format!("/api/v1/host/steps/{step}/start"), &host, None, StatusCode::OK).await;
     let new_run = retried["id"].as_str().unwrap();
@@ -111,7 +114,11 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     assert_eq!(spent(&pool, org.id, new_run).await, (0.3, 1.2, 10), "the estimate counts while the session runs");
     let view = app.json(Method::GET, &format!("{BASE}/runs/{new_run}"), &org.viewer, None, StatusCode::OK).await;
     let session = &view["steps"][0]["session"];
-    assert_eq!((session["cost_usd"].clone(), session["estimated_cost_usd"].as_f64(), session["cost_is_estimate"].as_bool()), (Value::Null, Some(0.3), Some(true)), "{view}");
+    assert_eq!(
+        (session["cost_usd"].clone(), session["estimated_cost_usd"].as_f64(), session["cost_is_estimate"].as_bool()),
+        (Value::Null, Some(0.3), Some(true)),
+        "{view}"
+    );
     assert_eq!(session["output_tokens_lower_bound"], true);
     // The final figures come with the completion: the reported cost replaces the estimate,
     // here lower than it, so the spend is corrected down to it.
@@ -121,7 +128,11 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     assert_eq!(spent(&pool, org.id, new_run).await, (0.25, 1.15, 10));
     let view = app.json(Method::GET, &format!("{BASE}/runs/{new_run}"), &org.viewer, None, StatusCode::OK).await;
     let session = &view["steps"][0]["session"];
-    assert_eq!((session["cost_usd"].as_f64(), session["spent_usd"].as_f64(), session["cost_is_estimate"].as_bool()), (Some(0.25), Some(0.25), Some(false)), "{view}");
+    assert_eq!(
+        (session["cost_usd"].as_f64(), session["spent_usd"].as_f64(), session["cost_is_estimate"].as_bool()),
+        (Some(0.25), Some(0.25), Some(false)),
+        "{view}"
+    );
     // An estimate field the protocol does not know is refused, not ignored.
     let bad = json!({ "harness": "claude-code", "usage": { "estimated_usd": 1.0 } });
     let (status, _, _) = app.send(Method::POST, &format!("/api/v1/host/steps/{step}/session"), Some(&host), Some(&bad)).await;

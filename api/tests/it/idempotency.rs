@@ -5,7 +5,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::{problem, App};
+use crate::support::{App, problem};
 
 async fn submit(app: &App, token: &str, org: &str, key: &str, body: &serde_json::Value) -> (StatusCode, reqwest::header::HeaderMap, serde_json::Value) {
     let resp = app
@@ -63,10 +63,13 @@ async fn a_key_makes_a_create_happen_once() {
     // Concurrent retries with one key make one run, and all get its answer.
     let attempts = (0..8).map(|_| submit(&app, &acme.member, "acme", "key-2", &body));
     let answers = futures::future::join_all(attempts).await;
-    let ids: std::collections::BTreeSet<String> = answers.iter().map(|(s, _, b)| {
-        assert_eq!(*s, StatusCode::CREATED, "{b}");
-        b["id"].as_str().unwrap().to_owned()
-    }).collect();
+    let ids: std::collections::BTreeSet<String> = answers
+        .iter()
+        .map(|(s, _, b)| {
+            assert_eq!(*s, StatusCode::CREATED, "{b}");
+            b["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert_eq!(runs(&app).await, 2);
 
@@ -95,7 +98,15 @@ async fn a_key_makes_a_create_happen_once() {
     // A malformed key is refused before anything happens.
     for bad in ["", &"k".repeat(256), "spaced key"] {
         let (status, headers, bytes) = {
-            let resp = app.http.post(app.url("/api/v1/orgs/acme/projects/web/runs")).bearer_auth(&acme.member).header("idempotency-key", bad).json(&body).send().await.unwrap();
+            let resp = app
+                .http
+                .post(app.url("/api/v1/orgs/acme/projects/web/runs"))
+                .bearer_auth(&acme.member)
+                .header("idempotency-key", bad)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
             let s = resp.status();
             let h = resp.headers().clone();
             (s, h, resp.bytes().await.unwrap())

@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use api::http::limits::LimitArgs;
 use engine::ids::Slug;
-use engine::store::{tenants, Actor, Change};
-use reqwest::header::{HeaderMap, CONTENT_TYPE, RETRY_AFTER};
+use engine::store::{Actor, Change, tenants};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::support::{self, problem, App};
+use crate::support::{self, App, problem};
 
 const SECRET: &str = "the limits test's webhook secret";
 const PROJECTS: &str = "/api/v1/orgs/acme/projects";

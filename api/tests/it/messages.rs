@@ -7,9 +7,9 @@
 //! unknown one 404, and with no GitHub App configured the answer is "no token".
 
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use crate::support::{problem, App, Org};
+use crate::support::{App, Org, problem};
 
 const BASE: &str = "/api/v1/orgs/acme/projects/web";
 
@@ -30,12 +30,14 @@ async fn claimed(app: &App, org: &Org, host: &str, workflow: &str) -> (String, S
 }
 
 async fn say(app: &App, token: &str, run: &str, step: &str, text: &str) -> (StatusCode, Value, reqwest::header::HeaderMap) {
-    let (status, headers, body) = app.send(Method::POST, &format!("{BASE}/runs/{run}/steps/{step}/messages"), Some(token), Some(&json!({ "text": text }))).await;
+    let (status, headers, body) =
+        app.send(Method::POST, &format!("{BASE}/runs/{run}/steps/{step}/messages"), Some(token), Some(&json!({ "text": text }))).await;
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null), headers)
 }
 
 async fn refused(app: &App, token: &str, run: &str, step: &str, want: StatusCode) -> String {
-    let (status, headers, body) = app.send(Method::POST, &format!("{BASE}/runs/{run}/steps/{step}/messages"), Some(token), Some(&json!({ "text": "hello" }))).await;
+    let (status, headers, body) =
+        app.send(Method::POST, &format!("{BASE}/runs/{run}/steps/{step}/messages"), Some(token), Some(&json!({ "text": "hello" }))).await;
     assert_eq!(status, want, "{}", String::from_utf8_lossy(&body));
     problem(status, &headers, &body).detail
 }
@@ -77,12 +79,13 @@ async fn a_message_reaches_the_holding_host_until_it_acknowledges_it() {
     assert_eq!(kind, "step.message");
     assert_eq!(attrs["by"], format!("user:{}", org.member_user));
     assert!(!attrs.to_string().contains("blue"), "{attrs}");
-    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'step.message' AND actor_kind = 'user' AND actor_id = $1 AND target_id = $2")
-        .bind(org.member_user.to_string())
-        .bind(&step)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let audited: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'step.message' AND actor_kind = 'user' AND actor_id = $1 AND target_id = $2")
+            .bind(org.member_user.to_string())
+            .bind(&step)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(audited, 1);
 
     // Offered in the heartbeat's answer and the session report's, until acknowledged.
@@ -93,9 +96,11 @@ async fn a_message_reaches_the_holding_host_until_it_acknowledges_it() {
     assert_eq!(answer["messages"][0]["id"], id.as_str(), "{answer}");
     // Another host cannot acknowledge it.
     let intruder = register_host(&app, &org, "intruder").await;
-    let acked = app.json(Method::POST, &format!("/api/v1/host/steps/{step}/messages/delivered"), &intruder, Some(&json!({ "messages": [id] })), StatusCode::OK).await;
+    let acked =
+        app.json(Method::POST, &format!("/api/v1/host/steps/{step}/messages/delivered"), &intruder, Some(&json!({ "messages": [id] })), StatusCode::OK).await;
     assert_eq!(acked["marked"], 0);
-    let acked = app.json(Method::POST, &format!("/api/v1/host/steps/{step}/messages/delivered"), &host, Some(&json!({ "messages": [id] })), StatusCode::OK).await;
+    let acked =
+        app.json(Method::POST, &format!("/api/v1/host/steps/{step}/messages/delivered"), &host, Some(&json!({ "messages": [id] })), StatusCode::OK).await;
     assert_eq!(acked["marked"], 1);
     let beat = app.json(Method::POST, &format!("/api/v1/host/steps/{step}/heartbeat"), &host, None, StatusCode::OK).await;
     assert!(beat.get("messages").is_none(), "delivered, it is offered no more: {beat}");

@@ -61,8 +61,7 @@ fn the_document_is_valid_openapi_3_1() {
         }
         // Path templates and path parameters name the same things.
         let templated: BTreeSet<String> = path.split('/').filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}'))).map(str::to_owned).collect();
-        let declared: BTreeSet<String> =
-            params.iter().filter(|p| p.location == oas3::spec::ParameterIn::Path).map(|p| p.name.clone()).collect();
+        let declared: BTreeSet<String> = params.iter().filter(|p| p.location == oas3::spec::ParameterIn::Path).map(|p| p.name.clone()).collect();
         assert_eq!(templated, declared, "{what}: path parameters");
         // Authenticated operations document the problems every request can meet.
         if !path.ends_with("healthz") && !path.ends_with("readyz") && !path.ends_with("openapi.json") {

@@ -6,29 +6,27 @@
 //! as problems (409 for a full `skip` group, 429 for a full line). The host protocol's side of
 //! draining and budgets is in `host_budget`.
 
-use engine::ids::{OrgId, RunId, UserId};
-use engine::store::{admission, Actor, Change};
-use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
 use engine::db::Db;
+use engine::ids::{OrgId, RunId, UserId};
+use engine::store::{Actor, Change, admission};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
 use shopfloor_tests::Seed;
 
-use crate::support::{problem, App, Org};
+use crate::support::{App, Org, problem};
 
 const BASE: &str = "/api/v1/orgs/acme/projects/web";
 
 /// The audit entries of `action` whose actor is `user`, on `target`.
 async fn audited(pool: &Db, org: OrgId, action: &str, user: UserId, target: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM audit_log WHERE org_id = $1 AND action = $2 AND actor_kind = 'user' AND actor_id = $3 AND target_id = $4",
-    )
-    .bind(org)
-    .bind(action)
-    .bind(user.to_string())
-    .bind(target)
-    .fetch_one(pool)
-    .await
-    .unwrap()
+    sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE org_id = $1 AND action = $2 AND actor_kind = 'user' AND actor_id = $3 AND target_id = $4")
+        .bind(org)
+        .bind(action)
+        .bind(user.to_string())
+        .bind(target)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 async fn events(pool: &Db, run: &str) -> Vec<String> {
@@ -134,7 +132,15 @@ async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_
     // A spent budget holds new runs; raising it (admin) releases them.
     upload(&app, &org, "costly", "name: costly\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
     app.json(Method::PUT, &format!("{BASE}/budgets/day"), &org.admin, Some(&json!({ "usd_limit": 1, "hard": false })), StatusCode::OK).await;
-    let spender = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "costly", "input": { "test": { "cost_usd": 3 } } })), StatusCode::CREATED).await;
+    let spender = app
+        .json(
+            Method::POST,
+            &format!("{BASE}/runs"),
+            &org.member,
+            Some(&json!({ "workflow": "costly", "input": { "test": { "cost_usd": 3 } } })),
+            StatusCode::CREATED,
+        )
+        .await;
     let spender = spender["id"].as_str().unwrap().to_owned();
     app.until(spender.parse().unwrap(), "SELECT status = 'completed' FROM runs WHERE run_id = $1", "completed").await;
     let budgets = app.json(Method::GET, &format!("{BASE}/budgets"), &org.viewer, None, StatusCode::OK).await;
@@ -170,12 +176,21 @@ async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_
 
     // Resolve a failed run: marked handled, still failed.
     upload(&app, &org, "failing", "name: failing\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
-    let failed = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "failing", "input": { "test": { "fail_attempts": { "work": 1 } } } })), StatusCode::CREATED).await;
+    let failed = app
+        .json(
+            Method::POST,
+            &format!("{BASE}/runs"),
+            &org.member,
+            Some(&json!({ "workflow": "failing", "input": { "test": { "fail_attempts": { "work": 1 } } } })),
+            StatusCode::CREATED,
+        )
+        .await;
     let failed = failed["id"].as_str().unwrap().to_owned();
     app.until(failed.parse().unwrap(), "SELECT status = 'failed' FROM runs WHERE run_id = $1", "failed").await;
     let (status_now, _, _) = app.send(Method::POST, &format!("{BASE}/runs/{held}/resolve"), Some(&org.member), None).await;
     assert_eq!(status_now, StatusCode::CONFLICT, "only a failed run is resolved");
-    let resolved = app.json(Method::POST, &format!("{BASE}/runs/{failed}/resolve"), &org.member, Some(&json!({ "note": "flaky runner" })), StatusCode::OK).await;
+    let resolved =
+        app.json(Method::POST, &format!("{BASE}/runs/{failed}/resolve"), &org.member, Some(&json!({ "note": "flaky runner" })), StatusCode::OK).await;
     assert_eq!(resolved["resolved_by"], format!("user:{member}"));
     let now = status(&app, &org, &failed).await;
     assert_eq!((now["status"].as_str(), now["resolved_at"].is_string()), (Some("failed"), true));
@@ -190,7 +205,13 @@ async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_
 /// A workflow triggered by GitHub whose cycle budget on an item is spent, with the event it
 /// blocked; the reset (member) clears the ask and the event opens a run.
 async fn reset_cycle_budget(app: &App, org: &Org, pool: &Db, member: UserId) {
-    upload(app, org, "triaged", "name: triaged\non:\n  github: { events: [issues.labeled] }\nbudget: { max_cycles: 1 }\nnodes:\n  ask:\n    approval: { prompt: ok? }\n").await;
+    upload(
+        app,
+        org,
+        "triaged",
+        "name: triaged\non:\n  github: { events: [issues.labeled] }\nbudget: { max_cycles: 1 }\nnodes:\n  ask:\n    approval: { prompt: ok? }\n",
+    )
+    .await;
     let key = r#"["github","acme/web",7]"#;
     let workflow: engine::ids::WorkflowId = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE name = 'triaged'").fetch_one(pool).await.unwrap();
     let item = engine::testkit::used_up_cycle_budget(pool, org.id, org.project, workflow, "triaged").await;
@@ -228,7 +249,10 @@ async fn admission_refusals_are_problems_409_and_429() {
     let (status, headers, body) = app.send(Method::POST, &format!("{BASE}/runs"), Some(&org.member), Some(&json!({ "workflow": "approve" }))).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     let p = problem(status, &headers, &body);
-    assert_eq!((p.kind.as_str(), p.detail.as_str()), ("https://shopfloor.dev/problems/too-many-requests", "1000 runs already wait for the org's cap of 1 running runs"));
+    assert_eq!(
+        (p.kind.as_str(), p.detail.as_str()),
+        ("https://shopfloor.dev/problems/too-many-requests", "1000 runs already wait for the org's cap of 1 running runs")
+    );
     app.discard().await;
 }
 
@@ -242,7 +266,15 @@ async fn edit_and_retry_draining_a_host_and_wip_limits_are_audited_with_their_us
 
     // Edit-and-retry: a cancelled run of a crew node, retried with a new prompt and model.
     upload(&app, &org, "editable", "name: editable\nnodes:\n  work:\n    crew: { harness: claude-code, model: sonnet, prompt: do the work }\n  check:\n    after: [work]\n    approval: { prompt: ok? }\n").await;
-    let first = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "editable", "input": { "test": { "step_ms": { "work": 1500 } } } })), StatusCode::CREATED).await;
+    let first = app
+        .json(
+            Method::POST,
+            &format!("{BASE}/runs"),
+            &org.member,
+            Some(&json!({ "workflow": "editable", "input": { "test": { "step_ms": { "work": 1500 } } } })),
+            StatusCode::CREATED,
+        )
+        .await;
     let first = first["id"].as_str().unwrap().to_owned();
     app.until(first.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'work' AND state = 'running')", "work running").await;
     app.json(Method::POST, &format!("{BASE}/runs/{first}/cancel"), &org.member, None, StatusCode::OK).await;
@@ -259,7 +291,9 @@ async fn edit_and_retry_draining_a_host_and_wip_limits_are_audited_with_their_us
         assert_eq!(status, want, "{edit}: {}", String::from_utf8_lossy(&body));
         crate::support::problem(status, &headers, &body);
     }
-    let (status, _, _) = app.send(Method::POST, &format!("/api/v1/orgs/other/projects/web/runs/{first}/retry"), Some(&org.member), Some(&json!({ "node": "work", "prompt": "x" }))).await;
+    let (status, _, _) = app
+        .send(Method::POST, &format!("/api/v1/orgs/other/projects/web/runs/{first}/retry"), Some(&org.member), Some(&json!({ "node": "work", "prompt": "x" })))
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(sqlx::query_scalar::<_, i64>("SELECT count(*) FROM runs WHERE source_run_id IS NOT NULL").fetch_one(&pool).await.unwrap(), 0);
     let edit = json!({ "node": "work", "prompt": "do less", "model": "haiku" });
@@ -272,7 +306,10 @@ async fn edit_and_retry_draining_a_host_and_wip_limits_are_audited_with_their_us
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!((output["prompt"].as_str(), output["model"].as_str(), output["harness"].as_str(), output["edited"].as_bool()), (Some("do less"), Some("haiku"), Some("claude-code"), Some(true)));
+    assert_eq!(
+        (output["prompt"].as_str(), output["model"].as_str(), output["harness"].as_str(), output["edited"].as_bool()),
+        (Some("do less"), Some("haiku"), Some("claude-code"), Some(true))
+    );
     assert_eq!(audited(&pool, org.id, "run.edit_retry", member, &retry).await, 1);
     assert!(events(&pool, &retry).await.contains(&"run.edited".to_owned()));
     // A plain retry of the retry keeps the edit.
@@ -310,17 +347,20 @@ async fn edit_and_retry_draining_a_host_and_wip_limits_are_audited_with_their_us
     assert_eq!(audited(&pool, org.id, "host.undrain", admin, &engine::ids::HostId(host).to_string()).await, 1);
 
     // A board column's WIP limit (admin): shown in the settings, audited, removable once.
-    let settings = app.json(Method::PUT, &format!("{BASE}/board-limits"), &org.admin, Some(&json!({ "column": "In progress", "wip_limit": 3 })), StatusCode::OK).await;
+    let settings =
+        app.json(Method::PUT, &format!("{BASE}/board-limits"), &org.admin, Some(&json!({ "column": "In progress", "wip_limit": 3 })), StatusCode::OK).await;
     assert_eq!(settings["board_limits"], json!([{ "column": "In progress", "wip_limit": 3, "occupied": 0, "waiting": 0 }]));
     assert_eq!(audited(&pool, org.id, "board.wip_limit", admin, &org.project.to_string()).await, 1);
     for bad in [json!({ "column": "", "wip_limit": 3 }), json!({ "column": "x", "wip_limit": 0 }), json!({ "column": "x" , "wip_limit": "3" })] {
         let (status, _, body) = app.send(Method::PUT, &format!("{BASE}/board-limits"), Some(&org.admin), Some(&bad)).await;
         assert!(status.is_client_error(), "{bad}: {status} {}", String::from_utf8_lossy(&body));
     }
-    let settings = app.json(Method::PUT, &format!("{BASE}/board-limits"), &org.admin, Some(&json!({ "column": "in PROGRESS", "wip_limit": null })), StatusCode::OK).await;
+    let settings =
+        app.json(Method::PUT, &format!("{BASE}/board-limits"), &org.admin, Some(&json!({ "column": "in PROGRESS", "wip_limit": null })), StatusCode::OK).await;
     assert_eq!(settings["board_limits"], json!([]));
     assert_eq!(audited(&pool, org.id, "board.wip_limit_remove", admin, &org.project.to_string()).await, 1);
-    let (status, _, _) = app.send(Method::PUT, &format!("{BASE}/board-limits"), Some(&org.admin), Some(&json!({ "column": "In progress", "wip_limit": null }))).await;
+    let (status, _, _) =
+        app.send(Method::PUT, &format!("{BASE}/board-limits"), Some(&org.admin), Some(&json!({ "column": "In progress", "wip_limit": null }))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     app.discard().await;
 }

@@ -63,7 +63,8 @@ async fn paging_while_rows_are_inserted_has_no_gaps_or_repeats() {
     let seen = page_all(&app, &org, "/api/v1/orgs/acme/projects/web/runs", "id", 7, 30).await;
     assert_once(&seen, &before);
     // Newest first, by (created_at, id).
-    let order: Vec<(String, String)> = sqlx::query_as("SELECT created_at::text, run_id::text FROM runs ORDER BY created_at DESC, run_id DESC").fetch_all(app.pool()).await.unwrap();
+    let order: Vec<(String, String)> =
+        sqlx::query_as("SELECT created_at::text, run_id::text FROM runs ORDER BY created_at DESC, run_id DESC").fetch_all(app.pool()).await.unwrap();
     let rank: std::collections::HashMap<String, usize> = order.iter().enumerate().map(|(i, (_, id))| (id.clone(), i)).collect();
     let ranks: Vec<usize> = seen
         .iter()
@@ -108,7 +109,9 @@ async fn paging_while_rows_are_inserted_has_no_gaps_or_repeats() {
     assert_eq!(most["items"].as_array().unwrap().len() as i64, total, "every run, below the largest page of 200");
 
     // A limit outside the document's 1 to 200 is refused, never lowered to fit.
-    for bad in ["?limit=0", "?limit=201", "?limit=1000", "?limit=2147483648", "?status=sideways", "?substate=dozing", "?cursor=not-a-cursor", "?cursor=bm90IGpzb24"] {
+    for bad in
+        ["?limit=0", "?limit=201", "?limit=1000", "?limit=2147483648", "?status=sideways", "?substate=dozing", "?cursor=not-a-cursor", "?cursor=bm90IGpzb24"]
+    {
         let (status, headers, body) = app.send(Method::GET, &format!("/api/v1/orgs/acme/projects/web/runs{bad}"), Some(&org.owner), None).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {}", String::from_utf8_lossy(&body));
         let problem = crate::support::problem(status, &headers, &body);

@@ -3,12 +3,12 @@
 //! without one, and may write no other org's row; every table with an `org_id` column has the
 //! wall; and the hot reads keep their indexes under it.
 
+use engine::db::Db;
 use engine::ids::{OrgId, RunId};
 use engine::tenancy::TENANT_ROLE;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use sqlx::PgConnection;
-use engine::db::Db;
 
 use crate::support::App;
 
@@ -39,11 +39,7 @@ async fn org_tables(pool: &Db) -> Vec<(String, bool)> {
 async fn tenant(pool: &Db, org: Option<OrgId>) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
     let mut conn = pool.pool().acquire().await.unwrap();
     sqlx::query(&format!("SET ROLE {TENANT_ROLE}")).execute(&mut *conn).await.unwrap();
-    sqlx::query("SELECT set_config('shopfloor.org', $1, false)")
-        .bind(org.map(|o| o.0.to_string()).unwrap_or_default())
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    sqlx::query("SELECT set_config('shopfloor.org', $1, false)").bind(org.map(|o| o.0.to_string()).unwrap_or_default()).execute(&mut *conn).await.unwrap();
     conn
 }
 
@@ -62,7 +58,15 @@ async fn seed(app: &App) -> (crate::support::Org, crate::support::Org) {
     let acme = app.org("acme").await;
     let other = app.org("other").await;
     for (slug, org) in [("acme", &acme), ("other", &other)] {
-        let run = app.json(Method::POST, &format!("/api/v1/orgs/{slug}/projects/web/runs"), &org.member, Some(&json!({ "workflow": "approve", "input": {} })), StatusCode::CREATED).await;
+        let run = app
+            .json(
+                Method::POST,
+                &format!("/api/v1/orgs/{slug}/projects/web/runs"),
+                &org.member,
+                Some(&json!({ "workflow": "approve", "input": {} })),
+                StatusCode::CREATED,
+            )
+            .await;
         let run: RunId = run["id"].as_str().unwrap().parse().unwrap();
         app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
         let hook = json!({ "url": "https://hooks.example.com/x", "events": ["run.succeeded"] });
@@ -93,7 +97,21 @@ async fn the_tenant_role_sees_and_writes_only_its_orgs_rows() {
             seeded.push(table.clone());
         }
     }
-    for must in ["orgs", "users", "memberships", "api_tokens", "projects", "workflows", "runs", "steps", "run_events", "audit_log", "approvals", "webhook_subscriptions", "budgets"] {
+    for must in [
+        "orgs",
+        "users",
+        "memberships",
+        "api_tokens",
+        "projects",
+        "workflows",
+        "runs",
+        "steps",
+        "run_events",
+        "audit_log",
+        "approvals",
+        "webhook_subscriptions",
+        "budgets",
+    ] {
         assert!(seeded.iter().any(|t| t == must), "{must} was not seeded for the other org: {seeded:?}");
     }
 
@@ -145,12 +163,17 @@ async fn hot_reads_use_their_indexes_under_the_tenant_role() {
     let project = format!("'{}'::uuid", acme.project);
     let run = format!("(SELECT run_id FROM runs WHERE org_id = {org} LIMIT 1)");
     let reads = [
-        ("runs by org and project, newest first", format!("SELECT run_id FROM runs r WHERE r.org_id = {org} AND r.project_id = {project} ORDER BY r.run_id DESC LIMIT 50")),
+        (
+            "runs by org and project, newest first",
+            format!("SELECT run_id FROM runs r WHERE r.org_id = {org} AND r.project_id = {project} ORDER BY r.run_id DESC LIMIT 50"),
+        ),
         ("a run by id", format!("SELECT * FROM runs WHERE run_id = {run} AND org_id = {org} AND project_id = {project}")),
         ("a run's steps", format!("SELECT * FROM steps WHERE run_id = {run} AND org_id = {org}")),
         (
             "the project event stream",
-            format!("SELECT run_id, seq FROM run_events WHERE org_id = {org} AND project_id = {project} AND (xid, event_id) > ('0'::xid8, 0) AND xid < (SELECT shopfloor_event_horizon()) ORDER BY xid, event_id LIMIT 200"),
+            format!(
+                "SELECT run_id, seq FROM run_events WHERE org_id = {org} AND project_id = {project} AND (xid, event_id) > ('0'::xid8, 0) AND xid < (SELECT shopfloor_event_horizon()) ORDER BY xid, event_id LIMIT 200"
+            ),
         ),
         ("a project by slug", format!("SELECT project_id FROM projects WHERE org_id = {org} AND slug = 'web'")),
     ];

@@ -8,17 +8,16 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::testkit::{secret_key, test_db, TestDb, SECRET_KEY};
+use engine::testkit::{SECRET_KEY, TestDb, secret_key, test_db};
 use reqwest::StatusCode;
 use secrecy::ExposeSecret as _;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::support::{KillOnDrop, Ran};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shopfloor");
 /// Another well-formed key than the one that sealed the test's signing keys.
 const OTHER_KEY: &str = "b3RoZXIga2V5IG9mIGV4YWN0bHkgMzIgYnl0ZXMgLi4=";
-
 
 /// `shopfloor ARGS` on the test's database with the secret key `key` (none: unset).
 fn shopfloor(db: &TestDb, key: Option<&str>, args: &[&str]) -> Command {
@@ -113,7 +112,8 @@ async fn a_rotation_signs_new_tokens_with_a_new_key_and_old_tokens_keep_working(
 
     // At rest: no plaintext column, and the sealed bytes show nothing of the secret they open
     // to, which is the key that signed the token (checked by verifying it).
-    let rows: Vec<(String, Option<Vec<u8>>, Vec<u8>)> = sqlx::query_as("SELECT kid, secret, sealed FROM signing_keys ORDER BY created_at").fetch_all(&db.pool).await.unwrap();
+    let rows: Vec<(String, Option<Vec<u8>>, Vec<u8>)> =
+        sqlx::query_as("SELECT kid, secret, sealed FROM signing_keys ORDER BY created_at").fetch_all(&db.pool).await.unwrap();
     assert_eq!(rows.len(), 2);
     for (kid_of_row, plaintext, sealed) in &rows {
         assert!(plaintext.is_none(), "{kid_of_row} has a plaintext secret");
@@ -122,7 +122,8 @@ async fn a_rotation_signs_new_tokens_with_a_new_key_and_old_tokens_keep_working(
         assert_eq!(secret.len(), 32);
         assert!(!sealed.windows(8).any(|w| secret.windows(8).any(|s| s == w)), "{kid_of_row}'s sealed bytes hold part of its secret");
         let hex = data_encoding::HEXLOWER.encode(secret);
-        let as_text: String = sqlx::query_scalar("SELECT signing_keys::text FROM signing_keys WHERE kid = $1").bind(kid_of_row).fetch_one(&db.pool).await.unwrap();
+        let as_text: String =
+            sqlx::query_scalar("SELECT signing_keys::text FROM signing_keys WHERE kid = $1").bind(kid_of_row).fetch_one(&db.pool).await.unwrap();
         assert!(!as_text.contains(&hex), "the row as text shows the secret");
         let token = if *kid_of_row == new_kid { &next } else { &first };
         let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);

@@ -8,20 +8,20 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use api::auth::{issue_user_token_with_id, Claims, UserToken};
+use api::auth::{Claims, UserToken, issue_user_token_with_id};
 use api::http::limits::LimitArgs;
-use api::http::{router, Problem};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use api::http::{Problem, router};
 use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Utc;
 use engine::executor::TestExecutor;
 use engine::ids::{OrgId, ProjectId, RunId, UserId};
 use engine::jobs::WebhookClient;
 use engine::net_guard::Policy;
 use engine::pool::PoolConfig;
-use engine::store::{api_writes, workflows, Actor, Change};
+use engine::store::{Actor, Change, api_writes, workflows};
 use engine::testkit::APPROVAL;
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
@@ -130,7 +130,8 @@ impl App {
 
     /// Submits a run of the org's `approve` workflow through the store, in a change of its own.
     pub(crate) async fn submit_approval(&self, org: &Org) -> RunId {
-        let workflow = sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(self.pool()).await.unwrap();
+        let workflow =
+            sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(self.pool()).await.unwrap();
         self.submit_to(org.id, org.project, workflow).await
     }
 
@@ -174,7 +175,9 @@ impl App {
     /// an expired one).
     pub(crate) async fn token_for(&self, org: &Org, user: UserId, role: &'static str, ttl: chrono::Duration) -> (uuid::Uuid, String) {
         let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
-        let issued = issue_user_token_with_id(&mut ch, &engine::testkit::secret_key(), UserToken { org: org.id, user, project: None, role, name: "test", ttl }).await.unwrap();
+        let issued = issue_user_token_with_id(&mut ch, &engine::testkit::secret_key(), UserToken { org: org.id, user, project: None, role, name: "test", ttl })
+            .await
+            .unwrap();
         ch.commit().await.unwrap();
         issued
     }

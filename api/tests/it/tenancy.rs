@@ -4,12 +4,12 @@
 
 use engine::ids::Slug;
 use engine::store::runs::{self, NewRun};
-use engine::store::{tenants, workflows, Actor, Change};
+use engine::store::{Actor, Change, tenants, workflows};
 use engine::testkit::APPROVAL;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::{problem, App};
+use crate::support::{App, problem};
 
 #[tokio::test]
 async fn another_orgs_ids_answer_404_and_leak_nothing() {
@@ -23,7 +23,19 @@ async fn another_orgs_ids_answer_404_and_leak_nothing() {
     let (wf, _) = workflows::put_version(&mut ch, other.id, other.project, "private-wf", &APPROVAL.replace("name: approve", "name: private-wf")).await.unwrap();
     let run = runs::submit(
         &mut ch,
-        NewRun { org: other.id, project: other.project, workflow: wf, version: 1, input: json!({}), item: None, trigger_event: None, parent: None, dry_run: false, needs_approval: false, source: None },
+        NewRun {
+            org: other.id,
+            project: other.project,
+            workflow: wf,
+            version: 1,
+            input: json!({}),
+            item: None,
+            trigger_event: None,
+            parent: None,
+            dry_run: false,
+            needs_approval: false,
+            source: None,
+        },
     )
     .await
     .unwrap();
@@ -39,7 +51,8 @@ async fn another_orgs_ids_answer_404_and_leak_nothing() {
         .execute(app.pool())
         .await
         .unwrap();
-    let step: engine::ids::StepId = sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
+    let step: engine::ids::StepId =
+        sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
     let (host, step) = (host.to_string(), step.to_string());
     let (missing_host, missing_step) = (uuid::Uuid::now_v7().to_string(), engine::ids::StepId::mint().to_string());
 
@@ -61,22 +74,77 @@ async fn another_orgs_ids_answer_404_and_leak_nothing() {
         (Method::GET, "/api/v1/orgs/acme/projects/secret/events".into(), "/api/v1/orgs/acme/projects/nosuch/events".into(), "secret"),
         (Method::GET, "/api/v1/orgs/acme/projects/secret/audit".into(), "/api/v1/orgs/acme/projects/nosuch/audit".into(), "secret"),
         (Method::GET, "/api/v1/orgs/acme/projects/web/workflows/private-wf".into(), "/api/v1/orgs/acme/projects/web/workflows/no-such-wf".into(), "private-wf"),
-        (Method::GET, "/api/v1/orgs/acme/projects/web/workflows/private-wf/versions".into(), "/api/v1/orgs/acme/projects/web/workflows/no-such-wf/versions".into(), "private-wf"),
-        (Method::GET, "/api/v1/orgs/acme/projects/web/workflows/private-wf/versions/1".into(), "/api/v1/orgs/acme/projects/web/workflows/no-such-wf/versions/1".into(), "private-wf"),
-        (Method::POST, "/api/v1/orgs/acme/projects/web/workflows/private-wf/pause".into(), "/api/v1/orgs/acme/projects/web/workflows/no-such-wf/pause".into(), "private-wf"),
-        (Method::POST, "/api/v1/orgs/acme/projects/web/workflows/private-wf/unpause".into(), "/api/v1/orgs/acme/projects/web/workflows/no-such-wf/unpause".into(), "private-wf"),
+        (
+            Method::GET,
+            "/api/v1/orgs/acme/projects/web/workflows/private-wf/versions".into(),
+            "/api/v1/orgs/acme/projects/web/workflows/no-such-wf/versions".into(),
+            "private-wf",
+        ),
+        (
+            Method::GET,
+            "/api/v1/orgs/acme/projects/web/workflows/private-wf/versions/1".into(),
+            "/api/v1/orgs/acme/projects/web/workflows/no-such-wf/versions/1".into(),
+            "private-wf",
+        ),
+        (
+            Method::POST,
+            "/api/v1/orgs/acme/projects/web/workflows/private-wf/pause".into(),
+            "/api/v1/orgs/acme/projects/web/workflows/no-such-wf/pause".into(),
+            "private-wf",
+        ),
+        (
+            Method::POST,
+            "/api/v1/orgs/acme/projects/web/workflows/private-wf/unpause".into(),
+            "/api/v1/orgs/acme/projects/web/workflows/no-such-wf/unpause".into(),
+            "private-wf",
+        ),
         (Method::GET, format!("/api/v1/orgs/acme/projects/web/runs/{run_id}"), format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}"), &run_id),
         (Method::GET, format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/why"), format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/why"), &run_id),
-        (Method::GET, format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/events"), format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/events"), &run_id),
-        (Method::POST, format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/cancel"), format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/cancel"), &run_id),
-        (Method::POST, format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/retry"), format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/retry"), &run_id),
-        (Method::POST, format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/rerun"), format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/rerun"), &run_id),
-        (Method::POST, format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/approvals/ask"), format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/approvals/ask"), &run_id),
-        (Method::POST, format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/approvals/ask/reject"), format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/approvals/ask/reject"), &run_id),
+        (
+            Method::GET,
+            format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/events"),
+            format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/events"),
+            &run_id,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/cancel"),
+            format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/cancel"),
+            &run_id,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/retry"),
+            format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/retry"),
+            &run_id,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/rerun"),
+            format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/rerun"),
+            &run_id,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/approvals/ask"),
+            format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/approvals/ask"),
+            &run_id,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/approvals/ask/reject"),
+            format!("/api/v1/orgs/acme/projects/web/runs/{missing_run}/approvals/ask/reject"),
+            &run_id,
+        ),
         (Method::GET, "/api/v1/orgs/acme/projects/secret/hosts".into(), "/api/v1/orgs/acme/projects/nosuch/hosts".into(), "secret"),
         (Method::POST, "/api/v1/orgs/acme/projects/secret/host-registrations".into(), "/api/v1/orgs/acme/projects/nosuch/host-registrations".into(), "secret"),
         (Method::DELETE, format!("/api/v1/orgs/acme/projects/web/hosts/{host}"), format!("/api/v1/orgs/acme/projects/web/hosts/{missing_host}"), &host),
-        (Method::GET, format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/steps/{step}/logs"), format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/steps/{missing_step}/logs"), &step),
+        (
+            Method::GET,
+            format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/steps/{step}/logs"),
+            format!("/api/v1/orgs/acme/projects/web/runs/{run_id}/steps/{missing_step}/logs"),
+            &step,
+        ),
         (Method::PATCH, format!("/api/v1/orgs/acme/members/{user}"), format!("/api/v1/orgs/acme/members/{missing_user}"), &user),
         (Method::DELETE, format!("/api/v1/orgs/acme/members/{user}"), format!("/api/v1/orgs/acme/members/{missing_user}"), &user),
         (Method::DELETE, format!("/api/v1/orgs/acme/tokens/{token}"), format!("/api/v1/orgs/acme/tokens/{missing_token}"), &token),
@@ -109,9 +177,18 @@ async fn another_orgs_ids_answer_404_and_leak_nothing() {
     assert_eq!(state, "waiting");
     let paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE workflow_id = $1").bind(wf).fetch_one(app.pool()).await.unwrap();
     assert!(!paused);
-    let role: String = sqlx::query_scalar("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2").bind(other.id).bind(other.member_user).fetch_one(app.pool()).await.unwrap();
+    let role: String = sqlx::query_scalar("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2")
+        .bind(other.id)
+        .bind(other.member_user)
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
     assert_eq!(role, "member");
-    let gone: bool = sqlx::query_scalar("SELECT deregistered_at IS NOT NULL FROM hosts WHERE host_id = $1").bind(uuid::Uuid::parse_str(&host).unwrap()).fetch_one(app.pool()).await.unwrap();
+    let gone: bool = sqlx::query_scalar("SELECT deregistered_at IS NOT NULL FROM hosts WHERE host_id = $1")
+        .bind(uuid::Uuid::parse_str(&host).unwrap())
+        .fetch_one(app.pool())
+        .await
+        .unwrap();
     assert!(!gone, "another org's host was deregistered");
     let revoked: bool = sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM api_tokens WHERE jti = $1").bind(jti).fetch_one(app.pool()).await.unwrap();
     assert!(!revoked);

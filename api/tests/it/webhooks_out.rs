@@ -17,7 +17,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode as AxumStatus};
 use hmac::{Hmac, Mac};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -81,7 +81,13 @@ async fn a_failing_receiver_gets_the_third_attempt_signed_and_a_replay_arrives_a
     let (url, got) = receiver(2).await;
     let secret = "a-secret-of-the-receiver-0123456789";
     let made = app
-        .json(Method::POST, &format!("{BASE}/webhooks"), &org.admin, Some(&json!({ "url": url, "secret": secret, "events": ["run.completed", "run.cancelled"] })), StatusCode::CREATED)
+        .json(
+            Method::POST,
+            &format!("{BASE}/webhooks"),
+            &org.admin,
+            Some(&json!({ "url": url, "secret": secret, "events": ["run.completed", "run.cancelled"] })),
+            StatusCode::CREATED,
+        )
         .await;
     let webhook = made["id"].as_str().unwrap().to_owned();
     assert_eq!(made["secret"], secret);
@@ -105,7 +111,10 @@ async fn a_failing_receiver_gets_the_third_attempt_signed_and_a_replay_arrives_a
     let gaps = [three[1].at - three[0].at, three[2].at - three[1].at];
     assert!(gaps[0] >= Duration::from_millis(900) && gaps[1] >= Duration::from_millis(3_900), "backoff: {gaps:?}");
     let body: Value = serde_json::from_slice(&three[0].body).unwrap();
-    assert_eq!((body["type"].as_str(), body["run"].as_str(), body["org"].as_str(), body["workflow"].as_str()), (Some("run.cancelled"), Some(run.as_str()), Some("acme"), Some("approve")));
+    assert_eq!(
+        (body["type"].as_str(), body["run"].as_str(), body["org"].as_str(), body["workflow"].as_str()),
+        (Some("run.cancelled"), Some(run.as_str()), Some("acme"), Some("approve"))
+    );
     assert_eq!(body["run_name"], format!("acme:web:{run}"));
 
     // The log: one delivery, delivered at the third attempt, with each answer.
@@ -192,7 +201,13 @@ async fn a_public_name_resolving_to_loopback_is_refused_at_send_and_never_connec
     let org = app.org("acme").await;
     // The API takes the name: it looks public, and the API resolves nothing.
     let named = app
-        .json(Method::POST, &format!("{BASE}/webhooks"), &org.admin, Some(&json!({ "url": format!("http://hooks.example.com:{port}/hook"), "events": ["run.cancelled"] })), StatusCode::CREATED)
+        .json(
+            Method::POST,
+            &format!("{BASE}/webhooks"),
+            &org.admin,
+            Some(&json!({ "url": format!("http://hooks.example.com:{port}/hook"), "events": ["run.cancelled"] })),
+            StatusCode::CREATED,
+        )
         .await;
     let named = named["id"].as_str().unwrap().to_owned();
     // A subscription stored before the check existed (or while private targets were allowed),
@@ -228,7 +243,11 @@ async fn a_public_name_resolving_to_loopback_is_refused_at_send_and_never_connec
     // The admin's delivery log says why, and nothing of any answer.
     let log = app.json(Method::GET, &format!("{BASE}/webhooks/{named}/deliveries"), &org.admin, None, StatusCode::OK).await;
     let delivery = &log["items"][0];
-    assert_eq!((delivery["state"].as_str(), delivery["last_error"].as_str(), delivery["next_at"].as_str()), (Some("failed"), Some("refused: hooks.example.com resolves to an internal address"), None), "{log}");
+    assert_eq!(
+        (delivery["state"].as_str(), delivery["last_error"].as_str(), delivery["next_at"].as_str()),
+        (Some("failed"), Some("refused: hooks.example.com resolves to an internal address"), None),
+        "{log}"
+    );
     // The deliveries are recorded after the send was refused: no connection was ever made.
     assert_eq!(accepted.load(Ordering::SeqCst), 0, "the loopback listener was connected to");
     app.finish().await;
@@ -245,12 +264,17 @@ async fn with_private_targets_allowed_the_same_name_is_delivered() {
     webhooks.names.0.insert("hooks.example.com".into(), LOOPBACK);
     let app = App::with_webhooks(webhooks).await;
     let org = app.org("acme").await;
-    app.json(Method::POST, &format!("{BASE}/webhooks"), &org.admin, Some(&json!({ "url": format!("http://hooks.example.com:{port}/hook"), "events": ["run.cancelled"] })), StatusCode::CREATED)
-        .await;
+    app.json(
+        Method::POST,
+        &format!("{BASE}/webhooks"),
+        &org.admin,
+        Some(&json!({ "url": format!("http://hooks.example.com:{port}/hook"), "events": ["run.cancelled"] })),
+        StatusCode::CREATED,
+    )
+    .await;
     // The API's own policy still refuses a loopback URL.
-    let (status, headers, body) = app
-        .send(Method::POST, &format!("{BASE}/webhooks"), Some(&org.admin), Some(&json!({ "url": format!("http://127.0.0.1:{port}/hook") })))
-        .await;
+    let (status, headers, body) =
+        app.send(Method::POST, &format!("{BASE}/webhooks"), Some(&org.admin), Some(&json!({ "url": format!("http://127.0.0.1:{port}/hook") }))).await;
     let problem = crate::support::problem(status, &headers, &body);
     assert_eq!((status, problem.detail.as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "url must not point inside the network: 127.0.0.1 is a loopback address"));
 
@@ -330,7 +354,8 @@ async fn a_receiver_answering_100_mb_has_a_few_kib_read_and_its_connection_dropp
 
     // Delivered on its 200, with the first 1,000 characters of the answer kept.
     until_count(&app, "SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'", 1).await;
-    let (status, response): (Option<i32>, Option<String>) = sqlx::query_as("SELECT status, response FROM webhook_attempts").fetch_one(app.pool()).await.unwrap();
+    let (status, response): (Option<i32>, Option<String>) =
+        sqlx::query_as("SELECT status, response FROM webhook_attempts").fetch_one(app.pool()).await.unwrap();
     assert_eq!(status, Some(200));
     assert_eq!(response.as_deref(), Some("a".repeat(1000).as_str()));
     // The engine dropped the connection: the receiver's writes fail. Had the engine read the

@@ -6,14 +6,15 @@ use std::path::PathBuf;
 
 use api::http::error::WorkflowProblem;
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use crate::support::{problem, App};
+use crate::support::{App, problem};
 
 const BASE: &str = "/api/v1/orgs/acme/projects/web";
 
 async fn upload(app: &App, token: &str, method: Method, path: &str, yaml: &str) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
-    let resp = app.http.request(method, app.url(path)).bearer_auth(token).header("content-type", "application/yaml").body(yaml.to_owned()).send().await.unwrap();
+    let resp =
+        app.http.request(method, app.url(path)).bearer_auth(token).header("content-type", "application/yaml").body(yaml.to_owned()).send().await.unwrap();
     let (status, headers) = (resp.status(), resp.headers().clone());
     (status, headers, resp.bytes().await.unwrap().to_vec())
 }
@@ -87,7 +88,8 @@ async fn uploads_answer_every_problem_and_version_only_on_change() {
     assert_eq!(unpaused["paused"], false);
 
     // Each change is in the audit log, by its member.
-    let audit = app.json(Method::GET, &format!("/api/v1/orgs/acme/audit?action=workflow.*&actor=user:{}", org.member_user), &org.owner, None, StatusCode::OK).await;
+    let audit =
+        app.json(Method::GET, &format!("/api/v1/orgs/acme/audit?action=workflow.*&actor=user:{}", org.member_user), &org.owner, None, StatusCode::OK).await;
     let actions: Vec<&str> = audit["items"].as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
     assert_eq!(actions, ["workflow.unpause", "workflow.pause", "workflow.version", "workflow.version"]);
     assert_eq!(audit["items"][0]["actor_id"], org.member_user.to_string());

@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::error::{combined, io_err, spawn_err, tail, ClusterError};
+use super::error::{ClusterError, combined, io_err, spawn_err, tail};
 
 /// The OS user the cluster runs as when we are root.
 pub(crate) const OS_USER: &str = "postgres";
@@ -35,9 +35,7 @@ impl Runner {
         create_os_user()?;
         match lookup_user(OS_USER) {
             Some((uid, gid)) => Ok(Some(Runner::Postgres { uid, gid })),
-            None => Err(ClusterError::NoOsUser(
-                "useradd succeeded but the user is not found".into(),
-            )),
+            None => Err(ClusterError::NoOsUser("useradd succeeded but the user is not found".into())),
         }
     }
 
@@ -61,11 +59,7 @@ impl Runner {
             Runner::Me => spawn_err(program, e),
             Runner::Postgres { .. } => ClusterError::Spawn {
                 program: format!("runuser -u {OS_USER} -- {}", program.display()),
-                cause: if e.kind() == std::io::ErrorKind::NotFound {
-                    "runuser not found; install util-linux".into()
-                } else {
-                    e.to_string()
-                },
+                cause: if e.kind() == std::io::ErrorKind::NotFound { "runuser not found; install util-linux".into() } else { e.to_string() },
             },
         }
     }
@@ -73,8 +67,7 @@ impl Runner {
     /// Gives `path` to the runner (a no-op when we run the server ourselves).
     pub(crate) fn own(&self, path: &Path) -> Result<(), ClusterError> {
         if let Runner::Postgres { uid, gid } = *self {
-            std::os::unix::fs::lchown(path, Some(uid), Some(gid))
-                .map_err(|e| io_err("chown", path, e))?;
+            std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(|e| io_err("chown", path, e))?;
         }
         Ok(())
     }
@@ -94,10 +87,7 @@ impl Runner {
 
     pub(crate) fn own_all(&self, path: &Path) -> Result<(), ClusterError> {
         self.own(path)?;
-        if fs::symlink_metadata(path)
-            .map_err(|e| io_err("read", path, e))?
-            .is_dir()
-        {
+        if fs::symlink_metadata(path).map_err(|e| io_err("read", path, e))?.is_dir() {
             for entry in fs::read_dir(path).map_err(|e| io_err("read", path, e))? {
                 self.own_all(&entry.map_err(|e| io_err("read", path, e))?.path())?;
             }
@@ -108,11 +98,7 @@ impl Runner {
 
 /// The uid and gid of an OS user, through NSS.
 pub(crate) fn lookup_user(name: &str) -> Option<(u32, u32)> {
-    let out = Command::new("getent")
-        .args(["passwd", name])
-        .stdin(Stdio::null())
-        .output()
-        .ok()?;
+    let out = Command::new("getent").args(["passwd", name]).stdin(Stdio::null()).output().ok()?;
     if !out.status.success() {
         return None;
     }
@@ -124,41 +110,21 @@ pub(crate) fn lookup_user(name: &str) -> Option<(u32, u32)> {
 }
 
 pub(crate) fn create_os_user() -> Result<(), ClusterError> {
-    let group_exists = Command::new("getent")
-        .args(["group", OS_USER])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let group_exists = Command::new("getent").args(["group", OS_USER]).stdin(Stdio::null()).stdout(Stdio::null()).status().is_ok_and(|s| s.success());
     let mut cmd = Command::new("useradd");
-    cmd.args([
-        "--system",
-        "--home-dir",
-        "/var/lib/postgresql",
-        "--no-create-home",
-    ]);
-    cmd.args([
-        "--shell",
-        "/bin/bash",
-        "--comment",
-        "PostgreSQL administrator",
-    ]);
+    cmd.args(["--system", "--home-dir", "/var/lib/postgresql", "--no-create-home"]);
+    cmd.args(["--shell", "/bin/bash", "--comment", "PostgreSQL administrator"]);
     if group_exists {
         cmd.args(["--gid", OS_USER]);
     } else {
         cmd.arg("--user-group");
     }
     cmd.arg(OS_USER).stdin(Stdio::null());
-    let out = cmd
-        .output()
-        .map_err(|e| ClusterError::NoOsUser(format!("cannot run useradd: {e}")))?;
+    let out = cmd.output().map_err(|e| ClusterError::NoOsUser(format!("cannot run useradd: {e}")))?;
     if !out.status.success() {
         return Err(ClusterError::NoOsUser(tail(&combined(&out), 3)));
     }
-    tracing::info!(
-        user = OS_USER,
-        "created the OS user the embedded PostgreSQL runs as"
-    );
+    tracing::info!(user = OS_USER, "created the OS user the embedded PostgreSQL runs as");
     Ok(())
 }
 
@@ -186,14 +152,8 @@ pub(crate) fn find_bindir(major: Option<&str>) -> Result<PathBuf, ClusterError> 
     }
     candidates
         .into_iter()
-        .find(|dir| {
-            ["pg_ctl", "initdb", "postgres"]
-                .iter()
-                .all(|b| dir.join(b).is_file())
-        })
-        .ok_or_else(|| ClusterError::NoBinaries {
-            looked: "`pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH".into(),
-        })
+        .find(|dir| ["pg_ctl", "initdb", "postgres"].iter().all(|b| dir.join(b).is_file()))
+        .ok_or_else(|| ClusterError::NoBinaries { looked: "`pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH".into() })
 }
 
 /// The directory of loadable modules for the server binaries in `bindir`.
@@ -210,20 +170,12 @@ pub(crate) fn pkglibdir(bindir: &Path) -> Vec<PathBuf> {
 }
 
 pub(crate) fn has_pg_stat_statements(bindir: &Path) -> bool {
-    pkglibdir(bindir).iter().any(|dir| {
-        ["pg_stat_statements.so", "pg_stat_statements.dylib"]
-            .iter()
-            .any(|f| dir.join(f).is_file())
-    })
+    pkglibdir(bindir).iter().any(|dir| ["pg_stat_statements.so", "pg_stat_statements.dylib"].iter().any(|f| dir.join(f).is_file()))
 }
 
 /// The first line of a command's output, when it runs and succeeds.
 pub(crate) fn command_line(cmd: &mut Command) -> Option<String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
+    let out = cmd.stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().next()?.trim();
     (out.status.success() && !line.is_empty()).then(|| line.to_owned())

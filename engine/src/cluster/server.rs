@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::error::{combined, io_err, spawn_err, tail, ClusterError};
-use super::os::{has_pg_stat_statements, Runner};
+use super::error::{ClusterError, combined, io_err, spawn_err, tail};
+use super::os::{Runner, has_pg_stat_statements};
 
 /// The database role the cluster is made for, and the database it serves.
 pub(crate) const ROLE: &str = "shopfloor";
@@ -75,59 +75,29 @@ pub(crate) fn running_port(layout: &Layout, bindir: &Path, runner: &Runner) -> O
 
 /// Waits until a running server accepts connections on `port`.
 pub(crate) fn wait_ready(layout: &Layout, bindir: &Path, port: u16) -> Result<(), ClusterError> {
-    let not_answering = || ClusterError::NotAnswering {
-        dir: layout.pgdata.display().to_string(),
-        port,
-        log: layout.log.display().to_string(),
-    };
+    let not_answering = || ClusterError::NotAnswering { dir: layout.pgdata.display().to_string(), port, log: layout.log.display().to_string() };
     let isready = bindir.join("pg_isready");
     if !isready.is_file() {
         // Without pg_isready, trust that a TCP connection is accepted.
-        return std::net::TcpStream::connect_timeout(
-            &(Ipv4Addr::LOCALHOST, port).into(),
-            Duration::from_secs(5),
-        )
-        .map(|_| ())
-        .map_err(|_| not_answering());
+        return std::net::TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(5)).map(|_| ()).map_err(|_| not_answering());
     }
     let status = Command::new(&isready)
-        .args([
-            "-q",
-            "-h",
-            "127.0.0.1",
-            "-U",
-            ROLE,
-            "-d",
-            "postgres",
-            "-t",
-            "30",
-            "-p",
-        ])
+        .args(["-q", "-h", "127.0.0.1", "-U", ROLE, "-d", "postgres", "-t", "30", "-p"])
         .arg(port.to_string())
         .stdin(Stdio::null())
         .status()
         .map_err(|e| spawn_err(&isready, e))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(not_answering())
-    }
+    if status.success() { Ok(()) } else { Err(not_answering()) }
 }
 
-pub(crate) fn initdb(
-    layout: &Layout,
-    bindir: &Path,
-    runner: &Runner,
-    durable: bool,
-) -> Result<(), ClusterError> {
+pub(crate) fn initdb(layout: &Layout, bindir: &Path, runner: &Runner, durable: bool) -> Result<(), ClusterError> {
     let pgdata = &layout.pgdata;
     if pgdata.exists() {
         // No PG_VERSION: the leftovers of an interrupted initdb, which wants an empty directory.
         fs::remove_dir_all(pgdata).map_err(|e| io_err("remove", pgdata, e))?;
     }
     fs::create_dir(pgdata).map_err(|e| io_err("create", pgdata, e))?;
-    fs::set_permissions(pgdata, fs::Permissions::from_mode(0o700))
-        .map_err(|e| io_err("chmod", pgdata, e))?;
+    fs::set_permissions(pgdata, fs::Permissions::from_mode(0o700)).map_err(|e| io_err("chmod", pgdata, e))?;
     runner.own(pgdata)?;
 
     let program = bindir.join("initdb");
@@ -137,10 +107,7 @@ pub(crate) fn initdb(
     if !durable {
         cmd.arg("--no-sync");
     }
-    let out = cmd
-        .current_dir(&layout.data_dir)
-        .output()
-        .map_err(|e| runner.spawn_err(&program, e))?;
+    let out = cmd.current_dir(&layout.data_dir).output().map_err(|e| runner.spawn_err(&program, e))?;
     if !out.status.success() {
         return Err(ClusterError::Initdb(tail(&combined(&out), 5)));
     }
@@ -148,10 +115,7 @@ pub(crate) fn initdb(
     // Our settings live in a file of their own, rewritten at each start; settings later in
     // postgresql.conf win, so the include goes last.
     let conf = pgdata.join("postgresql.conf");
-    let mut file = OpenOptions::new()
-        .append(true)
-        .open(&conf)
-        .map_err(|e| io_err("open", &conf, e))?;
+    let mut file = OpenOptions::new().append(true).open(&conf).map_err(|e| io_err("open", &conf, e))?;
     file.write_all(b"\n# Settings of the shopfloor embedded cluster, rewritten at each start.\ninclude_if_exists = 'shopfloor.conf'\n")
         .map_err(|e| io_err("write", &conf, e))?;
     tracing::info!(dir = %pgdata.display(), "created the embedded PostgreSQL cluster");
@@ -160,46 +124,27 @@ pub(crate) fn initdb(
 
 /// The log is written by the server, so it must belong to the user the server runs as.
 pub(crate) fn prepare_log(layout: &Layout, runner: &Runner) -> Result<(), ClusterError> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&layout.log)
-        .map_err(|e| io_err("create", &layout.log, e))?;
+    OpenOptions::new().create(true).append(true).open(&layout.log).map_err(|e| io_err("create", &layout.log, e))?;
     runner.own(&layout.log)
 }
 
 /// The remembered port while it is free, else a fresh one, which is then remembered.
 pub(crate) fn choose_port(layout: &Layout, fresh: bool) -> Result<u16, ClusterError> {
-    let remembered = fs::read_to_string(&layout.port_file)
-        .ok()
-        .and_then(|s| s.trim().parse::<u16>().ok());
+    let remembered = fs::read_to_string(&layout.port_file).ok().and_then(|s| s.trim().parse::<u16>().ok());
     if let Some(port) = remembered.filter(|&p| !fresh && p != 0) {
         if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
             return Ok(port);
         }
     }
-    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map_err(|e| io_err("find a free port on", Path::new("127.0.0.1"), e))?
-        .port();
-    fs::write(&layout.port_file, format!("{port}\n"))
-        .map_err(|e| io_err("write", &layout.port_file, e))?;
+    let port =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()).map_err(|e| io_err("find a free port on", Path::new("127.0.0.1"), e))?.port();
+    fs::write(&layout.port_file, format!("{port}\n")).map_err(|e| io_err("write", &layout.port_file, e))?;
     Ok(port)
 }
 
-pub(crate) fn write_conf(
-    layout: &Layout,
-    bindir: &Path,
-    runner: &Runner,
-    port: u16,
-    durable: bool,
-) -> Result<(), ClusterError> {
+pub(crate) fn write_conf(layout: &Layout, bindir: &Path, runner: &Runner, port: u16, durable: bool) -> Result<(), ClusterError> {
     // Without the library, pg_stat_statements is left out rather than failing the start.
-    let preload = if has_pg_stat_statements(bindir) {
-        "shared_preload_libraries = 'pg_stat_statements'\n"
-    } else {
-        ""
-    };
+    let preload = if has_pg_stat_statements(bindir) { "shared_preload_libraries = 'pg_stat_statements'\n" } else { "" };
     let switch = if durable { "on" } else { "off" };
     let conf = format!(
         "# Written by shopfloor before each start of the embedded cluster; edits are overwritten.\n\
@@ -236,11 +181,7 @@ pub(crate) fn start_server(layout: &Layout, bindir: &Path, runner: &Runner) -> R
         return Ok(());
     }
     let log_tail = tail(&read_from(&layout.log, log_start), 5);
-    let detail = if log_tail.is_empty() {
-        tail(&combined(&out), 5)
-    } else {
-        log_tail
-    };
+    let detail = if log_tail.is_empty() { tail(&combined(&out), 5) } else { log_tail };
     Err(format!("{detail} (log: {})", layout.log.display()))
 }
 
@@ -262,23 +203,13 @@ pub(crate) fn stop_server(layout: &Layout, bindir: &Path, runner: &Runner) -> Re
 
 pub(crate) async fn create_database(port: u16) -> Result<(), ClusterError> {
     use sqlx::Connection;
-    let err = |e: sqlx::Error| ClusterError::CreateDb {
-        port,
-        cause: e.to_string(),
-    };
+    let err = |e: sqlx::Error| ClusterError::CreateDb { port, cause: e.to_string() };
     let url = format!("postgres://{ROLE}@127.0.0.1:{port}/postgres");
     let mut conn = sqlx::PgConnection::connect(&url).await.map_err(err)?;
     let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(DATABASE)
-            .fetch_one(&mut conn)
-            .await
-            .map_err(err)?;
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)").bind(DATABASE).fetch_one(&mut conn).await.map_err(err)?;
     if !exists {
-        match sqlx::query(&format!("CREATE DATABASE \"{DATABASE}\""))
-            .execute(&mut conn)
-            .await
-        {
+        match sqlx::query(&format!("CREATE DATABASE \"{DATABASE}\"")).execute(&mut conn).await {
             Ok(_) => {}
             // Another process created it between our check and our create.
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}

@@ -19,11 +19,7 @@ pub(crate) enum EdgeKind {
 /// `on_fail` or, when the node has no `after`, from a decision downstream of it (`downstream`
 /// says whether an edge's source can be reached from the node). Without this, a first node that
 /// a gate sends work back to could never start.
-pub(crate) fn starts_a_run(
-    incoming: impl IntoIterator<Item = (usize, EdgeKind)>,
-    has_after: bool,
-    mut downstream: impl FnMut(usize) -> bool,
-) -> bool {
+pub(crate) fn starts_a_run(incoming: impl IntoIterator<Item = (usize, EdgeKind)>, has_after: bool, mut downstream: impl FnMut(usize) -> bool) -> bool {
     incoming.into_iter().all(|(from, kind)| match kind {
         EdgeKind::Loop => true,
         EdgeKind::Route => !has_after && downstream(from),

@@ -29,9 +29,7 @@ pub fn compile(expr: &str) -> Result<(), String> {
 /// value JSON cannot hold.
 pub fn eval(expr: &str, context: &serde_json::Value) -> Result<serde_json::Value, String> {
     let value = run(expr, context)?;
-    value
-        .json()
-        .map_err(|e| format!("the result cannot be turned into JSON: {e}"))
+    value.json().map_err(|e| format!("the result cannot be turned into JSON: {e}"))
 }
 
 /// Evaluates `expr` over `context`.
@@ -41,10 +39,7 @@ pub fn eval(expr: &str, context: &serde_json::Value) -> Result<serde_json::Value
 pub fn eval_bool(expr: &str, context: &serde_json::Value) -> Result<bool, String> {
     match run(expr, context)? {
         Value::Bool(b) => Ok(b),
-        other => Err(format!(
-            "the expression gave {}, not a boolean",
-            other.type_of()
-        )),
+        other => Err(format!("the expression gave {}, not a boolean", other.type_of())),
     }
 }
 
@@ -57,13 +52,7 @@ fn program(expr: &str) -> Result<Program, String> {
             .errors
             .iter()
             // ANTLR's list of every token it would have taken helps no one writing a workflow.
-            .map(|e| {
-                format!(
-                    "{} (column {})",
-                    e.msg.split(" expecting {").next().unwrap_or(&e.msg),
-                    e.pos.1
-                )
-            })
+            .map(|e| format!("{} (column {})", e.msg.split(" expecting {").next().unwrap_or(&e.msg), e.pos.1))
             .collect();
         messages.join("; ")
     })
@@ -111,8 +100,7 @@ thread_local! {
 fn bind(cel_context: &mut Context<'_, '_>, variables: &serde_json::Map<String, serde_json::Value>) {
     for name in VARIABLES {
         if !variables.contains_key(name) {
-            cel_context
-                .add_variable_from_value(name, Value::Map(HashMap::<Key, Value>::new().into()));
+            cel_context.add_variable_from_value(name, Value::Map(HashMap::<Key, Value>::new().into()));
         }
     }
     for (name, value) in variables {
@@ -136,14 +124,9 @@ fn to_cel(value: &serde_json::Value) -> Value {
             }
         }
         serde_json::Value::String(s) => Value::String(Arc::new(s.clone())),
-        serde_json::Value::Array(items) => {
-            Value::List(Arc::new(items.iter().map(to_cel).collect()))
-        }
+        serde_json::Value::Array(items) => Value::List(Arc::new(items.iter().map(to_cel).collect())),
         serde_json::Value::Object(map) => {
-            let map: HashMap<Key, Value> = map
-                .iter()
-                .map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v)))
-                .collect();
+            let map: HashMap<Key, Value> = map.iter().map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v))).collect();
             Value::Map(map.into())
         }
     }

@@ -15,24 +15,12 @@ mod yaml;
 use std::str::FromStr;
 
 pub use read::Problem;
-use read::{Cx, boolean, expression, count, duration, mapping, nonempty_string, one_of, string, usd};
+use read::{Cx, boolean, count, duration, expression, mapping, nonempty_string, one_of, string, usd};
 use yaml::Node as YNode;
 
-use super::model::{
-    Budget, Concurrency, ConcurrencyPolicy, Definition, GithubTrigger, ScheduleTrigger, Senders, Throttle,
-    Triggers,
-};
+use super::model::{Budget, Concurrency, ConcurrencyPolicy, Definition, GithubTrigger, ScheduleTrigger, Senders, Throttle, Triggers};
 
-const TOP_KEYS: &[&str] = &[
-    "name",
-    "on",
-    "concurrency",
-    "throttle",
-    "budget",
-    "approval",
-    "nodes",
-    "stop_the_line_attempts",
-];
+const TOP_KEYS: &[&str] = &["name", "on", "concurrency", "throttle", "budget", "approval", "nodes", "stop_the_line_attempts"];
 
 /// Parses and validates a workflow definition.
 ///
@@ -46,17 +34,11 @@ pub fn parse(source: &str) -> Result<Definition, Vec<Problem>> {
                 line: 1,
                 col: 1,
                 path: String::new(),
-                message: "the file holds no workflow (it needs at least `name` and `nodes`)"
-                    .to_owned(),
+                message: "the file holds no workflow (it needs at least `name` and `nodes`)".to_owned(),
             }]);
         }
         Err(e) => {
-            return Err(vec![Problem {
-                line: e.pos.line,
-                col: e.pos.col,
-                path: String::new(),
-                message: format!("YAML syntax error: {}", e.message),
-            }]);
+            return Err(vec![Problem { line: e.pos.line, col: e.pos.col, path: String::new(), message: format!("YAML syntax error: {}", e.message) }]);
         }
     };
     let mut cx = Cx::default();
@@ -67,12 +49,7 @@ pub fn parse(source: &str) -> Result<Definition, Vec<Problem>> {
         _ => {
             if problems.is_empty() {
                 // Every reader that gives up records why; this guards the rule, not a case.
-                problems.push(Problem {
-                    line: 1,
-                    col: 1,
-                    path: String::new(),
-                    message: "the workflow is not valid".to_owned(),
-                });
+                problems.push(Problem { line: 1, col: 1, path: String::new(), message: "the workflow is not valid".to_owned() });
             }
             problems.sort_by(|a, b| (a.line, a.col, &a.path).cmp(&(b.line, b.col, &b.path)));
             problems.dedup();
@@ -83,30 +60,17 @@ pub fn parse(source: &str) -> Result<Definition, Vec<Problem>> {
 
 fn definition(cx: &mut Cx, root: &YNode) -> Option<Definition> {
     if !matches!(root.value, yaml::Value::Map(_)) {
-        read::type_error(
-            cx,
-            root,
-            "",
-            "a workflow (a mapping with `name`, `nodes` and so on)",
-        );
+        read::type_error(cx, root, "", "a workflow (a mapping with `name`, `nodes` and so on)");
         return None;
     }
     let f = mapping(cx, root, "", TOP_KEYS)?;
     let name = f.must(cx, "name", nonempty_string);
-    let on = f
-        .optional(cx, "on", triggers)
-        .map(Option::unwrap_or_default);
+    let on = f.optional(cx, "on", triggers).map(Option::unwrap_or_default);
     let concurrency = f.optional(cx, "concurrency", concurrency);
     let throttle = f.optional(cx, "throttle", throttle);
-    let budget = f
-        .optional(cx, "budget", budget)
-        .map(Option::unwrap_or_default);
-    let approval_required = f
-        .optional(cx, "approval", approval_policy)
-        .map(|a| a.unwrap_or(false));
-    let stop_the_line_attempts = f
-        .optional(cx, "stop_the_line_attempts", |cx, n, p| count(cx, n, p, 1))
-        .map(|n| n.unwrap_or(3));
+    let budget = f.optional(cx, "budget", budget).map(Option::unwrap_or_default);
+    let approval_required = f.optional(cx, "approval", approval_policy).map(|a| a.unwrap_or(false));
+    let stop_the_line_attempts = f.optional(cx, "stop_the_line_attempts", |cx, n, p| count(cx, n, p, 1)).map(|n| n.unwrap_or(3));
     let nodes = f.must(cx, "nodes", |cx, n, p| {
         let (skeletons, nodes) = node::nodes(cx, n, p)?;
         graph::check(cx, &skeletons);
@@ -132,35 +96,22 @@ fn triggers(cx: &mut Cx, node: &YNode, path: &str) -> Option<Triggers> {
     let f = mapping(cx, node, path, &["github", "schedule"])?;
     let github = f.optional(cx, "github", github);
     let schedule = f.optional(cx, "schedule", schedule);
-    Some(Triggers {
-        github: github?,
-        schedule: schedule?,
-    })
+    Some(Triggers { github: github?, schedule: schedule? })
 }
 
 fn github(cx: &mut Cx, node: &YNode, path: &str) -> Option<GithubTrigger> {
     let f = mapping(cx, node, path, &["events", "if", "senders"])?;
     let events = f.must(cx, "events", events);
     let condition = f.optional(cx, "if", expression);
-    let senders = f
-        .optional_one_of(cx, "senders", &[("trusted", Senders::Trusted), ("any", Senders::Any)])
-        .map(Option::unwrap_or_default);
-    Some(GithubTrigger {
-        events: events?,
-        condition: condition?,
-        senders: senders?,
-    })
+    let senders = f.optional_one_of(cx, "senders", &[("trusted", Senders::Trusted), ("any", Senders::Any)]).map(Option::unwrap_or_default);
+    Some(GithubTrigger { events: events?, condition: condition?, senders: senders? })
 }
 
 /// Event names as GitHub sends them: `issues` or `issues.labeled`.
 fn events(cx: &mut Cx, node: &YNode, path: &str) -> Option<Vec<String>> {
     let items = read::strings_at(cx, node, path)?;
     if items.is_empty() {
-        cx.report(
-            node.pos,
-            path,
-            "give at least one event, such as issues.labeled",
-        );
+        cx.report(node.pos, path, "give at least one event, such as issues.labeled");
         return None;
     }
     let mut ok = true;
@@ -172,11 +123,7 @@ fn events(cx: &mut Cx, node: &YNode, path: &str) -> Option<Vec<String>> {
         };
         if !valid {
             ok = false;
-            cx.report(
-                *pos,
-                &format!("{path}[{i}]"),
-                format!("`{event}` is not an event name such as issues or issues.labeled"),
-            );
+            cx.report(*pos, &format!("{path}[{i}]"), format!("`{event}` is not an event name such as issues or issues.labeled"));
         }
     }
     ok.then(|| items.into_iter().map(|(e, _)| e).collect())
@@ -199,45 +146,27 @@ fn schedule(cx: &mut Cx, node: &YNode, path: &str) -> Option<ScheduleTrigger> {
         match text.parse::<chrono_tz::Tz>() {
             Ok(_) => Some(text),
             Err(_) => {
-                cx.report(
-                    n.pos,
-                    p,
-                    format!("`{text}` is not a time zone such as Europe/Paris or UTC"),
-                );
+                cx.report(n.pos, p, format!("`{text}` is not a time zone such as Europe/Paris or UTC"));
                 None
             }
         }
     });
-    Some(ScheduleTrigger {
-        cron: cron?,
-        tz: tz?,
-    })
+    Some(ScheduleTrigger { cron: cron?, tz: tz? })
 }
 
 fn concurrency(cx: &mut Cx, node: &YNode, path: &str) -> Option<Concurrency> {
     let f = mapping(cx, node, path, &["group", "limit", "policy"])?;
     let group = f.optional(cx, "group", nonempty_string);
     let limit = f.optional(cx, "limit", |cx, n, p| count(cx, n, p, 1));
-    let policy = f.optional_one_of(
-        cx,
-        "policy",
-        &[("queue", ConcurrencyPolicy::Queue), ("skip", ConcurrencyPolicy::Skip), ("drop", ConcurrencyPolicy::Drop)],
-    );
-    Some(Concurrency {
-        group: group?.unwrap_or_else(|| "item".to_owned()),
-        limit: limit?.unwrap_or(1),
-        policy: policy?.unwrap_or(ConcurrencyPolicy::Queue),
-    })
+    let policy = f.optional_one_of(cx, "policy", &[("queue", ConcurrencyPolicy::Queue), ("skip", ConcurrencyPolicy::Skip), ("drop", ConcurrencyPolicy::Drop)]);
+    Some(Concurrency { group: group?.unwrap_or_else(|| "item".to_owned()), limit: limit?.unwrap_or(1), policy: policy?.unwrap_or(ConcurrencyPolicy::Queue) })
 }
 
 fn throttle(cx: &mut Cx, node: &YNode, path: &str) -> Option<Throttle> {
     let f = mapping(cx, node, path, &["per", "limit"])?;
     let per = f.must(cx, "per", duration);
     let limit = f.must(cx, "limit", |cx, n, p| count(cx, n, p, 1));
-    Some(Throttle {
-        per: per?,
-        limit: limit?,
-    })
+    Some(Throttle { per: per?, limit: limit? })
 }
 
 fn budget(cx: &mut Cx, node: &YNode, path: &str) -> Option<Budget> {
@@ -246,9 +175,5 @@ fn budget(cx: &mut Cx, node: &YNode, path: &str) -> Option<Budget> {
     let max_cycles = f.optional(cx, "max_cycles", |cx, n, p| count(cx, n, p, 1));
     let usd_per_run = f.optional(cx, "usd_per_run", usd);
     let hard = f.optional(cx, "hard", boolean);
-    Some(Budget {
-        max_cycles: max_cycles?.unwrap_or(defaults.max_cycles),
-        usd_per_run: usd_per_run?,
-        hard: hard?.unwrap_or(defaults.hard),
-    })
+    Some(Budget { max_cycles: max_cycles?.unwrap_or(defaults.max_cycles), usd_per_run: usd_per_run?, hard: hard?.unwrap_or(defaults.hard) })
 }

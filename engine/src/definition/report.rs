@@ -13,12 +13,7 @@ pub fn validate_files(paths: &[PathBuf], out: &mut impl Write) -> bool {
     for path in paths {
         let problems = match std::fs::read_to_string(path) {
             Ok(source) => parse(&source).err().unwrap_or_default(),
-            Err(e) => vec![Problem {
-                line: 1,
-                col: 1,
-                path: String::new(),
-                message: format!("cannot read the file: {e}"),
-            }],
+            Err(e) => vec![Problem { line: 1, col: 1, path: String::new(), message: format!("cannot read the file: {e}") }],
         };
         all_valid &= problems.is_empty();
         if problems.is_empty() {
@@ -27,13 +22,7 @@ pub fn validate_files(paths: &[PathBuf], out: &mut impl Write) -> bool {
         for problem in &problems {
             // A failed write (a closed pipe) must not turn into a verdict on the workflow,
             // which the return value gives either way.
-            let _ = writeln!(
-                out,
-                "{}:{}:{}: {problem}",
-                path.display(),
-                problem.line,
-                problem.col
-            );
+            let _ = writeln!(out, "{}:{}:{}: {problem}", path.display(), problem.line, problem.col);
         }
     }
     all_valid

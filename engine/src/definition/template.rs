@@ -38,10 +38,7 @@ pub fn render(src: &str, context: &serde_json::Value) -> Result<String, String> 
 
 pub(crate) fn syntax_error(src: &str) -> Option<SyntaxError> {
     let env = environment();
-    env.template_from_str(src).err().map(|e| SyntaxError {
-        line: e.line(),
-        message: describe(&e),
-    })
+    env.template_from_str(src).err().map(|e| SyntaxError { line: e.line(), message: describe(&e) })
 }
 
 fn environment() -> Environment<'static> {

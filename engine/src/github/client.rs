@@ -16,7 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use octocrab::Octocrab;
 use secrecy::{ExposeSecret, SecretString};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// GitHub's public API, the default of `SHOPFLOOR_GITHUB_API_URL`.
 pub const PUBLIC_API: &str = "https://api.github.com";
@@ -47,7 +47,11 @@ pub struct AppSettings {
 impl std::fmt::Debug for AppSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the key.
-        f.debug_struct("AppSettings").field("app_id", &self.app_id).field("api_url", &self.api_url).field("graphql_url", &self.graphql_url).finish_non_exhaustive()
+        f.debug_struct("AppSettings")
+            .field("app_id", &self.app_id)
+            .field("api_url", &self.api_url)
+            .field("graphql_url", &self.graphql_url)
+            .finish_non_exhaustive()
     }
 }
 
@@ -402,7 +406,10 @@ mod tests {
             classify(422, &headers(&[]), json!({ "message": "Validation Failed" })).unwrap_err(),
             CallError::Client { status: 422, message: "Validation Failed".into() }
         );
-        assert!(matches!(classify(403, &headers(&[]), json!({ "message": "Resource not accessible by integration" })), Err(CallError::Client { status: 403, .. })));
+        assert!(matches!(
+            classify(403, &headers(&[]), json!({ "message": "Resource not accessible by integration" })),
+            Err(CallError::Client { status: 403, .. })
+        ));
     }
 
     #[test]

@@ -28,8 +28,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
 use crate::db::Db;
+use serde_json::{Map, Value, json};
 
 use super::client::{CallError, GithubApp, RepoClient, Scope, Verb};
 use crate::advance::ToExecute;
@@ -47,7 +47,10 @@ pub enum Executed {
     Succeeded(Value),
     Failed(Failure),
     /// Give the step back until `delay` has passed (`reason` is `deferred:<why>`).
-    Deferred { reason: String, delay: Duration },
+    Deferred {
+        reason: String,
+        delay: Duration,
+    },
 }
 
 impl From<Result<Value, Failure>> for Executed {
@@ -159,7 +162,9 @@ impl OutputExecutor {
             return Ok(pr_output(&ctx.repository, &pr, false));
         }
         let text = match &ctx.output.body {
-            Some(tpl) => crate::definition::template::render(tpl, &ctx.template).map_err(|e| Step::Refused(crate::store::cap(&format!("output:template: {e}"))))?,
+            Some(tpl) => {
+                crate::definition::template::render(tpl, &ctx.template).map_err(|e| Step::Refused(crate::store::cap(&format!("output:template: {e}"))))?
+            }
             None => ctx.crew.get("text").and_then(Value::as_str).unwrap_or_default().to_owned(),
         };
         let body = json!({
@@ -185,7 +190,11 @@ impl OutputExecutor {
 
     async fn comment(&self, client: &RepoClient, ctx: &Ctx) -> Result<Value, Step> {
         let number = ctx.number.ok_or_else(|| Step::Refused("output:no_item".into()))?;
-        let marker = if ctx.visit > 1 { format!("<!-- shopfloor:{}:{}:{} -->", ctx.run, ctx.node, ctx.visit) } else { format!("<!-- shopfloor:{}:{} -->", ctx.run, ctx.node) };
+        let marker = if ctx.visit > 1 {
+            format!("<!-- shopfloor:{}:{}:{} -->", ctx.run, ctx.node, ctx.visit)
+        } else {
+            format!("<!-- shopfloor:{}:{} -->", ctx.run, ctx.node)
+        };
         let mut page = 1;
         loop {
             let path = format!("/repos/{}/issues/{number}/comments?per_page=100&page={page}", ctx.repository);
@@ -201,7 +210,9 @@ impl OutputExecutor {
             page += 1;
         }
         let text = match &ctx.output.body {
-            Some(tpl) => crate::definition::template::render(tpl, &ctx.template).map_err(|e| Step::Refused(crate::store::cap(&format!("output:template: {e}"))))?,
+            Some(tpl) => {
+                crate::definition::template::render(tpl, &ctx.template).map_err(|e| Step::Refused(crate::store::cap(&format!("output:template: {e}"))))?
+            }
             None => String::new(),
         };
         let body = json!({ "body": format!("{text}\n\n{marker}") });
@@ -342,7 +353,9 @@ async fn load(db: &Db, catalog: &Catalog, job: &ToExecute) -> Result<Result<Ctx,
         return Ok(Err(failure("output:not_an_output", FailureClass::Final)));
     };
     let item: Option<(Value, Option<String>)> = match item_id {
-        Some(id) => sqlx::query_as("SELECT data, node_id FROM items WHERE item_id = $1 AND org_id = $2").bind(id).bind(job.org).fetch_optional(&mut *conn).await?,
+        Some(id) => {
+            sqlx::query_as("SELECT data, node_id FROM items WHERE item_id = $1 AND org_id = $2").bind(id).bind(job.org).fetch_optional(&mut *conn).await?
+        }
         None => None,
     };
     let (item, node_id) = item.unwrap_or((Value::Null, None));

@@ -15,16 +15,16 @@
 //!
 //! Nothing here calls GitHub, and nothing polls: webhooks write the wakes (`store::github`).
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::definition::{Gate, Node, NodeKind, Wait};
 use crate::ids::StepId;
+use crate::item_keys::item_key;
 use crate::state::step;
-use crate::store::github::{self as sg, Watch, WAKE_PREFIX};
+use crate::store::github::{self as sg, WAKE_PREFIX, Watch};
 use crate::store::runs::RunRow;
 use crate::store::steps::{self, Failure, FailureClass, Initial, NewStep, StepRow};
 use crate::store::{Change, Result};
-use crate::item_keys::item_key;
 use crate::walk;
 
 /// Conclusions that let a gate pass.
@@ -63,11 +63,8 @@ pub async fn target(ch: &mut Change, run: &RunRow, history: &[StepRow]) -> Resul
         return Ok(Some(t));
     }
     let Some(item) = run.item_id else { return Ok(None) };
-    let data: Option<Value> = sqlx::query_scalar("SELECT data FROM items WHERE item_id = $1 AND org_id = $2")
-        .bind(item)
-        .bind(run.org_id)
-        .fetch_optional(ch.conn())
-        .await?;
+    let data: Option<Value> =
+        sqlx::query_scalar("SELECT data FROM items WHERE item_id = $1 AND org_id = $2").bind(item).bind(run.org_id).fetch_optional(ch.conn()).await?;
     let Some(data) = data else { return Ok(None) };
     let (Some(repository), Some(number)) = (data.get("repository").and_then(Value::as_str), data.get("number").and_then(Value::as_i64)) else {
         return Ok(None);
@@ -80,13 +77,7 @@ pub async fn target(ch: &mut Change, run: &RunRow, history: &[StepRow]) -> Resul
 /// test executor, which then takes the gate as before (tests and benchmarks without GitHub);
 /// otherwise `Some(resolved at once)`.
 pub async fn start_gate(
-    ch: &mut Change,
-    run: &RunRow,
-    node: &Node,
-    gate: &Gate,
-    start: &walk::Start,
-    history: &[StepRow],
-    has_test_executor: bool,
+    ch: &mut Change, run: &RunRow, node: &Node, gate: &Gate, start: &walk::Start, history: &[StepRow], has_test_executor: bool,
 ) -> Result<Option<bool>> {
     let target = target(ch, run, history).await?.map(|t| with_pushed_head(t, history)).filter(|t| t.head_sha.is_some());
     if target.is_none() && has_test_executor {

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::run_rows::RunRow;
-use super::{cap, runs, Change, Result, StoreError};
+use super::{Change, Result, StoreError, cap, runs};
 use crate::admission as rules;
 use crate::definition::Definition;
 use crate::ids::{OrgId, ProjectId, RunId, WorkflowId};
@@ -72,12 +72,8 @@ pub async fn set_running_cap(ch: &mut Change, org: OrgId, running_cap: i32) -> R
 /// Pauses or unpauses a project: new runs of its workflows are held while it is paused, and
 /// released when it is unpaused. Runs already admitted carry on.
 pub async fn set_project_paused(ch: &mut Change, org: OrgId, project: ProjectId, paused: bool) -> Result<()> {
-    let done = sqlx::query("UPDATE projects SET paused = $3 WHERE org_id = $1 AND project_id = $2")
-        .bind(org)
-        .bind(project)
-        .bind(paused)
-        .execute(&mut *ch.tx)
-        .await?;
+    let done =
+        sqlx::query("UPDATE projects SET paused = $3 WHERE org_id = $1 AND project_id = $2").bind(org).bind(project).bind(paused).execute(&mut *ch.tx).await?;
     if done.rows_affected() == 0 {
         return Err(StoreError::NotFound("project"));
     }
@@ -172,7 +168,8 @@ pub async fn set_board_limit(ch: &mut Change, org: OrgId, project: ProjectId, co
         return Err(StoreError::Invalid("a WIP limit is between 1 and 100000".into()));
     }
     let key = rules::column_key(name);
-    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM projects WHERE org_id = $1 AND project_id = $2").bind(org).bind(project).fetch_optional(&mut *ch.tx).await?;
+    let exists: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM projects WHERE org_id = $1 AND project_id = $2").bind(org).bind(project).fetch_optional(&mut *ch.tx).await?;
     exists.ok_or(StoreError::NotFound("project"))?;
     // The old limit, locked: admissions read it FOR SHARE.
     let before: Option<i32> = sqlx::query_scalar("SELECT wip_limit FROM board_limits WHERE org_id = $1 AND project_id = $2 AND column_key = $3 FOR UPDATE")

@@ -3,12 +3,12 @@
 //! other write.
 
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
+use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::query::QueryScalar;
-use sqlx::Postgres;
 
-use super::{cap, Change, Result, StoreError};
+use super::{Change, Result, StoreError, cap};
 use crate::ids::{OrgId, UserId};
 
 /// The roles of a person in an org, highest first.
@@ -46,10 +46,8 @@ pub async fn member_role(ch: &mut Change, org: OrgId, user: UserId) -> Result<Op
 /// Refuses a change that would leave the org without an owner. Owners are locked so that two
 /// concurrent demotions cannot both pass.
 async fn keep_an_owner(ch: &mut Change, org: OrgId, leaving: UserId) -> Result<()> {
-    let owners: Vec<UserId> = sqlx::query_scalar("SELECT user_id FROM memberships WHERE org_id = $1 AND role = 'owner' FOR UPDATE")
-        .bind(org)
-        .fetch_all(&mut *ch.tx)
-        .await?;
+    let owners: Vec<UserId> =
+        sqlx::query_scalar("SELECT user_id FROM memberships WHERE org_id = $1 AND role = 'owner' FOR UPDATE").bind(org).fetch_all(&mut *ch.tx).await?;
     if owners.iter().all(|o| *o == leaving) {
         return Err(StoreError::Conflict("an org keeps at least one owner".into()));
     }
@@ -66,12 +64,7 @@ pub async fn set_member_role(ch: &mut Change, org: OrgId, user: UserId, role: &s
     if current == "owner" {
         keep_an_owner(ch, org, user).await?;
     }
-    sqlx::query("UPDATE memberships SET role = $3 WHERE org_id = $1 AND user_id = $2")
-        .bind(org)
-        .bind(user)
-        .bind(role)
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query("UPDATE memberships SET role = $3 WHERE org_id = $1 AND user_id = $2").bind(org).bind(user).bind(role).execute(&mut *ch.tx).await?;
     ch.audit(org, None, "member.role", ("user", user.to_string()), json!({ "from": current, "to": role }))?;
     Ok(())
 }
@@ -84,13 +77,11 @@ pub async fn remove_member(ch: &mut Change, org: OrgId, user: UserId) -> Result<
         keep_an_owner(ch, org, user).await?;
     }
     sqlx::query("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2").bind(org).bind(user).execute(&mut *ch.tx).await?;
-    let revoked = sqlx::query(
-        "UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND user_id = $2 AND revoked_at IS NULL AND expires_at > now()",
-    )
-    .bind(org)
-    .bind(user)
-    .execute(&mut *ch.tx)
-    .await?;
+    let revoked = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND user_id = $2 AND revoked_at IS NULL AND expires_at > now()")
+        .bind(org)
+        .bind(user)
+        .execute(&mut *ch.tx)
+        .await?;
     ch.audit(org, None, "member.remove", ("user", user.to_string()), json!({ "role": current, "tokens_revoked": revoked.rows_affected() }))?;
     Ok(())
 }
@@ -144,14 +135,12 @@ pub async fn claim_key(ch: &mut Change, org: OrgId, key: &str, request_hash: &st
         .bind(IDEMPOTENCY_TTL_HOURS)
         .execute(&mut *ch.tx)
         .await?;
-    let inserted = sqlx::query(
-        "INSERT INTO idempotency_keys (org_id, key, request_hash) VALUES ($1, $2, $3) ON CONFLICT (org_id, key) DO NOTHING",
-    )
-    .bind(org)
-    .bind(key)
-    .bind(request_hash)
-    .execute(&mut *ch.tx)
-    .await?;
+    let inserted = sqlx::query("INSERT INTO idempotency_keys (org_id, key, request_hash) VALUES ($1, $2, $3) ON CONFLICT (org_id, key) DO NOTHING")
+        .bind(org)
+        .bind(key)
+        .bind(request_hash)
+        .execute(&mut *ch.tx)
+        .await?;
     if inserted.rows_affected() == 1 {
         return Ok(KeyClaim::New);
     }

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::steps::{self, Failure, FailureClass, Initial, NewStep};
-use super::{cap, runs, Change, Result, StoreError};
+use super::{Change, Result, StoreError, cap, runs};
 use crate::definition::{Field, FieldType};
 use crate::ids::{OrgId, RunId, StepId};
 use crate::state::{run, step};
@@ -17,20 +17,11 @@ pub const START_PROMPT: &str = "Start this run?";
 
 /// Creates a waiting approval step with its form; with a timeout, the wake that resolves it.
 pub async fn open(
-    ch: &mut Change,
-    run: RunId,
-    node: &str,
-    visit: u32,
-    prompt: &str,
-    fields: &std::collections::BTreeMap<String, Field>,
-    timeout: Option<Duration>,
+    ch: &mut Change, run: RunId, node: &str, visit: u32, prompt: &str, fields: &std::collections::BTreeMap<String, Field>, timeout: Option<Duration>,
 ) -> Result<StepId> {
-    let step = steps::create(
-        ch,
-        run,
-        NewStep { node, kind: "approval", visit, attempt: 1, requires: vec![], initial: Initial::Waiting, delay: Duration::ZERO },
-    )
-    .await?;
+    let step =
+        steps::create(ch, run, NewStep { node, kind: "approval", visit, attempt: 1, requires: vec![], initial: Initial::Waiting, delay: Duration::ZERO })
+            .await?;
     let org = ch.locked(run)?.org;
     let form = fields_json(fields);
     let deadline: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
@@ -66,10 +57,7 @@ fn fields_json(fields: &std::collections::BTreeMap<String, Field>) -> Value {
             FieldType::Boolean => "boolean",
             FieldType::Choice => "choice",
         };
-        out.insert(
-            name.clone(),
-            json!({ "type": ty, "required": f.required, "options": f.options, "default": f.default, "description": f.description }),
-        );
+        out.insert(name.clone(), json!({ "type": ty, "required": f.required, "options": f.options, "default": f.default, "description": f.description }));
     }
     Value::Object(out)
 }
@@ -102,10 +90,7 @@ pub fn check_answer(form: &Value, answer: &Map<String, Value>) -> std::result::R
         let ok = match ty {
             "number" => value.is_number(),
             "boolean" => value.is_boolean(),
-            "choice" => spec
-                .get("options")
-                .and_then(Value::as_array)
-                .is_some_and(|opts| opts.iter().any(|o| o == &value)),
+            "choice" => spec.get("options").and_then(Value::as_array).is_some_and(|opts| opts.iter().any(|o| o == &value)),
             _ => value.is_string(),
         };
         if !ok {
@@ -187,11 +172,7 @@ pub async fn reject(ch: &mut Change, org: OrgId, run: RunId, node: &str, reason:
 /// reads a dry run's answers).
 pub async fn answer_dry(ch: &mut Change, run: RunId, step: StepId) -> Result<Value> {
     ch.locked(run)?;
-    let form: Value = sqlx::query_scalar("SELECT fields FROM approvals WHERE step_id = $1 AND run_id = $2")
-        .bind(step)
-        .bind(run)
-        .fetch_one(&mut *ch.tx)
-        .await?;
+    let form: Value = sqlx::query_scalar("SELECT fields FROM approvals WHERE step_id = $1 AND run_id = $2").bind(step).bind(run).fetch_one(&mut *ch.tx).await?;
     let defaults: Map<String, Value> = form
         .as_object()
         .into_iter()

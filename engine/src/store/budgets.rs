@@ -15,7 +15,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 use serde_json::json;
 
-use super::{admission, Change, Result, StoreError};
+use super::{Change, Result, StoreError, admission};
 use crate::admission as rules;
 use crate::ids::{OrgId, ProjectId, RunId};
 
@@ -121,7 +121,10 @@ pub(crate) async fn holding(ch: &mut Change, org: OrgId, project: ProjectId) -> 
         };
         if spent >= l.usd_limit {
             let until = if l.period == "day" { sums.to_tomorrow_ms } else { sums.to_next_month_ms };
-            return Ok(Some(Spent { scope: words(l.project_id.is_some(), &l.period, l.usd_limit, l.hard), until: Duration::from_millis(until.max(0.0) as u64) }));
+            return Ok(Some(Spent {
+                scope: words(l.project_id.is_some(), &l.period, l.usd_limit, l.hard),
+                until: Duration::from_millis(until.max(0.0) as u64),
+            }));
         }
     }
     Ok(None)
@@ -241,14 +244,13 @@ pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period
         return Err(StoreError::Invalid(format!("usd_limit must be between 0 and {MAX_USD_LIMIT}")));
     }
     // The old limit, locked: admissions read it FOR SHARE.
-    let before: Option<f64> = sqlx::query_scalar(
-        "SELECT usd_limit::float8 FROM budgets WHERE org_id = $1 AND project_id IS NOT DISTINCT FROM $2 AND period = $3 FOR UPDATE",
-    )
-    .bind(org)
-    .bind(project)
-    .bind(period)
-    .fetch_optional(&mut *ch.tx)
-    .await?;
+    let before: Option<f64> =
+        sqlx::query_scalar("SELECT usd_limit::float8 FROM budgets WHERE org_id = $1 AND project_id IS NOT DISTINCT FROM $2 AND period = $3 FOR UPDATE")
+            .bind(org)
+            .bind(project)
+            .bind(period)
+            .fetch_optional(&mut *ch.tx)
+            .await?;
     sqlx::query(
         "INSERT INTO budgets (org_id, budget_id, project_id, period, usd_limit, hard) VALUES ($1, $2, $3, $4, $5::numeric, $6) \
          ON CONFLICT (org_id, project_id, period) DO UPDATE SET usd_limit = EXCLUDED.usd_limit, hard = EXCLUDED.hard",

@@ -9,10 +9,10 @@
 
 use std::time::Duration;
 
-use serde_json::json;
 use crate::db::Db;
+use serde_json::json;
 
-use super::{admission, cap, runs, Actor, Change, Result, StoreError};
+use super::{Actor, Change, Result, StoreError, admission, cap, runs};
 use crate::ids::{RunId, StepId};
 use crate::state::run;
 
@@ -89,10 +89,7 @@ async fn fail_bare(pool: &Db, actor: Actor, run: RunId, detail: &str) -> Result<
     sqlx::query("DELETE FROM wakes WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
     // Its room in admission's queues is handed on as any ended run's is.
     let sql = format!("WITH {} SELECT ARRAY(SELECT group_key FROM l), (SELECT queue FROM q)", admission::lines::leaving_ctes("true"));
-    let (leases, left): (Vec<String>, Option<String>) = sqlx::query_as(&sql)
-    .bind(run)
-    .fetch_one(&mut *ch.tx)
-    .await?;
+    let (leases, left): (Vec<String>, Option<String>) = sqlx::query_as(&sql).bind(run).fetch_one(&mut *ch.tx).await?;
     admission::lines::on_finish(&mut ch, org, &leases, left.as_deref());
     ch.audit(org, Some(project), "run.engine_error", ("run", run.to_string()), json!({ "error": detail, "without_event": true }))?;
     ch.commit().await?;

@@ -50,19 +50,12 @@ pub async fn watch(ch: &mut Change, run: RunId, step: StepId, w: &Watch<'_>) -> 
 
 /// The watch of a step, if any: (repository, number, head_sha, watch).
 pub async fn watch_of(ch: &mut Change, step: StepId) -> Result<Option<(String, Option<i64>, Option<String>, String)>> {
-    Ok(sqlx::query_as("SELECT repository, number, head_sha, watch FROM github_watches WHERE step_id = $1")
-        .bind(step)
-        .fetch_optional(&mut *ch.tx)
-        .await?)
+    Ok(sqlx::query_as("SELECT repository, number, head_sha, watch FROM github_watches WHERE step_id = $1").bind(step).fetch_optional(&mut *ch.tx).await?)
 }
 
 /// Moves a gate's watch to a new head commit (a push to the pull request's branch).
 pub async fn follow_head(ch: &mut Change, step: StepId, head_sha: &str) -> Result<()> {
-    sqlx::query("UPDATE github_watches SET head_sha = $2 WHERE step_id = $1")
-        .bind(step)
-        .bind(head_sha)
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query("UPDATE github_watches SET head_sha = $2 WHERE step_id = $1").bind(step).bind(head_sha).execute(&mut *ch.tx).await?;
     Ok(())
 }
 
@@ -116,15 +109,7 @@ pub async fn wake_checks(ch: &mut Change, org: OrgId, project: ProjectId, reposi
 
 /// Writes a `github:<what>` wake, due now, for each step of the repository's watches that
 /// `watching` (a condition on `$4`, `key`) picks.
-async fn wake_watching<K>(
-    ch: &mut Change,
-    watching: &str,
-    org: OrgId,
-    project: ProjectId,
-    repository: &str,
-    key: K,
-    what: &str,
-) -> Result<u64>
+async fn wake_watching<K>(ch: &mut Change, watching: &str, org: OrgId, project: ProjectId, repository: &str, key: K, what: &str) -> Result<u64>
 where
     K: 'static + Send + for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
 {

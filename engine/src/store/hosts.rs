@@ -17,11 +17,11 @@
 
 use std::time::Duration;
 
+use crate::db::Db;
 use serde_json::json;
 use sqlx::FromRow;
-use crate::db::Db;
 
-use super::{cap, Change, Result, StoreError};
+use super::{Change, Result, StoreError, cap};
 use crate::hosts::Capability;
 use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId};
 use crate::state::StepState;
@@ -29,8 +29,8 @@ use crate::state::StepState;
 mod claims;
 mod sessions;
 
-pub use claims::{claim, run_repository, start, Claimed, RunRepository, CANDIDATES_SQL, HELD_SQL};
-pub use sessions::{complete, heartbeat, report, to_stop, Completion, LogLine, Reported};
+pub use claims::{CANDIDATES_SQL, Claimed, HELD_SQL, RunRepository, claim, run_repository, start};
+pub use sessions::{Completion, LogLine, Reported, complete, heartbeat, report, to_stop};
 
 /// Beyond its timeout, how long the server lets a host-held step run before it fails it: the
 /// host interrupts its harness at the timeout itself and needs its interrupt grace (30 s by
@@ -125,11 +125,7 @@ pub async fn register(ch: &mut Change, new: &NewHost<'_>) -> Result<HostId> {
     .bind(new.registration)
     .execute(&mut *ch.tx)
     .await?;
-    sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti = $2")
-        .bind(new.org)
-        .bind(new.registration)
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti = $2").bind(new.org).bind(new.registration).execute(&mut *ch.tx).await?;
     ch.audit(
         new.org,
         Some(new.project),
@@ -180,6 +176,7 @@ async fn run_of(pool: &Db, org: OrgId, step: StepId) -> Result<RunId> {
 
 /// The state of a step a host no longer holds.
 async fn state_of(pool: &Db, org: OrgId, step: StepId) -> Result<StepState> {
-    let state: Option<String> = sqlx::query_scalar("SELECT state FROM steps WHERE step_id = $1 AND org_id = $2").bind(step).bind(org).fetch_optional(pool).await?;
+    let state: Option<String> =
+        sqlx::query_scalar("SELECT state FROM steps WHERE step_id = $1 AND org_id = $2").bind(step).bind(org).fetch_optional(pool).await?;
     state.as_deref().and_then(StepState::parse).ok_or(StoreError::NotFound("step"))
 }

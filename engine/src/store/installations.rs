@@ -12,7 +12,7 @@ use serde_json::json;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{cap, Change, Result, StoreError};
+use super::{Change, Result, StoreError, cap};
 use crate::ids::{OrgId, ProjectId};
 
 /// An installation as stored.
@@ -38,7 +38,8 @@ pub(crate) fn installation_of(r: &sqlx::postgres::PgRow) -> Installation {
 }
 
 /// The columns `installation_of` reads.
-pub(crate) const INSTALLATION_COLUMNS: &str = "installation_id, org_id, account_login, suspended_at IS NOT NULL AS suspended, deleted_at IS NOT NULL AS deleted";
+pub(crate) const INSTALLATION_COLUMNS: &str =
+    "installation_id, org_id, account_login, suspended_at IS NOT NULL AS suspended, deleted_at IS NOT NULL AS deleted";
 
 /// The installation, claimed or not.
 pub async fn find(conn: &mut sqlx::PgConnection, installation: i64) -> Result<Option<Installation>> {
@@ -205,7 +206,7 @@ pub async fn claim(ch: &mut Change, org: OrgId, installation: i64) -> Result<Ins
         Some(_) => {
             return Err(StoreError::Conflict(format!(
                 "installation {installation} is connected to another org; an admin of that org must disconnect it first"
-            )))
+            )));
         }
         None => {}
     }
@@ -229,7 +230,11 @@ pub async fn claim(ch: &mut Change, org: OrgId, installation: i64) -> Result<Ins
 /// is unclaimed again (another org may claim it with its own proof).
 pub async fn release(ch: &mut Change, org: OrgId, installation: i64) -> Result<()> {
     let inst = find(&mut ch.tx, installation).await?.filter(|i| i.org == Some(org)).ok_or(StoreError::NotFound("installation"))?;
-    sqlx::query("UPDATE repositories SET installation_id = NULL WHERE org_id = $1 AND installation_id = $2").bind(org).bind(installation).execute(&mut *ch.tx).await?;
+    sqlx::query("UPDATE repositories SET installation_id = NULL WHERE org_id = $1 AND installation_id = $2")
+        .bind(org)
+        .bind(installation)
+        .execute(&mut *ch.tx)
+        .await?;
     sqlx::query("UPDATE github_installations SET org_id = NULL, claimed_at = NULL, claimed_by = NULL WHERE installation_id = $1 AND org_id = $2")
         .bind(installation)
         .bind(org)

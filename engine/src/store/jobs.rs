@@ -36,11 +36,7 @@ pub async fn claim_due(pool: &crate::db::Db, limit: i64) -> Result<Vec<Job>> {
     .await?;
     if !jobs.is_empty() {
         // Every engine's timer must know when these come due again, should this one die.
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(super::NOTIFY_CHANNEL)
-            .bind(format!("w{}", JOB_LEASE.as_millis()))
-            .execute(pool)
-            .await?;
+        sqlx::query("SELECT pg_notify($1, $2)").bind(super::NOTIFY_CHANNEL).bind(format!("w{}", JOB_LEASE.as_millis())).execute(pool).await?;
     }
     Ok(jobs)
 }

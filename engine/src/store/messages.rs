@@ -10,10 +10,10 @@
 //! delivered once it has written it to the harness ([`delivered`]); until then it is offered
 //! again, so a host that restarts or loses an answer does not lose a message.
 
-use serde_json::json;
 use crate::db::Db;
+use serde_json::json;
 
-use super::hosts::{holder, HostRow};
+use super::hosts::{HostRow, holder};
 use super::{Change, Result, StoreError};
 use crate::ids::{OrgId, RunId, StepId};
 
@@ -72,7 +72,9 @@ pub async fn send(ch: &mut Change, org: OrgId, run: RunId, step: StepId, text: &
     let harness = harness.unwrap_or_default();
     if !takes_messages(&harness) {
         let name = if harness.is_empty() { "its harness".to_owned() } else { format!("the {harness} harness") };
-        return Err(StoreError::Conflict(format!("{name} cannot take messages while it runs (it reads its prompt to the end of its input); only claude-code can")));
+        return Err(StoreError::Conflict(format!(
+            "{name} cannot take messages while it runs (it reads its prompt to the end of its input); only claude-code can"
+        )));
     }
     let id = uuid::Uuid::now_v7();
     let by = super::cap(&ch.actor().label());

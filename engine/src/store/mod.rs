@@ -15,9 +15,9 @@ pub mod api_writes;
 pub mod approvals;
 pub mod budgets;
 mod change;
+pub mod engine_errors;
 mod events_notice;
 pub mod github;
-pub mod engine_errors;
 pub mod hosts;
 pub mod installations;
 pub mod jobs;
@@ -35,7 +35,7 @@ pub mod triggers;
 pub mod webhooks_out;
 pub mod workflows;
 
-pub use change::{Actor, Change, Notice, RunCtx, NOTIFY_CHANNEL};
+pub use change::{Actor, Change, NOTIFY_CHANNEL, Notice, RunCtx};
 #[cfg(feature = "testkit")]
 pub(crate) use events_notice::EventsNotice;
 

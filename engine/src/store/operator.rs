@@ -6,7 +6,7 @@
 
 use serde_json::json;
 
-use super::{cap, Change, Result, StoreError};
+use super::{Change, Result, StoreError, cap};
 use crate::definition::{Definition, NodeKind};
 use crate::ids::{HostId, OrgId, ProjectId, RunId};
 
@@ -14,10 +14,8 @@ use crate::ids::{HostId, OrgId, ProjectId, RunId};
 /// already resolved changes nothing; a run that did not fail is a conflict.
 pub async fn resolve(ch: &mut Change, org: OrgId, run: RunId, note: Option<&str>) -> Result<bool> {
     let ctx = ch.lock_run(org, run).await?.ok_or(StoreError::NotFound("run"))?;
-    let (status, resolved): (String, bool) = sqlx::query_as("SELECT status, resolved_at IS NOT NULL FROM runs WHERE run_id = $1")
-        .bind(run)
-        .fetch_one(&mut *ch.tx)
-        .await?;
+    let (status, resolved): (String, bool) =
+        sqlx::query_as("SELECT status, resolved_at IS NOT NULL FROM runs WHERE run_id = $1").bind(run).fetch_one(&mut *ch.tx).await?;
     if status != "failed" {
         return Err(StoreError::Conflict(format!("only a failed run is resolved; this one is {status}")));
     }

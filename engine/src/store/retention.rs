@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{jobs, Actor, Change, Result};
+use super::{Actor, Change, Result, jobs};
 use crate::ids::{OrgId, ProjectId};
 
 /// The job kind of a project's sweep.

@@ -22,7 +22,7 @@ use super::admission::lines as admission_lines;
 use super::run_rows::RunRow;
 use super::steps;
 use super::triggers::claim::{self, RunOps};
-use super::{cap, Change, Result, RunCtx};
+use super::{Change, Result, RunCtx, cap};
 use crate::ids::{RunId, StepId};
 
 /// What the ending run held, as the statement that ended it found: the children still
@@ -34,7 +34,9 @@ pub(super) struct Held {
 }
 
 /// The run-ended sequence for `row`, which just moved to `status` (see the module's header).
-pub(super) async fn run_ended(ch: &mut Change, ctx: &RunCtx, row: &RunRow, status: &'static str, reason: Option<&str>, held: Held, runs: &RunOps) -> Result<()> {
+pub(super) async fn run_ended(
+    ch: &mut Change, ctx: &RunCtx, row: &RunRow, status: &'static str, reason: Option<&str>, held: Held, runs: &RunOps,
+) -> Result<()> {
     let run_id = row.run_id;
     // The room it held, or its place in line, goes to the runs waiting.
     if !held.leases.is_empty() || held.left_queue.is_some() {

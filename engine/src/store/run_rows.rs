@@ -84,10 +84,7 @@ impl NewRun {
 
 /// A quick check used by tests and `why`: wakes still queued for a run.
 pub async fn pending_wakes(pool: &crate::db::Db, run: RunId) -> Result<Vec<(String, DateTime<Utc>)>> {
-    Ok(sqlx::query_as("SELECT reason, due_at FROM wakes WHERE run_id = $1 ORDER BY due_at")
-        .bind(run)
-        .fetch_all(pool)
-        .await?)
+    Ok(sqlx::query_as("SELECT reason, due_at FROM wakes WHERE run_id = $1 ORDER BY due_at").bind(run).fetch_all(pool).await?)
 }
 
 /// Keeps `Value` inputs objects, as the API promises.

@@ -17,13 +17,13 @@ use super::admission::plan as admission;
 use super::run_ended::{self, Held};
 use super::steps::{self, StepRow};
 use super::triggers::claim::RunOps;
-use super::{cap, Change, Result, StoreError};
+use super::{Change, Result, StoreError, cap};
 use crate::definition::Definition;
 use crate::ids::{OrgId, RunId};
-use crate::state::{run, MoveTo, State};
+use crate::state::{MoveTo, State, run};
 
 pub(crate) use super::run_rows::RUN_COLUMNS;
-pub use super::run_rows::{check_input, pending_wakes, NewRun, RunRow, DRY_RUN_RETENTION};
+pub use super::run_rows::{DRY_RUN_RETENTION, NewRun, RunRow, check_input, pending_wakes};
 
 /// Reads a run inside the change.
 pub async fn get(ch: &mut Change, run: RunId) -> Result<Option<RunRow>> {
@@ -205,12 +205,7 @@ pub async fn cancel(ch: &mut Change, org: OrgId, run: RunId, reason: &str) -> Re
 /// reuses the outputs recorded before those nodes (every node not downstream of them).
 pub async fn rerun(ch: &mut Change, org: OrgId, source: RunId, def: &Definition, from: &[String]) -> Result<RunId> {
     let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 AND org_id = $2");
-    let src: RunRow = sqlx::query_as(&sql)
-        .bind(source)
-        .bind(org)
-        .fetch_optional(&mut *ch.tx)
-        .await?
-        .ok_or(StoreError::NotFound("run"))?;
+    let src: RunRow = sqlx::query_as(&sql).bind(source).bind(org).fetch_optional(&mut *ch.tx).await?.ok_or(StoreError::NotFound("run"))?;
     if !src.status().is_terminal() {
         return Err(StoreError::Conflict("run is still running; cancel it first or wait for it to end".into()));
     }
@@ -239,10 +234,8 @@ pub async fn rerun(ch: &mut Change, org: OrgId, source: RunId, def: &Definition,
     .await?;
     if !from.is_empty() {
         let again = def.downstream(from);
-        let sql = format!(
-            "SELECT DISTINCT ON (node) {} FROM steps WHERE run_id = $1 AND state = 'succeeded' ORDER BY node, started_seq DESC",
-            steps::STEP_COLUMNS
-        );
+        let sql =
+            format!("SELECT DISTINCT ON (node) {} FROM steps WHERE run_id = $1 AND state = 'succeeded' ORDER BY node, started_seq DESC", steps::STEP_COLUMNS);
         let mut kept: Vec<StepRow> = sqlx::query_as(&sql).bind(source).fetch_all(&mut *ch.tx).await?;
         kept.sort_by_key(|s| s.started_seq);
         for step in kept.iter().filter(|s| !again.contains(&s.node) && def.node(&s.node).is_some()) {

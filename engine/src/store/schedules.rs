@@ -11,18 +11,18 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
 use crate::db::Db;
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::runs::{self, NewRun};
-use super::triggers::items::{ensure_item, CATALOG};
+use super::triggers::items::{CATALOG, ensure_item};
 use super::{Actor, Change, Result, StoreError};
 use crate::definition::Definition;
 use crate::ids::{OrgId, ProjectId, RunId, WorkflowId};
-use crate::schedule::Schedule;
 use crate::item_keys::{canonical_json, item_key};
+use crate::schedule::Schedule;
 
 /// Writes or removes the schedule of a workflow for its new version `def`, and tells the
 /// engines when its next tick falls due.
@@ -194,7 +194,13 @@ async fn tick(ch: &mut Change, d: &Due, scheduled_at: DateTime<Utc>) -> Result<V
             }
             Err(e) => return Err(e),
         };
-        ch.audit(d.org_id, Some(d.project_id), "schedule.tick", ("workflow", d.workflow_id.to_string()), json!({ "scheduled_at": at, "run": run.to_string() }))?;
+        ch.audit(
+            d.org_id,
+            Some(d.project_id),
+            "schedule.tick",
+            ("workflow", d.workflow_id.to_string()),
+            json!({ "scheduled_at": at, "run": run.to_string() }),
+        )?;
         opened.push(run);
     }
     Ok(opened)

@@ -15,10 +15,10 @@
 
 use std::time::Duration;
 
+use crate::db::Db;
 use chrono::{DateTime, Utc};
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretBox};
-use crate::db::Db;
 
 use super::{Change, Result, StoreError};
 use crate::sealing::SecretKey;
@@ -47,10 +47,9 @@ pub struct SigningKey {
 /// A current key an earlier release stored in plaintext is sealed here.
 pub async fn current(ch: &mut Change, key: &SecretKey) -> Result<SigningKey> {
     sqlx::query(LOCK).execute(&mut *ch.tx).await?;
-    let row: Option<KeyRow> =
-        sqlx::query_as("SELECT kid, sealed, secret FROM signing_keys WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1")
-            .fetch_optional(&mut *ch.tx)
-            .await?;
+    let row: Option<KeyRow> = sqlx::query_as("SELECT kid, sealed, secret FROM signing_keys WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1")
+        .fetch_optional(&mut *ch.tx)
+        .await?;
     match row {
         Some(KeyRow { kid, sealed: Some(sealed), .. }) => {
             let secret = key.open(&kid, &sealed)?;
@@ -80,12 +79,10 @@ pub struct Rotation {
 pub async fn rotate(ch: &mut Change, key: &SecretKey) -> Result<Rotation> {
     sqlx::query(LOCK).execute(&mut *ch.tx).await?;
     let made = create(ch, key).await?;
-    let previous: Vec<String> = sqlx::query_scalar(
-        "UPDATE signing_keys SET retired_at = now() WHERE retired_at IS NULL AND kid <> $1 RETURNING kid",
-    )
-    .bind(&made.kid)
-    .fetch_all(&mut *ch.tx)
-    .await?;
+    let previous: Vec<String> = sqlx::query_scalar("UPDATE signing_keys SET retired_at = now() WHERE retired_at IS NULL AND kid <> $1 RETURNING kid")
+        .bind(&made.kid)
+        .fetch_all(&mut *ch.tx)
+        .await?;
     Ok(Rotation { kid: made.kid, previous })
 }
 
@@ -119,8 +116,7 @@ pub async fn retire(ch: &mut Change, key: &SecretKey, kid: &str, grace: Duration
         let known = if known.is_empty() { "there are none yet".to_owned() } else { format!("the keys are {}", known.join(", ")) };
         return Err(StoreError::Invalid(format!("no signing key `{kid}`; {known}")));
     };
-    let current: Option<String> =
-        sqlx::query_scalar("SELECT kid FROM signing_keys WHERE retired_at IS NULL LIMIT 1").fetch_optional(&mut *ch.tx).await?;
+    let current: Option<String> = sqlx::query_scalar("SELECT kid FROM signing_keys WHERE retired_at IS NULL LIMIT 1").fetch_optional(&mut *ch.tx).await?;
     let successor = match current {
         Some(_) => None,
         None => Some(create(ch, key).await?.kid),
@@ -172,12 +168,11 @@ pub struct VerifyingKey {
 /// still in plaintext (written by an earlier release's replica) is used as it is; the next
 /// start or the next token issued seals it.
 pub async fn verifying(db: &Db, key: &SecretKey, kid: &str) -> Result<Option<VerifyingKey>> {
-    let row: Option<KeyRow> = sqlx::query_as(
-        "SELECT kid, sealed, secret, EXTRACT(EPOCH FROM verify_until - now())::float8 AS left_secs FROM signing_keys WHERE kid = $1",
-    )
-    .bind(kid)
-    .fetch_optional(db)
-    .await?;
+    let row: Option<KeyRow> =
+        sqlx::query_as("SELECT kid, sealed, secret, EXTRACT(EPOCH FROM verify_until - now())::float8 AS left_secs FROM signing_keys WHERE kid = $1")
+            .bind(kid)
+            .fetch_optional(db)
+            .await?;
     let Some(KeyRow { sealed, secret: plaintext, left_secs, .. }) = row else { return Ok(None) };
     let secret = match (sealed, plaintext) {
         (Some(sealed), _) => key.open(kid, &sealed)?,
@@ -195,19 +190,11 @@ async fn create(ch: &mut Change, key: &SecretKey) -> Result<SigningKey> {
     let secret = SecretBox::new(secret);
     // Time-ordered and unique even for two keys made in the same second.
     let kid = format!("k{}-{:08x}", Utc::now().format("%Y%m%d%H%M%S"), rand::random::<u32>());
-    sqlx::query("INSERT INTO signing_keys (kid, sealed) VALUES ($1, $2)")
-        .bind(&kid)
-        .bind(key.seal(&kid, secret.expose_secret()))
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query("INSERT INTO signing_keys (kid, sealed) VALUES ($1, $2)").bind(&kid).bind(key.seal(&kid, secret.expose_secret())).execute(&mut *ch.tx).await?;
     Ok(SigningKey { kid, secret })
 }
 
 async fn seal_row(ch: &mut Change, key: &SecretKey, kid: &str, plaintext: &[u8]) -> Result<()> {
-    sqlx::query("UPDATE signing_keys SET sealed = $2, secret = NULL WHERE kid = $1")
-        .bind(kid)
-        .bind(key.seal(kid, plaintext))
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query("UPDATE signing_keys SET sealed = $2, secret = NULL WHERE kid = $1").bind(kid).bind(key.seal(kid, plaintext)).execute(&mut *ch.tx).await?;
     Ok(())
 }

@@ -8,12 +8,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sqlx::FromRow;
 
-use super::{cap, Change, Result, StoreError};
+use super::{Change, Result, StoreError, cap};
 use crate::ids::{OrgId, RunId, StepId};
-use crate::state::{step, MoveTo, State, StepState};
+use crate::state::{MoveTo, State, StepState, step};
 
 /// How long a holder owns a leased step without renewing it. A lease counts from the statement
 /// that takes or renews it (`clock_timestamp()`), not from its transaction's start, so time a
@@ -198,13 +198,7 @@ struct Set<'a> {
 }
 
 /// The one `UPDATE` behind every move. `fence` names the holder that must still hold the step.
-async fn apply<F: MoveTo<T>, T: State>(
-    ch: &mut Change,
-    run: RunId,
-    step: StepId,
-    fence: Option<&str>,
-    set: Set<'_>,
-) -> Result<StepRow> {
+async fn apply<F: MoveTo<T>, T: State>(ch: &mut Change, run: RunId, step: StepId, fence: Option<&str>, set: Set<'_>) -> Result<StepRow> {
     let finished_seq = if set.finished { Some(ch.peek_seq(run)?) } else { None };
     let sql = format!(
         "WITH gone AS (DELETE FROM wakes WHERE wake_id = ANY(ARRAY(SELECT wake_id FROM wakes WHERE step_id = $1 AND $8::bigint IS NOT NULL \
@@ -347,7 +341,8 @@ pub async fn succeed_held(ch: &mut Change, run: RunId, step: StepId, holder: &st
 
 /// A fenced failure reported by the holder.
 pub async fn fail_held(ch: &mut Change, run: RunId, step: StepId, holder: &str, failure: &Failure, output: Option<&Value>) -> Result<StepRow> {
-    apply::<(step::Leased, step::Running), step::Failed>(ch, run, step, Some(holder), Set { finished: true, failure: Some(failure), output, ..Set::default() }).await
+    apply::<(step::Leased, step::Running), step::Failed>(ch, run, step, Some(holder), Set { finished: true, failure: Some(failure), output, ..Set::default() })
+        .await
 }
 
 /// The holder gives a running step back for later (GitHub rate-limited it or could not serve
@@ -434,7 +429,7 @@ pub async fn cancel_open(ch: &mut Change, run: RunId, reason: &str) -> Result<us
         ch.event(run, "step.cancelled", Some((*step, node)), attrs.clone())?;
         ch.audit_move(org, Some(project), "step.cancelled", ("step", step.to_string()), attrs)?;
     }
-    let ids: Vec<uuid::Uuid> = cancelled.iter().map(|c| c.0 .0).collect();
+    let ids: Vec<uuid::Uuid> = cancelled.iter().map(|c| c.0.0).collect();
     // Skip wakes an engine has claimed: it locks wakes before runs (see `runs::finish`).
     sqlx::query("DELETE FROM wakes WHERE wake_id = ANY(ARRAY(SELECT wake_id FROM wakes WHERE step_id = ANY($1) FOR UPDATE SKIP LOCKED))")
         .bind(&ids)
@@ -455,11 +450,8 @@ pub async fn heartbeat(pool: &crate::db::Db, org: OrgId, step: StepId, holder: &
     match renewed {
         Some(s) => Ok(StepState::parse(&s).unwrap_or(StepState::Running)),
         None => {
-            let state: Option<String> = sqlx::query_scalar("SELECT state FROM steps WHERE step_id = $1 AND org_id = $2")
-                .bind(step)
-                .bind(org)
-                .fetch_optional(pool)
-                .await?;
+            let state: Option<String> =
+                sqlx::query_scalar("SELECT state FROM steps WHERE step_id = $1 AND org_id = $2").bind(step).bind(org).fetch_optional(pool).await?;
             match state.as_deref().and_then(StepState::parse) {
                 Some(s) => Ok(s),
                 None => Err(StoreError::NotFound("step")),

@@ -55,15 +55,13 @@ pub async fn org_by_slug(ch: &mut Change, slug: &str) -> Result<Option<OrgId>> {
 
 pub async fn create_project(ch: &mut Change, org: OrgId, slug: &Slug, name: &str) -> Result<ProjectId> {
     let project = ProjectId::mint();
-    let inserted = sqlx::query(
-        "INSERT INTO projects (org_id, project_id, slug, name) VALUES ($1, $2, $3, $4) ON CONFLICT (org_id, slug) DO NOTHING",
-    )
-    .bind(org)
-    .bind(project)
-    .bind(slug.as_str())
-    .bind(name)
-    .execute(&mut *ch.tx)
-    .await?;
+    let inserted = sqlx::query("INSERT INTO projects (org_id, project_id, slug, name) VALUES ($1, $2, $3, $4) ON CONFLICT (org_id, slug) DO NOTHING")
+        .bind(org)
+        .bind(project)
+        .bind(slug.as_str())
+        .bind(name)
+        .execute(&mut *ch.tx)
+        .await?;
     if inserted.rows_affected() == 0 {
         return Err(StoreError::Conflict(format!("a project with slug `{slug}` already exists in this org")));
     }

@@ -47,11 +47,11 @@ use super::runs::CLAIM_RUNS;
 use super::{Change, Result};
 use crate::ids::{ItemId, OrgId, WorkflowId};
 
-pub use claim::{workflows_pending_on, Claim, NewEvent, Revoked};
-pub use cycle_budgets::{cycle_asks, CycleAsk, Reset};
+pub use claim::{Claim, NewEvent, Revoked, workflows_pending_on};
+pub use cycle_budgets::{CycleAsk, Reset, cycle_asks};
 pub use items::{
-    ensure_item, github_workflows, item_for_update, items_by_head, items_by_node, lock_item, record_check, record_delivery, update_item, RouteAsk,
-    CheckResult, DeliveryRow, ItemRow, Route, WorkflowInfo,
+    CheckResult, DeliveryRow, ItemRow, Route, RouteAsk, WorkflowInfo, ensure_item, github_workflows, item_for_update, items_by_head, items_by_node, lock_item,
+    record_check, record_delivery, update_item,
 };
 
 /// Records a trigger event under its dedup key and applies the claim rule.
@@ -61,7 +61,9 @@ pub async fn submit_event(ch: &mut Change, new: NewEvent<'_>) -> Result<Claim> {
 
 /// The item stopped matching: cancels the workflow's runs on it that have no attempt running
 /// (`revoked`) and marks its queued events `revoked` (`claim::revoke_unmatched`).
-pub async fn revoke_unmatched(ch: &mut Change, org: OrgId, item: ItemId, workflow: WorkflowId, still_matches: &(dyn Fn(&Value) -> bool + Sync)) -> Result<Revoked> {
+pub async fn revoke_unmatched(
+    ch: &mut Change, org: OrgId, item: ItemId, workflow: WorkflowId, still_matches: &(dyn Fn(&Value) -> bool + Sync),
+) -> Result<Revoked> {
     claim::revoke_unmatched(ch, org, item, workflow, still_matches, &CLAIM_RUNS).await
 }
 

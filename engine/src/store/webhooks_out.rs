@@ -16,10 +16,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{cap, jobs, Change, Result, StoreError};
+use super::{Change, Result, StoreError, cap, jobs};
 use crate::admission as rules;
 use crate::ids::{OrgId, ProjectId, RunId, StepId};
 use crate::net_guard::{Policy, Refused};
@@ -76,7 +76,9 @@ fn check(url: &str, events: &[String], policy: Policy) -> Result<()> {
 
 /// Subscribes a URL to a project's events, when `policy` allows its target. Without a secret
 /// one is made; it is returned here and never shown again.
-pub async fn create(ch: &mut Change, org: OrgId, project: ProjectId, url: &str, secret: Option<&str>, events: &[String], policy: Policy) -> Result<(Uuid, String)> {
+pub async fn create(
+    ch: &mut Change, org: OrgId, project: ProjectId, url: &str, secret: Option<&str>, events: &[String], policy: Policy,
+) -> Result<(Uuid, String)> {
     check(url, events, policy)?;
     let secret = match secret {
         Some(s) if (16..=256).contains(&s.chars().count()) => s.to_owned(),
@@ -89,18 +91,16 @@ pub async fn create(ch: &mut Change, org: OrgId, project: ProjectId, url: &str, 
     };
     let id = Uuid::now_v7();
     let by = cap(&ch.actor().label());
-    sqlx::query(
-        "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(org)
-    .bind(project)
-    .bind(id)
-    .bind(url)
-    .bind(&secret)
-    .bind(events)
-    .bind(by)
-    .execute(&mut *ch.tx)
-    .await?;
+    sqlx::query("INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+        .bind(org)
+        .bind(project)
+        .bind(id)
+        .bind(url)
+        .bind(&secret)
+        .bind(events)
+        .bind(by)
+        .execute(&mut *ch.tx)
+        .await?;
     ch.audit(org, Some(project), "webhook.create", ("webhook", id.to_string()), json!({ "url": cap(url), "events": events }))?;
     Ok((id, secret))
 }
@@ -280,18 +280,16 @@ pub async fn record(ch: &mut Change, org: OrgId, delivery: Uuid, attempt: i32, a
     if updated.rows_affected() == 0 {
         return Ok(None);
     }
-    sqlx::query(
-        "INSERT INTO webhook_attempts (org_id, delivery_id, attempt, status, response, error, duration_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(org)
-    .bind(delivery)
-    .bind(attempt)
-    .bind(status)
-    .bind(response)
-    .bind(error)
-    .bind(i32::try_from(took.as_millis()).unwrap_or(i32::MAX))
-    .execute(&mut *ch.tx)
-    .await?;
+    sqlx::query("INSERT INTO webhook_attempts (org_id, delivery_id, attempt, status, response, error, duration_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+        .bind(org)
+        .bind(delivery)
+        .bind(attempt)
+        .bind(status)
+        .bind(response)
+        .bind(error)
+        .bind(i32::try_from(took.as_millis()).unwrap_or(i32::MAX))
+        .execute(&mut *ch.tx)
+        .await?;
     match next {
         Some(delay) => jobs::schedule(ch, org, JOB, delivery, delay).await?,
         None => jobs::done(ch, JOB, delivery).await?,
@@ -345,5 +343,4 @@ pub struct Attempt {
     pub duration_ms: i32,
 }
 
-pub const DELIVERY_COLUMNS: &str =
-    "delivery_id, event, run_id, state, attempts, last_status, last_error, next_at, replay_of, created_at, delivered_at";
+pub const DELIVERY_COLUMNS: &str = "delivery_id, event, run_id, state, attempts, last_status, last_error, next_at, replay_of, created_at, delivered_at";

@@ -36,22 +36,16 @@ pub async fn put_version(ch: &mut Change, org: OrgId, project: ProjectId, name: 
     }
     let version = latest.0 + 1;
     let by = ch.actor.label();
-    sqlx::query(
-        "INSERT INTO workflow_versions (org_id, workflow_id, version, source, sha256, created_by) VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(org)
-    .bind(workflow)
-    .bind(version)
-    .bind(source)
-    .bind(&sha)
-    .bind(super::cap(&by))
-    .execute(&mut *ch.tx)
-    .await?;
-    sqlx::query("UPDATE workflows SET latest_version = $2 WHERE workflow_id = $1")
+    sqlx::query("INSERT INTO workflow_versions (org_id, workflow_id, version, source, sha256, created_by) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind(org)
         .bind(workflow)
         .bind(version)
+        .bind(source)
+        .bind(&sha)
+        .bind(super::cap(&by))
         .execute(&mut *ch.tx)
         .await?;
+    sqlx::query("UPDATE workflows SET latest_version = $2 WHERE workflow_id = $1").bind(workflow).bind(version).execute(&mut *ch.tx).await?;
     ch.audit(org, Some(project), "workflow.version", ("workflow", workflow.to_string()), json!({ "name": name, "version": version, "sha256": sha }))?;
     // The schedule follows the latest version (callers validated the source; one that does
     // not parse has no schedule to keep).
@@ -63,13 +57,12 @@ pub async fn put_version(ch: &mut Change, org: OrgId, project: ProjectId, name: 
 
 /// Pauses or unpauses a workflow: new runs of a paused workflow are held.
 pub async fn set_paused(ch: &mut Change, org: OrgId, workflow: WorkflowId, paused: bool) -> Result<bool> {
-    let project: Option<ProjectId> =
-        sqlx::query_scalar("UPDATE workflows SET paused = $3 WHERE workflow_id = $1 AND org_id = $2 RETURNING project_id")
-            .bind(workflow)
-            .bind(org)
-            .bind(paused)
-            .fetch_optional(&mut *ch.tx)
-            .await?;
+    let project: Option<ProjectId> = sqlx::query_scalar("UPDATE workflows SET paused = $3 WHERE workflow_id = $1 AND org_id = $2 RETURNING project_id")
+        .bind(workflow)
+        .bind(org)
+        .bind(paused)
+        .fetch_optional(&mut *ch.tx)
+        .await?;
     if let Some(project) = project {
         let action = if paused { "workflow.pause" } else { "workflow.unpause" };
         ch.audit(org, Some(project), action, ("workflow", workflow.to_string()), json!({}))?;

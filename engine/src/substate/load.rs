@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
+use crate::db::Db;
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
-use crate::db::Db;
 
 use crate::catalog::Catalog;
 use crate::definition::{Definition, NodeKind, Wait};
@@ -14,7 +14,7 @@ use crate::ids::{OrgId, ProjectId, RunId, StepId, WorkflowId};
 use crate::state::{RunStatus, StepState};
 use crate::store::{Result, StoreError};
 
-use super::why::{answer, Why};
+use super::why::{Why, answer};
 use super::*;
 
 /// Definitions read by `why`, cached for the process (versions are immutable).
@@ -120,11 +120,7 @@ pub(crate) struct StepLine {
 /// `wakes_by_step`, `runs_by_parent`, `hosts` key, `hosts_by_project`).
 pub(crate) async fn load(pool: &Db, org: OrgId, runs: &[RunId]) -> Result<(Vec<RunFacts>, DateTime<Utc>)> {
     let ids: Vec<uuid::Uuid> = runs.iter().map(|r| r.0).collect();
-    let lines: Vec<RunLine> = sqlx::query_as(RUNS_SQL)
-    .bind(org)
-    .bind(&ids)
-    .fetch_all(pool)
-    .await?;
+    let lines: Vec<RunLine> = sqlx::query_as(RUNS_SQL).bind(org).bind(&ids).fetch_all(pool).await?;
     let Some(now) = lines.first().map(|l| l.now) else { return Ok((Vec::new(), Utc::now())) };
     let steps = load_steps(pool, org, &ids).await?;
     let mut by_run: HashMap<RunId, Vec<StepLine>> = HashMap::new();
@@ -146,11 +142,7 @@ pub(crate) async fn load(pool: &Db, org: OrgId, runs: &[RunId]) -> Result<(Vec<R
 }
 
 pub(crate) async fn load_steps(pool: &Db, org: OrgId, ids: &[uuid::Uuid]) -> Result<Vec<StepLine>> {
-    Ok(sqlx::query_as(STEPS_SQL)
-    .bind(org)
-    .bind(ids)
-    .fetch_all(pool)
-    .await?)
+    Ok(sqlx::query_as(STEPS_SQL).bind(org).bind(ids).fetch_all(pool).await?)
 }
 
 /// Projects of running runs that have a host step ready now: only they need the hosts query.
@@ -159,9 +151,9 @@ pub(crate) fn projects_needing_hosts(lines: &[RunLine], steps: &HashMap<RunId, V
         .iter()
         .filter(|l| l.status == "running")
         .filter(|l| {
-            steps.get(&l.run_id).is_some_and(|ss| {
-                ss.iter().any(|s| s.state == "pending" && HOST_KINDS.contains(&s.kind.as_str()) && s.not_before.is_none_or(|t| t <= now))
-            })
+            steps
+                .get(&l.run_id)
+                .is_some_and(|ss| ss.iter().any(|s| s.state == "pending" && HOST_KINDS.contains(&s.kind.as_str()) && s.not_before.is_none_or(|t| t <= now)))
         })
         .map(|l| l.project_id.0)
         .collect();
@@ -175,12 +167,7 @@ pub(crate) async fn load_hosts(pool: &Db, org: OrgId, projects: &[uuid::Uuid]) -
     if projects.is_empty() {
         return Ok(out);
     }
-    let rows: Vec<(ProjectId, Vec<String>)> = sqlx::query_as(HOSTS_SQL)
-    .bind(org)
-    .bind(projects)
-    .bind(HOST_SEEN_WITHIN_HOURS as i32)
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(ProjectId, Vec<String>)> = sqlx::query_as(HOSTS_SQL).bind(org).bind(projects).bind(HOST_SEEN_WITHIN_HOURS as i32).fetch_all(pool).await?;
     for (project, caps) in rows {
         out.entry(project).or_default().push(caps);
     }

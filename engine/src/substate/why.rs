@@ -1,7 +1,6 @@
 //! `why` in words: what holds a running run, in one sentence (with the runs ahead of it in
 //! line, a deadline, the host it waits for), and how a finished run ended.
 
-
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -122,11 +121,7 @@ pub(crate) fn deadline_words(deadline: Option<DateTime<Utc>>, now: DateTime<Utc>
 
 /// A time in UTC: the time of day when it falls today, the date too otherwise.
 pub(crate) fn clock(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
-    if t.date_naive() == now.date_naive() {
-        t.format("%H:%M:%S UTC").to_string()
-    } else {
-        t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
-    }
+    if t.date_naive() == now.date_naive() { t.format("%H:%M:%S UTC").to_string() } else { t.format("%Y-%m-%d %H:%M:%S UTC").to_string() }
 }
 
 /// Prompts may span lines; a sentence shows the first.

@@ -21,7 +21,7 @@ pub(crate) mod scope;
 
 use crate::db::Db;
 
-pub use scope::{act_for, current, scoped, TENANT_ROLE};
+pub use scope::{TENANT_ROLE, act_for, current, scoped};
 
 /// A pool to the same database as `db` (same route, size and limits) whose transactions act as
 /// `shopfloor_tenant` for the current scope's org. When the role does not exist or may not be

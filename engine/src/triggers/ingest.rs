@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
-use serde_json::{json, Value};
 use crate::db::Db;
+use serde::Serialize;
+use serde_json::{Value, json};
 
 use super::judge::{self, Sender, Verdict};
 use super::projection::{self, ItemUpdate, Patch};
@@ -175,9 +175,10 @@ fn default_branch(payload: &Value) -> Option<&str> {
 
 /// The `full_name`s of a payload's list of repositories.
 fn full_names(payload: &Value, key: &str) -> Vec<String> {
-    payload.get(key).and_then(Value::as_array).map_or_else(Vec::new, |list| {
-        list.iter().filter_map(|r| r.get("full_name").and_then(Value::as_str)).map(str::to_owned).collect()
-    })
+    payload
+        .get(key)
+        .and_then(Value::as_array)
+        .map_or_else(Vec::new, |list| list.iter().filter_map(|r| r.get("full_name").and_then(Value::as_str)).map(str::to_owned).collect())
 }
 
 /// What an `installation` or `installation_repositories` payload says about the installation.
@@ -279,7 +280,9 @@ fn check_of(event: &str, payload: &Value) -> Option<Check> {
 
 /// An issue, pull request, comment, review or push: one item, in each project that connected
 /// the repository (`routes`, never empty).
-async fn on_item(ch: &mut Change, d: &Delivery<'_>, payload: &Value, update: &ItemUpdate, routes: &[Route], report: &mut Report) -> Result<&'static str, StoreError> {
+async fn on_item(
+    ch: &mut Change, d: &Delivery<'_>, payload: &Value, update: &ItemUpdate, routes: &[Route], report: &mut Report,
+) -> Result<&'static str, StoreError> {
     let sender = Sender::of(d.event, payload);
     let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
     // What a new item holds: the update applied to nothing.
@@ -295,7 +298,9 @@ async fn on_item(ch: &mut Change, d: &Delivery<'_>, payload: &Value, update: &It
 /// A check run, check suite or commit status: stored by head SHA for gates, and applied to the
 /// pull requests whose head it is, in each project that connected the repository (`routes`,
 /// never empty).
-async fn on_check(ch: &mut Change, d: &Delivery<'_>, payload: &Value, check: &Check, routes: &[Route], report: &mut Report) -> Result<&'static str, StoreError> {
+async fn on_check(
+    ch: &mut Change, d: &Delivery<'_>, payload: &Value, check: &Check, routes: &[Route], report: &mut Report,
+) -> Result<&'static str, StoreError> {
     let Check { repository, sha, name, external_id, status, conclusion, url } = check;
     let sender = Sender::of(d.event, payload);
     let trigger = judge::trigger_context(d.id, d.event, payload, &sender);
@@ -372,14 +377,7 @@ async fn on_board(ch: &mut Change, d: &Delivery<'_>, payload: &Value, org: crate
 /// then judges the project's workflows on it.
 #[expect(clippy::too_many_arguments, reason = "one call site per event family; a struct would only rename them")]
 async fn judge_item(
-    ch: &mut Change,
-    d: &Delivery<'_>,
-    route: &Route,
-    mut item: ItemRow,
-    update: &ItemUpdate,
-    sender: &Sender,
-    trigger: &Value,
-    report: &mut Report,
+    ch: &mut Change, d: &Delivery<'_>, route: &Route, mut item: ItemRow, update: &ItemUpdate, sender: &Sender, trigger: &Value, report: &mut Report,
 ) -> Result<(), StoreError> {
     let mut changed = item.fresh;
     let mut update = update.clone();

@@ -22,4 +22,4 @@ pub mod projection;
 
 pub use crate::item_keys::{canonical_json, content_hash, dedup_key, item_key};
 pub use crate::judge;
-pub use ingest::{ingest, Delivery, IngestOutcome};
+pub use ingest::{Delivery, IngestOutcome, ingest};

@@ -27,7 +27,7 @@
 //! ```
 
 use chrono::{DateTime, Utc};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 /// Removes `<!-- … -->` comments. An unterminated comment hides the rest of the text, as
 /// GitHub renders it, so the rest is removed too.
@@ -377,7 +377,8 @@ mod tests {
     #[test]
     fn checks_follow_the_head_sha() {
         let pr = json!({ "number": 3, "head": { "ref": "f", "sha": "s1" }, "base": { "ref": "main" }, "labels": [], "updated_at": "2024-01-01T00:00:00Z" });
-        let u = ItemUpdate { repository: "a/b".into(), number: Some(3), node_id: None, updated_at: None, patches: vec![Patch::Fields(pull_request_fields(&pr))] };
+        let u =
+            ItemUpdate { repository: "a/b".into(), number: Some(3), node_id: None, updated_at: None, patches: vec![Patch::Fields(pull_request_fields(&pr))] };
         let data = apply(&Value::Null, &u).unwrap();
         let check = |sha: &str| ItemUpdate {
             repository: "a/b".into(),

@@ -21,18 +21,8 @@ pub(super) struct Graph<'d> {
 impl<'d> Graph<'d> {
     pub(super) fn new(def: &'d Definition) -> Self {
         let nodes = def.nodes.as_slice();
-        let index: HashMap<&str, usize> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.id.as_str(), i))
-            .collect();
-        let mut graph = Graph {
-            def,
-            nodes,
-            index,
-            incoming: vec![Vec::new(); nodes.len()],
-            preds: vec![Vec::new(); nodes.len()],
-        };
+        let index: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
+        let mut graph = Graph { def, nodes, index, incoming: vec![Vec::new(); nodes.len()], preds: vec![Vec::new(); nodes.len()] };
         for (to, node) in nodes.iter().enumerate() {
             for from in &node.after {
                 let kind = match graph.kind_of(from) {
@@ -45,12 +35,7 @@ impl<'d> Graph<'d> {
         for node in nodes {
             match &node.kind {
                 NodeKind::Decision(decision) => {
-                    for to in decision
-                        .cases
-                        .iter()
-                        .map(|c| &c.to)
-                        .chain(&decision.default)
-                    {
+                    for to in decision.cases.iter().map(|c| &c.to).chain(&decision.default) {
                         graph.add_edge_to(&node.id, to, EdgeKind::Route);
                     }
                 }
@@ -91,10 +76,7 @@ impl<'d> Graph<'d> {
         if !self.incoming[to].contains(&edge) {
             self.incoming[to].push(edge);
         }
-        if matches!(kind, EdgeKind::Plain | EdgeKind::Route)
-            && from != to
-            && !self.preds[to].contains(&from)
-        {
+        if matches!(kind, EdgeKind::Plain | EdgeKind::Route) && from != to && !self.preds[to].contains(&from) {
             self.preds[to].push(from);
         }
     }

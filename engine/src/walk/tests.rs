@@ -9,10 +9,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::definition::{
-    Approval, Budget, Caps, Case, Crew, Decision, End, EndOutcome, Gate, Harness, Output,
-    OutputKind, Retry, Triggers,
-};
+use crate::definition::{Approval, Budget, Caps, Case, Crew, Decision, End, EndOutcome, Gate, Harness, Output, OutputKind, Retry, Triggers};
 
 // ---------------------------------------------------------------------------------------------
 // Building definitions by hand.
@@ -59,42 +56,19 @@ fn crew(id: &str, after: &[&str]) -> Node {
 }
 
 fn approval(id: &str, after: &[&str]) -> Node {
-    node(
-        id,
-        after,
-        NodeKind::Approval(Approval {
-            prompt: "ok?".into(),
-            fields: BTreeMap::new(),
-            timeout: None,
-        }),
-    )
+    node(id, after, NodeKind::Approval(Approval { prompt: "ok?".into(), fields: BTreeMap::new(), timeout: None }))
 }
 
 fn output(id: &str, after: &[&str]) -> Node {
     node(
         id,
         after,
-        NodeKind::Output(Output {
-            kind: OutputKind::PullRequest,
-            draft: false,
-            body: None,
-            labels: Vec::new(),
-            remove_labels: Vec::new(),
-            column: None,
-        }),
+        NodeKind::Output(Output { kind: OutputKind::PullRequest, draft: false, body: None, labels: Vec::new(), remove_labels: Vec::new(), column: None }),
     )
 }
 
 fn gate(id: &str, after: &[&str], on_fail: Option<&str>) -> Node {
-    node(
-        id,
-        after,
-        NodeKind::Gate(Gate {
-            checks: vec!["test".into()],
-            timeout: None,
-            on_fail: on_fail.map(str::to_owned),
-        }),
-    )
+    node(id, after, NodeKind::Gate(Gate { checks: vec!["test".into()], timeout: None, on_fail: on_fail.map(str::to_owned) }))
 }
 
 fn decision(id: &str, after: &[&str], cases: &[&str], default: Option<&str>) -> Node {
@@ -102,13 +76,7 @@ fn decision(id: &str, after: &[&str], cases: &[&str], default: Option<&str>) -> 
         id,
         after,
         NodeKind::Decision(Decision {
-            cases: cases
-                .iter()
-                .map(|to| Case {
-                    condition: "true".into(),
-                    to: (*to).to_owned(),
-                })
-                .collect(),
+            cases: cases.iter().map(|to| Case { condition: "true".into(), to: (*to).to_owned() }).collect(),
             default: default.map(str::to_owned),
         }),
     )
@@ -118,19 +86,8 @@ fn end(id: &str, after: &[&str], outcome: EndOutcome) -> Node {
     node(id, after, NodeKind::End(End { outcome }))
 }
 
-fn with_retry(
-    mut n: Node,
-    attempts: u32,
-    backoff: u64,
-    max_backoff: u64,
-    exit_codes: &[i32],
-) -> Node {
-    n.retry = Some(Retry {
-        attempts,
-        backoff: Duration::from_secs(backoff),
-        max_backoff: Duration::from_secs(max_backoff),
-        exit_codes: exit_codes.to_vec(),
-    });
+fn with_retry(mut n: Node, attempts: u32, backoff: u64, max_backoff: u64, exit_codes: &[i32]) -> Node {
+    n.retry = Some(Retry { attempts, backoff: Duration::from_secs(backoff), max_backoff: Duration::from_secs(max_backoff), exit_codes: exit_codes.to_vec() });
     n
 }
 
@@ -173,11 +130,7 @@ struct Sim {
 
 impl Sim {
     fn new(def: Definition) -> Self {
-        Sim {
-            def,
-            history: Vec::new(),
-            seq: 0,
-        }
+        Sim { def, history: Vec::new(), seq: 0 }
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -190,13 +143,7 @@ impl Sim {
         let w = walk(&self.def, &self.history);
         for s in &w.start {
             let started_seq = self.next_seq();
-            self.history.push(StepRecord {
-                node: s.node.clone(),
-                visit: s.visit,
-                attempt: s.attempt,
-                started_seq,
-                state: StepState::Open,
-            });
+            self.history.push(StepRecord { node: s.node.clone(), visit: s.visit, attempt: s.attempt, started_seq, state: StepState::Open });
         }
         w
     }
@@ -205,28 +152,12 @@ impl Sim {
     fn started(&mut self) -> Vec<String> {
         let w = self.tick();
         assert_eq!(w.finished, None, "the run finished early: {w:?}");
-        w.start
-            .iter()
-            .map(|s| {
-                if (s.visit, s.attempt) == (1, 1) {
-                    s.node.clone()
-                } else {
-                    format!("{}#{}.{}", s.node, s.visit, s.attempt)
-                }
-            })
-            .collect()
+        w.start.iter().map(|s| if (s.visit, s.attempt) == (1, 1) { s.node.clone() } else { format!("{}#{}.{}", s.node, s.visit, s.attempt) }).collect()
     }
 
     fn open_index(&self, node: &str) -> usize {
-        let open: Vec<usize> = (0..self.history.len())
-            .filter(|&i| self.history[i].node == node && self.history[i].state == StepState::Open)
-            .collect();
-        assert_eq!(
-            open.len(),
-            1,
-            "{node} should have exactly one open step: {:?}",
-            self.history
-        );
+        let open: Vec<usize> = (0..self.history.len()).filter(|&i| self.history[i].node == node && self.history[i].state == StepState::Open).collect();
+        assert_eq!(open.len(), 1, "{node} should have exactly one open step: {:?}", self.history);
         open[0]
     }
 
@@ -237,21 +168,13 @@ impl Sim {
     fn route(&mut self, node: &str, to: Option<&str>) {
         let i = self.open_index(node);
         let finished_seq = self.next_seq();
-        self.history[i].state = StepState::Succeeded {
-            route: to.map(str::to_owned),
-            finished_seq,
-        };
+        self.history[i].state = StepState::Succeeded { route: to.map(str::to_owned), finished_seq };
     }
 
     fn fail(&mut self, node: &str, reason: &str, class: FailureClass, exit_code: Option<i32>) {
         let i = self.open_index(node);
         let finished_seq = self.next_seq();
-        self.history[i].state = StepState::Failed {
-            reason: reason.into(),
-            class,
-            exit_code,
-            finished_seq,
-        };
+        self.history[i].state = StepState::Failed { reason: reason.into(), class, exit_code, finished_seq };
     }
 
     fn cancel(&mut self, node: &str) {
@@ -263,8 +186,7 @@ impl Sim {
     fn finish(&mut self) -> Outcome {
         let w = self.tick();
         assert!(w.start.is_empty(), "{w:?}");
-        w.finished
-            .unwrap_or_else(|| panic!("the run should be finished: {:?}", self.history))
+        w.finished.unwrap_or_else(|| panic!("the run should be finished: {:?}", self.history))
     }
 }
 
@@ -273,9 +195,7 @@ fn completed() -> Outcome {
 }
 
 fn failed(reason: &str) -> Outcome {
-    Outcome::Failed {
-        reason: reason.into(),
-    }
+    Outcome::Failed { reason: reason.into() }
 }
 
 /// Runs the example's first two nodes, up to `build` being open.
@@ -296,12 +216,7 @@ fn up_to_ci(sim: &mut Sim) {
 
 /// The start of `node`'s `attempt` on its first visit, after `delay`.
 fn retry(node: &str, attempt: u32, delay: Duration) -> Start {
-    Start {
-        node: node.into(),
-        visit: 1,
-        attempt,
-        delay,
-    }
+    Start { node: node.into(), visit: 1, attempt, delay }
 }
 
 /// `a`, then `b` and `c` after it (`c` as given), then `rest`: walked until `b` and `c` are
@@ -326,22 +241,11 @@ fn diamond() -> Sim {
 
 #[test]
 fn roots_start_when_the_history_is_empty_and_never_again() {
-    let d = def(
-        3,
-        vec![
-            node("t", &[], NodeKind::Trigger),
-            crew("a", &[]),
-            crew("b", &["t", "a"]),
-        ],
-    );
+    let d = def(3, vec![node("t", &[], NodeKind::Trigger), crew("a", &[]), crew("b", &["t", "a"])]);
     let mut sim = Sim::new(d);
     assert_eq!(sim.started(), ["t", "a"]);
     sim.succeed("t");
-    assert_eq!(
-        sim.started(),
-        Vec::<String>::new(),
-        "b waits for its open sibling a"
-    );
+    assert_eq!(sim.started(), Vec::<String>::new(), "b waits for its open sibling a");
     sim.succeed("a");
     assert_eq!(sim.started(), ["b"]);
     sim.succeed("b");
@@ -350,49 +254,21 @@ fn roots_start_when_the_history_is_empty_and_never_again() {
 
 #[test]
 fn a_node_only_looped_back_to_is_still_a_root() {
-    let d = def(
-        3,
-        vec![crew("build", &[]), gate("ci", &["build"], Some("build"))],
-    );
+    let d = def(3, vec![crew("build", &[]), gate("ci", &["build"], Some("build"))]);
     assert_eq!(Sim::new(d).started(), ["build"]);
-    let d = def(
-        3,
-        vec![
-            crew("x", &[]),
-            decision("d", &["x"], &["x"], Some("z")),
-            crew("z", &[]),
-        ],
-    );
-    assert_eq!(
-        Sim::new(d).started(),
-        ["x"],
-        "d routes back to x; z is only d's forward target"
-    );
+    let d = def(3, vec![crew("x", &[]), decision("d", &["x"], &["x"], Some("z")), crew("z", &[])]);
+    assert_eq!(Sim::new(d).started(), ["x"], "d routes back to x; z is only d's forward target");
 }
 
 #[test]
 fn handlers_and_route_targets_are_not_roots() {
-    let d = def(
-        3,
-        vec![
-            with_failure(crew("a", &[]), "h"),
-            crew("h", &[]),
-            decision("d", &[], &["t"], None),
-            crew("t", &[]),
-        ],
-    );
+    let d = def(3, vec![with_failure(crew("a", &[]), "h"), crew("h", &[]), decision("d", &[], &["t"], None), crew("t", &[])]);
     assert_eq!(Sim::new(d).started(), ["a", "d"]);
 }
 
 #[test]
 fn an_empty_definition_completes_at_once() {
-    assert_eq!(
-        walk(&def(3, vec![]), &[]),
-        Walk {
-            start: vec![],
-            finished: Some(completed())
-        }
-    );
+    assert_eq!(walk(&def(3, vec![]), &[]), Walk { start: vec![], finished: Some(completed()) });
 }
 
 #[test]
@@ -402,11 +278,7 @@ fn the_example_runs_straight_through_on_the_default_route() {
     sim.succeed("ci");
     assert_eq!(sim.started(), ["route"]);
     sim.route("route", Some("open_pr"));
-    assert_eq!(
-        sim.started(),
-        ["open_pr"],
-        "the join does not wait for the branch not taken"
-    );
+    assert_eq!(sim.started(), ["open_pr"], "the join does not wait for the branch not taken");
     sim.succeed("open_pr");
     assert_eq!(sim.finish(), completed());
 }
@@ -418,11 +290,7 @@ fn a_decision_allows_exactly_its_chosen_target() {
     sim.succeed("ci");
     assert_eq!(sim.started(), ["route"]);
     sim.route("route", Some("big_change_review"));
-    assert_eq!(
-        sim.started(),
-        ["big_change_review"],
-        "open_pr lists route in `after` but was not chosen"
-    );
+    assert_eq!(sim.started(), ["big_change_review"], "open_pr lists route in `after` but was not chosen");
     sim.succeed("big_change_review");
     assert_eq!(sim.started(), ["open_pr"]);
     sim.succeed("open_pr");
@@ -442,11 +310,7 @@ fn a_failed_gate_loops_back_and_reruns_what_follows_as_new_visits() {
     sim.route("route", Some("open_pr"));
     assert_eq!(sim.started(), ["open_pr"]);
     sim.succeed("open_pr");
-    assert_eq!(
-        sim.finish(),
-        completed(),
-        "a failure the gate handled does not fail the run"
-    );
+    assert_eq!(sim.finish(), completed(), "a failure the gate handled does not fail the run");
 }
 
 #[test]
@@ -465,14 +329,7 @@ fn a_node_past_stop_the_line_attempts_stops_the_line() {
 
 #[test]
 fn stop_the_line_finishes_at_once_even_with_steps_open() {
-    let d = def(
-        1,
-        vec![
-            crew("a", &[]),
-            crew("slow", &[]),
-            gate("g", &["a"], Some("a")),
-        ],
-    );
+    let d = def(1, vec![crew("a", &[]), crew("slow", &[]), gate("g", &["a"], Some("a"))]);
     let mut sim = Sim::new(d);
     assert_eq!(sim.started(), ["a", "slow"]);
     sim.succeed("a");
@@ -488,17 +345,10 @@ fn an_ordinary_failure_retries_as_the_node_allows_with_doubling_backoff() {
     for (attempt, secs) in [(2, 30), (3, 60)] {
         sim.fail("build", "exit_code:1", FailureClass::Ordinary, Some(1));
         let w = sim.tick();
-        assert_eq!(
-            w.start,
-            [retry("build", attempt, Duration::from_secs(secs))]
-        );
+        assert_eq!(w.start, [retry("build", attempt, Duration::from_secs(secs))]);
     }
     sim.fail("build", "exit_code:1", FailureClass::Ordinary, Some(1));
-    assert_eq!(
-        sim.finish(),
-        failed("attempts_exhausted"),
-        "build has no handler; three attempts in all"
-    );
+    assert_eq!(sim.finish(), failed("attempts_exhausted"), "build has no handler; three attempts in all");
 }
 
 #[test]
@@ -506,20 +356,12 @@ fn the_exit_code_filter_limits_ordinary_retries() {
     let mut sim = Sim::new(example());
     up_to_ci_build_open(&mut sim);
     sim.fail("build", "exit_code:2", FailureClass::Ordinary, Some(2));
-    assert_eq!(
-        sim.finish(),
-        failed("exit_code:2"),
-        "exit code 2 is not in exit_codes: [1]"
-    );
+    assert_eq!(sim.finish(), failed("exit_code:2"), "exit code 2 is not in exit_codes: [1]");
 
     let mut sim = Sim::new(example());
     up_to_ci_build_open(&mut sim);
     sim.fail("build", "timeout", FailureClass::Ordinary, None);
-    assert_eq!(
-        sim.finish(),
-        failed("timeout"),
-        "no exit code matches no filter"
-    );
+    assert_eq!(sim.finish(), failed("timeout"), "no exit code matches no filter");
 }
 
 #[test]
@@ -581,26 +423,14 @@ fn a_final_failure_is_never_retried() {
 
 #[test]
 fn a_failure_handler_starts_at_once_and_handles_the_failure() {
-    let d = def(
-        3,
-        vec![
-            crew("start", &[]),
-            with_failure(crew("a", &["start"]), "cleanup"),
-            crew("b", &["start"]),
-            crew("after_a", &["a"]),
-            crew("cleanup", &[]),
-        ],
-    );
+    let d =
+        def(3, vec![crew("start", &[]), with_failure(crew("a", &["start"]), "cleanup"), crew("b", &["start"]), crew("after_a", &["a"]), crew("cleanup", &[])]);
     let mut sim = Sim::new(d);
     assert_eq!(sim.started(), ["start"]);
     sim.succeed("start");
     assert_eq!(sim.started(), ["a", "b"]);
     sim.fail("a", "boom", FailureClass::Final, None);
-    assert_eq!(
-        sim.started(),
-        ["cleanup"],
-        "the handler does not wait for b; after_a does not start"
-    );
+    assert_eq!(sim.started(), ["cleanup"], "the handler does not wait for b; after_a does not start");
     sim.succeed("b");
     assert_eq!(sim.started(), Vec::<String>::new());
     sim.succeed("cleanup");
@@ -620,15 +450,7 @@ fn continue_on_error_goes_on_as_if_the_step_had_succeeded() {
 
 #[test]
 fn a_failure_handler_takes_precedence_over_continue_on_error_and_on_fail() {
-    let d = def(
-        3,
-        vec![
-            crew("a", &[]),
-            with_failure(continuing(gate("g", &["a"], Some("a"))), "h"),
-            crew("next", &["g"]),
-            crew("h", &[]),
-        ],
-    );
+    let d = def(3, vec![crew("a", &[]), with_failure(continuing(gate("g", &["a"], Some("a"))), "h"), crew("next", &["g"]), crew("h", &[])]);
     let mut sim = Sim::new(d);
     assert_eq!(sim.started(), ["a"]);
     sim.succeed("a");
@@ -641,24 +463,13 @@ fn a_failure_handler_takes_precedence_over_continue_on_error_and_on_fail() {
 
 #[test]
 fn an_unhandled_failure_stops_its_branch_and_fails_the_run_once_the_others_are_done() {
-    let mut sim = branched(
-        crew("c", &["a"]),
-        vec![crew("b2", &["b"]), crew("c2", &["c"])],
-    );
+    let mut sim = branched(crew("c", &["a"]), vec![crew("b2", &["b"]), crew("c2", &["c"])]);
     sim.fail("b", "first", FailureClass::Final, None);
-    assert_eq!(
-        sim.started(),
-        Vec::<String>::new(),
-        "b2 does not start, and c goes on"
-    );
+    assert_eq!(sim.started(), Vec::<String>::new(), "b2 does not start, and c goes on");
     sim.succeed("c");
     assert_eq!(sim.started(), ["c2"]);
     sim.fail("c2", "second", FailureClass::Final, None);
-    assert_eq!(
-        sim.finish(),
-        failed("first"),
-        "the earliest unhandled failure names the run's"
-    );
+    assert_eq!(sim.finish(), failed("first"), "the earliest unhandled failure names the run's");
 }
 
 #[test]
@@ -678,11 +489,7 @@ fn a_join_goes_on_when_the_other_branch_failed_unhandled() {
     sim.succeed("b");
     assert_eq!(sim.started(), Vec::<String>::new());
     sim.fail("c", "boom", FailureClass::Final, None);
-    assert_eq!(
-        sim.started(),
-        ["j"],
-        "the edge from b was taken, and nothing is open before j"
-    );
+    assert_eq!(sim.started(), ["j"], "the edge from b was taken, and nothing is open before j");
     sim.succeed("j");
     assert_eq!(sim.finish(), failed("boom"));
 }
@@ -691,10 +498,7 @@ fn a_join_goes_on_when_the_other_branch_failed_unhandled() {
 fn a_join_waits_for_a_sibling_that_starts_in_the_same_walk() {
     // a → b → j and a → j: when a succeeds, b and j are both released, but j must wait for b
     // rather than run now and again after b.
-    let d = def(
-        3,
-        vec![crew("a", &[]), crew("b", &["a"]), crew("j", &["a", "b"])],
-    );
+    let d = def(3, vec![crew("a", &[]), crew("b", &["a"]), crew("j", &["a", "b"])]);
     let mut sim = Sim::new(d);
     assert_eq!(sim.started(), ["a"]);
     sim.succeed("a");
@@ -707,18 +511,11 @@ fn a_join_waits_for_a_sibling_that_starts_in_the_same_walk() {
 
 #[test]
 fn a_join_waits_for_a_sibling_whose_retry_is_pending() {
-    let mut sim = branched(
-        with_retry(crew("c", &["a"]), 2, 5, 5, &[]),
-        vec![crew("j", &["b", "c"])],
-    );
+    let mut sim = branched(with_retry(crew("c", &["a"]), 2, 5, 5, &[]), vec![crew("j", &["b", "c"])]);
     sim.succeed("b");
     assert_eq!(sim.started(), Vec::<String>::new());
     sim.fail("c", "flaky", FailureClass::Ordinary, Some(1));
-    assert_eq!(
-        sim.started(),
-        ["c#1.2"],
-        "j does not start beside c's retry"
-    );
+    assert_eq!(sim.started(), ["c#1.2"], "j does not start beside c's retry");
     sim.succeed("c");
     assert_eq!(sim.started(), ["j"]);
     sim.succeed("j");
@@ -729,15 +526,7 @@ fn a_join_waits_for_a_sibling_whose_retry_is_pending() {
 fn a_cycle_through_a_decision_does_not_deadlock() {
     // x and d wait on each other (d routes back to x): y releases both; x, earlier in the
     // definition, goes first and d waits for it.
-    let d = def(
-        3,
-        vec![
-            crew("y", &[]),
-            crew("x", &["y"]),
-            decision("d", &["x", "y"], &["x"], Some("z")),
-            crew("z", &[]),
-        ],
-    );
+    let d = def(3, vec![crew("y", &[]), crew("x", &["y"]), decision("d", &["x", "y"], &["x"], Some("z")), crew("z", &[])]);
     let mut sim = Sim::new(d);
     assert_eq!(sim.started(), ["y"]);
     sim.succeed("y");
@@ -756,34 +545,16 @@ fn a_cycle_through_a_decision_does_not_deadlock() {
 
 #[test]
 fn an_end_node_finishes_the_run_at_once() {
-    for (outcome, expected) in [
-        (
-            EndOutcome::Completed,
-            Outcome::Completed {
-                reason: Some("ended:end_run".into()),
-            },
-        ),
-        (EndOutcome::Failed, failed("ended:end_run")),
-    ] {
-        let d = def(
-            3,
-            vec![
-                crew("a", &[]),
-                crew("slow", &[]),
-                end("stop", &["a"], outcome),
-                crew("never", &["stop"]),
-            ],
-        );
+    for (outcome, expected) in
+        [(EndOutcome::Completed, Outcome::Completed { reason: Some("ended:end_run".into()) }), (EndOutcome::Failed, failed("ended:end_run"))]
+    {
+        let d = def(3, vec![crew("a", &[]), crew("slow", &[]), end("stop", &["a"], outcome), crew("never", &["stop"])]);
         let mut sim = Sim::new(d);
         assert_eq!(sim.started(), ["a", "slow"]);
         sim.succeed("a");
         assert_eq!(sim.started(), ["stop"]);
         sim.succeed("stop");
-        assert_eq!(
-            sim.finish(),
-            expected,
-            "slow is still open; the engine cancels it"
-        );
+        assert_eq!(sim.finish(), expected, "slow is still open; the engine cancels it");
     }
 }
 
@@ -798,14 +569,7 @@ fn a_decision_that_cannot_route_is_an_ordinary_failure() {
 
 #[test]
 fn a_failed_decision_with_continue_on_error_takes_its_default() {
-    let d = def(
-        3,
-        vec![
-            continuing(decision("d", &[], &["a"], Some("b"))),
-            crew("a", &["d"]),
-            crew("b", &["d"]),
-        ],
-    );
+    let d = def(3, vec![continuing(decision("d", &[], &["a"], Some("b"))), crew("a", &["d"]), crew("b", &["d"])]);
     let mut sim = Sim::new(d);
     assert_eq!(sim.started(), ["d"]);
     sim.fail("d", "route:$unknown", FailureClass::Ordinary, None);
@@ -834,11 +598,7 @@ fn walking_is_idempotent_and_ignores_the_order_of_the_history() {
     reversed.reverse();
     assert_eq!(first, walk(&sim.def, &reversed));
     assert_eq!(sim.started(), ["build#2.1"]);
-    assert_eq!(
-        sim.started(),
-        Vec::<String>::new(),
-        "an open step is never started again"
-    );
+    assert_eq!(sim.started(), Vec::<String>::new(), "an open step is never started again");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -852,8 +612,7 @@ fn oracle_allowed(node: &Node, class: FailureClass, exit_code: Option<i32>) -> u
         (FailureClass::Infrastructure, Some(r)) => r.attempts.max(3),
         (FailureClass::Ordinary, None) => 1,
         (FailureClass::Ordinary, Some(r)) => {
-            let matches =
-                r.exit_codes.is_empty() || exit_code.is_some_and(|c| r.exit_codes.contains(&c));
+            let matches = r.exit_codes.is_empty() || exit_code.is_some_and(|c| r.exit_codes.contains(&c));
             if matches { r.attempts.max(1) } else { 1 }
         }
     }
@@ -861,25 +620,17 @@ fn oracle_allowed(node: &Node, class: FailureClass, exit_code: Option<i32>) -> u
 
 fn oracle_retryable(node: &Node, step: &StepRecord) -> bool {
     match &step.state {
-        StepState::Failed {
-            class, exit_code, ..
-        } => step.attempt < oracle_allowed(node, *class, *exit_code),
+        StepState::Failed { class, exit_code, .. } => step.attempt < oracle_allowed(node, *class, *exit_code),
         _ => false,
     }
 }
 
 fn plain_successors(def: &Definition, id: &str) -> Vec<NodeId> {
-    def.nodes
-        .iter()
-        .filter(|n| n.after.iter().any(|a| a == id))
-        .map(|n| n.id.clone())
-        .collect()
+    def.nodes.iter().filter(|n| n.after.iter().any(|a| a == id)).map(|n| n.id.clone()).collect()
 }
 
 fn is_unhandled(node: &Node) -> bool {
-    node.failure.is_none()
-        && !node.continue_on_error
-        && !matches!(&node.kind, NodeKind::Gate(g) if g.on_fail.is_some())
+    node.failure.is_none() && !node.continue_on_error && !matches!(&node.kind, NodeKind::Gate(g) if g.on_fail.is_some())
 }
 
 /// The nodes a finished step releases, and when.
@@ -888,10 +639,7 @@ fn released(def: &Definition, step: &StepRecord) -> (Vec<NodeId>, u64) {
         return (Vec::new(), 0);
     };
     match &step.state {
-        StepState::Succeeded {
-            route,
-            finished_seq,
-        } => match &node.kind {
+        StepState::Succeeded { route, finished_seq } => match &node.kind {
             NodeKind::Decision(_) => (route.iter().cloned().collect(), *finished_seq),
             _ => (plain_successors(def, &node.id), *finished_seq),
         },
@@ -903,10 +651,7 @@ fn released(def: &Definition, step: &StepRecord) -> (Vec<NodeId>, u64) {
                     NodeKind::Decision(d) => d.default.iter().cloned().collect(),
                     _ => plain_successors(def, &node.id),
                 }
-            } else if let NodeKind::Gate(Gate {
-                on_fail: Some(to), ..
-            }) = &node.kind
-            {
+            } else if let NodeKind::Gate(Gate { on_fail: Some(to), .. }) = &node.kind {
                 vec![to.clone()]
             } else {
                 Vec::new()
@@ -919,15 +664,10 @@ fn released(def: &Definition, step: &StepRecord) -> (Vec<NodeId>, u64) {
 
 /// The nodes a node waits on: those in its `after`, and decisions that may route to it.
 fn oracle_preds(def: &Definition, id: &str) -> BTreeSet<NodeId> {
-    let mut preds: BTreeSet<NodeId> = def
-        .node(id)
-        .map(|n| n.after.iter().cloned().collect())
-        .unwrap_or_default();
+    let mut preds: BTreeSet<NodeId> = def.node(id).map(|n| n.after.iter().cloned().collect()).unwrap_or_default();
     for n in &def.nodes {
         let routes_here = match &n.kind {
-            NodeKind::Decision(d) => {
-                d.cases.iter().any(|c| c.to == id) || d.default.as_deref() == Some(id)
-            }
+            NodeKind::Decision(d) => d.cases.iter().any(|c| c.to == id) || d.default.as_deref() == Some(id),
             _ => false,
         };
         if routes_here {
@@ -945,9 +685,7 @@ fn steps_of<'h>(history: &'h [StepRecord], id: &str) -> Vec<&'h StepRecord> {
 }
 
 fn is_open(history: &[StepRecord], id: &str) -> bool {
-    history
-        .iter()
-        .any(|s| s.node == id && s.state == StepState::Open)
+    history.iter().any(|s| s.node == id && s.state == StepState::Open)
 }
 
 /// Whether the node has a released edge it has not used, or a retry to make.
@@ -971,9 +709,7 @@ fn is_root(def: &Definition, id: &str) -> bool {
     def.node(id).is_some_and(|n| n.after.is_empty())
         && def.nodes.iter().all(|n| {
             let routed_here = match &n.kind {
-                NodeKind::Decision(d) => {
-                    d.cases.iter().any(|c| c.to == id) || d.default.as_deref() == Some(id)
-                }
+                NodeKind::Decision(d) => d.cases.iter().any(|c| c.to == id) || d.default.as_deref() == Some(id),
                 _ => false,
             };
             n.failure.as_deref() != Some(id) && !routed_here
@@ -981,12 +717,7 @@ fn is_root(def: &Definition, id: &str) -> bool {
 }
 
 fn oracle_blocked(def: &Definition, history: &[StepRecord], id: &str) -> bool {
-    oracle_preds(def, id).iter().any(|p| {
-        is_open(history, p)
-            || def
-                .node(p)
-                .is_some_and(|pn| oracle_pending(def, history, pn))
-    })
+    oracle_preds(def, id).iter().any(|p| is_open(history, p) || def.node(p).is_some_and(|pn| oracle_pending(def, history, pn)))
 }
 
 fn earliest_unhandled(def: &Definition, history: &[StepRecord]) -> Option<String> {
@@ -995,16 +726,8 @@ fn earliest_unhandled(def: &Definition, history: &[StepRecord]) -> Option<String
         .filter_map(|s| {
             let node = def.node(&s.node)?;
             match &s.state {
-                StepState::Failed {
-                    reason,
-                    finished_seq,
-                    ..
-                } if !oracle_retryable(node, s) && is_unhandled(node) => {
-                    let reason = if s.attempt > 1 {
-                        "attempts_exhausted".to_owned()
-                    } else {
-                        reason.clone()
-                    };
+                StepState::Failed { reason, finished_seq, .. } if !oracle_retryable(node, s) && is_unhandled(node) => {
+                    let reason = if s.attempt > 1 { "attempts_exhausted".to_owned() } else { reason.clone() };
                     Some((*finished_seq, reason))
                 }
                 _ => None,
@@ -1032,13 +755,7 @@ struct NodeSpec {
 
 fn node_spec() -> impl Strategy<Value = NodeSpec> {
     (
-        (
-            0u8..10,
-            prop::bool::weighted(0.85),
-            any::<u16>(),
-            (any::<u8>(), any::<u8>(), 1u8..=2),
-            any::<bool>(),
-        ),
+        (0u8..10, prop::bool::weighted(0.85), any::<u16>(), (any::<u8>(), any::<u8>(), 1u8..=2), any::<bool>()),
         (
             prop::option::weighted(0.6, any::<u8>()),
             prop::option::weighted(0.3, (1u32..=4, 0u64..=10, 0u64..=30, 0u8..4)),
@@ -1046,24 +763,17 @@ fn node_spec() -> impl Strategy<Value = NodeSpec> {
             prop::option::weighted(0.1, any::<u8>()),
         ),
     )
-        .prop_map(
-            |(
-                (kind, has_after, after_mask, targets, default),
-                (on_fail, retry, continue_on_error, failure),
-            )| {
-                NodeSpec {
-                    kind,
-                    has_after,
-                    after_mask,
-                    targets,
-                    default,
-                    on_fail,
-                    retry,
-                    continue_on_error,
-                    failure,
-                }
-            },
-        )
+        .prop_map(|((kind, has_after, after_mask, targets, default), (on_fail, retry, continue_on_error, failure))| NodeSpec {
+            kind,
+            has_after,
+            after_mask,
+            targets,
+            default,
+            on_fail,
+            retry,
+            continue_on_error,
+            failure,
+        })
 }
 
 /// Builds a definition whose plain and route edges all point forward (so the waits form no
@@ -1076,11 +786,7 @@ fn build_def(stop_the_line_attempts: u32, specs: &[NodeSpec]) -> Definition {
         .iter()
         .enumerate()
         .map(|(i, spec)| {
-            let mut after: Vec<String> = (0..i.min(16))
-                .filter(|j| spec.after_mask & (1 << j) != 0)
-                .map(id)
-                .take(3)
-                .collect();
+            let mut after: Vec<String> = (0..i.min(16)).filter(|j| spec.after_mask & (1 << j) != 0).map(id).take(3).collect();
             if after.is_empty() && spec.has_after && i > 0 {
                 after.push(id(usize::from(spec.targets.0) % i));
             }
@@ -1101,15 +807,7 @@ fn build_def(stop_the_line_attempts: u32, specs: &[NodeSpec]) -> Definition {
                     let cases: Vec<&str> = cases.iter().map(String::as_str).collect();
                     decision(&id(i), &after, &cases, default.as_deref())
                 }
-                9 if i > 0 => end(
-                    &id(i),
-                    &after,
-                    if spec.default {
-                        EndOutcome::Completed
-                    } else {
-                        EndOutcome::Failed
-                    },
-                ),
+                9 if i > 0 => end(&id(i), &after, if spec.default { EndOutcome::Completed } else { EndOutcome::Failed }),
                 0 if i == 0 => node(&id(i), &after, NodeKind::Trigger),
                 _ => crew(&id(i), &after),
             };
@@ -1133,8 +831,7 @@ fn build_def(stop_the_line_attempts: u32, specs: &[NodeSpec]) -> Definition {
 }
 
 fn def_strategy() -> impl Strategy<Value = Definition> {
-    (1u32..=4, prop::collection::vec(node_spec(), 5..=12))
-        .prop_map(|(stl, specs)| build_def(stl, &specs))
+    (1u32..=4, prop::collection::vec(node_spec(), 5..=12)).prop_map(|(stl, specs)| build_def(stl, &specs))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1158,10 +855,7 @@ impl Choices {
 const STEP_BOUND: usize = 12 * 4 * 4;
 
 fn simulate(def: &Definition, choices: Vec<u8>) -> Result<Outcome, TestCaseError> {
-    let mut choices = Choices {
-        bytes: choices,
-        next: 0,
-    };
+    let mut choices = Choices { bytes: choices, next: 0 };
     let mut sim = Sim::new(def.clone());
     for _ in 0..=2 * STEP_BOUND {
         let w = walk(def, &sim.history);
@@ -1175,53 +869,30 @@ fn simulate(def: &Definition, choices: Vec<u8>) -> Result<Outcome, TestCaseError
         check_after_start(def, &sim.history, &w)?;
 
         // Finish one open step, chosen at random, with a random outcome.
-        let open: Vec<usize> = (0..sim.history.len())
-            .filter(|&i| sim.history[i].state == StepState::Open)
-            .collect();
-        prop_assert!(
-            !open.is_empty(),
-            "not finished, but nothing open or started"
-        );
+        let open: Vec<usize> = (0..sim.history.len()).filter(|&i| sim.history[i].state == StepState::Open).collect();
+        prop_assert!(!open.is_empty(), "not finished, but nothing open or started");
         let i = open[choices.take() % open.len()];
         let finished_seq = sim.next_seq();
-        let node = def
-            .node(&sim.history[i].node)
-            .expect("steps are of known nodes");
+        let node = def.node(&sim.history[i].node).expect("steps are of known nodes");
         sim.history[i].state = random_outcome(node, &mut choices, finished_seq);
     }
-    Err(TestCaseError::fail(format!(
-        "the run did not end within {} walks: {:?}",
-        2 * STEP_BOUND,
-        sim.history
-    )))
+    Err(TestCaseError::fail(format!("the run did not end within {} walks: {:?}", 2 * STEP_BOUND, sim.history)))
 }
 
 fn random_outcome(node: &Node, choices: &mut Choices, finished_seq: u64) -> StepState {
-    let fail = |reason: &str, class, exit_code| StepState::Failed {
-        reason: reason.into(),
-        class,
-        exit_code,
-        finished_seq,
-    };
+    let fail = |reason: &str, class, exit_code| StepState::Failed { reason: reason.into(), class, exit_code, finished_seq };
     match choices.take() % 10 {
         0..=5 => match &node.kind {
             NodeKind::Decision(d) => {
-                let targets: Vec<&NodeId> =
-                    d.cases.iter().map(|c| &c.to).chain(&d.default).collect();
+                let targets: Vec<&NodeId> = d.cases.iter().map(|c| &c.to).chain(&d.default).collect();
                 if targets.is_empty() {
                     fail("route:$unknown", FailureClass::Ordinary, None)
                 } else {
                     let to = targets[choices.take() % targets.len()];
-                    StepState::Succeeded {
-                        route: Some(to.clone()),
-                        finished_seq,
-                    }
+                    StepState::Succeeded { route: Some(to.clone()), finished_seq }
                 }
             }
-            _ => StepState::Succeeded {
-                route: None,
-                finished_seq,
-            },
+            _ => StepState::Succeeded { route: None, finished_seq },
         },
         6 | 7 => {
             let exit_code = [None, Some(1), Some(2), Some(3)][choices.take() % 4];
@@ -1242,54 +913,26 @@ fn check_walk(def: &Definition, history: &[StepRecord], w: &Walk) -> Result<(), 
     prop_assert_eq!(w, &walk(def, &shuffled));
 
     if w.finished.is_some() {
-        prop_assert!(
-            w.start.is_empty(),
-            "a finished walk starts nothing: {:?}",
-            w
-        );
+        prop_assert!(w.start.is_empty(), "a finished walk starts nothing: {:?}", w);
         return Ok(());
     }
-    prop_assert!(
-        !w.start.is_empty() || history.iter().any(|s| s.state == StepState::Open),
-        "not finished, but nothing open and nothing started"
-    );
+    prop_assert!(!w.start.is_empty() || history.iter().any(|s| s.state == StepState::Open), "not finished, but nothing open and nothing started");
 
     // At most once per node, in the definition's order.
-    let positions: Vec<usize> = w
-        .start
-        .iter()
-        .map(|s| {
-            def.nodes
-                .iter()
-                .position(|n| n.id == s.node)
-                .expect("known node")
-        })
-        .collect();
-    prop_assert!(
-        positions.windows(2).all(|p| p[0] < p[1]),
-        "starts out of order or repeated: {:?}",
-        w.start
-    );
+    let positions: Vec<usize> = w.start.iter().map(|s| def.nodes.iter().position(|n| n.id == s.node).expect("known node")).collect();
+    prop_assert!(positions.windows(2).all(|p| p[0] < p[1]), "starts out of order or repeated: {:?}", w.start);
 
     for s in &w.start {
         let node = def.node(&s.node).expect("known node");
         let mine = steps_of(history, &s.node);
         prop_assert!(!is_open(history, &s.node), "{} started while open", s.node);
-        prop_assert!(
-            !oracle_blocked(def, history, &s.node),
-            "{} started while a predecessor is open or pending",
-            s.node
-        );
+        prop_assert!(!oracle_blocked(def, history, &s.node), "{} started while a predecessor is open or pending", s.node);
         let last = mine.last();
         if s.attempt > 1 {
             // A retry: of the node's latest step, which failed, retryably.
             let last = last.expect("a retry follows a step");
             prop_assert_eq!((last.visit, last.attempt + 1), (s.visit, s.attempt));
-            prop_assert!(
-                oracle_retryable(node, last),
-                "{} retried past what it allows",
-                s.node
-            );
+            prop_assert!(oracle_retryable(node, last), "{} retried past what it allows", s.node);
             let expected = match &node.retry {
                 Some(r) => (r.backoff * 2u32.pow(last.attempt - 1)).min(r.max_backoff),
                 None => Duration::ZERO,
@@ -1299,71 +942,38 @@ fn check_walk(def: &Definition, history: &[StepRecord], w: &Walk) -> Result<(), 
             // A new visit: released by a step that finished after the node last started.
             prop_assert_eq!(s.attempt, 1);
             prop_assert_eq!(s.delay, Duration::ZERO);
-            prop_assert!(
-                !last.is_some_and(|l| oracle_retryable(node, l)),
-                "{} has a retry to make instead",
-                s.node
-            );
+            prop_assert!(!last.is_some_and(|l| oracle_retryable(node, l)), "{} has a retry to make instead", s.node);
             prop_assert_eq!(s.visit, mine.iter().map(|m| m.visit).max().unwrap_or(0) + 1);
             prop_assert!(s.visit <= def.stop_the_line_attempts);
-            prop_assert!(
-                oracle_pending(def, history, node),
-                "{} started without a taken edge",
-                s.node
-            );
+            prop_assert!(oracle_pending(def, history, node), "{} started without a taken edge", s.node);
         }
     }
 
     // Complete: every pending node that nothing blocks starts now.
     for n in &def.nodes {
         if oracle_pending(def, history, n) && !oracle_blocked(def, history, &n.id) {
-            prop_assert!(
-                w.start.iter().any(|s| s.node == n.id),
-                "{} should start: {:?}",
-                n.id,
-                history
-            );
+            prop_assert!(w.start.iter().any(|s| s.node == n.id), "{} should start: {:?}", n.id, history);
         }
     }
     Ok(())
 }
 
 /// Checks the history once a walk's starts are applied.
-fn check_after_start(
-    def: &Definition,
-    history: &[StepRecord],
-    w: &Walk,
-) -> Result<(), TestCaseError> {
+fn check_after_start(def: &Definition, history: &[StepRecord], w: &Walk) -> Result<(), TestCaseError> {
     // What was just started is open, so it is not started again.
     let again = walk(def, history);
     for s in &again.start {
-        prop_assert!(
-            !w.start.iter().any(|t| t.node == s.node),
-            "{} started twice",
-            s.node
-        );
+        prop_assert!(!w.start.iter().any(|t| t.node == s.node), "{} started twice", s.node);
     }
     for n in &def.nodes {
         let mine = steps_of(history, &n.id);
-        prop_assert!(
-            mine.iter().filter(|s| s.state == StepState::Open).count() <= 1,
-            "two open steps of {}",
-            n.id
-        );
-        prop_assert!(
-            mine.iter().all(|s| s.visit <= def.stop_the_line_attempts),
-            "{} visited too often",
-            n.id
-        );
+        prop_assert!(mine.iter().filter(|s| s.state == StepState::Open).count() <= 1, "two open steps of {}", n.id);
+        prop_assert!(mine.iter().all(|s| s.visit <= def.stop_the_line_attempts), "{} visited too often", n.id);
         // Attempts stay within what the failure before them allowed.
         for pair in mine.windows(2) {
             if pair[1].visit == pair[0].visit {
                 prop_assert_eq!(pair[1].attempt, pair[0].attempt + 1);
-                prop_assert!(
-                    oracle_retryable(n, pair[0]),
-                    "{} retried past what it allows",
-                    n.id
-                );
+                prop_assert!(oracle_retryable(n, pair[0]), "{} retried past what it allows", n.id);
             } else {
                 prop_assert_eq!(pair[1].attempt, 1);
                 prop_assert_eq!(pair[1].visit, pair[0].visit + 1);
@@ -1374,11 +984,7 @@ fn check_after_start(
 }
 
 /// Checks the outcome of a finished run.
-fn check_outcome(
-    def: &Definition,
-    history: &[StepRecord],
-    outcome: &Outcome,
-) -> Result<(), TestCaseError> {
+fn check_outcome(def: &Definition, history: &[StepRecord], outcome: &Outcome) -> Result<(), TestCaseError> {
     let reason = match outcome {
         Outcome::Completed { reason } => reason.clone(),
         Outcome::Failed { reason } => Some(reason.clone()),
@@ -1393,47 +999,21 @@ fn check_outcome(
             })
             .collect();
         prop_assert_eq!(ended.len(), 1, "the run ends at the first end step");
-        prop_assert_eq!(
-            matches!(outcome, Outcome::Completed { .. }),
-            ended[0] == EndOutcome::Completed
-        );
+        prop_assert_eq!(matches!(outcome, Outcome::Completed { .. }), ended[0] == EndOutcome::Completed);
         return Ok(());
     }
-    if let Some(stopped) = reason
-        .as_deref()
-        .and_then(|r| r.strip_prefix(STOPPED_LINE_PREFIX))
-    {
-        prop_assert!(
-            matches!(outcome, Outcome::Failed { .. }),
-            "stopping the line fails the run"
-        );
+    if let Some(stopped) = reason.as_deref().and_then(|r| r.strip_prefix(STOPPED_LINE_PREFIX)) {
+        prop_assert!(matches!(outcome, Outcome::Failed { .. }), "stopping the line fails the run");
         let node = def.node(stopped).expect("stopped at a known node");
-        prop_assert!(
-            oracle_pending(def, history, node) && !oracle_blocked(def, history, stopped),
-            "{} stopped the line without being about to start",
-            stopped
-        );
-        let visits = steps_of(history, stopped)
-            .iter()
-            .map(|s| s.visit)
-            .max()
-            .unwrap_or(0);
-        prop_assert_eq!(
-            visits,
-            def.stop_the_line_attempts,
-            "{} stopped before its last visit",
-            stopped
-        );
+        prop_assert!(oracle_pending(def, history, node) && !oracle_blocked(def, history, stopped), "{} stopped the line without being about to start", stopped);
+        let visits = steps_of(history, stopped).iter().map(|s| s.visit).max().unwrap_or(0);
+        prop_assert_eq!(visits, def.stop_the_line_attempts, "{} stopped before its last visit", stopped);
         return Ok(());
     }
     // Nothing open and nothing more can start.
     prop_assert!(!history.iter().any(|s| s.state == StepState::Open));
     for n in &def.nodes {
-        prop_assert!(
-            !oracle_pending(def, history, n),
-            "{} could still start",
-            n.id
-        );
+        prop_assert!(!oracle_pending(def, history, n), "{} could still start", n.id);
     }
     match earliest_unhandled(def, history) {
         Some(expected) => prop_assert_eq!(outcome, &failed(&expected)),
@@ -1512,15 +1092,5 @@ fn random_runs_reach_every_kind_of_outcome() {
         };
         seen.insert(kind);
     }
-    assert_eq!(
-        seen,
-        BTreeSet::from([
-            "completed",
-            "ended completed",
-            "stopped_line",
-            "ended failed",
-            "attempts_exhausted",
-            "failed"
-        ])
-    );
+    assert_eq!(seen, BTreeSet::from(["completed", "ended completed", "stopped_line", "ended failed", "attempts_exhausted", "failed"]));
 }

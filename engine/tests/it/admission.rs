@@ -6,16 +6,16 @@
 
 use std::time::Duration;
 
+use engine::db::Db;
 use engine::ids::{OrgId, ProjectId, RunId, WorkflowId};
 use engine::store::runs::{self, NewRun};
-use engine::store::{admission, budgets, retention, workflows, Actor, Change, StoreError};
+use engine::store::{Actor, Change, StoreError, admission, budgets, retention, workflows};
 use engine::substate;
-use engine::testkit::{test_db, Engine};
-use serde_json::{json, Value};
-use engine::db::Db;
+use engine::testkit::{Engine, test_db};
+use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::fixtures::{add_workflow, cancel, finish, new_run, poison, seed, started, until, until_done, with_input, Seed};
+use crate::fixtures::{Seed, add_workflow, cancel, finish, new_run, poison, seed, started, until, until_done, with_input};
 
 const PLAIN: &str = include_str!("../../../tests/workflows/one_crew_step.yaml");
 
@@ -168,12 +168,11 @@ async fn drop_cancels_the_oldest_run_in_line_for_the_newest() {
     let dropped = ended.iter().filter(|e| e.0 == "cancelled" && e.1.as_deref().is_some_and(|r| r.starts_with("dropped: "))).count();
     // Two ran at once; each newer run took the place of the one in line; the last one ran.
     assert_eq!((completed, dropped), (3, 47), "{ended:?}");
-    let dropped_with_steps: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM runs r WHERE r.status = 'cancelled' AND EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id)",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let dropped_with_steps: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM runs r WHERE r.status = 'cancelled' AND EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(dropped_with_steps, 0, "a dropped run never started");
     assert_eq!(max_running(&db.pool, s.workflow).await, 2);
     finish(eng, db).await;
@@ -295,7 +294,8 @@ async fn a_run_failed_without_its_journal_hands_its_room_on() {
     let first_row: (String, Option<String>, i32) =
         sqlx::query_as("SELECT status, reason, engine_errors FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
     assert_eq!(ended.0, "completed", "the first run (status, reason, engine errors): {first_row:?}");
-    let (status, reason): (String, Option<String>) = sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
+    let (status, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
     assert_eq!((status.as_str(), reason.as_deref()), ("failed", Some("engine_error")));
     let bare: Vec<Value> = sqlx::query_scalar("SELECT detail FROM audit_log WHERE action = 'run.engine_error' AND target_id = $1")
         .bind(first.to_string())
@@ -356,11 +356,8 @@ async fn a_paused_workflow_or_project_holds_new_runs_until_unpaused() {
     admission::set_project_paused(&mut ch, s.org, s.project, false).await.unwrap();
     ch.commit().await.unwrap();
     assert_eq!(statuses(&db.pool, &[held]).await[0].0, "completed");
-    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 AND kind LIKE 'run.%' ORDER BY seq")
-        .bind(held)
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
+    let kinds: Vec<String> =
+        sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 AND kind LIKE 'run.%' ORDER BY seq").bind(held).fetch_all(&db.pool).await.unwrap();
     assert_eq!(kinds, ["run.started", "run.held", "run.held", "run.admitted", "run.completed"]);
     finish(eng, db).await;
 }
@@ -404,7 +401,8 @@ nodes:
     .unwrap();
     // a, b and c report 4 each (12 ≥ 10): d fails before it starts, final, never retried.
     assert_eq!(steps, ["a:succeeded", "b:succeeded", "c:succeeded", "d:failed:budget_hard_stop:final"]);
-    let (usd, tokens): (f64, i64) = sqlx::query_as("SELECT usd::float8, tokens FROM spend WHERE project_id = $1").bind(s.project).fetch_one(&db.pool).await.unwrap();
+    let (usd, tokens): (f64, i64) =
+        sqlx::query_as("SELECT usd::float8, tokens FROM spend WHERE project_id = $1").bind(s.project).fetch_one(&db.pool).await.unwrap();
     assert_eq!((usd, tokens), (12.0, 3000));
     let spent: f64 = sqlx::query_scalar("SELECT spent_usd::float8 FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
     assert_eq!(spent, 12.0);
@@ -538,9 +536,7 @@ async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new
     let mut sorted = latencies.clone();
     sorted.sort();
     let p99 = sorted.get(sorted.len() * 99 / 100).copied().unwrap_or_default();
-    eprintln!(
-        "retention: 10000 runs deleted in {sweep_ended:?}; {during} runs created meanwhile, p99 {p99:?}, slowest {slowest:?}"
-    );
+    eprintln!("retention: 10000 runs deleted in {sweep_ended:?}; {during} runs created meanwhile, p99 {p99:?}, slowest {slowest:?}");
     // Runs were created all through the sweep, one change each: none waited for it to end
     // (how long each took is printed, for `make bench` to judge, not asserted).
     assert!(during >= 20, "run creation went on during the sweep: {during}");
@@ -600,7 +596,10 @@ async fn a_full_board_column_holds_runs_that_move_cards_into_it_and_releases_the
     let waiting: Vec<RunId> = sqlx::query_scalar("SELECT run_id FROM admission_waits WHERE hold = 'board' ORDER BY seq").fetch_all(&db.pool).await.unwrap();
     assert_eq!(waiting.len(), 3);
     let w = substate::why(&db.pool, s.org, waiting[2]).await.unwrap();
-    assert_eq!((w.substate.as_ref().map(|s| s.name()), w.text.as_str()), (Some("queued"), "Queued: held by board column In progress (WIP limit 2), which is full (2 ahead in line)"));
+    assert_eq!(
+        (w.substate.as_ref().map(|s| s.name()), w.text.as_str()),
+        (Some("queued"), "Queued: held by board column In progress (WIP limit 2), which is full (2 ahead in line)")
+    );
     let mut conn = db.pool.pool().acquire().await.unwrap();
     let limits = admission::board_limits(&mut conn, s.org, s.project).await.unwrap();
     drop(conn);
@@ -739,7 +738,8 @@ async fn a_runs_journal_lives_as_long_as_the_run_and_its_partition_goes_whole_af
     // same month that still runs.
     let ancient = partition_of(&db.pool, 420).await;
     old_runs(&db.pool, &s, 51, 420).await;
-    let running: RunId = sqlx::query_scalar("SELECT run_id FROM runs WHERE created_at < now() - interval '400 days' ORDER BY run_id LIMIT 1").fetch_one(&db.pool).await.unwrap();
+    let running: RunId =
+        sqlx::query_scalar("SELECT run_id FROM runs WHERE created_at < now() - interval '400 days' ORDER BY run_id LIMIT 1").fetch_one(&db.pool).await.unwrap();
     sqlx::query("UPDATE runs SET status = 'running', ended_at = NULL WHERE run_id = $1").bind(running).execute(&db.pool).await.unwrap();
     let in_ancient = format!("SELECT count(*) FROM {ancient}");
     assert_eq!(crate::fixtures::count(&db.pool, &in_ancient).await, 51 * 4);
@@ -751,12 +751,23 @@ async fn a_runs_journal_lives_as_long_as_the_run_and_its_partition_goes_whole_af
     until_true(&db.pool, "SELECT count(*) = 301 FROM runs").await;
     next_sweep_in_days(&db.pool, s.project, 1.0).await;
     assert!(exists(&db.pool, &ancient).await, "a running run's partition is kept");
-    assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x' AND run_id IN (SELECT run_id FROM runs)").await, 301 * 4);
-    let old: i64 = crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE at < now() - interval '30 days' AND run_created_at > now() - interval '30 days'").await;
+    assert_eq!(
+        crate::fixtures::count(&db.pool, "SELECT count(*) FROM run_events WHERE kind = 'step.x' AND run_id IN (SELECT run_id FROM runs)").await,
+        301 * 4
+    );
+    let old: i64 = crate::fixtures::count(
+        &db.pool,
+        "SELECT count(*) FROM run_events WHERE at < now() - interval '30 days' AND run_created_at > now() - interval '30 days'",
+    )
+    .await;
     assert_eq!(old, 600, "events older than 30 days of runs still kept");
 
     // That run ends, long ago: the next sweep deletes it, and its month's partition goes whole.
-    sqlx::query("UPDATE runs SET status = 'cancelled', ended_at = now() - interval '400 days' WHERE run_id = $1").bind(running).execute(&db.pool).await.unwrap();
+    sqlx::query("UPDATE runs SET status = 'cancelled', ended_at = now() - interval '400 days' WHERE run_id = $1")
+        .bind(running)
+        .execute(&db.pool)
+        .await
+        .unwrap();
     sweep_now(&db.pool, &s).await;
     until_true(&db.pool, &format!("SELECT to_regclass('{ancient}') IS NULL")).await;
     assert_eq!(crate::fixtures::count(&db.pool, "SELECT count(*) FROM runs").await, 300);

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use engine::ids::RunId;
-use engine::store::{approvals, Actor, Change};
-use serde_json::{json, Map};
 use engine::db::Db;
+use engine::ids::RunId;
+use engine::store::{Actor, Change, approvals};
+use serde_json::{Map, json};
 
 use crate::fixtures::{approve, finish, reject, scalar, started, submit_new, until, until_done, with_input};
 
@@ -21,10 +21,7 @@ async fn a_run_walks_a_join_and_a_gate_loop_to_completion() {
     let (status, reason) = until_done(&db.pool, run, Duration::from_secs(20)).await;
     assert_eq!((status.as_str(), reason), ("completed", None), "{:?}", nodes_in_order(&db.pool, run).await);
     let steps = nodes_in_order(&db.pool, run).await;
-    assert_eq!(
-        steps,
-        ["plan:succeeded", "left:succeeded", "right:succeeded", "ci:failed", "left:succeeded", "ci:succeeded", "ship:succeeded"]
-    );
+    assert_eq!(steps, ["plan:succeeded", "left:succeeded", "right:succeeded", "ci:failed", "left:succeeded", "ci:succeeded", "ship:succeeded"]);
     finish(eng, db).await;
 }
 

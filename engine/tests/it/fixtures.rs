@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
+use engine::db::Db;
 use engine::definition::Definition;
 use engine::ids::{OrgId, RunId, WorkflowId};
 use engine::store::runs::{self, NewRun};
-use engine::store::{approvals, workflows, Actor, Change};
-use engine::testkit::{test_db, Engine, TestDb};
-use serde_json::{json, Map, Value};
-use engine::db::Db;
+use engine::store::{Actor, Change, approvals, workflows};
+use engine::testkit::{Engine, TestDb, test_db};
+use serde_json::{Map, Value, json};
 
-pub(crate) use engine::testkit::{seed, Seed};
+pub(crate) use engine::testkit::{Seed, seed};
 
 pub(crate) const TWO_STEPS: &str = include_str!("../../../tests/workflows/two_steps.yaml");
 

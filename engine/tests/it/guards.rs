@@ -46,7 +46,8 @@ async fn the_application_name_a_url_gives_is_kept() {
     for (url, name) in [(format!("{}{sep}application_name=engine-b7", db.url), "engine-b7"), (db.url.clone(), "shopfloor")] {
         for route in [db::Route::Direct, db::Route::Pooler] {
             let pool = db::connect_guarded(&url, 1, route).await.unwrap();
-            let shown: String = sqlx::query_scalar("SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetch_one(&pool).await.unwrap();
+            let shown: String =
+                sqlx::query_scalar("SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetch_one(&pool).await.unwrap();
             assert_eq!(shown, name, "{route:?}");
             pool.close().await;
         }

@@ -4,18 +4,18 @@
 use std::time::Duration;
 
 use engine::catalog::Catalog;
+use engine::db::Db;
 use engine::hosts::Capability;
 use engine::ids::{HostId, RunId, StepId};
 use engine::store::hosts::{self, Completion, HostRow, LogLine, NewHost};
 use engine::store::steps::{self, Initial, NewStep};
 use engine::store::tenants::{self, TokenRecord};
-use engine::store::{runs, signing_keys, Actor, Change, StoreError};
+use engine::store::{Actor, Change, StoreError, runs, signing_keys};
 use engine::testkit::test_db;
 use protocol::Usage;
 use serde_json::json;
-use engine::db::Db;
 
-use crate::fixtures::{count, locked, seed, submit, Seed, TWO_STEPS};
+use crate::fixtures::{Seed, TWO_STEPS, count, locked, seed, submit};
 
 /// A registration token's row, as the API's `issue_registration_token` writes it.
 async fn registration(pool: &Db, s: &Seed) -> uuid::Uuid {
@@ -43,7 +43,9 @@ async fn register(pool: &Db, s: &Seed, name: &str, caps: &[&str], slots: u32) ->
     let token = registration(pool, s).await;
     let caps: Vec<Capability> = caps.iter().map(|c| Capability::parse(c).unwrap()).collect();
     let mut ch = Change::begin(pool, Actor::Token(token)).await.unwrap();
-    let host = hosts::register(&mut ch, &NewHost { org: s.org, project: s.project, name, capabilities: &caps, max_concurrent: slots, registration: token }).await.unwrap();
+    let host = hosts::register(&mut ch, &NewHost { org: s.org, project: s.project, name, capabilities: &caps, max_concurrent: slots, registration: token })
+        .await
+        .unwrap();
     ch.commit().await.unwrap();
     row(pool, s, host).await
 }
@@ -163,9 +165,14 @@ async fn reports_renew_the_lease_and_stop_at_the_runs_transcript_cap_with_a_note
     let usage = Usage { input_tokens: 100, output_tokens: 20, cost_usd: None, turns: 1, tool_calls: 0, model: Some("m".into()), ..Usage::default() };
     let r = hosts::report(&db.pool, &host, step, Some("claude-code"), &lines, &usage, 100).await.unwrap();
     assert_eq!((r.state, r.stored, r.dropped), (engine::state::StepState::Running, 3, 7));
-    let logged: Vec<(i64, String)> = sqlx::query_as("SELECT seq, stream FROM step_logs WHERE step_id = $1 ORDER BY seq").bind(step).fetch_all(&db.pool).await.unwrap();
+    let logged: Vec<(i64, String)> =
+        sqlx::query_as("SELECT seq, stream FROM step_logs WHERE step_id = $1 ORDER BY seq").bind(step).fetch_all(&db.pool).await.unwrap();
     assert_eq!(logged, [(1, "assistant".to_owned()), (2, "assistant".into()), (3, "assistant".into()), (4, "note".into())]);
-    let renewed: bool = sqlx::query_scalar("SELECT lease_expires_at > now() + interval '20 seconds' FROM steps WHERE step_id = $1").bind(step).fetch_one(&db.pool).await.unwrap();
+    let renewed: bool = sqlx::query_scalar("SELECT lease_expires_at > now() + interval '20 seconds' FROM steps WHERE step_id = $1")
+        .bind(step)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert!(renewed, "a report renews the lease");
 
     // The same lines again (the answer was lost): nothing stored twice; totals never go back.
@@ -200,10 +207,16 @@ async fn a_completion_is_fenced_on_the_holder_and_wakes_the_run() {
     assert!(matches!(hosts::complete(&db.pool, &other, step, &done).await, Err(StoreError::Stale(_))));
     sqlx::query("DELETE FROM wakes").execute(&db.pool).await.unwrap();
     hosts::complete(&db.pool, &host, step, &done).await.unwrap();
-    let (state, text): (String, String) = sqlx::query_as("SELECT state, output->>'text' FROM steps WHERE step_id = $1").bind(step).fetch_one(&db.pool).await.unwrap();
+    let (state, text): (String, String) =
+        sqlx::query_as("SELECT state, output->>'text' FROM steps WHERE step_id = $1").bind(step).fetch_one(&db.pool).await.unwrap();
     assert_eq!((state.as_str(), text.as_str()), ("succeeded", "ok"));
-    assert_eq!(count(&db.pool, &format!("SELECT count(*) FROM wakes WHERE run_id = '{}' AND reason = 'advance'", run.0)).await, 1, "an engine is woken to go on");
-    let session: serde_json::Value = sqlx::query_scalar("SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'step.session'").bind(run).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(
+        count(&db.pool, &format!("SELECT count(*) FROM wakes WHERE run_id = '{}' AND reason = 'advance'", run.0)).await,
+        1,
+        "an engine is woken to go on"
+    );
+    let session: serde_json::Value =
+        sqlx::query_scalar("SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'step.session'").bind(run).fetch_one(&db.pool).await.unwrap();
     assert_eq!((session["cost_usd"].as_f64(), session["output_tokens"].as_i64()), (Some(0.5), Some(2)));
     // Twice is refused: the step is no longer running.
     assert!(matches!(hosts::complete(&db.pool, &host, step, &done).await, Err(StoreError::Stale(_))));

@@ -6,17 +6,19 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use engine::db::Db;
 use engine::ids::{HostId, OrgId, RunId, StepId};
 use engine::state::StepState;
 use engine::store::runs::{self, NewRun};
 use engine::store::steps;
-use engine::store::{approvals, workflows, Actor, Change, StoreError};
+use engine::store::{Actor, Change, StoreError, approvals, workflows};
 use engine::substate::{self, Substate, Why};
-use engine::testkit::{test_db, Engine, TestDb};
-use serde_json::{json, Value};
-use engine::db::Db;
+use engine::testkit::{Engine, TestDb, test_db};
+use serde_json::{Value, json};
 
-use crate::fixtures::{add_workflow, approve, cancel, finish, new_run, reject, rerun, scalar, seed, started, submit_new, submitted, until, until_done, with_input, Seed};
+use crate::fixtures::{
+    Seed, add_workflow, approve, cancel, finish, new_run, reject, rerun, scalar, seed, started, submit_new, submitted, until, until_done, with_input,
+};
 
 /// Approves the run's start (a workflow with `approval: required`).
 async fn approve_start(pool: &Db, org: OrgId, run: RunId) {
@@ -76,10 +78,7 @@ impl Effects {
     fn of(&self, run: RunId) -> Vec<String> {
         let text = std::fs::read_to_string(&self.path).unwrap_or_default();
         let run = run.to_string();
-        text.lines()
-            .filter(|l| l.split(' ').nth(1) == Some(run.as_str()))
-            .map(|l| l.split(' ').skip(2).collect::<Vec<_>>().join(" "))
-            .collect()
+        text.lines().filter(|l| l.split(' ').nth(1) == Some(run.as_str())).map(|l| l.split(' ').skip(2).collect::<Vec<_>>().join(" ")).collect()
     }
 }
 
@@ -121,10 +120,7 @@ async fn a_failed_step_retries_with_doubling_backoff_and_only_on_listed_exit_cod
     assert!(w.text.starts_with("Asleep until ") && w.text.ends_with(" UTC (retry 1 of build after exit code 1)"), "{}", w.text);
 
     assert_eq!(status(&db.pool, recovers).await, ("completed".into(), None));
-    assert_eq!(
-        steps_of(&db.pool, recovers).await,
-        ["build:1.1:failed:exit_code:1", "build:1.2:failed:exit_code:1", "build:1.3:succeeded"]
-    );
+    assert_eq!(steps_of(&db.pool, recovers).await, ["build:1.1:failed:exit_code:1", "build:1.2:failed:exit_code:1", "build:1.3:succeeded"]);
     // The backoff doubles: at least 1 s before attempt 2, at least 2 s before attempt 3 (how
     // much later a loaded machine starts them is `make bench`'s to measure).
     let gaps: Vec<f64> = sqlx::query_scalar(
@@ -183,7 +179,10 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
     // No host at all, then one without the gpu, then a deregistered one: nobody can run it.
     // The step requires its harness too, though the node does not say so.
     let w = why(&db.pool, s.org, run).await;
-    assert_eq!((name(&w), w.text.as_str()), (Some("unroutable"), "Waiting for a host with linux, gpu, harness:claude-code to run build: no host of this project was seen in the last day"));
+    assert_eq!(
+        (name(&w), w.text.as_str()),
+        (Some("unroutable"), "Waiting for a host with linux, gpu, harness:claude-code to run build: no host of this project was seen in the last day")
+    );
     let host = HostId::mint();
     let add_host = |id: HostId, name: &'static str, caps: &'static [&'static str], gone: bool| {
         let pool = db.pool.clone();
@@ -207,7 +206,14 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
     add_host(HostId::mint(), "cpu-1", &["linux", "harness:claude-code"], false).await;
     add_host(HostId::mint(), "old-gpu", &["linux", "gpu", "harness:claude-code"], true).await;
     let w = why(&db.pool, s.org, run).await;
-    assert_eq!(w.substate, Some(Substate::Unroutable { node: "build".into(), requires: vec!["linux".into(), "gpu".into(), "harness:claude-code".into()], missing: vec!["gpu".into()] }));
+    assert_eq!(
+        w.substate,
+        Some(Substate::Unroutable {
+            node: "build".into(),
+            requires: vec!["linux".into(), "gpu".into(), "harness:claude-code".into()],
+            missing: vec!["gpu".into()]
+        })
+    );
     assert_eq!(w.text, "Waiting for a host with linux, gpu, harness:claude-code: none online has gpu");
     // A host last seen two days ago does not count either.
     add_host(HostId::mint(), "stale-gpu", &["linux", "gpu", "harness:claude-code"], false).await;
@@ -231,10 +237,7 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
         }
     }
     assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("attempts_exhausted".into())));
-    assert_eq!(
-        steps_of(&db.pool, run).await,
-        ["build:1.1:failed:lease_expired", "build:1.2:failed:lease_expired", "build:1.3:failed:lease_expired"]
-    );
+    assert_eq!(steps_of(&db.pool, run).await, ["build:1.1:failed:lease_expired", "build:1.2:failed:lease_expired", "build:1.3:failed:lease_expired"]);
     let classes: Vec<String> = sqlx::query_scalar("SELECT failure_class FROM steps WHERE run_id = $1").bind(run).fetch_all(&db.pool).await.unwrap();
     assert_eq!(classes, ["infrastructure"; 3]);
     finish(eng, db).await;
@@ -302,10 +305,7 @@ async fn continue_on_error_goes_on_and_a_failure_handler_runs_instead_of_what_fo
     assert_eq!(steps_of(&db.pool, lint_fails).await, ["lint:1.1:failed:exit_code:1", "build:1.1:succeeded", "ship:1.1:succeeded"]);
     // The handler takes the failure: the run completes, and `ship` never starts.
     assert_eq!(status(&db.pool, build_fails).await, ("completed".into(), None));
-    assert_eq!(
-        steps_of(&db.pool, build_fails).await,
-        ["lint:1.1:succeeded", "build:1.1:failed:exit_code:1", "notify:1.1:succeeded"]
-    );
+    assert_eq!(steps_of(&db.pool, build_fails).await, ["lint:1.1:succeeded", "build:1.1:failed:exit_code:1", "notify:1.1:succeeded"]);
     finish(eng, db).await;
 }
 
@@ -496,10 +496,7 @@ async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it
     assert!(effects.of(run).is_empty() && effects.of(child).is_empty());
     let answers: Vec<(String, String, Value)> =
         sqlx::query_as("SELECT node, decision, answer FROM approvals WHERE run_id = $1 ORDER BY node").bind(run).fetch_all(&db.pool).await.unwrap();
-    assert_eq!(
-        answers,
-        [("$start".into(), "approved".into(), json!({})), ("ask".into(), "approved".into(), json!({ "size": "m" }))]
-    );
+    assert_eq!(answers, [("$start".into(), "approved".into(), json!({})), ("ask".into(), "approved".into(), json!({ "size": "m" }))]);
     assert_eq!(scalar::<Value>(&db.pool, "SELECT output FROM steps WHERE run_id = $1 AND node = 'build'", run).await, json!({ "dry_run": true }));
 
     // A rerun of a dry run is dry, and keeps its source's id while the source exists.
@@ -518,11 +515,8 @@ async fn a_dry_run_stubs_effects_answers_approvals_and_is_deleted_a_day_after_it
     })
     .await;
     for table in ["runs", "steps", "run_events", "approvals", "wakes"] {
-        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE run_id = ANY($1)"))
-            .bind(vec![run.0, child.0])
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+        let n: i64 =
+            sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE run_id = ANY($1)")).bind(vec![run.0, child.0]).fetch_one(&db.pool).await.unwrap();
         assert_eq!(n, 0, "{table} kept rows of deleted runs");
     }
     let source: Option<RunId> = scalar(&db.pool, "SELECT source_run_id FROM runs WHERE run_id = $1", again).await;
@@ -587,10 +581,7 @@ async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion()
     assert_eq!(w.text, "Running slow on engine e1 (and 1 more open step)");
 
     cancel(&db.pool, s.org, run, "superseded").await;
-    assert_eq!(
-        steps_of(&db.pool, run).await,
-        ["slow:1.1:cancelled:superseded", "flaky:1.1:failed:exit_code:1", "flaky:1.2:cancelled:superseded"]
-    );
+    assert_eq!(steps_of(&db.pool, run).await, ["slow:1.1:cancelled:superseded", "flaky:1.1:failed:exit_code:1", "flaky:1.2:cancelled:superseded"]);
     assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM wakes WHERE run_id = $1", run).await, 0);
     // The holder learns of it at its next heartbeat.
     let slow: StepId = scalar(&db.pool, "SELECT step_id FROM steps WHERE run_id = $1 AND node = 'slow'", run).await;
@@ -681,10 +672,7 @@ async fn the_queries_behind_why_are_served_by_indexes() {
         if what == "hosts" {
             query = query.bind(24);
         }
-        let plan: Vec<String> = query
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap_or_else(|e| panic!("EXPLAIN {what}: {e}"));
+        let plan: Vec<String> = query.fetch_all(&mut *conn).await.unwrap_or_else(|e| panic!("EXPLAIN {what}: {e}"));
         let plan = plan.join("\n");
         assert!(!plan.contains("Seq Scan"), "{what} reads a table whole:\n{plan}");
     }
@@ -713,8 +701,11 @@ async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
     // The run started on version 1 walked version 1's graph to its end; the new one version 2's.
     assert_eq!(steps_of(&db.pool, old).await, ["ask:1.1:succeeded", "first:1.1:succeeded"]);
     assert_eq!(steps_of(&db.pool, new).await, ["ask:1.1:succeeded", "second:1.1:succeeded"]);
-    let versions: Vec<i32> =
-        sqlx::query_scalar("SELECT workflow_version FROM runs WHERE run_id = ANY($1) ORDER BY created_at").bind(vec![old.0, new.0]).fetch_all(&db.pool).await.unwrap();
+    let versions: Vec<i32> = sqlx::query_scalar("SELECT workflow_version FROM runs WHERE run_id = ANY($1) ORDER BY created_at")
+        .bind(vec![old.0, new.0])
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(versions, [1, 2]);
     finish(eng, db).await;
 }
@@ -729,7 +720,8 @@ async fn an_approval_prompt_is_rendered_and_its_deadline_is_a_time() {
     let (prompt, deadline): (String, chrono::DateTime<chrono::Utc>) =
         sqlx::query_as("SELECT prompt, deadline FROM approvals WHERE run_id = $1").bind(run).fetch_one(&db.pool).await.unwrap();
     assert_eq!(prompt, "Ship the widget?");
-    let attrs: Value = sqlx::query_scalar("SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'run.awaiting'").bind(run).fetch_one(&db.pool).await.unwrap();
+    let attrs: Value =
+        sqlx::query_scalar("SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'run.awaiting'").bind(run).fetch_one(&db.pool).await.unwrap();
     assert_eq!(attrs["prompt"], "Ship the widget?");
     let said: chrono::DateTime<chrono::Utc> = serde_json::from_value(attrs["deadline"].clone()).unwrap_or_else(|e| panic!("{attrs}: {e}"));
     assert_eq!(said, deadline, "the event names when the approval times out");
@@ -798,7 +790,8 @@ async fn an_event_wait_announces_itself_expires_and_is_withdrawn() {
     // Without a timeout it waits a day at most, and its deadline says when; a cancel withdraws it.
     let waiting = submit_new(&db.pool, NewRun { workflow: patient, version, ..new_run(&s) }).await;
     until_steps(&db.pool, waiting, "the wait", |s| has(s, "merged:1.1:waiting")).await;
-    let due_h: f64 = scalar(&db.pool, "SELECT extract(epoch FROM due_at - now())::float8 / 3600 FROM wakes WHERE run_id = $1 AND reason = 'timeout'", waiting).await;
+    let due_h: f64 =
+        scalar(&db.pool, "SELECT extract(epoch FROM due_at - now())::float8 / 3600 FROM wakes WHERE run_id = $1 AND reason = 'timeout'", waiting).await;
     assert!((23.9..=24.0).contains(&due_h), "due in {due_h} h");
     let attrs: Value = scalar(&db.pool, "SELECT attrs FROM run_events WHERE run_id = $1 AND kind = 'run.awaiting'", waiting).await;
     assert_eq!((attrs["waits_on"].as_str(), attrs["event"].as_str()), (Some("github"), Some("pull_request.closed")), "{attrs}");

@@ -1,14 +1,14 @@
 //! The engine's integration tests: one binary, one module per concern.
 
-mod cluster;
-mod testkit;
-mod fixtures;
-mod store;
-mod engine;
-mod lifecycle;
 mod admission;
-mod hosts;
-mod poisoned;
+mod cluster;
+mod engine;
+mod fixtures;
 mod guards;
-mod notices;
+mod hosts;
+mod lifecycle;
 mod listen;
+mod notices;
+mod poisoned;
+mod store;
+mod testkit;

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use engine::store::{operator, runs, Actor, Change, Notice, NOTIFY_CHANNEL};
-use engine::testkit::{test_db, Engine};
+use engine::store::{Actor, Change, NOTIFY_CHANNEL, Notice, operator, runs};
+use engine::testkit::{Engine, test_db};
 use sqlx::postgres::PgListener;
 
 use crate::fixtures::{new_run, seed, until_done};

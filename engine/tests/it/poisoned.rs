@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use engine::ids::RunId;
 use engine::store::engine_errors::ENGINE_ERROR_LIMIT;
-use engine::testkit::{test_db, Engine};
+use engine::testkit::{Engine, test_db};
 use serde_json::Value;
 
-use crate::fixtures::{count, finish, poison, seed, submit, TWO_STEPS};
+use crate::fixtures::{TWO_STEPS, count, finish, poison, seed, submit};
 
 #[tokio::test]
 async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
@@ -48,7 +48,8 @@ async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
     assert_eq!(audit.len(), 1, "{audit:?}");
     assert!(audit[0]["error"].as_str().unwrap_or_default().contains("poisoned row"), "{audit:?}");
     // Failed in words: its journal ends with run.failed, gapless.
-    let kinds: Vec<(i64, String)> = sqlx::query_as("SELECT seq, kind FROM run_events WHERE run_id = $1 ORDER BY seq").bind(poisoned).fetch_all(&db.pool).await.unwrap();
+    let kinds: Vec<(i64, String)> =
+        sqlx::query_as("SELECT seq, kind FROM run_events WHERE run_id = $1 ORDER BY seq").bind(poisoned).fetch_all(&db.pool).await.unwrap();
     assert!(kinds.iter().enumerate().all(|(i, (seq, _))| *seq == i as i64 + 1), "{kinds:?}");
     assert_eq!(kinds.last().map(|k| k.1.as_str()), Some("run.failed"), "{kinds:?}");
     finish(eng, db).await;

@@ -5,11 +5,11 @@ use std::time::Duration;
 use engine::ids::OrgId;
 use engine::state::step;
 use engine::store::steps::{self, Initial, NewStep};
-use engine::store::{runs, Actor, Change, StoreError};
+use engine::store::{Actor, Change, StoreError, runs};
 use engine::testkit::test_db;
 use serde_json::json;
 
-use crate::fixtures::{cancel, count, locked, new_run, seed, submit, submitted, TWO_STEPS};
+use crate::fixtures::{TWO_STEPS, cancel, count, locked, new_run, seed, submit, submitted};
 
 #[tokio::test]
 async fn a_failure_mid_change_leaves_nothing_written() {

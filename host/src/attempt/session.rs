@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::{Message, SessionLine, Usage};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -38,11 +38,7 @@ pub(crate) enum ToReporter {
 /// Sends an attempt's session and heartbeats, beside its supervision, so that a slow or absent
 /// server never holds up a timeout or a kill.
 pub(crate) async fn reporter(
-    shared: Arc<Shared>,
-    step: String,
-    harness: &'static str,
-    stop: Arc<StopSignal>,
-    mut rx: mpsc::UnboundedReceiver<ToReporter>,
+    shared: Arc<Shared>, step: String, harness: &'static str, stop: Arc<StopSignal>, mut rx: mpsc::UnboundedReceiver<ToReporter>,
     stdin: Option<mpsc::UnboundedSender<ToStdin>>,
 ) {
     // People's messages in the answers go to the harness's input (when it takes them).
@@ -288,7 +284,9 @@ pub(crate) fn user_line(text: &str) -> String {
 /// lines it reads, answers them turn by turn (each turn ends with a result line), and exits
 /// once its input has ended and its queue is done; so the input is closed at a result line when
 /// no message waits to be written, and a message written before that is still answered.
-pub(crate) async fn converse(shared: Arc<Shared>, step: String, mut stdin: tokio::process::ChildStdin, prompt: String, mut rx: mpsc::UnboundedReceiver<ToStdin>) {
+pub(crate) async fn converse(
+    shared: Arc<Shared>, step: String, mut stdin: tokio::process::ChildStdin, prompt: String, mut rx: mpsc::UnboundedReceiver<ToStdin>,
+) {
     if stdin.write_all(user_line(&prompt).as_bytes()).await.is_err() {
         // A harness that exits without reading its prompt closes the pipe: not ours to report.
         return;

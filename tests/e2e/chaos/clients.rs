@@ -10,10 +10,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use engine::ids::RunId;
-use serde_json::{json, Value};
-use shopfloor_tests::github_fake::payloads::{self, Issue, Repo};
 use engine::db::Db;
+use engine::ids::RunId;
+use serde_json::{Value, json};
+use shopfloor_tests::github_fake::payloads::{self, Issue, Repo};
 
 use super::{INSTALLATION, REPOSITORY, SECRET};
 

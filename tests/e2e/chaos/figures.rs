@@ -25,12 +25,11 @@ pub(super) struct Lost {
 pub(super) async fn lost_runs(db: &Db, acked: &Acked, poisoned: Option<RunId>) -> (Vec<Lost>, i64) {
     // (run, workflow, status, reason, item key)
     type Row = (RunId, String, String, Option<String>, Option<String>);
-    let runs: Vec<Row> = sqlx::query_as(
-        "SELECT r.run_id, w.name, r.status, r.reason, i.key FROM runs r JOIN workflows w USING (workflow_id) LEFT JOIN items i USING (item_id)",
-    )
-    .fetch_all(db)
-    .await
-    .unwrap();
+    let runs: Vec<Row> =
+        sqlx::query_as("SELECT r.run_id, w.name, r.status, r.reason, i.key FROM runs r JOIN workflows w USING (workflow_id) LEFT JOIN items i USING (item_id)")
+            .fetch_all(db)
+            .await
+            .unwrap();
     let succeeded: Vec<(RunId, String, i32)> = sqlx::query_as("SELECT run_id, node, visit FROM steps WHERE state = 'succeeded'").fetch_all(db).await.unwrap();
     let mut steps: HashMap<RunId, BTreeSet<(String, i32)>> = HashMap::new();
     for (run, node, visit) in succeeded {
@@ -71,7 +70,8 @@ pub(super) async fn lost_runs(db: &Db, acked: &Acked, poisoned: Option<RunId>) -
             None => lost.push(Lost { what: format!("delivery {delivery} (issue #{number}) was acknowledged, but started no run"), run: None }),
         }
     }
-    let known: BTreeSet<RunId> = acked.submits.iter().map(|(_, r)| *r).chain(acked.deliveries.iter().filter_map(|(n, _)| by_issue.get(n).and_then(|r| r.first().copied()))).collect();
+    let known: BTreeSet<RunId> =
+        acked.submits.iter().map(|(_, r)| *r).chain(acked.deliveries.iter().filter_map(|(n, _)| by_issue.get(n).and_then(|r| r.first().copied()))).collect();
     let unacknowledged = runs.iter().filter(|(r, ..)| !known.contains(r)).count() as i64;
     (lost, unacknowledged)
 }
@@ -139,7 +139,9 @@ pub(super) async fn reexecutions(db: &Db, effects: &Path, fates: &HashMap<String
             .await
             .unwrap()
             .into_iter()
-            .map(|(run, node, visit, attempt, holder, reason)| ((RunId(run.parse().unwrap()).to_string(), node, visit, attempt), (holder.unwrap_or_default(), reason.unwrap_or_default())))
+            .map(|(run, node, visit, attempt, holder, reason)| {
+                ((RunId(run.parse().unwrap()).to_string(), node, visit, attempt), (holder.unwrap_or_default(), reason.unwrap_or_default()))
+            })
             .collect();
     let mut out = Vec::new();
     for ((run, node, visit), attempts) in visits {
@@ -171,15 +173,14 @@ pub(super) async fn audit_missing(db: &Db, acked: &Acked) -> Vec<String> {
     .fetch_all(db)
     .await
     .unwrap();
-    let audits: HashMap<(String, String), i64> = sqlx::query_as::<_, (String, String, i64)>(
-        "SELECT target_id, action, count(*) FROM audit_log WHERE target_kind = 'step' GROUP BY 1, 2",
-    )
-    .fetch_all(db)
-    .await
-    .unwrap()
-    .into_iter()
-    .map(|(t, a, n)| ((t, a), n))
-    .collect();
+    let audits: HashMap<(String, String), i64> =
+        sqlx::query_as::<_, (String, String, i64)>("SELECT target_id, action, count(*) FROM audit_log WHERE target_kind = 'step' GROUP BY 1, 2")
+            .fetch_all(db)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(t, a, n)| ((t, a), n))
+            .collect();
     for (step, kind, n) in events {
         let step = engine::ids::StepId(step.parse().unwrap()).to_string();
         // The audit names the act, the event what became of the step.
@@ -195,7 +196,10 @@ pub(super) async fn audit_missing(db: &Db, acked: &Acked) -> Vec<String> {
     }
     // The non-engine actions.
     let entries: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT action, target_id, actor_kind FROM audit_log WHERE target_kind = 'run' AND action IN ('run.submit', 'approval.approve')").fetch_all(db).await.unwrap();
+        sqlx::query_as("SELECT action, target_id, actor_kind FROM audit_log WHERE target_kind = 'run' AND action IN ('run.submit', 'approval.approve')")
+            .fetch_all(db)
+            .await
+            .unwrap();
     let mut by: HashMap<(String, String), Vec<String>> = HashMap::new();
     for (action, target, actor) in entries {
         by.entry((action, target)).or_default().push(actor);

@@ -19,7 +19,7 @@ use std::time::Duration;
 use shopfloor_tests::netns::{Link, Netns};
 use shopfloor_tests::process::Proc;
 use shopfloor_tests::proxy::Proxy;
-use shopfloor_tests::{engine_command, shopfloor_bin, EngineProcess};
+use shopfloor_tests::{EngineProcess, engine_command, shopfloor_bin};
 use tokio::time::Instant;
 
 use super::{Rng, SECRET};
@@ -159,9 +159,30 @@ impl Fleet {
         let gh_link = netns.link();
         let proxy = |link: &Link, to: SocketAddr| Proxy::start_on(IpAddr::V4(link.outside), to);
         let github_proxy = proxy(&gh_link, github).await.unwrap();
-        let c_route = Route::Isolated { pool: proxy(&c_pool, pooler).await.unwrap(), listen: proxy(&c_listen, direct).await.unwrap(), pool_link: c_pool, listen_link: c_listen };
-        let r_route = Route::Isolated { pool: proxy(&r_pool, pooler).await.unwrap(), listen: proxy(&r_listen, direct).await.unwrap(), pool_link: r_pool, listen_link: r_listen };
-        let slot = |name, kind, route, listen| Slot { name, kind, route, incarnation: 0, process: None, started_at: Instant::now(), down_since: None, stalled_until: None, listen, spared_until: None };
+        let c_route = Route::Isolated {
+            pool: proxy(&c_pool, pooler).await.unwrap(),
+            listen: proxy(&c_listen, direct).await.unwrap(),
+            pool_link: c_pool,
+            listen_link: c_listen,
+        };
+        let r_route = Route::Isolated {
+            pool: proxy(&r_pool, pooler).await.unwrap(),
+            listen: proxy(&r_listen, direct).await.unwrap(),
+            pool_link: r_pool,
+            listen_link: r_listen,
+        };
+        let slot = |name, kind, route, listen| Slot {
+            name,
+            kind,
+            route,
+            incarnation: 0,
+            process: None,
+            started_at: Instant::now(),
+            down_since: None,
+            stalled_until: None,
+            listen,
+            spared_until: None,
+        };
         let r1 = SocketAddr::from(([127, 0, 0, 1], shopfloor_tests::process::free_port()));
         let r2 = SocketAddr::new(IpAddr::V4(http_link.inside), shopfloor_tests::process::free_port());
         let slots = vec![
@@ -218,7 +239,8 @@ impl Fleet {
             Route::Isolated { pool, listen, .. } => (via(&self.pooled_url, pool.addr()), Some(via(&self.direct_url, listen.addr()))),
         };
         // Each process's log goes to a file of its own, kept when the suite fails.
-        let log = OpenOptions::new().create(true).append(true).open(self.dir.join(format!("{}-{}.log", kind_word(slot.kind), slot.name))).expect("open the log");
+        let log =
+            OpenOptions::new().create(true).append(true).open(self.dir.join(format!("{}-{}.log", kind_word(slot.kind), slot.name))).expect("open the log");
         let program = if slot.isolated() { self.netns.command(shopfloor_bin()) } else { Command::new(shopfloor_bin()) };
         let mut cmd = match slot.kind {
             Kind::Engine => {

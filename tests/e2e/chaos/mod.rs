@@ -39,15 +39,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use engine::cluster::{Cluster, ClusterOptions};
+use engine::db::Db;
 use engine::ids::RunId;
 use engine::store::steps::{LEASE, LEASE_GRACE};
-use engine::store::{installations, Actor, Change};
+use engine::store::{Actor, Change, installations};
 use engine::testkit::FAN_OUT_JOIN_LOOP;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 use shopfloor_tests::github_fake::FakeGithub;
 use shopfloor_tests::pgbouncer::PgBouncer;
 use shopfloor_tests::scalar;
-use engine::db::Db;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -78,7 +78,9 @@ fn rest_workflow() -> String {
 
 /// Started by `issues.opened`; `ship` comments on the issue on GitHub.
 fn webhook_workflow() -> String {
-    format!("name: chaos-issue\non:\n  github:\n    events: [issues.opened]\nnodes:\n{FAN_OUT_JOIN_LOOP}{ASK_AND_NAP}  ship:\n    after: [nap]\n    output: {{ github: comment, body: shipped }}\n")
+    format!(
+        "name: chaos-issue\non:\n  github:\n    events: [issues.opened]\nnodes:\n{FAN_OUT_JOIN_LOOP}{ASK_AND_NAP}  ship:\n    after: [nap]\n    output: {{ github: comment, body: shipped }}\n"
+    )
 }
 
 /// The visits that succeed in a REST run that ends as it should.
@@ -172,12 +174,14 @@ async fn seed(db: &Db) -> String {
 /// The backend of engine `b`'s current incarnation that is inside an open transaction, if any:
 /// (pid, when its transaction began).
 async fn in_transaction(db: &Db, id: &str) -> Option<(i32, chrono::DateTime<chrono::Utc>)> {
-    sqlx::query_as("SELECT pid, xact_start FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction' AND xact_start IS NOT NULL LIMIT 1")
-        .bind(format!("chaos-{id}"))
-        .fetch_optional(db)
-        .await
-        .ok()
-        .flatten()
+    sqlx::query_as(
+        "SELECT pid, xact_start FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction' AND xact_start IS NOT NULL LIMIT 1",
+    )
+    .bind(format!("chaos-{id}"))
+    .fetch_optional(db)
+    .await
+    .ok()
+    .flatten()
 }
 
 /// Poisons one of the `acked` runs that has not reached `ship`: a trigger makes the insert
@@ -256,7 +260,8 @@ async fn durable(db: &Db, url: &str, on: bool) {
         loop {
             // A new session, since the pool's may predate the reload.
             let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url).await.unwrap();
-            let (f, s): (String, String) = sqlx::query_as("SELECT current_setting('fsync'), current_setting('synchronous_commit')").fetch_one(&mut conn).await.unwrap();
+            let (f, s): (String, String) =
+                sqlx::query_as("SELECT current_setting('fsync'), current_setting('synchronous_commit')").fetch_one(&mut conn).await.unwrap();
             if f == value && s == value {
                 return;
             }
@@ -407,7 +412,14 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
                     fleet.befall(&[b], Fate::FrozenInTransaction);
                     frozen = Some((pid, Instant::now()));
                     let holding = held(&db, &[fleet.holder(b)]).await;
-                    schedule.record("freeze", elapsed, format!("engine {id} stopped (SIGSTOP) inside a transaction of backend {pid}, holding {holding} steps, for {} s", PAST_A_LEASE.as_secs()));
+                    schedule.record(
+                        "freeze",
+                        elapsed,
+                        format!(
+                            "engine {id} stopped (SIGSTOP) inside a transaction of backend {pid}, holding {holding} steps, for {} s",
+                            PAST_A_LEASE.as_secs()
+                        ),
+                    );
                     break;
                 }
                 fleet.resume(b);
@@ -438,7 +450,16 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
             // PgBouncer refuses logins for its `server_login_retry` (15 s by default) after the
             // server refused its own: a pooled process starting then cannot reach the database.
             fleet.fault(from, Instant::now() + SERVER_LOGIN_RETRY, fleet.pooled());
-            schedule.record("crash", elapsed, format!("kill -9 of the postmaster with fsync on: {} runs running, {} steps held; back after {:.1} s", busy.0, busy.1, from.elapsed().as_secs_f64()));
+            schedule.record(
+                "crash",
+                elapsed,
+                format!(
+                    "kill -9 of the postmaster with fsync on: {} runs running, {} steps held; back after {:.1} s",
+                    busy.0,
+                    busy.1,
+                    from.elapsed().as_secs_f64()
+                ),
+            );
             durable(&db, &url, false).await;
         }
         if schedule.ready("cut", &at, now) && (late || held(&db, &[fleet.holder(c)]).await > 0) {
@@ -602,7 +623,15 @@ async fn engines_replicas_poolers_and_postgres_failing_lose_nothing_acknowledged
         println!("  {line}");
     }
 
-    let broken = !settled || !lost.is_empty() || !doubled.is_empty() || !missing.is_empty() || event_gaps != 0 || !audit_missing.is_empty() || steps_held != 0 || leases_held != 0 || unacknowledged != 0;
+    let broken = !settled
+        || !lost.is_empty()
+        || !doubled.is_empty()
+        || !missing.is_empty()
+        || event_gaps != 0
+        || !audit_missing.is_empty()
+        || steps_held != 0
+        || leases_held != 0
+        || unacknowledged != 0;
     if broken {
         for l in lost.iter().filter_map(|l| l.run).take(5) {
             let steps: Vec<String> = sqlx::query_scalar(

@@ -4,8 +4,8 @@
 
 use axum::http::StatusCode;
 
-use super::super::internal::Refusal;
 use super::super::ConsoleError;
+use super::super::internal::Refusal;
 
 /// A refusal shown beside a form: its status for the page, and the REST detail.
 pub(super) struct Shown {

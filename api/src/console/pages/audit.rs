@@ -7,9 +7,9 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 
 use super::super::people;
-use super::super::view::{urlencode, Page};
+use super::super::view::{Page, urlencode};
 use super::super::{Console, ConsoleError};
-use super::{here, instant, Window};
+use super::{Window, here, instant};
 use crate::http::audit::AuditList;
 
 #[derive(Debug, Deserialize, Serialize, Default)]
@@ -24,7 +24,9 @@ pub(in super::super) struct Filters {
     window: Window,
 }
 
-pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Query(f): Query<Filters>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn page(
+    State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Query(f): Query<Filters>,
+) -> Result<Response, ConsoleError> {
     let s = c.session(&headers, &org, &here(&uri)).await?;
     let mut q: Vec<String> = vec!["limit=100".into()];
     let mut keep: Vec<String> = Vec::new();

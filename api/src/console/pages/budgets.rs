@@ -19,7 +19,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, see_other, FormMap, ProjectPath};
+use super::{FormMap, ProjectPath, here, see_other};
 use crate::http::budgets::{BudgetList, SpendList};
 
 /// The runs a budget holds ($1 org, $2 a project's slug or null for all, $3 the caller's one
@@ -149,7 +149,9 @@ pub(in super::super) async fn org_page(State(c): State<Console>, Path(org): Path
     render(&c, &s, &Scope { project: None }, None, StatusCode::OK).await
 }
 
-pub(in super::super) async fn project_page(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn project_page(
+    State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri,
+) -> Result<Response, ConsoleError> {
     let s = c.session(&headers, &p.org, &here(&uri)).await?;
     render(&c, &s, &Scope { project: Some(&p.project) }, None, StatusCode::OK).await
 }
@@ -160,7 +162,8 @@ async fn set(c: &Console, org: &str, scope: &Scope<'_>, headers: &HeaderMap, uri
     s.check(headers, f.get("_csrf").map(String::as_str))?;
     let period = f.get("period").map(String::as_str).unwrap_or_default();
     let Some(limit) = f.get("usd_limit").and_then(|v| v.trim().trim_start_matches('$').parse::<f64>().ok()) else {
-        return render(c, &s, scope, Some(("set".into(), "the limit is an amount in dollars, like 25 or 12.50".into())), StatusCode::UNPROCESSABLE_ENTITY).await;
+        return render(c, &s, scope, Some(("set".into(), "the limit is an amount in dollars, like 25 or 12.50".into())), StatusCode::UNPROCESSABLE_ENTITY)
+            .await;
     };
     let hard = f.get("kind").is_none_or(|k| k != "soft");
     let path = format!("{}/{}", scope.base(org), view::urlencode(period));
@@ -173,11 +176,15 @@ async fn set(c: &Console, org: &str, scope: &Scope<'_>, headers: &HeaderMap, uri
     }
 }
 
-pub(in super::super) async fn org_set(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn org_set(
+    State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>,
+) -> Result<Response, ConsoleError> {
     set(&c, &org, &Scope { project: None }, &headers, &uri, &f).await
 }
 
-pub(in super::super) async fn project_set(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn project_set(
+    State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>,
+) -> Result<Response, ConsoleError> {
     set(&c, &p.org, &Scope { project: Some(&p.project) }, &headers, &uri, &f).await
 }
 
@@ -208,10 +215,14 @@ async fn remove(c: &Console, org: &str, scope: &Scope<'_>, period: &str, headers
     }
 }
 
-pub(in super::super) async fn org_remove(State(c): State<Console>, Path(p): Path<OrgPeriodPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn org_remove(
+    State(c): State<Console>, Path(p): Path<OrgPeriodPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>,
+) -> Result<Response, ConsoleError> {
     remove(&c, &p.org, &Scope { project: None }, &p.period, &headers, &uri, &f).await
 }
 
-pub(in super::super) async fn project_remove(State(c): State<Console>, Path(p): Path<ProjectPeriodPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn project_remove(
+    State(c): State<Console>, Path(p): Path<ProjectPeriodPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>,
+) -> Result<Response, ConsoleError> {
     remove(&c, &p.org, &Scope { project: Some(&p.project) }, &p.period, &headers, &uri, &f).await
 }

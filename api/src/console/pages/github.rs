@@ -9,16 +9,16 @@
 //! The token is used for that one request and never stored.
 
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::super::oauth::{authorize_url, base_url, exchange_code, random_token};
-use super::super::session::{constant_time_eq, cookie, secure, set_cookie, OrgSession};
+use super::super::session::{OrgSession, constant_time_eq, cookie, secure, set_cookie};
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, see_other, Posted};
+use super::{Posted, here, see_other};
 use crate::http::auth::Role;
 use crate::http::installations::InstallationList;
 
@@ -50,13 +50,17 @@ async fn render(c: &Console, s: &OrgSession, connected: Option<i64>, error: Opti
     Ok(view::html(status, html))
 }
 
-pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Query(q): Query<PageQuery>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn page(
+    State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri, Query(q): Query<PageQuery>,
+) -> Result<Response, ConsoleError> {
     let s = c.session(&headers, &org, &here(&uri)).await?;
     render(&c, &s, q.connected, None, StatusCode::OK).await
 }
 
 /// The button: to the App's install page, with a `state` bound to this session.
-pub(in super::super) async fn connect(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn connect(
+    State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, Posted { s, .. }: Posted,
+) -> Result<Response, ConsoleError> {
     if !s.can(Role::Admin) {
         return render(&c, &s, None, Some("Only an admin of the org connects GitHub.".into()), StatusCode::FORBIDDEN).await;
     }
@@ -172,7 +176,9 @@ pub(in super::super) async fn callback(State(c): State<Console>, headers: Header
 }
 
 /// An admin gives an installation up.
-pub(in super::super) async fn release(State(c): State<Console>, Path((org, installation)): Path<(String, i64)>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn release(
+    State(c): State<Console>, Path((org, installation)): Path<(String, i64)>, Posted { s, .. }: Posted,
+) -> Result<Response, ConsoleError> {
     match c.call(&s.caller, Method::DELETE, &format!("/orgs/{org}/github/installations/{installation}"), None).await? {
         Ok(_) => Ok(see_other(&format!("/orgs/{org}/github"))),
         Err(r) => render(&c, &s, None, Some(r.detail().to_owned()), r.status).await,

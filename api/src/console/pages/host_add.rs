@@ -15,7 +15,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, Posted, ProjectPath};
+use super::{Posted, ProjectPath, here};
 use cli::host_command;
 
 use crate::http::hosts::Registration;
@@ -35,7 +35,9 @@ struct Made {
     expires_at: DateTime<Utc>,
 }
 
-async fn render(c: &Console, s: &OrgSession, project: &str, asked: Asked, made: Option<Made>, error: Option<String>, status: StatusCode) -> Result<Response, ConsoleError> {
+async fn render(
+    c: &Console, s: &OrgSession, project: &str, asked: Asked, made: Option<Made>, error: Option<String>, status: StatusCode,
+) -> Result<Response, ConsoleError> {
     let projects = c.projects(s).await?;
     if !projects.iter().any(|p| p == project) {
         return Err(ConsoleError::NotFound(format!("project `{}` not found", engine::store::cap(project))));
@@ -56,12 +58,16 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
 fn capabilities(text: &str) -> Result<Option<String>, String> {
     let words: Vec<&str> = text.split([',', ' ']).map(str::trim).filter(|w| !w.is_empty()).collect();
     for w in &words {
-        engine::hosts::Capability::parse(w).map_err(|_| format!("`{}` is not a capability: lowercase letters, digits and `:._-`, like `linux` or `harness:claude-code`", engine::store::cap(w)))?;
+        engine::hosts::Capability::parse(w).map_err(|_| {
+            format!("`{}` is not a capability: lowercase letters, digits and `:._-`, like `linux` or `harness:claude-code`", engine::store::cap(w))
+        })?;
     }
     Ok(Some(words.join(",")).filter(|w| !w.is_empty()))
 }
 
-pub(in super::super) async fn create(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn create(
+    State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, Posted { s, form: f }: Posted,
+) -> Result<Response, ConsoleError> {
     let text = |k: &str| f.get(k).map(|v| v.trim().to_owned()).unwrap_or_default();
     let asked = Asked { name: text("name"), capabilities: text("capabilities"), hours: text("hours") };
     let caps = match capabilities(&asked.capabilities) {

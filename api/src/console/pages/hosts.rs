@@ -16,7 +16,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, see_other, FormMap, ProjectPath};
+use super::{FormMap, ProjectPath, here, see_other};
 use crate::http::hosts::{Host, HostList};
 
 /// A host counts as online when it reported this recently (it reports every 10 s at most).
@@ -59,11 +59,7 @@ fn status(last_seen_at: Option<DateTime<Utc>>, drained: bool, now: DateTime<Utc>
 async fn render(c: &Console, s: &OrgSession, project: &str, refused: Option<(String, String)>, code: StatusCode) -> Result<Response, ConsoleError> {
     let list: HostList = c.read(&s.caller, &format!("/orgs/{}/projects/{project}/hosts?limit=200", s.org)).await?;
     let holders: Vec<String> = list.items.iter().map(|h| format!("host:{}", h.id)).collect();
-    let held: Vec<Held> = if holders.is_empty() {
-        Vec::new()
-    } else {
-        sqlx::query_as(HELD_SQL).bind(s.caller.org).bind(&holders).fetch_all(c.db()).await?
-    };
+    let held: Vec<Held> = if holders.is_empty() { Vec::new() } else { sqlx::query_as(HELD_SQL).bind(s.caller.org).bind(&holders).fetch_all(c.db()).await? };
     let mut by_holder: HashMap<String, Vec<Held>> = HashMap::new();
     for h in held {
         by_holder.entry(h.holder.clone()).or_default().push(h);
@@ -112,14 +108,20 @@ async fn act(c: &Console, p: &HostPath, headers: &HeaderMap, uri: &Uri, f: &Form
     }
 }
 
-pub(in super::super) async fn drain(State(c): State<Console>, Path(p): Path<HostPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn drain(
+    State(c): State<Console>, Path(p): Path<HostPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>,
+) -> Result<Response, ConsoleError> {
     act(&c, &p, &headers, &uri, &f, Method::POST, Some("drain")).await
 }
 
-pub(in super::super) async fn undrain(State(c): State<Console>, Path(p): Path<HostPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn undrain(
+    State(c): State<Console>, Path(p): Path<HostPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>,
+) -> Result<Response, ConsoleError> {
     act(&c, &p, &headers, &uri, &f, Method::POST, Some("undrain")).await
 }
 
-pub(in super::super) async fn deregister(State(c): State<Console>, Path(p): Path<HostPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn deregister(
+    State(c): State<Console>, Path(p): Path<HostPath>, headers: HeaderMap, uri: Uri, Form(f): Form<FormMap>,
+) -> Result<Response, ConsoleError> {
     act(&c, &p, &headers, &uri, &f, Method::DELETE, None).await
 }

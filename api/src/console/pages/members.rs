@@ -12,7 +12,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, see_other, Posted};
+use super::{Posted, here, see_other};
 use crate::http::auth::Role;
 use crate::http::members::MemberList;
 

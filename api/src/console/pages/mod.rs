@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::session::{entries, OrgSession};
+use super::session::{OrgSession, entries};
 use super::{Console, ConsoleError};
 
 /// `/`: the first org's Today, or the sign-in page.

@@ -9,9 +9,9 @@ use axum::response::Response;
 use engine::ids::RunId;
 use serde::Deserialize;
 
-use super::super::view::{urlencode, Page};
+use super::super::view::{Page, urlencode};
 use super::super::{Console, ConsoleError};
-use super::{here, instant, ProjectPath, Window};
+use super::{ProjectPath, Window, here, instant};
 use crate::http::page;
 use crate::http::runs::RunList;
 
@@ -45,7 +45,9 @@ pub(in super::super) const SUBSTATES: [(&str, &str); 9] = [
     ("held", "held"),
 ];
 
-pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Query(f): Query<Filters>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn page(
+    State(c): State<Console>, Path(p): Path<ProjectPath>, headers: HeaderMap, uri: Uri, Query(f): Query<Filters>,
+) -> Result<Response, ConsoleError> {
     let s = c.session(&headers, &p.org, &here(&uri)).await?;
     let mut problems: Vec<String> = Vec::new();
     let mut q: Vec<String> = vec!["limit=50".into()];
@@ -90,7 +92,15 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
     // The next page keeps the filters.
     let next = list.next_cursor.as_ref().map(|cursor| {
         let mut keep: Vec<String> = Vec::new();
-        for (k, v) in [("status", &f.status), ("substate", &f.substate), ("workflow", &f.workflow), ("item", &f.item), ("kind", &f.kind), ("since", &f.window.since), ("until", &f.window.until)] {
+        for (k, v) in [
+            ("status", &f.status),
+            ("substate", &f.substate),
+            ("workflow", &f.workflow),
+            ("item", &f.item),
+            ("kind", &f.kind),
+            ("since", &f.window.since),
+            ("until", &f.window.until),
+        ] {
             if !v.trim().is_empty() {
                 keep.push(format!("{k}={}", urlencode(v.trim())));
             }
@@ -108,7 +118,13 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(p): Path<Proje
     .await?;
     let projects = c.projects(&s).await?;
     let page = Page::of(&s, format!("Runs · {}", p.project), "runs").project(&p.project, projects);
-    let filtered = !(f.status.is_empty() && f.substate.is_empty() && f.workflow.is_empty() && f.item.is_empty() && f.kind.is_empty() && f.window.since.is_empty() && f.window.until.is_empty());
+    let filtered = !(f.status.is_empty()
+        && f.substate.is_empty()
+        && f.workflow.is_empty()
+        && f.item.is_empty()
+        && f.kind.is_empty()
+        && f.window.since.is_empty()
+        && f.window.until.is_empty());
     c.page(
         "runs.html",
         ctx! {

@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, see_other, Posted};
+use super::{Posted, here, see_other};
 
 /// Approvals waiting in the org ($1 org, $2 a project or NULL).
 pub(crate) const APPROVALS_SQL: &str = "SELECT a.run_id, a.node, a.prompt, a.deadline, s.created_at AS asked_at, p.slug AS project, w.name AS workflow, \
@@ -154,12 +154,7 @@ fn about(a: &Approval) -> String {
     parts.join(", ")
 }
 
-pub(in super::super) async fn page(
-    State(c): State<Console>,
-    Path(org): Path<String>,
-    headers: HeaderMap,
-    uri: Uri,
-) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<String>, headers: HeaderMap, uri: Uri) -> Result<Response, ConsoleError> {
     let s = c.session(&headers, &org, &here(&uri)).await?;
     render(&c, &s, None, StatusCode::OK).await
 }
@@ -179,22 +174,14 @@ pub(in super::super) struct AskPath {
 }
 
 /// "Resolve" on a failure: the run needs nothing more (REST `…/runs/{run}/resolve`).
-pub(in super::super) async fn resolve(
-    State(c): State<Console>,
-    Path(p): Path<TodayRunPath>,
-    Posted { s, form: f }: Posted,
-) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn resolve(State(c): State<Console>, Path(p): Path<TodayRunPath>, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
     let note = f.get("note").map(|n| n.trim()).filter(|n| !n.is_empty());
     let path = format!("/orgs/{}/projects/{}/runs/{}/resolve", p.org, p.project, view::urlencode(&p.run));
     act(&c, &s, &path, json!({ "note": note })).await
 }
 
 /// "Reset" on a used-up cycle budget (REST `…/cycle-asks/{item}/reset`).
-pub(in super::super) async fn reset(
-    State(c): State<Console>,
-    Path(p): Path<AskPath>,
-    Posted { s, .. }: Posted,
-) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn reset(State(c): State<Console>, Path(p): Path<AskPath>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
     let path = format!("/orgs/{}/projects/{}/cycle-asks/{}/reset", p.org, p.project, view::urlencode(&p.item));
     act(&c, &s, &path, json!({})).await
 }
@@ -233,21 +220,14 @@ async fn render(c: &Console, s: &OrgSession, notice: Option<String>, status: Sta
         for why in substate::whys(db, org_id, &ids).await? {
             if let Some(r) = running.iter_mut().find(|r| r.run_id == why.run) {
                 r.words = why.words;
-                r.substate = why
-                    .substate
-                    .as_ref()
-                    .map(|s| s.name().to_owned())
-                    .unwrap_or_default();
+                r.substate = why.substate.as_ref().map(|s| s.name().to_owned()).unwrap_or_default();
                 r.why = why.text;
             }
         }
     }
     let projects = c.projects(s).await?;
     let mut page = Page::of(s, format!("Today · {org}"), "today");
-    page.streams = projects
-        .iter()
-        .map(|p| format!("/orgs/{org}/projects/{p}/live"))
-        .collect();
+    page.streams = projects.iter().map(|p| format!("/orgs/{org}/projects/{p}/live")).collect();
     page.projects = projects;
     let can_act = s.can(crate::http::auth::Role::Member);
     let html = c.render(

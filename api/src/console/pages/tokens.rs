@@ -6,12 +6,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::super::session::{OrgSession, SESSION_TOKEN_NAME};
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, see_other, Posted};
+use super::{Posted, here, see_other};
 use crate::http::tokens::TokenList;
 
 async fn render(c: &Console, s: &OrgSession, created: Option<Value>, error: Option<String>, status: StatusCode) -> Result<Response, ConsoleError> {
@@ -22,11 +22,10 @@ async fn render(c: &Console, s: &OrgSession, created: Option<Value>, error: Opti
     let open_sessions = sessions.iter().filter(|t| t.revoked_at.is_none() && t.expires_at > now).count();
     let mut page = Page::of(s, format!("Tokens · {}", s.org), "tokens");
     page.projects = c.projects(s).await?;
-    let roles: Vec<&str> = ["viewer", "member", "admin", "owner"].into_iter().filter(|r| crate::http::auth::Role::parse(r).is_some_and(|r| r <= s.role())).collect();
-    let html = c.render(
-        "tokens.html",
-        ctx! { page => page, tokens => tokens, open_sessions => open_sessions, created => created, error => error, roles => roles },
-    )?;
+    let roles: Vec<&str> =
+        ["viewer", "member", "admin", "owner"].into_iter().filter(|r| crate::http::auth::Role::parse(r).is_some_and(|r| r <= s.role())).collect();
+    let html =
+        c.render("tokens.html", ctx! { page => page, tokens => tokens, open_sessions => open_sessions, created => created, error => error, roles => roles })?;
     Ok(view::html(status, html))
 }
 

@@ -14,7 +14,7 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::act::shown;
-use super::{here, see_other, Posted, ProjectPath};
+use super::{Posted, ProjectPath, here, see_other};
 use crate::http::webhooks_out::{CreatedWebhook, DeliveryList, WebhookList};
 
 /// The deliveries shown per subscription, newest first.

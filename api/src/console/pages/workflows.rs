@@ -13,7 +13,7 @@ use super::super::people;
 use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
-use super::{here, see_other, Posted, ProjectPath};
+use super::{Posted, ProjectPath, here, see_other};
 use crate::http::error::WorkflowProblem;
 use crate::http::workflows::{Validation, VersionList, WorkflowDetail, WorkflowList};
 
@@ -115,13 +115,17 @@ pub(in super::super) struct VersionQuery {
     version: Option<i32>,
 }
 
-pub(in super::super) async fn detail(State(c): State<Console>, Path(p): Path<NamePath>, headers: HeaderMap, uri: Uri, Query(q): Query<VersionQuery>) -> Result<Response, ConsoleError> {
+pub(in super::super) async fn detail(
+    State(c): State<Console>, Path(p): Path<NamePath>, headers: HeaderMap, uri: Uri, Query(q): Query<VersionQuery>,
+) -> Result<Response, ConsoleError> {
     let s = c.session(&headers, &p.org, &here(&uri)).await?;
     let base = format!("/orgs/{}/projects/{}/workflows/{}", p.org, p.project, view::urlencode(&p.name));
     let detail: WorkflowDetail = c.read(&s.caller, &base).await?;
     let versions: VersionList = c.read(&s.caller, &format!("{base}/versions?limit=200")).await?;
     let shown = match q.version {
-        Some(v) if Some(v) != detail.latest.as_ref().map(|l| l.version) => Some(c.read::<crate::http::workflows::Version>(&s.caller, &format!("{base}/versions/{v}")).await?),
+        Some(v) if Some(v) != detail.latest.as_ref().map(|l| l.version) => {
+            Some(c.read::<crate::http::workflows::Version>(&s.caller, &format!("{base}/versions/{v}")).await?)
+        }
         _ => detail.latest,
     };
     let source = shown.as_ref().and_then(|v| v.source.clone()).unwrap_or_default();

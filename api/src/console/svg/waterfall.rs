@@ -42,12 +42,7 @@ fn fit(text: &str, room: f64, font_size: f64) -> String {
 }
 
 /// Steps as bars against the clock, from the run's creation to its end (or now).
-pub(in crate::console) fn waterfall(
-    bars: &[Bar<'_>],
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-    now: DateTime<Utc>,
-) -> String {
+pub(in crate::console) fn waterfall(bars: &[Bar<'_>], from: DateTime<Utc>, to: DateTime<Utc>, now: DateTime<Utc>) -> String {
     let span = (to - from).num_milliseconds().max(1) as f64;
     let height = ROW * bars.len().max(1) as f64 + 24.0;
     let rows: Vec<(DateTime<Utc>, String)> = bars
@@ -55,46 +50,29 @@ pub(in crate::console) fn waterfall(
         .map(|b| {
             let end = b.end.unwrap_or(now).min(to.max(b.start));
             let secs = (end - b.start).num_milliseconds().max(0) as f64 / 1000.0;
-            (
-                end,
-                format!("{} {} · {}", symbol(b.state).0, b.state, duration(secs)),
-            )
+            (end, format!("{} {} · {}", symbol(b.state).0, b.state, duration(secs)))
         })
         .collect();
     let total = format!("+{}", duration(span / 1000.0));
     // The plot ends where the longest state text still fits after a bar that runs to the end
     // (the end tick, anchored at the plot's end, needs no room past it).
-    let right = rows
-        .iter()
-        .map(|(_, s)| text_width(s, SMALL_FONT))
-        .fold(0.0, f64::max)
-        + 2.0 * GAP;
+    let right = rows.iter().map(|(_, s)| text_width(s, SMALL_FONT)).fold(0.0, f64::max) + 2.0 * GAP;
     let plot = (W - LABEL - right).max(100.0);
 
     let mut out = String::new();
-    let summary = format!(
-        "Waterfall of {} steps over {}",
-        bars.len(),
-        duration(span / 1000.0)
-    );
+    let summary = format!("Waterfall of {} steps over {}", bars.len(), duration(span / 1000.0));
     let _ = write!(
         out,
         "<svg class=\"waterfall\" viewBox=\"0 0 {W} {height}\" role=\"img\" aria-label=\"{}\" xmlns=\"http://www.w3.org/2000/svg\"><title>{}</title>",
         escape(&summary),
         escape(&summary)
     );
-    let _ = write!(
-        out,
-        "<line class=\"axis\" x1=\"{LABEL}\" y1=\"0\" x2=\"{LABEL}\" y2=\"{}\"/>",
-        height - 20.0
-    );
+    let _ = write!(out, "<line class=\"axis\" x1=\"{LABEL}\" y1=\"0\" x2=\"{LABEL}\" y2=\"{}\"/>", height - 20.0);
     for (i, (b, (end, state_text))) in bars.iter().zip(&rows).enumerate() {
         let y = i as f64 * ROW + 4.0;
         let x0 = LABEL + plot * ((b.start - from).num_milliseconds() as f64 / span).clamp(0.0, 1.0);
         // A bar never runs past the plot, whatever the clocks say, so its text has its room.
-        let width = (plot * ((*end - b.start).num_milliseconds().max(0) as f64 / span))
-            .min(LABEL + plot - x0)
-            .max(3.0);
+        let width = (plot * ((*end - b.start).num_milliseconds().max(0) as f64 / span)).min(LABEL + plot - x0).max(3.0);
         let (_, class) = symbol(b.state);
         let shown = fit(&b.label, LABEL - 2.0 * GAP, LABEL_FONT);
         let _ = write!(

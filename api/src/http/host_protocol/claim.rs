@@ -6,18 +6,18 @@ use std::time::Duration;
 use axum::extract::State;
 use engine::hosts::Assignment;
 use engine::ids::StepId;
-use engine::store::hosts::{self as store, HostRow};
 use engine::store::cap;
+use engine::store::hosts::{self as store, HostRow};
 use protocol::{ClaimRequest, StopStep};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use utoipa::ToSchema;
 
-use super::{HostCaller, CONTENDED_RETRY};
+use super::{CONTENDED_RETRY, HostCaller};
+use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::Json;
 use crate::http::limits::MAX_WAIT_SECS;
-use crate::http::AppState;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ClaimAnswer {
@@ -42,7 +42,8 @@ pub async fn claim(State(state): State<AppState>, me: HostCaller, Json(body): Js
         return Err(ApiError::Unprocessable(format!("wait_secs is at most {MAX_WAIT_SECS}")));
     }
     let wait = Duration::from_secs(u64::from(wait_secs));
-    let held: Vec<StepId> = body.held.iter().map(|s| s.parse().map_err(|_| ApiError::BadRequest(format!("`{}` is not a step id", cap(s))))).collect::<Result<_, _>>()?;
+    let held: Vec<StepId> =
+        body.held.iter().map(|s| s.parse().map_err(|_| ApiError::BadRequest(format!("`{}` is not a step id", cap(s))))).collect::<Result<_, _>>()?;
     let deadline = tokio::time::Instant::now() + wait;
     // Subscribed before the first look, so nothing that happens meanwhile is missed.
     let mut ready = state.shared.events.ready();

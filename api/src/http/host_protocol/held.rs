@@ -2,22 +2,21 @@
 //! and usage), `complete` (fenced on the holder), `messages/delivered` and `token` (a fresh
 //! installation token for the step's repository).
 
-
 use axum::extract::State;
 use engine::ids::StepId;
 use engine::state::StepState;
 use engine::store::hosts::{self as store, Completion, HostRow, LogLine};
 use engine::store::steps::{Failure, FailureClass};
-use engine::store::{cap, StoreError};
+use engine::store::{StoreError, cap};
 use protocol::{Complete, DeliveredMessages, Message, Outcome, SessionLine, Standing, StartStep, StepToken, Usage};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use super::{step_id, HostCaller, StepPath, MAX_LINES};
+use super::{HostCaller, MAX_LINES, StepPath, step_id};
+use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{Json, JsonOrEmpty, Path};
-use crate::http::AppState;
 
 fn standing(state: StepState) -> Standing {
     Standing { state: state.to_string(), stop: !matches!(state, StepState::Leased | StepState::Running), messages: Vec::new() }
@@ -37,7 +36,9 @@ async fn waiting_messages(state: &AppState, host: &HostRow, step: StepId, now: S
     params(StepPath),
     request_body(content = Option<StartStep>, description = "The harness"),
     responses((status = 200, body = Standing)))]
-pub async fn start(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, JsonOrEmpty(body): JsonOrEmpty<StartStep>) -> Result<Json<Standing>, ApiError> {
+pub async fn start(
+    State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, JsonOrEmpty(body): JsonOrEmpty<StartStep>,
+) -> Result<Json<Standing>, ApiError> {
     let step = step_id(&p.step)?;
     let harness = body.harness.as_deref().map(cap).unwrap_or_default();
     let row = store::start(&state.db, &me.host, step, &harness).await?;
@@ -87,7 +88,9 @@ pub struct SessionAnswer {
     params(StepPath),
     request_body = SessionReport,
     responses((status = 200, body = SessionAnswer)))]
-pub async fn session(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<SessionReport>) -> Result<Json<SessionAnswer>, ApiError> {
+pub async fn session(
+    State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<SessionReport>,
+) -> Result<Json<SessionAnswer>, ApiError> {
     let step = step_id(&p.step)?;
     if body.lines.len() > MAX_LINES {
         return Err(ApiError::Unprocessable(format!("at most {MAX_LINES} lines per report")));
@@ -167,7 +170,9 @@ pub struct DeliveredAnswer {
     params(StepPath),
     request_body = DeliveredMessages,
     responses((status = 200, body = DeliveredAnswer)))]
-pub async fn messages_delivered(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<DeliveredMessages>) -> Result<Json<DeliveredAnswer>, ApiError> {
+pub async fn messages_delivered(
+    State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<DeliveredMessages>,
+) -> Result<Json<DeliveredAnswer>, ApiError> {
     let step = step_id(&p.step)?;
     if body.messages.len() > 100 {
         return Err(ApiError::Unprocessable("at most 100 messages per acknowledgement".into()));

@@ -28,8 +28,8 @@ pub mod held;
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, State};
-use axum::http::request::Parts;
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use engine::hosts::Capability;
@@ -40,10 +40,10 @@ use protocol::RegisterHost;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::auth::{Caller, TokenKind};
 use super::error::ApiError;
 use super::extract::Json;
-use super::AppState;
 use crate::auth::issue_host_credential;
 
 /// A host credential's lifetime; deregistering the host revokes it sooner.
@@ -68,9 +68,7 @@ impl FromRequestParts<AppState> for HostCaller {
         if caller.kind != TokenKind::Host {
             return Err(ApiError::Forbidden("the host protocol needs a host credential".into()));
         }
-        let host = store::by_token(&state.db, caller.org, caller.jti)
-            .await?
-            .ok_or_else(|| ApiError::Forbidden("this host was deregistered".into()))?;
+        let host = store::by_token(&state.db, caller.org, caller.jti).await?.ok_or_else(|| ApiError::Forbidden("this host was deregistered".into()))?;
         store::seen(&state.db, &host).await?;
         Ok(HostCaller { caller, host })
     }
@@ -120,9 +118,11 @@ pub async fn register(State(state): State<AppState>, caller: Caller, Json(body):
     caps.sort();
     caps.dedup();
     let mut ch = Change::begin(&state.db, Actor::Token(caller.jti)).await?;
-    let new = NewHost { org: caller.org, project, name: &body.name, capabilities: &caps, max_concurrent: body.max_concurrent.unwrap_or(1), registration: caller.jti };
+    let new =
+        NewHost { org: caller.org, project, name: &body.name, capabilities: &caps, max_concurrent: body.max_concurrent.unwrap_or(1), registration: caller.jti };
     let host = store::register(&mut ch, &new).await?;
-    let (_, token, expires_at) = issue_host_credential(&mut ch, state.secret_key(), caller.org, project, host, body.name.trim(), chrono::Duration::days(CREDENTIAL_DAYS)).await?;
+    let (_, token, expires_at) =
+        issue_host_credential(&mut ch, state.secret_key(), caller.org, project, host, body.name.trim(), chrono::Duration::days(CREDENTIAL_DAYS)).await?;
     ch.commit().await?;
     Ok((StatusCode::CREATED, Json(HostCredential { host_id: host.0, token, expires_at, org: caller.org_slug })).into_response())
 }

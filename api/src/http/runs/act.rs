@@ -12,12 +12,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
+use super::{Run, RunPath, in_project, load_fresh, retry_busy, run_id};
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
-use crate::http::extract::{at_most, IdempotencyKey, Json, JsonOrEmpty, Path, Query};
+use crate::http::extract::{IdempotencyKey, Json, JsonOrEmpty, Path, Query, at_most};
 use crate::http::tenant::ProjectScope;
-use crate::http::{idempotency, AppState};
-use super::{in_project, load_fresh, retry_busy, run_id, Run, RunPath};
+use crate::http::{AppState, idempotency};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -118,7 +118,9 @@ pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: Ide
     params(ProjectScope, RunPath),
     request_body(content = Option<CancelRun>, description = "Optional reason"),
     responses((status = 200, body = Run), (status = 409, description = "The run already ended")))]
-pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<CancelRun>) -> Result<Json<Run>, ApiError> {
+pub async fn cancel(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<CancelRun>,
+) -> Result<Json<Run>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
     let reason = at_most("reason", body.reason, 200)?;
@@ -141,7 +143,9 @@ pub async fn cancel(State(state): State<AppState>, scope: ProjectScope, Path(p):
 
 /// Submits a new run from a finished one: from `from` (or the start), reusing earlier outputs.
 /// A retry keeps the run's edits (`edit` adds one: edit-and-retry).
-async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, source: RunId, retry: bool, from: Option<String>, edit: Option<RetryRun>) -> Result<Response, ApiError> {
+async fn rerun_from(
+    state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, source: RunId, retry: bool, from: Option<String>, edit: Option<RetryRun>,
+) -> Result<Response, ApiError> {
     // The request's span is the root of the new run's trace (`engine::trace`).
     let span = tracing::info_span!(parent: None, "runs.rerun", otel.name = if retry { "POST runs retry" } else { "POST runs rerun" }, otel.kind = "server", shopfloor.source_run = %source);
     let mut ch = scope.change(state).await?;
@@ -198,7 +202,9 @@ async fn rerun_from(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey
     request_body(content = Option<RetryRun>, description = "Optional: a crew node to run with a new prompt, model or harness"),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed"),
               (status = 422, description = "No such crew node, or an invalid prompt, model or harness")))]
-pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>) -> Result<Response, ApiError> {
+pub async fn retry(
+    State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>,
+) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
     rerun_from(&state, &scope, &key, id, true, None, body).await
@@ -209,7 +215,9 @@ pub async fn retry(State(state): State<AppState>, scope: ProjectScope, key: Idem
     params(ProjectScope, RunPath, RerunQuery, IdempotencyKey),
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running"),
               (status = 422, description = "No such node")))]
-pub async fn rerun(State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>) -> Result<Response, ApiError> {
+pub async fn rerun(
+    State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>,
+) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
     rerun_from(&state, &scope, &key, id, false, q.from, None).await

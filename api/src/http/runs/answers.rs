@@ -8,12 +8,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
+use super::{ApprovalPath, in_project, retry_busy, run_id};
+use crate::http::AppState;
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
-use crate::http::extract::{at_most, Json, JsonOrEmpty, Path};
+use crate::http::extract::{Json, JsonOrEmpty, Path, at_most};
 use crate::http::tenant::ProjectScope;
-use crate::http::AppState;
-use super::{in_project, retry_busy, run_id, ApprovalPath};
 
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -75,7 +75,9 @@ async fn decide(state: &AppState, scope: &ProjectScope, id: RunId, node: &str, v
     params(ProjectScope, ApprovalPath),
     request_body(content = Option<Object>, description = "The form's fields"),
     responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node")))]
-pub async fn approve(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(fields): JsonOrEmpty<Map<String, Value>>) -> Result<Json<Decision>, ApiError> {
+pub async fn approve(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(fields): JsonOrEmpty<Map<String, Value>>,
+) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
     Ok(Json(decide(&state, &scope, id, &p.node, Verdict::Approve(&fields)).await?))
@@ -87,7 +89,9 @@ pub async fn approve(State(state): State<AppState>, scope: ProjectScope, Path(p)
     params(ProjectScope, ApprovalPath),
     request_body(content = Option<RejectApproval>, description = "Optional reason"),
     responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node")))]
-pub async fn reject(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(body): JsonOrEmpty<RejectApproval>) -> Result<Json<Decision>, ApiError> {
+pub async fn reject(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(body): JsonOrEmpty<RejectApproval>,
+) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
     let id = run_id(&p.run)?;
     let reason = at_most("reason", body.reason, 200)?;

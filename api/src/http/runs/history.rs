@@ -6,13 +6,13 @@ use engine::ids::StepId;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::{RunPath, StepPath, in_project, run_id};
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
 use crate::http::event_hub::RunEvent;
 use crate::http::extract::{Json, Path, Query};
 use crate::http::tenant::ProjectScope;
-use crate::http::{page, AppState};
-use super::{in_project, run_id, RunPath, StepPath};
+use crate::http::{AppState, page};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -36,7 +36,9 @@ pub struct RunEventList {
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/events", operation_id = "list_run_events", tag = "events",
     params(ProjectScope, RunPath, EventsQuery),
     responses((status = 200, body = RunEventList)))]
-pub async fn events(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, Query(q): Query<EventsQuery>) -> Result<Json<RunEventList>, ApiError> {
+pub async fn events(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, Query(q): Query<EventsQuery>,
+) -> Result<Json<RunEventList>, ApiError> {
     scope.require(Role::Viewer)?;
     let id = run_id(&p.run)?;
     let limit = page::limit(q.limit)?;
@@ -76,7 +78,9 @@ pub struct LogPage {
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/steps/{step}/logs", operation_id = "list_step_logs", tag = "runs",
     params(ProjectScope, StepPath, EventsQuery),
     responses((status = 200, body = LogPage)))]
-pub async fn step_logs(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Query(q): Query<EventsQuery>) -> Result<Json<LogPage>, ApiError> {
+pub async fn step_logs(
+    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Query(q): Query<EventsQuery>,
+) -> Result<Json<LogPage>, ApiError> {
     scope.require(Role::Viewer)?;
     let run = run_id(&p.run)?;
     let not_found = || ApiError::NotFound("step not found".into());
@@ -93,15 +97,14 @@ pub async fn step_logs(State(state): State<AppState>, scope: ProjectScope, Path(
     .fetch_optional(&state.db)
     .await?;
     found.ok_or_else(not_found)?;
-    let items: Vec<LogLine> = sqlx::query_as(
-        "SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
-    )
-    .bind(step)
-    .bind(scope.org.org)
-    .bind(q.after.unwrap_or(0))
-    .bind(limit + 1)
-    .fetch_all(&state.db)
-    .await?;
+    let items: Vec<LogLine> =
+        sqlx::query_as("SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4")
+            .bind(step)
+            .bind(scope.org.org)
+            .bind(q.after.unwrap_or(0))
+            .bind(limit + 1)
+            .fetch_all(&state.db)
+            .await?;
     let (items, next_after) = page::finish_after(items, limit, |l| l.seq);
     Ok(Json(LogPage { items, next_after }))
 }

@@ -20,7 +20,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
 use super::tenant::ProjectScope;
-use super::{page, AppState};
+use super::{AppState, page};
 
 /// A run, as lists and the run page show it.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -214,7 +214,7 @@ fn select_runs(org: OrgId, project: ProjectId) -> QueryBuilder<'static, Postgres
                 r.dry_run, i.key AS item, r.source_run_id, r.source_from_node, r.parent_run_id, r.created_by, \
                 r.created_at, r.started_at, r.ended_at, r.resolved_at, r.trace_id \
          FROM runs r JOIN workflows w ON w.workflow_id = r.workflow_id LEFT JOIN items i ON i.item_id = r.item_id \
-         WHERE r.org_id = "
+         WHERE r.org_id = ",
     );
     qb.push_bind(org).push(" AND r.project_id = ").push_bind(project);
     qb

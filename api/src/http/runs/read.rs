@@ -9,12 +9,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
+use super::{OpenApproval, Run, RunDetail, RunList, RunPath, RunRow, SESSION_FIGURES_SQL, SessionRow, Step, load, run_id, select_runs, with_substates};
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
 use crate::http::tenant::ProjectScope;
-use crate::http::{page, AppState};
-use super::{load, run_id, select_runs, with_substates, OpenApproval, Run, RunDetail, RunList, RunPath, RunRow, SessionRow, Step, SESSION_FIGURES_SQL};
+use crate::http::{AppState, page};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -40,7 +40,8 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
-const SUBSTATES: [&str; 9] = ["queued", "executing", "waiting_for_agent", "unroutable", "sleeping", "awaiting_signal", "awaiting_child", "awaiting_lease", "held"];
+const SUBSTATES: [&str; 9] =
+    ["queued", "executing", "waiting_for_agent", "unroutable", "sleeping", "awaiting_signal", "awaiting_child", "awaiting_lease", "held"];
 
 /// Rows examined at most for one page filtered by substate (which is derived, not stored):
 /// past this, the page ends short with a cursor, and the client reads on.

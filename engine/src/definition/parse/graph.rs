@@ -40,11 +40,7 @@ impl Edge {
 }
 
 pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
-    let index: HashMap<&str, usize> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.id.as_str(), i))
-        .collect();
+    let index: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
     let mut successors: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     let mut incoming: Vec<Vec<(usize, EdgeKind)>> = vec![Vec::new(); nodes.len()];
     for node in nodes {
@@ -56,11 +52,7 @@ pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
                 }
                 (from, _) => {
                     let missing = if from.is_none() { &edge.from } else { &edge.to };
-                    cx.report(
-                        edge.pos,
-                        &edge.path,
-                        format!("there is no node `{missing}`"),
-                    );
+                    cx.report(edge.pos, &edge.path, format!("there is no node `{missing}`"));
                 }
             }
         }
@@ -68,9 +60,7 @@ pub(super) fn check(cx: &mut Cx, nodes: &[Skeleton]) {
     let starts: Vec<usize> = (0..nodes.len())
         .filter(|&n| {
             let has_after = incoming[n].iter().any(|(_, k)| *k == EdgeKind::Plain);
-            starts_a_run(incoming[n].iter().copied(), has_after, |from| {
-                reaches(nodes.len(), n, from, |i| successors[i].iter().copied())
-            })
+            starts_a_run(incoming[n].iter().copied(), has_after, |from| reaches(nodes.len(), n, from, |i| successors[i].iter().copied()))
         })
         .collect();
     unreachable(cx, nodes, &successors, &starts);
@@ -93,14 +83,7 @@ fn unreachable(cx: &mut Cx, nodes: &[Skeleton], successors: &[Vec<usize>], start
         }
     }
     for (node, _) in nodes.iter().zip(&reached).filter(|(_, r)| !**r) {
-        cx.report(
-            node.pos,
-            &node.path,
-            format!(
-                "node `{}` is unreachable: no path leads to it from a starting node",
-                node.id
-            ),
-        );
+        cx.report(node.pos, &node.path, format!("node `{}` is unreachable: no path leads to it from a starting node", node.id));
     }
 }
 
@@ -111,13 +94,7 @@ fn ungated_cycles(cx: &mut Cx, nodes: &[Skeleton], successors: &[Vec<usize>]) {
     let plain: Vec<Vec<usize>> = successors
         .iter()
         .enumerate()
-        .map(|(i, next)| {
-            if breaks_loops(i) {
-                Vec::new()
-            } else {
-                next.iter().copied().filter(|&j| !breaks_loops(j)).collect()
-            }
-        })
+        .map(|(i, next)| if breaks_loops(i) { Vec::new() } else { next.iter().copied().filter(|&j| !breaks_loops(j)).collect() })
         .collect();
     for component in strongly_connected(&plain) {
         let Some(&start) = component.iter().min() else {
@@ -129,14 +106,7 @@ fn ungated_cycles(cx: &mut Cx, nodes: &[Skeleton], successors: &[Vec<usize>]) {
         }
         let cycle = shortest_cycle(&plain, &component, start);
         let names: Vec<&str> = cycle.iter().map(|&i| nodes[i].id.as_str()).collect();
-        cx.report(
-            nodes[start].pos,
-            &nodes[start].path,
-            format!(
-                "cycle with no gate or decision on it: {}",
-                names.join(" -> ")
-            ),
-        );
+        cx.report(nodes[start].pos, &nodes[start].path, format!("cycle with no gate or decision on it: {}", names.join(" -> ")));
     }
 }
 

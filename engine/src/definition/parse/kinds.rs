@@ -6,14 +6,13 @@ use std::collections::BTreeMap;
 
 use super::graph::Edge;
 use super::read::{
-    Cx, Fields, boolean, count, duration, each_entry, expression, mapping, missing, nonempty_list, nonempty_string, one_of,
-    scalar_json, string, string_list, template_text, type_error, usd,
+    Cx, Fields, boolean, count, duration, each_entry, expression, mapping, missing, nonempty_list, nonempty_string, one_of, scalar_json, string, string_list,
+    template_text, type_error, usd,
 };
 use super::yaml::{Key, Node as YNode, Pos, Value};
 use crate::definition::edges::EdgeKind;
 use crate::definition::model::{
-    Approval, Caps, Case, ChildWorkflow, Crew, Decision, End, EndOutcome, Field, FieldType, Gate,
-    Harness, NodeKind, Output, OutputKind, Wait,
+    Approval, Caps, Case, ChildWorkflow, Crew, Decision, End, EndOutcome, Field, FieldType, Gate, Harness, NodeKind, Output, OutputKind, Wait,
 };
 
 /// The name of a node, kept with where it was written so that a missing one can be shown.
@@ -33,17 +32,8 @@ pub(crate) fn trigger(cx: &mut Cx, node: &YNode, path: &str) -> Option<NodeKind>
 }
 
 pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
-    let f = mapping(
-        cx,
-        node,
-        path,
-        &["harness", "model", "prompt", "command", "caps", "expect"],
-    )?;
-    let harness = f.must_one_of(
-        cx,
-        "harness",
-        &[("claude-code", Harness::ClaudeCode), ("codex", Harness::Codex), ("command", Harness::Command)],
-    );
+    let f = mapping(cx, node, path, &["harness", "model", "prompt", "command", "caps", "expect"])?;
+    let harness = f.must_one_of(cx, "harness", &[("claude-code", Harness::ClaudeCode), ("codex", Harness::Codex), ("command", Harness::Command)]);
     let model = f.optional(cx, "model", nonempty_string);
     let prompt = f.optional(cx, "prompt", template_text);
     let command = f.optional(cx, "command", |cx, n, p| nonempty_list(cx, n, p, "give the program to run and its arguments"));
@@ -63,11 +53,7 @@ pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
             ok = false;
         }
         if let Some(n) = f.get("command") {
-            cx.report(
-                n.pos,
-                &f.path("command"),
-                "`command` is only for the command harness",
-            );
+            cx.report(n.pos, &f.path("command"), "`command` is only for the command harness");
             ok = false;
         }
     }
@@ -89,11 +75,7 @@ pub(crate) fn caps(cx: &mut Cx, node: &YNode, path: &str) -> Option<Caps> {
     let turns = f.optional(cx, "turns", |cx, n, p| count(cx, n, p, 1));
     let usd = f.optional(cx, "usd", usd);
     let timeout = f.optional(cx, "timeout", duration);
-    Some(Caps {
-        turns: turns?,
-        usd: usd?,
-        timeout: timeout?,
-    })
+    Some(Caps { turns: turns?, usd: usd?, timeout: timeout? })
 }
 
 pub(crate) fn gate(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<Gate> {
@@ -104,11 +86,7 @@ pub(crate) fn gate(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut 
     if let Some(Some(target)) = &on_fail {
         edges.push(Edge::declared(id, target, EdgeKind::Loop, f.path("on_fail")));
     }
-    Some(Gate {
-        checks: checks?,
-        timeout: timeout?,
-        on_fail: on_fail?.map(|(t, _)| t),
-    })
+    Some(Gate { checks: checks?, timeout: timeout?, on_fail: on_fail?.map(|(t, _)| t) })
 }
 
 pub(crate) fn approval(cx: &mut Cx, node: &YNode, path: &str) -> Option<Approval> {
@@ -116,11 +94,7 @@ pub(crate) fn approval(cx: &mut Cx, node: &YNode, path: &str) -> Option<Approval
     let prompt = f.must(cx, "prompt", template_text);
     let fields = f.optional(cx, "fields", fields);
     let timeout = f.optional(cx, "timeout", duration);
-    Some(Approval {
-        prompt: prompt?,
-        fields: fields?.unwrap_or_default(),
-        timeout: timeout?,
-    })
+    Some(Approval { prompt: prompt?, fields: fields?.unwrap_or_default(), timeout: timeout? })
 }
 
 pub(crate) fn fields(cx: &mut Cx, node: &YNode, path: &str) -> Option<BTreeMap<String, Field>> {
@@ -128,14 +102,8 @@ pub(crate) fn fields(cx: &mut Cx, node: &YNode, path: &str) -> Option<BTreeMap<S
 }
 
 pub(crate) fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
-    let f = mapping(
-        cx,
-        node,
-        path,
-        &["type", "required", "options", "default", "description"],
-    )?;
-    let types =
-        [("string", FieldType::String), ("number", FieldType::Number), ("boolean", FieldType::Boolean), ("choice", FieldType::Choice)];
+    let f = mapping(cx, node, path, &["type", "required", "options", "default", "description"])?;
+    let types = [("string", FieldType::String), ("number", FieldType::Number), ("boolean", FieldType::Boolean), ("choice", FieldType::Choice)];
     let field_type = f.must_one_of(cx, "type", &types);
     let required = f.optional(cx, "required", boolean);
     let options = f.optional(cx, "options", string_list);
@@ -151,11 +119,7 @@ pub(crate) fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
     }
     if field_type != FieldType::Choice {
         if let Some(n) = f.get("options") {
-            cx.report(
-                n.pos,
-                &f.path("options"),
-                "`options` are only for choice fields",
-            );
+            cx.report(n.pos, &f.path("options"), "`options` are only for choice fields");
             ok = false;
         }
     }
@@ -166,31 +130,16 @@ pub(crate) fn field(cx: &mut Cx, node: &YNode, path: &str) -> Option<Field> {
     if !ok {
         return None;
     }
-    Some(Field {
-        field_type,
-        required: required?.unwrap_or(false),
-        options,
-        default,
-        description: description?,
-    })
+    Some(Field { field_type, required: required?.unwrap_or(false), options, default, description: description? })
 }
 
 /// Whether a field's default has the field's type.
-pub(crate) fn default_fits(
-    cx: &mut Cx,
-    node: &YNode,
-    path: &str,
-    field_type: FieldType,
-    options: &[String],
-    value: &serde_json::Value,
-) -> bool {
+pub(crate) fn default_fits(cx: &mut Cx, node: &YNode, path: &str, field_type: FieldType, options: &[String], value: &serde_json::Value) -> bool {
     let fits = match field_type {
         FieldType::String => value.is_string(),
         FieldType::Number => value.is_number(),
         FieldType::Boolean => value.is_boolean(),
-        FieldType::Choice => value
-            .as_str()
-            .is_some_and(|v| options.iter().any(|o| o == v)),
+        FieldType::Choice => value.as_str().is_some_and(|v| options.iter().any(|o| o == v)),
     };
     if !fits {
         let wanted = match field_type {
@@ -204,32 +153,17 @@ pub(crate) fn default_fits(
     fits
 }
 
-pub(crate) fn decision(
-    cx: &mut Cx,
-    node: &YNode,
-    path: &str,
-    id: &str,
-    edges: &mut Vec<Edge>,
-) -> Option<Decision> {
+pub(crate) fn decision(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<Decision> {
     let f = mapping(cx, node, path, &["cases", "default"])?;
     let cases = f.must(cx, "cases", |cx, n, p| cases(cx, n, p, id, edges));
     let default = f.optional(cx, "default", node_ref);
     if let Some(Some(target)) = &default {
         edges.push(Edge::declared(id, target, EdgeKind::Route, f.path("default")));
     }
-    Some(Decision {
-        cases: cases?,
-        default: default?.map(|(t, _)| t),
-    })
+    Some(Decision { cases: cases?, default: default?.map(|(t, _)| t) })
 }
 
-pub(crate) fn cases(
-    cx: &mut Cx,
-    node: &YNode,
-    path: &str,
-    id: &str,
-    edges: &mut Vec<Edge>,
-) -> Option<Vec<Case>> {
+pub(crate) fn cases(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut Vec<Edge>) -> Option<Vec<Case>> {
     let Value::Seq(items) = &node.value else {
         type_error(cx, node, path, "a list of cases (`- { if: …, to: … }`)");
         return None;
@@ -256,19 +190,11 @@ pub(crate) fn case(cx: &mut Cx, node: &YNode, path: &str, id: &str, edges: &mut 
     if let Some(target) = &to {
         edges.push(Edge::declared(id, target, EdgeKind::Route, f.path("to")));
     }
-    Some(Case {
-        condition: condition?,
-        to: to?.0,
-    })
+    Some(Case { condition: condition?, to: to?.0 })
 }
 
 pub(crate) fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
-    let f = mapping(
-        cx,
-        node,
-        path,
-        &["github", "draft", "body", "labels", "remove", "column"],
-    )?;
+    let f = mapping(cx, node, path, &["github", "draft", "body", "labels", "remove", "column"])?;
     let kinds = [OutputKind::PullRequest, OutputKind::Comment, OutputKind::Label, OutputKind::BoardMove];
     let kind = f.must_one_of(cx, "github", &kinds.map(|k| (kind_word(k), k)));
     let draft = f.optional(cx, "draft", boolean);
@@ -289,11 +215,7 @@ pub(crate) fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
     let mut ok = true;
     for key in ["draft", "body", "labels", "remove", "column"] {
         if let Some(n) = f.get(key).filter(|_| !allowed.contains(&key)) {
-            cx.report(
-                n.pos,
-                &f.path(key),
-                format!("`{key}` does not apply to a {} output", kind_word(kind)),
-            );
+            cx.report(n.pos, &f.path(key), format!("`{key}` does not apply to a {} output", kind_word(kind)));
             ok = false;
         }
     }
@@ -317,14 +239,7 @@ pub(crate) fn output(cx: &mut Cx, node: &YNode, path: &str) -> Option<Output> {
     if !ok {
         return None;
     }
-    Some(Output {
-        kind,
-        draft: draft?.unwrap_or(false),
-        body: body?,
-        labels,
-        remove_labels,
-        column: column?,
-    })
+    Some(Output { kind, draft: draft?.unwrap_or(false), body: body?, labels, remove_labels, column: column? })
 }
 
 pub(crate) fn kind_word(kind: OutputKind) -> &'static str {
@@ -338,27 +253,13 @@ pub(crate) fn kind_word(kind: OutputKind) -> &'static str {
 
 pub(crate) fn wait(cx: &mut Cx, node: &YNode, path: &str) -> Option<Wait> {
     let f = mapping(cx, node, path, &["for", "until", "event"])?;
-    let given: Vec<&Key> = f
-        .keys()
-        .filter(|k| ["for", "until", "event"].contains(&k.name.as_str()))
-        .collect();
+    let given: Vec<&Key> = f.keys().filter(|k| ["for", "until", "event"].contains(&k.name.as_str())).collect();
     if given.is_empty() {
-        cx.report(
-            f.pos,
-            path,
-            "give one of `for` (a duration), `until` (an RFC 3339 time) or `event`",
-        );
+        cx.report(f.pos, path, "give one of `for` (a duration), `until` (an RFC 3339 time) or `event`");
         return None;
     }
     for extra in given.iter().skip(1) {
-        cx.report(
-            extra.pos,
-            &f.path(&extra.name),
-            format!(
-                "a wait has one of for, until, event, and this one already has `{}`",
-                given[0].name
-            ),
-        );
+        cx.report(extra.pos, &f.path(&extra.name), format!("a wait has one of for, until, event, and this one already has `{}`", given[0].name));
     }
     let first = given[0].name.as_str();
     let wait = wait_kind(cx, &f, first);
@@ -378,13 +279,7 @@ pub(crate) fn wait_kind(cx: &mut Cx, f: &Fields<'_>, key: &str) -> Option<Wait> 
             match chrono::DateTime::parse_from_rfc3339(&text) {
                 Ok(t) => Some(Wait::Until(t.with_timezone(&chrono::Utc))),
                 Err(e) => {
-                    cx.report(
-                        node.pos,
-                        &path,
-                        format!(
-                            "`{text}` is not an RFC 3339 time such as 2026-01-31T09:00:00Z ({e})"
-                        ),
-                    );
+                    cx.report(node.pos, &path, format!("`{text}` is not an RFC 3339 time such as 2026-01-31T09:00:00Z ({e})"));
                     None
                 }
             }
@@ -397,26 +292,12 @@ pub(crate) fn workflow(cx: &mut Cx, node: &YNode, path: &str) -> Option<ChildWor
     let f = mapping(cx, node, path, &["name", "input"])?;
     let name = f.must(cx, "name", nonempty_string);
     let input = f.optional(cx, "input", |cx, n, p| each_entry(cx, n, p, template_text));
-    Some(ChildWorkflow {
-        name: name?,
-        input: input?.unwrap_or_default(),
-    })
+    Some(ChildWorkflow { name: name?, input: input?.unwrap_or_default() })
 }
 
 pub(crate) fn end(cx: &mut Cx, node: &YNode, path: &str) -> Option<End> {
     if matches!(node.value, Value::Null) {
-        return Some(End {
-            outcome: EndOutcome::Completed,
-        });
+        return Some(End { outcome: EndOutcome::Completed });
     }
-    one_of(
-        cx,
-        node,
-        path,
-        &[
-            ("completed", EndOutcome::Completed),
-            ("failed", EndOutcome::Failed),
-        ],
-    )
-    .map(|outcome| End { outcome })
+    one_of(cx, node, path, &[("completed", EndOutcome::Completed), ("failed", EndOutcome::Failed)]).map(|outcome| End { outcome })
 }

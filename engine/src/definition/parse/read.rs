@@ -17,21 +17,12 @@ pub(super) struct Cx {
 
 impl Cx {
     pub(super) fn report(&mut self, pos: Pos, path: &str, message: impl Into<String>) {
-        self.problems.push(Problem {
-            line: pos.line,
-            col: pos.col,
-            path: path.to_owned(),
-            message: message.into(),
-        });
+        self.problems.push(Problem { line: pos.line, col: pos.col, path: path.to_owned(), message: message.into() });
     }
 }
 
 pub(super) fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
-    }
+    if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") }
 }
 
 /// How a value is named in "expected a string, found a list".
@@ -48,11 +39,7 @@ fn describe(value: &Value) -> &'static str {
 }
 
 pub(super) fn type_error(cx: &mut Cx, node: &Node, path: &str, expected: &str) {
-    cx.report(
-        node.pos,
-        path,
-        format!("expected {expected}, found {}", describe(&node.value)),
-    );
+    cx.report(node.pos, path, format!("expected {expected}, found {}", describe(&node.value)));
 }
 
 /// Where a missing key is reported: the mapping that lacks it.
@@ -70,10 +57,7 @@ pub(super) struct Fields<'a> {
 impl<'a> Fields<'a> {
     pub(super) fn get(&self, key: &str) -> Option<&'a Node> {
         // The first occurrence wins; later ones were reported as duplicates.
-        self.entries
-            .iter()
-            .find(|(k, _)| k.name == key)
-            .map(|(_, v)| v)
+        self.entries.iter().find(|(k, _)| k.name == key).map(|(_, v)| v)
     }
 
     pub(super) fn path(&self, key: &str) -> String {
@@ -89,12 +73,7 @@ impl<'a> Fields<'a> {
     }
 
     /// Reads an optional key with `read`; `Some(None)` when it is absent.
-    pub(super) fn optional<T>(
-        &self,
-        cx: &mut Cx,
-        key: &str,
-        read: impl FnOnce(&mut Cx, &'a Node, &str) -> Option<T>,
-    ) -> Option<Option<T>> {
+    pub(super) fn optional<T>(&self, cx: &mut Cx, key: &str, read: impl FnOnce(&mut Cx, &'a Node, &str) -> Option<T>) -> Option<Option<T>> {
         match self.get(key) {
             Some(node) => read(cx, node, &self.path(key)).map(Some),
             None => Some(None),
@@ -102,12 +81,7 @@ impl<'a> Fields<'a> {
     }
 
     /// Reads a required key with `read`.
-    pub(super) fn must<T>(
-        &self,
-        cx: &mut Cx,
-        key: &str,
-        read: impl FnOnce(&mut Cx, &'a Node, &str) -> Option<T>,
-    ) -> Option<T> {
+    pub(super) fn must<T>(&self, cx: &mut Cx, key: &str, read: impl FnOnce(&mut Cx, &'a Node, &str) -> Option<T>) -> Option<T> {
         let node = self.required(cx, key)?;
         read(cx, node, &self.path(key))
     }
@@ -135,28 +109,15 @@ pub(super) fn entries<'a>(cx: &mut Cx, node: &'a Node, path: &str) -> Option<Fie
     };
     for (i, (key, _)) in entries.iter().enumerate() {
         if entries[..i].iter().any(|(k, _)| k.name == key.name) {
-            cx.report(
-                key.pos,
-                &join(path, &key.name),
-                format!("duplicate key `{}`", key.name),
-            );
+            cx.report(key.pos, &join(path, &key.name), format!("duplicate key `{}`", key.name));
         }
     }
-    Some(Fields {
-        path: path.to_owned(),
-        pos: node.pos,
-        entries,
-    })
+    Some(Fields { path: path.to_owned(), pos: node.pos, entries })
 }
 
 /// Reads a mapping whose keys are free (field names, inputs), each value with `read`; `None`
 /// when any value has a problem, all of them reported.
-pub(super) fn each_entry<T>(
-    cx: &mut Cx,
-    node: &Node,
-    path: &str,
-    mut read: impl FnMut(&mut Cx, &Node, &str) -> Option<T>,
-) -> Option<BTreeMap<String, T>> {
+pub(super) fn each_entry<T>(cx: &mut Cx, node: &Node, path: &str, mut read: impl FnMut(&mut Cx, &Node, &str) -> Option<T>) -> Option<BTreeMap<String, T>> {
     let f = entries(cx, node, path)?;
     let mut out = Some(BTreeMap::new());
     for (key, value) in f.entries {
@@ -171,20 +132,11 @@ pub(super) fn each_entry<T>(
 }
 
 /// Reads a mapping that may hold only the keys in `allowed`.
-pub(super) fn mapping<'a>(
-    cx: &mut Cx,
-    node: &'a Node,
-    path: &str,
-    allowed: &[&str],
-) -> Option<Fields<'a>> {
+pub(super) fn mapping<'a>(cx: &mut Cx, node: &'a Node, path: &str, allowed: &[&str]) -> Option<Fields<'a>> {
     let fields = entries(cx, node, path)?;
     for key in fields.keys() {
         if !allowed.contains(&key.name.as_str()) {
-            cx.report(
-                key.pos,
-                &join(path, &key.name),
-                unknown_key(&key.name, allowed),
-            );
+            cx.report(key.pos, &join(path, &key.name), unknown_key(&key.name, allowed));
         }
     }
     Some(fields)
@@ -244,10 +196,7 @@ pub(super) fn count(cx: &mut Cx, node: &Node, path: &str, min: u32) -> Option<u3
 
 /// An amount of money in US dollars, more than zero.
 pub(super) fn usd(cx: &mut Cx, node: &Node, path: &str) -> Option<f64> {
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "dollar amounts are far below 2^52"
-    )]
+    #[expect(clippy::cast_precision_loss, reason = "dollar amounts are far below 2^52")]
     let amount = match node.value {
         Value::Int(n) => n as f64,
         Value::Float(f) => f,
@@ -277,11 +226,7 @@ pub(super) fn duration(cx: &mut Cx, node: &Node, path: &str) -> Option<Duration>
         }
         Ok(d) => Some(d),
         Err(e) => {
-            cx.report(
-                node.pos,
-                path,
-                format!("`{text}` is not a duration such as 30s, 10m, 1h or 1h30m ({e})"),
-            );
+            cx.report(node.pos, path, format!("`{text}` is not a duration such as 30s, 10m, 1h or 1h30m ({e})"));
             None
         }
     }
@@ -325,21 +270,13 @@ pub(super) fn strings_at(cx: &mut Cx, node: &Node, path: &str) -> Option<Vec<(St
 }
 
 /// One of a fixed set of words.
-pub(super) fn one_of<T: Copy>(
-    cx: &mut Cx,
-    node: &Node,
-    path: &str,
-    options: &[(&str, T)],
-) -> Option<T> {
+pub(super) fn one_of<T: Copy>(cx: &mut Cx, node: &Node, path: &str, options: &[(&str, T)]) -> Option<T> {
     let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
     let Value::Str { text, .. } = &node.value else {
         type_error(cx, node, path, &format!("one of {}", names.join(", ")));
         return None;
     };
-    let found = options
-        .iter()
-        .find(|(name, _)| name == text)
-        .map(|(_, v)| *v);
+    let found = options.iter().find(|(name, _)| name == text).map(|(_, v)| *v);
     if found.is_none() {
         let message = match names.as_slice() {
             [only] => format!("must be `{only}`, not `{text}`"),
@@ -374,10 +311,7 @@ pub(super) fn scalar_json(cx: &mut Cx, node: &Node, path: &str) -> Option<serde_
 /// Where line `line` (1-based) of a string's text sits in the file, when that is known.
 pub(super) fn text_line_pos(node: &Node, line: Option<usize>) -> Pos {
     match (&node.value, line) {
-        (Value::Str { literal: true, .. }, Some(line)) if line >= 1 => Pos {
-            line: node.pos.line + line - 1,
-            col: node.pos.col,
-        },
+        (Value::Str { literal: true, .. }, Some(line)) if line >= 1 => Pos { line: node.pos.line + line - 1, col: node.pos.col },
         _ => node.pos,
     }
 }
@@ -396,11 +330,7 @@ pub struct Problem {
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            write!(f, "{}", self.message)
-        } else {
-            write!(f, "{}: {}", self.path, self.message)
-        }
+        if self.path.is_empty() { write!(f, "{}", self.message) } else { write!(f, "{}: {}", self.path, self.message) }
     }
 }
 
@@ -423,15 +353,8 @@ pub(super) fn template_text(cx: &mut Cx, node: &Node, path: &str) -> Option<Stri
         None => Some(text),
         Some(e) => {
             let pos = text_line_pos(node, e.line);
-            let at = e
-                .line
-                .map(|l| format!(" (line {l} of the template)"))
-                .unwrap_or_default();
-            cx.report(
-                pos,
-                path,
-                format!("template does not parse: {}{at}", e.message),
-            );
+            let at = e.line.map(|l| format!(" (line {l} of the template)")).unwrap_or_default();
+            cx.report(pos, path, format!("template does not parse: {}{at}", e.message));
             None
         }
     }

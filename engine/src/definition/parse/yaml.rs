@@ -19,10 +19,7 @@ pub(crate) struct Pos {
 impl Pos {
     fn of(marker: &Marker) -> Pos {
         // saphyr counts lines from 1 but columns from 0.
-        Pos {
-            line: marker.line(),
-            col: marker.col() + 1,
-        }
+        Pos { line: marker.line(), col: marker.col() + 1 }
     }
 }
 
@@ -69,12 +66,7 @@ const MAX_DEPTH: usize = 64;
 
 /// Reads the one YAML document of `source`; `None` when the file holds no document at all.
 pub(crate) fn load(source: &str) -> Result<Option<Node>, SyntaxError> {
-    let mut loader = Loader {
-        events: Parser::new_from_str(source),
-        anchors: HashMap::new(),
-        nodes: 0,
-        last: Pos { line: 1, col: 1 },
-    };
+    let mut loader = Loader { events: Parser::new_from_str(source), anchors: HashMap::new(), nodes: 0, last: Pos { line: 1, col: 1 } };
     loader.document()
 }
 
@@ -93,14 +85,8 @@ impl<'a> Loader<'a> {
                 self.last = Pos::of(&span.start);
                 Ok((event, span))
             }
-            Some(Err(e)) => Err(SyntaxError {
-                pos: Pos::of(e.marker()),
-                message: e.info().to_owned(),
-            }),
-            None => Err(SyntaxError {
-                pos: self.last,
-                message: "unexpected end of the file".to_owned(),
-            }),
+            Some(Err(e)) => Err(SyntaxError { pos: Pos::of(e.marker()), message: e.info().to_owned() }),
+            None => Err(SyntaxError { pos: self.last, message: "unexpected end of the file".to_owned() }),
         }
     }
 
@@ -112,11 +98,7 @@ impl<'a> Loader<'a> {
                 Event::StreamStart | Event::Nothing | Event::DocumentEnd => {}
                 Event::StreamEnd => return Ok(root),
                 Event::DocumentStart(_) if root.is_some() => {
-                    return Err(SyntaxError {
-                        pos: Pos::of(&span.start),
-                        message: "a workflow file holds one YAML document, this is a second one"
-                            .to_owned(),
-                    });
+                    return Err(SyntaxError { pos: Pos::of(&span.start), message: "a workflow file holds one YAML document, this is a second one".to_owned() });
                 }
                 Event::DocumentStart(_) => {
                     let (event, span) = self.next()?;
@@ -130,10 +112,7 @@ impl<'a> Loader<'a> {
     fn count(&mut self, n: usize, pos: Pos) -> Result<(), SyntaxError> {
         self.nodes += n;
         if self.nodes > MAX_NODES {
-            return Err(SyntaxError {
-                pos,
-                message: format!("the document expands to more than {MAX_NODES} values"),
-            });
+            return Err(SyntaxError { pos, message: format!("the document expands to more than {MAX_NODES} values") });
         }
         Ok(())
     }
@@ -141,33 +120,23 @@ impl<'a> Loader<'a> {
     fn node(&mut self, event: Event<'a>, span: Span, depth: usize) -> Result<Node, SyntaxError> {
         let pos = Pos::of(&span.start);
         if depth > MAX_DEPTH {
-            return Err(SyntaxError {
-                pos,
-                message: format!("nested deeper than {MAX_DEPTH} levels"),
-            });
+            return Err(SyntaxError { pos, message: format!("nested deeper than {MAX_DEPTH} levels") });
         }
         let before = self.nodes;
         let (node, anchor) = match event {
             Event::Scalar(text, style, anchor, tag) => {
                 self.count(1, pos)?;
                 let literal = style == ScalarStyle::Literal;
-                let value =
-                    match Scalar::parse_from_cow_and_metadata(text.clone(), style, tag.as_ref()) {
-                        Some(Scalar::Null) => Value::Null,
-                        Some(Scalar::Boolean(b)) => Value::Bool(b),
-                        Some(Scalar::Integer(i)) => Value::Int(i),
-                        Some(Scalar::FloatingPoint(f)) => Value::Float(f.into_inner()),
-                        Some(Scalar::String(s)) => Value::Str {
-                            text: s.into_owned(),
-                            literal,
-                        },
-                        None => {
-                            return Err(SyntaxError {
-                                pos,
-                                message: format!("`{text}` does not match its tag"),
-                            });
-                        }
-                    };
+                let value = match Scalar::parse_from_cow_and_metadata(text.clone(), style, tag.as_ref()) {
+                    Some(Scalar::Null) => Value::Null,
+                    Some(Scalar::Boolean(b)) => Value::Bool(b),
+                    Some(Scalar::Integer(i)) => Value::Int(i),
+                    Some(Scalar::FloatingPoint(f)) => Value::Float(f.into_inner()),
+                    Some(Scalar::String(s)) => Value::Str { text: s.into_owned(), literal },
+                    None => {
+                        return Err(SyntaxError { pos, message: format!("`{text}` does not match its tag") });
+                    }
+                };
                 (Node { pos, value }, anchor)
             }
             Event::SequenceStart(anchor, _) => {
@@ -180,13 +149,7 @@ impl<'a> Loader<'a> {
                     }
                     items.push(self.node(event, span, depth + 1)?);
                 }
-                (
-                    Node {
-                        pos,
-                        value: Value::Seq(items),
-                    },
-                    anchor,
-                )
+                (Node { pos, value: Value::Seq(items) }, anchor)
             }
             Event::MappingStart(anchor, _) => {
                 self.count(1, pos)?;
@@ -200,71 +163,39 @@ impl<'a> Loader<'a> {
                     let name = match event {
                         Event::Scalar(text, ..) => text.into_owned(),
                         Event::Alias(id) => match self.anchors.get(&id) {
-                            Some((
-                                Node {
-                                    value: Value::Str { text, .. },
-                                    ..
-                                },
-                                _,
-                            )) => text.clone(),
+                            Some((Node { value: Value::Str { text, .. }, .. }, _)) => text.clone(),
                             _ => {
-                                return Err(SyntaxError {
-                                    pos: key_pos,
-                                    message: "a key must be a plain value".to_owned(),
-                                });
+                                return Err(SyntaxError { pos: key_pos, message: "a key must be a plain value".to_owned() });
                             }
                         },
                         _ => {
-                            return Err(SyntaxError {
-                                pos: key_pos,
-                                message: "a key must be a plain value, not a list or mapping"
-                                    .to_owned(),
-                            });
+                            return Err(SyntaxError { pos: key_pos, message: "a key must be a plain value, not a list or mapping".to_owned() });
                         }
                     };
                     let (event, span) = self.next()?;
                     let value = self.node(event, span, depth + 1)?;
                     entries.push((Key { name, pos: key_pos }, value));
                 }
-                (
-                    Node {
-                        pos,
-                        value: Value::Map(entries),
-                    },
-                    anchor,
-                )
+                (Node { pos, value: Value::Map(entries) }, anchor)
             }
             Event::Alias(id) => {
                 let Some((node, size)) = self.anchors.get(&id).cloned() else {
-                    return Err(SyntaxError {
-                        pos,
-                        message: "alias to an unknown anchor".to_owned(),
-                    });
+                    return Err(SyntaxError { pos, message: "alias to an unknown anchor".to_owned() });
                 };
                 self.count(size, pos)?;
                 // An alias stands for its anchor's value but is reported where it is used.
-                (
-                    Node {
-                        pos,
-                        value: node.value,
-                    },
-                    0,
-                )
+                (Node { pos, value: node.value }, 0)
             }
             _ => return Err(unexpected(&span)),
         };
         // saphyr numbers anchors from 1; 0 means none.
         if anchor != 0 {
-            self.anchors
-                .insert(anchor, (node.clone(), self.nodes - before));
+            self.anchors.insert(anchor, (node.clone(), self.nodes - before));
         }
         Ok(node)
     }
 }
 
 fn unexpected(span: &Span) -> SyntaxError {
-    SyntaxError {
-        pos: Pos::of(&span.start),
-        message: "unexpected YAML event".to_owned(),
-    }
+    SyntaxError { pos: Pos::of(&span.start), message: "unexpected YAML event".to_owned() }
 }

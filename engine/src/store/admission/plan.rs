@@ -15,7 +15,7 @@ use crate::catalog::Catalog;
 use crate::definition::{ConcurrencyPolicy, Definition};
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, WorkflowId};
 use crate::store::run_rows::RunRow;
-use crate::store::{budgets, cap, Change, Result, StoreError};
+use crate::store::{Change, Result, StoreError, budgets, cap};
 
 /// Definitions read by admission at submit, cached for the process (versions are immutable).
 pub(crate) static CATALOG: LazyLock<Catalog> = LazyLock::new(Catalog::default);
@@ -179,11 +179,9 @@ pub(crate) async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result
     // The concurrency group.
     if let Some(conc) = &def.concurrency {
         let item = match c.item {
-            Some(item) => sqlx::query_scalar::<_, String>("SELECT key FROM items WHERE item_id = $1")
-                .bind(item)
-                .fetch_optional(&mut *ch.tx)
-                .await?
-                .map(ItemRef::from_key),
+            Some(item) => {
+                sqlx::query_scalar::<_, String>("SELECT key FROM items WHERE item_id = $1").bind(item).fetch_optional(&mut *ch.tx).await?.map(ItemRef::from_key)
+            }
             None => None,
         };
         let queue = rules::group_queue(&project, &name, conc, item.as_ref());
@@ -273,7 +271,8 @@ pub(crate) async fn plan(ch: &mut Change, c: &Candidate, s: &Standing) -> Result
                 plan.throttle_start = Some(queue);
             } else {
                 let wake = first.then(|| opens_in.unwrap_or(Duration::ZERO));
-                plan.hold = Some(Hold { queue, hold: "throttle", detail: format!("{} per {}", throttle.limit, humantime::format_duration(throttle.per)), wake });
+                plan.hold =
+                    Some(Hold { queue, hold: "throttle", detail: format!("{} per {}", throttle.limit, humantime::format_duration(throttle.per)), wake });
                 return Ok(plan);
             }
         }
@@ -374,11 +373,7 @@ async fn apply(ch: &mut Change, c: &Candidate, s: &Standing, mut plan: Plan) -> 
     };
     if let Some((queue, took_room)) = plan.leave.take().or(moved) {
         sqlx::query("DELETE FROM admission_waits WHERE run_id = $1").bind(c.run).execute(&mut *ch.tx).await?;
-        sqlx::query("UPDATE admission_queues SET waiting = waiting - 1 WHERE org_id = $1 AND queue = $2")
-            .bind(c.org)
-            .bind(&queue)
-            .execute(&mut *ch.tx)
-            .await?;
+        sqlx::query("UPDATE admission_queues SET waiting = waiting - 1 WHERE org_id = $1 AND queue = $2").bind(c.org).bind(&queue).execute(&mut *ch.tx).await?;
         // Room this run was woken for, and did not take, goes to the next in line.
         if !took_room && rules::queue_kind(&queue) != QueueKind::Gate && !plan.pokes.contains(&queue) {
             plan.pokes.push(queue);

@@ -11,10 +11,10 @@ use chrono::{DateTime, Utc};
 use super::{Change, NOTIFY_CHANNEL};
 use crate::db::Db;
 use crate::event_log;
+use crate::store::Result;
 use crate::store::admission::release;
 use crate::store::events_notice::EventsNotice;
 use crate::store::webhooks_out::DELIVERIES_CTE;
-use crate::store::Result;
 
 /// A delivery's outcome, as stored by [`Change::finish_delivery`].
 const OUTCOME_SQL: &str = "UPDATE github_deliveries SET outcome = $2, detail = $3 WHERE delivery_id = $1";

@@ -7,16 +7,16 @@ mod commit;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::db::{Db, Tx};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use crate::db::{Db, Tx};
 
 use super::admission::gates::ReadAhead;
 use super::run_rows::RunRow;
-use crate::event_log::Extra;
-use crate::trace::TraceParent;
 use super::{Result, StoreError};
+use crate::event_log::Extra;
 use crate::ids::{HostId, OrgId, ProjectId, RunId, StepId, UserId};
+use crate::trace::TraceParent;
 
 /// The channel engines and API replicas `LISTEN` on. A payload is one or more words separated
 /// by spaces: `w<ms>`, a wake another process must learn of falls due after this delay (`w0`:
@@ -304,7 +304,9 @@ impl Change {
 
     /// Registers a run created in this transaction as locked (its row is new, so no one else
     /// can see it until commit).
-    pub(super) fn adopt_new_run(&mut self, org: OrgId, project: ProjectId, run: RunId, created_at: DateTime<Utc>, version: i32, traceparent: Option<String>) -> RunCtx {
+    pub(super) fn adopt_new_run(
+        &mut self, org: OrgId, project: ProjectId, run: RunId, created_at: DateTime<Utc>, version: i32, traceparent: Option<String>,
+    ) -> RunCtx {
         let ctx = RunCtx { org, project, run, created_at, next_seq: 1, version: Some(version), traceparent };
         self.runs.insert(run, ctx.clone());
         ctx
@@ -316,9 +318,7 @@ impl Change {
     }
 
     pub(super) fn locked(&self, run: RunId) -> Result<&RunCtx> {
-        self.runs
-            .get(&run)
-            .ok_or_else(|| StoreError::Invalid(format!("write to {run} without its row lock")))
+        self.runs.get(&run).ok_or_else(|| StoreError::Invalid(format!("write to {run} without its row lock")))
     }
 
     /// The sequence number the next event of `run` will take.
@@ -361,14 +361,7 @@ impl Change {
 
     /// Writes an audit entry for this change's actor (at commit, with the others).
     pub(super) fn audit(&mut self, org: OrgId, project: Option<ProjectId>, action: &str, target: (&str, String), detail: Value) -> Result<()> {
-        self.audits.push(PendingAudit {
-            org,
-            project,
-            action: action.to_owned(),
-            target_kind: target.0.to_owned(),
-            target_id: target.1,
-            detail,
-        });
+        self.audits.push(PendingAudit { org, project, action: action.to_owned(), target_kind: target.0.to_owned(), target_id: target.1, detail });
         Ok(())
     }
 
@@ -386,14 +379,7 @@ impl Change {
     /// Writes a wake for `run` (and `step`) due after `delay`. `tell_others` says whether
     /// another process must learn of it: false only when this process will act on it itself
     /// right after commit.
-    pub(crate) async fn wake(
-        &mut self,
-        run: RunId,
-        step: Option<StepId>,
-        delay: Duration,
-        reason: &str,
-        tell_others: bool,
-    ) -> Result<()> {
+    pub(crate) async fn wake(&mut self, run: RunId, step: Option<StepId>, delay: Duration, reason: &str, tell_others: bool) -> Result<()> {
         let org = self.locked(run)?.org;
         sqlx::query(
             "INSERT INTO wakes (org_id, run_id, step_id, due_at, reason) \

@@ -6,19 +6,19 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::db::Db;
 use protocol::{Caps, Item};
 use serde_json::Value;
 use sqlx::FromRow;
-use crate::db::Db;
 
-use crate::store::steps::{self, Failure, FailureClass, StepRow, LEASE};
-use crate::store::{budgets, cap, runs, Actor, Change, Result, StoreError};
 use crate::catalog::Catalog;
 use crate::definition::{self, NodeKind, OutputKind};
 use crate::hosts::{self as model, Assignment, RepositoryRef};
 use crate::ids::{OrgId, RunId, StepId};
+use crate::store::steps::{self, Failure, FailureClass, LEASE, StepRow};
+use crate::store::{Actor, Change, Result, StoreError, budgets, cap, runs};
 
-use super::{holder, run_of, HostRow};
+use super::{HostRow, holder, run_of};
 
 /// What a claim took.
 #[derive(Debug, Default)]
@@ -46,33 +46,26 @@ pub const CANDIDATES_SQL: &str = "SELECT s.step_id, s.run_id FROM steps s JOIN r
 pub async fn claim(pool: &Db, catalog: &Catalog, host: &HostRow, want: u32) -> Result<Claimed> {
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     // One claim of a host at a time: its slots are counted under its row lock.
-    let fresh: Option<(Vec<String>, i32, bool)> =
-        sqlx::query_as("SELECT capabilities, max_concurrent, drained_at IS NOT NULL FROM hosts WHERE host_id = $1 AND org_id = $2 AND deregistered_at IS NULL FOR UPDATE")
-            .bind(host.host_id)
-            .bind(host.org_id)
-            .fetch_optional(&mut *ch.tx)
-            .await?;
+    let fresh: Option<(Vec<String>, i32, bool)> = sqlx::query_as(
+        "SELECT capabilities, max_concurrent, drained_at IS NOT NULL FROM hosts WHERE host_id = $1 AND org_id = $2 AND deregistered_at IS NULL FOR UPDATE",
+    )
+    .bind(host.host_id)
+    .bind(host.org_id)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
     let (capabilities, max, drained) = fresh.ok_or(StoreError::NotFound("host"))?;
     // A drained host takes nothing new; the steps it holds run on.
     let max = if drained { 0 } else { max };
     let me = holder(host.host_id);
-    let held: i64 = sqlx::query_scalar(HELD_SQL)
-        .bind(&me)
-        .fetch_one(&mut *ch.tx)
-        .await?;
+    let held: i64 = sqlx::query_scalar(HELD_SQL).bind(&me).fetch_one(&mut *ch.tx).await?;
     let room = (i64::from(max) - held).clamp(0, i64::from(want));
     let mut claimed = Claimed { room: room as u32, ..Claimed::default() };
     if room == 0 {
         return Ok(claimed);
     }
     // A few more than there is room for, so that steps of runs an engine holds have stand-ins.
-    let candidates: Vec<(StepId, RunId)> = sqlx::query_as(CANDIDATES_SQL)
-    .bind(host.org_id)
-    .bind(host.project_id)
-    .bind(&capabilities)
-    .bind(room * 4)
-    .fetch_all(&mut *ch.tx)
-    .await?;
+    let candidates: Vec<(StepId, RunId)> =
+        sqlx::query_as(CANDIDATES_SQL).bind(host.org_id).bind(host.project_id).bind(&capabilities).bind(room * 4).fetch_all(&mut *ch.tx).await?;
     if candidates.is_empty() {
         return Ok(claimed);
     }

@@ -4,18 +4,18 @@
 
 use std::time::Duration;
 
-use protocol::Usage;
-use serde_json::{json, Value};
 use crate::db::Db;
+use protocol::Usage;
+use serde_json::{Value, json};
 
-use crate::store::steps::{self, Failure, FailureClass, StepRow, LEASE};
-use crate::store::{budgets, cap, runs, Actor, Change, Result, StoreError};
 use crate::definition::NodeKind;
 use crate::hosts as model;
 use crate::ids::{RunId, StepId, WorkflowId};
 use crate::state::StepState;
+use crate::store::steps::{self, Failure, FailureClass, LEASE, StepRow};
+use crate::store::{Actor, Change, Result, StoreError, budgets, cap, runs};
 
-use super::{holder, run_of, state_of, HostRow, LINE_CAP_BYTES, STALLED};
+use super::{HostRow, LINE_CAP_BYTES, STALLED, holder, run_of, state_of};
 
 /// One transcript line as a host numbers it.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
@@ -54,7 +54,9 @@ pub(crate) fn cut_line(line: &str) -> String {
 /// the host's latest estimate beside the reported cost and the spend recorded for it
 /// (`spent`, the figure budgets count).
 #[expect(clippy::too_many_arguments, reason = "one statement's binds; a struct for them would be read once")]
-pub(crate) async fn record_usage(conn: &mut sqlx::PgConnection, host: &HostRow, run: RunId, step: StepId, harness: Option<&str>, usage: &Usage, lines: i64, spent: f64) -> Result<()> {
+pub(crate) async fn record_usage(
+    conn: &mut sqlx::PgConnection, host: &HostRow, run: RunId, step: StepId, harness: Option<&str>, usage: &Usage, lines: i64, spent: f64,
+) -> Result<()> {
     sqlx::query(
         "INSERT INTO step_sessions (org_id, run_id, step_id, host_id, harness, model, input_tokens, output_tokens, cost_usd, turns, tool_calls, lines, \
                                     estimated_cost_usd, estimate_basis, output_tokens_lower_bound, spent_usd) \
@@ -143,10 +145,8 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
             .bind(run)
             .execute(&mut *ch.tx)
             .await?;
-        let (used, capped): (i64, bool) = sqlx::query_as("SELECT bytes, capped_at IS NOT NULL FROM run_log_sizes WHERE run_id = $1 FOR UPDATE")
-            .bind(run)
-            .fetch_one(&mut *ch.tx)
-            .await?;
+        let (used, capped): (i64, bool) =
+            sqlx::query_as("SELECT bytes, capped_at IS NOT NULL FROM run_log_sizes WHERE run_id = $1 FOR UPDATE").bind(run).fetch_one(&mut *ch.tx).await?;
         let mut room = if capped { 0 } else { (cap_bytes - used).max(0) };
         let (mut seqs, mut streams, mut texts) = (Vec::new(), Vec::new(), Vec::new());
         let mut over: Vec<i64> = Vec::new();
@@ -198,13 +198,13 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
                 "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
                  VALUES ($1, $2, (SELECT created_at FROM runs WHERE run_id = $2), $3, $4, 'note', $5) ON CONFLICT DO NOTHING",
             )
-                .bind(host.org_id)
-                .bind(run)
-                .bind(step)
-                .bind(seq)
-                .bind(note)
-                .execute(&mut *ch.tx)
-                .await?;
+            .bind(host.org_id)
+            .bind(run)
+            .bind(step)
+            .bind(seq)
+            .bind(note)
+            .execute(&mut *ch.tx)
+            .await?;
         }
         sqlx::query(
             "UPDATE run_log_sizes SET bytes = bytes + $2, dropped = dropped + $3, \
@@ -422,11 +422,8 @@ pub async fn to_stop(pool: &Db, host: &HostRow, held: &[StepId]) -> Result<Vec<(
         return Ok(Vec::new());
     }
     let ids: Vec<uuid::Uuid> = held.iter().map(|s| s.0).collect();
-    let rows: Vec<(StepId, String, Option<String>)> = sqlx::query_as("SELECT step_id, state, holder FROM steps WHERE org_id = $1 AND step_id = ANY($2)")
-        .bind(host.org_id)
-        .bind(&ids)
-        .fetch_all(pool)
-        .await?;
+    let rows: Vec<(StepId, String, Option<String>)> =
+        sqlx::query_as("SELECT step_id, state, holder FROM steps WHERE org_id = $1 AND step_id = ANY($2)").bind(host.org_id).bind(&ids).fetch_all(pool).await?;
     let me = holder(host.host_id);
     let mut stop: Vec<(StepId, String)> = rows
         .iter()

@@ -8,17 +8,17 @@
 
 use futures::future::BoxFuture;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sqlx::{FromRow as _, Row};
 use uuid::Uuid;
 
-use super::items::{lock_item, project_context, workflow, ItemRow, WorkflowInfo};
+use super::items::{ItemRow, WorkflowInfo, lock_item, project_context, workflow};
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, WorkflowId};
 use crate::item_keys::{content_hash, dedup_key};
 use crate::judge::{self, Verdict};
 use crate::store::admission::gates::{self, Gates, ReadAhead};
 use crate::store::run_rows::{NewRun, RunRow};
-use crate::store::{cap, Change, Result, StoreError};
+use crate::store::{Change, Result, StoreError, cap};
 
 /// What the claim does to runs, handed to it by `runs` (`runs::CLAIM_RUNS`): open one, and
 /// cancel an unstarted one with a reason.
@@ -186,13 +186,7 @@ pub(crate) async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo, run
     }
     if let Err(Spent { cycles, reason }) = admit(ch, ev, wf).await? {
         set_event(ch, ev.id, "blocked", Some(&reason)).await?;
-        ch.audit(
-            ev.org,
-            Some(ev.project),
-            "trigger.blocked",
-            ("item", ev.item.to_string()),
-            json!({ "workflow": wf.name, "event": ev.id, "cycles": cycles }),
-        )?;
+        ch.audit(ev.org, Some(ev.project), "trigger.blocked", ("item", ev.item.to_string()), json!({ "workflow": wf.name, "event": ev.id, "cycles": cycles }))?;
         return Ok(Claim::Blocked { event: ev.id, superseded, cycles });
     }
     let submitted = (runs.submit)(
@@ -372,12 +366,7 @@ pub struct Revoked {
 /// caused it. `still_matches` gets that trigger and says whether the `if:` holds on the item
 /// now. The queued events are judged first: a revoked run's end judges what is still queued.
 pub(crate) async fn revoke_unmatched(
-    ch: &mut Change,
-    org: OrgId,
-    item: ItemId,
-    workflow: WorkflowId,
-    still_matches: &(dyn Fn(&Value) -> bool + Sync),
-    runs: &RunOps,
+    ch: &mut Change, org: OrgId, item: ItemId, workflow: WorkflowId, still_matches: &(dyn Fn(&Value) -> bool + Sync), runs: &RunOps,
 ) -> Result<Revoked> {
     let mut out = Revoked::default();
     let open = open_runs(ch, org, item, workflow).await?;
@@ -397,11 +386,8 @@ pub(crate) async fn revoke_unmatched(
     }
     for open in open {
         let Some(event) = open.event.filter(|_| !open.running) else { continue };
-        let payload: Value = sqlx::query_scalar("SELECT payload FROM trigger_events WHERE event_id = $1")
-            .bind(event)
-            .fetch_optional(&mut *ch.tx)
-            .await?
-            .unwrap_or(Value::Null);
+        let payload: Value =
+            sqlx::query_scalar("SELECT payload FROM trigger_events WHERE event_id = $1").bind(event).fetch_optional(&mut *ch.tx).await?.unwrap_or(Value::Null);
         if !still_matches(payload.get("trigger").unwrap_or(&Value::Null)) {
             cancel_unstarted(ch, org, &open, "revoked", "revoked", runs).await?;
             out.runs.push(open.run);

@@ -4,11 +4,11 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sqlx::FromRow;
 
-use super::claim::{submit_event, Claim, NewEvent, RunOps, ATTEMPTED};
-use super::items::{lock_item, project_context, workflow, ItemRow};
+use super::claim::{ATTEMPTED, Claim, NewEvent, RunOps, submit_event};
+use super::items::{ItemRow, lock_item, project_context, workflow};
 use crate::ids::{ItemId, OrgId, ProjectId, WorkflowId};
 use crate::judge::{self, Verdict};
 use crate::store::{Change, Result, StoreError};
@@ -56,10 +56,8 @@ pub struct Reset {
 /// judges the events that the budget blocked again, against the item as it is now.
 pub(crate) async fn reset_cycle_budget(ch: &mut Change, org: OrgId, item: ItemId, runs: &RunOps) -> Result<Reset> {
     let row = lock_item(ch, org, item).await?.ok_or(StoreError::NotFound("item"))?;
-    let generation: i32 = sqlx::query_scalar("UPDATE items SET generation = generation + 1 WHERE item_id = $1 RETURNING generation")
-        .bind(item)
-        .fetch_one(&mut *ch.tx)
-        .await?;
+    let generation: i32 =
+        sqlx::query_scalar("UPDATE items SET generation = generation + 1 WHERE item_id = $1 RETURNING generation").bind(item).fetch_one(&mut *ch.tx).await?;
     let sql = format!(
         "UPDATE item_cycle_budgets b SET generation = $2, ask = NULL, asked_at = NULL, cycles_used = ( \
            SELECT count(*) FROM runs r WHERE r.item_id = b.item_id AND r.workflow_id = b.workflow_id AND r.status = 'running' \

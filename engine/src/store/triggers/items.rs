@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sqlx::{FromRow, Row};
 
 use crate::catalog::Catalog;
@@ -12,8 +12,8 @@ use crate::definition::Definition;
 use crate::ids::{ItemId, OrgId, ProjectId, RunId, WorkflowId};
 use crate::item_keys::content_hash;
 use crate::store::github::WAKE_PREFIX;
-use crate::store::installations::{installation_of, Installation, INSTALLATION_COLUMNS};
-use crate::store::{cap, Change, Result, StoreError};
+use crate::store::installations::{INSTALLATION_COLUMNS, Installation, installation_of};
+use crate::store::{Change, Result, StoreError, cap};
 
 /// Parsed workflow versions for ingest, re-judging and schedules. Versions are immutable, so
 /// one cache per process serves every org.
@@ -214,13 +214,11 @@ pub async fn lock_item(ch: &mut Change, org: OrgId, item: ItemId) -> Result<Opti
     if !open.is_empty() {
         ch.lock_runs(&open).await?;
     }
-    Ok(sqlx::query_as(
-        "SELECT item_id, project_id, key, data, content_hash, generation FROM items WHERE item_id = $1 AND org_id = $2 FOR UPDATE",
-    )
-    .bind(item)
-    .bind(org)
-    .fetch_optional(&mut *ch.tx)
-    .await?)
+    Ok(sqlx::query_as("SELECT item_id, project_id, key, data, content_hash, generation FROM items WHERE item_id = $1 AND org_id = $2 FOR UPDATE")
+        .bind(item)
+        .bind(org)
+        .fetch_optional(&mut *ch.tx)
+        .await?)
 }
 
 /// Stores a new projection of a locked item.
@@ -263,10 +261,10 @@ pub async fn items_by_head(ch: &mut Change, org: OrgId, project: ProjectId, repo
 /// Items of an org with a GraphQL node id (a board card names its content by node id only),
 /// with the project each belongs to.
 pub async fn items_by_node(ch: &mut Change, org: OrgId, node_id: &str) -> Result<Vec<(ItemId, Route)>> {
-    let rows = sqlx::query(
-        &format!("SELECT i.item_id, {ROUTE} AS route FROM items i JOIN projects p ON p.project_id = i.project_id \
-         WHERE i.org_id = $1 AND i.node_id = $2 ORDER BY i.item_id"),
-    )
+    let rows = sqlx::query(&format!(
+        "SELECT i.item_id, {ROUTE} AS route FROM items i JOIN projects p ON p.project_id = i.project_id \
+         WHERE i.org_id = $1 AND i.node_id = $2 ORDER BY i.item_id"
+    ))
     .bind(org)
     .bind(node_id)
     .fetch_all(&mut *ch.tx)
@@ -357,9 +355,7 @@ pub(crate) async fn workflow(ch: &mut Change, org: OrgId, id: WorkflowId) -> Res
 }
 
 pub(crate) async fn project_context(ch: &mut Change, project: ProjectId) -> Result<Value> {
-    let row: Option<(String, String)> = sqlx::query_as("SELECT slug, name FROM projects WHERE project_id = $1")
-        .bind(project)
-        .fetch_optional(&mut *ch.tx)
-        .await?;
+    let row: Option<(String, String)> =
+        sqlx::query_as("SELECT slug, name FROM projects WHERE project_id = $1").bind(project).fetch_optional(&mut *ch.tx).await?;
     Ok(row.map_or(Value::Null, |(slug, name)| json!({ "slug": slug, "name": name })))
 }

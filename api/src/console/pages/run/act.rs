@@ -5,9 +5,9 @@
 use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode};
 use axum::response::Response;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use super::super::{see_other, FormMap, Posted};
+use super::super::{FormMap, Posted, see_other};
 use super::page::render;
 use super::{Feedback, RunPath, StepPath};
 use crate::console::internal::Refusal;
@@ -18,12 +18,7 @@ use crate::console::{Console, ConsoleError};
 /// A form's answer: on success, back to the run (or to the new run); on a refusal, the page
 /// again with the message beside the form (422), nothing changed.
 pub(super) async fn answer(
-    c: &Console,
-    s: &OrgSession,
-    p: &RunPath,
-    form: &str,
-    result: Result<Value, Refusal>,
-    fb: Feedback,
+    c: &Console, s: &OrgSession, p: &RunPath, form: &str, result: Result<Value, Refusal>, fb: Feedback,
 ) -> Result<Response, ConsoleError> {
     let base = format!("/orgs/{}/projects/{}/runs/{}", p.org, p.project, p.run);
     match result {
@@ -40,16 +35,7 @@ pub(super) async fn answer(
         Err(r) => {
             let mut fb = fb;
             fb.forms.insert(form.to_owned(), r.detail().to_owned());
-            render(
-                c,
-                s,
-                &p.org,
-                &p.project,
-                &p.run,
-                &fb,
-                StatusCode::UNPROCESSABLE_ENTITY,
-            )
-            .await
+            render(c, s, &p.org, &p.project, &p.run, &fb, StatusCode::UNPROCESSABLE_ENTITY).await
         }
     }
 }
@@ -67,33 +53,20 @@ pub(super) fn reason(form: &FormMap) -> Option<&str> {
     form.get("reason").map(|r| r.trim()).filter(|r| !r.is_empty())
 }
 
-pub(in crate::console) async fn cancel(
-    State(c): State<Console>,
-    Path(p): Path<RunPath>,
-    Posted { s, form }: Posted,
-) -> Result<Response, ConsoleError> {
+pub(in crate::console) async fn cancel(State(c): State<Console>, Path(p): Path<RunPath>, Posted { s, form }: Posted) -> Result<Response, ConsoleError> {
     post(&c, &s, &p, "cancel", "/cancel", Some(json!({ "reason": reason(&form) }))).await
 }
 
-pub(in crate::console) async fn retry(
-    State(c): State<Console>,
-    Path(p): Path<RunPath>,
-    Posted { s, form }: Posted,
-) -> Result<Response, ConsoleError> {
+pub(in crate::console) async fn retry(State(c): State<Console>, Path(p): Path<RunPath>, Posted { s, form }: Posted) -> Result<Response, ConsoleError> {
     // Edit-and-retry names a crew node and what to change; a plain retry sends no body.
     let text = |k: &str| form.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
-    let body = text("node").map(|node| {
-        json!({ "node": node, "prompt": form.get("prompt").filter(|p| !p.trim().is_empty()), "model": text("model"), "harness": text("harness") })
-    });
+    let body = text("node")
+        .map(|node| json!({ "node": node, "prompt": form.get("prompt").filter(|p| !p.trim().is_empty()), "model": text("model"), "harness": text("harness") }));
     let key = if body.is_some() { "edit" } else { "retry" };
     post(&c, &s, &p, key, "/retry", body).await
 }
 
-pub(in crate::console) async fn rerun(
-    State(c): State<Console>,
-    Path(p): Path<RunPath>,
-    Posted { s, form }: Posted,
-) -> Result<Response, ConsoleError> {
+pub(in crate::console) async fn rerun(State(c): State<Console>, Path(p): Path<RunPath>, Posted { s, form }: Posted) -> Result<Response, ConsoleError> {
     let rest = match form.get("from").map(|f| f.trim()).filter(|f| !f.is_empty()) {
         Some(from) => format!("/rerun?from={}", view::urlencode(from)),
         None => "/rerun".to_owned(),
@@ -103,11 +76,7 @@ pub(in crate::console) async fn rerun(
 
 /// Intervene: the form under a running crew step's transcript, posted to the REST route that
 /// sends the message to the session.
-pub(in crate::console) async fn say(
-    State(c): State<Console>,
-    Path(p): Path<StepPath>,
-    Posted { s, form }: Posted,
-) -> Result<Response, ConsoleError> {
+pub(in crate::console) async fn say(State(c): State<Console>, Path(p): Path<StepPath>, Posted { s, form }: Posted) -> Result<Response, ConsoleError> {
     let text = form.get("text").map(String::as_str).unwrap_or_default();
     let rest = format!("/steps/{}/messages", view::urlencode(&p.step));
     post(&c, &s, &p.run(), "say", &rest, Some(json!({ "text": text }))).await

@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use engine::db::Db;
 use engine::ids::{OrgId, RunId};
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
-use super::{strings, Feedback};
+use super::{Feedback, strings};
 use crate::console::ConsoleError;
 use crate::http::runs::OpenApproval;
 
@@ -58,47 +58,37 @@ pub(super) fn approval_views(approvals: &[OpenApproval], fb: &Feedback) -> Vec<A
             let spec = a.fields.as_object().unwrap_or(&empty);
             let typed = fb.values.get(&a.node);
             let errors = fb.fields.get(&a.node);
-            let fields =
-                spec.iter()
-                    .map(|(name, f)| {
-                        let kind = f
-                            .get("type")
-                            .and_then(Value::as_str)
-                            .unwrap_or("string")
-                            .to_owned();
-                        let default = f.get("default").filter(|d| !d.is_null());
-                        let value =
-                            typed.and_then(|t| t.get(name)).cloned().unwrap_or_else(
-                                || match default {
-                                    Some(Value::String(s)) => s.clone(),
-                                    Some(v) => v.to_string(),
-                                    None => String::new(),
-                                },
-                            );
-                        let checked = match typed {
-                            Some(t) => t.contains_key(name),
-                            None => default.and_then(Value::as_bool).unwrap_or(false),
-                        };
-                        FieldView {
-                            id: format!(
-                                "f-{}-{}",
-                                a.node.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
-                                name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-                            ),
-                            name: name.clone(),
-                            required: f.get("required").and_then(Value::as_bool).unwrap_or(false),
-                            options: strings(f.get("options")),
-                            description: f
-                                .get("description")
-                                .and_then(Value::as_str)
-                                .map(str::to_owned),
-                            error: errors.and_then(|e| e.get(name)).cloned(),
-                            value,
-                            checked,
-                            kind,
-                        }
-                    })
-                    .collect();
+            let fields = spec
+                .iter()
+                .map(|(name, f)| {
+                    let kind = f.get("type").and_then(Value::as_str).unwrap_or("string").to_owned();
+                    let default = f.get("default").filter(|d| !d.is_null());
+                    let value = typed.and_then(|t| t.get(name)).cloned().unwrap_or_else(|| match default {
+                        Some(Value::String(s)) => s.clone(),
+                        Some(v) => v.to_string(),
+                        None => String::new(),
+                    });
+                    let checked = match typed {
+                        Some(t) => t.contains_key(name),
+                        None => default.and_then(Value::as_bool).unwrap_or(false),
+                    };
+                    FieldView {
+                        id: format!(
+                            "f-{}-{}",
+                            a.node.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+                            name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+                        ),
+                        name: name.clone(),
+                        required: f.get("required").and_then(Value::as_bool).unwrap_or(false),
+                        options: strings(f.get("options")),
+                        description: f.get("description").and_then(Value::as_str).map(str::to_owned),
+                        error: errors.and_then(|e| e.get(name)).cloned(),
+                        value,
+                        checked,
+                        kind,
+                    }
+                })
+                .collect();
             ApprovalView {
                 node: a.node.clone(),
                 prompt: a.prompt.clone(),

@@ -8,37 +8,25 @@ use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use engine::store::approvals::check_answer;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
-use super::super::{posted, Posted};
+use super::super::{Posted, posted};
 use super::act::{answer, post, reason};
 use super::page::render;
-use super::{run_id, Feedback, NodePath};
+use super::{Feedback, NodePath, run_id};
 use crate::console::view;
 use crate::console::{Console, ConsoleError};
 
 /// Turns an approval form's text fields into the JSON answer, by the form's field types, with
 /// a message per field that cannot be read or does not pass `check_answer`.
-fn read_answer(
-    spec: &Value,
-    posted: &[(String, String)],
-) -> (
-    Map<String, Value>,
-    HashMap<String, String>,
-    HashMap<String, String>,
-) {
+fn read_answer(spec: &Value, posted: &[(String, String)]) -> (Map<String, Value>, HashMap<String, String>, HashMap<String, String>) {
     let empty = Map::new();
     let fields = spec.as_object().unwrap_or(&empty);
     let mut answer = Map::new();
     let mut errors = HashMap::new();
     let mut typed = HashMap::new();
     for (name, f) in fields {
-        let Some(raw) = posted
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.trim().to_owned())
-        else {
+        let Some(raw) = posted.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.trim().to_owned()) else {
             continue;
         };
         typed.insert(name.clone(), raw.clone());
@@ -50,11 +38,7 @@ fn read_answer(
             "number" if raw.is_empty() => {}
             "number" => match raw.parse::<f64>() {
                 Ok(n) if n.is_finite() => {
-                    let v = if n.fract() == 0.0 && n.abs() < 9e15 {
-                        json!(n as i64)
-                    } else {
-                        json!(n)
-                    };
+                    let v = if n.fract() == 0.0 && n.abs() < 9e15 { json!(n as i64) } else { json!(n) };
                     answer.insert(name.clone(), v);
                 }
                 _ => {
@@ -63,10 +47,7 @@ fn read_answer(
             },
             _ if raw.is_empty() => {}
             _ => {
-                answer.insert(
-                    name.clone(),
-                    Value::String(raw.chars().take(10_000).collect()),
-                );
+                answer.insert(name.clone(), Value::String(raw.chars().take(10_000).collect()));
             }
         }
     }
@@ -88,21 +69,14 @@ fn read_answer(
             one.insert(name.clone(), v.clone());
         }
         if let Err(message) = check_answer(&Value::Object(one_spec), &one) {
-            errors.insert(
-                name.clone(),
-                message.replace("approval field ", "").replace('"', ""),
-            );
+            errors.insert(name.clone(), message.replace("approval field ", "").replace('"', ""));
         }
     }
     (answer, errors, typed)
 }
 
 pub(in crate::console) async fn approve(
-    State(c): State<Console>,
-    Path(p): Path<NodePath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Form(form): Form<Vec<(String, String)>>,
+    State(c): State<Console>, Path(p): Path<NodePath>, headers: HeaderMap, uri: Uri, Form(form): Form<Vec<(String, String)>>,
 ) -> Result<Response, ConsoleError> {
     let csrf = form.iter().find(|(k, _)| k == "_csrf").map(|(_, v)| v);
     let s = posted(&c, &headers, &p.org, &uri, csrf).await?;
@@ -114,40 +88,21 @@ pub(in crate::console) async fn approve(
         .bind(&p.node)
         .fetch_optional(c.db())
         .await?;
-    let fields: Vec<(String, String)> = form
-        .into_iter()
-        .filter(|(k, _)| !k.starts_with('_'))
-        .collect();
+    let fields: Vec<(String, String)> = form.into_iter().filter(|(k, _)| !k.starts_with('_')).collect();
     let (answer_json, errors, typed) = read_answer(spec.as_ref().unwrap_or(&Value::Null), &fields);
     let mut fb = Feedback::default();
     fb.values.insert(p.node.clone(), typed);
     if !errors.is_empty() {
-        fb.forms.insert(
-            format!("approve:{}", p.node),
-            "Not approved yet: fix the fields marked below.".into(),
-        );
+        fb.forms.insert(format!("approve:{}", p.node), "Not approved yet: fix the fields marked below.".into());
         fb.fields.insert(p.node.clone(), errors);
-        return render(
-            &c,
-            &s,
-            &p.org,
-            &p.project,
-            &p.run,
-            &fb,
-            StatusCode::UNPROCESSABLE_ENTITY,
-        )
-        .await;
+        return render(&c, &s, &p.org, &p.project, &p.run, &fb, StatusCode::UNPROCESSABLE_ENTITY).await;
     }
     let path = format!("/orgs/{}/projects/{}/runs/{}/approvals/{}", p.org, p.project, p.run, view::urlencode(&p.node));
     let result = c.call(&s.caller, Method::POST, &path, Some(Value::Object(answer_json))).await?;
     answer(&c, &s, &run, &format!("approve:{}", p.node), result, fb).await
 }
 
-pub(in crate::console) async fn reject(
-    State(c): State<Console>,
-    Path(p): Path<NodePath>,
-    Posted { s, form }: Posted,
-) -> Result<Response, ConsoleError> {
+pub(in crate::console) async fn reject(State(c): State<Console>, Path(p): Path<NodePath>, Posted { s, form }: Posted) -> Result<Response, ConsoleError> {
     let rest = format!("/approvals/{}/reject", view::urlencode(&p.node));
     let body = json!({ "reason": reason(&form) });
     post(&c, &s, &p.run(), &format!("reject:{}", p.node), &rest, Some(body)).await

@@ -5,8 +5,8 @@ use chrono::{DateTime, Utc};
 use engine::db::Db;
 use engine::ids::{OrgId, RunId, WorkflowId};
 
-use crate::console::view;
 use crate::console::ConsoleError;
+use crate::console::view;
 use crate::http::runs::RunDetail;
 
 /// The earlier completed runs of the workflow (up to 20) and the median time of each node in
@@ -32,16 +32,11 @@ struct NodeTime {
 
 /// The forecast's sentence, for a running run (`substate`: what holds it now); none once it
 /// ended.
-pub(super) async fn forecast(db: &Db, workflow: Option<WorkflowId>, id: RunId, org_id: OrgId, detail: &RunDetail, substate: Option<&str>, now: DateTime<Utc>) -> Result<Option<String>, ConsoleError> {
+pub(super) async fn forecast(
+    db: &Db, workflow: Option<WorkflowId>, id: RunId, org_id: OrgId, detail: &RunDetail, substate: Option<&str>, now: DateTime<Utc>,
+) -> Result<Option<String>, ConsoleError> {
     let times: Vec<NodeTime> = match workflow {
-        Some(w) if detail.run.status == "running" => {
-            sqlx::query_as(FORECAST_SQL)
-                .bind(w)
-                .bind(org_id)
-                .bind(id)
-                .fetch_all(db)
-                .await?
-        }
+        Some(w) if detail.run.status == "running" => sqlx::query_as(FORECAST_SQL).bind(w).bind(org_id).bind(id).fetch_all(db).await?,
         _ => Vec::new(),
     };
     let forecast = if detail.run.status != "running" {
@@ -63,25 +58,11 @@ pub(super) async fn forecast(db: &Db, workflow: Option<WorkflowId>, id: RunId, o
             }
         }
         let runs = times[0].runs;
-        let total = times[0]
-            .total
-            .map(|t| format!("; a whole run typically takes {}", view::duration(t)))
-            .unwrap_or_default();
+        let total = times[0].total.map(|t| format!("; a whole run typically takes {}", view::duration(t))).unwrap_or_default();
         let waits_on_person = substate == Some("awaiting_signal");
-        let lead = if left < 1.0 {
-            "Should finish any moment".to_owned()
-        } else {
-            format!("About {} left", view::duration(left))
-        };
-        let person = if waits_on_person {
-            ", once a person answers"
-        } else {
-            ""
-        };
-        Some(format!(
-            "{lead}{person} (median times from {runs} earlier run{}{total}).",
-            if runs == 1 { "" } else { "s" }
-        ))
+        let lead = if left < 1.0 { "Should finish any moment".to_owned() } else { format!("About {} left", view::duration(left)) };
+        let person = if waits_on_person { ", once a person answers" } else { "" };
+        Some(format!("{lead}{person} (median times from {runs} earlier run{}{total}).", if runs == 1 { "" } else { "s" }))
     };
     Ok(forecast)
 }

@@ -56,9 +56,7 @@ pub(super) fn ending(detail: &RunDetail) -> (String, String, Option<String>) {
             let (w, _) = worded(reason);
             match at {
                 Some(st) if reason == engine::walk::ENDED => (format!("Failed: ended by {}", st.node), "An end node ended the run as failed.".into(), machine),
-                Some(st) if reason == engine::walk::ATTEMPTS_EXHAUSTED || reason.is_empty() => {
-                    (format!("Failed at {}", st.node), step_words(st), machine)
-                }
+                Some(st) if reason == engine::walk::ATTEMPTS_EXHAUSTED || reason.is_empty() => (format!("Failed at {}", st.node), step_words(st), machine),
                 Some(st) => (format!("Failed at {}: {w}", st.node), step_words(st), machine),
                 None if reason.is_empty() => ("Failed".into(), String::new(), machine),
                 None => (format!("Failed: {w}"), format!("{w}."), machine),
@@ -70,29 +68,18 @@ pub(super) fn ending(detail: &RunDetail) -> (String, String, Option<String>) {
 /// The headline: what the run is doing now, or how it ended, in words.
 pub(super) fn headline(why: &Why, detail: &RunDetail) -> (String, &'static str) {
     let d = why.detail.as_ref();
-    let s = |k: &str| {
-        d.and_then(|d| d.get(k))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
+    let s = |k: &str| d.and_then(|d| d.get(k)).and_then(Value::as_str).map(str::to_owned);
     match why.status.as_str() {
         "completed" => (ending(detail).0, "ok"),
         "cancelled" => (ending(detail).0, "off"),
         "failed" => (ending(detail).0, "bad"),
         _ => {
             let text = match why.substate.as_deref() {
-                Some("awaiting_signal")
-                    if d.and_then(|d| d.get("approval")).and_then(Value::as_bool) == Some(true) =>
-                {
-                    match s("node").as_deref() {
-                        Some("$start") | None => "Waiting for approval to start".into(),
-                        Some(node) => format!("Waiting for approval at {node}"),
-                    }
-                }
-                Some("awaiting_signal") => format!(
-                    "Waiting for {}",
-                    s("signal").unwrap_or_else(|| "a signal".into())
-                ),
+                Some("awaiting_signal") if d.and_then(|d| d.get("approval")).and_then(Value::as_bool) == Some(true) => match s("node").as_deref() {
+                    Some("$start") | None => "Waiting for approval to start".into(),
+                    Some(node) => format!("Waiting for approval at {node}"),
+                },
+                Some("awaiting_signal") => format!("Waiting for {}", s("signal").unwrap_or_else(|| "a signal".into())),
                 Some("sleeping") => match s("until") {
                     Some(until) => format!("Asleep until {}", view::clock(&until)),
                     None => "Asleep".into(),
@@ -102,16 +89,10 @@ pub(super) fn headline(why: &Why, detail: &RunDetail) -> (String, &'static str) 
                     if missing.is_empty() {
                         "Waiting for a host: no host can run this".into()
                     } else {
-                        format!(
-                            "Waiting for a host: none online with {}",
-                            missing.join(", ")
-                        )
+                        format!("Waiting for a host: none online with {}", missing.join(", "))
                     }
                 }
-                Some("waiting_for_agent") => format!(
-                    "Waiting for a host to run {}",
-                    s("node").unwrap_or_default()
-                ),
+                Some("waiting_for_agent") => format!("Waiting for a host to run {}", s("node").unwrap_or_default()),
                 Some("executing") => format!("Running {}", s("node").unwrap_or_default()),
                 Some("awaiting_child") => "Waiting on another run".into(),
                 Some("awaiting_lease") => {
@@ -136,11 +117,7 @@ pub(super) fn output_links(detail: &RunDetail) -> Vec<(String, String)> {
     for s in &detail.steps {
         let Some(o) = &s.output else { continue };
         for key in ["html_url", "pull_request_url", "url"] {
-            if let Some(u) = o
-                .get(key)
-                .and_then(Value::as_str)
-                .filter(|u| u.starts_with("https://"))
-            {
+            if let Some(u) = o.get(key).and_then(Value::as_str).filter(|u| u.starts_with("https://")) {
                 out.push((u.to_owned(), format!("{} output", s.node)));
                 break;
             }

@@ -93,6 +93,5 @@ struct Feedback {
 }
 
 fn run_id(text: &str) -> Result<RunId, ConsoleError> {
-    text.parse()
-        .map_err(|_| ConsoleError::NotFound("run not found".into()))
+    text.parse().map_err(|_| ConsoleError::NotFound("run not found".into()))
 }

@@ -7,28 +7,22 @@ use axum::response::Response;
 use chrono::Utc;
 use engine::definition::Definition;
 use engine::ids::WorkflowId;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::super::here;
-use super::{approvals, forecast, headline, run_id, tail, timeline, Feedback, RunPath};
+use super::{Feedback, RunPath, approvals, forecast, headline, run_id, tail, timeline};
 use crate::console::people;
 use crate::console::session::OrgSession;
 use crate::console::svg::{self, symbol};
 use crate::console::view::{self, Page};
 use crate::console::{Console, ConsoleError};
 use crate::http::auth::Role;
+use crate::http::runs::RunDetail;
 use crate::http::runs::history::RunEventList;
 use crate::http::runs::read::Why;
-use crate::http::runs::RunDetail;
 
 pub(super) async fn render(
-    c: &Console,
-    s: &OrgSession,
-    org: &str,
-    project: &str,
-    run_text: &str,
-    fb: &Feedback,
-    status: StatusCode,
+    c: &Console, s: &OrgSession, org: &str, project: &str, run_text: &str, fb: &Feedback, status: StatusCode,
 ) -> Result<Response, ConsoleError> {
     let id = run_id(run_text)?;
     let base = format!("/orgs/{org}/projects/{project}/runs/{id}");
@@ -37,49 +31,37 @@ pub(super) async fn render(
     // computed here without reading the run again.
     let why = engine::substate::why(c.db(), s.caller.org, id).await?;
     let why = Why::of(why).map_err(ConsoleError::internal)?;
-    let events: RunEventList = c
-        .read(&s.caller, &format!("{base}/events?limit=200"))
-        .await?;
+    let events: RunEventList = c.read(&s.caller, &format!("{base}/events?limit=200")).await?;
     let db = c.db();
     let org_id = s.caller.org;
     let now = Utc::now();
 
     // The definition, for the graph and the rerun-from choices.
-    let workflow: Option<WorkflowId> =
-        sqlx::query_scalar("SELECT w.workflow_id FROM workflows w JOIN projects p ON p.project_id = w.project_id WHERE w.org_id = $1 AND p.slug = $2 AND w.name = $3")
-            .bind(org_id)
-            .bind(project)
-            .bind(&detail.run.workflow)
-            .fetch_optional(db)
-            .await?;
+    let workflow: Option<WorkflowId> = sqlx::query_scalar(
+        "SELECT w.workflow_id FROM workflows w JOIN projects p ON p.project_id = w.project_id WHERE w.org_id = $1 AND p.slug = $2 AND w.name = $3",
+    )
+    .bind(org_id)
+    .bind(project)
+    .bind(&detail.run.workflow)
+    .fetch_optional(db)
+    .await?;
     let def = match workflow {
         Some(w) => {
             let mut conn = db.begin().await?;
-            c.inner
-                .catalog
-                .get(&mut conn, w, detail.run.version)
-                .await
-                .ok()
+            c.inner.catalog.get(&mut conn, w, detail.run.version).await.ok()
         }
         None => None,
     };
 
     let forecast = forecast::forecast(db, workflow, id, org_id, &detail, why.substate.as_deref(), now).await?;
 
-
     let transcript = tail::section(db, s, org_id, &detail, &base).await?;
 
     let (steps, states) = timeline::steps(&detail, now);
     let waterfall = timeline::waterfall(&detail, now);
-    let graph = def
-        .as_deref()
-        .map(|d| svg::graph(d, &states))
-        .unwrap_or_default();
+    let graph = def.as_deref().map(|d| svg::graph(d, &states)).unwrap_or_default();
     let crews = edit_choices(def.as_deref(), &detail);
-    let nodes: Vec<String> = def
-        .as_deref()
-        .map(|d| d.nodes.iter().map(|n| n.id.to_string()).collect())
-        .unwrap_or_default();
+    let nodes: Vec<String> = def.as_deref().map(|d| d.nodes.iter().map(|n| n.id.to_string()).collect()).unwrap_or_default();
 
     let (head, tone) = headline::headline(&why, &detail);
     // A finished run's sentence is in words, with the machine reason beside it; a running
@@ -107,8 +89,7 @@ pub(super) async fn render(
     let journal = timeline::journal(&events, &names);
     let created_by = names.get(&detail.run.created_by).cloned().unwrap_or_else(|| detail.run.created_by.clone());
     let projects = c.projects(s).await?;
-    let mut page =
-        Page::of(s, format!("{head} · {}", detail.run.id), "runs").project(project, projects);
+    let mut page = Page::of(s, format!("{head} · {}", detail.run.id), "runs").project(project, projects);
     page.run = Some(detail.run.id.to_string());
     let finished = detail.run.status != "running";
     let member = s.can(Role::Member);
@@ -128,12 +109,7 @@ pub(super) async fn render(
             _ => false,
         },
     };
-    let notices: Vec<String> = fb
-        .forms
-        .iter()
-        .filter(|(k, _)| !shown(k))
-        .map(|(_, v)| v.clone())
-        .collect();
+    let notices: Vec<String> = fb.forms.iter().filter(|(k, _)| !shown(k)).map(|(_, v)| v.clone()).collect();
     let html = c.render(
         "run.html",
         ctx! {
@@ -170,23 +146,9 @@ pub(super) async fn render(
     Ok(view::html(status, html))
 }
 
-pub(in crate::console) async fn page(
-    State(c): State<Console>,
-    Path(p): Path<RunPath>,
-    headers: HeaderMap,
-    uri: Uri,
-) -> Result<Response, ConsoleError> {
+pub(in crate::console) async fn page(State(c): State<Console>, Path(p): Path<RunPath>, headers: HeaderMap, uri: Uri) -> Result<Response, ConsoleError> {
     let s = c.session(&headers, &p.org, &here(&uri)).await?;
-    render(
-        &c,
-        &s,
-        &p.org,
-        &p.project,
-        &p.run,
-        &Feedback::default(),
-        StatusCode::OK,
-    )
-    .await
+    render(&c, &s, &p.org, &p.project, &p.run, &Feedback::default(), StatusCode::OK).await
 }
 
 /// The crew nodes an edit-and-retry can change, the failed one first, with what they run now.

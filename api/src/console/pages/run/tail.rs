@@ -14,10 +14,10 @@ use engine::db::Db;
 use engine::ids::{OrgId, RunId, StepId};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::super::here;
-use super::{run_id, StepPath};
+use super::{StepPath, run_id};
 use crate::console::session::OrgSession;
 use crate::console::transcript;
 use crate::console::{Console, ConsoleError};
@@ -29,7 +29,8 @@ pub(crate) const TRANSCRIPT_SQL: &str = "SELECT seq, at, stream, line FROM (SELE
      WHERE step_id = $1 AND org_id = $2 ORDER BY seq DESC LIMIT $3) t ORDER BY seq";
 
 /// Lines after a sequence number ($1 step, $2 org, $3 after, $4 how many).
-pub(crate) const TRANSCRIPT_AFTER_SQL: &str = "SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4";
+pub(crate) const TRANSCRIPT_AFTER_SQL: &str =
+    "SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4";
 
 const TRANSCRIPT_LINES: i64 = 300;
 
@@ -67,12 +68,7 @@ pub(super) async fn section(db: &Db, s: &OrgSession, org_id: OrgId, detail: &Run
         .or_else(|| detail.steps.iter().rev().find(|st| st.kind == "crew"));
     let transcript = match crew {
         Some(st) => {
-            let lines: Vec<Line> = sqlx::query_as(TRANSCRIPT_SQL)
-                .bind(st.id)
-                .bind(org_id)
-                .bind(TRANSCRIPT_LINES)
-                .fetch_all(db)
-                .await?;
+            let lines: Vec<Line> = sqlx::query_as(TRANSCRIPT_SQL).bind(st.id).bind(org_id).bind(TRANSCRIPT_LINES).fetch_all(db).await?;
             let lines: Vec<Line> = lines.into_iter().map(Line::shown).collect();
             let last = lines.last().map_or(0, |l| l.seq);
             let live = matches!(st.state.as_str(), "running" | "leased");
@@ -130,12 +126,7 @@ async fn next_line(mut t: Tail) -> Option<(Result<Event, Infallible>, Tail)> {
             return Some((Ok(line_event(&l)), t));
         }
         if t.catch_up {
-            let read = sqlx::query_as(TRANSCRIPT_AFTER_SQL)
-                .bind(t.step)
-                .bind(t.org)
-                .bind(t.after)
-                .bind(500_i64)
-                .fetch_all(&t.db);
+            let read = sqlx::query_as(TRANSCRIPT_AFTER_SQL).bind(t.step).bind(t.org).bind(t.after).bind(500_i64).fetch_all(&t.db);
             // Polled outside the request that opened it: the tail acts for its org itself.
             let lines: Result<Vec<Line>, _> = engine::tenancy::scoped(Some(t.org), read).await;
             match lines {
@@ -162,11 +153,7 @@ async fn next_line(mut t: Tail) -> Option<(Result<Event, Infallible>, Tail)> {
 /// The live transcript of a step: its lines after `?after=` (or `Last-Event-ID`) as
 /// Server-Sent Events named `line`, then each new line as a session report stores it.
 pub(in crate::console) async fn transcript(
-    State(c): State<Console>,
-    Path(p): Path<StepPath>,
-    headers: HeaderMap,
-    uri: Uri,
-    Query(q): Query<After>,
+    State(c): State<Console>, Path(p): Path<StepPath>, headers: HeaderMap, uri: Uri, Query(q): Query<After>,
 ) -> Result<Response, ConsoleError> {
     let s = c.session(&headers, &p.org, &here(&uri)).await?;
     let not_found = || ConsoleError::NotFound("step not found".into());
@@ -184,22 +171,11 @@ pub(in crate::console) async fn transcript(
     .fetch_optional(c.db())
     .await?;
     found.ok_or_else(not_found)?;
-    let last = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<i64>().ok());
+    let last = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i64>().ok());
     // Subscribe before reading, so no line falls between the backlog and the feed.
     let (rx, closing) = crate::http::events::log_feed(c.state());
-    let tail = Tail {
-        db: c.db().clone(),
-        org: s.caller.org,
-        run,
-        step,
-        after: last.or(q.after).unwrap_or(0).max(0),
-        queue: VecDeque::new(),
-        catch_up: true,
-        rx,
-    };
+    let tail =
+        Tail { db: c.db().clone(), org: s.caller.org, run, step, after: last.or(q.after).unwrap_or(0).max(0), queue: VecDeque::new(), catch_up: true, rx };
     let lines = futures::StreamExt::take_until(futures::stream::unfold(tail, next_line), closing);
     Ok(sse(lines))
 }
@@ -207,4 +183,3 @@ pub(in crate::console) async fn transcript(
 fn sse<S: Stream<Item = Result<Event, Infallible>> + Send + 'static>(s: S) -> Response {
     Sse::new(s).keep_alive(KeepAlive::default()).into_response()
 }
-

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use crate::console::svg::{self, symbol, Bar};
+use crate::console::svg::{self, Bar, symbol};
 use crate::http::runs::history::RunEventList;
 use crate::http::runs::{RunDetail, Step};
 
@@ -45,22 +45,14 @@ pub(super) fn waterfall(detail: &RunDetail, now: DateTime<Utc>) -> String {
         .steps
         .iter()
         .map(|st| Bar {
-            label: if st.attempt > 1 || st.visit > 1 {
-                format!("{} (visit {}, attempt {})", st.node, st.visit, st.attempt)
-            } else {
-                st.node.clone()
-            },
+            label: if st.attempt > 1 || st.visit > 1 { format!("{} (visit {}, attempt {})", st.node, st.visit, st.attempt) } else { st.node.clone() },
             state: &st.state,
             start: st.started_at.unwrap_or(st.created_at),
             end: st.ended_at,
         })
         .collect();
     let run_end = detail.run.ended_at.unwrap_or(now);
-    if bars.is_empty() {
-        String::new()
-    } else {
-        svg::waterfall(&bars, detail.run.created_at, run_end, now)
-    }
+    if bars.is_empty() { String::new() } else { svg::waterfall(&bars, detail.run.created_at, run_end, now) }
 }
 
 /// The journal of the run's events, with people's names for the `by` they carry.

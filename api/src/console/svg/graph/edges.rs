@@ -21,19 +21,9 @@ pub(super) struct Link {
 
 /// The nodes a node leads to by the walker's forward edges (`after` and a decision's routes).
 pub(super) fn successors<'d>(def: &'d Definition, n: &str) -> Vec<&'d str> {
-    let mut out: Vec<&str> = def
-        .nodes
-        .iter()
-        .filter(|m| m.after.iter().any(|a| a == n))
-        .map(|m| m.id.as_str())
-        .collect();
+    let mut out: Vec<&str> = def.nodes.iter().filter(|m| m.after.iter().any(|a| a == n)).map(|m| m.id.as_str()).collect();
     if let Some(NodeKind::Decision(d)) = def.nodes.iter().find(|m| m.id == n).map(|m| &m.kind) {
-        out.extend(
-            d.cases
-                .iter()
-                .map(|c| c.to.as_str())
-                .chain(d.default.as_deref()),
-        );
+        out.extend(d.cases.iter().map(|c| c.to.as_str()).chain(d.default.as_deref()));
     }
     out
 }
@@ -69,12 +59,7 @@ pub(super) fn is_root(def: &Definition, n: &Node) -> bool {
 /// `$start` that takes a node's loops last, so the forward edges are the ones a run takes first.
 pub(super) fn links(def: &Definition) -> Vec<Link> {
     let mut links = Vec::new();
-    let link = |from: &str, to: &str, class| Link {
-        from: from.to_owned(),
-        to: to.to_owned(),
-        class,
-        back: false,
-    };
+    let link = |from: &str, to: &str, class| Link { from: from.to_owned(), to: to.to_owned(), class, back: false };
     for n in def.nodes.iter().filter(|n| is_root(def, n)) {
         links.push(link(START, n.id.as_str(), "plain"));
     }
@@ -85,15 +70,8 @@ pub(super) fn links(def: &Definition) -> Vec<Link> {
         match &n.kind {
             NodeKind::Decision(d) => {
                 for to in d.cases.iter().map(|c| &c.to).chain(&d.default) {
-                    let covered = def
-                        .nodes
-                        .iter()
-                        .any(|m| m.id == *to && m.after.contains(&n.id));
-                    if !covered
-                        && !links
-                            .iter()
-                            .any(|l: &Link| l.from == n.id.as_str() && l.to == to.as_str())
-                    {
+                    let covered = def.nodes.iter().any(|m| m.id == *to && m.after.contains(&n.id));
+                    if !covered && !links.iter().any(|l: &Link| l.from == n.id.as_str() && l.to == to.as_str()) {
                         links.push(link(n.id.as_str(), to.as_str(), "case"));
                     }
                 }

@@ -34,7 +34,7 @@ use engine::definition::Definition;
 
 use crate::console::escape::escape;
 use crate::console::svg::{symbol, text_width};
-use edges::{links, Link, START};
+use edges::{Link, START, links};
 use route::{backward, bands, forward, lay_out, path_d, self_loop};
 
 const BOX_H: f64 = 46.0;
@@ -56,11 +56,7 @@ pub(in crate::console) fn graph(def: &Definition, states: &HashMap<String, Strin
         Some(s) => format!("{} {START} · {s}", symbol(s).0),
         None => START.to_owned(),
     };
-    let mut sizes = vec![(
-        START.to_owned(),
-        (text_width(&start_text, STATE_FONT) + 24.0).max(64.0),
-        START_H,
-    )];
+    let mut sizes = vec![(START.to_owned(), (text_width(&start_text, STATE_FONT) + 24.0).max(64.0), START_H)];
     for n in &def.nodes {
         let id = n.id.as_str();
         let (sym, _) = symbol(state_of(id));
@@ -84,9 +80,7 @@ pub(in crate::console) fn graph(def: &Definition, states: &HashMap<String, Strin
         .collect();
     // Back edges go round what is drawn, the shortest first, so that longer loops go round
     // shorter ones.
-    let mut back: Vec<usize> = (0..links.len())
-        .filter(|&i| links[i].back && links[i].from != links[i].to)
-        .collect();
+    let mut back: Vec<usize> = (0..links.len()).filter(|&i| links[i].back && links[i].from != links[i].to).collect();
     back.sort_by(|&a, &b| {
         let span = |i: usize| ends(&links[i]).map_or(0.0, |(s, t)| (s.y - t.y).abs());
         span(a).total_cmp(&span(b))
@@ -97,27 +91,14 @@ pub(in crate::console) fn graph(def: &Definition, states: &HashMap<String, Strin
             continue;
         };
         let drawn: Vec<&Vec<Point>> = paths.iter().collect();
-        let route = backward(
-            s,
-            t,
-            &bands,
-            &boxes,
-            &drawn,
-            &mut ports,
-            (&links[i].from, &links[i].to),
-        );
+        let route = backward(s, t, &bands, &boxes, &drawn, &mut ports, (&links[i].from, &links[i].to));
         paths[i] = route;
     }
 
     // The view fits what was drawn: every box and every edge, with room for the arrowheads.
     let (mut x0, mut y0, mut x1, mut y1) = (f64::MAX, f64::MAX, f64::MIN, f64::MIN);
     for r in boxes.values() {
-        (x0, y0, x1, y1) = (
-            x0.min(r.x),
-            y0.min(r.y),
-            x1.max(r.x + r.w),
-            y1.max(r.y + r.h),
-        );
+        (x0, y0, x1, y1) = (x0.min(r.x), y0.min(r.y), x1.max(r.x + r.w), y1.max(r.y + r.h));
     }
     for p in paths.iter().flatten() {
         (x0, y0, x1, y1) = (x0.min(p.x), y0.min(p.y), x1.max(p.x), y1.max(p.y));
@@ -125,11 +106,7 @@ pub(in crate::console) fn graph(def: &Definition, states: &HashMap<String, Strin
     let (x0, y0, w, h) = (x0 - PAD, y0 - PAD, x1 - x0 + 2.0 * PAD, y1 - y0 + 2.0 * PAD);
 
     let mut out = String::new();
-    let summary = format!(
-        "Graph of {} nodes, {} reached in this run",
-        def.nodes.len(),
-        states.len()
-    );
+    let summary = format!("Graph of {} nodes, {} reached in this run", def.nodes.len(), states.len());
     let _ = write!(
         out,
         "<svg class=\"graph\" viewBox=\"{x0:.1} {y0:.1} {w:.1} {h:.1}\" width=\"{w:.0}\" height=\"{h:.0}\" role=\"img\" aria-label=\"{}\" xmlns=\"http://www.w3.org/2000/svg\"><title>{}</title>\
@@ -138,11 +115,7 @@ pub(in crate::console) fn graph(def: &Definition, states: &HashMap<String, Strin
         escape(&summary)
     );
     for (l, pts) in links.iter().zip(&paths) {
-        let (back, dash, how) = if l.back {
-            (" back", " stroke-dasharray=\"6 4\"", ", back")
-        } else {
-            ("", "", "")
-        };
+        let (back, dash, how) = if l.back { (" back", " stroke-dasharray=\"6 4\"", ", back") } else { ("", "", "") };
         let _ = write!(
             out,
             "<path class=\"edge {}{back}\" data-from=\"{}\" data-to=\"{}\" d=\"{}\" fill=\"none\"{dash} marker-end=\"url(#arrow)\"><title>{} → {} ({}{how})</title></path>",
@@ -158,21 +131,14 @@ pub(in crate::console) fn graph(def: &Definition, states: &HashMap<String, Strin
     let start = boxes[START];
     // Every run passes `$start`; only a run that waited for its approval there has a state.
     let start_class = states.get(START).map_or("", |s| symbol(s).1);
-    let entries: Vec<&str> = links
-        .iter()
-        .filter(|l| l.from == START)
-        .map(|l| l.to.as_str())
-        .collect();
+    let entries: Vec<&str> = links.iter().filter(|l| l.from == START).map(|l| l.to.as_str()).collect();
     let _ = write!(
         out,
         "<g class=\"node start {start_class}\" data-node=\"{START}\"><title>{START}: where a run begins ({}){}</title>\
          <rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{START_H}\" rx=\"{}\"/>\
          <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" class=\"name\" font-size=\"{STATE_FONT}\">{}</text></g>",
         escape(&entries.join(", ")),
-        states
-            .get(START)
-            .map(|s| format!(": {s}"))
-            .unwrap_or_default(),
+        states.get(START).map(|s| format!(": {s}")).unwrap_or_default(),
         start.x,
         start.y,
         start.w,

@@ -34,65 +34,30 @@ impl Rect {
 
 /// Each node's box (centred by the layout) and each forward edge's bend points, in `links`
 /// order, without the layout's end points on the boxes (a back edge has none).
-pub(super) fn lay_out(
-    sizes: &[(String, f64, f64)],
-    links: &[Link],
-) -> (HashMap<String, Rect>, Vec<Vec<Point>>) {
+pub(super) fn lay_out(sizes: &[(String, f64, f64)], links: &[Link]) -> (HashMap<String, Rect>, Vec<Vec<Point>>) {
     let mut g = Graph::with_options(true, true, false);
-    g.set_graph(GraphLabel {
-        rankdir: Some("TB".into()),
-        nodesep: Some(40.0),
-        edgesep: Some(16.0),
-        ranksep: Some(56.0),
-        ..GraphLabel::default()
-    });
+    g.set_graph(GraphLabel { rankdir: Some("TB".into()), nodesep: Some(40.0), edgesep: Some(16.0), ranksep: Some(56.0), ..GraphLabel::default() });
     for (id, w, h) in sizes {
-        g.set_node(
-            id,
-            NodeLabel {
-                width: *w,
-                height: *h,
-                ..NodeLabel::default()
-            },
-        );
+        g.set_node(id, NodeLabel { width: *w, height: *h, ..NodeLabel::default() });
     }
     // Back edges are left out, so the layout sees a DAG whose layers follow the run; they are
     // routed around it afterwards (`backward`).
     for (i, l) in links.iter().enumerate().filter(|(_, l)| !l.back) {
-        g.set_edge(
-            &l.from,
-            &l.to,
-            EdgeLabel {
-                minlen: Some(1),
-                ..EdgeLabel::default()
-            },
-            Some(&format!("e{i}")),
-        );
+        g.set_edge(&l.from, &l.to, EdgeLabel { minlen: Some(1), ..EdgeLabel::default() }, Some(&format!("e{i}")));
     }
     dagre_dgl_rs::layout(&mut g);
     let boxes = sizes
         .iter()
         .map(|(id, w, h)| {
             let n = g.node(id);
-            (
-                id.clone(),
-                Rect {
-                    x: n.x.unwrap_or(0.0) - w / 2.0,
-                    y: n.y.unwrap_or(0.0) - h / 2.0,
-                    w: *w,
-                    h: *h,
-                },
-            )
+            (id.clone(), Rect { x: n.x.unwrap_or(0.0) - w / 2.0, y: n.y.unwrap_or(0.0) - h / 2.0, w: *w, h: *h })
         })
         .collect();
     let bends = links
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            let mut pts = g
-                .edge_label_named(&l.from, &l.to, &format!("e{i}"))
-                .and_then(|e| e.points.clone())
-                .unwrap_or_default();
+            let mut pts = g.edge_label_named(&l.from, &l.to, &format!("e{i}")).and_then(|e| e.points.clone()).unwrap_or_default();
             if pts.len() >= 2 {
                 pts.remove(0);
                 pts.pop();
@@ -116,10 +81,7 @@ pub(super) fn bands(boxes: &HashMap<String, Rect>) -> Vec<(f64, f64)> {
 }
 
 pub(super) fn band_of(bands: &[(f64, f64)], y: f64) -> Option<(f64, f64)> {
-    bands
-        .iter()
-        .copied()
-        .find(|&(top, bottom)| y >= top - 0.5 && y <= bottom + 0.5)
+    bands.iter().copied().find(|&(top, bottom)| y >= top - 0.5 && y <= bottom + 0.5)
 }
 
 /// A bend point, as a vertical pass through its layer's band when the layer has boxes.
@@ -162,23 +124,11 @@ pub(super) fn forward(s: Rect, t: Rect, bends: &[Point], bands: &[(f64, f64)]) -
 pub(super) fn gap(bands: &[(f64, f64)], band: (f64, f64), up: bool) -> f64 {
     let (top, bottom) = band;
     let next = if up {
-        bands
-            .iter()
-            .map(|b| b.1)
-            .filter(|&b| b <= top)
-            .fold(top - 2.0 * STUB, f64::max)
+        bands.iter().map(|b| b.1).filter(|&b| b <= top).fold(top - 2.0 * STUB, f64::max)
     } else {
-        bands
-            .iter()
-            .map(|b| b.0)
-            .filter(|&t| t >= bottom)
-            .fold(bottom + 2.0 * STUB, f64::min)
+        bands.iter().map(|b| b.0).filter(|&t| t >= bottom).fold(bottom + 2.0 * STUB, f64::min)
     };
-    if up {
-        (top + next) / 2.0
-    } else {
-        (bottom + next) / 2.0
-    }
+    if up { (top + next) / 2.0 } else { (bottom + next) / 2.0 }
 }
 
 /// A back edge, from `s` below up to `t`: out of the source's side, up the gap above its layer
@@ -187,13 +137,7 @@ pub(super) fn gap(bands: &[(f64, f64)], band: (f64, f64), up: bool) -> f64 {
 /// the lane is clear of everything, so it crosses no box; `ports` counts the back edges already
 /// on each side of a box, so that two do not share an end.
 pub(super) fn backward(
-    s: Rect,
-    t: Rect,
-    bands: &[(f64, f64)],
-    boxes: &HashMap<String, Rect>,
-    drawn: &[&Vec<Point>],
-    ports: &mut HashMap<(String, bool), usize>,
-    ids: (&str, &str),
+    s: Rect, t: Rect, bands: &[(f64, f64)], boxes: &HashMap<String, Rect>, drawn: &[&Vec<Point>], ports: &mut HashMap<(String, bool), usize>, ids: (&str, &str),
 ) -> Vec<Point> {
     let (Some(sb), Some(tb)) = (band_of(bands, s.cy()), band_of(bands, t.cy())) else {
         return Vec::new();
@@ -204,27 +148,9 @@ pub(super) fn backward(
     for r in boxes.values().filter(|r| between(r.y, r.y + r.h)) {
         xs.extend([r.x, r.x + r.w]);
     }
-    xs.extend(
-        drawn
-            .iter()
-            .flat_map(|p| p.iter())
-            .filter(|p| between(p.y, p.y))
-            .map(|p| p.x),
-    );
-    let right = xs
-        .iter()
-        .copied()
-        .fold(f64::MIN, f64::max)
-        .max(s.x + s.w)
-        .max(t.x + t.w)
-        + STUB;
-    let left = xs
-        .iter()
-        .copied()
-        .fold(f64::MAX, f64::min)
-        .min(s.x)
-        .min(t.x)
-        - STUB;
+    xs.extend(drawn.iter().flat_map(|p| p.iter()).filter(|p| between(p.y, p.y)).map(|p| p.x));
+    let right = xs.iter().copied().fold(f64::MIN, f64::max).max(s.x + s.w).max(t.x + t.w) + STUB;
+    let left = xs.iter().copied().fold(f64::MAX, f64::min).min(s.x).min(t.x) - STUB;
     let cost = |lane: f64| (lane - s.cx()).abs() + (lane - t.cx()).abs();
     let on_right = cost(right) <= cost(left);
     let mut port = |id: &str| {
@@ -235,38 +161,17 @@ pub(super) fn backward(
     let (ks, kt) = (port(ids.0), port(ids.1));
     let (sign, lane) = if on_right { (1.0, right) } else { (-1.0, left) };
     let edge = |r: Rect| if on_right { r.x + r.w } else { r.x };
-    let (s_out, t_out) = (
-        edge(s) + sign * (STUB + 4.0 * ks),
-        edge(t) + sign * (STUB + 4.0 * kt),
-    );
-    let lane = if on_right {
-        lane.max(s_out).max(t_out)
-    } else {
-        lane.min(s_out).min(t_out)
-    };
+    let (s_out, t_out) = (edge(s) + sign * (STUB + 4.0 * ks), edge(t) + sign * (STUB + 4.0 * kt));
+    let lane = if on_right { lane.max(s_out).max(t_out) } else { lane.min(s_out).min(t_out) };
     let (sy, ty) = (s.cy() - 8.0 * ks, t.cy() + 8.0 * kt);
     let (g1, g2) = (g1 - 4.0 * ks, g2 + 4.0 * kt);
-    vec![
-        pt(edge(s), sy),
-        pt(s_out, sy),
-        pt(s_out, g1),
-        pt(lane, g1),
-        pt(lane, g2),
-        pt(t_out, g2),
-        pt(t_out, ty),
-        pt(edge(t), ty),
-    ]
+    vec![pt(edge(s), sy), pt(s_out, sy), pt(s_out, g1), pt(lane, g1), pt(lane, g2), pt(t_out, g2), pt(t_out, ty), pt(edge(t), ty)]
 }
 
 /// A loop from a box to itself: out of its right side and back in lower down.
 pub(super) fn self_loop(r: Rect) -> Vec<Point> {
     let x = r.x + r.w;
-    vec![
-        pt(x, r.cy() - 8.0),
-        pt(x + STUB + 6.0, r.cy() - 8.0),
-        pt(x + STUB + 6.0, r.cy() + 8.0),
-        pt(x, r.cy() + 8.0),
-    ]
+    vec![pt(x, r.cy() - 8.0), pt(x + STUB + 6.0, r.cy() - 8.0), pt(x + STUB + 6.0, r.cy() + 8.0), pt(x, r.cy() + 8.0)]
 }
 
 /// An SVG path through `pts` with rounded corners (a quadratic curve at each bend).
@@ -284,15 +189,8 @@ pub(super) fn path_d(pts: &[Point]) -> String {
         };
         let (l1, l2) = ((c.x - a.x).hypot(c.y - a.y), (b.x - c.x).hypot(b.y - c.y));
         let r = CORNER.min(l1 / 2.0).min(l2 / 2.0);
-        let (p, q) = (
-            pt(c.x + (a.x - c.x) * r / l1, c.y + (a.y - c.y) * r / l1),
-            pt(c.x + (b.x - c.x) * r / l2, c.y + (b.y - c.y) * r / l2),
-        );
-        let _ = write!(
-            d,
-            " L {:.1} {:.1} Q {:.1} {:.1} {:.1} {:.1}",
-            p.x, p.y, c.x, c.y, q.x, q.y
-        );
+        let (p, q) = (pt(c.x + (a.x - c.x) * r / l1, c.y + (a.y - c.y) * r / l1), pt(c.x + (b.x - c.x) * r / l2, c.y + (b.y - c.y) * r / l2));
+        let _ = write!(d, " L {:.1} {:.1} Q {:.1} {:.1} {:.1} {:.1}", p.x, p.y, c.x, c.y, q.x, q.y);
     }
     d
 }
