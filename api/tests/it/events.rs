@@ -13,19 +13,7 @@ use crate::support::{self, App, Org, Sse, SseEvent};
 async fn new_run(app: &App, org: &Org) -> NewRun {
     let workflow =
         sqlx::query_scalar("SELECT workflow_id FROM workflows WHERE org_id = $1 AND name = 'approve'").bind(org.id).fetch_one(app.pool()).await.unwrap();
-    NewRun {
-        org: org.id,
-        project: org.project,
-        workflow,
-        version: 1,
-        input: json!({}),
-        item: None,
-        trigger_event: None,
-        parent: None,
-        dry_run: false,
-        needs_approval: false,
-        source: None,
-    }
+    NewRun::of_workflow(org.id, org.project, workflow, 1, json!({}))
 }
 
 /// Reads the stream up to `run`'s wait at its approval; what it read.

@@ -21,24 +21,7 @@ async fn another_orgs_ids_answer_404_and_leak_nothing() {
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     let secret = tenants::create_project(&mut ch, other.id, &Slug::parse("secret").unwrap(), "secret").await.unwrap();
     let (wf, _) = workflows::put_version(&mut ch, other.id, other.project, "private-wf", &APPROVAL.replace("name: approve", "name: private-wf")).await.unwrap();
-    let run = runs::submit(
-        &mut ch,
-        NewRun {
-            org: other.id,
-            project: other.project,
-            workflow: wf,
-            version: 1,
-            input: json!({}),
-            item: None,
-            trigger_event: None,
-            parent: None,
-            dry_run: false,
-            needs_approval: false,
-            source: None,
-        },
-    )
-    .await
-    .unwrap();
+    let run = runs::submit(&mut ch, NewRun::of_workflow(other.id, other.project, wf, 1, json!({}))).await.unwrap();
     ch.commit().await.unwrap();
     let _ = secret;
     app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;

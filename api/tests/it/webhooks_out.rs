@@ -190,26 +190,28 @@ async fn connection_counter() -> (u16, Arc<AtomicUsize>) {
 
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
-#[tokio::test]
-async fn a_public_name_resolving_to_loopback_is_refused_at_send_and_never_connected_to() {
-    let (port, accepted) = connection_counter().await;
-    // Public targets only, as a server by default; the engine's resolver answers 127.0.0.1 for
-    // a public-looking name, as an attacker's DNS would once the subscription is made.
+/// An app whose engine resolves `hooks.example.com` to 127.0.0.1 (as an attacker's DNS would once
+/// a subscription is made), and an org subscribed to `run.cancelled` at that name on `port`:
+/// the API takes the name, since it looks public and the API resolves nothing. Returns the
+/// subscription's id.
+async fn subscribed_by_name(allow_private: bool, port: impl std::fmt::Display) -> (App, crate::support::Org, String) {
     let mut webhooks = Webhooks::public();
+    webhooks.engine.allow_private = allow_private;
     webhooks.names.0.insert("hooks.example.com".into(), LOOPBACK);
     let app = App::with_webhooks(webhooks).await;
     let org = app.org("acme").await;
-    // The API takes the name: it looks public, and the API resolves nothing.
-    let named = app
-        .json(
-            Method::POST,
-            &format!("{BASE}/webhooks"),
-            &org.admin,
-            Some(&json!({ "url": format!("http://hooks.example.com:{port}/hook"), "events": ["run.cancelled"] })),
-            StatusCode::CREATED,
-        )
-        .await;
-    let named = named["id"].as_str().unwrap().to_owned();
+    let url = format!("http://hooks.example.com:{port}/hook");
+    let made =
+        app.json(Method::POST, &format!("{BASE}/webhooks"), &org.admin, Some(&json!({ "url": url, "events": ["run.cancelled"] })), StatusCode::CREATED).await;
+    let id = made["id"].as_str().unwrap().to_owned();
+    (app, org, id)
+}
+
+#[tokio::test]
+async fn a_public_name_resolving_to_loopback_is_refused_at_send_and_never_connected_to() {
+    let (port, accepted) = connection_counter().await;
+    // Public targets only, as a server by default.
+    let (app, org, named) = subscribed_by_name(false, port).await;
     // A subscription stored before the check existed (or while private targets were allowed),
     // in the decimal spelling of 127.0.0.1: checked again at send.
     sqlx::query(
@@ -259,19 +261,7 @@ async fn with_private_targets_allowed_the_same_name_is_delivered() {
     // (`SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`): the name reaches the receiver on loopback.
     let (url, got) = receiver(0).await;
     let port = url.rsplit_once(':').unwrap().1.trim_end_matches("/hook").to_owned();
-    let mut webhooks = Webhooks::public();
-    webhooks.engine.allow_private = true;
-    webhooks.names.0.insert("hooks.example.com".into(), LOOPBACK);
-    let app = App::with_webhooks(webhooks).await;
-    let org = app.org("acme").await;
-    app.json(
-        Method::POST,
-        &format!("{BASE}/webhooks"),
-        &org.admin,
-        Some(&json!({ "url": format!("http://hooks.example.com:{port}/hook"), "events": ["run.cancelled"] })),
-        StatusCode::CREATED,
-    )
-    .await;
+    let (app, org, _) = subscribed_by_name(true, &port).await;
     // The API's own policy still refuses a loopback URL.
     let (status, headers, body) =
         app.send(Method::POST, &format!("{BASE}/webhooks"), Some(&org.admin), Some(&json!({ "url": format!("http://127.0.0.1:{port}/hook") }))).await;
