@@ -24,8 +24,7 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
     let app = App::with_engine().await;
     let org = app.org("acme").await;
     let p = "/api/v1/orgs/acme/projects/web";
-    let run = app.json(Method::POST, &format!("{p}/runs"), &org.member, Some(&serde_json::json!({ "workflow": "approve" })), StatusCode::CREATED).await;
-    let run = run["id"].as_str().unwrap().to_owned();
+    let run = app.created(&format!("{p}/runs"), &org.member, &serde_json::json!({ "workflow": "approve" })).await;
     let json = Some("application/json");
     let (post, get, patch, delete) = (Method::POST, Method::GET, Method::PATCH, Method::DELETE);
     let runs = format!("{p}/runs");

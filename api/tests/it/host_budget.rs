@@ -57,8 +57,7 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     // Drained, the host claims nothing, though a step waits for it.
     let drained = app.json(Method::POST, &format!("{BASE}/hosts/{host_id}/drain"), &org.admin, None, StatusCode::OK).await;
     assert!(drained["drained_at"].is_string(), "{drained}");
-    let run = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "crewed" })), StatusCode::CREATED).await;
-    let run = run["id"].as_str().unwrap().to_owned();
+    let run = app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": "crewed" })).await;
     app.until(run.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND state = 'pending')", "a ready crew step").await;
     let nothing = claim(&app, &host, 1).await;
     assert_eq!(nothing["assignments"], json!([]), "a drained host takes nothing");

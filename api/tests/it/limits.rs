@@ -221,8 +221,7 @@ async fn a_request_over_the_timeout_is_answered_503_but_streams_and_claims_are_n
     app.json(Method::POST, PROJECTS, &org.admin, Some(&json!({ "slug": "blocked" })), StatusCode::CREATED).await;
 
     // The stream, open since before that second, still carries events.
-    let run = app.json(Method::POST, "/api/v1/orgs/acme/projects/web/runs", &org.member, Some(&json!({ "workflow": "approve" })), StatusCode::CREATED).await;
-    let run = run["id"].as_str().unwrap().to_owned();
+    let run = app.created("/api/v1/orgs/acme/projects/web/runs", &org.member, &json!({ "workflow": "approve" })).await;
     stream.until("the new run's first event", |e| e.data["run"] == run.as_str()).await;
 
     // A claim that waits 3 s for work answers 200 when its wait is over.

@@ -20,8 +20,7 @@ async fn register_host(app: &App, org: &Org, name: &str) -> String {
 
 /// Submits `workflow` and claims its crew step as `host`: (run, step).
 async fn claimed(app: &App, org: &Org, host: &str, workflow: &str) -> (String, String) {
-    let run = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": workflow })), StatusCode::CREATED).await;
-    let run = run["id"].as_str().unwrap().to_owned();
+    let run = app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": workflow })).await;
     app.until(run.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND state = 'pending' AND kind = 'crew')", "a ready crew step").await;
     let got = app.json(Method::POST, "/api/v1/host/claim", host, Some(&json!({ "max": 1, "wait_secs": 10 })), StatusCode::OK).await;
     let a = &got["assignments"][0];
@@ -124,8 +123,7 @@ async fn a_message_reaches_the_holding_host_until_it_acknowledges_it() {
     app.json(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), &host, Some(&json!({ "outcome": "succeeded" })), StatusCode::OK).await;
     let why = refused(&app, &org.member, &run, &step, StatusCode::CONFLICT).await;
     assert!(why.contains("succeeded"), "{why}");
-    let approval = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "approve" })), StatusCode::CREATED).await;
-    let approval = approval["id"].as_str().unwrap().to_owned();
+    let approval = app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": "approve" })).await;
     app.until(approval.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
     let ask: engine::ids::StepId = sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'ask'")
         .bind(approval.parse::<engine::ids::RunId>().unwrap())

@@ -35,8 +35,7 @@ async fn events(pool: &Db, run: &str) -> Vec<String> {
 }
 
 async fn submit(app: &App, org: &Org, workflow: &str) -> String {
-    let run = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": workflow })), StatusCode::CREATED).await;
-    run["id"].as_str().unwrap().to_owned()
+    app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": workflow })).await
 }
 
 async fn waiting_at_ask(app: &App, run: &str) {
@@ -132,16 +131,7 @@ async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_
     // A spent budget holds new runs; raising it (admin) releases them.
     upload(&app, &org, "costly", "name: costly\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
     app.json(Method::PUT, &format!("{BASE}/budgets/day"), &org.admin, Some(&json!({ "usd_limit": 1, "hard": false })), StatusCode::OK).await;
-    let spender = app
-        .json(
-            Method::POST,
-            &format!("{BASE}/runs"),
-            &org.member,
-            Some(&json!({ "workflow": "costly", "input": { "test": { "cost_usd": 3 } } })),
-            StatusCode::CREATED,
-        )
-        .await;
-    let spender = spender["id"].as_str().unwrap().to_owned();
+    let spender = app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": "costly", "input": { "test": { "cost_usd": 3 } } })).await;
     app.until(spender.parse().unwrap(), "SELECT status = 'completed' FROM runs WHERE run_id = $1", "completed").await;
     let budgets = app.json(Method::GET, &format!("{BASE}/budgets"), &org.viewer, None, StatusCode::OK).await;
     assert_eq!((budgets["items"][0]["project"].as_str(), budgets["items"][0]["spent_usd"].as_f64()), (Some("web"), Some(3.0)));
@@ -176,16 +166,8 @@ async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_
 
     // Resolve a failed run: marked handled, still failed.
     upload(&app, &org, "failing", "name: failing\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n").await;
-    let failed = app
-        .json(
-            Method::POST,
-            &format!("{BASE}/runs"),
-            &org.member,
-            Some(&json!({ "workflow": "failing", "input": { "test": { "fail_attempts": { "work": 1 } } } })),
-            StatusCode::CREATED,
-        )
-        .await;
-    let failed = failed["id"].as_str().unwrap().to_owned();
+    let failed =
+        app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": "failing", "input": { "test": { "fail_attempts": { "work": 1 } } } })).await;
     app.until(failed.parse().unwrap(), "SELECT status = 'failed' FROM runs WHERE run_id = $1", "failed").await;
     let (status_now, _, _) = app.send(Method::POST, &format!("{BASE}/runs/{held}/resolve"), Some(&org.member), None).await;
     assert_eq!(status_now, StatusCode::CONFLICT, "only a failed run is resolved");
@@ -266,16 +248,8 @@ async fn edit_and_retry_draining_a_host_and_wip_limits_are_audited_with_their_us
 
     // Edit-and-retry: a cancelled run of a crew node, retried with a new prompt and model.
     upload(&app, &org, "editable", "name: editable\nnodes:\n  work:\n    crew: { harness: claude-code, model: sonnet, prompt: do the work }\n  check:\n    after: [work]\n    approval: { prompt: ok? }\n").await;
-    let first = app
-        .json(
-            Method::POST,
-            &format!("{BASE}/runs"),
-            &org.member,
-            Some(&json!({ "workflow": "editable", "input": { "test": { "step_ms": { "work": 1500 } } } })),
-            StatusCode::CREATED,
-        )
-        .await;
-    let first = first["id"].as_str().unwrap().to_owned();
+    let first =
+        app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": "editable", "input": { "test": { "step_ms": { "work": 1500 } } } })).await;
     app.until(first.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'work' AND state = 'running')", "work running").await;
     app.json(Method::POST, &format!("{BASE}/runs/{first}/cancel"), &org.member, None, StatusCode::OK).await;
     // Bad edits are refused as problems, and nothing is created.

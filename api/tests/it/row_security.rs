@@ -58,16 +58,8 @@ async fn seed(app: &App) -> (crate::support::Org, crate::support::Org) {
     let acme = app.org("acme").await;
     let other = app.org("other").await;
     for (slug, org) in [("acme", &acme), ("other", &other)] {
-        let run = app
-            .json(
-                Method::POST,
-                &format!("/api/v1/orgs/{slug}/projects/web/runs"),
-                &org.member,
-                Some(&json!({ "workflow": "approve", "input": {} })),
-                StatusCode::CREATED,
-            )
-            .await;
-        let run: RunId = run["id"].as_str().unwrap().parse().unwrap();
+        let run: RunId =
+            app.created(&format!("/api/v1/orgs/{slug}/projects/web/runs"), &org.member, &json!({ "workflow": "approve", "input": {} })).await.parse().unwrap();
         app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
         let hook = json!({ "url": "https://hooks.example.com/x", "events": ["run.succeeded"] });
         app.json(Method::POST, &format!("/api/v1/orgs/{slug}/projects/web/webhooks"), &org.admin, Some(&hook), StatusCode::CREATED).await;

@@ -156,6 +156,12 @@ impl App {
         serde_json::from_slice(&bytes).unwrap_or(Value::Null)
     }
 
+    /// POSTs `body` to `path`, which must answer 201 Created; returns the new resource's `id`.
+    pub(crate) async fn created(&self, path: &str, token: &str, body: &Value) -> String {
+        let made = self.json(Method::POST, path, token, Some(body), StatusCode::CREATED).await;
+        made["id"].as_str().unwrap_or_else(|| panic!("POST {path}: no id in {made}")).to_owned()
+    }
+
     /// Creates an org with a project `web`, the workflow `approve`, and a member per role.
     pub(crate) async fn org(&self, slug: &str) -> Org {
         let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();

@@ -96,8 +96,7 @@ async fn a_failing_receiver_gets_the_third_attempt_signed_and_a_replay_arrives_a
     assert!(listed["items"][0].get("secret").is_none(), "{listed}");
 
     // A run that is cancelled: one `run.cancelled` event, one delivery.
-    let run = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "approve" })), StatusCode::CREATED).await;
-    let run = run["id"].as_str().unwrap().to_owned();
+    let run = app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": "approve" })).await;
     app.until(run.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
     app.json(Method::POST, &format!("{BASE}/runs/{run}/cancel"), &org.member, None, StatusCode::OK).await;
 
@@ -153,8 +152,7 @@ async fn a_failing_receiver_gets_the_third_attempt_signed_and_a_replay_arrives_a
 /// Cancels a run parked at its approval: one `run.cancelled` event, so one delivery per
 /// subscription to it.
 async fn cancelled_run(app: &App, org: &crate::support::Org) -> String {
-    let run = app.json(Method::POST, &format!("{BASE}/runs"), &org.member, Some(&json!({ "workflow": "approve" })), StatusCode::CREATED).await;
-    let run = run["id"].as_str().unwrap().to_owned();
+    let run = app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": "approve" })).await;
     app.until(run.parse().unwrap(), "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
     app.json(Method::POST, &format!("{BASE}/runs/{run}/cancel"), &org.member, None, StatusCode::OK).await;
     run
@@ -201,9 +199,7 @@ async fn subscribed_by_name(allow_private: bool, port: impl std::fmt::Display) -
     let app = App::with_webhooks(webhooks).await;
     let org = app.org("acme").await;
     let url = format!("http://hooks.example.com:{port}/hook");
-    let made =
-        app.json(Method::POST, &format!("{BASE}/webhooks"), &org.admin, Some(&json!({ "url": url, "events": ["run.cancelled"] })), StatusCode::CREATED).await;
-    let id = made["id"].as_str().unwrap().to_owned();
+    let id = app.created(&format!("{BASE}/webhooks"), &org.admin, &json!({ "url": url, "events": ["run.cancelled"] })).await;
     (app, org, id)
 }
 
