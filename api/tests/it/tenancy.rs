@@ -19,11 +19,11 @@ async fn another_orgs_ids_answer_404_and_leak_nothing() {
 
     // The other org's objects: a project, a workflow, a waiting run, a member and a token.
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-    let secret = tenants::create_project(&mut ch, other.id, &Slug::parse("secret").unwrap(), "secret").await.unwrap();
+    // Named by its slug below, as a caller in acme would try it.
+    tenants::create_project(&mut ch, other.id, &Slug::parse("secret").unwrap(), "secret").await.unwrap();
     let (wf, _) = workflows::put_version(&mut ch, other.id, other.project, "private-wf", &APPROVAL.replace("name: approve", "name: private-wf")).await.unwrap();
     let run = runs::submit(&mut ch, NewRun::of_workflow(other.id, other.project, wf, 1, json!({}))).await.unwrap();
     ch.commit().await.unwrap();
-    let _ = secret;
     app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
     let (jti, _) = app.token_for(&other, other.member_user, "member", chrono::Duration::days(1)).await;
     let host = uuid::Uuid::now_v7();
