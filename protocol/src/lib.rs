@@ -140,6 +140,24 @@ pub struct SessionLine {
     pub line: String,
 }
 
+/// The longest transcript line either side keeps: the host sends no longer one, and the server
+/// cuts what a host sends anyway (a tool result with a whole file in it).
+pub const LINE_MAX_BYTES: usize = 64 << 10;
+
+/// Cuts a line to at most [`LINE_MAX_BYTES`] on a character boundary, saying how much went, so
+/// the server's cut leaves a line the host cut as it is.
+pub fn cut_line(line: &str) -> String {
+    if line.len() <= LINE_MAX_BYTES {
+        return line.to_owned();
+    }
+    // Room for the note: `… [` and `] bytes cut]` with up to 20 digits.
+    let mut end = LINE_MAX_BYTES - 40;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} bytes cut]", &line[..end], line.len() - end)
+}
+
 /// How a step ended on the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -236,4 +254,18 @@ pub struct Usage {
     // message was counted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_tokens_lower_bound: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_are_cut_on_a_character_boundary_once() {
+        let line = "é".repeat(LINE_MAX_BYTES);
+        let cut = cut_line(&line);
+        assert!(cut.len() <= LINE_MAX_BYTES && cut.ends_with(" bytes cut]"), "{}", cut.len());
+        assert_eq!(cut_line(&cut), cut, "a cut line is not cut again");
+        assert_eq!(cut_line("short"), "short");
+    }
 }

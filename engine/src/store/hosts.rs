@@ -48,9 +48,6 @@ pub const STALLED: &str = "stalled";
 /// Transcript bytes stored per run; beyond, lines are counted and dropped, with one note.
 pub const RUN_LOG_CAP_BYTES: i64 = 8 << 20;
 
-/// The longest line stored; a longer one is cut (a tool result with a whole file in it).
-pub const LINE_CAP_BYTES: usize = 64 << 10;
-
 /// A host's `last_seen_at` is written at most this often.
 const SEEN_EVERY_SECS: i32 = 10;
 

@@ -23,8 +23,6 @@ use super::signal::{Shared, Stop, StopSignal};
 /// Lines per session report, and their bytes (the server takes 1 MiB bodies).
 pub(crate) const BATCH_LINES: usize = 200;
 const BATCH_BYTES: usize = 512 << 10;
-/// The longest line sent; the server cuts at the same length.
-const LINE_MAX: usize = 64 << 10;
 /// How often the harness's output file is read while it runs.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
 /// How often the session is sent while lines arrive.
@@ -195,17 +193,6 @@ impl Tail {
     }
 }
 
-pub(crate) fn cut(line: &str) -> String {
-    if line.len() <= LINE_MAX {
-        return line.to_owned();
-    }
-    let mut end = LINE_MAX;
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    line[..end].to_owned()
-}
-
 /// Feeds the harness's lines to its reader and the session.
 pub(crate) struct Session {
     pub(crate) reader: Reader,
@@ -226,7 +213,7 @@ impl Session {
         let stream = self.reader.line(&line);
         self.seq += 1;
         // The receiver lives as long as the attempt; a send can only fail at its very end.
-        let _ = self.tx.send(ToReporter::Line(SessionLine { seq: self.seq, stream: stream.to_owned(), line: cut(&line) }));
+        let _ = self.tx.send(ToReporter::Line(SessionLine { seq: self.seq, stream: stream.to_owned(), line: protocol::cut_line(&line) }));
         if *self.reader.usage() != before {
             let _ = self.tx.send(ToReporter::Usage(self.reader.usage().clone()));
         }

@@ -15,7 +15,7 @@ use crate::state::StepState;
 use crate::store::steps::{self, Failure, FailureClass, LEASE, StepRow};
 use crate::store::{Actor, Change, Result, StoreError, budgets, cap, runs};
 
-use super::{HostRow, LINE_CAP_BYTES, STALLED, holder, run_of, state_of};
+use super::{HostRow, STALLED, holder, run_of, state_of};
 
 /// One transcript line as a host numbers it.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
@@ -36,18 +36,6 @@ pub struct Reported {
     pub stored: usize,
     /// Lines not stored because the run reached its transcript cap.
     pub dropped: usize,
-}
-
-/// Cuts a line to [`LINE_CAP_BYTES`] on a character boundary.
-pub(crate) fn cut_line(line: &str) -> String {
-    if line.len() <= LINE_CAP_BYTES {
-        return line.to_owned();
-    }
-    let mut end = LINE_CAP_BYTES;
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… [{} bytes cut]", &line[..end], line.len() - end)
 }
 
 /// The cumulative totals of a session, kept per step (never lowered by a late report), with
@@ -151,7 +139,7 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
         let (mut seqs, mut streams, mut texts) = (Vec::new(), Vec::new(), Vec::new());
         let mut over: Vec<i64> = Vec::new();
         for l in lines {
-            let text = cut_line(&l.line);
+            let text = protocol::cut_line(&l.line);
             let size = text.len() as i64;
             if over.is_empty() && size <= room {
                 room -= size;
@@ -476,13 +464,5 @@ mod tests {
         let old = Usage { cost_usd: Some(0.2), input_tokens: 10, ..Usage::default() };
         assert_eq!(spend_delta(&old, None, 0.0, 0), (0.2, 10));
         assert!(!spend_moves(&old, Some(0.2), 0.2, 10));
-    }
-
-    #[test]
-    fn long_lines_are_cut_on_a_character_boundary() {
-        let line = "é".repeat(LINE_CAP_BYTES);
-        let cut = cut_line(&line);
-        assert!(cut.len() < line.len() && cut.contains("bytes cut"), "{}", cut.len());
-        assert_eq!(cut_line("short"), "short");
     }
 }
