@@ -30,6 +30,10 @@ use crate::state::StepState;
 use crate::store::steps::{self, Failure};
 use crate::store::{Actor, Change, NOTIFY_CHANNEL, Notice, StoreError, engine_errors};
 
+mod record;
+
+use record::{Done, RecordCtx, Recorded, is_logic_error, record, run_local};
+
 /// How often a holder renews the lease of a step it executes.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
 
@@ -53,19 +57,6 @@ pub struct PoolConfig {
     pub webhooks: crate::jobs::WebhookClient,
     /// How long an event wait without a `timeout:` waits (`advance::EVENT_WAIT_TIMEOUT`).
     pub event_wait_timeout: Duration,
-}
-
-/// A step execution that ended, to be recorded.
-struct Done {
-    job: ToExecute,
-    result: Executed,
-}
-
-/// What a recording transaction came back with: the steps it leased to this engine, or the
-/// batch to try again.
-struct Recorded {
-    batch: Vec<Done>,
-    result: Result<Vec<ToExecute>, StoreError>,
 }
 
 /// Recording transactions in flight at once.
@@ -461,123 +452,6 @@ impl Pool {
             let result = record(&ctx, &batch).await;
             Recorded { batch, result }
         });
-    }
-}
-
-/// What a recording task needs of its engine.
-struct RecordCtx {
-    db: Db,
-    id: String,
-    holder: String,
-    catalog: Arc<Catalog>,
-    executes: bool,
-    outputs: bool,
-    draining: bool,
-    event_wait_timeout: Duration,
-}
-
-/// Records finished executions and advances their runs (see [`record_together`]). When the
-/// batch fails on one of its runs, each is recorded alone; one that still fails has its step's
-/// result recorded with a wake to advance its run later (which `advance_one_by_one` and
-/// `store::engine_errors` then deal with), so that no other run's result waits on it and no
-/// step is executed twice. Errors only when the database is away.
-async fn record(ctx: &RecordCtx, batch: &[Done]) -> Result<Vec<ToExecute>, StoreError> {
-    match record_together(ctx, batch, true).await {
-        Err(e) if run_local(&e) => tracing::warn!(error = %e, "a batch of results failed on one of its runs; recording them one by one"),
-        done => return done,
-    }
-    let mut jobs = Vec::new();
-    for done in batch {
-        match record_together(ctx, std::slice::from_ref(done), true).await {
-            Ok(more) => jobs.extend(more),
-            Err(e) if run_local(&e) => match record_together(ctx, std::slice::from_ref(done), false).await {
-                Ok(_) => tracing::error!(run.id = %done.job.run, error = %e, "cannot advance run after its step's result; it is woken to try again"),
-                Err(again) if run_local(&again) => {
-                    let wake = [(None, "advance".to_owned())];
-                    let outcome =
-                        engine_errors::record(&ctx.db, Actor::Engine(ctx.id.clone()), done.job.run, &wake, &again.to_string(), is_logic_error(&again)).await?;
-                    tracing::error!(run.id = %done.job.run, error = %again, outcome = ?outcome, "cannot record a step's result");
-                }
-                Err(again) => return Err(again),
-            },
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(jobs)
-}
-
-/// Records finished executions (fenced by holder) and, with `advance`, advances their runs, in
-/// one transaction; returns the steps leased to this engine on the way. Without `advance`, each
-/// run gets a wake to be advanced by a later claim instead.
-async fn record_together(ctx: &RecordCtx, batch: &[Done], advance: bool) -> Result<Vec<ToExecute>, StoreError> {
-    let mut ch = Change::begin(&ctx.db, Actor::Engine(ctx.id.clone())).await?;
-    let ids: Vec<RunId> = batch.iter().map(|d| d.job.run).collect();
-    ch.lock_runs(&ids).await?;
-    let mut touched: Vec<RunId> = Vec::new();
-    for done in batch {
-        let (run, step) = (done.job.run, done.job.step);
-        let written = match &done.result {
-            Executed::Succeeded(output) => steps::succeed_held(&mut ch, run, step, &ctx.holder, output).await.map(|_| ()),
-            Executed::Failed(failure) => steps::fail_held(&mut ch, run, step, &ctx.holder, failure, None).await.map(|_| ()),
-            Executed::Deferred { reason, delay } => steps::defer_held(&mut ch, run, step, &ctx.holder, reason, *delay).await.map(|_| ()),
-        };
-        match written {
-            Ok(()) => touched.push(run),
-            // A newer holder or a cancel got there first: this result is not ours to record.
-            Err(StoreError::Stale(why)) => tracing::info!(step.id = %step, why, "dropping a stale result"),
-            Err(e) => return Err(e),
-        }
-    }
-    touched.sort();
-    touched.dedup();
-    let engine = Engine {
-        holder: &ctx.holder,
-        catalog: &ctx.catalog,
-        executes_leased_steps: ctx.executes,
-        executes_outputs: ctx.outputs,
-        draining: ctx.draining,
-        event_wait_timeout: ctx.event_wait_timeout,
-    };
-    let mut jobs = Vec::new();
-    for run in touched {
-        if advance {
-            jobs.extend(advance::advance(&mut ch, &engine, run, &[]).await?);
-        } else {
-            ch.wake(run, None, Duration::ZERO, "advance", true).await?;
-        }
-    }
-    ch.commit().await?;
-    Ok(jobs)
-}
-
-/// Errors of a run's own logic (a bad stored definition, an impossible state): no retry mends
-/// them.
-fn is_logic_error(e: &StoreError) -> bool {
-    matches!(e, StoreError::Invalid(_) | StoreError::NotFound(_) | StoreError::Conflict(_))
-}
-
-/// Whether an error belongs to the runs being advanced (their logic, or an SQL error their rows
-/// cause) rather than to the database being away or busy, after which the whole batch is
-/// retried later: a lost connection, a pool timeout, and the SQL errors of contention and
-/// shutdown (serialization failures and deadlocks, class 40; a lock or statement timeout,
-/// 55P03 and 57014; an administrator's shutdown, class 57P; too many connections, class 53;
-/// connection errors, class 08).
-fn run_local(e: &StoreError) -> bool {
-    match e {
-        StoreError::Sql(sqlx::Error::Database(db)) => {
-            let code = db.code().unwrap_or_default();
-            !(code.starts_with("40") || code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || code == "55P03" || code == "57014")
-        }
-        StoreError::Sql(
-            sqlx::Error::ColumnDecode { .. }
-            | sqlx::Error::Decode(_)
-            | sqlx::Error::RowNotFound
-            | sqlx::Error::ColumnNotFound(_)
-            | sqlx::Error::TypeNotFound { .. },
-        ) => true,
-        StoreError::Sql(_) | StoreError::Sealed(_) => false,
-        StoreError::Stale(_) | StoreError::Refused(_) | StoreError::Full(_) => true,
-        _ => is_logic_error(e),
     }
 }
 
