@@ -347,17 +347,11 @@ async fn start_node(
             runs::submit(
                 ch,
                 runs::NewRun {
-                    org: run.org_id,
-                    project: run.project_id,
-                    workflow,
-                    version,
-                    input: Value::Object(input),
                     item: run.item_id,
-                    trigger_event: None,
                     parent: Some((run_id, step)),
                     dry_run: run.dry_run,
                     needs_approval: child_def.approval_required,
-                    source: None,
+                    ..runs::NewRun::of_workflow(run.org_id, run.project_id, workflow, version, Value::Object(input))
                 },
             )
             .await?;

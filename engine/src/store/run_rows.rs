@@ -76,7 +76,8 @@ pub struct NewRun {
 
 impl NewRun {
     /// A run of a workflow version with `input` and nothing else, as a person submits it: no
-    /// item, trigger event, parent, approval or rerun (set those with `..` on it).
+    /// item, trigger event, parent, approval or rerun (set those with `..` on it, as a trigger,
+    /// a schedule, a child run and a rerun do).
     pub fn of_workflow(org: OrgId, project: ProjectId, workflow: WorkflowId, version: i32, input: Value) -> NewRun {
         NewRun { org, project, workflow, version, input, item: None, trigger_event: None, parent: None, dry_run: false, needs_approval: false, source: None }
     }

@@ -217,18 +217,12 @@ pub async fn rerun(ch: &mut Change, org: OrgId, source: RunId, def: &Definition,
     let new = submit(
         ch,
         NewRun {
-            org,
-            project: src.project_id,
-            workflow: src.workflow_id,
-            version: src.workflow_version,
-            input: src.input.clone(),
             item: src.item_id,
-            trigger_event: None,
-            parent: None,
             dry_run: src.dry_run,
             // A rerun or retry of a workflow that requires approval waits for it again.
             needs_approval: def.approval_required,
             source: Some((source, from.to_vec())),
+            ..NewRun::of_workflow(org, src.project_id, src.workflow_id, src.workflow_version, src.input.clone())
         },
     )
     .await?;

@@ -167,17 +167,10 @@ async fn tick(ch: &mut Change, d: &Due, scheduled_at: DateTime<Utc>) -> Result<V
         let run = runs::submit(
             ch,
             NewRun {
-                org: d.org_id,
-                project: d.project_id,
-                workflow: d.workflow_id,
-                version,
-                input: json!({ "trigger": trigger, "event": event }),
                 item,
                 trigger_event: Some(event),
-                parent: None,
-                dry_run: false,
                 needs_approval: def.approval_required,
-                source: None,
+                ..NewRun::of_workflow(d.org_id, d.project_id, d.workflow_id, version, json!({ "trigger": trigger, "event": event }))
             },
         )
         .await;

@@ -192,17 +192,10 @@ pub(crate) async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo, run
     let submitted = (runs.submit)(
         ch,
         NewRun {
-            org: ev.org,
-            project: ev.project,
-            workflow: wf.id,
-            version: wf.version,
-            input: json!({ "trigger": ev.trigger, "event": ev.id }),
             item: Some(ev.item),
             trigger_event: Some(ev.id),
-            parent: None,
-            dry_run: false,
             needs_approval: wf.def.approval_required,
-            source: None,
+            ..NewRun::of_workflow(ev.org, ev.project, wf.id, wf.version, json!({ "trigger": ev.trigger, "event": ev.id }))
         },
     )
     .await;
