@@ -242,7 +242,8 @@ pub(crate) async fn soak(b: &Bench, minutes: u32) -> Result<Soak> {
     let first = in_minute(0).max(1.0);
     let last = in_minute(minutes as i32 - 1);
     let sizes: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT relname::text, pg_total_relation_size(relid) FROM pg_stat_user_tables WHERE relname IN ('wakes','steps','runs','run_events','audit_log') ORDER BY 1",
+        "SELECT relname::text, pg_total_relation_size(relid) FROM pg_stat_user_tables \
+         WHERE relname IN ('wakes','steps','runs','run_events','audit_log') ORDER BY 1",
     )
     .fetch_all(&db.pool)
     .await?;

@@ -328,7 +328,8 @@ impl Pool {
             let ids = wake_ids.get(run).map(Vec::as_slice).unwrap_or_default();
             let mut ch = Change::begin(&self.db, Actor::Engine(self.cfg.id.clone())).await?;
             let taken: i64 = sqlx::query_scalar(
-                "WITH d AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE wake_id = ANY($1) FOR UPDATE SKIP LOCKED) RETURNING 1) SELECT count(*) FROM d",
+                "WITH d AS (DELETE FROM wakes WHERE wake_id IN (SELECT wake_id FROM wakes WHERE wake_id = ANY($1) FOR UPDATE SKIP LOCKED) \
+                 RETURNING 1) SELECT count(*) FROM d",
             )
             .bind(ids)
             .fetch_one(ch.conn())

@@ -79,12 +79,14 @@ async fn record_in_words(pool: &Db, actor: Actor, run: RunId, wakes: &[(Option<S
 /// written), its wakes gone, its admission leases and place in line given up, an audit entry.
 async fn fail_bare(pool: &Db, actor: Actor, run: RunId, detail: &str) -> Result<Outcome> {
     let mut ch = Change::begin(pool, actor).await?;
-    let found: Option<(crate::ids::OrgId, crate::ids::ProjectId)> =
-        sqlx::query_as("UPDATE runs SET status = 'failed', reason = $2, ended_at = now(), engine_errors = engine_errors + 1 WHERE run_id = $1 AND status = 'running' RETURNING org_id, project_id")
-            .bind(run)
-            .bind(ENGINE_ERROR)
-            .fetch_optional(&mut *ch.tx)
-            .await?;
+    let found: Option<(crate::ids::OrgId, crate::ids::ProjectId)> = sqlx::query_as(
+        "UPDATE runs SET status = 'failed', reason = $2, ended_at = now(), engine_errors = engine_errors + 1 \
+             WHERE run_id = $1 AND status = 'running' RETURNING org_id, project_id",
+    )
+    .bind(run)
+    .bind(ENGINE_ERROR)
+    .fetch_optional(&mut *ch.tx)
+    .await?;
     let Some((org, project)) = found else { return Ok(Outcome::Failed) };
     sqlx::query("DELETE FROM wakes WHERE run_id = $1").bind(run).execute(&mut *ch.tx).await?;
     // Its room in admission's queues is handed on as any ended run's is.

@@ -212,7 +212,8 @@ pub async fn claim(ch: &mut Change, org: OrgId, installation: i64) -> Result<Ins
     }
     let by = cap(&ch.actor().label());
     let row = sqlx::query(&format!(
-        "UPDATE github_installations SET org_id = $2, claimed_at = now(), claimed_by = $3 WHERE installation_id = $1 AND org_id IS NULL RETURNING {INSTALLATION_COLUMNS}"
+        "UPDATE github_installations SET org_id = $2, claimed_at = now(), claimed_by = $3 \
+         WHERE installation_id = $1 AND org_id IS NULL RETURNING {INSTALLATION_COLUMNS}"
     ))
     .bind(installation)
     .bind(org)

@@ -205,7 +205,8 @@ async fn apply<F: MoveTo<T>, T: State>(ch: &mut Change, run: RunId, step: StepId
                                                       FOR UPDATE SKIP LOCKED))) \
          UPDATE steps SET state = $3, \
            holder = CASE WHEN $4 THEN $5 ELSE holder END, \
-           lease_expires_at = CASE WHEN $6 THEN clock_timestamp() + interval '{lease} seconds' WHEN $8::bigint IS NOT NULL THEN NULL ELSE lease_expires_at END, \
+           lease_expires_at = CASE WHEN $6 THEN clock_timestamp() + interval '{lease} seconds' \
+                                   WHEN $8::bigint IS NOT NULL THEN NULL ELSE lease_expires_at END, \
            started_at = CASE WHEN $7 THEN now() ELSE started_at END, \
            finished_seq = COALESCE($8, finished_seq), \
            ended_at = CASE WHEN $8::bigint IS NOT NULL THEN now() ELSE ended_at END, \

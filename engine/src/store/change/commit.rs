@@ -40,7 +40,8 @@ impl Change {
              SELECT *, $10 FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $9::timestamptz[], $4::bigint[], $5::text[], $6::uuid[], $7::text[], $8::jsonb[]) \
              RETURNING org_id, project_id, run_id, kind, event_id), \
              a AS (INSERT INTO audit_log (org_id, project_id, actor_kind, actor_id, action, target_kind, target_id, detail) \
-             SELECT o, p, $11, $12, a, tk, ti, d FROM UNNEST($13::uuid[], $14::uuid[], $15::text[], $16::text[], $17::text[], $18::jsonb[]) AS u(o, p, a, tk, ti, d)) \
+             SELECT o, p, $11, $12, a, tk, ti, d \
+             FROM UNNEST($13::uuid[], $14::uuid[], $15::text[], $16::text[], $17::text[], $18::jsonb[]) AS u(o, p, a, tk, ti, d)) \
              {DELIVERIES_CTE}{outcome_cte} \
              SELECT n > 0, CASE WHEN n > 0 THEN pg_notify('{NOTIFY_CHANNEL}', $19)::text \
                                 WHEN $20::text IS NOT NULL THEN pg_notify('{NOTIFY_CHANNEL}', $20)::text END, \

@@ -48,7 +48,8 @@ pub(crate) async fn record_usage(
     sqlx::query(
         "INSERT INTO step_sessions (org_id, run_id, step_id, host_id, harness, model, input_tokens, output_tokens, cost_usd, turns, tool_calls, lines, \
                                     estimated_cost_usd, estimate_basis, output_tokens_lower_bound, spent_usd) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::float8::numeric(14, 6), $10, $11, $12, $13::float8::numeric(14, 6), $14, $15, $16::float8::numeric(14, 6)) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::float8::numeric(14, 6), $10, $11, $12, \
+                 $13::float8::numeric(14, 6), $14, $15, $16::float8::numeric(14, 6)) \
          ON CONFLICT (step_id) DO UPDATE SET \
            harness = coalesce(EXCLUDED.harness, step_sessions.harness), \
            model = coalesce(EXCLUDED.model, step_sessions.model), \
