@@ -1,0 +1,256 @@
+//! The harness readers against the transcripts in `host/tests/fixtures`, in the format Claude
+//! Code and Codex print (their README says what each is shaped after).
+
+use super::*;
+
+fn fixture(name: &str) -> &'static str {
+    match name {
+        "claude/success" => include_str!("../../tests/fixtures/claude/success.jsonl"),
+        "claude/multi_model" => include_str!("../../tests/fixtures/claude/multi_model.jsonl"),
+        "claude/max_turns" => include_str!("../../tests/fixtures/claude/max_turns.jsonl"),
+        "claude/max_budget" => include_str!("../../tests/fixtures/claude/max_budget.jsonl"),
+        "claude/sigterm" => include_str!("../../tests/fixtures/claude/sigterm.jsonl"),
+        "claude/api_error_404" => include_str!("../../tests/fixtures/claude/api_error_404.jsonl"),
+        "claude/no_result" => include_str!("../../tests/fixtures/claude/no_result.jsonl"),
+        "claude/two_results" => include_str!("../../tests/fixtures/claude/two_results.jsonl"),
+        "codex/success" => include_str!("../../tests/fixtures/codex/success.jsonl"),
+        "codex/reconnect" => include_str!("../../tests/fixtures/codex/reconnect.jsonl"),
+        "codex/turn_failed" => include_str!("../../tests/fixtures/codex/turn_failed.jsonl"),
+        other => panic!("no fixture {other}"),
+    }
+}
+
+fn read(kind: Kind, model: Option<&str>, lines: &[&str]) -> Reader {
+    let mut r = Reader::new(kind, model.map(str::to_owned), Arc::new(Prices::shipped()));
+    for l in lines {
+        r.line(l);
+    }
+    r
+}
+
+fn run(name: &str, model: Option<&str>, exit: Exit) -> Ended {
+    let kind = if name.starts_with("codex/") { Kind::Codex } else { Kind::ClaudeCode };
+    let lines: Vec<&str> = fixture(name).lines().collect();
+    read(kind, model, &lines).finish(exit, None)
+}
+
+const OK: Exit = Exit { code: Some(0), signal: None };
+const ONE: Exit = Exit { code: Some(1), signal: None };
+
+/// What a test checks of a session: outcome, class, reason, cost, estimate, tokens in and
+/// out, turns, tool calls, model.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    success: bool,
+    class: &'static str,
+    reason: Option<String>,
+    cost: Option<f64>,
+    estimated: Option<f64>,
+    tokens: (i64, i64),
+    lower_bound: bool,
+    turns: i32,
+    tools: i32,
+    model: Option<String>,
+}
+
+fn seen(e: &Ended) -> Seen {
+    Seen {
+        success: e.success,
+        class: e.class,
+        reason: e.reason.clone(),
+        cost: e.usage.cost_usd,
+        estimated: e.usage.estimated_cost_usd,
+        tokens: (e.usage.input_tokens, e.usage.output_tokens),
+        lower_bound: e.usage.output_tokens_lower_bound,
+        turns: e.usage.turns,
+        tools: e.usage.tool_calls,
+        model: e.usage.model.clone(),
+    }
+}
+
+fn sonnet() -> Option<String> {
+    Some("claude-sonnet-4-5-20250929".into())
+}
+
+#[test]
+fn a_claude_success_gives_cost_turns_tokens_and_model() {
+    let e = run("claude/success", Some("claude-sonnet-4-5"), OK);
+    let want = Seen {
+        success: true,
+        class: "ordinary",
+        reason: None,
+        cost: Some(0.055_307),
+        estimated: Some(0.055_307),
+        tokens: (51_843, 583),
+        lower_bound: false,
+        turns: 3,
+        tools: 2,
+        model: sonnet(),
+    };
+    assert_eq!(seen(&e), want);
+    assert_eq!(e.text, "The parser now returns Error::Empty on empty input instead of panicking.");
+    assert_eq!(e.usage.estimate_basis.as_deref(), Some("price_table"));
+}
+
+#[test]
+fn a_helper_models_tokens_and_cost_count_and_the_model_is_the_one_asked_for() {
+    let e = run("claude/multi_model", Some("claude-sonnet-4-5"), OK);
+    assert!(e.success);
+    // Sonnet's 51,843 in and 583 out, plus haiku's 14,936 and 125: only modelUsage has them.
+    assert_eq!((e.usage.input_tokens, e.usage.output_tokens, e.usage.cost_usd), (66_779, 708, Some(0.057_428)));
+    assert_eq!(e.usage.model, sonnet());
+    // The alias's family finds it too; without a request the init line's model does.
+    assert_eq!(run("claude/multi_model", Some("sonnet"), OK).usage.model, sonnet());
+    assert_eq!(run("claude/multi_model", None, OK).usage.model, sonnet());
+    assert_eq!(run("claude/multi_model", Some("claude-haiku-4-5"), OK).usage.model.as_deref(), Some("claude-haiku-4-5-20251001"));
+}
+
+#[test]
+fn caps_have_their_own_reasons_and_classes() {
+    let e = run("claude/max_turns", None, ONE);
+    assert_eq!((e.success, e.class, e.reason.as_deref(), e.usage.turns), (false, "ordinary", Some("turn cap reached"), 3));
+    assert_eq!((e.usage.cost_usd, e.usage.input_tokens, e.usage.output_tokens), (Some(0.037_266), 24_853, 412));
+    let e = run("claude/max_budget", None, ONE);
+    assert_eq!((e.class, e.reason.as_deref()), ("final", Some("budget cap reached")));
+    // `usage` is all zeros on a budget stop: the counts and the model are modelUsage's.
+    assert_eq!((e.usage.input_tokens, e.usage.output_tokens, e.usage.cost_usd), (51_843, 583, Some(0.055_307)));
+    assert_eq!(e.usage.model, sonnet());
+}
+
+#[test]
+fn an_error_during_execution_is_an_ordinary_failure_with_its_error() {
+    let e = run("claude/sigterm", None, Exit { code: Some(143), signal: None });
+    assert_eq!((e.success, e.class, e.reason.as_deref()), (false, "ordinary", Some("error during execution: Request was aborted.")));
+    assert_eq!((e.usage.cost_usd, e.usage.turns, e.usage.output_tokens, e.usage.output_tokens_lower_bound), (Some(0.037_266), 2, 412, false));
+    assert_eq!(e.exit_code, Some(143));
+}
+
+#[test]
+fn an_unknown_model_is_a_final_failure_in_words_and_never_synthetic() {
+    let e = run("claude/api_error_404", Some("claude-fable-9"), ONE);
+    assert_eq!((e.success, e.class, e.subtype.as_deref()), (false, "final", Some("success")));
+    let reason = e.reason.clone().unwrap();
+    assert!(reason.starts_with("API error 404: There's an issue with the selected model (claude-fable-9)"), "{reason}");
+    assert!(reason.chars().count() <= 200, "{reason}");
+    assert_eq!(e.usage.model.as_deref(), Some("claude-fable-9"));
+    assert_eq!((e.usage.cost_usd, e.usage.input_tokens, e.usage.output_tokens), (Some(0.0), 0, 0));
+    // Without the init line or a request, still no `<synthetic>`.
+    let lines: Vec<&str> = fixture("claude/api_error_404").lines().skip(1).collect();
+    assert_eq!(read(Kind::ClaudeCode, None, &lines).usage().model, None);
+    // A 5xx or an overload may pass on a later try.
+    let overloaded = fixture("claude/api_error_404").replace(r#""api_error_status":404"#, r#""api_error_status":529"#);
+    let lines: Vec<&str> = overloaded.lines().collect();
+    assert_eq!(read(Kind::ClaudeCode, None, &lines).finish(ONE, None).class, "ordinary");
+}
+
+#[test]
+fn a_killed_claude_keeps_each_messages_last_snapshot_an_estimate_and_a_lower_bound() {
+    let killed = Exit { code: None, signal: Some(9) };
+    let e = run("claude/no_result", None, killed);
+    assert_eq!((e.success, e.class, e.reason.as_deref()), (false, "ordinary", Some("no result line (killed by signal 9)")));
+    // One message, three lines: its last snapshot (412 out), counted once.
+    let want = Seen {
+        success: false,
+        class: "ordinary",
+        reason: Some("no result line (killed by signal 9)".into()),
+        cost: None,
+        estimated: Some(0.037_266),
+        tokens: (24_853, 412),
+        lower_bound: true,
+        turns: 1,
+        tools: 2,
+        model: sonnet(),
+    };
+    assert_eq!(seen(&e), want);
+    let lines: Vec<&str> = fixture("claude/no_result").lines().collect();
+    let timed_out = read(Kind::ClaudeCode, None, &lines).finish(killed, Some("timeout"));
+    assert_eq!(timed_out.reason.as_deref(), Some("timeout"));
+}
+
+#[test]
+fn the_estimate_grows_with_each_message_until_the_result_replaces_it() {
+    let lines: Vec<&str> = fixture("claude/success").lines().collect();
+    let mut r = Reader::new(Kind::ClaudeCode, None, Arc::new(Prices::shipped()));
+    let mut estimates = Vec::new();
+    for l in &lines {
+        r.line(l);
+        estimates.push((r.usage().estimated_cost_usd, r.usage().cost_usd));
+    }
+    assert_eq!(estimates[0], (None, None), "the init line costs nothing");
+    assert_eq!(estimates[3], (Some(0.037_266), None), "msg_1 at its last snapshot");
+    assert_eq!(estimates[6], (Some(0.055_307), None), "msg_1 and msg_2");
+    assert_eq!(estimates[7], (Some(0.055_307), Some(0.055_307)), "the result's cost");
+    assert!(estimates.windows(2).all(|w| w[0].0.unwrap_or(0.0) <= w[1].0.unwrap_or(0.0)));
+}
+
+#[test]
+fn an_unknown_model_is_estimated_at_the_dearest_price_and_says_so() {
+    let lines: Vec<String> = fixture("claude/no_result").lines().map(|l| l.replace("claude-sonnet-4-5-20250929", "claude-fable-9")).collect();
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let r = read(Kind::ClaudeCode, None, &lines);
+    assert_eq!(r.usage().estimate_basis.as_deref(), Some("unknown_model"));
+    // Opus 4.1's prices, the dearest row: 3×15 + 6847×18.75 + 18003×1.5 + 412×75 per million.
+    assert_eq!(r.usage().estimated_cost_usd, Some(0.186_331));
+}
+
+#[test]
+fn with_several_result_lines_the_last_counts_and_later_messages_are_estimated() {
+    let lines: Vec<&str> = fixture("claude/two_results").lines().collect();
+    // After the first result and a new message: that result's cost plus the new estimate.
+    let first = lines.iter().position(|l| l.contains(r#""type":"result""#)).unwrap();
+    let r = read(Kind::ClaudeCode, None, &lines[..first + 3]);
+    assert_eq!(r.usage().cost_usd, Some(0.037_266));
+    assert_eq!(r.usage().estimated_cost_usd, Some(0.055_307));
+    assert!(r.usage().output_tokens_lower_bound);
+    let e = run("claude/two_results", None, OK);
+    assert_eq!((e.success, e.usage.cost_usd, e.usage.estimated_cost_usd), (true, Some(0.066_779), Some(0.066_779)));
+    assert_eq!((e.usage.input_tokens, e.usage.output_tokens, e.usage.turns, e.usage.output_tokens_lower_bound), (79_359, 679, 4, false));
+    assert_eq!(e.text, "Added the test you asked for.");
+}
+
+#[test]
+fn codex_counts_tool_items_only_and_takes_the_assignments_model() {
+    let e = run("codex/success", Some("gpt-5-codex"), OK);
+    assert!(e.success, "{e:?}");
+    assert_eq!(e.text, "The parser now returns Error::Empty on empty input.");
+    // The command and the file change; not the reasoning, the plan or the message.
+    assert_eq!((e.usage.tool_calls, e.usage.turns, e.usage.input_tokens, e.usage.output_tokens), (2, 1, 24_761, 1378));
+    assert_eq!((e.usage.model.as_deref(), e.usage.cost_usd), (Some("gpt-5-codex"), None));
+    // 5049 uncached × 1.25 + 19,712 cached × 0.125 + 1378 × 10, per million.
+    assert_eq!((e.usage.estimated_cost_usd, e.usage.estimate_basis.as_deref()), (Some(0.022_555), Some("price_table")));
+}
+
+#[test]
+fn a_codex_reconnect_error_does_not_fail_a_turn_that_completes() {
+    let e = run("codex/reconnect", Some("gpt-5-codex"), OK);
+    assert!(e.success, "{e:?}");
+    assert_eq!((e.usage.tool_calls, e.text.as_str()), (1, "All tests pass; nothing to change."));
+}
+
+#[test]
+fn only_a_failed_turn_or_no_turn_fails_codex() {
+    let e = run("codex/turn_failed", None, ONE);
+    assert_eq!((e.success, e.class), (false, "ordinary"));
+    assert_eq!(e.reason.as_deref(), Some("turn failed: unexpected status 401 Unauthorized: Missing bearer or basic authentication in header"));
+    assert_eq!((e.usage.tool_calls, e.usage.estimated_cost_usd), (0, None));
+    let lines: Vec<&str> = fixture("codex/success").lines().take(5).collect();
+    let e = read(Kind::Codex, None, &lines).finish(OK, None);
+    assert_eq!(e.reason.as_deref(), Some("no turn completed (exit code 0)"));
+}
+
+#[test]
+fn a_commands_exit_code_decides() {
+    let mut r = Reader::new(Kind::Command, None, Arc::new(Prices::shipped()));
+    assert_eq!(r.line("hello"), "output");
+    let ended = r.finish(ONE, None);
+    assert_eq!((ended.success, ended.reason.as_deref(), ended.exit_code), (false, Some("exit code 1"), Some(1)));
+}
+
+#[test]
+fn the_pr_body_follows_the_marker_and_closes_the_issue() {
+    let answer = "I changed the parser.\n\nPULL REQUEST\nFix the parser\n\nIt crashed on empty input.";
+    assert_eq!(pr_body(answer, Some(7)), "Closes #7\n\nFix the parser\n\nIt crashed on empty input.");
+    assert_eq!(pr_body("Closes #7\nDone", Some(7)), "Closes #7\nDone");
+    assert_eq!(pr_body("Done", None), "Done");
+    assert!(pr_instructions(Some("## What\n## Why"), Some(7)).contains("## What"));
+}
