@@ -27,12 +27,13 @@ use crate::github::{Executed, OutputExecutor};
 use crate::ids::{RunId, StepId};
 use crate::listen::{Listener, Target};
 use crate::state::StepState;
+use crate::store::engine_errors::{is_logic_error, run_local};
 use crate::store::steps::{self, Failure};
 use crate::store::{Actor, Change, NOTIFY_CHANNEL, Notice, StoreError, engine_errors};
 
 mod record;
 
-use record::{Done, RecordCtx, Recorded, is_logic_error, record, run_local};
+use record::{Done, RecordCtx, Recorded, record};
 
 /// How often a holder renews the lease of a step it executes.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);

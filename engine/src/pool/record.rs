@@ -10,8 +10,9 @@ use crate::catalog::Catalog;
 use crate::db::Db;
 use crate::github::Executed;
 use crate::ids::RunId;
+use crate::store::engine_errors::{self, is_logic_error, run_local};
 use crate::store::steps;
-use crate::store::{Actor, Change, StoreError, engine_errors};
+use crate::store::{Actor, Change, StoreError};
 
 /// A step execution that ended, to be recorded.
 pub(super) struct Done {
@@ -110,35 +111,4 @@ async fn record_together(ctx: &RecordCtx, batch: &[Done], advance: bool) -> Resu
     }
     ch.commit().await?;
     Ok(jobs)
-}
-
-/// Errors of a run's own logic (a bad stored definition, an impossible state): no retry mends
-/// them.
-pub(super) fn is_logic_error(e: &StoreError) -> bool {
-    matches!(e, StoreError::Invalid(_) | StoreError::NotFound(_) | StoreError::Conflict(_))
-}
-
-/// Whether an error belongs to the runs being advanced (their logic, or an SQL error their rows
-/// cause) rather than to the database being away or busy, after which the whole batch is
-/// retried later: a lost connection, a pool timeout, and the SQL errors of contention and
-/// shutdown (serialization failures and deadlocks, class 40; a lock or statement timeout,
-/// 55P03 and 57014; an administrator's shutdown, class 57P; too many connections, class 53;
-/// connection errors, class 08).
-pub(super) fn run_local(e: &StoreError) -> bool {
-    match e {
-        StoreError::Sql(sqlx::Error::Database(db)) => {
-            let code = db.code().unwrap_or_default();
-            !(code.starts_with("40") || code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || code == "55P03" || code == "57014")
-        }
-        StoreError::Sql(
-            sqlx::Error::ColumnDecode { .. }
-            | sqlx::Error::Decode(_)
-            | sqlx::Error::RowNotFound
-            | sqlx::Error::ColumnNotFound(_)
-            | sqlx::Error::TypeNotFound { .. },
-        ) => true,
-        StoreError::Sql(_) | StoreError::Sealed(_) => false,
-        StoreError::Stale(_) | StoreError::Refused(_) | StoreError::Full(_) => true,
-        _ => is_logic_error(e),
-    }
 }

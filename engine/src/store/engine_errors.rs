@@ -31,6 +31,37 @@ pub enum Outcome {
     Failed,
 }
 
+/// Errors of a run's own logic (a bad stored definition, an impossible state): no retry mends
+/// them.
+pub fn is_logic_error(e: &StoreError) -> bool {
+    matches!(e, StoreError::Invalid(_) | StoreError::NotFound(_) | StoreError::Conflict(_))
+}
+
+/// Whether an error belongs to the runs being advanced (their logic, or an SQL error their rows
+/// cause) rather than to the database being away or busy, after which the whole batch is
+/// retried later: a lost connection, a pool timeout, and the SQL errors of contention and
+/// shutdown (serialization failures and deadlocks, class 40; a lock or statement timeout,
+/// 55P03 and 57014; an administrator's shutdown, class 57P; too many connections, class 53;
+/// connection errors, class 08).
+pub fn run_local(e: &StoreError) -> bool {
+    match e {
+        StoreError::Sql(sqlx::Error::Database(db)) => {
+            let code = db.code().unwrap_or_default();
+            !(code.starts_with("40") || code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || code == "55P03" || code == "57014")
+        }
+        StoreError::Sql(
+            sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::RowNotFound
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::TypeNotFound { .. },
+        ) => true,
+        StoreError::Sql(_) | StoreError::Sealed(_) => false,
+        StoreError::Stale(_) | StoreError::Refused(_) | StoreError::Full(_) => true,
+        _ => is_logic_error(e),
+    }
+}
+
 /// The backoff after the `n`th failure (1-based): 1 s, 4 s, 16 s …
 fn backoff(n: i32) -> Duration {
     Duration::from_secs(4u64.saturating_pow(n.saturating_sub(1).clamp(0, 8) as u32))
