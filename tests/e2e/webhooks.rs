@@ -26,6 +26,7 @@ const QUICK: &str = include_str!("../workflows/quick_on_ready.yaml");
 const ROUTED: &str = include_str!("../workflows/routed.yaml");
 const GATED: &str = include_str!("../workflows/gated_on_ready.yaml");
 const OPEN_DOOR: &str = include_str!("../workflows/open_door.yaml");
+const ON_BOARD: &str = include_str!("../workflows/quick_on_board.yaml");
 
 struct Env {
     db: TestDb,
@@ -429,6 +430,28 @@ async fn every_event_type_is_ingested_into_the_projection() {
 /// Each of a thousand concurrent deliveries is answered 2xx with its run opened in the answering
 /// transaction. How fast is `make bench`'s figure (`webhook_p99_ms`, against GitHub's 10 s);
 /// this prints the latencies but asserts none, so a loaded machine passes it.
+/// A board move is an event a workflow can name (`projects_v2_item`, digits and all): the card
+/// names its issue by node id, and the run is the issue's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_card_moved_into_a_column_starts_a_run_on_its_issue() {
+    let env = start(&[ON_BOARD]).await;
+    let issue = Issue::new(12, "Move me");
+    let opened = env.send("issues", &payloads::issues_event("opened", &env.repo, &issue, &user("alice"), None)).await;
+    assert_eq!(opened.1["runs_opened"], 0, "{opened:?}");
+    let node = format!("I_{}_{}", env.repo.id, 12);
+    let card = |column: &str| payloads::projects_v2_item_event("edited", "Acme", INSTALLATION, &node, Some(("Status", column)), &user("alice"));
+    let todo = env.send("projects_v2_item", &card("Todo")).await;
+    assert_eq!(todo.1["runs_opened"], 0, "{todo:?}");
+    let ready = env.send("projects_v2_item", &card("Ready")).await;
+    assert_eq!(ready.1["runs_opened"], 1, "{ready:?}");
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1).await;
+    let key: String = sqlx::query_scalar("SELECT i.key FROM runs r JOIN items i ON i.item_id = r.item_id").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(key, r#"["github","acme/widgets",12]"#);
+    let event: Value = sqlx::query_scalar("SELECT payload FROM trigger_events").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(event["trigger"]["name"], "projects_v2_item.edited", "{event}");
+    env.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_thousand_deliveries_from_sixteen_clients_each_open_their_run() {
     const TOTAL: usize = 1_000;

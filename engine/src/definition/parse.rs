@@ -107,7 +107,7 @@ fn github(cx: &mut Cx, node: &YNode, path: &str) -> Option<GithubTrigger> {
     Some(GithubTrigger { events: events?, condition: condition?, senders: senders? })
 }
 
-/// Event names as GitHub sends them: `issues` or `issues.labeled`.
+/// Event names as GitHub sends them: `issues`, `issues.labeled`, `projects_v2_item.edited`.
 fn events(cx: &mut Cx, node: &YNode, path: &str) -> Option<Vec<String>> {
     let items = read::strings_at(cx, node, path)?;
     if items.is_empty() {
@@ -116,7 +116,7 @@ fn events(cx: &mut Cx, node: &YNode, path: &str) -> Option<Vec<String>> {
     }
     let mut ok = true;
     for (i, (event, pos)) in items.iter().enumerate() {
-        let word = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+        let word = |w: &str| w.starts_with(|c: char| c.is_ascii_lowercase()) && w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         let valid = match event.split_once('.') {
             Some((name, action)) => word(name) && word(action),
             None => word(event),

@@ -483,3 +483,17 @@ nodes:
 ";
     assert!(crate::definition::parse(source).is_ok(), "{:?}", crate::definition::parse(source).err());
 }
+
+#[test]
+fn event_names_are_github_s_own_digits_included() {
+    let source = |events: &str| {
+        format!("name: w\non:\n  github:\n    events: {events}\nnodes:\n  start: {{ trigger: {{}} }}\n  done: {{ after: [start], end: completed }}\n")
+    };
+    let def = parse(&source("[projects_v2_item.edited, projects_v2_item, check_suite.completed, issues]")).expect("GitHub's event names");
+    let events = def.on.github.expect("a github trigger").events;
+    assert_eq!(events, ["projects_v2_item.edited", "projects_v2_item", "check_suite.completed", "issues"]);
+    for bad in ["2fa", "issues.", "Issues", "issues.label ed"] {
+        let problems = parse(&source(&format!("[\"{bad}\"]"))).expect_err(bad);
+        assert!(problems.iter().any(|p| p.to_string().contains("is not an event name")), "{bad}: {problems:?}");
+    }
+}
