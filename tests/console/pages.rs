@@ -55,6 +55,19 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
     let bad = b.post_form("/signin/token", &csrf, &[("token", "nope"), ("next", "/")]).await;
     assert!(bad.location().contains("error=token"), "{}", bad.location());
 
+    // A place to go back to that a browser reads as another site (it drops tabs and newlines
+    // from a URL: `/\t/evil.example` is `//evil.example`) is replaced by the org's home.
+    for next in ["/\t/evil.example", "/\n/evil.example", "//evil.example", "/\\evil.example", "https://evil.example/"] {
+        let mut c = Browser::new(&app.base);
+        let query: String = url::form_urlencoded::Serializer::new(String::new()).append_pair("next", next).finish();
+        let signin = c.get(&format!("/signin?{query}")).await;
+        assert_eq!(signin.status, StatusCode::OK, "{next:?}: {}", signin.body);
+        let csrf = page_csrf(&signin.body);
+        let landed = c.post_form("/signin/token", &csrf, &[("token", &org.owner_token), ("next", next)]).await;
+        assert_eq!(landed.status, StatusCode::SEE_OTHER, "{next:?}: {}", landed.body);
+        assert_eq!(landed.location(), "/orgs/acme", "{next:?}");
+    }
+
     let today = b.sign_in_with_token(&org.owner_token).await;
     assert_eq!(today.status, StatusCode::OK, "{}", today.body);
     assert!(today.body.contains("Today in acme"));

@@ -43,10 +43,17 @@ pub(super) struct NextQuery {
     error: Option<String>,
 }
 
-/// Only a path of this console may be a place to go back to (never another site).
+/// Only a path of this console may be a place to go back to (never another site). Browsers
+/// drop tabs and newlines from a URL before reading it, so `/\t/evil.example` is
+/// `//evil.example` to them: a path with any control character or white space is refused, as
+/// one that starts `//` or holds a backslash.
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') && n.len() < 2000 => n.to_owned(),
+        Some(n)
+            if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') && !n.chars().any(|c| c.is_control() || c.is_whitespace()) && n.len() < 2000 =>
+        {
+            n.to_owned()
+        }
         _ => "/".to_owned(),
     }
 }
@@ -361,4 +368,21 @@ pub(super) async fn signout(State(c): State<Console>, headers: HeaderMap, Form(f
     let mut response = Redirect::to("/signin").into_response();
     response.headers_mut().append(header::SET_COOKIE, session::set_cookie(SESSION_COOKIE, "", 0, secure(&c, &headers)));
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_next;
+
+    #[test]
+    fn only_a_path_of_this_console_is_a_place_to_go_back_to() {
+        for ok in ["/", "/orgs/acme/audit", "/orgs/acme/projects/web/runs?status=running&workflow=a%20b"] {
+            assert_eq!(safe_next(Some(ok)), ok);
+        }
+        let elsewhere = ["//evil.example", "/\\evil.example", "/\t/evil.example", "/\n/evil.example", "/\r\n/x", "/ /x", "https://evil.example/", "evil", ""];
+        for bad in elsewhere {
+            assert_eq!(safe_next(Some(bad)), "/", "{bad:?}");
+        }
+        assert_eq!(safe_next(None), "/");
+    }
 }

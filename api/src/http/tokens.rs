@@ -123,7 +123,8 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): 
     Ok((StatusCode::CREATED, Json(CreatedToken { token, record })).into_response())
 }
 
-/// Revokes a token: the caller's own, or anyone's for an admin. Revoking twice is fine.
+/// Revokes a token: the caller's own, or anyone's for an admin (an owner's only for an owner).
+/// Revoking twice is fine.
 #[utoipa::path(delete, path = "/orgs/{org}/tokens/{token}", operation_id = "revoke_token", tag = "tokens",
     params(OrgScope, TokenPath),
     responses((status = 204, description = "Revoked")))]
@@ -131,12 +132,17 @@ pub async fn revoke(State(state): State<AppState>, scope: OrgScope, Path(p): Pat
     scope.require(Role::Member)?;
     let not_found = || ApiError::NotFound("token not found".into());
     let jti: uuid::Uuid = p.token.parse().map_err(|_| not_found())?;
-    let owner: Option<Option<uuid::Uuid>> =
-        sqlx::query_scalar("SELECT user_id FROM api_tokens WHERE org_id = $1 AND jti = $2").bind(scope.org).bind(jti).fetch_optional(&state.db).await?;
-    let owner = owner.ok_or_else(not_found)?;
+    let token: Option<(Option<uuid::Uuid>, String)> =
+        sqlx::query_as("SELECT user_id, role FROM api_tokens WHERE org_id = $1 AND jti = $2").bind(scope.org).bind(jti).fetch_optional(&state.db).await?;
+    let (owner, role) = token.ok_or_else(not_found)?;
     // Someone else's token is not there for a non-admin, as in their list.
     if scope.role() < Role::Admin && owner != scope.caller.user.map(|u| u.0) {
         return Err(not_found());
+    }
+    // Only an owner may touch the owner role (as with members): an admin cannot lock the
+    // org's owners out.
+    if role == "owner" {
+        scope.require(Role::Owner)?;
     }
     let mut ch = scope.change(&state).await?;
     api_writes::revoke_token(&mut ch, scope.org, jti).await?;

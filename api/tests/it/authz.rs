@@ -497,6 +497,13 @@ async fn a_demotion_or_a_removal_applies_to_live_tokens_at_once() {
     // An admin may not grant the owner role; the last owner cannot leave.
     app.json(Method::PATCH, &path, &org.admin, Some(&json!({ "role": "owner" })), StatusCode::FORBIDDEN).await;
     app.json(Method::DELETE, &format!("/api/v1/orgs/acme/members/{}", org.owner_user), &org.owner, None, StatusCode::CONFLICT).await;
+    // Nor revoke an owner's token (an owner may revoke an admin's).
+    let (owners, owner_token) = app.token_for(&org, org.owner_user, "owner", chrono::Duration::days(1)).await;
+    app.json(Method::DELETE, &format!("/api/v1/orgs/acme/tokens/{owners}"), &org.admin, None, StatusCode::FORBIDDEN).await;
+    app.json(Method::GET, runs, &owner_token, None, StatusCode::OK).await;
+    let (admins, admin_token) = app.token_for(&org, org.admin_user, "admin", chrono::Duration::days(1)).await;
+    app.json(Method::DELETE, &format!("/api/v1/orgs/acme/tokens/{admins}"), &org.owner, None, StatusCode::NO_CONTENT).await;
+    app.json(Method::GET, runs, &admin_token, None, StatusCode::UNAUTHORIZED).await;
 
     app.json(Method::PATCH, &path, &org.admin, Some(&json!({ "role": "viewer" })), StatusCode::OK).await;
     app.json(Method::POST, runs, &org.member, Some(&json!({ "workflow": "approve" })), StatusCode::FORBIDDEN).await;
