@@ -452,6 +452,35 @@ async fn a_card_moved_into_a_column_starts_a_run_on_its_issue() {
     env.finish().await;
 }
 
+/// A repository renamed or moved to another owner on GitHub keeps its connection: every later
+/// delivery names it by its new name, and still opens runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renamed_or_transferred_repository_keeps_its_connection() {
+    let env = start(&[QUICK]).await;
+    let outcome = |r: (u16, Value)| {
+        assert_eq!(r.0, 202, "{}", r.1);
+        (r.1["outcome"].as_str().unwrap_or_default().to_owned(), r.1["runs_opened"].as_i64().unwrap_or_default())
+    };
+    let gadgets = Repo::new("Acme/Gadgets", INSTALLATION);
+    let renamed = payloads::repository_renamed_event(&gadgets, "Widgets", &user("alice"));
+    assert_eq!(outcome(env.send("repository", &renamed).await), ("repository_renamed".into(), 0));
+    assert_eq!(outcome(env.send("issues", &Issue::new(5, "After the rename").labeled(&gadgets, "ready")).await), ("accepted".into(), 1));
+    assert_eq!(outcome(env.send("issues", &Issue::new(6, "Old name").labeled(&env.repo, "ready")).await).0, "unrouted");
+
+    let moved = Repo::new("Tools/Gadgets", INSTALLATION);
+    let transferred = payloads::repository_transferred_event(&moved, "Acme", &user("alice"));
+    assert_eq!(outcome(env.send("repository", &transferred).await), ("repository_renamed".into(), 0));
+    assert_eq!(outcome(env.send("issues", &Issue::new(7, "After the move").labeled(&moved, "ready")).await), ("accepted".into(), 1));
+    assert_eq!(env.scalar("SELECT count(*) FROM repositories WHERE full_name = 'tools/gadgets'").await, 1);
+    assert_eq!(env.scalar("SELECT count(*) FROM github_installation_repositories WHERE full_name = 'tools/gadgets'").await, 1);
+    assert_eq!(env.scalar("SELECT count(*) FROM audit_log WHERE action = 'installation.repository_renamed'").await, 2);
+    // Other actions change nothing.
+    let mut edited = payloads::repository_renamed_event(&moved, "Gadgets", &user("alice"));
+    edited["action"] = json!("edited");
+    assert_eq!(outcome(env.send("repository", &edited).await).0, "ignored");
+    env.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_thousand_deliveries_from_sixteen_clients_each_open_their_run() {
     const TOTAL: usize = 1_000;

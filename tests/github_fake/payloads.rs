@@ -332,6 +332,23 @@ pub fn projects_v2_item_event(action: &str, org: &str, installation: i64, conten
     p
 }
 
+/// `repository.renamed`, as GitHub sends it after the rename: `repository` is the renamed one,
+/// `changes` has the old name (without its owner).
+pub fn repository_renamed_event(repo: &Repo, old_name: &str, sender: &Value) -> Value {
+    let mut p = repo.envelope(Some("renamed"), sender);
+    p["changes"] = json!({ "repository": { "name": { "from": old_name } } });
+    p
+}
+
+/// `repository.transferred` from the organization `old_owner`: `repository` is the moved one.
+pub fn repository_transferred_event(repo: &Repo, old_owner: &str, sender: &Value) -> Value {
+    let mut p = repo.envelope(Some("transferred"), sender);
+    p["changes"] = json!({ "owner": { "from": { "organization": {
+        "login": old_owner, "id": 2, "node_id": "O_2", "url": format!("https://api.github.com/orgs/{old_owner}"), "description": "",
+    } } } });
+    p
+}
+
 /// `installation` with `action` (created, deleted, suspend, unsuspend).
 pub fn installation_event(action: &str, installation: i64, account: &str, repositories: &[&str]) -> Value {
     json!({

@@ -154,6 +154,55 @@ pub async fn set_repositories(ch: &mut Change, inst: &Installation, added: &[Str
     Ok((attached, detached))
 }
 
+/// A repository GitHub renamed or moved to another owner (`repository.renamed`,
+/// `repository.transferred`): the installation's list, the projects' connections and the
+/// watches of their waiting runs take the new name, under which every later delivery comes.
+/// Items keep the name they were made under. Returns the connections renamed.
+pub async fn rename_repository(ch: &mut Change, inst: &Installation, from: &str, to: &str) -> Result<u64> {
+    let (from, to) = (from.to_lowercase(), to.to_lowercase());
+    if from == to {
+        return Ok(0);
+    }
+    sqlx::query(
+        r#"WITH gone AS (
+               DELETE FROM github_installation_repositories WHERE installation_id = $1 AND full_name = $2
+               RETURNING 1)
+           INSERT INTO github_installation_repositories (installation_id, full_name)
+           SELECT $1, $3 FROM gone
+           ON CONFLICT DO NOTHING"#,
+    )
+    .bind(inst.id)
+    .bind(&from)
+    .bind(&to)
+    .execute(&mut *ch.tx)
+    .await?;
+    let Some(org) = inst.org else { return Ok(0) };
+    let projects: Vec<ProjectId> = sqlx::query_scalar(
+        r#"UPDATE repositories r SET full_name = $4
+           WHERE r.org_id = $1 AND r.installation_id = $2 AND r.full_name = $3
+             AND NOT EXISTS (SELECT 1 FROM repositories n WHERE n.project_id = r.project_id AND n.full_name = $4)
+           RETURNING r.project_id"#,
+    )
+    .bind(org)
+    .bind(inst.id)
+    .bind(&from)
+    .bind(&to)
+    .fetch_all(&mut *ch.tx)
+    .await?;
+    if projects.is_empty() {
+        return Ok(0);
+    }
+    sqlx::query("UPDATE github_watches SET repository = $3 WHERE org_id = $1 AND project_id = ANY($4) AND repository = $2")
+        .bind(org)
+        .bind(&from)
+        .bind(&to)
+        .bind(&projects)
+        .execute(&mut *ch.tx)
+        .await?;
+    audit_change(ch, inst, "repository_renamed", json!({ "from": from, "to": to }))?;
+    Ok(projects.len() as u64)
+}
+
 /// Adds repositories to the installation's list.
 async fn list(ch: &mut Change, installation: i64, names: &[String]) -> Result<()> {
     sqlx::query("INSERT INTO github_installation_repositories (installation_id, full_name) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING")

@@ -19,7 +19,7 @@ use crate::store::triggers::{self as st, Claim, DeliveryRow, ItemRow, Route, Rou
 use crate::store::{Actor, Change, StoreError};
 
 /// Events the ingest understands; any other is stored and answered all the same.
-pub const EVENTS: [&str; 13] = [
+pub const EVENTS: [&str; 14] = [
     "ping",
     "issues",
     "issue_comment",
@@ -33,6 +33,7 @@ pub const EVENTS: [&str; 13] = [
     "projects_v2_item",
     "installation",
     "installation_repositories",
+    "repository",
 ];
 
 /// A delivery whose signature was checked: its headers and raw body.
@@ -152,6 +153,7 @@ async fn ingest_once(pool: &Db, d: &Delivery<'_>, payload: &Value) -> Result<Ing
             installations::set_repositories(&mut ch, &inst, &full_names(payload, "repositories_added"), &full_names(payload, "repositories_removed")).await?;
             "installation_repositories"
         }
+        ("repository", Some(inst), Some(_)) => on_repository(&mut ch, payload, inst).await?,
         (_, None, _) | (_, _, None) => "unrouted",
         (_, Some(Installation { org: None, .. }), _) => "unclaimed",
         (_, Some(inst), _) if inst.suspended || inst.deleted => "installation_inactive",
@@ -333,6 +335,21 @@ async fn on_check(
         }
     }
     Ok("accepted")
+}
+
+/// A repository renamed or transferred keeps its connections under its new name; its other
+/// actions (`edited`, `archived`, …) change nothing here.
+async fn on_repository(ch: &mut Change, payload: &Value, inst: &Installation) -> Result<&'static str, StoreError> {
+    let text = |p: &str| payload.pointer(p).and_then(Value::as_str);
+    let (name, owner) = (text("/repository/name"), text("/repository/owner/login"));
+    let from = match payload.get("action").and_then(Value::as_str) {
+        Some("renamed") => owner.zip(text("/changes/repository/name/from")),
+        Some("transferred") => text("/changes/owner/from/organization/login").or_else(|| text("/changes/owner/from/user/login")).zip(name),
+        _ => None,
+    };
+    let (Some((from_owner, from_name)), Some(to)) = (from, text("/repository/full_name")) else { return Ok("ignored") };
+    installations::rename_repository(ch, inst, &format!("{from_owner}/{from_name}"), to).await?;
+    Ok("repository_renamed")
 }
 
 /// A Projects v2 card moved or edited: the board names its issue or pull request by node id.
