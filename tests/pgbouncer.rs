@@ -39,6 +39,11 @@ impl PgBouncer {
     /// with the password `url` carries. No `ignore_startup_parameters`: shopfloor's pooler
     /// route sends none that PgBouncer refuses, and this shows it.
     pub async fn start(url: &str, pool_size: u32) -> PgBouncer {
+        PgBouncer::start_in(url, pool_size, "transaction").await
+    }
+
+    /// The same in another `pool_mode` (`session`, `statement`).
+    pub async fn start_in(url: &str, pool_size: u32, pool_mode: &str) -> PgBouncer {
         let server = url::Url::parse(url).unwrap_or_else(|e| panic!("the test database URL does not parse: {e}"));
         let user = match server.username() {
             "" => "postgres".to_owned(),
@@ -51,7 +56,7 @@ impl PgBouncer {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let ini = format!(
             "[databases]\n* = host={host} port={server_port}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
-             auth_type = trust\nauth_file = {auth}\npool_mode = transaction\ndefault_pool_size = {pool_size}\nmin_pool_size = 0\n\
+             auth_type = trust\nauth_file = {auth}\npool_mode = {pool_mode}\ndefault_pool_size = {pool_size}\nmin_pool_size = 0\n\
              max_client_conn = 1000\nmax_db_connections = 0\nserver_lifetime = 3600\nlog_connections = 0\nlog_disconnections = 0\n",
             auth = dir.path().join("userlist.txt").display(),
         );

@@ -52,8 +52,23 @@ pub enum DbError {
     MigrateThroughPooler,
     #[error("migration failed: {0}")]
     Migrate(String),
+    #[error(
+        "the database is a pooler in statement mode ({0}), which allows no transaction; use `pool_mode = transaction` with SHOPFLOOR_LISTEN_DATABASE_URL set, or `pool_mode = session` (README: Behind PgBouncer)"
+    )]
+    StatementPooler(String),
     #[error(transparent)]
-    Sql(#[from] sqlx::Error),
+    Sql(sqlx::Error),
+}
+
+impl From<sqlx::Error> for DbError {
+    /// PgBouncer in statement mode refuses every transaction, and shopfloor has no statement
+    /// outside one: that is a setting to change, said as such.
+    fn from(e: sqlx::Error) -> DbError {
+        match e.as_database_error().map(|d| d.message()) {
+            Some(m) if m.contains("statement pooling mode") => DbError::StatementPooler(m.to_owned()),
+            _ => DbError::Sql(e),
+        }
+    }
 }
 
 /// Parses a database URL without connecting.

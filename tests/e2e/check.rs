@@ -220,6 +220,22 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
     assert_fails(&out, "server", "check SHOPFLOOR_SERVER");
 }
 
+/// PgBouncer in statement mode refuses every transaction: `check` says which setting to change,
+/// not that the database is missing or unmigrated.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_statement_mode_pooler_is_named_with_the_mode_to_use() {
+    let db = test_db().await;
+    let bouncer = shopfloor_tests::pgbouncer::PgBouncer::start_in(&db.url, 2, "statement").await;
+    let pooled = bouncer.url(&db.url);
+    let env = [("DATABASE_URL", pooled.as_str()), ("SHOPFLOOR_LISTEN_DATABASE_URL", db.url.as_str()), ("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)];
+    let (code, out) = check(&[], &env);
+    assert_eq!(code, 1, "{out}");
+    let (line, fix) = line_of(&out, "database");
+    assert!(line.starts_with("FAIL database: the database is a pooler in statement mode"), "{line}");
+    assert!(fix.is_some_and(|f| f.contains("`pool_mode = transaction`") && !f.contains("migrate")), "{fix:?}");
+    db.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transaction_pooler_without_a_direct_url_fails_with_its_fix() {
     let db = test_db().await;
