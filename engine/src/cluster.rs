@@ -47,7 +47,7 @@ pub struct ClusterOptions {
 /// A running cluster.
 #[derive(Debug)]
 pub struct Cluster {
-    /// `postgres://shopfloor@127.0.0.1:PORT/shopfloor`.
+    /// `postgres://shopfloor:PASSWORD@127.0.0.1:PORT/shopfloor` (`SHOPFLOOR_DATA_DIR/pg.password`).
     pub url: String,
     /// Whether this call started the server (so the caller should stop it) or found it running.
     pub started_here: bool,
@@ -64,7 +64,7 @@ pub struct Cluster {
 pub async fn ensure_running(opts: &ClusterOptions) -> Result<Cluster, ClusterError> {
     let owned = opts.clone();
     let cluster = tokio::task::spawn_blocking(move || ensure_running_blocking(&owned)).await.map_err(|e| ClusterError::Task(e.to_string()))??;
-    if let Err(e) = create_database(cluster.port).await {
+    if let Err(e) = create_database(&cluster.layout, cluster.port).await {
         if cluster.started_here {
             // The database error is the one worth reporting; a failed stop here would only
             // leave the server for the next start to reuse.

@@ -141,6 +141,15 @@ async fn signatures_sizes_and_unknown_deliveries() {
     let (status, answer) = env.hooks.send("issues", "d-good", &serde_json::from_slice(&body).unwrap()).await;
     assert_eq!((status, answer["runs_opened"].as_i64()), (202, Some(1)));
     env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1).await;
+
+    // A webhook set to send a form: the same payload in `payload=`, signed as sent.
+    let (status, answer) = env.hooks.send_form("issues", "d-form", &Issue::new(3, "By form").labeled(&env.repo, "ready")).await;
+    assert_eq!((status, answer["runs_opened"].as_i64()), (202, Some(1)), "{answer}");
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 2).await;
+    let empty = b"other=1".to_vec();
+    let signature = payloads::sign(SECRET, &empty);
+    let (status, problem) = env.hooks.send_as("application/x-www-form-urlencoded", "issues", "d-form-empty", empty, Some(&signature)).await;
+    assert_eq!(status, 400, "{problem}");
     env.finish().await;
 }
 

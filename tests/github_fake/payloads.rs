@@ -430,12 +430,26 @@ impl WebhookClient {
         line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not an HTTP answer: {line}"))
     }
 
+    /// Posts `payload` as a webhook set to `application/x-www-form-urlencoded` does: the JSON in
+    /// the form field `payload`, the form signed.
+    pub async fn send_form(&self, event: &str, delivery: &str, payload: &Value) -> (u16, Value) {
+        let json = serde_json::to_string(payload).expect("a JSON payload");
+        let body = url::form_urlencoded::Serializer::new(String::new()).append_pair("payload", &json).finish().into_bytes();
+        let signature = sign(&self.secret, &body);
+        self.send_as("application/x-www-form-urlencoded", event, delivery, body, Some(&signature)).await
+    }
+
     /// Posts `body` as it is, with `signature` (or none).
     pub async fn send_raw(&self, event: &str, delivery: &str, body: Vec<u8>, signature: Option<&str>) -> (u16, Value) {
+        self.send_as("application/json", event, delivery, body, signature).await
+    }
+
+    /// Posts `body` as `content_type`, with `signature` (or none).
+    pub async fn send_as(&self, content_type: &str, event: &str, delivery: &str, body: Vec<u8>, signature: Option<&str>) -> (u16, Value) {
         let mut request = self
             .client
             .post(&self.url)
-            .header("content-type", "application/json")
+            .header("content-type", content_type)
             .header("user-agent", "GitHub-Hookshot/fake")
             .header("x-github-event", event)
             .header("x-github-delivery", delivery)

@@ -179,7 +179,17 @@ async fn handle(State(state): State<WebhookState>, headers: &HeaderMap, body: By
     }
     let id = text(headers, "x-github-delivery")?;
     let event = text(headers, "x-github-event")?;
-    let delivery = Delivery { id, event, body: &body };
+    // A repository's or an org's webhook may be set to send a form (`payload=` and the JSON,
+    // signed as sent); an App's always sends JSON.
+    let form = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"));
+    let payload = match form {
+        true => url::form_urlencoded::parse(&body)
+            .find(|(name, _)| name == "payload")
+            .map(|(_, json)| Bytes::from(json.into_owned()))
+            .ok_or_else(|| WebhookError::Malformed("a form-encoded delivery has no `payload` field".into()))?,
+        false => body,
+    };
+    let delivery = Delivery { id, event, body: &payload };
     // The delivery's span is the root of the trace of each run it opens (`engine::trace`).
     // It carries the delivery's id and event, never a header's secret or the signature.
     let span =

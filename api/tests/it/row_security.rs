@@ -215,15 +215,17 @@ async fn without_the_tenant_role_the_tenant_pool_keeps_its_users_role() {
     let app = App::start().await;
     // A user the tenant role was never granted to (as when migration 0016 could not set it
     // up). Roles are cluster-wide: made once, if missing.
+    // A password, as the embedded cluster admits no one without.
     sqlx::query(
         "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'shopfloor_rls_outsider') THEN \
-           CREATE ROLE shopfloor_rls_outsider LOGIN; END IF; END $$",
+           CREATE ROLE shopfloor_rls_outsider LOGIN; END IF; \
+           ALTER ROLE shopfloor_rls_outsider PASSWORD 'outsider'; END $$",
     )
     .execute(app.pool())
     .await
     .unwrap();
     let mut options: sqlx::postgres::PgConnectOptions = app.db.url.parse().unwrap();
-    options = options.username("shopfloor_rls_outsider");
+    options = options.username("shopfloor_rls_outsider").password("outsider");
     let outsider = Db::from(sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_lazy_with(options));
     let pool = engine::tenancy::tenant(&outsider);
     let who: String = sqlx::query_scalar("SELECT current_user::text").fetch_one(&pool).await.unwrap();

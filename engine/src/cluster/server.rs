@@ -27,6 +27,9 @@ pub(crate) struct Layout {
     pub(crate) log: PathBuf,
     pub(crate) port_file: PathBuf,
     pub(crate) lock_file: PathBuf,
+    /// The role's password (mode 0600, the invoking user's): the cluster admits no one without
+    /// it, as other users of the machine can reach its port.
+    pub(crate) password_file: PathBuf,
 }
 
 impl Layout {
@@ -37,6 +40,7 @@ impl Layout {
             log: data_dir.join("pg.log"),
             port_file: data_dir.join("pg.port"),
             lock_file: data_dir.join("pg.lock"),
+            password_file: data_dir.join("pg.password"),
             data_dir,
         })
     }
@@ -48,8 +52,13 @@ impl Layout {
         (!major.is_empty()).then(|| major.to_owned())
     }
 
+    /// The URL of `database`, with the role's password; a cluster made before clusters had one
+    /// trusts local connections, and its URL has none.
     pub(crate) fn url(&self, port: u16, database: &str) -> String {
-        format!("postgres://{ROLE}@127.0.0.1:{port}/{database}")
+        match fs::read_to_string(&self.password_file).ok().map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()) {
+            Some(password) => format!("postgres://{ROLE}:{password}@127.0.0.1:{port}/{database}"),
+            None => format!("postgres://{ROLE}@127.0.0.1:{port}/{database}"),
+        }
     }
 }
 
@@ -100,14 +109,24 @@ pub(crate) fn initdb(layout: &Layout, bindir: &Path, runner: &Runner, durable: b
     fs::set_permissions(pgdata, fs::Permissions::from_mode(0o700)).map_err(|e| io_err("chmod", pgdata, e))?;
     runner.own(pgdata)?;
 
+    // A password, never `trust`: the port is on loopback, which every user of the machine
+    // reaches, and the role is a superuser. initdb reads it from a file of the server's user,
+    // removed once read; ours is kept for the URLs.
+    let password = data_encoding::BASE64URL_NOPAD.encode(&rand::random::<[u8; 24]>());
+    write_private(&layout.password_file, &password)?;
+    let pwfile = layout.data_dir.join("pg.initpw");
+    write_private(&pwfile, &password)?;
+    runner.own(&pwfile)?;
     let program = bindir.join("initdb");
     let mut cmd = runner.command(&program);
-    cmd.arg("-D").arg(pgdata);
-    cmd.args(["-U", ROLE, "-A", "trust", "-E", "UTF8", "--locale=C"]);
+    cmd.arg("-D").arg(pgdata).arg(format!("--pwfile={}", pwfile.display()));
+    cmd.args(["-U", ROLE, "-A", "scram-sha-256", "-E", "UTF8", "--locale=C"]);
     if !durable {
         cmd.arg("--no-sync");
     }
-    let out = cmd.current_dir(&layout.data_dir).output().map_err(|e| runner.spawn_err(&program, e))?;
+    let out = cmd.current_dir(&layout.data_dir).output();
+    let _ = fs::remove_file(&pwfile);
+    let out = out.map_err(|e| runner.spawn_err(&program, e))?;
     if !out.status.success() {
         return Err(ClusterError::Initdb(tail(&combined(&out), 5)));
     }
@@ -120,6 +139,15 @@ pub(crate) fn initdb(layout: &Layout, bindir: &Path, runner: &Runner, durable: b
         .map_err(|e| io_err("write", &conf, e))?;
     tracing::info!(dir = %pgdata.display(), "created the embedded PostgreSQL cluster");
     Ok(())
+}
+
+/// Writes `text` to a new file only its owner may read (replacing one left by an interrupted
+/// initdb).
+fn write_private(path: &Path, text: &str) -> Result<(), ClusterError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = fs::remove_file(path);
+    let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(|e| io_err("create", path, e))?;
+    file.write_all(text.as_bytes()).and_then(|()| file.sync_all()).map_err(|e| io_err("write", path, e))
 }
 
 /// The log is written by the server, so it must belong to the user the server runs as.
@@ -201,10 +229,10 @@ pub(crate) fn stop_server(layout: &Layout, bindir: &Path, runner: &Runner) -> Re
     Err(ClusterError::Stop(tail(&combined(&out), 5)))
 }
 
-pub(crate) async fn create_database(port: u16) -> Result<(), ClusterError> {
+pub(crate) async fn create_database(layout: &Layout, port: u16) -> Result<(), ClusterError> {
     use sqlx::Connection;
     let err = |e: sqlx::Error| ClusterError::CreateDb { port, cause: e.to_string() };
-    let url = format!("postgres://{ROLE}@127.0.0.1:{port}/postgres");
+    let url = layout.url(port, "postgres");
     let mut conn = sqlx::PgConnection::connect(&url).await.map_err(err)?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)").bind(DATABASE).fetch_one(&mut conn).await.map_err(err)?;

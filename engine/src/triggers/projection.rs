@@ -95,7 +95,7 @@ pub fn item_update(event: &str, payload: &Value) -> Option<ItemUpdate> {
     match event {
         "issues" => {
             let issue = payload.get("issue")?;
-            Some(update_from(repository, issue, vec![Patch::Fields(issue_fields(issue))]))
+            update_from(repository, issue, vec![Patch::Fields(issue_fields(issue))])
         }
         "issue_comment" => {
             let issue = payload.get("issue")?;
@@ -105,18 +105,18 @@ pub fn item_update(event: &str, payload: &Value) -> Option<ItemUpdate> {
                 "deleted" => Patch::Deleted { key: "comment", id: int(comment, "id") },
                 _ => Patch::Latest { key: "comment", value: comment_fields(comment) },
             });
-            Some(update_from(repository, issue, patches))
+            update_from(repository, issue, patches)
         }
         "pull_request" => {
             let pr = payload.get("pull_request")?;
-            Some(update_from(repository, pr, vec![Patch::Fields(pull_request_fields(pr))]))
+            update_from(repository, pr, vec![Patch::Fields(pull_request_fields(pr))])
         }
         "pull_request_review" => {
             let pr = payload.get("pull_request")?;
             let review = payload.get("review")?;
             // Submitted, edited or dismissed: the review's current state is the latest word.
             let latest = Patch::Latest { key: "review", value: review_fields(review) };
-            Some(update_from(repository, pr, vec![Patch::Fields(pull_request_fields(pr)), latest]))
+            update_from(repository, pr, vec![Patch::Fields(pull_request_fields(pr)), latest])
         }
         "pull_request_review_comment" => {
             let pr = payload.get("pull_request")?;
@@ -125,7 +125,7 @@ pub fn item_update(event: &str, payload: &Value) -> Option<ItemUpdate> {
                 "deleted" => Patch::Deleted { key: "comment", id: int(comment, "id") },
                 _ => Patch::Latest { key: "comment", value: comment_fields(comment) },
             };
-            Some(update_from(repository, pr, vec![Patch::Fields(pull_request_fields(pr)), latest]))
+            update_from(repository, pr, vec![Patch::Fields(pull_request_fields(pr)), latest])
         }
         "push" => {
             let repo = payload.get("repository")?;
@@ -148,14 +148,16 @@ pub fn item_update(event: &str, payload: &Value) -> Option<ItemUpdate> {
     }
 }
 
-fn update_from(repository: String, object: &Value, patches: Vec<Patch>) -> ItemUpdate {
-    ItemUpdate {
+/// The update of the issue or pull request `object`; none without its number (which GitHub
+/// always sends), so that it is never taken for the repository's own item.
+fn update_from(repository: String, object: &Value, patches: Vec<Patch>) -> Option<ItemUpdate> {
+    Some(ItemUpdate {
         repository,
-        number: object.get("number").and_then(Value::as_i64),
+        number: Some(object.get("number").and_then(Value::as_i64)?),
         node_id: object.get("node_id").and_then(Value::as_str).map(str::to_owned),
         updated_at: object.get("updated_at").and_then(Value::as_str).and_then(|t| t.parse().ok()),
         patches,
-    }
+    })
 }
 
 /// `repository.full_name`, lowercased.
@@ -347,6 +349,18 @@ mod tests {
             },
             "repository": { "full_name": "Acme/W" },
         })
+    }
+
+    #[test]
+    fn an_issue_without_a_whole_number_is_no_item() {
+        let mut payload = issue(&["ready"], "", "2024-01-01T00:00:00Z");
+        assert_eq!(item_update("issues", &payload).map(|u| u.key()).as_deref(), Some(r#"["github","acme/w",7]"#));
+        for number in [Value::Null, json!(7.5), json!("7")] {
+            payload["issue"]["number"] = number.clone();
+            assert_eq!(item_update("issues", &payload), None, "{number}");
+        }
+        payload["issue"].as_object_mut().unwrap().remove("number");
+        assert_eq!(item_update("issues", &payload), None);
     }
 
     #[test]

@@ -17,8 +17,20 @@ async fn cluster_starts_is_reused_and_keeps_data_across_restarts() {
     let first = cluster::ensure_running(opts).await.unwrap();
     eprintln!("first start (initdb included): {:?}", t.elapsed());
     assert!(first.started_here);
-    assert!(first.url.starts_with("postgres://shopfloor@127.0.0.1:"), "{}", first.url);
-    assert!(first.url.ends_with("/shopfloor"), "{}", first.url);
+    assert!(first.url.starts_with("postgres://shopfloor:"), "{}", first.url);
+    assert!(first.url.ends_with(&format!("@127.0.0.1:{}/shopfloor", first.port)), "{}", first.url);
+    // Other users of the machine reach the port: without the password, no one gets in (the
+    // role is a superuser), and the password is in a file only its owner reads.
+    let bare = format!("postgres://shopfloor@127.0.0.1:{}/shopfloor", first.port);
+    let refused = PgConnection::connect(&bare).await.expect_err("no password, no connection");
+    assert!(refused.to_string().contains("password"), "{refused}");
+    let wrong = format!("postgres://shopfloor:guess@127.0.0.1:{}/shopfloor", first.port);
+    assert!(PgConnection::connect(&wrong).await.is_err(), "a wrong password is refused");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(tmp.path().join("data/pg.password")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
 
     let mut conn = PgConnection::connect(&first.url).await.unwrap();
     let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut conn).await.unwrap();
