@@ -178,10 +178,15 @@ pub async fn rename_repository(ch: &mut Change, inst: &Installation, from: &str,
     .await?;
     let Some(org) = inst.org else { return Ok(0) };
     let projects: Vec<ProjectId> = sqlx::query_scalar(
-        r#"UPDATE repositories r SET full_name = $4
-           WHERE r.org_id = $1 AND r.installation_id = $2 AND r.full_name = $3
-             AND NOT EXISTS (SELECT 1 FROM repositories n WHERE n.project_id = r.project_id AND n.full_name = $4)
-           RETURNING r.project_id"#,
+        r#"WITH renamed AS (
+               UPDATE repositories r SET full_name = $4
+               WHERE r.org_id = $1 AND r.installation_id = $2 AND r.full_name = $3
+                 AND NOT EXISTS (SELECT 1 FROM repositories n WHERE n.project_id = r.project_id AND n.full_name = $4)
+               RETURNING r.project_id),
+           watched AS (
+               UPDATE github_watches w SET repository = $4 FROM renamed
+               WHERE w.org_id = $1 AND w.project_id = renamed.project_id AND w.repository = $3)
+           SELECT project_id FROM renamed"#,
     )
     .bind(org)
     .bind(inst.id)
@@ -192,13 +197,6 @@ pub async fn rename_repository(ch: &mut Change, inst: &Installation, from: &str,
     if projects.is_empty() {
         return Ok(0);
     }
-    sqlx::query("UPDATE github_watches SET repository = $3 WHERE org_id = $1 AND project_id = ANY($4) AND repository = $2")
-        .bind(org)
-        .bind(&from)
-        .bind(&to)
-        .bind(&projects)
-        .execute(&mut *ch.tx)
-        .await?;
     audit_change(ch, inst, "repository_renamed", json!({ "from": from, "to": to }))?;
     Ok(projects.len() as u64)
 }
