@@ -59,13 +59,18 @@ pub struct FakeOauth {
 impl FakeOauth {
     pub async fn start() -> FakeOauth {
         let data = Arc::new(Mutex::new(Data::default()));
-        let app = Router::new()
-            .route("/login/oauth/authorize", get(authorize))
-            .route("/login/oauth/access_token", post(access_token))
+        // The API host's routes want a User-Agent, as GitHub's do; the web host's are a
+        // browser's.
+        let api = Router::new()
             .route("/user", get(user))
             .route("/user/emails", get(emails))
             .route("/user/installations", get(user_installations))
+            .layer(axum::middleware::from_fn(super::require_user_agent));
+        let app = Router::new()
+            .route("/login/oauth/authorize", get(authorize))
+            .route("/login/oauth/access_token", post(access_token))
             .route("/apps/{slug}/installations/new", get(install_page))
+            .merge(api)
             .with_state(data.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let url = format!("http://{}", listener.local_addr().expect("local addr"));

@@ -106,7 +106,7 @@ impl FakeGithub {
     /// Starts the fake on a free loopback port.
     pub async fn start() -> FakeGithub {
         let data = Arc::new(Mutex::new(Data::default()));
-        let app = Router::new().fallback(handle).with_state(data.clone());
+        let app = Router::new().fallback(handle).layer(axum::middleware::from_fn(super::require_user_agent)).with_state(data.clone());
         let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("bind the fake GitHub");
         let addr = listener.local_addr().expect("the fake's address");
         let task = tokio::spawn(async move {

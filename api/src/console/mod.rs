@@ -70,11 +70,7 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
     state.use_github_user_api(&cfg.github_oauth_api_url);
     let (api, _) = crate::http::api_router().split_for_parts();
     let api = api.with_state(state.clone());
-    let http = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(10))
-        .user_agent(concat!("shopfloor/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .unwrap_or_default();
+    let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).user_agent(engine::github::USER_AGENT).build().unwrap_or_default();
     let console = Console {
         inner: Arc::new(Inner { app: state, api, env: templates().expect("the console's templates compile"), cfg, http, catalog: Default::default() }),
     };

@@ -62,9 +62,11 @@ impl AppState {
             closing: tokio_util::sync::CancellationToken::new(),
             github: std::sync::OnceLock::new(),
             github_user_api: std::sync::OnceLock::new(),
+            // GitHub's API refuses a request without a User-Agent.
             http: reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .timeout(std::time::Duration::from_secs(10))
+                .user_agent(engine::github::USER_AGENT)
                 .build()
                 .unwrap_or_default(),
             secret_key,

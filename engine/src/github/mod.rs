@@ -18,4 +18,8 @@ pub mod outputs;
 pub mod watch;
 
 pub use client::{AppSettings, CallError, GithubApp, Scope};
+
+/// What shopfloor's own HTTP clients call themselves: GitHub's API refuses a request without a
+/// `User-Agent` (403).
+pub const USER_AGENT: &str = concat!("shopfloor/", env!("CARGO_PKG_VERSION"));
 pub use outputs::{Executed, OutputExecutor};
