@@ -11,11 +11,12 @@
 //!   `error_max_turns`, `error_max_budget_usd`, `error_during_execution`). Tokens and cost
 //!   come from `modelUsage` summed over its models when it has any: on a budget stop `usage`
 //!   is all zeros, and helper models (a haiku for small tasks) appear only in `modelUsage`.
-//!   `is_error` decides failure whatever the subtype: an API error is `success` with
-//!   `is_error` and `api_error_status` (a 4xx other than 408/429 is final: the same request
-//!   is refused again), after an assistant line whose model is `<synthetic>`, which is never
-//!   the session's model. Reading stream-json input, Claude Code prints a result line per
-//!   prompt, each cumulative for the session: the last one counts. Until a result line, the
+//!   An `error_…` subtype fails, and so does `is_error` whatever the subtype: an API error
+//!   is `success` with `is_error` and `api_error_status` (a 4xx other than 408/429 is final:
+//!   the same request is refused again), after an assistant line whose model is
+//!   `<synthetic>`, which is never the session's model. Reading stream-json input, Claude Code prints a result line per
+//!   prompt, each cumulative for the session: the last one with a cost counts (one without,
+//!   as printed when interrupted while streaming, settles nothing). Until a result line, the
 //!   session's figures are its messages' last snapshots, its output tokens a lower bound, and
 //!   its cost an estimate from the price table (`prices`); killed, it prints none, and the
 //!   session keeps those, with an unknown (null) reported cost.
@@ -293,7 +294,13 @@ impl Reader {
                 "system"
             }
             Some("result") => {
-                self.settled = Some(self.settle(&v));
+                // A result line without figures (Claude Code interrupted mid-stream prints
+                // `error_during_execution` with no cost, usage or modelUsage) settles nothing:
+                // what was counted before stays counted, and the messages stay priced.
+                let settled = self.settle(&v);
+                if settled.cost.is_some() {
+                    self.settled = Some(settled);
+                }
                 self.result = Some(v);
                 "result"
             }
@@ -494,8 +501,10 @@ impl Reader {
         match self.kind {
             Kind::ClaudeCode => {
                 let Some(r) = self.result.as_ref() else { return fail(format!("no result line ({})", exit_reason(exit)), "ordinary", text, None) };
-                // `is_error` decides, whatever the subtype (an API error says `success`).
-                if !r.get("is_error").and_then(Value::as_bool).unwrap_or(false) {
+                // `is_error` fails a `success` (an API error says `success` with it); an
+                // `error_…` subtype fails whether or not the line says `is_error`.
+                let is_error = r.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+                if !is_error && !subtype.as_deref().is_some_and(|s| s.starts_with("error")) {
                     return Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype };
                 }
                 let api_status = r.get("api_error_status").and_then(Value::as_i64);

@@ -13,6 +13,7 @@ fn fixture(name: &str) -> &'static str {
         "claude/api_error_404" => include_str!("../../tests/fixtures/claude/api_error_404.jsonl"),
         "claude/no_result" => include_str!("../../tests/fixtures/claude/no_result.jsonl"),
         "claude/two_results" => include_str!("../../tests/fixtures/claude/two_results.jsonl"),
+        "claude/aborted" => include_str!("../../tests/fixtures/claude/aborted.jsonl"),
         "codex/success" => include_str!("../../tests/fixtures/codex/success.jsonl"),
         "codex/reconnect" => include_str!("../../tests/fixtures/codex/reconnect.jsonl"),
         "codex/turn_failed" => include_str!("../../tests/fixtures/codex/turn_failed.jsonl"),
@@ -123,6 +124,31 @@ fn an_error_during_execution_is_an_ordinary_failure_with_its_error() {
     assert_eq!((e.success, e.class, e.reason.as_deref()), (false, "ordinary", Some("error during execution: Request was aborted.")));
     assert_eq!((e.usage.cost_usd, e.usage.turns, e.usage.output_tokens, e.usage.output_tokens_lower_bound), (Some(0.037_266), 2, 412, false));
     assert_eq!(e.exit_code, Some(143));
+}
+
+/// Interrupted while streaming, Claude Code prints a result line with no cost, usage or
+/// `modelUsage`: what the session's messages cost stays counted, it is not taken for zero.
+#[test]
+fn a_result_line_without_figures_keeps_what_the_messages_cost() {
+    let lines: Vec<&str> = fixture("claude/aborted").lines().collect();
+    let before = read(Kind::ClaudeCode, None, &lines[..lines.len() - 1]).usage().clone();
+    assert!(before.estimated_cost_usd.is_some_and(|c| c > 0.0), "{before:?}");
+    let e = run("claude/aborted", None, Exit { code: Some(130), signal: None });
+    assert_eq!((e.success, e.class), (false, "ordinary"));
+    assert_eq!(e.reason.as_deref(), Some("error during execution: [ede_diagnostic] result_type=user last_content_type=n/a stop_reason=null"));
+    assert_eq!((e.usage.cost_usd, e.usage.estimated_cost_usd), (None, before.estimated_cost_usd));
+    assert_eq!((e.usage.input_tokens, e.usage.output_tokens, e.usage.output_tokens_lower_bound), (before.input_tokens, before.output_tokens, true));
+}
+
+/// An `error_…` subtype is a failure even on a line that does not say `is_error`.
+#[test]
+fn an_error_subtype_fails_without_is_error() {
+    let mut lines: Vec<String> = fixture("claude/max_turns").lines().map(str::to_owned).collect();
+    let mut result: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    result.as_object_mut().unwrap().remove("is_error");
+    *lines.last_mut().unwrap() = result.to_string();
+    let e = read(Kind::ClaudeCode, None, &lines.iter().map(String::as_str).collect::<Vec<_>>()).finish(ONE, None);
+    assert_eq!((e.success, e.reason.as_deref()), (false, Some("turn cap reached")));
 }
 
 #[test]
