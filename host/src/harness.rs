@@ -25,7 +25,9 @@
 //!   (`command_execution`, `file_change`, `mcp_tool_call`, `web_search`), `turn.completed` the
 //!   tokens. Only `turn.failed`, or an exit with no `turn.completed`, fails: a top-level
 //!   `error` is Codex saying what it retries (`Reconnecting... 1/5`). Codex names no model and
-//!   reports no cost: the model is the assignment's, the cost an estimate.
+//!   reports no cost: the model is the assignment's, the cost an estimate. Codex before 0.44
+//!   printed `{"id", "msg"}` events instead (`token_count` totals, `task_complete`, `error`):
+//!   read too.
 //! - `command`: any program, prompt on stdin; its output is the session and its exit code
 //!   decides.
 
@@ -440,13 +442,56 @@ impl Reader {
             }
             Some("turn.failed") => {
                 let why = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("turn failed");
-                self.codex_failure = Some(short(why, 160));
+                self.codex_failure = Some(short(&unwrap_json_message(why), 160));
                 "turn"
             }
             // A top-level error is Codex telling what goes wrong (`Reconnecting... 1/5 …` while
             // it retries): only `turn.failed` ends a turn.
             Some("error") => "error",
             Some("thread.started" | "turn.started") => "system",
+            None if v.get("msg").is_some_and(Value::is_object) => self.codex_legacy(&v["msg"]),
+            _ => "other",
+        }
+    }
+
+    /// Codex before 0.44 printed `{"id", "msg"}` events: `token_count` with the session's
+    /// totals so far (flat, or later under `info.total_token_usage`), `agent_message`, the tool
+    /// calls' `…_end` events, `task_complete` at the end of the turn, `error` when it failed
+    /// (`stream_error` is a retry).
+    fn codex_legacy(&mut self, msg: &Value) -> &'static str {
+        match msg.get("type").and_then(Value::as_str).unwrap_or_default() {
+            "token_count" => {
+                let u = msg.pointer("/info/total_token_usage").unwrap_or(msg);
+                if u.get("input_tokens").is_some() {
+                    let input = num(u, "input_tokens");
+                    let cached = num(u, "cached_input_tokens").min(input);
+                    // Totals, not increments: the last one holds.
+                    self.codex_tokens = Tokens { input: input - cached, cache_read: cached, output: num(u, "output_tokens"), ..Tokens::default() };
+                    self.codex_turns = self.codex_turns.max(1);
+                }
+                "turn"
+            }
+            "agent_message" => {
+                self.last_message = msg.get("message").and_then(Value::as_str).unwrap_or_default().to_owned();
+                "assistant"
+            }
+            "agent_reasoning" => "reasoning",
+            "exec_command_end" | "patch_apply_end" | "mcp_tool_call_end" => {
+                self.tool_calls += 1;
+                "tool"
+            }
+            "task_complete" => {
+                if let Some(last) = msg.get("last_agent_message").and_then(Value::as_str) {
+                    self.last_message = last.to_owned();
+                }
+                self.codex_turns_done = true;
+                "turn"
+            }
+            "error" => {
+                self.codex_failure = Some(short(msg.get("message").and_then(Value::as_str).unwrap_or("error"), 160));
+                "error"
+            }
+            "stream_error" => "warning",
             _ => "other",
         }
     }
@@ -532,7 +577,10 @@ impl Reader {
                 }
             }
             Kind::Codex => match self.codex_failure {
-                Some(why) => fail(format!("turn failed: {why}"), "ordinary", text, None),
+                Some(why) => {
+                    let class = codex_failure_class(&why);
+                    fail(format!("turn failed: {why}"), class, text, None)
+                }
                 None if self.codex_turns_done && exit.signal.is_none() => {
                     Ended { success: true, reason: None, class: "ordinary", exit_code: exit.code, text, usage, subtype: None }
                 }
@@ -544,6 +592,22 @@ impl Reader {
             },
         }
     }
+}
+
+/// The words of a Codex error message that is itself the API's JSON answer
+/// (`{"detail": "…"}`, `{"error": {"message": "…"}}`); any other message as it is.
+fn unwrap_json_message(message: &str) -> String {
+    let Ok(v) = serde_json::from_str::<Value>(message.trim()) else { return message.to_owned() };
+    let words = v.get("detail").or_else(|| v.pointer("/error/message")).or_else(|| v.get("message")).and_then(Value::as_str);
+    words.map_or_else(|| message.to_owned(), str::to_owned)
+}
+
+/// A request the API refuses (a 4xx other than 408/429: a bad key, a model the account may not
+/// use) is refused again: final, as for Claude Code. Anything else may pass on a later try.
+fn codex_failure_class(why: &str) -> &'static str {
+    let status = why.split("status ").nth(1).and_then(|rest| rest.get(..3)).and_then(|code| code.parse::<u16>().ok());
+    let refused = status.is_some_and(|s| (400..500).contains(&s) && s != 408 && s != 429);
+    if refused || why.contains("model is not supported") { "final" } else { "ordinary" }
 }
 
 /// The line that comes before the pull request's description in an answer.

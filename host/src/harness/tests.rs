@@ -2,6 +2,7 @@
 //! Code and Codex print (their README says what each is shaped after).
 
 use super::*;
+use serde_json::json;
 
 fn fixture(name: &str) -> &'static str {
     match name {
@@ -17,6 +18,7 @@ fn fixture(name: &str) -> &'static str {
         "codex/success" => include_str!("../../tests/fixtures/codex/success.jsonl"),
         "codex/reconnect" => include_str!("../../tests/fixtures/codex/reconnect.jsonl"),
         "codex/turn_failed" => include_str!("../../tests/fixtures/codex/turn_failed.jsonl"),
+        "codex/legacy" => include_str!("../../tests/fixtures/codex/legacy.jsonl"),
         other => panic!("no fixture {other}"),
     }
 }
@@ -255,13 +257,52 @@ fn a_codex_reconnect_error_does_not_fail_a_turn_that_completes() {
 
 #[test]
 fn only_a_failed_turn_or_no_turn_fails_codex() {
+    // A 401 is refused again: final.
     let e = run("codex/turn_failed", None, ONE);
-    assert_eq!((e.success, e.class), (false, "ordinary"));
+    assert_eq!((e.success, e.class), (false, "final"));
     assert_eq!(e.reason.as_deref(), Some("turn failed: unexpected status 401 Unauthorized: Missing bearer or basic authentication in header"));
     assert_eq!((e.usage.tool_calls, e.usage.estimated_cost_usd), (0, None));
     let lines: Vec<&str> = fixture("codex/success").lines().take(5).collect();
     let e = read(Kind::Codex, None, &lines).finish(OK, None);
     assert_eq!(e.reason.as_deref(), Some("no turn completed (exit code 0)"));
+}
+
+/// A model the account may not use comes as the API's JSON inside the message: its words, and
+/// final; an outage may pass.
+#[test]
+fn codex_failures_say_the_apis_words_and_a_refusal_is_final() {
+    let failed = |message: &str| {
+        let line = json!({ "type": "turn.failed", "error": { "message": message } }).to_string();
+        read(Kind::Codex, None, &[&line]).finish(ONE, None)
+    };
+    let e = failed(r#"{"detail":"The 'gpt-9' model is not supported when using Codex with a ChatGPT account."}"#);
+    assert_eq!(e.reason.as_deref(), Some("turn failed: The 'gpt-9' model is not supported when using Codex with a ChatGPT account."));
+    assert_eq!(e.class, "final");
+    let e = failed("unexpected status 400 Bad Request: invalid_request_error");
+    assert_eq!(e.class, "final");
+    for passing in ["unexpected status 429 Too Many Requests: slow down", "unexpected status 503 Service Unavailable", "stream disconnected before completion"]
+    {
+        assert_eq!(failed(passing).class, "ordinary", "{passing}");
+    }
+}
+
+/// Codex before 0.44 printed `{"id", "msg"}` events: its totals, its tool calls, its answer.
+#[test]
+fn codex_s_old_json_format_is_read_too() {
+    let e = run("codex/legacy", Some("gpt-5-codex"), OK);
+    assert!(e.success, "{e:?}");
+    assert_eq!(e.text, "An empty list now parses to no items.");
+    // The last totals, not a sum: 19,870 in (15,232 of them cached), 612 out.
+    assert_eq!((e.usage.tool_calls, e.usage.input_tokens, e.usage.output_tokens), (2, 19_870, 612));
+    // 4638 uncached × 1.25 + 15,232 cached × 0.125 + 612 × 10, per million.
+    assert_eq!(e.usage.estimated_cost_usd, Some(0.013_822));
+    let error = json!({ "id": "0", "msg": { "type": "error", "message": "unexpected status 401 Unauthorized" } }).to_string();
+    let e = read(Kind::Codex, None, &[&error]).finish(ONE, None);
+    assert_eq!((e.success, e.class, e.reason.as_deref()), (false, "final", Some("turn failed: unexpected status 401 Unauthorized")));
+    // The first flat shape of `token_count`.
+    let flat = json!({ "id": "0", "msg": { "type": "token_count", "input_tokens": 1674, "cached_input_tokens": 1627, "output_tokens": 384 } }).to_string();
+    let u = read(Kind::Codex, None, &[&flat]).usage().clone();
+    assert_eq!((u.input_tokens, u.output_tokens), (1674, 384));
 }
 
 #[test]
