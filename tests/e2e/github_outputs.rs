@@ -192,6 +192,25 @@ async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defe
     env.finish().await;
 }
 
+/// A repository renamed on GitHub answers its old paths with redirects (301 for a GET, 307 for a
+/// POST, with the body to send again): the output follows them, and the comment is made once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renamed_repositorys_redirects_are_followed() {
+    let env = GhEnv::start(&[SAY]).await;
+    let moved = Fault::Moved { from: "/repos/acme/widgets/".into(), to: "/repos/acme/gadgets/".into() };
+    env.fake.inject(None, "/repos/acme/widgets/issues/5/comments", moved, 10);
+    let _engine = env.engine("gh-moved", None);
+    label(&env, 5, "Moved", "say").await;
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    let comments = env.fake.comments("acme/gadgets", 5);
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    assert!(comments[0]["body"].as_str().unwrap_or_default().starts_with("Working on Moved"), "{comments:?}");
+    assert_eq!(env.fake.requests_to("POST", "/repos/acme/widgets/issues/5/comments").len(), 1);
+    assert_eq!(env.fake.requests_to("POST", "/repos/acme/gadgets/issues/5/comments").len(), 1);
+    drop(_engine);
+    env.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn labels_are_added_and_removed_and_the_card_moves_on_the_board() {
     let env = GhEnv::start(&[TRIAGE]).await;

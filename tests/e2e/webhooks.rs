@@ -545,7 +545,10 @@ async fn a_thousand_deliveries_from_sixteen_clients_each_open_their_run() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fake_github_answers_documented_shapes_and_injects_failures() {
     let fake = FakeGithub::start().await;
-    let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+    // GitHub refuses a request without a User-Agent.
+    let bare = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+    assert_eq!(bare.get(format!("{}/repos/acme/widgets/issues/1", fake.url)).send().await.unwrap().status(), 403);
+    let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).user_agent("shopfloor-tests").build().unwrap();
     let get = |path: &str| http.get(format!("{}{path}", fake.url)).header("authorization", "token ghs_x").send();
 
     assert_eq!(get("/repos/acme/widgets/issues/1").await.unwrap().status(), 404);

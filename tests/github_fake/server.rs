@@ -40,6 +40,10 @@ pub enum Fault {
     PrimaryRateLimit { reset_in: u64 },
     /// Answer normally, but only after this long (a client with a shorter timeout gives up).
     Delay(Duration),
+    /// The repository was renamed: GitHub redirects its old paths, 301 for a GET and 307 for
+    /// any other method (which a client repeats with its body), to the path with `from`
+    /// replaced by `to`.
+    Moved { from: String, to: String },
 }
 
 /// Which requests a fault applies to: a method (any when None) and a path prefix.
@@ -256,6 +260,13 @@ async fn handle(State(data): State<Arc<Mutex<Data>>>, method: Method, uri: Uri, 
             let mut r = with_headers(error(403, "API rate limit exceeded for installation."), 0);
             let reset = chrono::Utc::now().timestamp() + i64::try_from(reset_in).unwrap_or(60);
             r.headers_mut().insert("x-ratelimit-reset", HeaderValue::from(reset));
+            return r;
+        }
+        Some(Fault::Moved { from, to }) => {
+            let location = path.replacen(&from, &to, 1);
+            let (status, message) = if method == Method::GET { (301, "Moved Permanently") } else { (307, "Temporary Redirect") };
+            let mut r = with_headers(error(status, message), 4999);
+            r.headers_mut().insert("location", HeaderValue::from_str(&location).unwrap_or(HeaderValue::from_static("/")));
             return r;
         }
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,

@@ -26,6 +26,8 @@ pub const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
 
 /// How a failed call is retried before it counts as an outage: waits of 1 s, 2 s, 4 s.
 const RETRIES: u32 = 3;
+/// Redirects followed for one call (a renamed or transferred repository answers with one).
+const REDIRECTS: u32 = 3;
 
 /// The GitHub App's settings (`SHOPFLOOR_GITHUB_APP_ID`, `SHOPFLOOR_GITHUB_APP_KEY[_FILE]`,
 /// `SHOPFLOOR_GITHUB_API_URL`, `SHOPFLOOR_GITHUB_GRAPHQL_URL`).
@@ -140,6 +142,9 @@ pub struct RepoClient {
     graphql: Octocrab,
     graphql_path: String,
     backoff: Duration,
+    /// The REST API's URL (`https://api.github.com`, `https://host/api/v3`): the only place a
+    /// redirect may lead (the token goes with the request).
+    api_url: String,
 }
 
 /// `https://host:port` and the path of a URL.
@@ -191,6 +196,7 @@ impl GithubApp {
             graphql: as_installation(&self.graphql)?,
             graphql_path: self.graphql_path.clone(),
             backoff: self.settings.backoff,
+            api_url: self.settings.api_url.trim_end_matches('/').to_owned(),
         })
     }
 
@@ -216,7 +222,15 @@ impl GithubApp {
 
     /// A new installation token (`body`: GitHub's `repositories` and `permissions`).
     async fn mint(&self, installation: i64, body: Value) -> Result<Token, CallError> {
-        let answer = call(&self.rest, Verb::Post, &format!("/app/installations/{installation}/access_tokens"), Some(&body), self.settings.backoff).await?;
+        let answer = call(
+            &self.rest,
+            Verb::Post,
+            &format!("/app/installations/{installation}/access_tokens"),
+            Some(&body),
+            self.settings.backoff,
+            &self.settings.api_url,
+        )
+        .await?;
         let value = answer.body.get("token").and_then(Value::as_str).ok_or_else(|| CallError::Unavailable("the token answer has no token".into()))?;
         let expires_at = answer
             .body
@@ -234,7 +248,7 @@ impl GithubApp {
     /// # Errors
     /// As for any call; an id GitHub does not know is `Client { status: 404 }`.
     pub async fn installation(&self, installation: i64) -> Result<Value, CallError> {
-        Ok(call(&self.rest, Verb::Get, &format!("/app/installations/{installation}"), None, self.settings.backoff).await?.body)
+        Ok(call(&self.rest, Verb::Get, &format!("/app/installations/{installation}"), None, self.settings.backoff, &self.settings.api_url).await?.body)
     }
 
     /// Every repository the installation reaches (`owner/name`), from
@@ -249,7 +263,9 @@ impl GithubApp {
         let crab = self.rest.user_access_token(token.value).map_err(|e| CallError::Config(e.to_string()))?;
         let mut names = Vec::new();
         for page in 1..=PAGES {
-            let answer = call(&crab, Verb::Get, &format!("/installation/repositories?per_page=100&page={page}"), None, self.settings.backoff).await?;
+            let answer =
+                call(&crab, Verb::Get, &format!("/installation/repositories?per_page=100&page={page}"), None, self.settings.backoff, &self.settings.api_url)
+                    .await?;
             let list = answer.body.get("repositories").and_then(Value::as_array).cloned().unwrap_or_default();
             names.extend(list.iter().filter_map(|r| r.get("full_name").and_then(Value::as_str)).map(str::to_owned));
             let total = answer.body.get("total_count").and_then(Value::as_u64).unwrap_or(0);
@@ -268,7 +284,7 @@ impl GithubApp {
     /// # Errors
     /// As for any call.
     pub async fn about(&self) -> Result<Value, CallError> {
-        Ok(call(&self.rest, Verb::Get, "/app", None, self.settings.backoff).await?.body)
+        Ok(call(&self.rest, Verb::Get, "/app", None, self.settings.backoff, &self.settings.api_url).await?.body)
     }
 
     /// The REST base URL the App calls.
@@ -292,7 +308,7 @@ impl RepoClient {
     /// # Errors
     /// Classified: `Client` (4xx), `RateLimited`, `Unavailable` (after the retries).
     pub async fn rest(&self, verb: Verb, path: &str, body: Option<&Value>) -> Result<Answer, CallError> {
-        call(&self.rest, verb, path, body, self.backoff).await
+        call(&self.rest, verb, path, body, self.backoff, &self.api_url).await
     }
 
     /// A GraphQL call; GraphQL errors in a 200 answer are classified too (`RATE_LIMITED` is a
@@ -302,7 +318,7 @@ impl RepoClient {
     /// As for `rest`.
     pub async fn graphql(&self, query: &str, variables: &Value) -> Result<Value, CallError> {
         let body = json!({ "query": query, "variables": variables });
-        let answer = call(&self.graphql, Verb::Post, &self.graphql_path, Some(&body), self.backoff).await?;
+        let answer = call(&self.graphql, Verb::Post, &self.graphql_path, Some(&body), self.backoff, &self.api_url).await?;
         if let Some(errors) = answer.body.get("errors").and_then(Value::as_array).filter(|e| !e.is_empty()) {
             if errors.iter().any(|e| e.get("type").and_then(Value::as_str) == Some("RATE_LIMITED")) {
                 return Err(CallError::RateLimited(Duration::from_secs(60)));
@@ -315,24 +331,61 @@ impl RepoClient {
 }
 
 /// One call with its retries: 5xx and transport errors are tried again after `backoff`,
-/// doubling, [`RETRIES`] times.
-async fn call(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>, backoff: Duration) -> Result<Answer, CallError> {
+/// doubling, [`RETRIES`] times. A redirect (GitHub's answer for a renamed or transferred
+/// repository: 301 for a GET, 307 for the rest) is followed with the same method and body,
+/// within `api_url` only.
+async fn call(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>, backoff: Duration, api_url: &str) -> Result<Answer, CallError> {
     let mut wait = backoff;
-    let mut tries = 0;
+    let (mut tries, mut hops) = (0, 0);
+    let mut path = path.to_owned();
     loop {
-        match once(crab, verb, path, body).await {
-            Err(CallError::Unavailable(why)) if tries < RETRIES => {
+        match once(crab, verb, &path, body).await {
+            Sent::Moved(location) if hops < REDIRECTS => {
+                path = within(&location, api_url).ok_or_else(|| CallError::Client {
+                    status: 307,
+                    message: crate::store::cap(&format!("redirected away from GitHub's API, to {location}: not followed")),
+                })?;
+                hops += 1;
+            }
+            Sent::Moved(location) => {
+                return Err(CallError::Client { status: 307, message: crate::store::cap(&format!("too many redirects (last to {location})")) });
+            }
+            Sent::Answered(Err(CallError::Unavailable(why))) if tries < RETRIES => {
                 tracing::info!(github.path = path, why, retry_in_ms = wait.as_millis() as u64, "github call failed; retrying");
                 tokio::time::sleep(wait).await;
                 wait *= 2;
                 tries += 1;
             }
-            other => return other,
+            Sent::Answered(answer) => return answer,
         }
     }
 }
 
-async fn once(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>) -> Result<Answer, CallError> {
+/// The path, from the API's root, of a redirect's `Location` when it stays within `api_url`
+/// (a path, or a URL under it).
+fn within(location: &str, api_url: &str) -> Option<String> {
+    let (origin, base) = split_url(api_url).ok()?;
+    let path = if location.starts_with('/') && !location.starts_with("//") { location } else { location.strip_prefix(&origin)? };
+    let path = path.strip_prefix(base.trim_end_matches('/')).unwrap_or(path);
+    path.starts_with('/').then(|| path.to_owned())
+}
+
+/// What one request came to: an answer, or a redirect to follow.
+enum Sent {
+    Answered(Result<Answer, CallError>),
+    Moved(String),
+}
+
+async fn once(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>) -> Sent {
+    Sent::Answered(match send(crab, verb, path, body).await {
+        Ok(Err(location)) => return Sent::Moved(location),
+        Ok(Ok(answer)) => Ok(answer),
+        Err(e) => Err(e),
+    })
+}
+
+/// One request: its classified answer, or the `Location` of a redirect.
+async fn send(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>) -> Result<Result<Answer, String>, CallError> {
     let sent = match verb {
         Verb::Get => crab._get(path).await,
         Verb::Post => crab._post(path, body).await,
@@ -342,9 +395,13 @@ async fn once(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>) -> 
     let response = sent.map_err(|e| CallError::Unavailable(crate::store::cap(&transport(&e))))?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    if let (301 | 302 | 307 | 308, Some(location)) = (status, header("location")) {
+        return Ok(Err(location));
+    }
     let text = crab.body_to_string(response).await.map_err(|e| CallError::Unavailable(crate::store::cap(&e.to_string())))?;
     let body: Value = if text.trim().is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
-    classify(status, &|name| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned), body)
+    classify(status, &header, body).map(Ok)
 }
 
 /// A transport error in words, with its sources (octocrab's own display says only "Service
@@ -392,6 +449,18 @@ mod tests {
 
     fn headers(list: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |name| list.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned())
+    }
+
+    #[test]
+    fn a_redirect_is_followed_only_within_the_api() {
+        let github = "https://api.github.com";
+        assert_eq!(within("https://api.github.com/repositories/9/issues/5/comments", github).as_deref(), Some("/repositories/9/issues/5/comments"));
+        assert_eq!(within("/repos/acme/gadgets/pulls", github).as_deref(), Some("/repos/acme/gadgets/pulls"));
+        let enterprise = "https://git.example.com/api/v3";
+        assert_eq!(within("https://git.example.com/api/v3/repositories/9", enterprise).as_deref(), Some("/repositories/9"));
+        for away in ["https://evil.example/repos/x", "https://api.github.com.evil.example/x", "//evil.example/x", "http://api.github.com/x", "repos/x"] {
+            assert_eq!(within(away, github), None, "{away}");
+        }
     }
 
     #[test]
