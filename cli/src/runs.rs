@@ -63,6 +63,7 @@ enum RunsCommand {
     /// Retry a failed or cancelled run from the nodes that failed; prints the new run's id.
     /// With `--node` and a new `--prompt`, `--model` or `--harness`: edit-and-retry, the node
     /// runs with them at every later attempt.
+    #[command(group(clap::ArgGroup::new("edit").multiple(true)))]
     Retry {
         /// The run: `run-…`, or its full name `<org>:<project>:run-…`.
         run: String,

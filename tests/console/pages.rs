@@ -241,6 +241,20 @@ async fn workflows_page_shows_problems_at_their_lines() {
     let made = b.post_form("/orgs/acme/tokens", &csrf, &[("name", "ci"), ("role", "member"), ("days", "7")]).await;
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
     assert!(made.body.contains("not shown again"));
+    // A lifetime that is not a number of days is said so, and no token is made.
+    for days in ["-5", "abc", "1.5"] {
+        let refused = b.post_form("/orgs/acme/tokens", &csrf, &[("name", "short"), ("role", "member"), ("days", days)]).await;
+        assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY, "{days}: {}", refused.body);
+        assert!(refused.body.contains("is not a number of days"), "{}", refused.body);
+    }
+    let shorts: i64 = sqlx::query_scalar("SELECT count(*) FROM api_tokens WHERE name = 'short'").fetch_one(app.pool()).await.unwrap();
+    assert_eq!(shorts, 0);
+    // A NUL in a page's path or query is a 400 page, as in the REST API, never a 500.
+    for path in ["/orgs/acme/projects/web/runs?workflow=%00", "/orgs/acme/audit?actor=%00", "/orgs/acme/projects/web/workflows/a%00b"] {
+        let page = b.get(path).await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{path}: {}", page.body);
+        assert!(page.body.contains("NUL"), "{path}: {}", page.body);
+    }
     app.discard().await;
 }
 

@@ -133,7 +133,18 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
         // The signed-in caller of each page fills the scope (`session`), and the in-process
         // REST calls run inside it.
         .layer(axum::middleware::from_fn(crate::http::tenant::scope))
+        .layer(axum::middleware::from_fn(refuse_nul))
         .with_state(console)
+}
+
+/// A page asked for with an encoded NUL in its path or query: a 400 page, as the REST API
+/// answers 400 (the console's own queries and its in-process REST calls would otherwise fail
+/// on it).
+async fn refuse_nul(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    if crate::http::extract::has_nul(req.uri()) {
+        return ConsoleError::BadRequest(crate::http::extract::NUL.into()).into_response();
+    }
+    next.run(req).await
 }
 
 const CSS: &str = include_str!("../../templates/static/console.css");

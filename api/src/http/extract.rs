@@ -69,11 +69,17 @@ fn has_nul_escape(bytes: &[u8]) -> bool {
 /// Refuses a request whose path or query holds NUL (`%00`), which no id, name or filter can
 /// contain and PostgreSQL cannot compare: a 400, before any handler reads it.
 pub async fn refuse_nul(req: Request, next: axum::middleware::Next) -> Response {
-    let uri = req.uri();
-    if uri.path().contains("%00") || uri.query().is_some_and(|q| q.contains("%00")) {
-        return ApiError::BadRequest("the path and query may not contain NUL (%00)".into()).into_response();
+    if has_nul(req.uri()) {
+        return ApiError::BadRequest(NUL.into()).into_response();
     }
     next.run(req).await
+}
+
+pub const NUL: &str = "the path and query may not contain NUL (%00)";
+
+/// Whether a request's path or query holds an encoded NUL, which no name, id or filter can.
+pub fn has_nul(uri: &axum::http::Uri) -> bool {
+    uri.path().contains("%00") || uri.query().is_some_and(|q| q.contains("%00"))
 }
 
 /// A JSON request body.

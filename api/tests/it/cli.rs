@@ -397,6 +397,9 @@ async fn runs_are_submitted_shown_answered_rejected_cancelled_retried_and_rerun(
     let build = got["steps"].as_array().unwrap().iter().find(|x| x["node"] == "build").unwrap();
     assert_eq!(build["output"]["prompt"], "build it again");
     s.cli(&["runs", "retry", &run2, "--prompt", "x"]).fails(2, "name it with --node");
+    // Several edits at once, as the console's form takes them.
+    let ran = s.cli(&["runs", "retry", &run2, "--node", "build", "--prompt", "once more", "--model", "claude-opus-4-5"]).ok();
+    assert!(ran.stderr.contains("with build edited"), "{}", ran.stderr);
     let run5 = s.cli(&["runs", "rerun", &run1, "--from", "ask"]).ok().stdout.trim().to_owned();
     let got = s.until(&run5, "its approval", is_waiting).await;
     assert_eq!(got["source_run"], run1);

@@ -35,7 +35,18 @@ pub(in super::super) async fn page(State(c): State<Console>, Path(org): Path<Str
 }
 
 pub(in super::super) async fn create(State(c): State<Console>, Path(org): Path<String>, Posted { s, form: f }: Posted) -> Result<Response, ConsoleError> {
-    let days = f.get("days").and_then(|d| d.trim().parse::<u32>().ok());
+    // Empty: the API's default; anything else must be a whole number of days, or the person
+    // asking for a short-lived token would get a long one without a word.
+    let days = match f.get("days").map(|d| d.trim()).filter(|d| !d.is_empty()) {
+        None => None,
+        Some(d) => match d.parse::<u32>() {
+            Ok(days) => Some(days),
+            Err(_) => {
+                let error = format!("`{d}` is not a number of days: give a whole number, or leave it empty for the default");
+                return render(&c, &s, None, Some(error), StatusCode::UNPROCESSABLE_ENTITY).await;
+            }
+        },
+    };
     let body = json!({ "name": f.get("name").map(|n| n.trim()).unwrap_or_default(), "role": f.get("role").filter(|r| !r.is_empty()), "expires_in_days": days });
     match c.call(&s.caller, Method::POST, &format!("/orgs/{org}/tokens"), Some(body)).await? {
         // The token's text is shown once, on this answer; a reload does not show it again.
