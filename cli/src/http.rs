@@ -35,8 +35,12 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
+    /// The answer read into `T`, its text made safe to print ([`defang`]).
     pub(crate) fn json<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
-        serde_json::from_slice(&self.body).map_err(|e| ClientError::Failed(format!("the server's answer is not what this client expects ({e})")))
+        let unexpected = |e: serde_json::Error| ClientError::Failed(format!("the server's answer is not what this client expects ({e})"));
+        let mut value: Value = serde_json::from_slice(&self.body).map_err(unexpected)?;
+        defang(&mut value);
+        serde_json::from_value(value).map_err(unexpected)
     }
 
     pub(crate) fn value(&self) -> Result<Value, ClientError> {
@@ -193,9 +197,15 @@ pub(crate) fn with_query(mut url: Url, pairs: &[(&str, Option<&str>)]) -> Url {
 /// The error of a non-success answer: the problem's title and detail, or the status and the
 /// start of whatever body came instead (a proxy's error page).
 pub(crate) fn refused(status: StatusCode, body: &[u8]) -> ClientError {
-    match serde_json::from_slice::<Problem>(body) {
-        Ok(p) => ClientError::Refused { status: status.as_u16(), title: p.title, detail: one_line(&p.detail), problems: p.problems.unwrap_or_default() },
-        Err(_) => {
+    let problem = serde_json::from_slice::<Value>(body).ok().and_then(|mut v| {
+        defang(&mut v);
+        serde_json::from_value::<Problem>(v).ok()
+    });
+    match problem {
+        Some(p) => {
+            ClientError::Refused { status: status.as_u16(), title: one_line(&p.title), detail: one_line(&p.detail), problems: p.problems.unwrap_or_default() }
+        }
+        None => {
             let text: String = String::from_utf8_lossy(body).chars().take(200).collect();
             let title = status.canonical_reason().unwrap_or("HTTP error").to_owned();
             let detail = if text.trim().is_empty() { format!("HTTP {}", status.as_u16()) } else { format!("HTTP {}: {}", status.as_u16(), one_line(&text)) };
@@ -205,5 +215,26 @@ pub(crate) fn refused(status: StatusCode, body: &[u8]) -> ClientError {
 }
 
 fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    defang_text(text).split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// What the server holds was written by people and agents (a reason, a workflow's name, an
+/// answer, a transcript): a control character in it would act on the terminal (`ESC [2J`
+/// clears it, `ESC ]0;` retitles it), so every one but a newline or a tab is shown as its
+/// escape (`\u{1b}`). `--json` prints the API's own text, where JSON escapes them already.
+pub(crate) fn defang(value: &mut Value) {
+    match value {
+        Value::String(s) if s.chars().any(acts_on_terminal) => *s = defang_text(s),
+        Value::Array(items) => items.iter_mut().for_each(defang),
+        Value::Object(fields) => fields.values_mut().for_each(defang),
+        _ => {}
+    }
+}
+
+pub(crate) fn defang_text(text: &str) -> String {
+    text.chars().map(|c| if acts_on_terminal(c) { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
+fn acts_on_terminal(c: char) -> bool {
+    c.is_control() && c != '\n' && c != '\t'
 }

@@ -156,7 +156,8 @@ impl Stream {
         if raw.is_empty() {
             return None;
         }
-        let data = serde_json::from_str(&raw).unwrap_or(Value::Null);
+        let mut data = serde_json::from_str(&raw).unwrap_or(Value::Null);
+        crate::http::defang(&mut data);
         Some(Event { kind: if kind.is_empty() { "message".to_owned() } else { kind }, data })
     }
 }

@@ -382,6 +382,15 @@ async fn runs_are_submitted_shown_answered_rejected_cancelled_retried_and_rerun(
     let ran = s.cli(&["runs", "cancel", &run3, "--reason", "not today"]).ok();
     assert_eq!(ran.stdout.trim(), format!("{run3} cancelled (cancelled: not today)"));
     s.cli(&["runs", "cancel", &run3]).fails(1, "error: Conflict: ");
+    // Text from the server never acts on the terminal: an escape sequence in a reason is
+    // shown as its escape.
+    let run8 = s.cli(&["runs", "submit", "ship"]).ok().stdout.trim().to_owned();
+    s.until(&run8, "its approval", is_waiting).await;
+    let ran = s.cli(&["runs", "cancel", &run8, "--reason", "\u{1b}[2J\u{1b}]0;pwned\u{7}gone"]).ok();
+    assert!(!ran.stdout.contains('\u{1b}') && !ran.stdout.contains('\u{7}'), "{:?}", ran.stdout);
+    assert!(ran.stdout.contains("\\u{1b}[2J"), "{:?}", ran.stdout);
+    let shown = s.cli(&["runs", "show", &run8]).ok();
+    assert!(!shown.stdout.contains('\u{1b}') && shown.stdout.contains("gone"), "{:?}", shown.stdout);
     let ran = s.cli(&["runs", "retry", &run3]).ok();
     let run4 = ran.stdout.trim().to_owned();
     assert!(run4.starts_with("run-") && run4 != run3);

@@ -64,7 +64,7 @@ fn definition(cx: &mut Cx, root: &YNode) -> Option<Definition> {
         return None;
     }
     let f = mapping(cx, root, "", TOP_KEYS)?;
-    let name = f.must(cx, "name", nonempty_string);
+    let name = f.must(cx, "name", workflow_name);
     let on = f.optional(cx, "on", triggers).map(Option::unwrap_or_default);
     let concurrency = f.optional(cx, "concurrency", concurrency);
     let throttle = f.optional(cx, "throttle", throttle);
@@ -105,6 +105,17 @@ fn github(cx: &mut Cx, node: &YNode, path: &str) -> Option<GithubTrigger> {
     let condition = f.optional(cx, "if", expression);
     let senders = f.optional_one_of(cx, "senders", &[("trusted", Senders::Trusted), ("any", Senders::Any)]).map(Option::unwrap_or_default);
     Some(GithubTrigger { events: events?, condition: condition?, senders: senders? })
+}
+
+/// A workflow's name is shown in lists, URLs and terminals: printable characters only (a
+/// control character, an escape sequence, would act on an operator's terminal).
+fn workflow_name(cx: &mut Cx, node: &YNode, path: &str) -> Option<String> {
+    let name = nonempty_string(cx, node, path)?;
+    if name.chars().any(char::is_control) {
+        cx.report(node.pos, path, format!("{name:?} holds a control character: use printable characters only"));
+        return None;
+    }
+    Some(name)
 }
 
 /// Event names as GitHub sends them: `issues`, `issues.labeled`, `projects_v2_item.edited`.

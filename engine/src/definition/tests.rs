@@ -497,3 +497,13 @@ fn event_names_are_github_s_own_digits_included() {
         assert!(problems.iter().any(|p| p.to_string().contains("is not an event name")), "{bad}: {problems:?}");
     }
 }
+
+#[test]
+fn a_workflow_name_is_printable() {
+    let source = |name: &str| format!("name: {name}\nnodes:\n  start: {{ trigger: {{}} }}\n");
+    assert_eq!(parse(&source("\"café ☃ v2\"")).expect("printable").name, "café ☃ v2");
+    for bad in ["\"\\e[31mred\"", "\"a\\u0007b\"", "\"tab\\there\""] {
+        let problems = parse(&source(bad)).expect_err(bad);
+        assert!(problems.iter().any(|p| p.to_string().contains("control character")), "{bad}: {problems:?}");
+    }
+}
