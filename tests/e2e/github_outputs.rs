@@ -192,6 +192,41 @@ async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defe
     env.finish().await;
 }
 
+/// GitHub made the comment but its answer came after the engine gave up (its timeout is 2 s
+/// here): the engine looks for the comment before it posts again, and finds it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_comment_whose_answer_was_lost_is_not_made_twice() {
+    let env = GhEnv::start(&[SAY]).await;
+    let comments = "/repos/acme/widgets/issues/7/comments";
+    env.fake.inject(Some("POST"), comments, Fault::AnswerLate(Duration::from_secs(5)), 1);
+    let _engine = env.engine("gh-lost", None);
+    label(&env, 7, "Lost answer", "say").await;
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    assert_eq!(env.fake.comments("acme/widgets", 7).len(), 1, "{:?}", env.fake.comments("acme/widgets", 7));
+    assert_eq!(env.fake.requests_to("POST", comments).len(), 1, "found, not posted again");
+    let output = env.steps("note").await.last().and_then(|s| s.output.clone()).unwrap_or_default();
+    assert_eq!(output["created"], false, "{output}");
+    drop(_engine);
+    env.finish().await;
+}
+
+/// GitHub answers 401 to an installation token it no longer takes (revoked, or expired before
+/// the engine's clock says): the token is minted again and the output done once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_github_refuses_is_minted_again() {
+    let env = GhEnv::start(&[SAY]).await;
+    let comments = "/repos/acme/widgets/issues/6/comments";
+    env.fake.inject(Some("POST"), comments, Fault::Status(401), 1);
+    let _engine = env.engine("gh-401", None);
+    label(&env, 6, "Refused token", "say").await;
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    assert_eq!(env.fake.comments("acme/widgets", 6).len(), 1);
+    assert_eq!(env.fake.requests_to("POST", comments).len(), 2);
+    assert_eq!(env.fake.requests_to("POST", "/app/installations/77/access_tokens").len(), 2, "a new token after the 401");
+    drop(_engine);
+    env.finish().await;
+}
+
 /// A repository renamed on GitHub answers its old paths with redirects (301 for a GET, 307 for a
 /// POST, with the body to send again): the output follows them, and the comment is made once.
 #[tokio::test(flavor = "multi_thread")]

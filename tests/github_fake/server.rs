@@ -40,6 +40,9 @@ pub enum Fault {
     PrimaryRateLimit { reset_in: u64 },
     /// Answer normally, but only after this long (a client with a shorter timeout gives up).
     Delay(Duration),
+    /// Do what was asked at once, but answer only after this long: the effect is made and
+    /// the answer lost to a client with a shorter timeout.
+    AnswerLate(Duration),
     /// The repository was renamed: GitHub redirects its old paths, 301 for a GET and 307 for
     /// any other method (which a client repeats with its body), to the path with `from`
     /// replaced by `to`.
@@ -270,8 +273,17 @@ async fn handle(State(data): State<Arc<Mutex<Data>>>, method: Method, uri: Uri, 
             return r;
         }
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
-        None => {}
+        Some(Fault::AnswerLate(_)) | None => {}
     }
+    let answer = answer(&data, &method, &uri, &headers, body);
+    if let Some(Fault::AnswerLate(d)) = fault {
+        tokio::time::sleep(d).await;
+    }
+    answer
+}
+
+fn answer(data: &Mutex<Data>, method: &Method, uri: &Uri, headers: &HeaderMap, body: Value) -> Response {
+    let path = uri.path();
     let mut d = data.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     // Installation tokens are `ghs_fake<n>_<installation>`: the installation a token acts for.
     let acting_for = headers
@@ -284,7 +296,7 @@ async fn handle(State(data): State<Arc<Mutex<Data>>>, method: Method, uri: Uri, 
     if path == "/installation/repositories" {
         return with_headers(installation_repositories(&d, acting_for, uri.query().unwrap_or_default()), 4999);
     }
-    with_headers(route(&mut d, &method, &path, uri.query().unwrap_or_default(), body), 4999)
+    with_headers(route(&mut d, method, path, uri.query().unwrap_or_default(), body), 4999)
 }
 
 /// An installation object as `GET /app/installations/{id}` answers it.

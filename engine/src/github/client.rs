@@ -25,7 +25,7 @@ pub const PUBLIC_API: &str = "https://api.github.com";
 pub const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
 
 /// How a failed call is retried before it counts as an outage: waits of 1 s, 2 s, 4 s.
-const RETRIES: u32 = 3;
+pub(crate) const RETRIES: u32 = 3;
 /// Redirects followed for one call (a renamed or transferred repository answers with one).
 const REDIRECTS: u32 = 3;
 
@@ -220,6 +220,12 @@ impl GithubApp {
         Ok(token.value)
     }
 
+    /// Drops the cached token of `installation` for `repository` and `scope`: GitHub answered
+    /// 401 to it (revoked, or expired sooner than this process's clock says).
+    pub async fn forget_token(&self, installation: i64, repository: &str, scope: Scope) {
+        self.tokens.lock().await.remove(&(installation, repository.to_lowercase(), scope));
+    }
+
     /// A new installation token (`body`: GitHub's `repositories` and `permissions`).
     async fn mint(&self, installation: i64, body: Value) -> Result<Token, CallError> {
         let answer = call(
@@ -311,6 +317,20 @@ impl RepoClient {
         call(&self.rest, verb, path, body, self.backoff, &self.api_url).await
     }
 
+    /// A REST call tried once (redirects followed): for a request that may have been done
+    /// though its answer was lost, whose caller looks before it tries again.
+    ///
+    /// # Errors
+    /// As for `rest`, `Unavailable` at the first 5xx or transport error.
+    pub async fn rest_once(&self, verb: Verb, path: &str, body: Option<&Value>) -> Result<Answer, CallError> {
+        call_with(&self.rest, verb, path, body, self.backoff, &self.api_url, 0).await
+    }
+
+    /// How long the first retry waits (doubling after).
+    pub fn backoff(&self) -> Duration {
+        self.backoff
+    }
+
     /// A GraphQL call; GraphQL errors in a 200 answer are classified too (`RATE_LIMITED` is a
     /// rate limit, anything else a client error).
     ///
@@ -335,6 +355,10 @@ impl RepoClient {
 /// repository: 301 for a GET, 307 for the rest) is followed with the same method and body,
 /// within `api_url` only.
 async fn call(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>, backoff: Duration, api_url: &str) -> Result<Answer, CallError> {
+    call_with(crab, verb, path, body, backoff, api_url, RETRIES).await
+}
+
+async fn call_with(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>, backoff: Duration, api_url: &str, retries: u32) -> Result<Answer, CallError> {
     let mut wait = backoff;
     let (mut tries, mut hops) = (0, 0);
     let mut path = path.to_owned();
@@ -350,7 +374,7 @@ async fn call(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>, bac
             Sent::Moved(location) => {
                 return Err(CallError::Client { status: 307, message: crate::store::cap(&format!("too many redirects (last to {location})")) });
             }
-            Sent::Answered(Err(CallError::Unavailable(why))) if tries < RETRIES => {
+            Sent::Answered(Err(CallError::Unavailable(why))) if tries < retries => {
                 tracing::info!(github.path = path, why, retry_in_ms = wait.as_millis() as u64, "github call failed; retrying");
                 tokio::time::sleep(wait).await;
                 wait *= 2;

@@ -129,20 +129,27 @@ impl OutputExecutor {
             OutputKind::Comment | OutputKind::Label => Scope::Issues,
             OutputKind::BoardMove => Scope::Board,
         };
-        let client = match self.app.for_repository(ctx.installation, &ctx.repository, scope).await {
-            Ok(c) => c,
-            Err(e) => return e.into(),
-        };
-        let done = match ctx.output.kind {
-            OutputKind::PullRequest => self.pull_request(&client, &ctx).await,
-            OutputKind::Comment => self.comment(&client, &ctx).await,
-            OutputKind::Label => labels(&client, &ctx).await,
-            OutputKind::BoardMove => board_move(&client, &ctx).await,
-        };
+        let mut done = self.output(&ctx, scope).await;
+        if matches!(done, Err(Step::Call(CallError::Client { status: 401, .. }))) {
+            // GitHub no longer takes the cached token (revoked, or expired before this
+            // process's clock says): once more with a new one.
+            self.app.forget_token(ctx.installation, &ctx.repository, scope).await;
+            done = self.output(&ctx, scope).await;
+        }
         match done {
             Ok(output) => Executed::Succeeded(output),
             Err(Step::Call(e)) => e.into(),
             Err(Step::Refused(reason)) => failure(reason, FailureClass::Final),
+        }
+    }
+
+    async fn output(&self, ctx: &Ctx, scope: Scope) -> Result<Value, Step> {
+        let client = self.app.for_repository(ctx.installation, &ctx.repository, scope).await?;
+        match ctx.output.kind {
+            OutputKind::PullRequest => self.pull_request(&client, ctx).await,
+            OutputKind::Comment => self.comment(&client, ctx).await,
+            OutputKind::Label => labels(&client, ctx).await,
+            OutputKind::BoardMove => board_move(&client, ctx).await,
         }
     }
 
@@ -195,19 +202,8 @@ impl OutputExecutor {
         } else {
             format!("<!-- shopfloor:{}:{} -->", ctx.run, ctx.node)
         };
-        let mut page = 1;
-        loop {
-            let path = format!("/repos/{}/issues/{number}/comments?per_page=100&page={page}", ctx.repository);
-            let answer = client.rest(Verb::Get, &path, None).await?;
-            let list = answer.body.as_array().cloned().unwrap_or_default();
-            if let Some(found) = list.iter().find(|c| c.get("body").and_then(Value::as_str).is_some_and(|b| b.contains(&marker))) {
-                return Ok(comment_output(found, false));
-            }
-            // A page shorter than asked for is the last; a bound keeps a bad answer from looping.
-            if list.len() < 100 || page >= 50 {
-                break;
-            }
-            page += 1;
+        if let Some(found) = find_comment(client, &ctx.repository, number, &marker).await? {
+            return Ok(comment_output(&found, false));
         }
         let text = match &ctx.output.body {
             Some(tpl) => {
@@ -216,10 +212,43 @@ impl OutputExecutor {
             None => String::new(),
         };
         let body = json!({ "body": format!("{text}\n\n{marker}") });
-        let answer = client.rest(Verb::Post, &format!("/repos/{}/issues/{number}/comments", ctx.repository), Some(&body)).await?;
+        let path = format!("/repos/{}/issues/{number}/comments", ctx.repository);
+        // A POST that timed out or met a 5xx may have been made all the same: before each new
+        // try the marker is looked for again, so the comment is made once.
+        let (mut wait, mut tries) = (client.backoff(), 0);
+        let answer = loop {
+            match client.rest_once(Verb::Post, &path, Some(&body)).await {
+                Err(CallError::Unavailable(why)) if tries < crate::github::client::RETRIES => {
+                    tracing::info!(github.path = path, why, retry_in_ms = wait.as_millis() as u64, "github comment failed; looking for it, then retrying");
+                    tokio::time::sleep(wait).await;
+                    (wait, tries) = (wait * 2, tries + 1);
+                    if let Some(found) = find_comment(client, &ctx.repository, number, &marker).await? {
+                        return Ok(comment_output(&found, false));
+                    }
+                }
+                answer => break answer?,
+            }
+        };
         self.crash_point("comment_posted");
         Ok(comment_output(&answer.body, true))
     }
+}
+
+/// The comment on issue `number` that carries `marker`, if one was made.
+async fn find_comment(client: &RepoClient, repository: &str, number: i64, marker: &str) -> Result<Option<Value>, Step> {
+    for page in 1..=50 {
+        let path = format!("/repos/{repository}/issues/{number}/comments?per_page=100&page={page}");
+        let answer = client.rest(Verb::Get, &path, None).await?;
+        let list = answer.body.as_array().cloned().unwrap_or_default();
+        if let Some(found) = list.iter().find(|c| c.get("body").and_then(Value::as_str).is_some_and(|b| b.contains(marker))) {
+            return Ok(Some(found.clone()));
+        }
+        // A page shorter than asked for is the last; the bound keeps a bad answer from looping.
+        if list.len() < 100 {
+            break;
+        }
+    }
+    Ok(None)
 }
 
 /// An output's failure before it is classified.
