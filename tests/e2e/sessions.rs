@@ -130,7 +130,7 @@ fn cases() -> Vec<Case> {
                 "codex/turn_failed",
                 1,
                 "turn failed: unexpected status 401 Unauthorized: Missing bearer or basic authentication in header",
-                "ordinary",
+                "final",
                 0.0,
                 (0, 0),
                 0,
