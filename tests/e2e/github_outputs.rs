@@ -246,6 +246,32 @@ async fn a_renamed_repositorys_redirects_are_followed() {
     env.finish().await;
 }
 
+/// GitHub answers a GraphQL query in part, with a 200: the card on a board the
+/// installation cannot see comes back without its project, beside an error. The move is made
+/// on the board it can see.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partial_graphql_answer_moves_the_card_on_the_board_it_can_see() {
+    let env = GhEnv::start(&[TRIAGE]).await;
+    env.fake.graphql_answer(json!({
+        "data": { "node": { "projectItems": { "nodes": [
+            { "id": "PVTI_hidden", "project": null },
+            { "id": "PVTI_card8", "project": { "id": "PVT_board", "field": { "id": "PVTSSF_status", "options": [
+                { "id": "opt_ready", "name": "Ready" }, { "id": "opt_progress", "name": "In progress" } ] } } },
+        ] } } },
+        "errors": [{ "type": "FORBIDDEN", "path": ["node", "projectItems", "nodes", 0, "project"],
+                     "message": "Resource not accessible by integration", "locations": [{ "line": 1, "column": 60 }] }],
+    }));
+    env.fake.graphql_reply(json!({ "updateProjectV2ItemFieldValue": { "projectV2Item": { "id": "PVTI_card8" } } }));
+    let _engine = env.engine("gh-partial", None);
+    label(&env, 8, "Sort me too", "triage").await;
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    let graphql = env.fake.requests_to("POST", "/graphql");
+    assert_eq!(graphql.len(), 2, "{graphql:?}");
+    assert_eq!(graphql[1].body["variables"]["item"], "PVTI_card8");
+    drop(_engine);
+    env.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn labels_are_added_and_removed_and_the_card_moves_on_the_board() {
     let env = GhEnv::start(&[TRIAGE]).await;

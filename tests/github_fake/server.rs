@@ -191,7 +191,13 @@ impl FakeGithub {
 
     /// Queues the `data` of the next GraphQL answer (answered `{"data": {}}` when none waits).
     pub fn graphql_reply(&self, data: Value) {
-        self.lock().graphql.push_back(data);
+        self.lock().graphql.push_back(json!({ "data": data }));
+    }
+
+    /// The next GraphQL answer's whole body, as GitHub may send it with a 200: `errors` beside
+    /// partial `data`, or alone.
+    pub fn graphql_answer(&self, body: Value) {
+        self.lock().graphql.push_back(body);
     }
 }
 
@@ -345,8 +351,8 @@ fn route(d: &mut Data, method: &Method, path: &str, query: &str, body: Value) ->
     let num = |s: &str| s.parse::<i64>().unwrap_or(-1);
     match (method.as_str(), seg.as_slice()) {
         ("POST", ["graphql"]) => {
-            let data = d.graphql.pop_front().unwrap_or_else(|| json!({}));
-            ok(StatusCode::OK, json!({ "data": data }))
+            let body = d.graphql.pop_front().unwrap_or_else(|| json!({ "data": {} }));
+            ok(StatusCode::OK, body)
         }
         ("POST", ["app", "installations", id, "access_tokens"]) => {
             let n = d.id();

@@ -147,6 +147,16 @@ pub struct RepoClient {
     api_url: String,
 }
 
+/// The GraphQL endpoint beside a REST API: `https://api.github.com/graphql`, and on GitHub
+/// Enterprise Server (REST at `/api/v3`) `/api/graphql`.
+fn graphql_url_of(api_url: &str) -> String {
+    let api = api_url.trim_end_matches('/');
+    match api.strip_suffix("/api/v3") {
+        Some(host) => format!("{host}/api/graphql"),
+        None => format!("{api}/graphql"),
+    }
+}
+
 /// `https://host:port` and the path of a URL.
 fn split_url(url: &str) -> Result<(String, String), CallError> {
     let scheme_end = url.find("://").ok_or_else(|| CallError::Config(format!("`{url}` is not an http(s) URL")))? + 3;
@@ -164,7 +174,7 @@ impl GithubApp {
     pub fn new(settings: AppSettings) -> Result<GithubApp, CallError> {
         let key = octocrab::jsonwebtoken::EncodingKey::from_rsa_pem(settings.private_key.expose_secret().as_bytes())
             .map_err(|e| CallError::Config(format!("the App key is not an RSA private key in PEM: {e}")))?;
-        let graphql_url = settings.graphql_url.clone().unwrap_or_else(|| format!("{}/graphql", settings.api_url.trim_end_matches('/')));
+        let graphql_url = settings.graphql_url.clone().unwrap_or_else(|| graphql_url_of(&settings.api_url));
         let (graphql_origin, graphql_path) = split_url(&graphql_url)?;
         let build = |base: &str| -> Result<Octocrab, CallError> {
             Octocrab::builder()
@@ -331,22 +341,29 @@ impl RepoClient {
         self.backoff
     }
 
-    /// A GraphQL call; GraphQL errors in a 200 answer are classified too (`RATE_LIMITED` is a
-    /// rate limit, anything else a client error).
+    /// A GraphQL call. GitHub answers its errors with a 200: a rate limit (`RATE_LIMITED`, or a
+    /// message that says a secondary one was passed) is a rate limit; errors beside `data` that
+    /// holds something are partial results (a card on a board the installation cannot see comes
+    /// back null), given to the caller to use what came; errors alone are a client error.
     ///
     /// # Errors
     /// As for `rest`.
     pub async fn graphql(&self, query: &str, variables: &Value) -> Result<Value, CallError> {
         let body = json!({ "query": query, "variables": variables });
         let answer = call(&self.graphql, Verb::Post, &self.graphql_path, Some(&body), self.backoff, &self.api_url).await?;
-        if let Some(errors) = answer.body.get("errors").and_then(Value::as_array).filter(|e| !e.is_empty()) {
-            if errors.iter().any(|e| e.get("type").and_then(Value::as_str) == Some("RATE_LIMITED")) {
-                return Err(CallError::RateLimited(Duration::from_secs(60)));
-            }
-            let message = errors.iter().filter_map(|e| e.get("message").and_then(Value::as_str)).collect::<Vec<_>>().join("; ");
-            return Err(CallError::Client { status: 200, message: crate::store::cap(&message) });
+        let data = answer.body.get("data").cloned().unwrap_or(Value::Null);
+        let Some(errors) = answer.body.get("errors").and_then(Value::as_array).filter(|e| !e.is_empty()) else { return Ok(data) };
+        let message = errors.iter().filter_map(|e| e.get("message").and_then(Value::as_str)).collect::<Vec<_>>().join("; ");
+        let limited =
+            errors.iter().any(|e| e.get("type").and_then(Value::as_str) == Some("RATE_LIMITED")) || message.to_lowercase().contains("secondary rate limit");
+        if limited {
+            return Err(CallError::RateLimited(Duration::from_secs(60)));
         }
-        Ok(answer.body.get("data").cloned().unwrap_or(Value::Null))
+        if data.as_object().is_some_and(|d| d.values().any(|v| !v.is_null())) {
+            tracing::warn!(github.errors = message, "github answered part of a GraphQL query");
+            return Ok(data);
+        }
+        Err(CallError::Client { status: 200, message: crate::store::cap(&message) })
     }
 }
 
@@ -473,6 +490,13 @@ mod tests {
 
     fn headers(list: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |name| list.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned())
+    }
+
+    #[test]
+    fn graphql_is_beside_the_rest_api() {
+        assert_eq!(graphql_url_of("https://api.github.com"), "https://api.github.com/graphql");
+        assert_eq!(graphql_url_of("https://git.example.com/api/v3/"), "https://git.example.com/api/graphql");
+        assert_eq!(graphql_url_of("http://127.0.0.1:9/"), "http://127.0.0.1:9/graphql");
     }
 
     #[test]

@@ -339,7 +339,12 @@ async fn board_move(client: &RepoClient, ctx: &Ctx) -> Result<Value, Step> {
     let column = ctx.output.column.clone().unwrap_or_default();
     let node_id = ctx.node_id.clone().ok_or_else(|| Step::Refused("board:no_item".into()))?;
     let data = client.graphql(CARDS, &json!({ "id": node_id })).await?;
-    let cards = data.pointer("/node/projectItems/nodes").and_then(Value::as_array).cloned().unwrap_or_default();
+    // Cards on boards the installation cannot see come back without their project: skipped.
+    let cards: Vec<Value> = data
+        .pointer("/node/projectItems/nodes")
+        .and_then(Value::as_array)
+        .map(|nodes| nodes.iter().filter(|c| c.pointer("/project/id").is_some_and(Value::is_string)).cloned().collect())
+        .unwrap_or_default();
     // The board the webhooks last saw the card on, else the first one.
     let known = ctx.item.pointer("/board/project").and_then(Value::as_str);
     let card = cards
@@ -360,7 +365,10 @@ async fn board_move(client: &RepoClient, ctx: &Ctx) -> Result<Value, Step> {
         .find(|o| o.get("name").and_then(Value::as_str).is_some_and(|n| n.eq_ignore_ascii_case(&column)))
         .and_then(|o| o.get("id").and_then(Value::as_str))
         .ok_or_else(|| Step::Refused(crate::store::cap(&format!("board:no_column:{column}"))))?;
-    client.graphql(MOVE, &json!({ "project": project, "item": card_id, "field": field, "option": option })).await?;
+    let moved = client.graphql(MOVE, &json!({ "project": project, "item": card_id, "field": field, "option": option })).await?;
+    if moved.pointer("/updateProjectV2ItemFieldValue/projectV2Item/id").is_none_or(Value::is_null) {
+        return Err(Step::Call(CallError::Client { status: 200, message: "the board did not take the move".into() }));
+    }
     Ok(json!({ "board": { "project": project, "card": card_id, "column": column } }))
 }
 
