@@ -11,6 +11,7 @@
 //! mistake and final.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -87,6 +88,9 @@ struct Token {
     expires_at: DateTime<Utc>,
 }
 
+/// The cached token of one installation, repository and scope, locked while it is minted.
+type TokenSlot = Arc<tokio::sync::Mutex<Option<Token>>>;
+
 /// The App: its JWT-authenticated clients and the installation tokens it minted.
 pub struct GithubApp {
     settings: AppSettings,
@@ -95,7 +99,9 @@ pub struct GithubApp {
     /// (`/api/v3`) is not put before `/api/graphql`.
     graphql: Octocrab,
     graphql_path: String,
-    tokens: tokio::sync::Mutex<HashMap<(i64, String, Scope), Token>>,
+    /// One slot per installation, repository and scope, each locked across its own mint only:
+    /// concurrent steps of one repository mint one token, and a slow mint holds no other.
+    tokens: std::sync::Mutex<HashMap<(i64, String, Scope), TokenSlot>>,
 }
 
 /// What an installation token may do: each use asks GitHub for the least it needs, so a token
@@ -189,7 +195,7 @@ impl GithubApp {
         };
         let rest = build(settings.api_url.trim_end_matches('/'))?;
         let graphql = build(&graphql_origin)?;
-        Ok(GithubApp { settings, rest, graphql, graphql_path, tokens: tokio::sync::Mutex::new(HashMap::new()) })
+        Ok(GithubApp { settings, rest, graphql, graphql_path, tokens: std::sync::Mutex::new(HashMap::new()) })
     }
 
     /// Clients for `repository` (`owner/name`) through `installation`, with a token scoped to
@@ -217,23 +223,29 @@ impl GithubApp {
     /// As for any call.
     pub async fn installation_token(&self, installation: i64, repository: &str, scope: Scope) -> Result<SecretString, CallError> {
         let key = (installation, repository.to_lowercase(), scope);
+        let slot = self.slot(key);
         // Held across the mint, so that concurrent steps of one repository mint one token.
-        let mut tokens = self.tokens.lock().await;
-        if let Some(t) = tokens.get(&key) {
+        let mut cached = slot.lock().await;
+        if let Some(t) = cached.as_ref() {
             if t.expires_at - chrono::Duration::from_std(TOKEN_MARGIN).unwrap_or_default() > Utc::now() {
                 return Ok(t.value.clone());
             }
         }
         let name = repository.rsplit('/').next().unwrap_or(repository);
         let token = self.mint(installation, json!({ "repositories": [name], "permissions": scope.permissions() })).await?;
-        tokens.insert(key, token.clone());
+        *cached = Some(token.clone());
         Ok(token.value)
     }
 
     /// Drops the cached token of `installation` for `repository` and `scope`: GitHub answered
     /// 401 to it (revoked, or expired sooner than this process's clock says).
     pub async fn forget_token(&self, installation: i64, repository: &str, scope: Scope) {
-        self.tokens.lock().await.remove(&(installation, repository.to_lowercase(), scope));
+        *self.slot((installation, repository.to_lowercase(), scope)).lock().await = None;
+    }
+
+    fn slot(&self, key: (i64, String, Scope)) -> TokenSlot {
+        let mut slots = self.tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots.entry(key).or_default().clone()
     }
 
     /// A new installation token (`body`: GitHub's `repositories` and `permissions`).
