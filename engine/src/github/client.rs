@@ -8,7 +8,8 @@
 //! (`x-ratelimit-remaining: 0`, until `x-ratelimit-reset`) are deferrals, not failures. 5xx
 //! answers, timeouts and connection errors are retried here with a doubling backoff, and then
 //! reported as an outage, which the executor also defers. Any other 4xx is the caller's
-//! mistake and final.
+//! mistake and final. A redirect (a renamed or transferred repository) is followed within the
+//! configured API, with the same method and body.
 
 use std::collections::HashMap;
 use std::sync::Arc;
