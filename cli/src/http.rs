@@ -231,8 +231,12 @@ pub(crate) fn defang(value: &mut Value) {
     }
 }
 
-pub(crate) fn defang_text(text: &str) -> String {
-    text.chars().map(|c| if acts_on_terminal(c) { c.escape_default().to_string() } else { c.to_string() }).collect()
+fn defang_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if acts_on_terminal(c) { out.extend(c.escape_default()) } else { out.push(c) }
+    }
+    out
 }
 
 fn acts_on_terminal(c: char) -> bool {

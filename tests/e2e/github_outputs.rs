@@ -192,36 +192,34 @@ async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defe
     env.finish().await;
 }
 
-/// GitHub made the comment but its answer came after the engine gave up (its timeout is 2 s
-/// here): the engine looks for the comment before it posts again, and finds it.
+/// Two ways a comment's POST goes wrong while GitHub stays up. On #7 GitHub made the comment
+/// but answered after the engine gave up (its timeout is 2 s here): the engine looks for the
+/// comment before it posts again, and finds it. On #6 GitHub answers 401 to an installation
+/// token it no longer takes (revoked, or expired before the engine's clock says): a new token
+/// is minted and the comment made. One comment each.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_comment_whose_answer_was_lost_is_not_made_twice() {
+async fn a_lost_answer_and_a_refused_token_each_leave_one_comment() {
     let env = GhEnv::start(&[SAY]).await;
-    let comments = "/repos/acme/widgets/issues/7/comments";
-    env.fake.inject(Some("POST"), comments, Fault::AnswerLate(Duration::from_secs(5)), 1);
-    let _engine = env.engine("gh-lost", None);
+    let comments = |n: i64| format!("/repos/acme/widgets/issues/{n}/comments");
+    env.fake.inject(Some("POST"), &comments(7), Fault::AnswerLate(Duration::from_secs(5)), 1);
+    env.fake.inject(Some("POST"), &comments(6), Fault::Status(401), 1);
+    let _engine = env.engine("gh-a", None);
     label(&env, 7, "Lost answer", "say").await;
-    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
-    assert_eq!(env.fake.comments("acme/widgets", 7).len(), 1, "{:?}", env.fake.comments("acme/widgets", 7));
-    assert_eq!(env.fake.requests_to("POST", comments).len(), 1, "found, not posted again");
-    let output = env.steps("note").await.last().and_then(|s| s.output.clone()).unwrap_or_default();
-    assert_eq!(output["created"], false, "{output}");
-    drop(_engine);
-    env.finish().await;
-}
-
-/// GitHub answers 401 to an installation token it no longer takes (revoked, or expired before
-/// the engine's clock says): the token is minted again and the output done once.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_token_github_refuses_is_minted_again() {
-    let env = GhEnv::start(&[SAY]).await;
-    let comments = "/repos/acme/widgets/issues/6/comments";
-    env.fake.inject(Some("POST"), comments, Fault::Status(401), 1);
-    let _engine = env.engine("gh-401", None);
     label(&env, 6, "Refused token", "say").await;
-    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
-    assert_eq!(env.fake.comments("acme/widgets", 6).len(), 1);
-    assert_eq!(env.fake.requests_to("POST", comments).len(), 2);
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 2, LONG).await;
+    for n in [6, 7] {
+        assert_eq!(env.fake.comments("acme/widgets", n).len(), 1, "#{n}: {:?}", env.fake.comments("acme/widgets", n));
+    }
+    assert_eq!(env.fake.requests_to("POST", &comments(7)).len(), 1, "found, not posted again");
+    let created: bool = sqlx::query_scalar(
+        "SELECT (s.output->>'created')::bool FROM steps s JOIN runs r ON r.run_id = s.run_id JOIN items i ON i.item_id = r.item_id \
+         WHERE i.key = '[\"github\",\"acme/widgets\",7]' AND s.node = 'note' AND s.state = 'succeeded'",
+    )
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert!(!created, "#7's comment was found, not made");
+    assert_eq!(env.fake.requests_to("POST", &comments(6)).len(), 2);
     assert_eq!(env.fake.requests_to("POST", "/app/installations/77/access_tokens").len(), 2, "a new token after the 401");
     drop(_engine);
     env.finish().await;

@@ -182,12 +182,13 @@ async fn handle(State(state): State<WebhookState>, headers: &HeaderMap, body: By
     // A repository's or an org's webhook may be set to send a form (`payload=` and the JSON,
     // signed as sent); an App's always sends JSON.
     let form = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"));
-    let payload = match form {
-        true => url::form_urlencoded::parse(&body)
+    let payload = if form {
+        url::form_urlencoded::parse(&body)
             .find(|(name, _)| name == "payload")
             .map(|(_, json)| Bytes::from(json.into_owned()))
-            .ok_or_else(|| WebhookError::Malformed("a form-encoded delivery has no `payload` field".into()))?,
-        false => body,
+            .ok_or_else(|| WebhookError::Malformed("a form-encoded delivery has no `payload` field".into()))?
+    } else {
+        body
     };
     let delivery = Delivery { id, event, body: &payload };
     // The delivery's span is the root of the trace of each run it opens (`engine::trace`).

@@ -27,7 +27,7 @@ pub const PUBLIC_API: &str = "https://api.github.com";
 pub const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
 
 /// How a failed call is retried before it counts as an outage: waits of 1 s, 2 s, 4 s.
-pub(crate) const RETRIES: u32 = 3;
+const RETRIES: u32 = 3;
 /// Redirects followed for one call (a renamed or transferred repository answers with one).
 const REDIRECTS: u32 = 3;
 
@@ -346,7 +346,7 @@ impl RepoClient {
     /// # Errors
     /// As for `rest`, `Unavailable` at the first 5xx or transport error.
     pub async fn rest_once(&self, verb: Verb, path: &str, body: Option<&Value>) -> Result<Answer, CallError> {
-        call_with(&self.rest, verb, path, body, self.backoff, &self.api_url, 0).await
+        follow(&self.rest, verb, path, body, &self.api_url).await
     }
 
     /// How long the first retry waits (doubling after).
@@ -380,38 +380,54 @@ impl RepoClient {
     }
 }
 
-/// One call with its retries: 5xx and transport errors are tried again after `backoff`,
-/// doubling, [`RETRIES`] times. A redirect (GitHub's answer for a renamed or transferred
-/// repository: 301 for a GET, 307 for the rest) is followed with the same method and body,
-/// within `api_url` only.
+/// One call with its retries ([`with_retries`]), its redirects followed ([`follow`]).
 async fn call(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>, backoff: Duration, api_url: &str) -> Result<Answer, CallError> {
-    call_with(crab, verb, path, body, backoff, api_url, RETRIES).await
+    with_retries(backoff, path, || follow(crab, verb, path, body, api_url)).await
 }
 
-async fn call_with(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>, backoff: Duration, api_url: &str, retries: u32) -> Result<Answer, CallError> {
+/// Runs `attempt` again while it fails with an outage (a 5xx, a timeout, a transport error),
+/// after `backoff`, doubling, [`RETRIES`] times; `what` names it in the log.
+///
+/// # Errors
+/// The last attempt's.
+pub(crate) async fn with_retries<T, F, Fut>(backoff: Duration, what: &str, mut attempt: F) -> Result<T, CallError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CallError>>,
+{
     let mut wait = backoff;
-    let (mut tries, mut hops) = (0, 0);
+    for _ in 0..RETRIES {
+        match attempt().await {
+            Err(CallError::Unavailable(why)) => {
+                tracing::info!(github.path = what, why, retry_in_ms = wait.as_millis() as u64, "github call failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            done => return done,
+        }
+    }
+    attempt().await
+}
+
+/// One request, its redirects followed (GitHub's answer for a renamed or transferred
+/// repository: 301 for a GET, 307 for the rest) with the same method and body, within
+/// `api_url` only: the token goes with the request.
+async fn follow(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>, api_url: &str) -> Result<Answer, CallError> {
     let mut path = path.to_owned();
-    loop {
-        match once(crab, verb, &path, body).await {
-            Sent::Moved(location) if hops < REDIRECTS => {
+    for _ in 0..REDIRECTS {
+        match send(crab, verb, &path, body).await? {
+            Sent::Answer(answer) => return Ok(answer),
+            Sent::Moved(location) => {
                 path = within(&location, api_url).ok_or_else(|| CallError::Client {
                     status: 307,
                     message: crate::store::cap(&format!("redirected away from GitHub's API, to {location}: not followed")),
                 })?;
-                hops += 1;
             }
-            Sent::Moved(location) => {
-                return Err(CallError::Client { status: 307, message: crate::store::cap(&format!("too many redirects (last to {location})")) });
-            }
-            Sent::Answered(Err(CallError::Unavailable(why))) if tries < retries => {
-                tracing::info!(github.path = path, why, retry_in_ms = wait.as_millis() as u64, "github call failed; retrying");
-                tokio::time::sleep(wait).await;
-                wait *= 2;
-                tries += 1;
-            }
-            Sent::Answered(answer) => return answer,
         }
+    }
+    match send(crab, verb, &path, body).await? {
+        Sent::Answer(answer) => Ok(answer),
+        Sent::Moved(location) => Err(CallError::Client { status: 307, message: crate::store::cap(&format!("too many redirects (last to {location})")) }),
     }
 }
 
@@ -424,22 +440,13 @@ fn within(location: &str, api_url: &str) -> Option<String> {
     path.starts_with('/').then(|| path.to_owned())
 }
 
-/// What one request came to: an answer, or a redirect to follow.
+/// What one request came to: a classified answer, or a redirect to follow.
 enum Sent {
-    Answered(Result<Answer, CallError>),
+    Answer(Answer),
     Moved(String),
 }
 
-async fn once(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>) -> Sent {
-    Sent::Answered(match send(crab, verb, path, body).await {
-        Ok(Err(location)) => return Sent::Moved(location),
-        Ok(Ok(answer)) => Ok(answer),
-        Err(e) => Err(e),
-    })
-}
-
-/// One request: its classified answer, or the `Location` of a redirect.
-async fn send(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>) -> Result<Result<Answer, String>, CallError> {
+async fn send(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>) -> Result<Sent, CallError> {
     let sent = match verb {
         Verb::Get => crab._get(path).await,
         Verb::Post => crab._post(path, body).await,
@@ -451,11 +458,11 @@ async fn send(crab: &Octocrab, verb: Verb, path: &str, body: Option<&Value>) -> 
     let headers = response.headers().clone();
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     if let (301 | 302 | 307 | 308, Some(location)) = (status, header("location")) {
-        return Ok(Err(location));
+        return Ok(Sent::Moved(location));
     }
     let text = crab.body_to_string(response).await.map_err(|e| CallError::Unavailable(crate::store::cap(&e.to_string())))?;
     let body: Value = if text.trim().is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
-    classify(status, &header, body).map(Ok)
+    classify(status, &header, body).map(Sent::Answer)
 }
 
 /// A transport error in words, with its sources (octocrab's own display says only "Service

@@ -31,7 +31,7 @@ use std::time::Duration;
 use crate::db::Db;
 use serde_json::{Map, Value, json};
 
-use super::client::{CallError, GithubApp, RepoClient, Scope, Verb};
+use super::client::{CallError, GithubApp, RepoClient, Scope, Verb, with_retries};
 use crate::advance::ToExecute;
 use crate::catalog::Catalog;
 use crate::definition::{NodeKind, Output, OutputKind};
@@ -202,9 +202,6 @@ impl OutputExecutor {
         } else {
             format!("<!-- shopfloor:{}:{} -->", ctx.run, ctx.node)
         };
-        if let Some(found) = find_comment(client, &ctx.repository, number, &marker).await? {
-            return Ok(comment_output(&found, false));
-        }
         let text = match &ctx.output.body {
             Some(tpl) => {
                 crate::definition::template::render(tpl, &ctx.template).map_err(|e| Step::Refused(crate::store::cap(&format!("output:template: {e}"))))?
@@ -213,32 +210,29 @@ impl OutputExecutor {
         };
         let body = json!({ "body": format!("{text}\n\n{marker}") });
         let path = format!("/repos/{}/issues/{number}/comments", ctx.repository);
-        // A POST that timed out or met a 5xx may have been made all the same: before each new
-        // try the marker is looked for again, so the comment is made once.
-        let (mut wait, mut tries) = (client.backoff(), 0);
-        let answer = loop {
-            match client.rest_once(Verb::Post, &path, Some(&body)).await {
-                Err(CallError::Unavailable(why)) if tries < crate::github::client::RETRIES => {
-                    tracing::info!(github.path = path, why, retry_in_ms = wait.as_millis() as u64, "github comment failed; looking for it, then retrying");
-                    tokio::time::sleep(wait).await;
-                    (wait, tries) = (wait * 2, tries + 1);
-                    if let Some(found) = find_comment(client, &ctx.repository, number, &marker).await? {
-                        return Ok(comment_output(&found, false));
-                    }
-                }
-                answer => break answer?,
+        // A POST that timed out or met a 5xx may have been made all the same: each try looks
+        // for the marker first, so the comment is made once (and found after a crash).
+        let (repository, marker, path, body) = (&ctx.repository, &marker, &path, &body);
+        let (comment, created) = with_retries(client.backoff(), path, || async move {
+            if let Some(found) = find_comment(client, repository, number, marker).await? {
+                return Ok((found, false));
             }
-        };
-        self.crash_point("comment_posted");
-        Ok(comment_output(&answer.body, true))
+            Ok((client.rest_once(Verb::Post, path, Some(body)).await?.body, true))
+        })
+        .await?;
+        if created {
+            self.crash_point("comment_posted");
+        }
+        Ok(comment_output(&comment, created))
     }
 }
 
-/// The comment on issue `number` that carries `marker`, if one was made.
-async fn find_comment(client: &RepoClient, repository: &str, number: i64, marker: &str) -> Result<Option<Value>, Step> {
+/// The comment on issue `number` that carries `marker`, if one was made. Tried once: its caller
+/// retries the look and what follows it together.
+async fn find_comment(client: &RepoClient, repository: &str, number: i64, marker: &str) -> Result<Option<Value>, CallError> {
     for page in 1..=50 {
         let path = format!("/repos/{repository}/issues/{number}/comments?per_page=100&page={page}");
-        let answer = client.rest(Verb::Get, &path, None).await?;
+        let answer = client.rest_once(Verb::Get, &path, None).await?;
         let list = answer.body.as_array().cloned().unwrap_or_default();
         if let Some(found) = list.iter().find(|c| c.get("body").and_then(Value::as_str).is_some_and(|b| b.contains(marker))) {
             return Ok(Some(found.clone()));

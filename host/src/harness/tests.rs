@@ -4,23 +4,11 @@
 use super::*;
 use serde_json::json;
 
+/// `host/tests/fixtures/<name>.jsonl`. Leaked, so that a test keeps its lines as `&str`.
 fn fixture(name: &str) -> &'static str {
-    match name {
-        "claude/success" => include_str!("../../tests/fixtures/claude/success.jsonl"),
-        "claude/multi_model" => include_str!("../../tests/fixtures/claude/multi_model.jsonl"),
-        "claude/max_turns" => include_str!("../../tests/fixtures/claude/max_turns.jsonl"),
-        "claude/max_budget" => include_str!("../../tests/fixtures/claude/max_budget.jsonl"),
-        "claude/sigterm" => include_str!("../../tests/fixtures/claude/sigterm.jsonl"),
-        "claude/api_error_404" => include_str!("../../tests/fixtures/claude/api_error_404.jsonl"),
-        "claude/no_result" => include_str!("../../tests/fixtures/claude/no_result.jsonl"),
-        "claude/two_results" => include_str!("../../tests/fixtures/claude/two_results.jsonl"),
-        "claude/aborted" => include_str!("../../tests/fixtures/claude/aborted.jsonl"),
-        "codex/success" => include_str!("../../tests/fixtures/codex/success.jsonl"),
-        "codex/reconnect" => include_str!("../../tests/fixtures/codex/reconnect.jsonl"),
-        "codex/turn_failed" => include_str!("../../tests/fixtures/codex/turn_failed.jsonl"),
-        "codex/legacy" => include_str!("../../tests/fixtures/codex/legacy.jsonl"),
-        other => panic!("no fixture {other}"),
-    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("{name}.jsonl"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
+    Box::leak(text.into_boxed_str())
 }
 
 fn read(kind: Kind, model: Option<&str>, lines: &[&str]) -> Reader {
