@@ -81,6 +81,9 @@ pub enum CallError {
 pub struct Answer {
     pub status: u16,
     pub body: Value,
+    /// How long until the rate limit resets, when the answer says none is left
+    /// (`x-ratelimit-remaining: 0`): GraphQL answers its rate limit with a 200.
+    pub exhausted_for: Option<Duration>,
 }
 
 #[derive(Clone)]
@@ -370,7 +373,8 @@ impl RepoClient {
         let limited =
             errors.iter().any(|e| e.get("type").and_then(Value::as_str) == Some("RATE_LIMITED")) || message.to_lowercase().contains("secondary rate limit");
         if limited {
-            return Err(CallError::RateLimited(Duration::from_secs(60)));
+            // The primary limit says when it resets; a secondary one asks for a minute at least.
+            return Err(CallError::RateLimited(answer.exhausted_for.unwrap_or(Duration::from_secs(60))));
         }
         if data.as_object().is_some_and(|d| d.values().any(|v| !v.is_null())) {
             tracing::warn!(github.errors = message, "github answered part of a GraphQL query");
@@ -480,18 +484,20 @@ fn transport(e: &octocrab::Error) -> String {
 
 /// Sorts an answer into success, rate limit, outage or client error.
 pub fn classify(status: u16, header: &dyn Fn(&str) -> Option<String>, body: Value) -> Result<Answer, CallError> {
+    let exhausted_for = (header("x-ratelimit-remaining").as_deref() == Some("0")).then(|| {
+        let reset = header("x-ratelimit-reset").and_then(|v| v.trim().parse::<i64>().ok());
+        Duration::from_secs(reset.map_or(60, |r| (r - Utc::now().timestamp()).clamp(1, 3600)).unsigned_abs())
+    });
     if (200..300).contains(&status) {
-        return Ok(Answer { status, body });
+        return Ok(Answer { status, body, exhausted_for });
     }
     let message = body.get("message").and_then(Value::as_str).unwrap_or_default().to_owned();
     if status == 403 || status == 429 {
         if let Some(secs) = header("retry-after").and_then(|v| v.trim().parse::<u64>().ok()) {
             return Err(CallError::RateLimited(Duration::from_secs(secs)));
         }
-        if header("x-ratelimit-remaining").as_deref() == Some("0") {
-            let reset = header("x-ratelimit-reset").and_then(|v| v.trim().parse::<i64>().ok());
-            let wait = reset.map_or(60, |r| (r - Utc::now().timestamp()).clamp(1, 3600));
-            return Err(CallError::RateLimited(Duration::from_secs(wait.unsigned_abs())));
+        if let Some(wait) = exhausted_for {
+            return Err(CallError::RateLimited(wait));
         }
         if message.to_lowercase().contains("secondary rate limit") || status == 429 {
             // GitHub asks for at least a minute when it gives no time.
@@ -508,7 +514,7 @@ pub fn classify(status: u16, header: &dyn Fn(&str) -> Option<String>, body: Valu
 mod tests {
     use super::*;
 
-    fn headers(list: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+    fn headers<'a>(list: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| list.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned())
     }
 
@@ -547,6 +553,11 @@ mod tests {
             classify(403, &headers(&[]), json!({ "message": "Resource not accessible by integration" })),
             Err(CallError::Client { status: 403, .. })
         ));
+        // GraphQL's primary limit comes in a 200 whose headers say when it resets.
+        let reset = (Utc::now().timestamp() + 600).to_string();
+        let spent = classify(200, &headers(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", &reset)]), json!({})).unwrap();
+        assert!(spent.exhausted_for.is_some_and(|d| (590..=600).contains(&d.as_secs())), "{:?}", spent.exhausted_for);
+        assert_eq!(classify(200, &headers(&[("x-ratelimit-remaining", "4999")]), json!({})).unwrap().exhausted_for, None);
     }
 
     #[test]

@@ -127,6 +127,9 @@ pub fn item_update(event: &str, payload: &Value) -> Option<ItemUpdate> {
             };
             update_from(repository, pr, vec![Patch::Fields(pull_request_fields(pr)), latest])
         }
+        // A push that deleted its branch or tag has no head to build: it changes nothing and
+        // starts nothing (GitHub Actions runs no push workflow for it either).
+        "push" if payload.get("deleted").and_then(Value::as_bool) == Some(true) => None,
         "push" => {
             let repo = payload.get("repository")?;
             let mut fields = Map::new();
@@ -361,6 +364,25 @@ mod tests {
         }
         payload["issue"].as_object_mut().unwrap().remove("number");
         assert_eq!(item_update("issues", &payload), None);
+    }
+
+    #[test]
+    fn a_push_that_deletes_a_ref_is_no_update() {
+        let repo = json!({ "full_name": "Acme/Widgets", "default_branch": "main", "node_id": "R_1" });
+        let pushed = json!({ "ref": "refs/heads/main", "after": "a1b2", "deleted": false, "repository": repo });
+        let update = item_update("push", &pushed).expect("a push updates the repository's item");
+        assert_eq!(
+            update.patches,
+            vec![Patch::Fields(
+                serde_json::from_value(json!({
+                    "kind": "repository", "repository": "acme/widgets", "ref": "refs/heads/main", "head_sha": "a1b2",
+                    "default_branch": "main", "url": null,
+                }))
+                .unwrap()
+            )]
+        );
+        let deleted = json!({ "ref": "refs/tags/v1", "after": "0000000000000000000000000000000000000000", "deleted": true, "repository": repo });
+        assert_eq!(item_update("push", &deleted), None);
     }
 
     #[test]
