@@ -237,6 +237,17 @@ async fn workflows_page_shows_problems_at_their_lines() {
     assert_eq!(paused.status, StatusCode::SEE_OTHER);
     let is_paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE name = 'tiny'").fetch_one(app.pool()).await.unwrap();
     assert!(is_paused);
+    // The whole project: paused, the page says so and offers to unpause; unpaused, it is not.
+    let page = b.get("/orgs/acme/projects/web/workflows").await;
+    assert!(page.body.contains("Pause the project") && !page.body.contains("project paused"), "{}", page.body);
+    assert_eq!(b.press("/orgs/acme/projects/web/pause", &csrf).await.location(), "/orgs/acme/projects/web/workflows");
+    let paused: bool = sqlx::query_scalar("SELECT paused FROM projects WHERE slug = 'web'").fetch_one(app.pool()).await.unwrap();
+    assert!(paused);
+    let page = b.get("/orgs/acme/projects/web/workflows").await;
+    assert!(page.body.contains("project paused") && page.body.contains("Unpause the project"), "{}", page.body);
+    b.press("/orgs/acme/projects/web/unpause", &csrf).await;
+    let paused: bool = sqlx::query_scalar("SELECT paused FROM projects WHERE slug = 'web'").fetch_one(app.pool()).await.unwrap();
+    assert!(!paused);
     // Tokens: made once, shown once.
     let made = b.post_form("/orgs/acme/tokens", &csrf, &[("name", "ci"), ("role", "member"), ("days", "7")]).await;
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);

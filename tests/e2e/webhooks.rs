@@ -410,8 +410,28 @@ async fn every_event_type_is_ingested_into_the_projection() {
     let data: Value = sqlx::query_scalar("SELECT data FROM items WHERE key = '[\"github\",\"acme/widgets\",9]'").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(data["comment"]["body"], "please  do");
     assert_eq!(data["board"]["column"], "In progress", "{data}");
+    // Archived, the card is in no column; restored, it is back in its own.
+    let board_of = async |action: &str| {
+        assert_eq!(
+            ok(env.send("projects_v2_item", &payloads::projects_v2_item_event(action, "Acme", INSTALLATION, &node, None, &user("alice"))).await),
+            "accepted"
+        );
+        let data: Value = sqlx::query_scalar("SELECT data FROM items WHERE key = '[\"github\",\"acme/widgets\",9]'").fetch_one(&env.db.pool).await.unwrap();
+        data["board"].clone()
+    };
+    let archived = board_of("archived").await;
+    assert_eq!((&archived["column"], &archived["archived"]), (&Value::Null, &Value::Bool(true)), "{archived}");
+    let restored = board_of("restored").await;
+    assert_eq!((&restored["column"], &restored["archived"]), (&Value::from("In progress"), &Value::Bool(false)), "{restored}");
 
     assert_eq!(ok(env.send("push", &payloads::push_event(&repo, "refs/heads/main", &"0".repeat(40), &"c".repeat(40), "alice")).await), "accepted");
+    let head: String =
+        sqlx::query_scalar("SELECT data->>'head_sha' FROM items WHERE key = '[\"github\",\"acme/widgets\"]'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(head, "c".repeat(40));
+    // A deleted tag has no head: the delivery changes nothing.
+    let mut deleted = payloads::push_event(&repo, "refs/tags/v1", &"c".repeat(40), &"0".repeat(40), "alice");
+    (deleted["deleted"], deleted["head_commit"], deleted["commits"]) = (Value::Bool(true), Value::Null, json!([]));
+    assert_eq!(ok(env.send("push", &deleted).await), "ignored");
     let head: String =
         sqlx::query_scalar("SELECT data->>'head_sha' FROM items WHERE key = '[\"github\",\"acme/widgets\"]'").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(head, "c".repeat(40));

@@ -323,6 +323,15 @@ pub fn projects_v2_item_event(action: &str, org: &str, installation: i64, conten
         "sender": sender,
         "installation": { "id": installation, "node_id": format!("MDIz{installation}") },
     });
+    // An archived card says when; a restored one says when it had been.
+    match action {
+        "archived" => {
+            p["projects_v2_item"]["archived_at"] = json!(now());
+            p["changes"] = json!({ "archived_at": { "from": null, "to": now() } });
+        }
+        "restored" => p["changes"] = json!({ "archived_at": { "from": now(), "to": null } }),
+        _ => {}
+    }
     if let Some((name, option)) = field {
         p["changes"] = json!({ "field_value": {
             "field_node_id": "PVTSSF_1", "field_type": "single_select", "field_name": name, "project_number": 9,

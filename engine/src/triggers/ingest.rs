@@ -359,7 +359,8 @@ async fn on_board(ch: &mut Change, d: &Delivery<'_>, payload: &Value, org: crate
     let Some(content) = text("content_node_id") else { return Ok("ignored") };
     let action = payload.get("action").and_then(Value::as_str).unwrap_or_default();
     let patch = match action {
-        "deleted" | "archived" => Patch::BoardRemoved,
+        "deleted" => Patch::BoardRemoved { card: text("node_id").unwrap_or_default() },
+        "archived" => Patch::BoardArchived { card: text("node_id").unwrap_or_default() },
         _ => {
             let change = payload.pointer("/changes/field_value");
             let field_name = change.and_then(|c| c.get("field_name")).and_then(Value::as_str);

@@ -21,7 +21,7 @@
 //! comment         {id, author, author_association, body}   the latest comment
 //! review          {id, author, author_association, state, body}   the latest review
 //! checks          {name: {status, conclusion}} for the head SHA     (pull requests)
-//! board           {project, card, column, fields {name: value}}     (Projects v2)
+//! board           {project, card, column, fields {name: value}, archived}   (Projects v2)
 //! ref, head_sha, default_branch                                     (repository, on push)
 //! created_at, updated_at, closed_at, merged_at   (not part of the content hash)
 //! ```
@@ -62,8 +62,11 @@ pub enum Patch {
     /// The item's Projects v2 card, with the field a move or an edit set (`Status` is the
     /// board column).
     Board { project: String, card: String, field: Option<(String, Value)> },
-    /// The card left the board (deleted or archived).
-    BoardRemoved,
+    /// The card was archived: it is in no column until restored, when its `Status` field puts
+    /// it back in its column (the `restored` payload names no field).
+    BoardArchived { card: String },
+    /// The card left the board.
+    BoardRemoved { card: String },
 }
 
 /// What a delivery says about one issue, pull request or repository.
@@ -322,14 +325,22 @@ pub fn apply(stored: &Value, update: &ItemUpdate) -> Option<Value> {
                 if let (Some((name, value)), Some(fields)) = (field, fields.as_object_mut()) {
                     fields.insert(name.clone(), value.clone());
                 }
-                if let Some((_, value)) = field.as_ref().filter(|(n, _)| n.eq_ignore_ascii_case("status")) {
-                    board.insert("column".into(), value.clone());
-                }
-                board.entry("column").or_insert(Value::Null);
+                let column = fields.as_object().and_then(|f| f.iter().find(|(n, _)| n.eq_ignore_ascii_case("status"))).map(|(_, v)| v.clone());
+                board.insert("column".into(), column.unwrap_or(Value::Null));
+                board.insert("archived".into(), json!(false));
                 data.insert("board".into(), Value::Object(board));
             }
-            Patch::BoardRemoved => {
-                data.insert("board".into(), Value::Null);
+            // Another card of the item's (on another board) leaves the stored one as it is.
+            Patch::BoardArchived { card } => {
+                if let Some(board) = data.get_mut("board").and_then(Value::as_object_mut).filter(|b| b.get("card") == Some(&json!(card))) {
+                    board.insert("column".into(), Value::Null);
+                    board.insert("archived".into(), json!(true));
+                }
+            }
+            Patch::BoardRemoved { card } => {
+                if data.get("board").and_then(|b| b.get("card")) == Some(&json!(card)) {
+                    data.insert("board".into(), Value::Null);
+                }
             }
         }
     }
@@ -383,6 +394,25 @@ mod tests {
         );
         let deleted = json!({ "ref": "refs/tags/v1", "after": "0000000000000000000000000000000000000000", "deleted": true, "repository": repo });
         assert_eq!(item_update("push", &deleted), None);
+    }
+
+    #[test]
+    fn an_archived_card_leaves_its_column_until_it_is_restored() {
+        let on = |patch: Patch| ItemUpdate { repository: "acme/widgets".into(), number: Some(7), node_id: None, updated_at: None, patches: vec![patch] };
+        let board =
+            |field: Option<(&str, &str)>| Patch::Board { project: "PVT_1".into(), card: "PVTI_1".into(), field: field.map(|(n, v)| (n.into(), json!(v))) };
+        let moved = apply(&json!({}), &on(board(Some(("Status", "Ready"))))).unwrap();
+        assert_eq!(moved["board"]["column"], "Ready");
+        let archived = apply(&moved, &on(Patch::BoardArchived { card: "PVTI_1".into() })).unwrap();
+        assert_eq!((&archived["board"]["column"], &archived["board"]["archived"]), (&Value::Null, &json!(true)));
+        // `restored` names no field: the card's Status puts it back.
+        let restored = apply(&archived, &on(board(None))).unwrap();
+        assert_eq!(restored["board"], moved["board"]);
+        // The item's card on another board, archived or deleted, leaves this one be.
+        for elsewhere in [Patch::BoardArchived { card: "PVTI_2".into() }, Patch::BoardRemoved { card: "PVTI_2".into() }] {
+            assert_eq!(apply(&moved, &on(elsewhere)).unwrap()["board"], moved["board"]);
+        }
+        assert_eq!(apply(&restored, &on(Patch::BoardRemoved { card: "PVTI_1".into() })).unwrap()["board"], Value::Null);
     }
 
     #[test]

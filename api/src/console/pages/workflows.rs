@@ -1,6 +1,6 @@
-//! Workflows of a project: the list (with pause and unpause), one workflow's versions and
-//! definition, and a form that validates or uploads a definition, showing each problem at its
-//! line. All of it is the REST API's: `validate-workflow` answers the problems, an upload that
+//! Workflows of a project: the list (with pause and unpause, of each and of the whole project),
+//! one workflow's versions and definition, and a form that validates or uploads a definition,
+//! showing each problem at its line. All of it is the REST API's: `validate-workflow` answers the problems, an upload that
 //! does not validate is refused with them.
 
 use axum::extract::{Path, Query, State};
@@ -14,6 +14,8 @@ use super::super::session::OrgSession;
 use super::super::view::{self, Page};
 use super::super::{Console, ConsoleError};
 use super::{Posted, ProjectPath, here, see_other};
+use crate::http::admission::ProjectSettings;
+use crate::http::auth::Role;
 use crate::http::error::WorkflowProblem;
 use crate::http::workflows::{Validation, VersionList, WorkflowDetail, WorkflowList};
 
@@ -59,10 +61,14 @@ struct Check {
 
 async fn render_list(c: &Console, s: &OrgSession, project: &str, check: Check, status: StatusCode) -> Result<Response, ConsoleError> {
     let list: WorkflowList = c.read(&s.caller, &format!("/orgs/{}/projects/{project}/workflows?limit=200", s.org)).await?;
+    let settings: ProjectSettings = c.read(&s.caller, &format!("/orgs/{}/projects/{project}/settings", s.org)).await?;
     let projects = c.projects(s).await?;
     let page = Page::of(s, format!("Workflows · {project}"), "workflows").project(project, projects);
-    let can_edit = s.can(crate::http::auth::Role::Member);
-    let html = c.render("workflows.html", ctx! { page => page, workflows => list.items, check => check, can_edit => can_edit })?;
+    let (can_edit, can_pause) = (s.can(Role::Member), s.can(Role::Admin));
+    let html = c.render(
+        "workflows.html",
+        ctx! { page => page, workflows => list.items, check => check, can_edit => can_edit, can_pause => can_pause, project_paused => settings.paused },
+    )?;
     Ok(view::html(status, html))
 }
 
@@ -169,4 +175,24 @@ pub(in super::super) async fn pause(State(c): State<Console>, Path(p): Path<Name
 
 pub(in super::super) async fn unpause(State(c): State<Console>, Path(p): Path<NamePath>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
     set_paused(&c, &p, &s, "unpause").await
+}
+
+async fn set_project_paused(c: &Console, p: &ProjectPath, s: &OrgSession, what: &str) -> Result<Response, ConsoleError> {
+    match c.call(&s.caller, Method::POST, &format!("/orgs/{}/projects/{}/{what}", p.org, p.project), None).await? {
+        Ok(_) => Ok(see_other(&format!("/orgs/{}/projects/{}/workflows", p.org, p.project))),
+        Err(r) => Err(ConsoleError::BadRequest(r.detail().to_owned())),
+    }
+}
+
+/// Pauses the whole project (admin): every new run of its workflows is held; runs already
+/// going carry on.
+pub(in super::super) async fn pause_project(State(c): State<Console>, Path(p): Path<ProjectPath>, Posted { s, .. }: Posted) -> Result<Response, ConsoleError> {
+    set_project_paused(&c, &p, &s, "pause").await
+}
+
+/// Unpauses the project (admin): the runs it held are released.
+pub(in super::super) async fn unpause_project(
+    State(c): State<Console>, Path(p): Path<ProjectPath>, Posted { s, .. }: Posted,
+) -> Result<Response, ConsoleError> {
+    set_project_paused(&c, &p, &s, "unpause").await
 }
