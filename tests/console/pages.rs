@@ -237,6 +237,22 @@ async fn workflows_page_shows_problems_at_their_lines() {
     assert_eq!(paused.status, StatusCode::SEE_OTHER);
     let is_paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE name = 'tiny'").fetch_one(app.pool()).await.unwrap();
     assert!(is_paused);
+    // A run started from the workflow's page, with its input, lands on the run's page.
+    let detail = b.get("/orgs/acme/projects/web/workflows/tiny").await;
+    detail.shows("Start a run of v1");
+    let started = b.post_form("/orgs/acme/projects/web/workflows/tiny/runs", &csrf, &[("input", r#"{"issue": 12}"#), ("version", "1")]).await;
+    assert_eq!(started.status, StatusCode::SEE_OTHER, "{}", started.body);
+    let (id, input): (engine::ids::RunId, serde_json::Value) = sqlx::query_as("SELECT run_id, input FROM runs").fetch_one(app.pool()).await.unwrap();
+    assert_eq!(input, serde_json::json!({ "issue": 12 }));
+    assert_eq!(started.location(), format!("/orgs/acme/projects/web/runs/{id}"));
+    // Input that is not a JSON object is said so, and starts nothing.
+    for (bad, says) in [("[1]", "must be a JSON object"), ("{issue: 12", "is not JSON")] {
+        let refused = b.post_form("/orgs/acme/projects/web/workflows/tiny/runs", &csrf, &[("input", bad)]).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{bad}: {}", refused.body);
+        assert!(refused.body.contains(says), "{bad}: {}", refused.body);
+    }
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs").fetch_one(app.pool()).await.unwrap();
+    assert_eq!(runs, 1);
     // The whole project: paused, the page says so and offers to unpause; unpaused, it is not.
     let page = b.get("/orgs/acme/projects/web/workflows").await;
     assert!(page.body.contains("Pause the project") && !page.body.contains("project paused"), "{}", page.body);

@@ -122,6 +122,7 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
         .route(&format!("{project}/workflows/{{name}}"), get(pages::workflows::detail))
         .route(&format!("{project}/workflows/{{name}}/pause"), post(pages::workflows::pause))
         .route(&format!("{project}/workflows/{{name}}/unpause"), post(pages::workflows::unpause))
+        .route(&format!("{project}/workflows/{{name}}/runs"), post(pages::workflows::start))
         .route(&format!("{project}/pause"), post(pages::workflows::pause_project))
         .route(&format!("{project}/unpause"), post(pages::workflows::unpause_project))
         .route(run, get(pages::run::page))

@@ -1,13 +1,13 @@
 //! Workflows of a project: the list (with pause and unpause, of each and of the whole project),
-//! one workflow's versions and definition, and a form that validates or uploads a definition,
-//! showing each problem at its line. All of it is the REST API's: `validate-workflow` answers the problems, an upload that
+//! one workflow's versions and definition with a form that starts a run of it, and a form that
+//! validates or uploads a definition, showing each problem at its line. All of it is the REST API's: `validate-workflow` answers the problems, an upload that
 //! does not validate is refused with them.
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::super::people;
 use super::super::session::OrgSession;
@@ -144,7 +144,7 @@ pub(in super::super) async fn detail(
     let names = people::names(c.db(), s.caller.org, versions.items.iter().map(|v| v.created_by.clone())).await?;
     let projects = c.projects(&s).await?;
     let page = Page::of(&s, format!("{} · workflows", p.name), "workflows").project(&p.project, projects);
-    let can_edit = s.can(crate::http::auth::Role::Member);
+    let can_edit = s.can(Role::Member);
     c.page(
         "workflow.html",
         ctx! {
@@ -195,4 +195,27 @@ pub(in super::super) async fn unpause_project(
     State(c): State<Console>, Path(p): Path<ProjectPath>, Posted { s, .. }: Posted,
 ) -> Result<Response, ConsoleError> {
     set_project_paused(&c, &p, &s, "unpause").await
+}
+
+/// Starts a run of the workflow (member), with the form's input (a JSON object, `{}` when
+/// empty), of the version shown (`version`, else the latest), dry when asked; then shows it.
+pub(in super::super) async fn start(State(c): State<Console>, Path(p): Path<NamePath>, Posted { s, form }: Posted) -> Result<Response, ConsoleError> {
+    let text = form.get("input").map(|t| t.trim()).filter(|t| !t.is_empty()).unwrap_or("{}");
+    let input: Value =
+        serde_json::from_str(text).map_err(|e| ConsoleError::BadRequest(format!("The input is not JSON: {e}. Give an object, e.g. {{\"issue\": 12}}.")))?;
+    if !input.is_object() {
+        return Err(ConsoleError::BadRequest("The input must be a JSON object, e.g. {\"issue\": 12}.".into()));
+    }
+    let version = match form.get("version").map(String::as_str).filter(|v| !v.is_empty()) {
+        Some(v) => Some(v.parse::<i32>().map_err(|_| ConsoleError::BadRequest(format!("`{v}` is not a version number")))?),
+        None => None,
+    };
+    let body = json!({ "workflow": p.name, "input": input, "version": version, "dry_run": form.get("dry_run").is_some_and(|v| v == "on") });
+    match c.call(&s.caller, Method::POST, &format!("/orgs/{}/projects/{}/runs", p.org, p.project), Some(body)).await? {
+        Ok(run) => {
+            let id = run.get("id").and_then(Value::as_str).unwrap_or_default();
+            Ok(see_other(&format!("/orgs/{}/projects/{}/runs/{id}", p.org, p.project)))
+        }
+        Err(r) => Err(ConsoleError::BadRequest(r.detail().to_owned())),
+    }
 }
