@@ -1,6 +1,6 @@
 //! The run lifecycle as the reference systems define it, driven from GitHub through signed
 //! webhooks to a real `shopfloor serve` (and a real `shopfloor host` where a crew step must
-//! run): the claim rule on "an attempt is running", cycle budgets that stop every workflow on
+//! run): the claim rule on "an attempt began", cycle budgets that stop every workflow on
 //! the item, event waits' lifecycle events and default deadline, dry and child runs that do
 //! not announce themselves, reruns that park for approval, and rendered approval prompts.
 
@@ -14,6 +14,7 @@ use shopfloor_tests::sse::Sse;
 use crate::host_env::Env;
 
 const CREW: &str = include_str!("../workflows/crew.yaml");
+const CREW_THEN_ASK: &str = include_str!("../workflows/crew_then_ask.yaml");
 const ALPHA: &str = include_str!("../workflows/alpha.yaml");
 const BETA: &str = include_str!("../workflows/beta.yaml");
 const MERGE_WAIT: &str = include_str!("../workflows/merge_wait.yaml");
@@ -76,8 +77,8 @@ impl Env {
     }
 }
 
-/// usine's claim rule: only a run with an attempt actually running holds a newer event back.
-/// A run whose crew step waits for a host has none: a new event supersedes it, and the item
+/// usine's claim rule: only a run in which an attempt began holds a newer event back. A run
+/// whose crew step waits for a host has not started: a new event supersedes it, and the item
 /// no longer matching revokes it; neither spends the item's cycle budget.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_waiting_for_a_host_is_superseded_and_revoked() {
@@ -146,6 +147,33 @@ async fn a_running_crew_step_is_never_superseded_and_the_queued_event_is_judged_
     std::fs::write(env.marks().join(format!("{second_step}.go")), "").unwrap();
     env.until_status(runs[1].0, "completed").await;
     assert_eq!(env.runs_of("crew").await.len(), 2);
+    env.finish().await;
+}
+
+/// usine: supersede and revoke apply only where no attempt began. A run whose crew step is done
+/// and that now waits at an approval has started: a newer event queues behind it, and the item
+/// no longer matching revokes that event, never the run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_started_run_waiting_at_an_approval_is_neither_superseded_nor_revoked() {
+    let env = Env::start(&[CREW_THEN_ASK]).await;
+    let _host = env.host("builder", 1).await;
+    let mut issue = Issue::new(7, "the sprocket");
+    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "ready")).await["runs_opened"], 1);
+    let run = env.runs_of("crew_then_ask").await[0].0;
+    let (step, _pid) = env.running_harness(run, "work").await;
+    std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
+    env.until_substate(run, &["awaiting_signal"]).await;
+
+    let answer = env.send("issues", &issue.edited(&env.repo(), "More detail while it waits", "bob")).await;
+    assert_eq!(answer["runs_opened"], 0, "{answer}");
+    assert_eq!(env.events_of("crew_then_ask").await[1].0, "queued");
+    assert_eq!(env.runs_of("crew_then_ask").await.len(), 1, "a started run is never superseded");
+
+    assert_eq!(env.send("issues", &issue.unlabeled(&env.repo(), "ready")).await["runs_opened"], 0);
+    assert_eq!(env.events_of("crew_then_ask").await[1], ("revoked".to_owned(), Some("revoked".to_owned())));
+    assert_eq!(env.status(run).await, ("running".to_owned(), None), "a started run is never revoked");
+    let used: i32 = sqlx::query_scalar("SELECT cycles_used FROM item_cycle_budgets").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(used, 1, "its cycle stays spent");
     env.finish().await;
 }
 

@@ -5,16 +5,16 @@
 //!
 //! A new trigger event for an item that already has an open run of the same workflow:
 //!
-//! - that run has an **attempt running** (a step leased or running, on an engine or a host):
-//!   the event is `queued` behind it. A running attempt always finishes. When the run ends,
-//!   [`on_run_finished`] judges the newest queued event again (its `if:` over the item's stored
-//!   projection, which the webhooks keep current; a failing expression counts as a match) and
-//!   opens its run, or marks the events `revoked`.
-//! - otherwise (no step yet, parked on its `$start` approval, a crew step waiting for a host, a
-//!   wait, a gate, an approval, a backoff between attempts): it is cancelled
-//!   `superseded by <event>`, the events queued behind it are superseded too, and a new run
-//!   opens. A change that makes the item stop matching revokes such runs the same way.
-//! - otherwise a new run opens.
+//! - that run has **started** (an engine or a host ever held one of its steps; usine's
+//!   "an attempt began", which stays true while the run waits for CI, an approval or a
+//!   retry's backoff): the event is `queued` behind it. A started run always finishes. When it
+//!   ends, [`on_run_finished`] judges the newest queued event again (its `if:` over the item's
+//!   stored projection, which the webhooks keep current; a failing expression counts as a
+//!   match) and opens its run, or marks the events `revoked`.
+//! - otherwise (no step yet, parked on its `$start` approval, a crew step waiting for a host):
+//!   it is cancelled `superseded by <event>`, and a new run opens. A change that makes the
+//!   item stop matching revokes such runs the same way.
+//! - no open run: a new run opens.
 //!
 //! A run opens only if the item's cycle budget admits it (`budget.max_cycles` runs per item and
 //! workflow between resets). At the limit the event is `blocked` and an ask is recorded for
@@ -59,7 +59,7 @@ pub async fn submit_event(ch: &mut Change, new: NewEvent<'_>) -> Result<Claim> {
     claim::submit_event(ch, new, &CLAIM_RUNS).await
 }
 
-/// The item stopped matching: cancels the workflow's runs on it that have no attempt running
+/// The item stopped matching: cancels the workflow's runs on it that have not started
 /// (`revoked`) and marks its queued events `revoked` (`claim::revoke_unmatched`).
 pub async fn revoke_unmatched(
     ch: &mut Change, org: OrgId, item: ItemId, workflow: WorkflowId, still_matches: &(dyn Fn(&Value) -> bool + Sync),

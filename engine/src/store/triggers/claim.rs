@@ -1,5 +1,5 @@
 //! The claim rule (see `store::triggers`): a trigger event is recorded under its dedup key
-//! and opens a run, waits behind an executing one, supersedes unstarted ones, or is blocked by
+//! and opens a run, waits behind a started one, supersedes unstarted ones, or is blocked by
 //! the item's cycle budget; a change of the item revokes what no longer matches; a run's end
 //! judges the events queued behind it again ([`rejudge`]).
 //!
@@ -35,7 +35,7 @@ pub enum Claim {
     Duplicate,
     /// A new run, after cancelling the unstarted ones it supersedes.
     Opened { event: Uuid, run: RunId, superseded: Vec<RunId> },
-    /// Waits behind an executing run.
+    /// Waits behind a started run.
     Queued { event: Uuid, behind: RunId },
     /// The cycle budget is used up: an ask waits under "Needs you".
     Blocked { event: Uuid, superseded: Vec<RunId>, cycles: i32 },
@@ -130,19 +130,18 @@ pub(crate) async fn submit_event(ch: &mut Change, new: NewEvent<'_>, runs: &RunO
 pub(crate) struct OpenRun {
     pub(crate) run: RunId,
     pub(crate) event: Option<Uuid>,
-    /// An attempt is running: a step leased or running, on an engine or a host.
-    pub(crate) running: bool,
-    /// An attempt ever began (a step was leased or started): its cycle is spent for good.
+    /// An attempt ever began (a step was leased or started): the claim rule's "started". A
+    /// started run is never superseded or revoked, also while it waits between attempts (for
+    /// CI, an approval, a retry's backoff): newer events queue behind it, and its cycle is
+    /// spent for good.
     pub(crate) attempted: bool,
 }
 
-/// Whether a run `r` has an attempt running (the claim rule's "started").
-pub(crate) const ATTEMPT_RUNNING: &str = "EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id AND s.state IN ('leased', 'running'))";
 /// Whether any attempt of a run `r` ever began: an engine or a host held one of its steps
 /// (steps the engine resolves at once, approvals and waits are held by no one).
 pub(crate) const ATTEMPTED: &str = "EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id AND s.holder IS NOT NULL)";
 
-/// The open runs of `workflow` on `item`, locked, with whether each has an attempt running.
+/// The open runs of `workflow` on `item`, locked, with whether each has started.
 pub(crate) async fn open_runs(ch: &mut Change, org: OrgId, item: ItemId, workflow: WorkflowId) -> Result<Vec<OpenRun>> {
     let ids: Vec<RunId> = sqlx::query_scalar(
         "SELECT run_id FROM runs WHERE item_id = $1 AND workflow_id = $2 AND status = 'running' AND org_id = $3 AND parent_run_id IS NULL ORDER BY run_id",
@@ -158,26 +157,23 @@ pub(crate) async fn open_runs(ch: &mut Change, org: OrgId, item: ItemId, workflo
     ch.lock_runs(&ids).await?;
     // Read again under the locks: a run may have ended, or leased a step, in between.
     let sql = format!(
-        "SELECT r.run_id, r.trigger_event_id, {ATTEMPT_RUNNING} AS running, {ATTEMPTED} AS attempted \
+        "SELECT r.run_id, r.trigger_event_id, {ATTEMPTED} AS attempted \
          FROM runs r WHERE r.run_id = ANY($1) AND r.status = 'running' ORDER BY r.run_id"
     );
     let rows = sqlx::query(&sql).bind(ids.iter().map(|r| r.0).collect::<Vec<_>>()).fetch_all(&mut *ch.tx).await?;
-    Ok(rows
-        .iter()
-        .map(|r| OpenRun { run: r.get("run_id"), event: r.get("trigger_event_id"), running: r.get("running"), attempted: r.get("attempted") })
-        .collect())
+    Ok(rows.iter().map(|r| OpenRun { run: r.get("run_id"), event: r.get("trigger_event_id"), attempted: r.get("attempted") }).collect())
 }
 
 pub(crate) async fn claim(ch: &mut Change, ev: &EventRef, wf: &WorkflowInfo, runs: &RunOps) -> Result<Claim> {
     let open = if ev.fresh_item { Vec::new() } else { open_runs(ch, ev.org, ev.item, wf.id).await? };
-    if let Some(executing) = open.iter().find(|r| r.running) {
-        set_event(ch, ev.id, "queued", Some(&format!("behind {}", executing.run))).await?;
-        return Ok(Claim::Queued { event: ev.id, behind: executing.run });
+    if let Some(started) = open.iter().find(|r| r.attempted) {
+        set_event(ch, ev.id, "queued", Some(&format!("behind {}", started.run))).await?;
+        return Ok(Claim::Queued { event: ev.id, behind: started.run });
     }
     let mut superseded = Vec::new();
     if !open.is_empty() {
-        // Events queued behind a run that no longer runs an attempt: this newer one wins. They
-        // leave the queue before the run ends, whose end would judge them again.
+        // Events queue only behind a started run, whose end judges them; any still queued here
+        // were left by one that ended, and this newer event wins over them.
         supersede_queued(ch, ev, wf.id).await?;
     }
     for old in &open {
@@ -231,22 +227,21 @@ pub(crate) async fn supersede_queued(ch: &mut Change, ev: &EventRef, workflow: W
     Ok(())
 }
 
-/// Cancels a run with no attempt running (superseded, revoked): its event takes the same
-/// status, and its cycle is given back when no attempt of it ever began.
+/// Cancels a run that has not started (superseded, revoked): its event takes the same status,
+/// and its cycle is given back, since no attempt of it began.
 pub(crate) async fn cancel_unstarted(ch: &mut Change, org: OrgId, old: &OpenRun, status: &str, reason: &str, runs: &RunOps) -> Result<()> {
+    debug_assert!(!old.attempted, "a started run is never superseded or revoked");
     ch.lock_run(org, old.run).await?;
     (runs.cancel)(ch, old.run, reason).await?;
     if let Some(event) = old.event {
         set_event(ch, event, status, Some(reason)).await?;
-        if !old.attempted {
-            sqlx::query(
-                "UPDATE item_cycle_budgets b SET cycles_used = greatest(b.cycles_used - 1, 0) FROM trigger_events e \
-                 WHERE e.event_id = $1 AND b.item_id = e.item_id AND b.workflow_id = e.workflow_id AND b.generation = e.generation",
-            )
-            .bind(event)
-            .execute(&mut *ch.tx)
-            .await?;
-        }
+        sqlx::query(
+            "UPDATE item_cycle_budgets b SET cycles_used = greatest(b.cycles_used - 1, 0) FROM trigger_events e \
+             WHERE e.event_id = $1 AND b.item_id = e.item_id AND b.workflow_id = e.workflow_id AND b.generation = e.generation",
+        )
+        .bind(event)
+        .execute(&mut *ch.tx)
+        .await?;
     }
     Ok(())
 }
@@ -354,7 +349,7 @@ pub struct Revoked {
     pub events: usize,
 }
 
-/// The item stopped matching: cancels the workflow's runs on it that have no attempt running
+/// The item stopped matching: cancels the workflow's runs on it that have not started
 /// (`revoked`) and marks its queued events `revoked`, each judged with the `trigger` that
 /// caused it. `still_matches` gets that trigger and says whether the `if:` holds on the item
 /// now. The queued events are judged first: a revoked run's end judges what is still queued.
@@ -378,7 +373,7 @@ pub(crate) async fn revoke_unmatched(
         }
     }
     for open in open {
-        let Some(event) = open.event.filter(|_| !open.running) else { continue };
+        let Some(event) = open.event.filter(|_| !open.attempted) else { continue };
         let payload: Value =
             sqlx::query_scalar("SELECT payload FROM trigger_events WHERE event_id = $1").bind(event).fetch_optional(&mut *ch.tx).await?.unwrap_or(Value::Null);
         if !still_matches(payload.get("trigger").unwrap_or(&Value::Null)) {
@@ -411,8 +406,8 @@ pub(crate) async fn rejudge(ch: &mut Change, run: &RunRow, runs: &RunOps) -> Res
     .await?;
     let Some((newest, payload, generation)) = waiting.first().cloned() else { return Ok(()) };
     let Some(item_row) = lock_item(ch, run.org_id, item).await? else { return Ok(()) };
-    // Another executing run of the workflow still holds them.
-    if open_runs(ch, run.org_id, item, run.workflow_id).await?.iter().any(|r| r.running) {
+    // Another started run of the workflow still holds them.
+    if open_runs(ch, run.org_id, item, run.workflow_id).await?.iter().any(|r| r.attempted) {
         return Ok(());
     }
     // Take them out of the queue first: the claim below may finish other runs, whose own
