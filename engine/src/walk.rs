@@ -33,12 +33,14 @@
 //!
 //! # Retries and failing for good
 //!
-//! A failed step is retried (same visit, next attempt) while its attempt number is below what
-//! its failure allows ([`allowed_attempts`]): nothing for a [`FailureClass::Final`] failure,
-//! [`INFRASTRUCTURE_ATTEMPTS`] (or the node's `retry.attempts` if larger) for an
-//! infrastructure failure, and the node's `retry:` for an ordinary one. The delay doubles from
-//! `retry.backoff` up to `retry.max_backoff`; an infrastructure retry on a node without
-//! `retry:` starts at once. A failed step that is not retried has *failed for good*, and then,
+//! A failed step is retried (same visit, next attempt) while the visit's failures of its kind
+//! are fewer than its failure allows ([`allowed_attempts`]): nothing for a
+//! [`FailureClass::Final`] failure, [`INFRASTRUCTURE_ATTEMPTS`] (or the node's
+//! `retry.attempts` if larger) for an infrastructure failure, and the node's `retry:` for an
+//! ordinary one. The two kinds are counted apart: a lost lease uses none of `retry.attempts`,
+//! and one on the last of them is still recovered. The delay doubles from `retry.backoff` up
+//! to `retry.max_backoff` with each failure of the kind; an infrastructure retry on a node
+//! without `retry:` starts at once. A failed step that is not retried has *failed for good*, and then,
 //! in this order: a `failure:` handler starts; or `continue_on_error` takes its plain edges as
 //! if it had succeeded (a decision takes its `default`); or a gate's `on_fail` loops back; or
 //! the failure is *unhandled*: nothing after it starts, other branches go on, and the run
@@ -64,7 +66,8 @@
 //! - An `end` node's step succeeded: at once, with `ended:end_run` and the node's outcome.
 //! - A node would exceed `stop_the_line_attempts`: at once, failed.
 //! - Nothing is open and nothing starts: failed if a step failed for good unhandled (the
-//!   earliest; its reason, or `attempts_exhausted` if it was retried), completed otherwise.
+//!   earliest; `attempts_exhausted` when its failure allowed retries and they ran out, else its
+//!   own reason), completed otherwise.
 //!
 //! A cancelled step takes no edge and is no failure: cancelling the run is the engine's
 //! decision, not the walker's.
@@ -90,7 +93,7 @@ pub const STOPPED_LINE_PREFIX: &str = "stopped_line:";
 /// The reason a run finishes with when an `end` node's step succeeded.
 pub const ENDED: &str = "ended:end_run";
 
-/// The reason a run fails with when its unhandled failure had been retried.
+/// The reason a run fails with when its unhandled failure allowed retries and they ran out.
 pub const ATTEMPTS_EXHAUSTED: &str = "attempts_exhausted";
 
 /// One step of the run, as the walker needs to see it.
@@ -201,7 +204,9 @@ pub fn walk(def: &Definition, history: &[StepRecord]) -> Walk {
     Walk { start, finished }
 }
 
-/// Attempts in total that a step of `node` may have within one visit when it failed this way.
+/// How many failures of this kind (infrastructure, or the node's own) a step of `node` may
+/// have within one visit: the two are counted apart, so a lost lease does not use up
+/// `retry.attempts`, and one on the last of them is still recovered.
 #[must_use]
 pub fn allowed_attempts(node: &Node, class: FailureClass, exit_code: Option<i32>) -> u32 {
     match class {
@@ -297,7 +302,7 @@ fn status(graph: &Graph<'_>, steps: &Steps<'_>, n: usize) -> Status {
     let node = &graph.nodes[n];
     let latest = steps.latest(n);
     // `retry` answers only for a failed step, so this is "the latest step failed, retryably".
-    if let Some((step, delay)) = latest.and_then(|s| retry(node, s).map(|d| (s, d))) {
+    if let Some((step, delay)) = latest.and_then(|s| retry(node, s, &steps.by_node[n]).map(|d| (s, d))) {
         return Status::Retry { visit: step.visit, attempt: step.attempt.saturating_add(1), delay };
     }
     if steps.empty && graph.is_root(n) {
@@ -306,7 +311,8 @@ fn status(graph: &Graph<'_>, steps: &Steps<'_>, n: usize) -> Status {
     // An edge taken before the node's latest step started has been used by that step.
     let since = latest.map(|s| s.started_seq);
     let triggered = graph.incoming[n].iter().any(|edge| {
-        steps.by_node[edge.from].iter().any(|step| finished_seq(step).is_some_and(|seq| since.is_none_or(|since| seq > since)) && takes(graph, *edge, n, step))
+        let of_from = &steps.by_node[edge.from];
+        of_from.iter().any(|step| finished_seq(step).is_some_and(|seq| since.is_none_or(|since| seq > since)) && takes(graph, *edge, n, step, of_from))
     });
     if triggered { Status::Triggered } else { Status::Idle }
 }
@@ -321,8 +327,9 @@ fn waits(graph: &Graph<'_>, status: &[Status], n: usize) -> bool {
     })
 }
 
-/// Whether `step`, a finished step of `edge.from`, takes that edge into node `to`.
-fn takes(graph: &Graph<'_>, edge: Edge, to: usize, step: &StepRecord) -> bool {
+/// Whether `step`, a finished step of `edge.from` (whose steps are `of_from`), takes that edge
+/// into node `to`.
+fn takes(graph: &Graph<'_>, edge: Edge, to: usize, step: &StepRecord, of_from: &[&StepRecord]) -> bool {
     let from = &graph.nodes[edge.from];
     let to_id = graph.nodes[to].id.as_str();
     match &step.state {
@@ -331,7 +338,7 @@ fn takes(graph: &Graph<'_>, edge: Edge, to: usize, step: &StepRecord) -> bool {
             EdgeKind::Route => route.as_deref() == Some(to_id),
             EdgeKind::Loop | EdgeKind::Failure => false,
         },
-        StepState::Failed { .. } if retry(from, step).is_none() => {
+        StepState::Failed { .. } if retry(from, step, of_from).is_none() => {
             match (handling(from), edge.kind) {
                 (Handling::Handler, EdgeKind::Failure) | (Handling::Continue, EdgeKind::Plain) | (Handling::Loop, EdgeKind::Loop) => true,
                 // Going on past a failed decision means taking its answer for "no case".
@@ -371,13 +378,25 @@ fn handling(node: &Node) -> Handling {
     }
 }
 
-/// The backoff before retrying `step`, a failed step of `node`, or `None` when it failed for
-/// good.
-fn retry(node: &Node, step: &StepRecord) -> Option<Duration> {
+/// The backoff before retrying `step`, a failed step of `node` (`of_node` its steps), or `None`
+/// when it failed for good.
+fn retry(node: &Node, step: &StepRecord, of_node: &[&StepRecord]) -> Option<Duration> {
     let StepState::Failed { class, exit_code, .. } = &step.state else {
         return None;
     };
-    (step.attempt < allowed_attempts(node, *class, *exit_code)).then(|| retry_delay(node, step.attempt))
+    let failures = failures_alike(step, of_node);
+    (failures < allowed_attempts(node, *class, *exit_code)).then(|| retry_delay(node, failures))
+}
+
+/// The failures of `step`'s visit up to it (itself included) of its kind: infrastructure, or
+/// the node's own.
+fn failures_alike(step: &StepRecord, of_node: &[&StepRecord]) -> u32 {
+    let infra = |s: &StepRecord| matches!(s.state, StepState::Failed { class: FailureClass::Infrastructure, .. });
+    let alike = of_node
+        .iter()
+        .filter(|s| s.visit == step.visit && s.attempt <= step.attempt && matches!(s.state, StepState::Failed { .. }) && infra(s) == infra(step))
+        .count();
+    u32::try_from(alike).unwrap_or(u32::MAX)
 }
 
 fn finished_seq(step: &StepRecord) -> Option<u64> {
@@ -417,15 +436,19 @@ fn settle(graph: &Graph<'_>, steps: &Steps<'_>) -> Outcome {
         .iter()
         .zip(&steps.by_node)
         .filter(|(node, _)| handling(node) == Handling::Unhandled)
-        .flat_map(|(node, steps)| steps.iter().map(move |s| (node, *s)))
-        .filter_map(|(node, step)| match &step.state {
-            StepState::Failed { reason, finished_seq, .. } if retry(node, step).is_none() => Some((*finished_seq, step.attempt, reason)),
+        .flat_map(|(node, of_node)| of_node.iter().map(move |s| (node, of_node.as_slice(), *s)))
+        .filter_map(|(node, of_node, step)| match &step.state {
+            StepState::Failed { reason, finished_seq, class, exit_code } if retry(node, step, of_node).is_none() => {
+                // Retries ran out only when this failure could be retried, as often as allowed;
+                // one never retried (a hard budget stop, an exit code not listed) keeps its reason.
+                let exhausted = allowed_attempts(node, *class, *exit_code) > 1;
+                Some((*finished_seq, if exhausted { ATTEMPTS_EXHAUSTED } else { reason.as_str() }))
+            }
             _ => None,
         })
-        .min_by_key(|(seq, _, _)| *seq);
+        .min_by_key(|(seq, _)| *seq);
     match unhandled {
-        Some((_, attempt, _)) if attempt > 1 => Outcome::Failed { reason: ATTEMPTS_EXHAUSTED.to_owned() },
-        Some((_, _, reason)) => Outcome::Failed { reason: reason.clone() },
+        Some((_, reason)) => Outcome::Failed { reason: reason.to_owned() },
         None => Outcome::Completed { reason: None },
     }
 }

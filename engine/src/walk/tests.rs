@@ -403,6 +403,51 @@ fn infrastructure_failures_retry_by_themselves_three_times_at_once() {
 }
 
 #[test]
+fn infrastructure_failures_and_the_nodes_own_are_counted_apart() {
+    let d = def(3, vec![with_retry(crew("a", &[]), 3, 1, 60, &[])]);
+    let mut sim = Sim::new(d);
+    assert_eq!(sim.started(), ["a"]);
+    // A lost lease uses none of the node's three attempts, which it then has in full, each
+    // backoff counting failures of its own kind.
+    let script = [
+        (FailureClass::Infrastructure, 1),
+        (FailureClass::Ordinary, 1),
+        (FailureClass::Ordinary, 2),
+        // A lease lost on the last of them is still recovered.
+        (FailureClass::Infrastructure, 2),
+    ];
+    for (attempt, (class, delay)) in (2..).zip(script) {
+        sim.fail(
+            "a",
+            if class == FailureClass::Ordinary { "exit_code:1" } else { "lease_expired" },
+            class,
+            Some(1).filter(|_| class == FailureClass::Ordinary),
+        );
+        assert_eq!(sim.tick().start, [retry("a", attempt, Duration::from_secs(delay))], "attempt {attempt}");
+    }
+    sim.fail("a", "exit_code:1", FailureClass::Ordinary, Some(1));
+    assert_eq!(sim.finish(), failed("attempts_exhausted"));
+}
+
+#[test]
+fn a_final_failure_after_retries_keeps_its_own_reason() {
+    let d = def(3, vec![with_retry(crew("a", &[]), 3, 1, 60, &[1])]);
+    let mut sim = Sim::new(d.clone());
+    assert_eq!(sim.started(), ["a"]);
+    sim.fail("a", "exit_code:1", FailureClass::Ordinary, Some(1));
+    sim.tick();
+    sim.fail("a", "budget_hard_stop", FailureClass::Final, None);
+    assert_eq!(sim.finish(), failed("budget_hard_stop"));
+    // An exit code the filter does not retry is no exhaustion either.
+    let mut sim = Sim::new(d);
+    assert_eq!(sim.started(), ["a"]);
+    sim.fail("a", "exit_code:1", FailureClass::Ordinary, Some(1));
+    sim.tick();
+    sim.fail("a", "exit_code:2", FailureClass::Ordinary, Some(2));
+    assert_eq!(sim.finish(), failed("exit_code:2"));
+}
+
+#[test]
 fn infrastructure_failures_use_a_larger_retry_config() {
     let n = with_retry(crew("a", &[]), 5, 1, 10, &[1]);
     assert_eq!(allowed_attempts(&n, FailureClass::Infrastructure, None), 5);
@@ -618,9 +663,22 @@ fn oracle_allowed(node: &Node, class: FailureClass, exit_code: Option<i32>) -> u
     }
 }
 
-fn oracle_retryable(node: &Node, step: &StepRecord) -> bool {
+/// The failures of the step's visit so far (itself included) of its kind: infrastructure
+/// failures and the node's own are counted apart.
+fn oracle_failures(step: &StepRecord, history: &[StepRecord]) -> u32 {
+    let infra = |s: &StepRecord| matches!(s.state, StepState::Failed { class: FailureClass::Infrastructure, .. });
+    let n = history
+        .iter()
+        .filter(|s| {
+            s.node == step.node && s.visit == step.visit && s.attempt <= step.attempt && matches!(s.state, StepState::Failed { .. }) && infra(s) == infra(step)
+        })
+        .count();
+    u32::try_from(n).unwrap()
+}
+
+fn oracle_retryable(node: &Node, step: &StepRecord, history: &[StepRecord]) -> bool {
     match &step.state {
-        StepState::Failed { class, exit_code, .. } => step.attempt < oracle_allowed(node, *class, *exit_code),
+        StepState::Failed { class, exit_code, .. } => oracle_failures(step, history) < oracle_allowed(node, *class, *exit_code),
         _ => false,
     }
 }
@@ -634,7 +692,7 @@ fn is_unhandled(node: &Node) -> bool {
 }
 
 /// The nodes a finished step releases, and when.
-fn released(def: &Definition, step: &StepRecord) -> (Vec<NodeId>, u64) {
+fn released(def: &Definition, step: &StepRecord, history: &[StepRecord]) -> (Vec<NodeId>, u64) {
     let Some(node) = def.node(&step.node) else {
         return (Vec::new(), 0);
     };
@@ -643,7 +701,7 @@ fn released(def: &Definition, step: &StepRecord) -> (Vec<NodeId>, u64) {
             NodeKind::Decision(_) => (route.iter().cloned().collect(), *finished_seq),
             _ => (plain_successors(def, &node.id), *finished_seq),
         },
-        StepState::Failed { finished_seq, .. } if !oracle_retryable(node, step) => {
+        StepState::Failed { finished_seq, .. } if !oracle_retryable(node, step, history) => {
             let targets = if let Some(h) = &node.failure {
                 vec![h.clone()]
             } else if node.continue_on_error {
@@ -694,12 +752,12 @@ fn oracle_pending(def: &Definition, history: &[StepRecord], node: &Node) -> bool
         return false;
     }
     let mine = steps_of(history, &node.id);
-    if mine.last().is_some_and(|s| oracle_retryable(node, s)) {
+    if mine.last().is_some_and(|s| oracle_retryable(node, s, history)) {
         return true;
     }
     let since = mine.last().map(|s| s.started_seq);
     history.iter().any(|s| {
-        let (targets, at) = released(def, s);
+        let (targets, at) = released(def, s, history);
         targets.contains(&node.id) && since.is_none_or(|since| at > since)
     }) || (history.is_empty() && is_root(def, &node.id))
 }
@@ -726,8 +784,9 @@ fn earliest_unhandled(def: &Definition, history: &[StepRecord]) -> Option<String
         .filter_map(|s| {
             let node = def.node(&s.node)?;
             match &s.state {
-                StepState::Failed { reason, finished_seq, .. } if !oracle_retryable(node, s) && is_unhandled(node) => {
-                    let reason = if s.attempt > 1 { "attempts_exhausted".to_owned() } else { reason.clone() };
+                StepState::Failed { reason, finished_seq, class, exit_code } if !oracle_retryable(node, s, history) && is_unhandled(node) => {
+                    // Retries ran out only for a failure that allows them.
+                    let reason = if oracle_allowed(node, *class, *exit_code) > 1 { "attempts_exhausted".to_owned() } else { reason.clone() };
                     Some((*finished_seq, reason))
                 }
                 _ => None,
@@ -932,9 +991,9 @@ fn check_walk(def: &Definition, history: &[StepRecord], w: &Walk) -> Result<(), 
             // A retry: of the node's latest step, which failed, retryably.
             let last = last.expect("a retry follows a step");
             prop_assert_eq!((last.visit, last.attempt + 1), (s.visit, s.attempt));
-            prop_assert!(oracle_retryable(node, last), "{} retried past what it allows", s.node);
+            prop_assert!(oracle_retryable(node, last, history), "{} retried past what it allows", s.node);
             let expected = match &node.retry {
-                Some(r) => (r.backoff * 2u32.pow(last.attempt - 1)).min(r.max_backoff),
+                Some(r) => (r.backoff * 2u32.pow(oracle_failures(last, history) - 1)).min(r.max_backoff),
                 None => Duration::ZERO,
             };
             prop_assert_eq!(s.delay, expected);
@@ -942,7 +1001,7 @@ fn check_walk(def: &Definition, history: &[StepRecord], w: &Walk) -> Result<(), 
             // A new visit: released by a step that finished after the node last started.
             prop_assert_eq!(s.attempt, 1);
             prop_assert_eq!(s.delay, Duration::ZERO);
-            prop_assert!(!last.is_some_and(|l| oracle_retryable(node, l)), "{} has a retry to make instead", s.node);
+            prop_assert!(!last.is_some_and(|l| oracle_retryable(node, l, history)), "{} has a retry to make instead", s.node);
             prop_assert_eq!(s.visit, mine.iter().map(|m| m.visit).max().unwrap_or(0) + 1);
             prop_assert!(s.visit <= def.stop_the_line_attempts);
             prop_assert!(oracle_pending(def, history, node), "{} started without a taken edge", s.node);
@@ -973,7 +1032,7 @@ fn check_after_start(def: &Definition, history: &[StepRecord], w: &Walk) -> Resu
         for pair in mine.windows(2) {
             if pair[1].visit == pair[0].visit {
                 prop_assert_eq!(pair[1].attempt, pair[0].attempt + 1);
-                prop_assert!(oracle_retryable(n, pair[0]), "{} retried past what it allows", n.id);
+                prop_assert!(oracle_retryable(n, pair[0], history), "{} retried past what it allows", n.id);
             } else {
                 prop_assert_eq!(pair[1].attempt, 1);
                 prop_assert_eq!(pair[1].visit, pair[0].visit + 1);
