@@ -48,6 +48,9 @@ pub struct ToExecute {
     pub crew: Option<CrewSpec>,
     /// The run's trace context: the step's span is its child (`crate::trace::step_span`).
     pub traceparent: Option<String>,
+    /// The node's timeout: past it the step has failed (its wake records that), and the
+    /// execution is stopped rather than left to finish its effects.
+    pub timeout: Duration,
 }
 
 /// What a crew step runs with.
@@ -449,6 +452,7 @@ async fn lease_to_self(ch: &mut Change, engine: &Engine<'_>, run: &runs::RunRow,
         input: run.input.clone(),
         crew,
         traceparent: run.traceparent.clone(),
+        timeout: step_timeout(node),
     });
     Ok(())
 }

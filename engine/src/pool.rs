@@ -409,9 +409,17 @@ impl Pool {
                     };
                     tokio::pin!(work);
                     let mut beat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
+                    let past_timeout = tokio::time::sleep(job.timeout);
+                    tokio::pin!(past_timeout);
                     let result = loop {
                         tokio::select! {
                             r = &mut work => break r,
+                            // The step's timeout wake fails it; its work stops here, so that a
+                            // retry never runs beside it.
+                            () = &mut past_timeout => {
+                                tracing::info!(step.id = %job.step, "step past its timeout; stopping");
+                                return;
+                            }
                             _ = beat.tick() => {
                                 match steps::heartbeat(&db, job.org, job.step, &holder).await {
                                     Ok(StepState::Leased | StepState::Running) => {}

@@ -246,15 +246,17 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
 const TIMEOUT: &str = include_str!("../../../tests/workflows/timeout.yaml");
 
 #[tokio::test]
-async fn a_step_past_its_timeout_fails_and_its_holders_late_result_is_refused() {
-    let (db, s, eng) = started(TIMEOUT).await;
-    let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "step_ms": 2500 } }))).await;
+async fn a_step_past_its_timeout_fails_and_its_execution_stops() {
+    let (db, s, eng, effects) = started_recording(TIMEOUT).await;
+    // Work of 5 s (less than a heartbeat, which would see the step failed) past a 1 s timeout.
+    let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "step_ms": 5000 } }))).await;
     assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("timeout".into())));
-    // The executor finishes 1.5 s later; its success must not be recorded. A draining pool
-    // waits for its executions and records their results before it returns.
+    // A draining pool waits for its executions and records their results before it returns:
+    // the execution was stopped at its timeout, so it recorded no effect and no success.
     eng.drain.cancel();
     let returned = tokio::time::timeout(Duration::from_secs(60), eng.task).await;
     assert!(matches!(returned, Ok(Ok(Ok(())))), "the pool did not drain: {returned:?}");
+    assert_eq!(effects.of(run), Vec::<String>::new(), "the timed-out execution went on to its effect");
     assert_eq!(steps_of(&db.pool, run).await, ["build:1.1:failed:timeout"]);
     let output: Option<Value> = scalar(&db.pool, "SELECT output FROM steps WHERE run_id = $1", run).await;
     assert_eq!(output, None);
