@@ -1,14 +1,15 @@
 //! `shopfloor hosts …`: list, register (the command that starts a host, which the console's
-//! "Add a host" page shows too), drain and undrain.
+//! "Add a host" page shows too), drain, undrain and deregister.
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
+use reqwest::Method;
 use serde::Deserialize;
 
 use super::error::ClientError;
 use super::http::{Api, Body, with_query};
-use super::list::{Page, PageArgs, print_table};
-use super::table::{Style, Table, Tint, ago, plain, stamp};
+use super::list::{Page, PageArgs, print_list};
+use super::table::{Tint, ago, plain, stamp};
 use super::{Conn, say};
 
 #[derive(Debug, Args)]
@@ -54,6 +55,11 @@ enum HostsCommand {
         /// The host's name or id.
         host: String,
     },
+    /// Deregisters a host: it takes no more steps and its credentials are revoked (admin).
+    Deregister {
+        /// The host's name or id (`hosts list` shows them).
+        host: String,
+    },
 }
 
 #[derive(Deserialize)]
@@ -80,16 +86,11 @@ pub(super) async fn hosts(args: HostsArgs) -> Result<u8, ClientError> {
         }
         HostsCommand::Drain { host } => return drain(&api, &host, "drain", args.conn.json).await,
         HostsCommand::Undrain { host } => return drain(&api, &host, "undrain", args.conn.json).await,
+        HostsCommand::Deregister { host } => return deregister(&api, &host, args.conn.json).await,
     };
     let url = with_query(page.url(api.project_url(&["hosts"])?), &[("include_deregistered", all.then_some("true"))]);
     let answer = api.get(url).await?;
-    if args.conn.json {
-        say!("{}", answer.text());
-        return Ok(0);
-    }
-    let list: Page<Host> = answer.json()?;
-    let mut t = Table::new(&["NAME", "ID", "CAPABILITIES", "SLOTS", "LAST SEEN"]);
-    for h in &list.items {
+    print_list(&answer, args.conn.json, &["NAME", "ID", "CAPABILITIES", "SLOTS", "LAST SEEN"], "no hosts", |h: &Host| {
         let mut seen = match (h.deregistered_at, h.last_seen_at) {
             (Some(d), _) => (format!("deregistered {}", ago(d)), Tint::Dim),
             (None, Some(s)) => plain(ago(s)),
@@ -98,10 +99,8 @@ pub(super) async fn hosts(args: HostsArgs) -> Result<u8, ClientError> {
         if let (Some(d), None) = (h.drained_at, h.deregistered_at) {
             seen.0 = format!("{} (drained {})", seen.0, ago(d));
         }
-        t.row(vec![plain(&h.name), plain(&h.id), plain(h.capabilities.join(",")), plain(h.max_concurrent.to_string()), seen]);
-    }
-    print_table(&t, Style::detect(), "no hosts", list.next_cursor.as_deref());
-    Ok(0)
+        vec![plain(&h.name), plain(&h.id), plain(h.capabilities.join(",")), plain(h.max_concurrent.to_string()), seen]
+    })
 }
 
 #[derive(Deserialize)]
@@ -170,6 +169,16 @@ async fn drain(api: &Api, host: &str, verb: &str, json: bool) -> Result<u8, Clie
     } else {
         let h: Host = answer.json()?;
         say!("{} {}", h.name, if h.drained_at.is_some() { "drained: it claims nothing new" } else { "claims again" });
+    }
+    Ok(0)
+}
+
+/// `hosts deregister`: the API answers nothing (204), so `--json` prints nothing either.
+async fn deregister(api: &Api, host: &str, json: bool) -> Result<u8, ClientError> {
+    let id = host_id(api, host).await?;
+    api.send(Method::DELETE, api.project_url(&["hosts", &id])?, Body::None).await?;
+    if !json {
+        say!("{host} deregistered: it takes no more steps and its credentials are revoked");
     }
     Ok(0)
 }

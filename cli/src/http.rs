@@ -37,8 +37,7 @@ pub(crate) struct Answer {
 impl Answer {
     /// The answer read into `T`, its text made safe to print ([`defang`]).
     pub(crate) fn json<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
-        let unexpected = |e: serde_json::Error| ClientError::Failed(format!("the server's answer is not what this client expects ({e})"));
-        let mut value: Value = serde_json::from_slice(&self.body).map_err(unexpected)?;
+        let mut value = self.raw_value()?;
         defang(&mut value);
         serde_json::from_value(value).map_err(unexpected)
     }
@@ -47,10 +46,20 @@ impl Answer {
         self.json()
     }
 
+    /// The answer read as sent, control characters and all: only for text that goes where no
+    /// terminal reads it (`workflows show` into a file).
+    pub(crate) fn raw_value(&self) -> Result<Value, ClientError> {
+        serde_json::from_slice(&self.body).map_err(unexpected)
+    }
+
     /// The body as the API sent it, for `--json`.
     pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
+}
+
+fn unexpected(e: serde_json::Error) -> ClientError {
+    ClientError::Failed(format!("the server's answer is not what this client expects ({e})"))
 }
 
 /// A request body.

@@ -1,6 +1,7 @@
 //! The operator's command line: subcommands that talk to a shopfloor server over its REST API,
 //! and never to the database (`login`, `context`, `runs …`, `approve`, `reject`,
-//! `workflows …`, `hosts list`, `audit list`, `tokens …`, `budgets show`).
+//! `workflows …`, `hosts …`, `projects …`, `members …`, `webhooks …`, `audit list`,
+//! `tokens …`, `budgets show|set|remove`).
 //!
 //! Where the server and token come from: `SHOPFLOOR_SERVER` and `SHOPFLOOR_TOKEN`, else the file
 //! `shopfloor login` wrote (`config.rs`); the org and project from `--org`/`--project`
@@ -11,8 +12,9 @@
 //! `http.rs` is the HTTP client (`error.rs` its one error type), `sse.rs` reads the project's
 //! event stream, `table.rs` renders tables and colour, `list.rs` pages lists, `form.rs` asks an
 //! approval's fields, `model.rs` is a run as the API describes it, `follow.rs` is
-//! `runs follow`, and `session.rs`, `runs.rs`, `approvals.rs`, `workflows.rs`, `hosts.rs` and
-//! `resources.rs` (audit, tokens, budgets) hold the commands.
+//! `runs follow`, `resolve.rs` is `runs resolve`, and `session.rs`, `runs.rs`, `approvals.rs`,
+//! `workflows.rs`, `hosts.rs`, `projects.rs`, `members.rs` (with the roles a command may
+//! name), `webhooks.rs` and `resources.rs` (audit, tokens, budgets) hold the commands.
 
 mod approvals;
 mod config;
@@ -22,12 +24,16 @@ mod form;
 mod hosts;
 mod http;
 mod list;
+mod members;
 mod model;
+mod projects;
+mod resolve;
 mod resources;
 mod runs;
 mod session;
 mod sse;
 mod table;
+mod webhooks;
 mod workflows;
 
 pub use hosts::host_command;
@@ -42,21 +48,27 @@ pub enum ClientCommand {
     Login(session::LoginArgs),
     /// Show where commands go, or switch the org and project they use.
     Context(session::ContextArgs),
-    /// Runs: list, show, why, follow, submit, cancel, retry, rerun.
+    /// Runs: list, show, why, follow, submit, cancel, retry, rerun, say, resolve.
     Runs(runs::RunsArgs),
     /// Answer an approval a run waits on with the form's fields (asked in turn on a terminal).
     Approve(approvals::ApproveArgs),
     /// Reject an approval: the run is cancelled with `rejected at <node>: <reason>`.
     Reject(approvals::RejectArgs),
-    /// Workflows: list, push, validate (on the server), pause, unpause.
+    /// Workflows: list, push, validate (on the server), pause, unpause, versions, show.
     Workflows(workflows::WorkflowsArgs),
-    /// Hosts of the project.
+    /// Hosts of the project: list, register, drain, undrain, deregister.
     Hosts(hosts::HostsArgs),
+    /// Projects of the org: list, show, pause, unpause.
+    Projects(projects::ProjectsArgs),
+    /// Members of the org: list, add, remove, role.
+    Members(members::MembersArgs),
+    /// The project's outgoing webhooks: list, create, delete, deliveries, replay.
+    Webhooks(webhooks::WebhooksArgs),
     /// The audit log.
     Audit(resources::AuditArgs),
     /// API tokens: create, list, revoke.
     Tokens(resources::TokensArgs),
-    /// Budgets and spend.
+    /// Budgets: show, set, remove.
     Budgets(resources::BudgetsArgs),
 }
 
@@ -88,6 +100,9 @@ pub async fn run(cmd: ClientCommand) -> u8 {
         ClientCommand::Reject(args) => approvals::reject(args).await,
         ClientCommand::Workflows(args) => workflows::workflows(args).await,
         ClientCommand::Hosts(args) => hosts::hosts(args).await,
+        ClientCommand::Projects(args) => projects::projects(args).await,
+        ClientCommand::Members(args) => members::members(args).await,
+        ClientCommand::Webhooks(args) => webhooks::webhooks(args).await,
         ClientCommand::Audit(args) => resources::audit(args).await,
         ClientCommand::Tokens(args) => resources::tokens(args).await,
         ClientCommand::Budgets(args) => resources::budgets(args).await,

@@ -2,10 +2,31 @@
 
 use clap::Args;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
-use super::http::with_query;
+use super::error::ClientError;
+use super::http::{Answer, with_query};
 use super::say;
-use super::table::{Style, Table};
+use super::table::{Style, Table, Tint};
+
+/// Prints a list the API answered: its bytes with `--json`, else a table of `headers` with the
+/// row `row` makes of each item (or `nothing` when there is none) and where the next page
+/// starts.
+pub(crate) fn print_list<T: DeserializeOwned>(
+    answer: &Answer, json: bool, headers: &[&'static str], nothing: &str, row: impl Fn(&T) -> Vec<(String, Tint)>,
+) -> Result<u8, ClientError> {
+    if json {
+        say!("{}", answer.text());
+        return Ok(0);
+    }
+    let list: Page<T> = answer.json()?;
+    let mut t = Table::new(headers);
+    for item in &list.items {
+        t.row(row(item));
+    }
+    print_table(&t, Style::detect(), nothing, list.next_cursor.as_deref());
+    Ok(0)
+}
 
 /// Prints a table, or says there is nothing, and where the next page starts.
 pub(crate) fn print_table(table: &Table, style: Style, nothing: &str, next_cursor: Option<&str>) {

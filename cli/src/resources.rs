@@ -1,4 +1,4 @@
-//! `shopfloor audit list`, `tokens …` and `budgets show`.
+//! `shopfloor audit list`, `tokens …` and `budgets show|set|remove`.
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
@@ -8,8 +8,9 @@ use serde_json::Value;
 
 use super::error::ClientError;
 use super::http::{Api, Body, with_query};
-use super::list::{Page, PageArgs, print_table};
-use super::table::{Style, Table, Tint, ago, plain, stamp};
+use super::list::{Page, PageArgs, print_list};
+use super::members::parse_role;
+use super::table::{Tint, ago, plain, stamp};
 use super::{Conn, say};
 
 #[derive(Debug, Args)]
@@ -75,22 +76,9 @@ pub(super) async fn audit(args: AuditArgs) -> Result<u8, ClientError> {
         ],
     );
     let answer = api.get(url).await?;
-    if args.conn.json {
-        say!("{}", answer.text());
-        return Ok(0);
-    }
-    let list: Page<AuditEntry> = answer.json()?;
-    let mut t = Table::new(&["AT", "ACTOR", "ACTION", "TARGET"]);
-    for e in &list.items {
-        t.row(vec![
-            plain(stamp(e.at)),
-            plain(format!("{}:{}", e.actor_kind, e.actor_id)),
-            plain(&e.action),
-            plain(format!("{}:{}", e.target_kind, e.target_id)),
-        ]);
-    }
-    print_table(&t, Style::detect(), "no audit entries", list.next_cursor.as_deref());
-    Ok(0)
+    print_list(&answer, args.conn.json, &["AT", "ACTOR", "ACTION", "TARGET"], "no audit entries", |e: &AuditEntry| {
+        vec![plain(stamp(e.at)), plain(format!("{}:{}", e.actor_kind, e.actor_id)), plain(&e.action), plain(format!("{}:{}", e.target_kind, e.target_id))]
+    })
 }
 
 #[derive(Debug, Args)]
@@ -121,15 +109,6 @@ enum TokensCommand {
     Revoke { id: String },
 }
 
-/// The roles a token may have, lowest first.
-const ROLES: [&str; 4] = ["viewer", "member", "admin", "owner"];
-
-/// A role given on the command line, checked here so that a typo gets the roles in one line
-/// rather than the server's words about JSON.
-fn parse_role(text: &str) -> Result<&str, ClientError> {
-    if ROLES.contains(&text) { Ok(text) } else { Err(ClientError::Usage(format!("--role `{text}` is not a role: give one of {}", ROLES.join(", ")))) }
-}
-
 #[derive(Deserialize)]
 struct Token {
     id: String,
@@ -156,7 +135,7 @@ pub(super) async fn tokens(args: TokensArgs) -> Result<u8, ClientError> {
         TokensCommand::Create { name, role, expires_in_days } => {
             let mut body = serde_json::json!({ "name": name });
             if let Some(r) = &role {
-                body["role"] = parse_role(r)?.into();
+                body["role"] = parse_role("--role", r)?.into();
             }
             if let Some(d) = expires_in_days {
                 body["expires_in_days"] = d.into();
@@ -173,22 +152,14 @@ pub(super) async fn tokens(args: TokensArgs) -> Result<u8, ClientError> {
         }
         TokensCommand::List(page) => {
             let answer = api.get(page.url(api.org_url(&["tokens"])?)).await?;
-            if json {
-                say!("{}", answer.text());
-                return Ok(0);
-            }
-            let list: Page<Token> = answer.json()?;
-            let mut t = Table::new(&["ID", "NAME", "KIND", "ROLE", "CREATED", "EXPIRES", "STATE"]);
-            for k in &list.items {
+            print_list(&answer, json, &["ID", "NAME", "KIND", "ROLE", "CREATED", "EXPIRES", "STATE"], "no tokens", |k: &Token| {
                 let state = match k.revoked_at {
                     Some(at) => (format!("revoked {}", ago(at)), Tint::Dim),
                     None if k.expires_at < Utc::now() => ("expired".to_owned(), Tint::Dim),
                     None => ("active".to_owned(), Tint::Green),
                 };
-                t.row(vec![plain(&k.id), plain(&k.name), plain(&k.kind), plain(&k.role), plain(ago(k.created_at)), plain(stamp(k.expires_at)), state]);
-            }
-            print_table(&t, Style::detect(), "no tokens", list.next_cursor.as_deref());
-            Ok(0)
+                vec![plain(&k.id), plain(&k.name), plain(&k.kind), plain(&k.role), plain(ago(k.created_at)), plain(stamp(k.expires_at)), state]
+            })
         }
         TokensCommand::Revoke { id } => {
             api.send(Method::DELETE, api.org_url(&["tokens", &id])?, Body::None).await?;
@@ -217,6 +188,31 @@ enum BudgetsCommand {
         #[arg(long)]
         org_wide: bool,
     },
+    /// Set the limit for a UTC day or month: the project's when a project is set, else the
+    /// org's (admin). A reached limit holds new runs; a hard one stops crew steps too.
+    Set {
+        /// `day` or `month`.
+        period: String,
+        /// Dollars per period, e.g. `25` or `12.50`.
+        #[arg(long, value_name = "AMOUNT")]
+        usd: f64,
+        /// Also stop running crew steps when the limit is reached (without it, only new runs
+        /// are held).
+        #[arg(long)]
+        hard: bool,
+        /// The org's limit, even when a project is set.
+        #[arg(long)]
+        org_wide: bool,
+    },
+    /// Remove the limit for a period, the project's or (as `set` chooses) the org's; the runs
+    /// it held are released (admin).
+    Remove {
+        /// `day` or `month`.
+        period: String,
+        /// The org's limit, even when a project is set.
+        #[arg(long)]
+        org_wide: bool,
+    },
 }
 
 #[derive(Deserialize)]
@@ -232,20 +228,87 @@ struct Budget {
 
 pub(super) async fn budgets(args: BudgetsArgs) -> Result<u8, ClientError> {
     let api = Api::connect(&args.conn)?;
-    let BudgetsCommand::Show { org_wide } = args.cmd;
-    let url = if api.has_project() && !org_wide { api.project_url(&["budgets"])? } else { api.org_url(&["budgets"])? };
+    let json = args.conn.json;
+    match args.cmd {
+        BudgetsCommand::Show { org_wide } => show_budgets(&api, org_wide, json).await,
+        BudgetsCommand::Set { period, usd, hard, org_wide } => {
+            let period = parse_period(&period)?;
+            if !usd.is_finite() || usd < 0.0 {
+                return Err(ClientError::Usage(format!("--usd {usd} is not an amount: give dollars, 0 or more (`--usd 25`)")));
+            }
+            let (url, project) = budget_url(&api, org_wide, &[period])?;
+            let body = serde_json::json!({ "usd_limit": usd, "hard": hard });
+            let answer = match api.send(Method::PUT, url, Body::Json(body)).await {
+                Ok(a) => a,
+                Err(e) => return Err(budgets_refused(&api, e, "set").await),
+            };
+            if json {
+                say!("{}", answer.text());
+                return Ok(0);
+            }
+            let list: Page<Budget> = answer.json()?;
+            let b = list
+                .items
+                .iter()
+                .find(|b| b.period == period && b.project == project)
+                .ok_or_else(|| ClientError::Failed("the server set the limit but does not list it: `shopfloor budgets show` shows what is set".into()))?;
+            let each = if period == "day" { "a day" } else { "a month" };
+            say!(
+                "{}: ${:.2} {each}, {}; ${:.2} spent, resets {}",
+                scope_name(&api, b.project.as_deref())?,
+                b.usd_limit,
+                if b.hard { "hard" } else { "soft" },
+                b.spent_usd,
+                stamp(b.resets_at)
+            );
+            Ok(0)
+        }
+        BudgetsCommand::Remove { period, org_wide } => {
+            let period = parse_period(&period)?;
+            let (url, project) = budget_url(&api, org_wide, &[period])?;
+            if let Err(e) = api.send(Method::DELETE, url, Body::None).await {
+                return Err(budgets_refused(&api, e, "remove").await);
+            }
+            if !json {
+                say!("removed the {period} limit of {}: the runs it held are released", scope_name(&api, project.as_deref())?);
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// A budget's period, checked here so that a typo is a usage mistake, not the server's 404.
+fn parse_period(text: &str) -> Result<&'static str, ClientError> {
+    match text {
+        "day" => Ok("day"),
+        "month" => Ok("month"),
+        _ => Err(ClientError::Usage(format!("`{text}` is not a budget period: give `day` or `month`"))),
+    }
+}
+
+/// The budgets URL of the project when one is set and `org_wide` is not, else of the org;
+/// with the project's slug in the first case.
+fn budget_url(api: &Api, org_wide: bool, rest: &[&str]) -> Result<(reqwest::Url, Option<String>), ClientError> {
+    let mut segments = vec!["budgets"];
+    segments.extend_from_slice(rest);
+    if api.has_project() && !org_wide { Ok((api.project_url(&segments)?, Some(api.project()?.to_owned()))) } else { Ok((api.org_url(&segments)?, None)) }
+}
+
+/// `project web` or `org acme`.
+fn scope_name(api: &Api, project: Option<&str>) -> Result<String, ClientError> {
+    Ok(match project {
+        Some(p) => format!("project {p}"),
+        None => format!("org {}", api.org()?),
+    })
+}
+
+async fn show_budgets(api: &Api, org_wide: bool, json: bool) -> Result<u8, ClientError> {
+    let (url, _) = budget_url(api, org_wide, &[])?;
     let answer = match api.get(url).await {
         Ok(a) => a,
-        Err(e @ ClientError::Refused { status: 404, .. }) => return Err(if has_budgets(&api).await { e } else { not_built() }),
-        Err(e) => return Err(e),
+        Err(e) => return Err(budgets_refused(api, e, "show").await),
     };
-    if args.conn.json {
-        say!("{}", answer.text());
-        return Ok(0);
-    }
-    let list: Page<Budget> = answer.json()?;
-    let mut t = Table::new(&["SCOPE", "PERIOD", "LIMIT", "SPENT", "KIND", "RESETS"]);
-    for b in &list.items {
+    print_list(&answer, json, &["SCOPE", "PERIOD", "LIMIT", "SPENT", "KIND", "RESETS"], "no budgets", |b: &Budget| {
         let scope = b.project.clone().map_or_else(|| "org".to_owned(), |p| format!("project {p}"));
         let used = if b.usd_limit > 0.0 { b.spent_usd / b.usd_limit } else { 1.0 };
         let tint = if used >= 1.0 {
@@ -255,25 +318,29 @@ pub(super) async fn budgets(args: BudgetsArgs) -> Result<u8, ClientError> {
         } else {
             Tint::Plain
         };
-        t.row(vec![
+        vec![
             plain(scope),
             plain(&b.period),
             plain(format!("${:.2}", b.usd_limit)),
             (format!("${:.2}", b.spent_usd), tint),
             plain(if b.hard { "hard" } else { "soft" }),
             plain(stamp(b.resets_at)),
-        ]);
+        ]
+    })
+}
+
+/// A refused budgets request as is, but a 404 from a server with no budgets route says that
+/// `shopfloor budgets <verb>` is not built there yet, instead of a puzzling "not found".
+async fn budgets_refused(api: &Api, e: ClientError, verb: &str) -> ClientError {
+    match e {
+        ClientError::Refused { status: 404, .. } if !has_budgets(api).await => {
+            ClientError::Failed(format!("`shopfloor budgets {verb}` is not built yet: this server has no budgets route"))
+        }
+        e => e,
     }
-    print_table(&t, Style::detect(), "no budgets", None);
-    Ok(0)
 }
 
-fn not_built() -> ClientError {
-    ClientError::Failed("`shopfloor budgets show` is not built yet: this server has no budgets route".into())
-}
-
-/// Whether the server documents a budgets route (its OpenAPI document), so that an older
-/// server gets a plain "not built" instead of a puzzling 404.
+/// Whether the server documents a budgets route (its OpenAPI document).
 async fn has_budgets(api: &Api) -> bool {
     let Ok(doc) = api.get(api.url(&["api", "v1", "openapi.json"])).await.and_then(|a| a.value()) else { return false };
     doc.get("paths").and_then(Value::as_object).is_some_and(|paths| paths.keys().any(|p| p.ends_with("/budgets")))

@@ -1,4 +1,5 @@
-//! `shopfloor runs …`: list (and watch), show, why, follow, submit, cancel, retry, rerun and say.
+//! `shopfloor runs …`: list (and watch), show, why, follow, submit, cancel, retry, rerun, say
+//! and resolve (its code in `resolve.rs`).
 //!
 //! A run is named by its id (`run-…`) or its full name (`<org>:<project>:run-…`, which also
 //! says the org and project). Commands that make a run (`submit`, `retry`, `rerun`) print its
@@ -17,6 +18,7 @@ use super::follow;
 use super::form;
 use super::http::{Api, Body, with_query};
 use super::model::{Run, RunDetail, run_ref};
+use super::resolve;
 use super::sse;
 use super::table::{Style, Table, Tint, ago, line, plain, span, stamp, status_tint};
 use super::{Conn, say};
@@ -99,6 +101,15 @@ enum RunsCommand {
         /// Start again from this node, reusing the outputs recorded before it.
         #[arg(long)]
         from: Option<String>,
+    },
+    /// Mark a failed run handled: it leaves the failures to resolve, its status stays
+    /// `failed`.
+    Resolve {
+        /// The run: `run-…`, or its full name `<org>:<project>:run-…`.
+        run: String,
+        /// Why it needs nothing more (kept in its events and the audit log).
+        #[arg(long)]
+        note: Option<String>,
     },
 }
 
@@ -299,6 +310,7 @@ pub(super) async fn run(args: RunsArgs) -> Result<u8, ClientError> {
             };
             new_run(&answer, conn.json, &what)
         }
+        RunsCommand::Resolve { run, note } => resolve::resolve(conn, &run, note).await,
     }
 }
 

@@ -1,15 +1,18 @@
-//! `shopfloor workflows …`: list, push, validate (on the server), pause and unpause.
+//! `shopfloor workflows …`: list, push, validate (on the server), pause, unpause, versions and
+//! show (a version's YAML).
 
+use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::error::{ClientError, WorkflowProblem};
 use super::http::{Api, Body};
-use super::list::{Page, PageArgs, print_table};
-use super::table::{Style, Table, Tint, ago, plain};
+use super::list::{PageArgs, print_list};
+use super::table::{Tint, ago, plain, stamp};
 use super::{Conn, say};
 
 #[derive(Debug, Args)]
@@ -33,6 +36,20 @@ enum WorkflowsCommand {
     Pause { name: String },
     /// Let a paused workflow's runs go on.
     Unpause { name: String },
+    /// A workflow's versions, newest first.
+    Versions {
+        name: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Print a workflow's YAML as uploaded, alone on standard output
+    /// (`shopfloor workflows show ship > ship.yaml`): the latest version, or `--version N`.
+    Show {
+        name: String,
+        /// A version number; the latest by default.
+        #[arg(long)]
+        version: Option<u32>,
+    },
 }
 
 #[derive(Deserialize)]
@@ -41,6 +58,24 @@ struct Workflow {
     latest_version: i64,
     paused: bool,
     created_at: DateTime<Utc>,
+}
+
+#[derive(Deserialize)]
+struct Version {
+    version: i64,
+    sha256: String,
+    created_by: String,
+    created_at: DateTime<Utc>,
+    #[serde(default)]
+    source: Option<String>,
+}
+
+/// A workflow with its latest version (`get_workflow`).
+#[derive(Deserialize)]
+struct Detail {
+    name: String,
+    #[serde(default)]
+    latest: Option<Version>,
 }
 
 #[derive(Deserialize)]
@@ -74,22 +109,13 @@ fn print_problems(file: &Path, problems: &[WorkflowProblem]) {
 pub(super) async fn workflows(args: WorkflowsArgs) -> Result<u8, ClientError> {
     let conn = args.conn;
     let api = Api::connect(&conn)?;
-    let style = Style::detect();
     match args.cmd {
         WorkflowsCommand::List(page) => {
             let answer = api.get(page.url(api.project_url(&["workflows"])?)).await?;
-            if conn.json {
-                say!("{}", answer.text());
-                return Ok(0);
-            }
-            let list: Page<Workflow> = answer.json()?;
-            let mut t = Table::new(&["NAME", "VERSION", "STATE", "CREATED"]);
-            for w in &list.items {
+            print_list(&answer, conn.json, &["NAME", "VERSION", "STATE", "CREATED"], "no workflows", |w: &Workflow| {
                 let state = if w.paused { ("paused".to_owned(), Tint::Yellow) } else { plain("active") };
-                t.row(vec![plain(&w.name), plain(w.latest_version.to_string()), state, plain(ago(w.created_at))]);
-            }
-            print_table(&t, style, "no workflows", list.next_cursor.as_deref());
-            Ok(0)
+                vec![plain(&w.name), plain(w.latest_version.to_string()), state, plain(ago(w.created_at))]
+            })
         }
         WorkflowsCommand::Push { file } => {
             let text = read_file(&file)?;
@@ -128,7 +154,46 @@ pub(super) async fn workflows(args: WorkflowsArgs) -> Result<u8, ClientError> {
         }
         WorkflowsCommand::Pause { name } => pause(&api, &name, "pause", conn.json).await,
         WorkflowsCommand::Unpause { name } => pause(&api, &name, "unpause", conn.json).await,
+        WorkflowsCommand::Versions { name, page } => {
+            let answer = api.get(page.url(api.project_url(&["workflows", &name, "versions"])?)).await?;
+            print_list(&answer, conn.json, &["VERSION", "SHA256", "BY", "CREATED"], "no versions", |v: &Version| {
+                let sha: String = v.sha256.chars().take(12).collect();
+                vec![plain(v.version.to_string()), plain(sha), plain(&v.created_by), plain(stamp(v.created_at))]
+            })
+        }
+        WorkflowsCommand::Show { name, version } => show(&api, &name, version, conn.json).await,
     }
+}
+
+/// `workflows show`: the source alone on standard output, byte for byte, so that pushing the
+/// file it was redirected to changes nothing; which version it is goes to standard error.
+async fn show(api: &Api, name: &str, version: Option<u32>, json: bool) -> Result<u8, ClientError> {
+    let answer = match version {
+        Some(n) => api.get(api.project_url(&["workflows", name, "versions", &n.to_string()])?).await?,
+        None => api.get(api.project_url(&["workflows", name])?).await?,
+    };
+    if json {
+        say!("{}", answer.text());
+        return Ok(0);
+    }
+    let (v, latest, pointer) = match version {
+        Some(_) => (answer.json::<Version>()?, "", "/source"),
+        None => {
+            let d: Detail = answer.json()?;
+            (d.latest.ok_or_else(|| ClientError::Failed(format!("{} has no version to show", d.name)))?, " (the latest)", "/latest/source")
+        }
+    };
+    // A terminal gets the text with its control characters shown as escapes, as every other
+    // text from the server; a file or a pipe gets it as uploaded.
+    let source = if std::io::stdout().is_terminal() {
+        v.source.clone().unwrap_or_default()
+    } else {
+        answer.raw_value()?.pointer(pointer).and_then(Value::as_str).unwrap_or_default().to_owned()
+    };
+    // Not `say!`: the text ends as it ends, with no newline added.
+    let _ = std::io::stdout().lock().write_all(source.as_bytes());
+    eprintln!("{name} version {}{latest}, uploaded by {} at {}, sha256 {}", v.version, v.created_by, stamp(v.created_at), v.sha256);
+    Ok(0)
 }
 
 async fn pause(api: &Api, name: &str, verb: &str, json: bool) -> Result<u8, ClientError> {

@@ -17,8 +17,8 @@ use crate::support::{KillOnDrop, Ran};
 
 const BIN: &str = env!("CARGO_BIN_EXE_shopfloor");
 
-const SHIP: &str = include_str!("../../../tests/workflows/ship_after_approval.yaml");
-const QUICK: &str = include_str!("../../../tests/workflows/quick_build_and_comment.yaml");
+pub(crate) const SHIP: &str = include_str!("../../../tests/workflows/ship_after_approval.yaml");
+pub(crate) const QUICK: &str = include_str!("../../../tests/workflows/quick_build_and_comment.yaml");
 const GATED: &str = include_str!("../../../tests/workflows/gated_build.yaml");
 
 fn fixture(name: &str) -> PathBuf {
@@ -27,17 +27,17 @@ fn fixture(name: &str) -> PathBuf {
 
 /// `shopfloor serve` on a test database, an org `acme` with a project `web`, and its owner's
 /// token.
-struct Server {
+pub(crate) struct Server {
     db: TestDb,
     child: KillOnDrop,
     base: String,
-    token: String,
+    pub(crate) token: String,
     home: tempfile::TempDir,
     http: reqwest::Client,
 }
 
 impl Server {
-    async fn start() -> Server {
+    pub(crate) async fn start() -> Server {
         Server::start_with(&["--test-executor"]).await
     }
 
@@ -90,7 +90,7 @@ impl Server {
     }
 
     /// The command as a user with no settings but a home of their own.
-    fn command(&self, args: &[&str]) -> Command {
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.args(args).env("HOME", self.home.path()).env("XDG_CONFIG_HOME", self.home.path().join("config")).env("SHOPFLOOR_LOG", "warn");
         for var in ["SHOPFLOOR_SERVER", "SHOPFLOOR_TOKEN", "SHOPFLOOR_ORG", "SHOPFLOOR_PROJECT", "SHOPFLOOR_CONFIG", "NO_COLOR", "DATABASE_URL"] {
@@ -99,7 +99,7 @@ impl Server {
         cmd
     }
 
-    fn output(mut cmd: Command, stdin: Option<&str>) -> Ran {
+    pub(crate) fn output(mut cmd: Command, stdin: Option<&str>) -> Ran {
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let mut input = child.stdin.take().unwrap();
@@ -117,17 +117,17 @@ impl Server {
     }
 
     /// Runs a command with the server, token, org and project from the environment.
-    fn cli(&self, args: &[&str]) -> Ran {
+    pub(crate) fn cli(&self, args: &[&str]) -> Ran {
         Server::output(self.with_env(self.command(args)), None)
     }
 
-    fn with_env(&self, mut cmd: Command) -> Command {
+    pub(crate) fn with_env(&self, mut cmd: Command) -> Command {
         cmd.env("SHOPFLOOR_SERVER", &self.base).env("SHOPFLOOR_TOKEN", &self.token).env("SHOPFLOOR_ORG", "acme").env("SHOPFLOOR_PROJECT", "web");
         cmd
     }
 
     /// The API's answer to a GET, as bytes.
-    async fn api_bytes(&self, path: &str) -> String {
+    pub(crate) async fn api_bytes(&self, path: &str) -> String {
         let resp = self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.token).send().await.unwrap();
         assert!(resp.status().is_success(), "GET {path}: {}", resp.status());
         resp.text().await.unwrap()
@@ -135,22 +135,22 @@ impl Server {
 
     /// `method path` as `token` with a JSON `body`: the status and the answer's JSON (null if
     /// it has none).
-    async fn send(&self, method: reqwest::Method, path: &str, token: &str, body: &Value) -> (reqwest::StatusCode, Value) {
+    pub(crate) async fn send(&self, method: reqwest::Method, path: &str, token: &str, body: &Value) -> (reqwest::StatusCode, Value) {
         let resp = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(token).json(body).send().await.unwrap();
         let status = resp.status();
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
-    async fn api(&self, path: &str) -> Value {
+    pub(crate) async fn api(&self, path: &str) -> Value {
         serde_json::from_str(&self.api_bytes(path).await).unwrap()
     }
 
-    async fn run(&self, id: &str) -> Value {
+    pub(crate) async fn run(&self, id: &str) -> Value {
         self.api(&format!("/api/v1/orgs/acme/projects/web/runs/{id}")).await
     }
 
     /// Waits until the run satisfies `pred` (the test reads; nothing in the product polls).
-    async fn until(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) async fn until(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let run = self.run(id).await;
@@ -162,20 +162,20 @@ impl Server {
         }
     }
 
-    fn write(&self, name: &str, text: &str) -> PathBuf {
+    pub(crate) fn write(&self, name: &str, text: &str) -> PathBuf {
         let path = self.home.path().join(name);
         std::fs::write(&path, text).unwrap();
         path
     }
 
     /// Writes `source` to the file `name` and pushes it with `workflows push`.
-    fn push(&self, name: &str, source: &str) {
+    pub(crate) fn push(&self, name: &str, source: &str) {
         let path = self.write(name, source);
         self.cli(&["workflows", "push", path.to_str().unwrap()]).ok();
     }
 
     /// Stops the server (SIGTERM, then its drain), then checks and drops the database.
-    async fn finish(mut self) {
+    pub(crate) async fn finish(mut self) {
         // SAFETY: signalling our own child by its pid.
         unsafe {
             libc::kill(self.child.0.id() as libc::pid_t, libc::SIGTERM);
@@ -806,7 +806,7 @@ async fn runs_submit_says_a_run_waits_for_its_start_approval() {
 
 /// A POST that must succeed (a host's report over the host protocol, as the test's own host;
 /// a registration for one); its answer.
-async fn host_post(s: &Server, path: &str, token: &str, body: Value) -> Value {
+pub(crate) async fn host_post(s: &Server, path: &str, token: &str, body: Value) -> Value {
     let (status, answer) = s.send(reqwest::Method::POST, path, token, &body).await;
     assert!(status.is_success(), "{path}: {status} {answer}");
     answer

@@ -4,6 +4,7 @@
 mod authz;
 mod bad_input;
 mod cli;
+mod cli_admin;
 mod end_to_end;
 mod events;
 mod harness;
