@@ -164,12 +164,9 @@ async fn host_id(api: &Api, host: &str) -> Result<String, ClientError> {
 async fn drain(api: &Api, host: &str, verb: &str, json: bool) -> Result<u8, ClientError> {
     let id = host_id(api, host).await?;
     let answer = api.post(api.project_url(&["hosts", &id, verb])?, Body::None).await?;
-    if json {
-        say!("{}", answer.text());
-    } else {
-        let h: Host = answer.json()?;
+    answer.print(json, |h: Host| {
         say!("{} {}", h.name, if h.drained_at.is_some() { "drained: it claims nothing new" } else { "claims again" });
-    }
+    })?;
     Ok(0)
 }
 

@@ -12,9 +12,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::Conn;
 use super::config::{self, Settings};
 use super::error::{ClientError, WorkflowProblem};
+use super::{Conn, say};
 
 /// How long one ordinary request may take (the event stream has no limit).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -44,6 +44,17 @@ impl Answer {
 
     pub(crate) fn value(&self) -> Result<Value, ClientError> {
         self.json()
+    }
+
+    /// Prints the answer: the API's bytes with `--json`, else what `show` makes of it read as
+    /// `T` (its text made safe to print).
+    pub(crate) fn print<T: DeserializeOwned>(&self, json: bool, show: impl FnOnce(T)) -> Result<(), ClientError> {
+        if json {
+            say!("{}", self.text());
+        } else {
+            show(self.json()?);
+        }
+        Ok(())
     }
 
     /// The answer read as sent, control characters and all: only for text that goes where no

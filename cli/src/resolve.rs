@@ -24,11 +24,8 @@ pub(crate) async fn resolve(mut conn: Conn, run: &str, note: Option<String>) -> 
     let api = Api::connect(&conn)?;
     let body = note.map_or(Body::None, |n| Body::Json(serde_json::json!({ "note": n })));
     let answer = api.post(api.project_url(&["runs", &id, "resolve"])?, body).await?;
-    if conn.json {
-        say!("{}", answer.text());
-    } else {
-        let r: Resolved = answer.json()?;
+    answer.print(conn.json, |r: Resolved| {
         say!("{} resolved by {} at {}: it stays failed, off the list of failures to handle", r.run, r.resolved_by, stamp(r.resolved_at));
-    }
+    })?;
     Ok(0)
 }

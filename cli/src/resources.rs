@@ -141,13 +141,10 @@ pub(super) async fn tokens(args: TokensArgs) -> Result<u8, ClientError> {
                 body["expires_in_days"] = d.into();
             }
             let answer = api.post(api.org_url(&["tokens"])?, Body::Json(body)).await?;
-            if json {
-                say!("{}", answer.text());
-            } else {
-                let c: Created = answer.json()?;
+            answer.print(json, |c: Created| {
                 say!("{}", c.token);
                 eprintln!("token `{}` ({}), id {}, expires {}; it is shown this once", c.record.name, c.record.role, c.record.id, stamp(c.record.expires_at));
-            }
+            })?;
             Ok(0)
         }
         TokensCommand::List(page) => {

@@ -261,13 +261,10 @@ pub(super) async fn run(args: RunsArgs) -> Result<u8, ClientError> {
                 }
             };
             let answer = api.post(api.project_url(&["runs", &id, "steps", &step, "messages"])?, Body::Json(serde_json::json!({ "text": text }))).await?;
-            if conn.json {
-                say!("{}", answer.text());
-            } else {
-                let sent: Value = answer.json()?;
+            answer.print(conn.json, |sent: Value| {
                 say!("{}", sent["id"].as_str().unwrap_or_default());
                 eprintln!("sent to {step} of {id}: it reaches the agent at the host's next heartbeat");
-            }
+            })?;
             Ok(0)
         }
         RunsCommand::Cancel { run, reason } => {
@@ -275,12 +272,9 @@ pub(super) async fn run(args: RunsArgs) -> Result<u8, ClientError> {
             let api = Api::connect(&conn)?;
             let body = reason.map_or(Body::None, |r| Body::Json(serde_json::json!({ "reason": r })));
             let answer = api.post(api.project_url(&["runs", &id, "cancel"])?, body).await?;
-            if conn.json {
-                say!("{}", answer.text());
-            } else {
-                let run: Run = answer.json()?;
+            answer.print(conn.json, |run: Run| {
                 say!("{} {}{}", run.id, style.paint(status_tint(&run.status), &run.status), run.reason.map(|r| format!(" ({r})")).unwrap_or_default());
-            }
+            })?;
             Ok(0)
         }
         RunsCommand::Retry { run, node, prompt, model, harness } => {

@@ -106,10 +106,7 @@ pub(super) async fn webhooks(args: WebhooksArgs) -> Result<u8, ClientError> {
                 body["events"] = events.into();
             }
             let answer = api.post(api.project_url(&["webhooks"])?, Body::Json(body)).await?;
-            if json {
-                say!("{}", answer.text());
-            } else {
-                let c: Created = answer.json()?;
+            answer.print(json, |c: Created| {
                 say!("{}", c.secret);
                 eprintln!(
                     "webhook {} for {} ({}); the secret above signs each delivery (X-Shopfloor-Signature-256) and is shown this once",
@@ -117,7 +114,7 @@ pub(super) async fn webhooks(args: WebhooksArgs) -> Result<u8, ClientError> {
                     c.webhook.url,
                     c.webhook.events.join(",")
                 );
-            }
+            })?;
             Ok(0)
         }
         WebhooksCommand::Delete { id } => {
@@ -143,13 +140,10 @@ pub(super) async fn webhooks(args: WebhooksArgs) -> Result<u8, ClientError> {
         }
         WebhooksCommand::Replay { id, delivery } => {
             let answer = api.post(api.project_url(&["webhooks", &id, "deliveries", &delivery, "replay"])?, Body::None).await?;
-            if json {
-                say!("{}", answer.text());
-            } else {
-                let d: Delivery = answer.json()?;
+            answer.print(json, |d: Delivery| {
                 say!("{}", d.id);
                 eprintln!("replay of {}: {} ({}, {})", d.replay_of.as_deref().unwrap_or(&delivery), d.id, d.event, d.state);
-            }
+            })?;
             Ok(0)
         }
     }

@@ -127,16 +127,13 @@ pub(super) async fn workflows(args: WorkflowsArgs) -> Result<u8, ClientError> {
                 }
                 Err(e) => return Err(e),
             };
-            if conn.json {
-                say!("{}", answer.text());
-            } else {
-                let u: Uploaded = answer.json()?;
+            answer.print(conn.json, |u: Uploaded| {
                 if u.created {
                     say!("{} version {} uploaded", u.name, u.version);
                 } else {
                     say!("{} version {} unchanged", u.name, u.version);
                 }
-            }
+            })?;
             Ok(0)
         }
         WorkflowsCommand::Validate { file } => {
@@ -198,11 +195,8 @@ async fn show(api: &Api, name: &str, version: Option<u32>, json: bool) -> Result
 
 async fn pause(api: &Api, name: &str, verb: &str, json: bool) -> Result<u8, ClientError> {
     let answer = api.post(api.project_url(&["workflows", name, verb])?, Body::None).await?;
-    if json {
-        say!("{}", answer.text());
-    } else {
-        let w: Workflow = answer.json()?;
+    answer.print(json, |w: Workflow| {
         say!("{} {}", w.name, if w.paused { "paused: new runs are held" } else { "active" });
-    }
+    })?;
     Ok(0)
 }
