@@ -7,8 +7,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
+use cel::common::ast::{EntryExpr, Expr, IdedEntryExpr};
 use cel::objects::Key;
-use cel::{Context, Program, Value};
+use cel::{Context, IdedExpr, Program, Value};
 
 /// The variables an expression may always name; absent ones are bound to an empty map so that
 /// `has(nodes.build)` is false rather than an error.
@@ -43,11 +44,20 @@ pub fn eval_bool(expr: &str, context: &serde_json::Value) -> Result<bool, String
     }
 }
 
+/// The longest expression, in bytes: cel's parser and evaluator recurse once per operator, and
+/// a long enough chain (`1+1+…`) overflows the stack of the process that reads it.
+pub const MAX_LEN: usize = 1_000;
+/// The deepest an expression's tree may nest (operators, calls, field selections).
+const MAX_DEPTH: usize = 40;
+
 fn program(expr: &str) -> Result<Program, String> {
     if expr.trim().is_empty() {
         return Err("the expression is empty".to_owned());
     }
-    Program::compile(expr).map_err(|errors| {
+    if expr.len() > MAX_LEN {
+        return Err(format!("the expression is {} bytes long; at most {MAX_LEN} are read", expr.len()));
+    }
+    let program = Program::compile(expr).map_err(|errors| {
         let messages: Vec<String> = errors
             .errors
             .iter()
@@ -55,7 +65,52 @@ fn program(expr: &str) -> Result<Program, String> {
             .map(|e| format!("{} (column {})", e.msg.split(" expecting {").next().unwrap_or(&e.msg), e.pos.1))
             .collect();
         messages.join("; ")
-    })
+    })?;
+    bounded(program.expression())?;
+    Ok(program)
+}
+
+/// Refuses a tree deeper than [`MAX_DEPTH`], and a list macro (`all`, `exists`, `exists_one`,
+/// `map`, `filter`) inside another one's: each nesting multiplies the work by a list's length,
+/// and an evaluation runs inside an engine's transaction. The walk keeps its own stack, so
+/// that checking a deep tree cannot overflow the one it guards.
+fn bounded(root: &IdedExpr) -> Result<(), String> {
+    let mut stack = vec![(root, 1_usize, 0_usize)];
+    while let Some((node, depth, macros)) = stack.pop() {
+        if depth > MAX_DEPTH {
+            return Err(format!("the expression nests deeper than {MAX_DEPTH} levels: split it, or name its parts in the workflow's input"));
+        }
+        if matches!(node.expr, Expr::Comprehension(_)) && macros >= 1 {
+            return Err("a list macro (all, exists, exists_one, map, filter) inside another one's is not allowed: the work would grow as a product of the lists' lengths".to_owned());
+        }
+        stack.extend(children(node).into_iter().map(|(child, in_macro)| (child, depth + 1, macros + usize::from(in_macro))));
+    }
+    Ok(())
+}
+
+/// The expressions `node` holds, each with whether it is a list macro's body.
+fn children(node: &IdedExpr) -> Vec<(&IdedExpr, bool)> {
+    let plain: Vec<&IdedExpr> = match &node.expr {
+        Expr::Call(call) => call.target.iter().map(AsRef::as_ref).chain(&call.args).collect(),
+        Expr::Comprehension(c) => {
+            let mut all = vec![(&c.iter_range, false)];
+            all.extend([&c.accu_init, &c.loop_cond, &c.loop_step, &c.result].map(|body| (body, true)));
+            return all;
+        }
+        Expr::List(list) => list.elements.iter().collect(),
+        Expr::Map(map) => map.entries.iter().flat_map(entry).collect(),
+        Expr::Struct(st) => st.entries.iter().flat_map(entry).collect(),
+        Expr::Select(select) => vec![&*select.operand],
+        Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => Vec::new(),
+    };
+    plain.into_iter().map(|e| (e, false)).collect()
+}
+
+fn entry(e: &IdedEntryExpr) -> Vec<&IdedExpr> {
+    match &e.expr {
+        EntryExpr::StructField(f) => vec![&f.value],
+        EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
+    }
 }
 
 /// Compiled programs by their text, so that a trigger's `if:` is parsed once per process
@@ -129,5 +184,33 @@ fn to_cel(value: &serde_json::Value) -> Value {
             let map: HashMap<Key, Value> = map.iter().map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v))).collect();
             Value::Map(map.into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_deep_or_nested_expressions_are_refused_without_overflowing() {
+        let chain = |n: usize, part: &str, sep: &str| vec![part; n].join(sep);
+        // What once overflowed the stack: refused by its length, before any parsing.
+        assert!(compile(&chain(5_000, "1", "+")).unwrap_err().contains("at most 1000 are read"));
+        assert!(compile(&format!("input.{}", chain(20_000, "a", "."))).unwrap_err().contains("at most 1000"));
+        // Within the length, refused by its depth.
+        assert!(compile(&chain(400, "1", "+")).unwrap_err().contains("nests deeper than 40"));
+        assert!(compile(&format!("run.input.{} == 1", chain(300, "a", "."))).unwrap_err().contains("nests deeper"));
+        // A list macro inside another one's multiplies the work.
+        let nested = "[1, 2].all(a, [3, 4].exists(b, a < b))";
+        assert!(compile(nested).unwrap_err().contains("inside another one's"), "{nested}");
+        for fine in [
+            "'ready' in item.labels && item.state == 'open'",
+            "item.labels.exists(l, l.startsWith('area/')) && item.assignees.all(a, a != 'bot')",
+            "size(nodes.build.output.files) > 3 ? 'big' : 'small'",
+            &chain(30, "1", "+"),
+        ] {
+            assert_eq!(compile(fine), Ok(()), "{fine}");
+        }
+        assert_eq!(eval(&chain(30, "1", "+"), &serde_json::json!({})), Ok(serde_json::json!(30)));
     }
 }
