@@ -76,6 +76,22 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     report(&app, &host, &step, 0.9, 250).await;
     report(&app, &host, &step, 0.9, 250).await;
     assert_eq!(spent(&pool, org.id, &run).await, (0.9, 0.9, 250), "a report sent twice counts once");
+    // Figures no session can have are refused, and change nothing: one near what a column
+    // holds would make every later report of the project fail, its hard budget included.
+    for usage in [
+        json!({ "input_tokens": 9_223_372_036_854_775_000_i64 }),
+        json!({ "input_tokens": i64::MAX, "output_tokens": i64::MAX }),
+        json!({ "input_tokens": -5 }),
+        json!({ "estimated_cost_usd": 1e12 }),
+        json!({ "cost_usd": -1.0 }),
+    ] {
+        let body = json!({ "harness": "claude-code", "lines": [], "usage": usage });
+        let refused = app.json(Method::POST, &format!("/api/v1/host/steps/{step}/session"), &host, Some(&body), StatusCode::UNPROCESSABLE_ENTITY).await;
+        assert!(refused["detail"].as_str().is_some_and(|d| d.contains("usage out of range")), "{usage}: {refused}");
+        let done = json!({ "outcome": "succeeded", "output": {}, "usage": usage });
+        app.json(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), &host, Some(&done), StatusCode::UNPROCESSABLE_ENTITY).await;
+    }
+    assert_eq!(spent(&pool, org.id, &run).await, (0.9, 0.9, 250));
     let beat = app.json(Method::POST, &format!("/api/v1/host/steps/{step}/heartbeat"), &host, None, StatusCode::OK).await;
     assert_eq!(beat["stop"], false);
 

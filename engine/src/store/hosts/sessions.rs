@@ -93,6 +93,7 @@ pub(crate) async fn record_usage(
 /// so in the step's log. A host that no longer holds the step stores nothing and learns the
 /// step's state.
 pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&str>, lines: &[LogLine], usage: &Usage, cap_bytes: i64) -> Result<Reported> {
+    check_usage(usage)?;
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     // A report whose spend figure (the larger of the host's estimate and the reported cost)
     // moved, or that counted more tokens, records the difference against the run's and the
@@ -222,6 +223,26 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
     }
     ch.commit().await?;
     Ok(Reported { state, stored, dropped })
+}
+
+/// The most tokens one session may report, a thousand times what the longest sessions spend.
+const MAX_TOKENS: i64 = 1_000_000_000_000;
+/// The most dollars one session may report.
+const MAX_USD: f64 = 1_000_000.0;
+
+/// Refuses usage no session can have. A host's figures go into its project's day of spend,
+/// which every other host of the project adds to: one past what a column holds would make
+/// every later report fail, its hard budget included.
+fn check_usage(usage: &Usage) -> Result<()> {
+    let tokens_ok = [usage.input_tokens, usage.output_tokens].iter().all(|t| (0..=MAX_TOKENS).contains(t));
+    let usd_ok = [usage.cost_usd, usage.estimated_cost_usd].iter().flatten().all(|usd| usd.is_finite() && (0.0..=MAX_USD).contains(usd));
+    if tokens_ok && usd_ok && usage.turns >= 0 && usage.tool_calls >= 0 {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "usage out of range: tokens are whole numbers from 0 to {MAX_TOKENS}, costs dollars from 0 to {MAX_USD}, turns and tool calls 0 or more"
+        )))
+    }
 }
 
 /// What a report changes of the spend recorded for its session: the dollars (the session's
@@ -374,6 +395,7 @@ pub struct Completion {
 /// answers `Stale`), with a `step.session` event carrying the figures, and a wake so that an
 /// engine advances the run.
 pub async fn complete(pool: &Db, host: &HostRow, step: StepId, c: &Completion) -> Result<StepRow> {
+    check_usage(&c.usage)?;
     let run = run_of(pool, host.org_id, step).await?;
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
