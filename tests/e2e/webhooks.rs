@@ -400,6 +400,13 @@ async fn every_event_type_is_ingested_into_the_projection() {
     let data: Value = sqlx::query_scalar("SELECT data FROM items WHERE key = $1").bind(pr_key).fetch_one(&env.db.pool).await.unwrap();
     assert!(data.get("checks").is_none(), "{data}");
 
+    // A NUL in a title is valid JSON that jsonb refuses: it is kept as U+FFFD, never lost.
+    let nul = Issue::new(11, "before\u{0}after");
+    assert_eq!(ok(env.send("issues", &payloads::issues_event("opened", &repo, &nul, &user("alice"), None)).await), "accepted");
+    let title: String =
+        sqlx::query_scalar("SELECT data->>'title' FROM items WHERE key = '[\"github\",\"acme/widgets\",11]'").fetch_one(&env.db.pool).await.unwrap();
+    assert_eq!(title, "before\u{FFFD}after");
+
     let issue = Issue::new(9, "Board me");
     ok(env.send("issues", &payloads::issues_event("opened", &repo, &issue, &user("alice"), None)).await);
     let comment = payloads::issue_comment_event("created", &repo, &issue, 41, "please <!-- secretly --> do", "alice", "MEMBER");

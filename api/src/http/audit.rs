@@ -9,7 +9,7 @@
 //! one total order over both.
 
 use axum::extract::State;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike as _, Utc};
 use engine::ids::{OrgId, ProjectId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,7 +17,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
 use super::error::ApiError;
-use super::extract::{Json, Query};
+use super::extract::{Json, Query, a_usable_year};
 use super::tenant::{OrgScope, ProjectScope};
 use super::{AppState, page};
 
@@ -112,7 +112,7 @@ async fn audited(
             qb.push(" AND target_kind = ").push_bind(kind);
         }
     }
-    push_window(&mut qb, q);
+    push_window(&mut qb, q)?;
     if let Some((at, id)) = after {
         qb.push(" AND (at, audit_id) < (").push_bind(at).push(", ").push_bind(id).push(")");
     }
@@ -135,19 +135,22 @@ fn push_action(qb: &mut sqlx::QueryBuilder<'_, sqlx::Postgres>, column: &str, ac
 }
 
 /// `since` and `until`.
-fn push_window(qb: &mut sqlx::QueryBuilder<'_, sqlx::Postgres>, q: &AuditQuery) {
+fn push_window(qb: &mut sqlx::QueryBuilder<'_, sqlx::Postgres>, q: &AuditQuery) -> Result<(), ApiError> {
     if let Some(since) = q.since {
+        a_usable_year("since", since.year())?;
         qb.push(" AND at >= ").push_bind(since);
     }
     if let Some(until) = q.until {
+        a_usable_year("until", until.year())?;
         qb.push(" AND at < ").push_bind(until);
     }
+    Ok(())
 }
 
 mod journal {
     //! The engine's moves, as audit entries, from the runs' journal.
 
-    use chrono::{DateTime, Utc};
+    use chrono::{DateTime, Datelike as _, Utc};
     use engine::ids::{OrgId, ProjectId, RunId, StepId};
     use serde_json::{Value, json};
 
@@ -252,7 +255,7 @@ mod journal {
         if let Some(action) = &q.action {
             push_action(&mut qb, &format!("({ACTION})"), action);
         }
-        push_window(&mut qb, q);
+        push_window(&mut qb, q)?;
         if let Some((at, id)) = after {
             qb.push(" AND (at, event_id) < (").push_bind(at).push(", ").push_bind(id.saturating_add(OFFSET)).push(")");
         }

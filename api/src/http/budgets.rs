@@ -5,7 +5,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use chrono::{Duration, NaiveDate, Utc};
+use chrono::{Datelike as _, Duration, NaiveDate, Utc};
 use engine::ids::ProjectId;
 use engine::store::budgets;
 use serde::{Deserialize, Serialize};
@@ -14,7 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
-use super::extract::{Json, Path, Query};
+use super::extract::{Json, Path, Query, a_usable_year};
 use super::tenant::{OrgScope, ProjectScope};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -181,6 +181,9 @@ async fn remove(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, 
               (status = 400, description = "`from` after `to`, or more than 366 days before it")))]
 pub async fn spend(State(state): State<AppState>, scope: OrgScope, Query(q): Query<SpendQuery>) -> Result<Json<SpendList>, ApiError> {
     scope.require(Role::Viewer)?;
+    for (field, date) in [("from", q.from), ("to", q.to)] {
+        date.map_or(Ok(()), |d| a_usable_year(field, d.year()))?;
+    }
     let to = q.to.unwrap_or_else(|| Utc::now().date_naive());
     let from = q.from.unwrap_or(to - Duration::days(30));
     if from > to || (to - from).num_days() > 366 {

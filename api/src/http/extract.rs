@@ -185,6 +185,12 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
     }
 }
 
+/// A date or time of a query, refused outside the years 1 to 9999: chrono reads years
+/// PostgreSQL cannot hold, which it would answer with an error of its own.
+pub fn a_usable_year(field: &str, year: i32) -> Result<(), ApiError> {
+    if (1..=9999).contains(&year) { Ok(()) } else { Err(ApiError::BadRequest(format!("{field} must be in the years 1 to 9999"))) }
+}
+
 /// A short text field of a body, refused (never cut) past `max` characters, as the
 /// document's `maxLength` for it says.
 pub fn at_most(field: &str, value: Option<String>, max: usize) -> Result<Option<String>, ApiError> {

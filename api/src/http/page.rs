@@ -83,6 +83,10 @@ pub fn decode<T: DeserializeOwned>(cursor: Option<&str>) -> Result<Option<T>, Ap
     let Some(cursor) = cursor else { return Ok(None) };
     let bad = || ApiError::BadRequest("invalid cursor: pass back the next_cursor of a previous page".into());
     let bytes = URL_SAFE_NO_PAD.decode(cursor.as_bytes()).map_err(|_| bad())?;
+    // A NUL in a key reaches PostgreSQL, which refuses it in text with an error of its own.
+    if bytes.contains(&0) || bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000")) {
+        return Err(bad());
+    }
     serde_json::from_slice(&bytes).map(Some).map_err(|_| bad())
 }
 

@@ -77,6 +77,13 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"input\": {\"x\": \"\\u0000\"}}", 400, "bad-request"),
         bad(post.clone(), &format!("{p}/workflows"), Some("application/yaml"), b"name: a\x00b\nnodes: {}\n", 400, "bad-request"),
         bad(post.clone(), &format!("{p}/validate-workflow"), json, b"{\"source\": \"name: a\\u0000\"}", 400, "bad-request"),
+        // A cursor whose key holds a NUL (base64 of `"\u0000"`), and dates PostgreSQL cannot hold.
+        bad(get.clone(), "/api/v1/orgs/acme/projects?cursor=Ilx1MDAwMCI", None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/members?cursor=Ilx1MDAwMCI", None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/spend?to=-262143-01-01", None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/spend?from=+262142-01-01", None, b"", 400, "bad-request"),
+        bad(get.clone(), "/api/v1/orgs/acme/audit?since=-262143-01-01T00:00:00Z", None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{p}/audit?until=+262142-01-01T00:00:00Z"), None, b"", 400, "bad-request"),
         // A body that is not an object, though serde would read a struct from an array.
         bad(post.clone(), &format!("{p}/host-registrations"), json, b"[null, null]", 400, "bad-request"),
         bad(post.clone(), &format!("{runs}/{run}/cancel"), json, b"[\"why\"]", 400, "bad-request"),

@@ -76,10 +76,11 @@ const RETRIES: u32 = 4;
 /// `Malformed` when the body is not a JSON object (nothing is stored); `Store` when the
 /// database failed (nothing is stored: GitHub may redeliver).
 pub async fn ingest(pool: &Db, delivery: &Delivery<'_>) -> Result<IngestOutcome, IngestError> {
-    let payload: Value = serde_json::from_slice(delivery.body).map_err(|e| IngestError::Malformed(e.to_string()))?;
+    let mut payload: Value = serde_json::from_slice(delivery.body).map_err(|e| IngestError::Malformed(e.to_string()))?;
     if !payload.is_object() {
         return Err(IngestError::Malformed("expected an object".into()));
     }
+    replace_nul(&mut payload);
     let mut attempt = 0;
     loop {
         match ingest_once(pool, delivery, &payload).await {
@@ -90,6 +91,24 @@ pub async fn ingest(pool: &Db, delivery: &Delivery<'_>) -> Result<IngestOutcome,
             }
             other => return other.map_err(IngestError::from),
         }
+    }
+}
+
+/// Replaces each NUL in the payload's strings and keys with U+FFFD. GitHub sends text as its
+/// users typed it, and a title holding `\u0000` is valid JSON that PostgreSQL's `jsonb` refuses:
+/// the delivery would fail every time it came.
+fn replace_nul(value: &mut Value) {
+    const NUL: char = '\0';
+    match value {
+        Value::String(s) if s.contains(NUL) => *s = s.replace(NUL, "\u{FFFD}"),
+        Value::Array(items) => items.iter_mut().for_each(replace_nul),
+        Value::Object(map) => {
+            if map.keys().any(|k| k.contains(NUL)) {
+                *map = std::mem::take(map).into_iter().map(|(k, v)| (k.replace(NUL, "\u{FFFD}"), v)).collect();
+            }
+            map.values_mut().for_each(replace_nul);
+        }
+        _ => {}
     }
 }
 
