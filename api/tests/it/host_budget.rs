@@ -69,6 +69,19 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     assert_eq!((got["assignments"][0]["prompt"].as_str(), got["assignments"][0]["model"].as_str()), (Some("do the work"), Some("sonnet")));
     app.json(Method::POST, &format!("/api/v1/host/steps/{step}/start"), &host, Some(&json!({ "harness": "claude-code" })), StatusCode::OK).await;
 
+    // A host of another project of the org learns nothing of the step: not found, as another
+    // org's, and a claim that says it holds it hears it is gone.
+    app.json(Method::POST, "/api/v1/orgs/acme/projects", &org.admin, Some(&json!({ "slug": "ops" })), StatusCode::CREATED).await;
+    let reg = app.json(Method::POST, "/api/v1/orgs/acme/projects/ops/host-registrations", &org.admin, None, StatusCode::CREATED).await;
+    let other = json!({ "name": "ops-box", "capabilities": ["linux", "harness:claude-code"], "max_concurrent": 1 });
+    let other = app.json(Method::POST, "/api/v1/host/register", reg["token"].as_str().unwrap(), Some(&other), StatusCode::CREATED).await;
+    let other = other["token"].as_str().unwrap();
+    for (verb, body) in [("heartbeat", None), ("session", Some(json!({ "lines": [] }))), ("start", Some(json!({ "harness": "claude-code" })))] {
+        app.json(Method::POST, &format!("/api/v1/host/steps/{step}/{verb}"), other, body.as_ref(), StatusCode::NOT_FOUND).await;
+    }
+    let held = app.json(Method::POST, "/api/v1/host/claim", other, Some(&json!({ "max": 0, "wait_secs": 0, "held": [step] })), StatusCode::OK).await;
+    assert!(held.to_string().contains("gone"), "{held}");
+
     // Reports carry cumulative estimates; the spend is what each adds.
     let r = report(&app, &host, &step, 0.4, 100).await;
     assert_eq!(r["stop"], false);

@@ -162,18 +162,24 @@ pub async fn seen(pool: &Db, host: &HostRow) -> Result<()> {
 }
 
 /// The run a step of `org` belongs to.
-async fn run_of(pool: &Db, org: OrgId, step: StepId) -> Result<RunId> {
-    sqlx::query_scalar("SELECT run_id FROM steps WHERE step_id = $1 AND org_id = $2")
-        .bind(step)
-        .bind(org)
-        .fetch_optional(pool)
-        .await?
-        .ok_or(StoreError::NotFound("step"))
+async fn run_of(pool: &Db, host: &HostRow, step: StepId) -> Result<RunId> {
+    Ok(step_of(pool, host, step).await?.0)
 }
 
 /// The state of a step a host no longer holds.
-async fn state_of(pool: &Db, org: OrgId, step: StepId) -> Result<StepState> {
-    let state: Option<String> =
-        sqlx::query_scalar("SELECT state FROM steps WHERE step_id = $1 AND org_id = $2").bind(step).bind(org).fetch_optional(pool).await?;
-    state.as_deref().and_then(StepState::parse).ok_or(StoreError::NotFound("step"))
+async fn state_of(pool: &Db, host: &HostRow, step: StepId) -> Result<StepState> {
+    let state = step_of(pool, host, step).await?.1;
+    StepState::parse(&state).ok_or(StoreError::NotFound("step"))
+}
+
+/// A step of the host's project, with its run and state: a step of another project is not
+/// found, as one of another org, so that a host learns nothing of steps it may not run.
+async fn step_of(pool: &Db, host: &HostRow, step: StepId) -> Result<(RunId, String)> {
+    sqlx::query_as("SELECT s.run_id, s.state FROM steps s JOIN runs r USING (run_id) WHERE s.step_id = $1 AND s.org_id = $2 AND r.project_id = $3")
+        .bind(step)
+        .bind(host.org_id)
+        .bind(host.project_id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(StoreError::NotFound("step"))
 }

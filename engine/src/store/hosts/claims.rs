@@ -216,7 +216,7 @@ pub(crate) fn feeds_pull_request(def: &definition::Definition, node: &str) -> bo
 
 /// The host starts the harness on a step it leased: `leased → running`, fenced by holder.
 pub async fn start(pool: &Db, host: &HostRow, step: StepId, harness: &str) -> Result<StepRow> {
-    let run = run_of(pool, host.org_id, step).await?;
+    let run = run_of(pool, host, step).await?;
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
     let row = steps::start(&mut ch, run, step, &holder(host.host_id)).await?;

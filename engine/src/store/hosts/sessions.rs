@@ -124,7 +124,7 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
     .await?;
     let Some((run, state)) = renewed else {
         drop(ch);
-        return Ok(Reported { state: state_of(pool, host.org_id, step).await?, stored: 0, dropped: lines.len() });
+        return Ok(Reported { state: state_of(pool, host, step).await?, stored: 0, dropped: lines.len() });
     };
     let state = StepState::parse(&state).unwrap_or(StepState::Running);
     let mut stored = 0;
@@ -350,9 +350,10 @@ pub async fn heartbeat(pool: &Db, host: &HostRow, step: StepId, stall_after: Dur
     let me = holder(host.host_id);
     let state = steps::heartbeat(pool, host.org_id, step, &me).await?;
     if !matches!(state, StepState::Leased | StepState::Running) {
-        return Ok(state);
+        // Not held by this host: its state, if the step is of the host's project.
+        return state_of(pool, host, step).await;
     }
-    let run = run_of(pool, host.org_id, step).await?;
+    let run = run_of(pool, host, step).await?;
     let mut ch = Change::begin(pool, Actor::System).await?;
     let failure = if over_budget(&mut ch, run).await? {
         Failure::new(budgets::HARD_STOP, FailureClass::Final)
@@ -373,7 +374,7 @@ pub async fn heartbeat(pool: &Db, host: &HostRow, step: StepId, stall_after: Dur
         // Completed, cancelled or taken back meanwhile.
         Err(StoreError::Stale(_)) => {
             drop(ch);
-            state_of(pool, host.org_id, step).await
+            state_of(pool, host, step).await
         }
         Err(e) => Err(e),
     }
@@ -396,7 +397,7 @@ pub struct Completion {
 /// engine advances the run.
 pub async fn complete(pool: &Db, host: &HostRow, step: StepId, c: &Completion) -> Result<StepRow> {
     check_usage(&c.usage)?;
-    let run = run_of(pool, host.org_id, step).await?;
+    let run = run_of(pool, host, step).await?;
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
     let me = holder(host.host_id);
@@ -433,8 +434,14 @@ pub async fn to_stop(pool: &Db, host: &HostRow, held: &[StepId]) -> Result<Vec<(
         return Ok(Vec::new());
     }
     let ids: Vec<uuid::Uuid> = held.iter().map(|s| s.0).collect();
-    let rows: Vec<(StepId, String, Option<String>)> =
-        sqlx::query_as("SELECT step_id, state, holder FROM steps WHERE org_id = $1 AND step_id = ANY($2)").bind(host.org_id).bind(&ids).fetch_all(pool).await?;
+    let rows: Vec<(StepId, String, Option<String>)> = sqlx::query_as(
+        "SELECT s.step_id, s.state, s.holder FROM steps s JOIN runs r USING (run_id) WHERE s.org_id = $1 AND s.step_id = ANY($2) AND r.project_id = $3",
+    )
+    .bind(host.org_id)
+    .bind(&ids)
+    .bind(host.project_id)
+    .fetch_all(pool)
+    .await?;
     let me = holder(host.host_id);
     let mut stop: Vec<(StepId, String)> = rows
         .iter()
