@@ -271,7 +271,8 @@ mod journal {
     responses((status = 200, body = AuditList)))]
 pub async fn org_log(State(state): State<AppState>, scope: OrgScope, Query(q): Query<AuditQuery>) -> Result<Json<AuditList>, ApiError> {
     scope.require(Role::Admin)?;
-    Ok(Json(read(&state, scope.org, None, q).await?))
+    // A token limited to one project reads that project's entries only.
+    Ok(Json(read(&state, scope.org, scope.caller.project, q).await?))
 }
 
 /// One project's audit log (admin).

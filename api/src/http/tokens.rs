@@ -114,7 +114,8 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): 
     let (jti, token) = issue_user_token_with_id(
         &mut ch,
         state.secret_key(),
-        UserToken { org: scope.org, user, project: None, role: role.as_str(), name, ttl: Duration::days(i64::from(days)) },
+        // A token limited to one project makes tokens limited to it too.
+        UserToken { org: scope.org, user, project: scope.caller.project, role: role.as_str(), name, ttl: Duration::days(i64::from(days)) },
     )
     .await?;
     let record: Token =

@@ -9,6 +9,8 @@ use engine::testkit::APPROVAL;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
+use api::auth::{UserToken, issue_user_token_with_id};
+
 use crate::support::{App, problem};
 
 #[tokio::test]
@@ -177,5 +179,35 @@ async fn another_orgs_ids_answer_404_and_leak_nothing() {
     assert!(!revoked);
     let runs_of_acme: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE org_id = $1").bind(acme.id).fetch_one(app.pool()).await.unwrap();
     assert_eq!(runs_of_acme, 0, "a retry or rerun of another org's run created one");
+    app.finish().await;
+}
+
+/// A token limited to one project stays within it: the tokens it makes are limited to that
+/// project too, and the org's audit log shows it that project's entries only.
+#[tokio::test]
+async fn a_project_limited_token_makes_only_project_limited_tokens_and_reads_its_projects_audit() {
+    let app = App::with_engine().await;
+    let org = app.org("acme").await;
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    let ops = tenants::create_project(&mut ch, org.id, &Slug::parse("ops").unwrap(), "ops").await.unwrap();
+    ch.commit().await.unwrap();
+    let limited = UserToken { org: org.id, user: org.admin_user, project: Some(ops), role: "admin", name: "ops only", ttl: chrono::Duration::days(1) };
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    let (_, limited) = issue_user_token_with_id(&mut ch, &engine::testkit::secret_key(), limited).await.unwrap();
+    ch.commit().await.unwrap();
+    // The web project's activity, written by an unlimited token.
+    app.json(Method::PUT, "/api/v1/orgs/acme/projects/web/budgets/day", &org.admin, Some(&json!({ "usd_limit": 5 })), StatusCode::OK).await;
+    app.json(Method::GET, "/api/v1/orgs/acme/projects/web/runs", &limited, None, StatusCode::NOT_FOUND).await;
+
+    let made = app.json(Method::POST, "/api/v1/orgs/acme/tokens", &limited, Some(&json!({ "name": "escalated" })), StatusCode::CREATED).await;
+    let made = made["token"].as_str().unwrap();
+    app.json(Method::GET, "/api/v1/orgs/acme/projects/web/runs", made, None, StatusCode::NOT_FOUND).await;
+    app.json(Method::GET, "/api/v1/orgs/acme/projects/ops/runs", made, None, StatusCode::OK).await;
+
+    let budget_set = |log: &serde_json::Value| log["items"].as_array().unwrap().iter().any(|e| e["action"] == "budget.set");
+    let all = app.json(Method::GET, "/api/v1/orgs/acme/audit?limit=200", &org.admin, None, StatusCode::OK).await;
+    assert!(budget_set(&all), "{all}");
+    let log = app.json(Method::GET, "/api/v1/orgs/acme/audit?limit=200", &limited, None, StatusCode::OK).await;
+    assert!(!budget_set(&log), "the web project's entries: {log}");
     app.finish().await;
 }
