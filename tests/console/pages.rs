@@ -73,6 +73,20 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
     assert!(today.body.contains("Today in acme"));
     let cookie = b.cookies.get("shopfloor_session").cloned().expect("a session cookie");
     assert!(cookie.starts_with("acme.") && !cookie.contains(&org.owner_token), "the pasted token is never the session");
+    // A session never outlives the token it was made from: one with an hour left makes a
+    // session of an hour, not of the configured twelve.
+    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System).await.unwrap();
+    let short = crate::harness::token(&mut ch, org.id, org.owner, "owner", chrono::Duration::hours(1)).await;
+    ch.commit().await.unwrap();
+    Browser::new(&app.base).sign_in_with_token(&short).await;
+    let (token_ends, session_ends): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) = sqlx::query_as(
+        "SELECT (SELECT max(expires_at) FROM api_tokens WHERE name = 'test' AND expires_at < now() + interval '2 hours'), \
+                (SELECT expires_at FROM api_tokens WHERE name = 'console session' ORDER BY created_at DESC, jti DESC LIMIT 1)",
+    )
+    .fetch_one(app.pool())
+    .await
+    .unwrap();
+    assert!(session_ends <= token_ends, "the session ends {session_ends}, after its token ({token_ends})");
     assert!(today.body.contains("Ship the release?"), "the approval is under Needs you");
     accessible(&today.body, "today");
 

@@ -11,9 +11,9 @@ use axum::extract::{Form, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
-use chrono::Duration;
+use chrono::{DateTime, Duration, Utc};
 use engine::ids::{OrgId, UserId};
-use engine::store::{Actor, Change, api_writes};
+use engine::store::{Actor, Change, StoreError, api_writes};
 use rand::RngCore;
 use secrecy::ExposeSecret;
 use serde::Deserialize;
@@ -150,7 +150,16 @@ pub(super) async fn signin_token(State(c): State<Console>, headers: HeaderMap, F
     };
     let (Some(user), Some(role)) = (caller.user, caller.role) else { return Ok(signin_error(&next, "token")) };
     let mut ch = Change::begin(c.db(), caller.actor()).await?;
-    let ttl = Duration::hours(i64::from(c.cfg().session_hours.max(1)));
+    // The session ends when the token does, if sooner: pasting a token (or a session's own)
+    // never makes a longer-lived one.
+    let expires: DateTime<Utc> = sqlx::query_scalar("SELECT expires_at FROM api_tokens WHERE jti = $1 AND org_id = $2")
+        .bind(caller.jti)
+        .bind(caller.org)
+        .fetch_one(ch.conn())
+        .await
+        .map_err(StoreError::from)?;
+    // (A second early: the new row's clock reads later than this one.)
+    let ttl = Duration::hours(i64::from(c.cfg().session_hours.max(1))).min(expires - Utc::now() - Duration::seconds(1));
     let (_, session) = issue_user_token_with_id(
         &mut ch,
         c.state().secret_key(),

@@ -150,7 +150,7 @@ fn push_window(qb: &mut sqlx::QueryBuilder<'_, sqlx::Postgres>, q: &AuditQuery) 
 mod journal {
     //! The engine's moves, as audit entries, from the runs' journal.
 
-    use chrono::{DateTime, Datelike as _, Utc};
+    use chrono::{DateTime, Utc};
     use engine::ids::{OrgId, ProjectId, RunId, StepId};
     use serde_json::{Value, json};
 
