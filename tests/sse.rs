@@ -34,6 +34,11 @@ impl Sse {
     /// The next event (comments and keep-alives skipped); a hang guard fails a stream silent
     /// for two minutes.
     pub async fn next(&mut self) -> SseEvent {
+        self.next_or_end().await.expect("the stream stays open")
+    }
+
+    /// The next event, or `None` when the server ended the stream.
+    pub async fn next_or_end(&mut self) -> Option<SseEvent> {
         use futures::StreamExt;
         loop {
             while let Some(end) = self.buf.find("\n\n") {
@@ -49,11 +54,11 @@ impl Sse {
                     }
                 }
                 if !data.is_empty() {
-                    return SseEvent { id, event, data: serde_json::from_str(&data).expect("event data is JSON") };
+                    return Some(SseEvent { id, event, data: serde_json::from_str(&data).expect("event data is JSON") });
                 }
             }
             let chunk = tokio::time::timeout(Duration::from_secs(120), self.stream.next()).await.expect("the stream hung");
-            let chunk = chunk.expect("the stream stays open").expect("the stream reads");
+            let chunk = chunk?.expect("the stream reads");
             self.buf.push_str(&String::from_utf8_lossy(&chunk));
         }
     }

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -49,6 +50,43 @@ struct Client {
     /// This stream's place among its token's (`limits`), given back when the body is dropped:
     /// the client went away, the stream ended, or the server is closing.
     _place: super::limits::StreamSlot,
+    /// The token the stream was opened with, and when it was last found still good.
+    jti: uuid::Uuid,
+    checked_at: Instant,
+}
+
+/// How long a stream goes on sending before its token is checked again: a token revoked,
+/// expired or whose person left the org ends its streams at their next event after this.
+const RECHECK: Duration = Duration::from_secs(5);
+
+impl Client {
+    /// Whether the stream's token may still read it; checked at most every [`RECHECK`].
+    async fn still_allowed(&mut self) -> bool {
+        if self.checked_at.elapsed() < RECHECK {
+            return true;
+        }
+        let check = sqlx::query_scalar::<_, bool>(
+            "SELECT t.revoked_at IS NULL AND t.expires_at > now() AND (t.user_id IS NULL OR m.user_id IS NOT NULL) \
+             FROM api_tokens t LEFT JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id WHERE t.jti = $1 AND t.org_id = $2",
+        )
+        .bind(self.jti)
+        .bind(self.org)
+        .fetch_optional(&self.db);
+        // Polled outside the request that opened it: the stream acts for its org itself.
+        let good = engine::tenancy::scoped(Some(self.org), check).await;
+        match good {
+            Ok(Some(true)) => {
+                self.checked_at = Instant::now();
+                true
+            }
+            Ok(_) => false,
+            // The client reconnects and is checked anew.
+            Err(e) => {
+                tracing::warn!(error = %e, "event stream cannot check its token; closing it");
+                false
+            }
+        }
+    }
 }
 
 fn sse(pos: Position, event: &RunEvent) -> Event {
@@ -57,6 +95,9 @@ fn sse(pos: Position, event: &RunEvent) -> Event {
 
 async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)> {
     loop {
+        if !c.queue.is_empty() && !c.still_allowed().await {
+            return None;
+        }
         if let Some(e) = c.queue.pop_front() {
             // A quiet event still moves the client on, or its catch-up would read it again.
             c.pos = e.pos;
@@ -84,6 +125,9 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
             Ok(e) if e.org == c.org && e.project == c.project && e.pos > c.pos => {
                 c.pos = e.pos;
                 if !e.quiet {
+                    if !c.still_allowed().await {
+                        return None;
+                    }
                     return Some((Ok(sse(e.pos, &e.event)), c));
                 }
             }
@@ -125,7 +169,18 @@ pub async fn stream(
         Some(p) => p,
         None => horizon(&state.db).await?,
     };
-    let client = Client { db: state.db.clone(), org: scope.org.org, project: scope.project, rx, pos, queue: VecDeque::new(), catch_up: true, _place: place };
+    let client = Client {
+        db: state.db.clone(),
+        org: scope.org.org,
+        project: scope.project,
+        rx,
+        pos,
+        queue: VecDeque::new(),
+        catch_up: true,
+        _place: place,
+        jti: scope.org.caller.jti,
+        checked_at: Instant::now(),
+    };
     let closing = state.shared.closing.clone().cancelled_owned();
     let events = futures::StreamExt::take_until(futures::stream::unfold(client, next_event), closing);
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))

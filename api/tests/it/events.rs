@@ -90,3 +90,31 @@ async fn the_hub_follows_on_after_its_listen_connection_is_ended() {
     drop(sse);
     app.finish().await;
 }
+
+/// A stream does not outlive its token: once the token is revoked, the stream ends at its next
+/// event after the token's periodic check, and reconnecting is refused.
+#[tokio::test]
+async fn a_revoked_tokens_stream_ends() {
+    let app = App::with_engine().await;
+    let org = app.org("acme").await;
+    let (jti, token) = app.token_for(&org, org.admin_user, "admin", chrono::Duration::days(1)).await;
+    let path = "/api/v1/orgs/acme/projects/web/events";
+    let mut sse = support::sse(&app, path, &token, None).await;
+    let first = app.submit_approval(&org).await;
+    until_awaiting(&mut sse, first, "a run while the token is good").await;
+
+    app.json(reqwest::Method::DELETE, &format!("/api/v1/orgs/acme/tokens/{jti}"), &org.owner, None, reqwest::StatusCode::NO_CONTENT).await;
+    let ended = async {
+        loop {
+            app.submit_approval(&org).await;
+            if sse.next_or_end().await.is_none() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), ended).await.expect("the revoked token's stream ended");
+    let (status, _, _) = app.send(reqwest::Method::GET, path, Some(&token), None).await;
+    assert_eq!(status, reqwest::StatusCode::UNAUTHORIZED);
+    app.finish().await;
+}
