@@ -47,7 +47,10 @@ pub struct Position {
 impl Position {
     pub fn parse(s: &str) -> Option<Position> {
         let (xid, event) = s.trim().split_once('.')?;
-        Some(Position { xid: xid.parse().ok()?, event: event.parse().ok()? })
+        // Transaction ids stay far below 2^63; one above is no position of this stream (and
+        // compared as PostgreSQL's signed bigint, it would read as the stream's start).
+        let xid = xid.parse().ok().filter(|x| i64::try_from(*x).is_ok())?;
+        Some(Position { xid, event: event.parse().ok()? })
     }
 }
 

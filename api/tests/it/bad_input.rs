@@ -67,6 +67,7 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         // Just past the largest: floats are read exactly, not to the nearest unit in the last place.
         bad(Method::PUT, "/api/v1/orgs/acme/budgets/day", json, b"{\"usd_limit\": 99999999.99000001}", 422, "unprocessable"),
         bad(get.clone(), &format!("{runs}/{run}/events?after=1e999"), None, b"", 400, "bad-request"),
+        bad(get.clone(), &format!("{p}/events?last_event_id=18446744073709551615.9223372036854775807"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{runs}/{run}/events?after=99999999999999999999"), None, b"", 400, "bad-request"),
         bad(get.clone(), &format!("{p}/workflows/approve/versions/99999999999999999999"), None, b"", 404, "not-found"),
         // NUL, which PostgreSQL cannot hold: in a path, a query, a JSON body and a workflow.
