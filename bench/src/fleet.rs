@@ -147,8 +147,8 @@ fn host(b: &Bench, base: &str, name: &str, work: &Path, token: &str) -> Result<P
 }
 
 pub(crate) struct HostThroughput {
-    pub(crate) steps_per_s: f64,
-    pub(crate) steps: i64,
+    pub steps_per_s: f64,
+    pub steps: i64,
 }
 
 /// `n` runs of three crew steps on 4 hosts (see the module's header).
@@ -222,9 +222,9 @@ pub(crate) async fn host_throughput(b: &Bench, root: &Path, n: usize) -> Result<
 }
 
 pub(crate) struct Webhooks {
-    pub(crate) per_s: f64,
-    pub(crate) p50_ms: f64,
-    pub(crate) p99_ms: f64,
+    pub per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
 }
 
 /// `X-Hub-Signature-256` as GitHub computes it: HMAC-SHA256 of the body, hex.

@@ -76,8 +76,8 @@ pub(crate) async fn pgbench_tps(b: &Bench, bindir: &std::path::Path, seconds: u3
 }
 
 pub(crate) struct Throughput {
-    pub(crate) runs_per_s: f64,
-    pub(crate) steps_per_s: f64,
+    pub runs_per_s: f64,
+    pub steps_per_s: f64,
 }
 
 /// `n` runs of three leased steps, two engine processes, from the first step's start to the
@@ -107,9 +107,9 @@ pub(crate) async fn engine_throughput(b: &Bench, n: usize) -> Result<Throughput>
 }
 
 pub(crate) struct Wake {
-    pub(crate) p50_ms: f64,
-    pub(crate) p99_ms: f64,
-    pub(crate) idle_statements_60s: i64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub idle_statements_60s: i64,
 }
 
 /// Wakes measured, ours and the peer's. A p99 of 200 was their second-slowest, which one
@@ -213,8 +213,8 @@ pub(crate) async fn rss_with_open_runs(b: &Bench, n: usize) -> Result<f64> {
 }
 
 pub(crate) struct Soak {
-    pub(crate) drift_pct: f64,
-    pub(crate) table_sizes: String,
+    pub drift_pct: f64,
+    pub table_sizes: String,
 }
 
 /// Ten minutes of steady load (a closed loop keeping 200 runs open); throughput in the last

@@ -12,10 +12,10 @@ use crate::setup::{Bench, with_database};
 
 /// The peer's figures, as `chains.mjs` printed them.
 pub(crate) struct Peer {
-    pub(crate) version: String,
-    pub(crate) chains_per_s: f64,
-    pub(crate) wake_p50_ms: f64,
-    pub(crate) wake_p99_ms: f64,
+    pub version: String,
+    pub chains_per_s: f64,
+    pub wake_p50_ms: f64,
+    pub wake_p99_ms: f64,
 }
 
 /// Chains of three jobs (each enqueues the next) and the idle worker's wake latency.

@@ -12,21 +12,21 @@ use engine::store::{Actor, Change, admission, tenants, workflows};
 
 pub(crate) struct Bench {
     /// The cluster's URL for the `postgres` database; measures make databases of their own.
-    pub(crate) admin_url: String,
-    pub(crate) shopfloor: PathBuf,
+    pub admin_url: String,
+    pub shopfloor: PathBuf,
 }
 
 pub(crate) struct Db {
-    pub(crate) url: String,
-    pub(crate) pool: engine::db::Db,
-    pub(crate) name: String,
+    pub url: String,
+    pub pool: engine::db::Db,
+    pub name: String,
 }
 
 pub(crate) struct Seed {
-    pub(crate) org: OrgId,
-    pub(crate) project: ProjectId,
-    pub(crate) workflow: WorkflowId,
-    pub(crate) version: i32,
+    pub org: OrgId,
+    pub project: ProjectId,
+    pub workflow: WorkflowId,
+    pub version: i32,
 }
 
 impl Bench {
@@ -64,7 +64,7 @@ impl Bench {
 }
 
 pub(crate) struct Engine {
-    pub(crate) child: Child,
+    pub child: Child,
 }
 
 impl Engine {

@@ -23,13 +23,13 @@ use super::error::ClientError;
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub(crate) struct FileConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) server: Option<String>,
+    pub server: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) token: Option<String>,
+    pub token: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) org: Option<String>,
+    pub org: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) project: Option<String>,
+    pub project: Option<String>,
 }
 
 /// Where a setting came from, for `shopfloor context`.
@@ -56,11 +56,11 @@ impl Source {
 /// The settings a command runs with.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    pub(crate) server: Option<String>,
-    pub(crate) token: Option<String>,
-    pub(crate) org: Option<String>,
-    pub(crate) project: Option<String>,
-    pub(crate) sources: [Source; 4],
+    pub server: Option<String>,
+    pub token: Option<String>,
+    pub org: Option<String>,
+    pub project: Option<String>,
+    pub sources: [Source; 4],
 }
 
 /// The config file's path.

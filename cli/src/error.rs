@@ -33,9 +33,9 @@ impl ClientError {
 /// One problem of an invalid workflow, as the API reports it.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct WorkflowProblem {
-    pub(crate) line: usize,
-    pub(crate) col: usize,
+    pub line: usize,
+    pub col: usize,
     #[serde(default)]
-    pub(crate) path: String,
-    pub(crate) message: String,
+    pub path: String,
+    pub message: String,
 }

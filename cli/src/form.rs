@@ -12,13 +12,13 @@ use super::error::ClientError;
 /// One field of a form.
 #[derive(Debug, Clone)]
 pub(crate) struct Field {
-    pub(crate) name: String,
+    pub name: String,
     /// `string`, `number`, `boolean` or `choice`.
-    pub(crate) kind: String,
-    pub(crate) required: bool,
-    pub(crate) options: Vec<Value>,
-    pub(crate) default: Option<Value>,
-    pub(crate) description: Option<String>,
+    pub kind: String,
+    pub required: bool,
+    pub options: Vec<Value>,
+    pub default: Option<Value>,
+    pub description: Option<String>,
 }
 
 /// The fields of a form, in the order the API lists them.

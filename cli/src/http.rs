@@ -31,7 +31,7 @@ struct Problem {
 
 /// A successful answer's body, kept as bytes so `--json` prints it as is.
 pub(crate) struct Answer {
-    pub(crate) body: Vec<u8>,
+    pub body: Vec<u8>,
 }
 
 impl Answer {

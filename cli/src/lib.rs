@@ -77,16 +77,16 @@ pub enum ClientCommand {
 pub(crate) struct Conn {
     /// The server's URL, instead of the one `shopfloor login` stored.
     #[arg(long, env = "SHOPFLOOR_SERVER", global = true)]
-    pub(crate) server: Option<String>,
+    pub server: Option<String>,
     /// The org's slug, instead of the current context's.
     #[arg(long, env = "SHOPFLOOR_ORG", global = true)]
-    pub(crate) org: Option<String>,
+    pub org: Option<String>,
     /// The project's slug, instead of the current context's.
     #[arg(long, env = "SHOPFLOOR_PROJECT", global = true)]
-    pub(crate) project: Option<String>,
+    pub project: Option<String>,
     /// Print the API's JSON exactly as it answered, instead of a table.
     #[arg(long, global = true)]
-    pub(crate) json: bool,
+    pub json: bool,
 }
 
 /// Runs a client command; returns the exit code. Errors are printed here, as one line: the

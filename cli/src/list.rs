@@ -61,7 +61,7 @@ impl PageArgs {
 
 #[derive(Deserialize)]
 pub(crate) struct Page<T> {
-    pub(crate) items: Vec<T>,
+    pub items: Vec<T>,
     #[serde(default)]
-    pub(crate) next_cursor: Option<String>,
+    pub next_cursor: Option<String>,
 }

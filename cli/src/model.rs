@@ -11,71 +11,71 @@ use super::error::ClientError;
 /// A run as the API describes it (the fields this client shows).
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Run {
-    pub(crate) id: String,
+    pub id: String,
     #[serde(default)]
-    pub(crate) name: String,
-    pub(crate) workflow: String,
-    pub(crate) version: i64,
-    pub(crate) status: String,
+    pub name: String,
+    pub workflow: String,
+    pub version: i64,
+    pub status: String,
     #[serde(default)]
-    pub(crate) substate: Option<String>,
-    pub(crate) words: String,
+    pub substate: Option<String>,
+    pub words: String,
     #[serde(default)]
-    pub(crate) reason: Option<String>,
+    pub reason: Option<String>,
     #[serde(default)]
-    pub(crate) input: Value,
+    pub input: Value,
     #[serde(default)]
-    pub(crate) item: Option<String>,
+    pub item: Option<String>,
     #[serde(default)]
-    pub(crate) source_run: Option<String>,
+    pub source_run: Option<String>,
     #[serde(default)]
-    pub(crate) source_from: Option<String>,
+    pub source_from: Option<String>,
     #[serde(default)]
-    pub(crate) created_by: String,
-    pub(crate) created_at: DateTime<Utc>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
     #[serde(default)]
-    pub(crate) started_at: Option<DateTime<Utc>>,
+    pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
-    pub(crate) ended_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Step {
-    pub(crate) id: String,
-    pub(crate) node: String,
-    pub(crate) kind: String,
-    pub(crate) attempt: i64,
-    pub(crate) state: String,
+    pub id: String,
+    pub node: String,
+    pub kind: String,
+    pub attempt: i64,
+    pub state: String,
     #[serde(default)]
-    pub(crate) reason: Option<String>,
+    pub reason: Option<String>,
     #[serde(default)]
-    pub(crate) timed_out: bool,
+    pub timed_out: bool,
     #[serde(default)]
-    pub(crate) reused: bool,
+    pub reused: bool,
     #[serde(default)]
-    pub(crate) started_at: Option<DateTime<Utc>>,
+    pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
-    pub(crate) ended_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Approval {
-    pub(crate) node: String,
-    pub(crate) prompt: String,
+    pub node: String,
+    pub prompt: String,
     #[serde(default)]
-    pub(crate) fields: Value,
+    pub fields: Value,
     #[serde(default)]
-    pub(crate) deadline: Option<DateTime<Utc>>,
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct RunDetail {
     #[serde(flatten)]
-    pub(crate) run: Run,
+    pub run: Run,
     #[serde(default)]
-    pub(crate) steps: Vec<Step>,
+    pub steps: Vec<Step>,
     #[serde(default)]
-    pub(crate) approvals: Vec<Approval>,
+    pub approvals: Vec<Approval>,
 }
 
 /// The id of a run named by id or full name; a full name also sets the org and project.

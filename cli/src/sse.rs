@@ -18,8 +18,8 @@ use super::http::{Api, refused};
 /// One event: its kind (`event`) and its `data` as JSON (its `id` is kept by the stream).
 #[derive(Debug, Clone)]
 pub(crate) struct Event {
-    pub(crate) kind: String,
-    pub(crate) data: Value,
+    pub kind: String,
+    pub data: Value,
 }
 
 /// The body of the response, as the chunks reqwest yields.

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 /// Whether to colour, decided once per command.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Style {
-    pub(crate) color: bool,
+    pub color: bool,
 }
 
 /// A colour for a cell.

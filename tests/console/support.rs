@@ -24,14 +24,14 @@ pub(crate) const AGENT: &str = include_str!("../workflows/agent.yaml");
 pub(crate) const SLOW: &str = include_str!("../workflows/slow.yaml");
 
 pub(crate) struct Org {
-    pub(crate) id: OrgId,
-    pub(crate) project: ProjectId,
-    pub(crate) owner: UserId,
-    pub(crate) owner_token: String,
-    pub(crate) viewer_token: String,
-    pub(crate) approve: WorkflowId,
-    pub(crate) agent: WorkflowId,
-    pub(crate) slow: WorkflowId,
+    pub id: OrgId,
+    pub project: ProjectId,
+    pub owner: UserId,
+    pub owner_token: String,
+    pub viewer_token: String,
+    pub approve: WorkflowId,
+    pub agent: WorkflowId,
+    pub slow: WorkflowId,
 }
 
 /// The console's settings pointing at the fake GitHub.
@@ -162,15 +162,15 @@ impl App {
 
 /// A browser-like HTTP client: no automatic redirects, cookies kept by hand.
 pub(crate) struct Browser {
-    pub(crate) http: reqwest::Client,
-    pub(crate) cookies: HashMap<String, String>,
-    pub(crate) base: String,
+    pub http: reqwest::Client,
+    pub cookies: HashMap<String, String>,
+    pub base: String,
 }
 
 pub(crate) struct Answer {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: HeaderMap,
-    pub(crate) body: String,
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
 }
 
 impl Answer {

@@ -20,16 +20,16 @@ use crate::support::{acme, connect_widgets, put_workflows, widgets};
 /// One step of a node, as the GitHub tests read it.
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct StepRow {
-    pub(crate) visit: i32,
-    pub(crate) state: String,
-    pub(crate) reason: Option<String>,
-    pub(crate) output: Option<Value>,
+    pub visit: i32,
+    pub state: String,
+    pub reason: Option<String>,
+    pub output: Option<Value>,
 }
 
 pub(crate) struct GhEnv {
-    pub(crate) db: TestDb,
-    pub(crate) fake: FakeGithub,
-    pub(crate) repo: Repo,
+    pub db: TestDb,
+    pub fake: FakeGithub,
+    pub repo: Repo,
 }
 
 impl GhEnv {

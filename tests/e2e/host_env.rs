@@ -99,16 +99,16 @@ pub(crate) fn git_out(dir: &Path, args: &[&str]) -> String {
 }
 
 pub(crate) struct Env {
-    pub(crate) db: TestDb,
-    pub(crate) _server: Proc,
+    pub db: TestDb,
+    pub _server: Proc,
     /// GitHub on loopback, when the server acts as the GitHub App.
-    pub(crate) github: Option<FakeGithub>,
-    pub(crate) base: String,
-    pub(crate) dir: tempfile::TempDir,
-    pub(crate) org: OrgId,
-    pub(crate) project: ProjectId,
-    pub(crate) workflows: Vec<(String, WorkflowId)>,
-    pub(crate) owner_token: String,
+    pub github: Option<FakeGithub>,
+    pub base: String,
+    pub dir: tempfile::TempDir,
+    pub org: OrgId,
+    pub project: ProjectId,
+    pub workflows: Vec<(String, WorkflowId)>,
+    pub owner_token: String,
 }
 
 impl Env {

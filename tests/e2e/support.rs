@@ -8,9 +8,9 @@ use shopfloor_tests::github_fake::{FakeGithub, Issue, Repo};
 
 /// Org `acme` (its owner `o@example.com`) and its project `web`.
 pub(crate) struct Acme {
-    pub(crate) org: OrgId,
-    pub(crate) owner: UserId,
-    pub(crate) project: ProjectId,
+    pub org: OrgId,
+    pub owner: UserId,
+    pub project: ProjectId,
 }
 
 /// Creates org `acme` and project `web` in `ch`.

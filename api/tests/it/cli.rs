@@ -31,7 +31,7 @@ pub(crate) struct Server {
     db: TestDb,
     child: KillOnDrop,
     base: String,
-    pub(crate) token: String,
+    pub token: String,
     home: tempfile::TempDir,
     http: reqwest::Client,
 }

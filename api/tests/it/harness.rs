@@ -22,12 +22,12 @@ use tokio_util::sync::CancellationToken;
 
 /// The server under test.
 pub(crate) struct App {
-    pub(crate) db: TestDb,
+    pub db: TestDb,
     /// GitHub as people reach it: the OAuth sign-in and the API of their tokens
     /// (`/user/installations`).
-    pub(crate) github: FakeOauth,
-    pub(crate) base: String,
-    pub(crate) http: reqwest::Client,
+    pub github: FakeOauth,
+    pub base: String,
+    pub http: reqwest::Client,
     stop: CancellationToken,
     engine: Option<Engine>,
 }

@@ -31,15 +31,15 @@ use crate::harness::token;
 
 /// One org's people: a token per role.
 pub(crate) struct Org {
-    pub(crate) id: OrgId,
-    pub(crate) project: ProjectId,
-    pub(crate) owner: String,
-    pub(crate) owner_user: UserId,
-    pub(crate) admin: String,
-    pub(crate) admin_user: UserId,
-    pub(crate) member: String,
-    pub(crate) member_user: UserId,
-    pub(crate) viewer: String,
+    pub id: OrgId,
+    pub project: ProjectId,
+    pub owner: String,
+    pub owner_user: UserId,
+    pub admin: String,
+    pub admin_user: UserId,
+    pub member: String,
+    pub member_user: UserId,
+    pub viewer: String,
 }
 
 /// Names the in-process engines resolve, and to what: tests never ask the system's DNS.
@@ -60,9 +60,9 @@ impl Resolve for Names {
 /// Outgoing webhooks of an in-process API and engine: the API's policy for new subscriptions,
 /// the engine's for each send, and the names the engine resolves.
 pub(crate) struct Webhooks {
-    pub(crate) api: Policy,
-    pub(crate) engine: Policy,
-    pub(crate) names: Names,
+    pub api: Policy,
+    pub engine: Policy,
+    pub names: Names,
 }
 
 impl Webhooks {
@@ -254,9 +254,9 @@ pub(crate) async fn sse(app: &App, path: &str, token: &str, last_event_id: Optio
 
 /// What a `shopfloor` command did (the CLI and admin tests).
 pub(crate) struct Ran {
-    pub(crate) code: i32,
-    pub(crate) stdout: String,
-    pub(crate) stderr: String,
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 impl Ran {

@@ -22,14 +22,14 @@ pub(crate) const PG_CTL_WAIT_SECS: &str = "120";
 /// The files of one cluster, all absolute.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
-    pub(crate) data_dir: PathBuf,
-    pub(crate) pgdata: PathBuf,
-    pub(crate) log: PathBuf,
-    pub(crate) port_file: PathBuf,
-    pub(crate) lock_file: PathBuf,
+    pub data_dir: PathBuf,
+    pub pgdata: PathBuf,
+    pub log: PathBuf,
+    pub port_file: PathBuf,
+    pub lock_file: PathBuf,
     /// The role's password (mode 0600, the invoking user's): the cluster admits no one without
     /// it, as other users of the machine can reach its port.
-    pub(crate) password_file: PathBuf,
+    pub password_file: PathBuf,
 }
 
 impl Layout {

@@ -13,8 +13,8 @@ const FUEL: u64 = 1_000_000;
 /// A syntax error, with the 1-based line of the template it is on when minijinja knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SyntaxError {
-    pub(crate) line: Option<usize>,
-    pub(crate) message: String,
+    pub line: Option<usize>,
+    pub message: String,
 }
 
 /// Checks that `src` is a template.

@@ -149,9 +149,9 @@ impl Proc {
 
 /// Reads a growing file line by line.
 pub(crate) struct Tail {
-    pub(crate) file: Option<std::fs::File>,
-    pub(crate) path: PathBuf,
-    pub(crate) partial: Vec<u8>,
+    pub file: Option<std::fs::File>,
+    pub path: PathBuf,
+    pub partial: Vec<u8>,
 }
 
 impl Tail {
@@ -195,11 +195,11 @@ impl Tail {
 
 /// Feeds the harness's lines to its reader and the session.
 pub(crate) struct Session {
-    pub(crate) reader: Reader,
-    pub(crate) seq: i64,
-    pub(crate) tx: mpsc::UnboundedSender<ToReporter>,
+    pub reader: Reader,
+    pub seq: i64,
+    pub tx: mpsc::UnboundedSender<ToReporter>,
     /// Claude Code's input, kept open while it runs: told of each result line.
-    pub(crate) stdin: Option<mpsc::UnboundedSender<ToStdin>>,
+    pub stdin: Option<mpsc::UnboundedSender<ToStdin>>,
 }
 
 impl Session {

@@ -12,8 +12,8 @@ use saphyr_parser::{Event, Marker, Parser, ScalarStyle, Span, StrInput};
 /// A 1-based line and column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Pos {
-    pub(crate) line: usize,
-    pub(crate) col: usize,
+    pub line: usize,
+    pub col: usize,
 }
 
 impl Pos {
@@ -25,8 +25,8 @@ impl Pos {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
-    pub(crate) pos: Pos,
-    pub(crate) value: Value,
+    pub pos: Pos,
+    pub value: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -48,14 +48,14 @@ pub(crate) enum Value {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Key {
-    pub(crate) name: String,
-    pub(crate) pos: Pos,
+    pub name: String,
+    pub pos: Pos,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SyntaxError {
-    pub(crate) pos: Pos,
-    pub(crate) message: String,
+    pub pos: Pos,
+    pub message: String,
 }
 
 /// Anchors let a small file expand into a huge tree ("billion laughs"); past this many nodes

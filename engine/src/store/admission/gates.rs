@@ -11,21 +11,21 @@ use crate::ids::WorkflowId;
 /// What the gates' read answers.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct Gates {
-    pub(crate) name: String,
-    pub(crate) workflow_paused: bool,
-    pub(crate) project_paused: bool,
-    pub(crate) has_budgets: bool,
+    pub name: String,
+    pub workflow_paused: bool,
+    pub project_paused: bool,
+    pub has_budgets: bool,
     /// Whether the org's line was free (its row now locked by this change), when asked.
-    pub(crate) org_free: Option<bool>,
+    pub org_free: Option<bool>,
 }
 
 /// Gates read by an earlier statement of the change, for the admission of `workflow`'s run.
 #[derive(Debug)]
 pub(crate) struct ReadAhead {
-    pub(crate) workflow: WorkflowId,
+    pub workflow: WorkflowId,
     /// Whether the read tried the org's line.
-    pub(crate) org_next: bool,
-    pub(crate) gates: Gates,
+    pub org_next: bool,
+    pub gates: Gates,
 }
 
 /// Whether a run of `def` tries the org's line in the gates' read: at submit, when no

@@ -40,9 +40,9 @@ pub(crate) struct Candidate {
 /// throttle counted it.
 #[derive(Debug, Default)]
 pub(crate) struct Standing {
-    pub(crate) wait: Option<(String, i64)>,
-    pub(crate) leases: Vec<String>,
-    pub(crate) throttled: bool,
+    pub wait: Option<(String, i64)>,
+    pub leases: Vec<String>,
+    pub throttled: bool,
 }
 
 /// What admission decided for a run.
@@ -57,26 +57,26 @@ pub(crate) enum Verdict {
 
 #[derive(Debug)]
 pub(crate) struct Hold {
-    pub(crate) queue: String,
-    pub(crate) hold: &'static str,
-    pub(crate) detail: String,
+    pub queue: String,
+    pub hold: &'static str,
+    pub detail: String,
     /// A wake for the run after this delay (a throttle's window, a budget's period).
-    pub(crate) wake: Option<Duration>,
+    pub wake: Option<Duration>,
 }
 
 /// The writes a verdict needs, made once the run's row exists.
 #[derive(Debug, Default)]
 pub(crate) struct Plan {
-    pub(crate) leases: Vec<String>,
-    pub(crate) throttle_start: Option<String>,
+    pub leases: Vec<String>,
+    pub throttle_start: Option<String>,
     /// The queue whose line the run leaves, and whether it took room there.
-    pub(crate) leave: Option<(String, bool)>,
+    pub leave: Option<(String, bool)>,
     /// Queues with room left and runs in line after this one.
-    pub(crate) pokes: Vec<String>,
+    pub pokes: Vec<String>,
     /// `drop`: the oldest run in line, cancelled, with the reason.
-    pub(crate) victim: Option<(RunId, String)>,
-    pub(crate) hold: Option<Hold>,
-    pub(crate) deferred: bool,
+    pub victim: Option<(RunId, String)>,
+    pub hold: Option<Hold>,
+    pub deferred: bool,
 }
 
 /// Admission at submit, before the run's row is written: locks the queues, decides, and may

@@ -23,8 +23,8 @@ use crate::store::{Change, Result, StoreError, cap};
 /// What the claim does to runs, handed to it by `runs` (`runs::CLAIM_RUNS`): open one, and
 /// cancel an unstarted one with a reason.
 pub(crate) struct RunOps {
-    pub(crate) submit: for<'a> fn(&'a mut Change, NewRun) -> BoxFuture<'a, Result<RunId>>,
-    pub(crate) cancel: for<'a> fn(&'a mut Change, RunId, &'a str) -> BoxFuture<'a, Result<()>>,
+    pub submit: for<'a> fn(&'a mut Change, NewRun) -> BoxFuture<'a, Result<RunId>>,
+    pub cancel: for<'a> fn(&'a mut Change, RunId, &'a str) -> BoxFuture<'a, Result<()>>,
 }
 
 /// What became of a trigger event.
@@ -63,14 +63,14 @@ pub struct NewEvent<'a> {
 
 /// One event as the claim sees it.
 pub(crate) struct EventRef {
-    pub(crate) id: Uuid,
-    pub(crate) org: OrgId,
-    pub(crate) project: ProjectId,
-    pub(crate) item: ItemId,
-    pub(crate) generation: i32,
-    pub(crate) trigger: Value,
+    pub id: Uuid,
+    pub org: OrgId,
+    pub project: ProjectId,
+    pub item: ItemId,
+    pub generation: i32,
+    pub trigger: Value,
     /// The item was created by this change: no run is open on it ([`ItemRow::fresh`]).
-    pub(crate) fresh_item: bool,
+    pub fresh_item: bool,
 }
 
 /// Records a trigger event under its dedup key and applies the claim rule.
@@ -128,13 +128,13 @@ pub(crate) async fn submit_event(ch: &mut Change, new: NewEvent<'_>, runs: &RunO
 
 /// An open (top-level) run of a workflow on an item, locked.
 pub(crate) struct OpenRun {
-    pub(crate) run: RunId,
-    pub(crate) event: Option<Uuid>,
+    pub run: RunId,
+    pub event: Option<Uuid>,
     /// An attempt ever began (a step was leased or started): the claim rule's "started". A
     /// started run is never superseded or revoked, also while it waits between attempts (for
     /// CI, an approval, a retry's backoff): newer events queue behind it, and its cycle is
     /// spent for good.
-    pub(crate) attempted: bool,
+    pub attempted: bool,
 }
 
 /// Whether any attempt of a run `r` ever began: an engine or a host held one of its steps
@@ -258,8 +258,8 @@ pub(crate) async fn set_event(ch: &mut Change, event: Uuid, status: &str, reason
 
 /// Why a claim opened nothing: the cycles the workflow used on the item, and the event's reason.
 pub(crate) struct Spent {
-    pub(crate) cycles: i32,
-    pub(crate) reason: String,
+    pub cycles: i32,
+    pub reason: String,
 }
 
 /// Whether the first claim on an item this change created takes its first cycle by one insert:
