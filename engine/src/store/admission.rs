@@ -156,6 +156,8 @@ pub async fn board_limits(conn: &mut sqlx::PgConnection, org: OrgId, project: Pr
     Ok(out)
 }
 
+const DELETE_BOARD_LIMIT: &str = "DELETE FROM board_limits WHERE org_id = $1 AND project_id = $2 AND column_key = $3";
+
 /// Sets (`Some`) or removes (`None`) the WIP limit of a project's board column. A raise or a
 /// removal wakes the runs in the column's line it makes room for, in order; removing a limit
 /// that is not set is not found.
@@ -194,12 +196,7 @@ pub async fn set_board_limit(ch: &mut Change, org: OrgId, project: ProjectId, co
         }
         None if before.is_none() => return Err(StoreError::NotFound("board limit")),
         None => {
-            sqlx::query("DELETE FROM board_limits WHERE org_id = $1 AND project_id = $2 AND column_key = $3")
-                .bind(org)
-                .bind(project)
-                .bind(&key)
-                .execute(&mut *ch.tx)
-                .await?;
+            sqlx::query(DELETE_BOARD_LIMIT).bind(org).bind(project).bind(&key).execute(&mut *ch.tx).await?;
         }
     }
     let action = if limit.is_some() { "board.wip_limit" } else { "board.wip_limit_remove" };

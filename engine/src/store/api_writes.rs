@@ -69,6 +69,8 @@ pub async fn set_member_role(ch: &mut Change, org: OrgId, user: UserId, role: &s
     Ok(())
 }
 
+const REVOKE_MEMBER_TOKENS: &str = "UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND user_id = $2 AND revoked_at IS NULL AND expires_at > now()";
+
 /// Removes a member and revokes their live tokens in the same change. The last owner cannot
 /// be removed.
 pub async fn remove_member(ch: &mut Change, org: OrgId, user: UserId) -> Result<()> {
@@ -77,11 +79,7 @@ pub async fn remove_member(ch: &mut Change, org: OrgId, user: UserId) -> Result<
         keep_an_owner(ch, org, user).await?;
     }
     sqlx::query("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2").bind(org).bind(user).execute(&mut *ch.tx).await?;
-    let revoked = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND user_id = $2 AND revoked_at IS NULL AND expires_at > now()")
-        .bind(org)
-        .bind(user)
-        .execute(&mut *ch.tx)
-        .await?;
+    let revoked = sqlx::query(REVOKE_MEMBER_TOKENS).bind(org).bind(user).execute(&mut *ch.tx).await?;
     ch.audit(org, None, "member.remove", ("user", user.to_string()), json!({ "role": current, "tokens_revoked": revoked.rows_affected() }))?;
     Ok(())
 }
@@ -125,22 +123,16 @@ pub enum KeyClaim {
     Mismatch,
 }
 
+const FORGET_EXPIRED_KEY: &str = "DELETE FROM idempotency_keys WHERE org_id = $1 AND key = $2 AND created_at < now() - make_interval(hours => $3)";
+
+const CLAIM_KEY: &str = "INSERT INTO idempotency_keys (org_id, key, request_hash) VALUES ($1, $2, $3) ON CONFLICT (org_id, key) DO NOTHING";
+
 /// Claims an idempotency key for a request (by its hash) as the first write of a change. A
 /// concurrent request with the same key waits on the row until this change ends, then sees
 /// its answer, so a create runs at most once per key.
 pub async fn claim_key(ch: &mut Change, org: OrgId, key: &str, request_hash: &str) -> Result<KeyClaim> {
-    sqlx::query("DELETE FROM idempotency_keys WHERE org_id = $1 AND key = $2 AND created_at < now() - make_interval(hours => $3)")
-        .bind(org)
-        .bind(key)
-        .bind(IDEMPOTENCY_TTL_HOURS)
-        .execute(&mut *ch.tx)
-        .await?;
-    let inserted = sqlx::query("INSERT INTO idempotency_keys (org_id, key, request_hash) VALUES ($1, $2, $3) ON CONFLICT (org_id, key) DO NOTHING")
-        .bind(org)
-        .bind(key)
-        .bind(request_hash)
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query(FORGET_EXPIRED_KEY).bind(org).bind(key).bind(IDEMPOTENCY_TTL_HOURS).execute(&mut *ch.tx).await?;
+    let inserted = sqlx::query(CLAIM_KEY).bind(org).bind(key).bind(request_hash).execute(&mut *ch.tx).await?;
     if inserted.rows_affected() == 1 {
         return Ok(KeyClaim::New);
     }
@@ -173,6 +165,8 @@ pub async fn record_answer(ch: &mut Change, org: OrgId, key: &str, status: u16, 
     Ok(())
 }
 
+const REVOKE_HOST_TOKENS: &str = "UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND host_id = $2 AND revoked_at IS NULL";
+
 /// Deregisters a host of a project: it takes no more steps, and its credentials are revoked
 /// in the same change. Deregistering twice changes nothing.
 pub async fn deregister_host(ch: &mut Change, org: OrgId, project: crate::ids::ProjectId, host: crate::ids::HostId) -> Result<()> {
@@ -184,11 +178,7 @@ pub async fn deregister_host(ch: &mut Change, org: OrgId, project: crate::ids::P
         return Ok(());
     }
     sqlx::query("UPDATE hosts SET deregistered_at = now() WHERE org_id = $1 AND host_id = $2").bind(org).bind(host).execute(&mut *ch.tx).await?;
-    let revoked = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND host_id = $2 AND revoked_at IS NULL")
-        .bind(org)
-        .bind(host)
-        .execute(&mut *ch.tx)
-        .await?;
+    let revoked = sqlx::query(REVOKE_HOST_TOKENS).bind(org).bind(host).execute(&mut *ch.tx).await?;
     ch.audit(org, Some(project), "host.deregister", ("host", host.to_string()), json!({ "tokens_revoked": revoked.rows_affected() }))?;
     Ok(())
 }

@@ -54,18 +54,15 @@ pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: 
     Ok(())
 }
 
+const ADD_RUN_SPEND: &str = "UPDATE runs SET spent_usd = greatest(spent_usd + $2::numeric, 0), spent_tokens = spent_tokens + $3 WHERE run_id = $1";
+
 /// Records a session's cost against its run's total (for `budget.usd_per_run`) and the
 /// project's day; a negative `usd` (a correction) lowers both, never below zero. The run must
 /// be locked in this change.
 pub async fn record_run_spend(ch: &mut Change, run: RunId, usd: f64, tokens: i64) -> Result<()> {
     let ctx = ch.locked(run)?.clone();
     record_spend(ch, ctx.org, ctx.project, usd, tokens).await?;
-    sqlx::query("UPDATE runs SET spent_usd = greatest(spent_usd + $2::numeric, 0), spent_tokens = spent_tokens + $3 WHERE run_id = $1")
-        .bind(run)
-        .bind(usd)
-        .bind(tokens)
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query(ADD_RUN_SPEND).bind(run).bind(usd).bind(tokens).execute(&mut *ch.tx).await?;
     ch.forget_run_row(run);
     Ok(())
 }
@@ -235,6 +232,11 @@ fn check_period(period: &str) -> Result<()> {
 /// The largest limit of a budget, in dollars.
 pub const MAX_USD_LIMIT: f64 = 99_999_999.99;
 
+const LIMIT_FOR_UPDATE: &str = "SELECT usd_limit::float8 FROM budgets WHERE org_id = $1 AND project_id IS NOT DISTINCT FROM $2 AND period = $3 FOR UPDATE";
+
+const UPSERT_BUDGET: &str = "INSERT INTO budgets (org_id, budget_id, project_id, period, usd_limit, hard) VALUES ($1, $2, $3, $4, $5::numeric, $6) \
+     ON CONFLICT (org_id, project_id, period) DO UPDATE SET usd_limit = EXCLUDED.usd_limit, hard = EXCLUDED.hard";
+
 /// Sets a limit of the org (`project: None`) or a project. Raising one releases the runs it
 /// held: they are admitted again, and those no other limit holds start.
 pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period: &str, usd_limit: f64, hard: bool) -> Result<()> {
@@ -244,25 +246,8 @@ pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period
         return Err(StoreError::Invalid(format!("usd_limit must be between 0 and {MAX_USD_LIMIT}")));
     }
     // The old limit, locked: admissions read it FOR SHARE.
-    let before: Option<f64> =
-        sqlx::query_scalar("SELECT usd_limit::float8 FROM budgets WHERE org_id = $1 AND project_id IS NOT DISTINCT FROM $2 AND period = $3 FOR UPDATE")
-            .bind(org)
-            .bind(project)
-            .bind(period)
-            .fetch_optional(&mut *ch.tx)
-            .await?;
-    sqlx::query(
-        "INSERT INTO budgets (org_id, budget_id, project_id, period, usd_limit, hard) VALUES ($1, $2, $3, $4, $5::numeric, $6) \
-         ON CONFLICT (org_id, project_id, period) DO UPDATE SET usd_limit = EXCLUDED.usd_limit, hard = EXCLUDED.hard",
-    )
-    .bind(org)
-    .bind(uuid::Uuid::now_v7())
-    .bind(project)
-    .bind(period)
-    .bind(usd_limit)
-    .bind(hard)
-    .execute(&mut *ch.tx)
-    .await?;
+    let before: Option<f64> = sqlx::query_scalar(LIMIT_FOR_UPDATE).bind(org).bind(project).bind(period).fetch_optional(&mut *ch.tx).await?;
+    sqlx::query(UPSERT_BUDGET).bind(org).bind(uuid::Uuid::now_v7()).bind(project).bind(period).bind(usd_limit).bind(hard).execute(&mut *ch.tx).await?;
     ch.audit(org, project, "budget.set", ("budget", budget_key(project, period)), json!({ "usd_limit": usd_limit, "hard": hard, "before": before }))?;
     if before.is_some_and(|b| usd_limit > b) {
         admission::lines::release_gate(ch, org, rules::BUDGET_QUEUE).await?;
@@ -270,15 +255,12 @@ pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period
     Ok(())
 }
 
+const DELETE_BUDGET: &str = "DELETE FROM budgets WHERE org_id = $1 AND project_id IS NOT DISTINCT FROM $2 AND period = $3";
+
 /// Removes a limit; the runs it held are released. Removing one that is not set is not found.
 pub async fn remove(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period: &str) -> Result<()> {
     check_period(period)?;
-    let gone = sqlx::query("DELETE FROM budgets WHERE org_id = $1 AND project_id IS NOT DISTINCT FROM $2 AND period = $3")
-        .bind(org)
-        .bind(project)
-        .bind(period)
-        .execute(&mut *ch.tx)
-        .await?;
+    let gone = sqlx::query(DELETE_BUDGET).bind(org).bind(project).bind(period).execute(&mut *ch.tx).await?;
     if gone.rows_affected() == 0 {
         return Err(StoreError::NotFound("budget"));
     }

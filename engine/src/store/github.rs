@@ -133,14 +133,10 @@ where
     Ok(woken)
 }
 
+const SET_DEFAULT_BRANCH: &str = "UPDATE repositories SET default_branch = $4 WHERE org_id = $1 AND project_id = $2 AND full_name = $3";
+
 /// Sets the branch pull requests of a connected repository are opened against.
 pub async fn set_default_branch(ch: &mut Change, org: OrgId, project: ProjectId, repository: &str, branch: &str) -> Result<()> {
-    sqlx::query("UPDATE repositories SET default_branch = $4 WHERE org_id = $1 AND project_id = $2 AND full_name = $3")
-        .bind(org)
-        .bind(project)
-        .bind(repository.to_lowercase())
-        .bind(branch)
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query(SET_DEFAULT_BRANCH).bind(org).bind(project).bind(repository.to_lowercase()).bind(branch).execute(&mut *ch.tx).await?;
     Ok(())
 }

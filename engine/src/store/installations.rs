@@ -68,6 +68,8 @@ fn lower(names: &[String]) -> Vec<String> {
     names.iter().map(|n| n.to_lowercase()).collect()
 }
 
+const FORGET_UNLISTED: &str = "DELETE FROM github_installation_repositories WHERE installation_id = $1 AND NOT (full_name = ANY($2))";
+
 /// Records what GitHub said: a new installation is stored unclaimed; a known one keeps its org,
 /// and is active again (not deleted) with the account and repository list GitHub gave.
 pub async fn announce(ch: &mut Change, a: &Announced) -> Result<Installation> {
@@ -88,11 +90,7 @@ pub async fn announce(ch: &mut Change, a: &Announced) -> Result<Installation> {
     let installation = installation_of(&row);
     if let Some(repositories) = &a.repositories {
         let names = lower(repositories);
-        sqlx::query("DELETE FROM github_installation_repositories WHERE installation_id = $1 AND NOT (full_name = ANY($2))")
-            .bind(a.id)
-            .bind(&names)
-            .execute(&mut *ch.tx)
-            .await?;
+        sqlx::query(FORGET_UNLISTED).bind(a.id).bind(&names).execute(&mut *ch.tx).await?;
         list(ch, a.id, &names).await?;
         if let Some(org) = installation.org {
             reattach(ch, org, a.id, &names).await?;
@@ -134,16 +132,14 @@ fn audit_change(ch: &mut Change, inst: &Installation, action: &str, detail: serd
     }
 }
 
+const FORGET_REMOVED: &str = "DELETE FROM github_installation_repositories WHERE installation_id = $1 AND full_name = ANY($2)";
+
 /// Applies `installation_repositories`: the installation's list gains and loses repositories;
 /// for a claimed installation, removed repositories are detached from their projects and
 /// repositories added back are attached again. Returns (attached, detached).
 pub async fn set_repositories(ch: &mut Change, inst: &Installation, added: &[String], removed: &[String]) -> Result<(u64, u64)> {
     let (added, removed) = (lower(added), lower(removed));
-    sqlx::query("DELETE FROM github_installation_repositories WHERE installation_id = $1 AND full_name = ANY($2)")
-        .bind(inst.id)
-        .bind(&removed)
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query(FORGET_REMOVED).bind(inst.id).bind(&removed).execute(&mut *ch.tx).await?;
     list(ch, inst.id, &added).await?;
     let Some(org) = inst.org else { return Ok((0, 0)) };
     let detached = detach_missing(ch, org, inst.id).await?;

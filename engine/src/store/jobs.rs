@@ -41,18 +41,12 @@ pub async fn claim_due(pool: &crate::db::Db, limit: i64) -> Result<Vec<Job>> {
     Ok(jobs)
 }
 
+const SCHEDULE_JOB: &str = "INSERT INTO jobs (org_id, kind, subject, due_at) VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond') \
+     ON CONFLICT (kind, subject) DO UPDATE SET due_at = EXCLUDED.due_at";
+
 /// Schedules the job of `kind` for `subject` after `delay` (creating it, or moving it).
 pub(crate) async fn schedule(ch: &mut Change, org: OrgId, kind: &str, subject: uuid::Uuid, delay: Duration) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO jobs (org_id, kind, subject, due_at) VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond') \
-         ON CONFLICT (kind, subject) DO UPDATE SET due_at = EXCLUDED.due_at",
-    )
-    .bind(org)
-    .bind(kind)
-    .bind(subject)
-    .bind(delay.as_millis() as f64)
-    .execute(&mut *ch.tx)
-    .await?;
+    sqlx::query(SCHEDULE_JOB).bind(org).bind(kind).bind(subject).bind(delay.as_millis() as f64).execute(&mut *ch.tx).await?;
     ch.note_wake(delay);
     Ok(())
 }

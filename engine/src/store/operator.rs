@@ -137,29 +137,22 @@ pub async fn inherit_overrides(ch: &mut Change, org: OrgId, run: RunId, source: 
     Ok(())
 }
 
+const HOST_DRAINED_FOR_UPDATE: &str =
+    "SELECT drained_at IS NOT NULL FROM hosts WHERE org_id = $1 AND project_id = $2 AND host_id = $3 AND deregistered_at IS NULL FOR UPDATE";
+
+const SET_DRAINED: &str = "UPDATE hosts SET drained_at = CASE WHEN $2 THEN now() END, drained_by = CASE WHEN $2 THEN $3 END WHERE host_id = $1";
+
 /// Drains (`true`) or undrains a host of a project: a drained host's claims take nothing new,
 /// while the steps it holds run to their end. Audited; draining one already drained changes
 /// nothing.
 pub async fn set_host_drained(ch: &mut Change, org: OrgId, project: ProjectId, host: HostId, drained: bool) -> Result<()> {
     let by = cap(&ch.actor().label());
-    let before: Option<bool> = sqlx::query_scalar(
-        "SELECT drained_at IS NOT NULL FROM hosts WHERE org_id = $1 AND project_id = $2 AND host_id = $3 AND deregistered_at IS NULL FOR UPDATE",
-    )
-    .bind(org)
-    .bind(project)
-    .bind(host)
-    .fetch_optional(&mut *ch.tx)
-    .await?;
+    let before: Option<bool> = sqlx::query_scalar(HOST_DRAINED_FOR_UPDATE).bind(org).bind(project).bind(host).fetch_optional(&mut *ch.tx).await?;
     let before = before.ok_or(StoreError::NotFound("host"))?;
     if before == drained {
         return Ok(());
     }
-    sqlx::query("UPDATE hosts SET drained_at = CASE WHEN $2 THEN now() END, drained_by = CASE WHEN $2 THEN $3 END WHERE host_id = $1")
-        .bind(host)
-        .bind(drained)
-        .bind(&by)
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query(SET_DRAINED).bind(host).bind(drained).bind(&by).execute(&mut *ch.tx).await?;
     let action = if drained { "host.drain" } else { "host.undrain" };
     ch.audit(org, Some(project), action, ("host", host.to_string()), json!({}))?;
     Ok(())

@@ -6,6 +6,8 @@ use serde_json::json;
 use super::{Change, Result, StoreError};
 use crate::ids::{HostId, OrgId, ProjectId, Slug, UserId};
 
+const INSERT_ORG: &str = "INSERT INTO orgs (org_id, slug, name) VALUES ($1, $2, $3) ON CONFLICT (slug) DO NOTHING";
+
 /// Creates an org with its first owner. A taken slug is a conflict.
 pub async fn create_org(ch: &mut Change, slug: &Slug, name: &str, owner_email: &str) -> Result<(OrgId, UserId)> {
     let email = owner_email.trim();
@@ -13,12 +15,7 @@ pub async fn create_org(ch: &mut Change, slug: &Slug, name: &str, owner_email: &
         return Err(StoreError::Invalid(format!("`{email}` is not an email address")));
     }
     let org = OrgId::mint();
-    let inserted = sqlx::query("INSERT INTO orgs (org_id, slug, name) VALUES ($1, $2, $3) ON CONFLICT (slug) DO NOTHING")
-        .bind(org)
-        .bind(slug.as_str())
-        .bind(name)
-        .execute(&mut *ch.tx)
-        .await?;
+    let inserted = sqlx::query(INSERT_ORG).bind(org).bind(slug.as_str()).bind(name).execute(&mut *ch.tx).await?;
     if inserted.rows_affected() == 0 {
         return Err(StoreError::Conflict(format!("an org with slug `{slug}` already exists")));
     }
@@ -26,6 +23,8 @@ pub async fn create_org(ch: &mut Change, slug: &Slug, name: &str, owner_email: &
     ch.audit(org, None, "org.create", ("org", slug.to_string()), json!({ "owner": email }))?;
     Ok((org, user))
 }
+
+const INSERT_MEMBERSHIP: &str = "INSERT INTO memberships (org_id, user_id, role) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
 
 /// Makes `email` a member of `org` with `role`, and says whether it was not one already. The
 /// same email may have been a member before: its user row is kept and reused.
@@ -39,12 +38,7 @@ pub(crate) async fn add_membership(ch: &mut Change, org: OrgId, email: &str, rol
     .bind(email)
     .fetch_one(&mut *ch.tx)
     .await?;
-    let inserted = sqlx::query("INSERT INTO memberships (org_id, user_id, role) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
-        .bind(org)
-        .bind(user)
-        .bind(role)
-        .execute(&mut *ch.tx)
-        .await?;
+    let inserted = sqlx::query(INSERT_MEMBERSHIP).bind(org).bind(user).bind(role).execute(&mut *ch.tx).await?;
     Ok((user, inserted.rows_affected() == 1))
 }
 
@@ -53,15 +47,11 @@ pub async fn org_by_slug(ch: &mut Change, slug: &str) -> Result<Option<OrgId>> {
     Ok(sqlx::query_scalar("SELECT org_id FROM orgs WHERE slug = $1").bind(slug).fetch_optional(&mut *ch.tx).await?)
 }
 
+const INSERT_PROJECT: &str = "INSERT INTO projects (org_id, project_id, slug, name) VALUES ($1, $2, $3, $4) ON CONFLICT (org_id, slug) DO NOTHING";
+
 pub async fn create_project(ch: &mut Change, org: OrgId, slug: &Slug, name: &str) -> Result<ProjectId> {
     let project = ProjectId::mint();
-    let inserted = sqlx::query("INSERT INTO projects (org_id, project_id, slug, name) VALUES ($1, $2, $3, $4) ON CONFLICT (org_id, slug) DO NOTHING")
-        .bind(org)
-        .bind(project)
-        .bind(slug.as_str())
-        .bind(name)
-        .execute(&mut *ch.tx)
-        .await?;
+    let inserted = sqlx::query(INSERT_PROJECT).bind(org).bind(project).bind(slug.as_str()).bind(name).execute(&mut *ch.tx).await?;
     if inserted.rows_affected() == 0 {
         return Err(StoreError::Conflict(format!("a project with slug `{slug}` already exists in this org")));
     }

@@ -74,6 +74,9 @@ fn check(url: &str, events: &[String], policy: Policy) -> Result<()> {
     Ok(())
 }
 
+const INSERT_SUBSCRIPTION: &str =
+    "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
 /// Subscribes a URL to a project's events, when `policy` allows its target. Without a secret
 /// one is made; it is returned here and never shown again.
 pub async fn create(
@@ -91,28 +94,16 @@ pub async fn create(
     };
     let id = Uuid::now_v7();
     let by = cap(&ch.actor().label());
-    sqlx::query("INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)")
-        .bind(org)
-        .bind(project)
-        .bind(id)
-        .bind(url)
-        .bind(&secret)
-        .bind(events)
-        .bind(by)
-        .execute(&mut *ch.tx)
-        .await?;
+    sqlx::query(INSERT_SUBSCRIPTION).bind(org).bind(project).bind(id).bind(url).bind(&secret).bind(events).bind(by).execute(&mut *ch.tx).await?;
     ch.audit(org, Some(project), "webhook.create", ("webhook", id.to_string()), json!({ "url": cap(url), "events": events }))?;
     Ok((id, secret))
 }
 
+const DELETE_SUBSCRIPTION: &str = "DELETE FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 AND subscription_id = $3";
+
 /// Removes a subscription and its deliveries.
 pub async fn delete(ch: &mut Change, org: OrgId, project: ProjectId, id: Uuid) -> Result<()> {
-    let gone = sqlx::query("DELETE FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 AND subscription_id = $3")
-        .bind(org)
-        .bind(project)
-        .bind(id)
-        .execute(&mut *ch.tx)
-        .await?;
+    let gone = sqlx::query(DELETE_SUBSCRIPTION).bind(org).bind(project).bind(id).execute(&mut *ch.tx).await?;
     if gone.rows_affected() == 0 {
         return Err(StoreError::NotFound("webhook"));
     }
@@ -120,20 +111,14 @@ pub async fn delete(ch: &mut Change, org: OrgId, project: ProjectId, id: Uuid) -
     Ok(())
 }
 
+const REPLAY_DELIVERY: &str = "INSERT INTO webhook_deliveries (org_id, project_id, delivery_id, subscription_id, event, run_id, event_id, body, replay_of) \
+     SELECT org_id, project_id, $4, subscription_id, event, run_id, event_id, body, delivery_id FROM webhook_deliveries \
+     WHERE org_id = $1 AND project_id = $2 AND delivery_id = $3 RETURNING subscription_id";
+
 /// Sends a delivery's body again, as a new delivery due now.
 pub async fn replay(ch: &mut Change, org: OrgId, project: ProjectId, delivery: Uuid) -> Result<Uuid> {
     let id = Uuid::now_v7();
-    let made: Option<Uuid> = sqlx::query_scalar(
-        "INSERT INTO webhook_deliveries (org_id, project_id, delivery_id, subscription_id, event, run_id, event_id, body, replay_of) \
-         SELECT org_id, project_id, $4, subscription_id, event, run_id, event_id, body, delivery_id FROM webhook_deliveries \
-         WHERE org_id = $1 AND project_id = $2 AND delivery_id = $3 RETURNING subscription_id",
-    )
-    .bind(org)
-    .bind(project)
-    .bind(delivery)
-    .bind(id)
-    .fetch_optional(&mut *ch.tx)
-    .await?;
+    let made: Option<Uuid> = sqlx::query_scalar(REPLAY_DELIVERY).bind(org).bind(project).bind(delivery).bind(id).fetch_optional(&mut *ch.tx).await?;
     let subscription = made.ok_or(StoreError::NotFound("delivery"))?;
     jobs::schedule(ch, org, JOB, id, Duration::ZERO).await?;
     ch.audit(org, Some(project), "webhook.replay", ("webhook", subscription.to_string()), json!({ "delivery": delivery, "replay": id }))?;

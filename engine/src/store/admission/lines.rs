@@ -9,20 +9,14 @@ use crate::admission::{self as rules, QueueKind};
 use crate::ids::{ItemId, OrgId};
 use crate::store::{Change, Result, StoreError};
 
+const LOCK_QUEUE: &str = "INSERT INTO admission_queues (org_id, queue, cap, window_ms) VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (org_id, queue) DO UPDATE SET cap = EXCLUDED.cap, window_ms = EXCLUDED.window_ms \
+     RETURNING cap, waiting";
+
 /// Locks a queue's row for an admission (creating it), with its current cap; returns the cap
 /// and how many wait in line.
 pub(crate) async fn lock_queue(ch: &mut Change, org: OrgId, queue: &str, cap: Option<i32>, window_ms: Option<i64>) -> Result<(Option<i32>, i32)> {
-    Ok(sqlx::query_as(
-        "INSERT INTO admission_queues (org_id, queue, cap, window_ms) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (org_id, queue) DO UPDATE SET cap = EXCLUDED.cap, window_ms = EXCLUDED.window_ms \
-         RETURNING cap, waiting",
-    )
-    .bind(org)
-    .bind(queue)
-    .bind(cap)
-    .bind(window_ms)
-    .fetch_one(&mut *ch.tx)
-    .await?)
+    Ok(sqlx::query_as(LOCK_QUEUE).bind(org).bind(queue).bind(cap).bind(window_ms).fetch_one(&mut *ch.tx).await?)
 }
 
 /// The leases held in a queue whose row this change has locked (`lock_queue`): the releases
@@ -57,15 +51,18 @@ pub(crate) async fn try_lock_queue(ch: &mut Change, org: OrgId, queue: &str) -> 
     Ok(locked || !exists)
 }
 
+const AHEAD_OF: &str = "SELECT count(*) FROM admission_waits WHERE org_id = $1 AND queue = $2 AND seq < $3";
+
 /// Runs in line ahead of place `seq`.
 pub(crate) async fn ahead_of(ch: &mut Change, org: OrgId, queue: &str, seq: i64) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM admission_waits WHERE org_id = $1 AND queue = $2 AND seq < $3")
-        .bind(org)
-        .bind(queue)
-        .bind(seq)
-        .fetch_one(&mut *ch.tx)
-        .await?)
+    Ok(sqlx::query_scalar(AHEAD_OF).bind(org).bind(queue).bind(seq).fetch_one(&mut *ch.tx).await?)
 }
+
+const BOARD_OCCUPIED: &str = "SELECT (SELECT count(*) FROM concurrency_leases WHERE org_id = $1 AND group_key = $2) \
+     + (SELECT count(*) FROM items i WHERE i.project_id = $3 AND i.org_id = $1 \
+          AND lower(i.data #>> '{board,column}') = $4 AND i.item_id IS DISTINCT FROM $5 \
+          AND NOT EXISTS (SELECT 1 FROM concurrency_leases l JOIN runs r ON r.run_id = l.run_id \
+                          WHERE l.org_id = $1 AND l.group_key = $2 AND r.item_id = i.item_id))";
 
 /// What occupies a board column (`queue` is its line): the runs holding a lease in its line,
 /// and the items of the project whose stored card is in the column, except those a lease
@@ -74,20 +71,7 @@ pub(crate) async fn ahead_of(ch: &mut Change, org: OrgId, queue: &str, seq: i64)
 pub(crate) async fn board_occupied(ch: &mut Change, org: OrgId, queue: &str, except: Option<ItemId>) -> Result<i64> {
     let Some((project, column)) = rules::board_of(queue) else { return Ok(0) };
     let project: uuid::Uuid = project.parse().map_err(|_| StoreError::Invalid(format!("bad board line {queue}")))?;
-    Ok(sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM concurrency_leases WHERE org_id = $1 AND group_key = $2) \
-              + (SELECT count(*) FROM items i WHERE i.project_id = $3 AND i.org_id = $1 \
-                   AND lower(i.data #>> '{board,column}') = $4 AND i.item_id IS DISTINCT FROM $5 \
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_leases l JOIN runs r ON r.run_id = l.run_id \
-                                   WHERE l.org_id = $1 AND l.group_key = $2 AND r.item_id = i.item_id))",
-    )
-    .bind(org)
-    .bind(queue)
-    .bind(project)
-    .bind(column)
-    .bind(except)
-    .fetch_one(&mut *ch.tx)
-    .await?)
+    Ok(sqlx::query_scalar(BOARD_OCCUPIED).bind(org).bind(queue).bind(project).bind(column).bind(except).fetch_one(&mut *ch.tx).await?)
 }
 
 /// A throttle's starts in its window, and when the oldest of them leaves it. Starts older
@@ -110,6 +94,10 @@ pub(crate) async fn window(ch: &mut Change, org: OrgId, queue: &str, window_ms: 
     .await?;
     Ok((count, opens_ms.map(|ms| Duration::from_millis(ms.max(0.0) as u64))))
 }
+
+const WAKE_WAITERS: &str = "INSERT INTO wakes (org_id, run_id, due_at, reason) \
+     SELECT org_id, run_id, now() + $4 * interval '1 millisecond', 'admit' FROM admission_waits \
+     WHERE org_id = $1 AND queue = $2 ORDER BY seq LIMIT $3";
 
 /// Wakes the runs that may take room in a queue whose row this change has locked (either
 /// way): the first in line, as many as there is room for (at most [`rules::WAKE_AT_ONCE`]);
@@ -147,17 +135,7 @@ pub(crate) async fn poke(ch: &mut Change, org: OrgId, queue: &str) -> Result<()>
         (_, false, Some(later)) => (1, later),
         (_, false, None) => return Ok(()),
     };
-    let woken = sqlx::query(
-        "INSERT INTO wakes (org_id, run_id, due_at, reason) \
-         SELECT org_id, run_id, now() + $4 * interval '1 millisecond', 'admit' FROM admission_waits \
-         WHERE org_id = $1 AND queue = $2 ORDER BY seq LIMIT $3",
-    )
-    .bind(org)
-    .bind(queue)
-    .bind(n)
-    .bind(delay.as_millis() as f64)
-    .execute(&mut *ch.tx)
-    .await?;
+    let woken = sqlx::query(WAKE_WAITERS).bind(org).bind(queue).bind(n).bind(delay.as_millis() as f64).execute(&mut *ch.tx).await?;
     if woken.rows_affected() > 0 {
         ch.note_wake(delay);
     }
@@ -187,6 +165,10 @@ pub(crate) fn on_finish(ch: &mut Change, org: OrgId, leases: &[String], left: Op
     }
 }
 
+const TAKE_WAITING: &str = "UPDATE admission_queues SET waiting = waiting - $3 WHERE org_id = $1 AND queue = $2 RETURNING waiting";
+
+const WAITING_FOR_SHARE: &str = "SELECT waiting FROM admission_queues WHERE org_id = $1 AND queue = $2 FOR SHARE";
+
 /// Hands on what the runs that ended in this change held, as the change commits: its last
 /// statements, so the queue rows are held only for the commit, and a change that admitted a
 /// run earlier (`FOR UPDATE`) never asks for a weaker lock it already has the stronger of,
@@ -203,18 +185,9 @@ pub(crate) async fn release(ch: &mut Change, queues: Vec<(OrgId, String, bool)>)
     for ((_, queue, _), (org, left)) in by_queue {
         let queue = queue.as_str();
         let waiting: Option<i32> = if left > 0 {
-            sqlx::query_scalar("UPDATE admission_queues SET waiting = waiting - $3 WHERE org_id = $1 AND queue = $2 RETURNING waiting")
-                .bind(org)
-                .bind(queue)
-                .bind(left)
-                .fetch_optional(&mut *ch.tx)
-                .await?
+            sqlx::query_scalar(TAKE_WAITING).bind(org).bind(queue).bind(left).fetch_optional(&mut *ch.tx).await?
         } else {
-            sqlx::query_scalar("SELECT waiting FROM admission_queues WHERE org_id = $1 AND queue = $2 FOR SHARE")
-                .bind(org)
-                .bind(queue)
-                .fetch_optional(&mut *ch.tx)
-                .await?
+            sqlx::query_scalar(WAITING_FOR_SHARE).bind(org).bind(queue).fetch_optional(&mut *ch.tx).await?
         };
         if waiting.unwrap_or(0) > 0 && rules::queue_kind(queue) != QueueKind::Gate {
             poke(ch, org, queue).await?;

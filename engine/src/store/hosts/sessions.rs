@@ -88,6 +88,11 @@ pub(crate) async fn record_usage(
     Ok(())
 }
 
+const OPEN_LOG_SIZE: &str = "INSERT INTO run_log_sizes (org_id, run_id) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING";
+
+const NOTE_TRANSCRIPT_CAP: &str = "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
+     VALUES ($1, $2, (SELECT created_at FROM runs WHERE run_id = $2), $3, $4, 'note', $5) ON CONFLICT DO NOTHING";
+
 /// A session report: renews the lease, keeps the totals, and appends the lines the run's
 /// transcript cap (`cap_bytes`) still has room for. When the cap is first reached a note says
 /// so in the step's log. A host that no longer holds the step stores nothing and learns the
@@ -130,11 +135,7 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
     let mut stored = 0;
     let mut dropped = 0;
     if !lines.is_empty() {
-        sqlx::query("INSERT INTO run_log_sizes (org_id, run_id) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING")
-            .bind(host.org_id)
-            .bind(run)
-            .execute(&mut *ch.tx)
-            .await?;
+        sqlx::query(OPEN_LOG_SIZE).bind(host.org_id).bind(run).execute(&mut *ch.tx).await?;
         let (used, capped): (i64, bool) =
             sqlx::query_as("SELECT bytes, capped_at IS NOT NULL FROM run_log_sizes WHERE run_id = $1 FOR UPDATE").bind(run).fetch_one(&mut *ch.tx).await?;
         let mut room = if capped { 0 } else { (cap_bytes - used).max(0) };
@@ -184,17 +185,7 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
         if let (true, Some(seq)) = (newly_capped, first_dropped) {
             // The first dropped line's number is never stored, so the note cannot collide.
             let note = format!("transcript cap of {cap_bytes} bytes for this run reached: later lines are not stored");
-            sqlx::query(
-                "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
-                 VALUES ($1, $2, (SELECT created_at FROM runs WHERE run_id = $2), $3, $4, 'note', $5) ON CONFLICT DO NOTHING",
-            )
-            .bind(host.org_id)
-            .bind(run)
-            .bind(step)
-            .bind(seq)
-            .bind(note)
-            .execute(&mut *ch.tx)
-            .await?;
+            sqlx::query(NOTE_TRANSCRIPT_CAP).bind(host.org_id).bind(run).bind(step).bind(seq).bind(note).execute(&mut *ch.tx).await?;
         }
         sqlx::query(
             "UPDATE run_log_sizes SET bytes = bytes + $2, dropped = dropped + $3, \

@@ -141,16 +141,12 @@ pub(crate) struct OpenRun {
 /// (steps the engine resolves at once, approvals and waits are held by no one).
 pub(crate) const ATTEMPTED: &str = "EXISTS (SELECT 1 FROM steps s WHERE s.run_id = r.run_id AND s.holder IS NOT NULL)";
 
+const OPEN_RUN_IDS: &str =
+    "SELECT run_id FROM runs WHERE item_id = $1 AND workflow_id = $2 AND status = 'running' AND org_id = $3 AND parent_run_id IS NULL ORDER BY run_id";
+
 /// The open runs of `workflow` on `item`, locked, with whether each has started.
 pub(crate) async fn open_runs(ch: &mut Change, org: OrgId, item: ItemId, workflow: WorkflowId) -> Result<Vec<OpenRun>> {
-    let ids: Vec<RunId> = sqlx::query_scalar(
-        "SELECT run_id FROM runs WHERE item_id = $1 AND workflow_id = $2 AND status = 'running' AND org_id = $3 AND parent_run_id IS NULL ORDER BY run_id",
-    )
-    .bind(item)
-    .bind(workflow)
-    .bind(org)
-    .fetch_all(&mut *ch.tx)
-    .await?;
+    let ids: Vec<RunId> = sqlx::query_scalar(OPEN_RUN_IDS).bind(item).bind(workflow).bind(org).fetch_all(&mut *ch.tx).await?;
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -349,6 +345,9 @@ pub struct Revoked {
     pub events: usize,
 }
 
+const QUEUED_EVENTS: &str =
+    "SELECT event_id, payload FROM trigger_events WHERE item_id = $1 AND workflow_id = $2 AND org_id = $3 AND status = 'queued' ORDER BY created_at";
+
 /// The item stopped matching: cancels the workflow's runs on it that have not started
 /// (`revoked`) and marks its queued events `revoked`, each judged with the `trigger` that
 /// caused it. `still_matches` gets that trigger and says whether the `if:` holds on the item
@@ -358,14 +357,7 @@ pub(crate) async fn revoke_unmatched(
 ) -> Result<Revoked> {
     let mut out = Revoked::default();
     let open = open_runs(ch, org, item, workflow).await?;
-    let queued: Vec<(Uuid, Value)> = sqlx::query_as(
-        "SELECT event_id, payload FROM trigger_events WHERE item_id = $1 AND workflow_id = $2 AND org_id = $3 AND status = 'queued' ORDER BY created_at",
-    )
-    .bind(item)
-    .bind(workflow)
-    .bind(org)
-    .fetch_all(&mut *ch.tx)
-    .await?;
+    let queued: Vec<(Uuid, Value)> = sqlx::query_as(QUEUED_EVENTS).bind(item).bind(workflow).bind(org).fetch_all(&mut *ch.tx).await?;
     for (event, payload) in queued {
         if !still_matches(payload.get("trigger").unwrap_or(&Value::Null)) {
             set_event(ch, event, "revoked", Some("revoked")).await?;

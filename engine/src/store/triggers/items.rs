@@ -144,27 +144,18 @@ pub struct ItemRow {
     pub fresh: bool,
 }
 
+const INSERT_ITEM: &str =
+    "INSERT INTO items (org_id, project_id, item_id, key) VALUES ($1, $2, $3, $4) ON CONFLICT (project_id, key) DO NOTHING RETURNING item_id";
+
+const ITEM_BY_KEY: &str = "SELECT item_id FROM items WHERE project_id = $1 AND key = $2 AND org_id = $3";
+
 /// The item's id, creating an empty item when it is new.
 pub async fn ensure_item(ch: &mut Change, org: OrgId, project: ProjectId, key: &str) -> Result<ItemId> {
-    let new: Option<ItemId> = sqlx::query_scalar(
-        "INSERT INTO items (org_id, project_id, item_id, key) VALUES ($1, $2, $3, $4) ON CONFLICT (project_id, key) DO NOTHING RETURNING item_id",
-    )
-    .bind(org)
-    .bind(project)
-    .bind(ItemId::mint())
-    .bind(key)
-    .fetch_optional(&mut *ch.tx)
-    .await?;
+    let new: Option<ItemId> = sqlx::query_scalar(INSERT_ITEM).bind(org).bind(project).bind(ItemId::mint()).bind(key).fetch_optional(&mut *ch.tx).await?;
     if let Some(id) = new {
         return Ok(id);
     }
-    sqlx::query_scalar("SELECT item_id FROM items WHERE project_id = $1 AND key = $2 AND org_id = $3")
-        .bind(project)
-        .bind(key)
-        .bind(org)
-        .fetch_optional(&mut *ch.tx)
-        .await?
-        .ok_or(StoreError::NotFound("item"))
+    sqlx::query_scalar(ITEM_BY_KEY).bind(project).bind(key).bind(org).fetch_optional(&mut *ch.tx).await?.ok_or(StoreError::NotFound("item"))
 }
 
 /// The item an update is about, locked for judging. A new one is inserted with `data` (the
@@ -192,12 +183,7 @@ pub async fn item_for_update(ch: &mut Change, org: OrgId, project: ProjectId, ke
     if let Some(item) = fresh {
         return Ok(Some(ItemRow { fresh: true, ..item }));
     }
-    let known: Option<ItemId> = sqlx::query_scalar("SELECT item_id FROM items WHERE project_id = $1 AND key = $2 AND org_id = $3")
-        .bind(project)
-        .bind(key)
-        .bind(org)
-        .fetch_optional(&mut *ch.tx)
-        .await?;
+    let known: Option<ItemId> = sqlx::query_scalar(ITEM_BY_KEY).bind(project).bind(key).bind(org).fetch_optional(&mut *ch.tx).await?;
     match known {
         Some(item) => lock_item(ch, org, item).await,
         None => Ok(None),
