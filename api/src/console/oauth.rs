@@ -137,6 +137,8 @@ fn signin_error(next: &str, error: &str) -> Response {
     Redirect::to(&format!("/signin?next={}&error={error}", view::urlencode(next))).into_response()
 }
 
+const TOKEN_EXPIRY: &str = "SELECT expires_at FROM api_tokens WHERE jti = $1 AND org_id = $2";
+
 /// Sign-in with a pasted API token of a person.
 pub(super) async fn signin_token(State(c): State<Console>, headers: HeaderMap, Form(f): Form<TokenForm>) -> Result<Response, ConsoleError> {
     let (secret, _) = pre_secret(&headers);
@@ -152,12 +154,7 @@ pub(super) async fn signin_token(State(c): State<Console>, headers: HeaderMap, F
     let mut ch = Change::begin(c.db(), caller.actor()).await?;
     // The session ends when the token does, if sooner: pasting a token (or a session's own)
     // never makes a longer-lived one.
-    let expires: DateTime<Utc> = sqlx::query_scalar("SELECT expires_at FROM api_tokens WHERE jti = $1 AND org_id = $2")
-        .bind(caller.jti)
-        .bind(caller.org)
-        .fetch_one(ch.conn())
-        .await
-        .map_err(StoreError::from)?;
+    let expires: DateTime<Utc> = sqlx::query_scalar(TOKEN_EXPIRY).bind(caller.jti).bind(caller.org).fetch_one(ch.conn()).await.map_err(StoreError::from)?;
     // (A second early: the new row's clock reads later than this one.)
     let ttl = Duration::hours(i64::from(c.cfg().session_hours.max(1))).min(expires - Utc::now() - Duration::seconds(1));
     let (_, session) = issue_user_token_with_id(
@@ -240,6 +237,12 @@ struct GithubEmail {
     verified: bool,
 }
 
+const GITHUB_MEMBERSHIPS: &str = "SELECT u.org_id, u.user_id, m.role, o.slug FROM users u \
+     JOIN memberships m ON m.org_id = u.org_id AND m.user_id = u.user_id JOIN orgs o ON o.org_id = u.org_id \
+     WHERE (u.github_login IS NOT NULL AND lower(u.github_login) = lower($1)) \
+        OR (u.github_login IS NULL AND lower(u.email) = ANY($2)) \
+     ORDER BY o.slug LIMIT 20";
+
 /// GitHub sends the browser back here with a code.
 pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap, Query(q): Query<Callback>) -> Result<Response, ConsoleError> {
     let stored = cookie(&headers, PRE_COOKIE).unwrap_or_default().to_owned();
@@ -255,18 +258,12 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
     }
     let Some(login) = github_identity(&c, &headers, code).await? else { return Ok(signin_error(&next, "github")) };
     let (login, emails) = login;
-    let people: Vec<(OrgId, UserId, String, String)> = sqlx::query_as(
-        "SELECT u.org_id, u.user_id, m.role, o.slug FROM users u \
-         JOIN memberships m ON m.org_id = u.org_id AND m.user_id = u.user_id JOIN orgs o ON o.org_id = u.org_id \
-         WHERE (u.github_login IS NOT NULL AND lower(u.github_login) = lower($1)) \
-            OR (u.github_login IS NULL AND lower(u.email) = ANY($2)) \
-         ORDER BY o.slug LIMIT 20",
-    )
-    .bind(&login)
-    .bind(&emails)
-    // Across orgs: the person's memberships, before any org is known.
-    .fetch_all(&c.state().system)
-    .await?;
+    let people: Vec<(OrgId, UserId, String, String)> = sqlx::query_as(GITHUB_MEMBERSHIPS)
+        .bind(&login)
+        .bind(&emails)
+        // Across orgs: the person's memberships, before any org is known.
+        .fetch_all(&c.state().system)
+        .await?;
     if people.is_empty() {
         tracing::info!(github.login = %login, "GitHub sign-in of an account that is no member");
         return Ok(signin_error(&next, "nomember"));

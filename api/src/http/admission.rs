@@ -36,17 +36,13 @@ pub struct SetLimits {
     pub running_cap: i32,
 }
 
+const LIMITS: &str = "SELECT o.running_cap, \
+            (SELECT count(*) FROM concurrency_leases l WHERE l.org_id = o.org_id AND l.group_key = $2), \
+            (SELECT q.waiting FROM admission_queues q WHERE q.org_id = o.org_id AND q.queue = $2) \
+     FROM orgs o WHERE o.org_id = $1";
+
 async fn limits(state: &AppState, scope: &OrgScope) -> Result<Limits, ApiError> {
-    let (running_cap, running, waiting): (i32, i64, Option<i32>) = sqlx::query_as(
-        "SELECT o.running_cap, \
-                (SELECT count(*) FROM concurrency_leases l WHERE l.org_id = o.org_id AND l.group_key = $2), \
-                (SELECT q.waiting FROM admission_queues q WHERE q.org_id = o.org_id AND q.queue = $2) \
-         FROM orgs o WHERE o.org_id = $1",
-    )
-    .bind(scope.org)
-    .bind(ORG_QUEUE)
-    .fetch_one(&state.db)
-    .await?;
+    let (running_cap, running, waiting): (i32, i64, Option<i32>) = sqlx::query_as(LIMITS).bind(scope.org).bind(ORG_QUEUE).fetch_one(&state.db).await?;
     Ok(Limits { running_cap, running, waiting: waiting.unwrap_or(0), max_waiting: MAX_WAITING })
 }
 
@@ -117,12 +113,10 @@ pub struct SetRetention {
     pub retention_days: i32,
 }
 
+const PROJECT_SETTINGS: &str = "SELECT paused, retention_days FROM projects WHERE org_id = $1 AND project_id = $2";
+
 async fn settings(state: &AppState, scope: &ProjectScope) -> Result<ProjectSettings, ApiError> {
-    let (paused, retention_days): (bool, i32) = sqlx::query_as("SELECT paused, retention_days FROM projects WHERE org_id = $1 AND project_id = $2")
-        .bind(scope.org.org)
-        .bind(scope.project)
-        .fetch_one(&state.db)
-        .await?;
+    let (paused, retention_days): (bool, i32) = sqlx::query_as(PROJECT_SETTINGS).bind(scope.org.org).bind(scope.project).fetch_one(&state.db).await?;
     let mut conn = state.db.begin().await?;
     let board_limits = admission::board_limits(&mut conn, scope.org.org, scope.project)
         .await?

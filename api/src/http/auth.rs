@@ -109,6 +109,12 @@ struct TokenRow {
     slug: String,
 }
 
+const TOKEN_FACTS: &str = "SELECT t.kind, t.role, t.user_id, t.project_id, t.kid, t.expires_at <= now() AS expired, \
+            t.revoked_at IS NOT NULL AS revoked, m.role AS member_role, o.slug \
+     FROM api_tokens t JOIN orgs o ON o.org_id = t.org_id \
+     LEFT JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id \
+     WHERE t.jti = $1 AND t.org_id = $2";
+
 /// Verifies a bearer token's text.
 pub async fn verify(state: &AppState, token: &str) -> Result<Caller, ApiError> {
     let header = decode_header(token).map_err(|_| refuse("malformed header or unknown algorithm"))?;
@@ -126,17 +132,7 @@ pub async fn verify(state: &AppState, token: &str) -> Result<Caller, ApiError> {
     let claims = decode::<Claims>(token, &DecodingKey::from_secret(secret.expose_secret()), &validation).map_err(|e| refuse(&e.to_string()))?.claims;
     let jti: uuid::Uuid = claims.jti.parse().map_err(|_| refuse("jti is not a uuid"))?;
     let org = OrgId(claims.org.parse().map_err(|_| refuse("org is not a uuid"))?);
-    let row: Option<TokenRow> = sqlx::query_as(
-        "SELECT t.kind, t.role, t.user_id, t.project_id, t.kid, t.expires_at <= now() AS expired, \
-                t.revoked_at IS NOT NULL AS revoked, m.role AS member_role, o.slug \
-         FROM api_tokens t JOIN orgs o ON o.org_id = t.org_id \
-         LEFT JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id \
-         WHERE t.jti = $1 AND t.org_id = $2",
-    )
-    .bind(jti)
-    .bind(org)
-    .fetch_optional(&state.system)
-    .await?;
+    let row: Option<TokenRow> = sqlx::query_as(TOKEN_FACTS).bind(jti).bind(org).fetch_optional(&state.system).await?;
     let row = row.ok_or_else(|| refuse("no token row in that org"))?;
     if row.revoked {
         return Err(refuse("revoked"));

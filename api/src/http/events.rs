@@ -59,19 +59,16 @@ struct Client {
 /// expired or whose person left the org ends its streams at their next event after this.
 const RECHECK: Duration = Duration::from_secs(5);
 
+const TOKEN_STILL_ALLOWED: &str = "SELECT t.revoked_at IS NULL AND t.expires_at > now() AND (t.user_id IS NULL OR m.user_id IS NOT NULL) \
+     FROM api_tokens t LEFT JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id WHERE t.jti = $1 AND t.org_id = $2";
+
 impl Client {
     /// Whether the stream's token may still read it; checked at most every [`RECHECK`].
     async fn still_allowed(&mut self) -> bool {
         if self.checked_at.elapsed() < RECHECK {
             return true;
         }
-        let check = sqlx::query_scalar::<_, bool>(
-            "SELECT t.revoked_at IS NULL AND t.expires_at > now() AND (t.user_id IS NULL OR m.user_id IS NOT NULL) \
-             FROM api_tokens t LEFT JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id WHERE t.jti = $1 AND t.org_id = $2",
-        )
-        .bind(self.jti)
-        .bind(self.org)
-        .fetch_optional(&self.db);
+        let check = sqlx::query_scalar::<_, bool>(TOKEN_STILL_ALLOWED).bind(self.jti).bind(self.org).fetch_optional(&self.db);
         // Polled outside the request that opened it: the stream acts for its org itself.
         let good = engine::tenancy::scoped(Some(self.org), check).await;
         match good {

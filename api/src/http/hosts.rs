@@ -142,22 +142,16 @@ pub async fn deregister(State(state): State<AppState>, scope: ProjectScope, Path
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+const HOST_BY_ID: &str = "SELECT host_id, name, capabilities, max_concurrent, last_seen_at, deregistered_at, drained_at, drained_by, created_at FROM hosts \
+     WHERE host_id = $1 AND org_id = $2 AND project_id = $3";
+
 async fn set_drained(state: &AppState, scope: &ProjectScope, host: &str, drained: bool) -> Result<Json<Host>, ApiError> {
     scope.require(Role::Admin)?;
     let not_found = || ApiError::NotFound("host not found".into());
     let host = HostId(host.parse().map_err(|_| not_found())?);
     let mut ch = scope.change(state).await?;
     operator::set_host_drained(&mut ch, scope.org.org, scope.project, host, drained).await?;
-    let row: Host = sqlx::query_as(
-        "SELECT host_id, name, capabilities, max_concurrent, last_seen_at, deregistered_at, drained_at, drained_by, created_at FROM hosts \
-         WHERE host_id = $1 AND org_id = $2 AND project_id = $3",
-    )
-    .bind(host)
-    .bind(scope.org.org)
-    .bind(scope.project)
-    .fetch_optional(ch.conn())
-    .await?
-    .ok_or_else(not_found)?;
+    let row: Host = sqlx::query_as(HOST_BY_ID).bind(host).bind(scope.org.org).bind(scope.project).fetch_optional(ch.conn()).await?.ok_or_else(not_found)?;
     ch.commit().await?;
     Ok(Json(row))
 }

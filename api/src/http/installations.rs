@@ -72,18 +72,14 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope) -> Result<Json
     Ok(Json(InstallationList { items }))
 }
 
+const INSTALLATIONS: &str = "SELECT i.installation_id, i.account_login AS account, i.suspended_at IS NOT NULL AS suspended, i.claimed_at, i.claimed_by, \
+       coalesce((SELECT array_agg(r.full_name ORDER BY r.full_name) FROM github_installation_repositories r \
+                 WHERE r.installation_id = i.installation_id), '{}') AS repositories \
+     FROM github_installations i WHERE i.org_id = $1 AND i.deleted_at IS NULL AND ($2::bigint IS NULL OR i.installation_id = $2) \
+     ORDER BY i.installation_id LIMIT 200";
+
 async fn rows(state: &AppState, scope: &OrgScope, only: Option<i64>) -> Result<Vec<Installation>, ApiError> {
-    Ok(sqlx::query_as(
-        "SELECT i.installation_id, i.account_login AS account, i.suspended_at IS NOT NULL AS suspended, i.claimed_at, i.claimed_by, \
-           coalesce((SELECT array_agg(r.full_name ORDER BY r.full_name) FROM github_installation_repositories r \
-                     WHERE r.installation_id = i.installation_id), '{}') AS repositories \
-         FROM github_installations i WHERE i.org_id = $1 AND i.deleted_at IS NULL AND ($2::bigint IS NULL OR i.installation_id = $2) \
-         ORDER BY i.installation_id LIMIT 200",
-    )
-    .bind(scope.org)
-    .bind(only)
-    .fetch_all(&state.db)
-    .await?)
+    Ok(sqlx::query_as(INSTALLATIONS).bind(scope.org).bind(only).fetch_all(&state.db).await?)
 }
 
 /// Claims an installation for the org (admin), with proof from GitHub that the token's person

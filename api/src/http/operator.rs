@@ -116,6 +116,8 @@ pub async fn cycle_asks(State(state): State<AppState>, scope: ProjectScope) -> R
     Ok(Json(CycleAskList { items }))
 }
 
+const ITEM_IN_PROJECT: &str = "SELECT 1 FROM items WHERE item_id = $1 AND org_id = $2 AND project_id = $3";
+
 /// Resets an item's cycle budget (member): its generation goes up, its asks are cleared, and
 /// the newest blocked event of each workflow is judged again on the item as it is now.
 #[utoipa::path(post, path = "/orgs/{org}/projects/{project}/cycle-asks/{item}/reset", operation_id = "reset_cycle_budget", tag = "runs",
@@ -126,12 +128,7 @@ pub async fn reset(State(state): State<AppState>, scope: ProjectScope, Path(p): 
     let not_found = || ApiError::NotFound("item not found".into());
     let item: ItemId = ItemId(p.item.parse().map_err(|_| not_found())?);
     let mut ch = scope.change(&state).await?;
-    let in_project: Option<i32> = sqlx::query_scalar("SELECT 1 FROM items WHERE item_id = $1 AND org_id = $2 AND project_id = $3")
-        .bind(item)
-        .bind(scope.org.org)
-        .bind(scope.project)
-        .fetch_optional(ch.conn())
-        .await?;
+    let in_project: Option<i32> = sqlx::query_scalar(ITEM_IN_PROJECT).bind(item).bind(scope.org.org).bind(scope.project).fetch_optional(ch.conn()).await?;
     in_project.ok_or_else(not_found)?;
     let reset = triggers::reset_cycle_budget(&mut ch, scope.org.org, item).await?;
     ch.commit().await?;

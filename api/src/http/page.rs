@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 
 /// Declares a list's answer: a page of `items` and `next_cursor`, the cursor of the page after
-/// it (absent on the last). A macro rather than a generic `Page<T>`, which the OpenAPI document
+/// it (absent on the last), or with `, by seq`, `next_after`, the sequence number it ends at. A macro rather than a generic `Page<T>`, which the OpenAPI document
 /// would name `Page_Project` instead of `ProjectList`.
 macro_rules! list {
     ($list:ident of $item:ty) => {
@@ -31,6 +31,24 @@ macro_rules! list {
             pub fn page<K: serde::Serialize>(rows: Vec<$item>, limit: i64, key: impl Fn(&$item) -> K) -> Self {
                 let (items, next_cursor) = $crate::http::page::finish(rows, limit, key);
                 Self { items, next_cursor }
+            }
+        }
+    };
+    // A list by sequence number (a run's events, a step's log): `next_after` instead.
+    ($list:ident of $item:ty, by $seq:ident) => {
+        #[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+        pub struct $list {
+            pub items: Vec<$item>,
+            /// Pass as `after` for the next page; absent on the last page.
+            pub next_after: Option<i64>,
+        }
+
+        impl $list {
+            /// The page of `rows`, fetched with `limit + 1` rows, with the sequence number the
+            /// page after it starts after ([`finish_after`](crate::http::page::finish_after)).
+            pub fn page(rows: Vec<$item>, limit: i64) -> Self {
+                let (items, next_after) = $crate::http::page::finish_after(rows, limit, |r| r.$seq);
+                Self { items, next_after }
             }
         }
     };

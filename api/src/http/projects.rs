@@ -54,6 +54,8 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Quer
     Ok(Json(ProjectList::page(rows, limit, |p| p.slug.clone())))
 }
 
+const PROJECT_BY_ID: &str = "SELECT slug, name, created_at FROM projects WHERE org_id = $1 AND project_id = $2";
+
 /// Creates a project (admin).
 #[utoipa::path(post, path = "/orgs/{org}/projects", operation_id = "create_project", tag = "projects",
     params(OrgScope, IdempotencyKey),
@@ -69,11 +71,7 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, key: Idempot
     let ch = scope.change(&state).await?;
     idempotency::create(ch, scope.org, &key, &body, async |ch| {
         let id = tenants::create_project(ch, scope.org, &slug, &name).await?;
-        let project: Project = sqlx::query_as("SELECT slug, name, created_at FROM projects WHERE org_id = $1 AND project_id = $2")
-            .bind(scope.org)
-            .bind(id)
-            .fetch_one(ch.conn())
-            .await?;
+        let project: Project = sqlx::query_as(PROJECT_BY_ID).bind(scope.org).bind(id).fetch_one(ch.conn()).await?;
         Ok(project)
     })
     .await
@@ -85,10 +83,6 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, key: Idempot
     responses((status = 200, body = Project)))]
 pub async fn get(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<Project>, ApiError> {
     scope.require(Role::Viewer)?;
-    let project: Project = sqlx::query_as("SELECT slug, name, created_at FROM projects WHERE org_id = $1 AND project_id = $2")
-        .bind(scope.org.org)
-        .bind(scope.project)
-        .fetch_one(&state.db)
-        .await?;
+    let project: Project = sqlx::query_as(PROJECT_BY_ID).bind(scope.org.org).bind(scope.project).fetch_one(&state.db).await?;
     Ok(Json(project))
 }

@@ -84,19 +84,18 @@ fn not_found(what: &str) -> ApiError {
     ApiError::NotFound(format!("{what} not found"))
 }
 
+const SUBSCRIPTION_BY_ID: &str =
+    "SELECT subscription_id, url, events, created_by, created_at FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 AND subscription_id = $3";
+
 /// The subscription named by the path, in this project.
 async fn subscription(state: &AppState, scope: &ProjectScope, id: &str) -> Result<Subscription, ApiError> {
     let id: Uuid = id.parse().map_err(|_| not_found("webhook"))?;
-    let row: Option<Subscription> = sqlx::query_as(
-        "SELECT subscription_id, url, events, created_by, created_at FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 AND subscription_id = $3",
-    )
-    .bind(scope.org.org)
-    .bind(scope.project)
-    .bind(id)
-    .fetch_optional(&state.db)
-    .await?;
+    let row: Option<Subscription> = sqlx::query_as(SUBSCRIPTION_BY_ID).bind(scope.org.org).bind(scope.project).bind(id).fetch_optional(&state.db).await?;
     row.ok_or_else(|| not_found("webhook"))
 }
+
+const SUBSCRIPTIONS: &str = "SELECT subscription_id, url, events, created_by, created_at FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 \
+     ORDER BY created_at, subscription_id LIMIT 200";
 
 /// The project's outgoing webhooks (admin).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks", operation_id = "list_webhooks", tag = "webhooks",
@@ -104,14 +103,7 @@ async fn subscription(state: &AppState, scope: &ProjectScope, id: &str) -> Resul
     responses((status = 200, body = WebhookList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope) -> Result<Json<WebhookList>, ApiError> {
     scope.require(Role::Admin)?;
-    let items: Vec<Subscription> = sqlx::query_as(
-        "SELECT subscription_id, url, events, created_by, created_at FROM webhook_subscriptions WHERE org_id = $1 AND project_id = $2 \
-         ORDER BY created_at, subscription_id LIMIT 200",
-    )
-    .bind(scope.org.org)
-    .bind(scope.project)
-    .fetch_all(&state.db)
-    .await?;
+    let items: Vec<Subscription> = sqlx::query_as(SUBSCRIPTIONS).bind(scope.org.org).bind(scope.project).fetch_all(&state.db).await?;
     Ok(Json(WebhookList { items }))
 }
 
@@ -187,6 +179,9 @@ struct DeliveryWithBody {
     body: Option<serde_json::Value>,
 }
 
+const DELIVERY_ATTEMPTS: &str =
+    "SELECT attempt, at, status, response, error, duration_ms FROM webhook_attempts WHERE org_id = $1 AND delivery_id = $2 ORDER BY attempt";
+
 /// One delivery with its body and every attempt (admin).
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/webhooks/{webhook}/deliveries/{delivery}", operation_id = "get_webhook_delivery", tag = "webhooks",
     params(ProjectScope, DeliveryPath),
@@ -194,13 +189,7 @@ struct DeliveryWithBody {
 pub async fn delivery(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<DeliveryPath>) -> Result<Json<DeliveryDetail>, ApiError> {
     scope.require(Role::Admin)?;
     let (_, delivery, body) = find_delivery(&state, &scope, &p).await?;
-    let attempts_log: Vec<Attempt> = sqlx::query_as(
-        "SELECT attempt, at, status, response, error, duration_ms FROM webhook_attempts WHERE org_id = $1 AND delivery_id = $2 ORDER BY attempt",
-    )
-    .bind(scope.org.org)
-    .bind(delivery.delivery_id)
-    .fetch_all(&state.db)
-    .await?;
+    let attempts_log: Vec<Attempt> = sqlx::query_as(DELIVERY_ATTEMPTS).bind(scope.org.org).bind(delivery.delivery_id).fetch_all(&state.db).await?;
     Ok(Json(DeliveryDetail { delivery, body, attempts_log }))
 }
 

@@ -99,17 +99,17 @@ fn parse(source: &str) -> Result<engine::definition::Definition, ApiError> {
     engine::definition::parse(source).map_err(|problems| ApiError::InvalidWorkflow(problems.iter().map(WorkflowProblem::from).collect()))
 }
 
+const WORKFLOW_BY_NAME: &str =
+    "SELECT workflow_id, name, latest_version, paused, created_at FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3";
+
 async fn find(state: &AppState, scope: &ProjectScope, name: &str) -> Result<(WorkflowId, Workflow), ApiError> {
     let row: Option<(WorkflowId, String, i32, bool, DateTime<Utc>)> =
-        sqlx::query_as("SELECT workflow_id, name, latest_version, paused, created_at FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3")
-            .bind(scope.org.org)
-            .bind(scope.project)
-            .bind(name)
-            .fetch_optional(&state.db)
-            .await?;
+        sqlx::query_as(WORKFLOW_BY_NAME).bind(scope.org.org).bind(scope.project).bind(name).fetch_optional(&state.db).await?;
     let (id, name, latest_version, paused, created_at) = row.ok_or_else(|| ApiError::NotFound(format!("workflow `{}` not found", cap(name))))?;
     Ok((id, Workflow { name, latest_version, paused, created_at }))
 }
+
+const LATEST_VERSION: &str = "SELECT latest_version FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3";
 
 /// Stores a validated source as the next version; the same text as the latest is no change.
 async fn upload(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, name: &str, source: &str, status_new: StatusCode) -> Result<Response, ApiError> {
@@ -117,12 +117,7 @@ async fn upload(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, na
     if let Some(replay) = idempotency::claim(&mut ch, scope.org.org, key, &source).await? {
         return Ok(replay);
     }
-    let before: Option<i32> = sqlx::query_scalar("SELECT latest_version FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3")
-        .bind(scope.org.org)
-        .bind(scope.project)
-        .bind(name)
-        .fetch_optional(ch.conn())
-        .await?;
+    let before: Option<i32> = sqlx::query_scalar(LATEST_VERSION).bind(scope.org.org).bind(scope.project).bind(name).fetch_optional(ch.conn()).await?;
     let (_, version) = store::put_version(&mut ch, scope.org.org, scope.project, name, source).await?;
     let created = before != Some(version);
     let status = if created { status_new } else { StatusCode::OK };
@@ -173,6 +168,9 @@ pub async fn validate(scope: ProjectScope, WorkflowSource(source): WorkflowSourc
     }))
 }
 
+const VERSION_WITH_SOURCE: &str =
+    "SELECT version, sha256, created_by, created_at, source FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3";
+
 /// A workflow with its latest version.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/workflows/{name}", operation_id = "get_workflow", tag = "workflows",
     params(ProjectScope, NamePath),
@@ -181,12 +179,7 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     scope.require(Role::Viewer)?;
     let (id, workflow) = find(&state, &scope, &p.name).await?;
     let latest: Option<Version> =
-        sqlx::query_as("SELECT version, sha256, created_by, created_at, source FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3")
-            .bind(scope.org.org)
-            .bind(id)
-            .bind(workflow.latest_version)
-            .fetch_optional(&state.db)
-            .await?;
+        sqlx::query_as(VERSION_WITH_SOURCE).bind(scope.org.org).bind(id).bind(workflow.latest_version).fetch_optional(&state.db).await?;
     Ok(Json(WorkflowDetail { workflow, latest }))
 }
 
@@ -240,13 +233,7 @@ pub async fn version(State(state): State<AppState>, scope: ProjectScope, Path(p)
     let not_found = || ApiError::NotFound(format!("version `{}` not found", cap(&p.version)));
     let number: i32 = p.version.parse().map_err(|_| not_found())?;
     let (id, _) = find(&state, &scope, &p.name).await?;
-    let row: Option<Version> =
-        sqlx::query_as("SELECT version, sha256, created_by, created_at, source FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3")
-            .bind(scope.org.org)
-            .bind(id)
-            .bind(number)
-            .fetch_optional(&state.db)
-            .await?;
+    let row: Option<Version> = sqlx::query_as(VERSION_WITH_SOURCE).bind(scope.org.org).bind(id).bind(number).fetch_optional(&state.db).await?;
     Ok(Json(row.ok_or_else(not_found)?))
 }
 

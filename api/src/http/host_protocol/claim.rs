@@ -95,6 +95,8 @@ pub async fn claim(State(state): State<AppState>, me: HostCaller, Json(body): Js
     }
 }
 
+const INSTALLATION_OF_REPOSITORY: &str = "SELECT installation_id FROM repositories WHERE org_id = $1 AND project_id = $2 AND full_name = $3";
+
 /// A token for this repository alone from the GitHub App's installation, when the App is
 /// configured; minted after the claim committed (no transaction waits on GitHub). Without one
 /// the host uses its own git credentials, so a failure here is logged, not fatal.
@@ -102,13 +104,7 @@ async fn installation_token(state: &AppState, host: &HostRow, repository: &str) 
     use secrecy::ExposeSecret;
     let app = state.shared.github.get()?;
     let installation: Option<Option<i64>> =
-        sqlx::query_scalar("SELECT installation_id FROM repositories WHERE org_id = $1 AND project_id = $2 AND full_name = $3")
-            .bind(host.org_id)
-            .bind(host.project_id)
-            .bind(repository)
-            .fetch_optional(&state.db)
-            .await
-            .ok()?;
+        sqlx::query_scalar(INSTALLATION_OF_REPOSITORY).bind(host.org_id).bind(host.project_id).bind(repository).fetch_optional(&state.db).await.ok()?;
     let installation = installation.flatten()?;
     match app.installation_token(installation, repository, engine::github::client::Scope::Push).await {
         Ok(token) => Some(token.expose_secret().to_owned()),

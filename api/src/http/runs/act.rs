@@ -64,6 +64,10 @@ pub struct RerunQuery {
     pub from: Option<String>,
 }
 
+const LATEST_OF_WORKFLOW: &str = "SELECT workflow_id, latest_version FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3";
+
+const VERSION_EXISTS: &str = "SELECT version FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3";
+
 /// Submits a run of a workflow (member). `approval: required` workflows park it at `$start`
 /// until a person approves. Admission may hold it (`queued`, `awaiting_lease`, `sleeping`,
 /// `held`: `why` says by what) or refuse it.
@@ -81,20 +85,10 @@ pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: Ide
     ch.set_trace(TraceParent::of_span(&span));
     idempotency::create(ch, scope.org.org, &key, &body, async |ch| {
         let found: Option<(WorkflowId, i32)> =
-            sqlx::query_as("SELECT workflow_id, latest_version FROM workflows WHERE org_id = $1 AND project_id = $2 AND name = $3")
-                .bind(scope.org.org)
-                .bind(scope.project)
-                .bind(&body.workflow)
-                .fetch_optional(ch.conn())
-                .await?;
+            sqlx::query_as(LATEST_OF_WORKFLOW).bind(scope.org.org).bind(scope.project).bind(&body.workflow).fetch_optional(ch.conn()).await?;
         let (workflow, latest) = found.ok_or_else(|| ApiError::Unprocessable(format!("no workflow `{}` in this project", cap(&body.workflow))))?;
         let version = body.version.unwrap_or(latest);
-        let exists: Option<i32> = sqlx::query_scalar("SELECT version FROM workflow_versions WHERE org_id = $1 AND workflow_id = $2 AND version = $3")
-            .bind(scope.org.org)
-            .bind(workflow)
-            .bind(version)
-            .fetch_optional(ch.conn())
-            .await?;
+        let exists: Option<i32> = sqlx::query_scalar(VERSION_EXISTS).bind(scope.org.org).bind(workflow).bind(version).fetch_optional(ch.conn()).await?;
         if exists.is_none() {
             return Err(ApiError::Unprocessable(format!("workflow `{}` has no version {version}", cap(&body.workflow))));
         }
@@ -141,6 +135,8 @@ pub async fn cancel(
     Ok(Json(run))
 }
 
+const SOURCE_RUN: &str = "SELECT workflow_id, workflow_version, status FROM runs WHERE run_id = $1 AND org_id = $2";
+
 /// Submits a new run from a finished one: from `from` (or the start), reusing earlier outputs.
 /// A retry keeps the run's edits (`edit` adds one: edit-and-retry).
 async fn rerun_from(
@@ -153,12 +149,7 @@ async fn rerun_from(
     // The edit is the request's body (a rerun has none), which a replay must repeat.
     idempotency::create(ch, scope.org.org, key, &edit, async |ch| {
         in_project(ch.conn(), scope, source).await?;
-        let (workflow, version, status): (WorkflowId, i32, String) =
-            sqlx::query_as("SELECT workflow_id, workflow_version, status FROM runs WHERE run_id = $1 AND org_id = $2")
-                .bind(source)
-                .bind(scope.org.org)
-                .fetch_one(ch.conn())
-                .await?;
+        let (workflow, version, status): (WorkflowId, i32, String) = sqlx::query_as(SOURCE_RUN).bind(source).bind(scope.org.org).fetch_one(ch.conn()).await?;
         let mut nodes = if retry {
             match status.as_str() {
                 "running" => return Err(ApiError::Conflict("the run is still running; cancel it first or wait for it to end".into())),

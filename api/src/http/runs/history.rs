@@ -25,12 +25,10 @@ pub struct EventsQuery {
     pub limit: Option<u32>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct RunEventList {
-    pub items: Vec<RunEvent>,
-    /// Pass as `after` for the next page; absent on the last page.
-    pub next_after: Option<i64>,
-}
+page::list!(RunEventList of RunEvent, by seq);
+
+const EVENTS_AFTER: &str = "SELECT run_id AS run, seq, kind, node, step_id AS step, at, attrs FROM run_events \
+     WHERE run_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4";
 
 /// The run's events, by sequence number.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/events", operation_id = "list_run_events", tag = "events",
@@ -43,18 +41,9 @@ pub async fn events(
     let id = run_id(&p.run)?;
     let limit = page::limit(q.limit)?;
     in_project(&state.db, &scope, id).await?;
-    let items: Vec<RunEvent> = sqlx::query_as(
-        "SELECT run_id AS run, seq, kind, node, step_id AS step, at, attrs FROM run_events \
-         WHERE run_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4",
-    )
-    .bind(id)
-    .bind(scope.org.org)
-    .bind(q.after.unwrap_or(0))
-    .bind(limit + 1)
-    .fetch_all(&state.db)
-    .await?;
-    let (items, next_after) = page::finish_after(items, limit, |e| e.seq);
-    Ok(Json(RunEventList { items, next_after }))
+    let items: Vec<RunEvent> =
+        sqlx::query_as(EVENTS_AFTER).bind(id).bind(scope.org.org).bind(q.after.unwrap_or(0)).bind(limit + 1).fetch_all(&state.db).await?;
+    Ok(Json(RunEventList::page(items, limit)))
 }
 
 /// One line a step's executor logged.
@@ -67,12 +56,12 @@ pub struct LogLine {
     pub line: String,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct LogPage {
-    pub items: Vec<LogLine>,
-    /// Pass as `after` for the next page; absent on the last page.
-    pub next_after: Option<i64>,
-}
+page::list!(LogPage of LogLine, by seq);
+
+const STEP_IN_PROJECT: &str = "SELECT 1 FROM steps s JOIN runs r ON r.run_id = s.run_id \
+     WHERE s.step_id = $1 AND s.run_id = $2 AND s.org_id = $3 AND r.org_id = $3 AND r.project_id = $4";
+
+const LOG_LINES_AFTER: &str = "SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4";
 
 /// A step's log lines, by sequence number.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/steps/{step}/logs", operation_id = "list_step_logs", tag = "runs",
@@ -86,25 +75,9 @@ pub async fn step_logs(
     let not_found = || ApiError::NotFound("step not found".into());
     let step: StepId = p.step.parse().map_err(|_| not_found())?;
     let limit = page::limit(q.limit)?;
-    let found: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM steps s JOIN runs r ON r.run_id = s.run_id \
-         WHERE s.step_id = $1 AND s.run_id = $2 AND s.org_id = $3 AND r.org_id = $3 AND r.project_id = $4",
-    )
-    .bind(step)
-    .bind(run)
-    .bind(scope.org.org)
-    .bind(scope.project)
-    .fetch_optional(&state.db)
-    .await?;
+    let found: Option<i32> = sqlx::query_scalar(STEP_IN_PROJECT).bind(step).bind(run).bind(scope.org.org).bind(scope.project).fetch_optional(&state.db).await?;
     found.ok_or_else(not_found)?;
     let items: Vec<LogLine> =
-        sqlx::query_as("SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4")
-            .bind(step)
-            .bind(scope.org.org)
-            .bind(q.after.unwrap_or(0))
-            .bind(limit + 1)
-            .fetch_all(&state.db)
-            .await?;
-    let (items, next_after) = page::finish_after(items, limit, |l| l.seq);
-    Ok(Json(LogPage { items, next_after }))
+        sqlx::query_as(LOG_LINES_AFTER).bind(step).bind(scope.org.org).bind(q.after.unwrap_or(0)).bind(limit + 1).fetch_all(&state.db).await?;
+    Ok(Json(LogPage::page(items, limit)))
 }

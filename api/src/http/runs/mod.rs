@@ -255,17 +255,15 @@ async fn load(conn: &mut PgConnection, scope: &ProjectScope, run: RunId) -> Resu
     row.map(|r| Run::from_row(scope, r)).ok_or_else(run_not_found)
 }
 
+const AWAITS_START: &str = "SELECT needs_approval AND NOT dry_run FROM runs WHERE org_id = $1 AND run_id = $2";
+
 /// A run read inside the change that just made or ended it: a new run has started nothing
 /// yet, so it is queued, or waits for its `$start` approval when its workflow says
 /// `approval: required` (`substate::start_approval`); an ended one has no substate.
 async fn load_fresh(conn: &mut PgConnection, scope: &ProjectScope, id: RunId) -> Result<Run, ApiError> {
     let mut run = load(conn, scope, id).await?;
     if run.status == "running" {
-        let awaits_start: bool = sqlx::query_scalar("SELECT needs_approval AND NOT dry_run FROM runs WHERE org_id = $1 AND run_id = $2")
-            .bind(scope.org.org)
-            .bind(id)
-            .fetch_one(&mut *conn)
-            .await?;
+        let awaits_start: bool = sqlx::query_scalar(AWAITS_START).bind(scope.org.org).bind(id).fetch_one(&mut *conn).await?;
         let substate = if awaits_start { substate::start_approval() } else { substate::Substate::Queued { held_by: None, ahead: None } };
         run.substate = Some(substate.name().to_owned());
         run.words = substate.words();
@@ -299,15 +297,12 @@ pub(super) fn run_id(text: &str) -> Result<RunId, ApiError> {
     text.parse().map_err(|_| run_not_found())
 }
 
+const RUN_IN_PROJECT: &str = "SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3";
+
 /// Checks that the run is in this project: before a read, or inside a change (whose store
 /// checks only the org).
 pub(super) async fn in_project(conn: impl PgExecutor<'_>, scope: &ProjectScope, run: RunId) -> Result<(), ApiError> {
-    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3")
-        .bind(run)
-        .bind(scope.org.org)
-        .bind(scope.project)
-        .fetch_optional(conn)
-        .await?;
+    let found: Option<i32> = sqlx::query_scalar(RUN_IN_PROJECT).bind(run).bind(scope.org.org).bind(scope.project).fetch_optional(conn).await?;
     found.map(|_| ()).ok_or_else(run_not_found)
 }
 

@@ -113,6 +113,12 @@ pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): 
     Ok(Json(RunList::page(items, limit, |r| (r.created_at.timestamp_micros(), r.id))))
 }
 
+const STEPS_OF_RUN: &str = "SELECT step_id, node, kind, visit, attempt, state, reason, exit_code, output, timed_out, reused_from IS NOT NULL AS reused, \
+     created_at, started_at, ended_at FROM steps WHERE run_id = $1 AND org_id = $2 ORDER BY started_seq, created_at";
+
+const OPEN_APPROVALS: &str = "SELECT a.node, a.step_id, a.prompt, a.fields, a.deadline FROM approvals a JOIN steps s USING (step_id) \
+     WHERE a.run_id = $1 AND a.org_id = $2 AND a.decision IS NULL AND s.state = 'waiting' ORDER BY s.started_seq";
+
 /// A run with its steps and the approvals it waits on.
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}", operation_id = "get_run", tag = "runs",
     params(ProjectScope, RunPath),
@@ -122,22 +128,8 @@ pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     let id = run_id(&p.run)?;
     let mut conn = state.db.begin().await?;
     let mut run = load(&mut conn, &scope, id).await?;
-    let mut steps: Vec<Step> = sqlx::query_as(
-        "SELECT step_id, node, kind, visit, attempt, state, reason, exit_code, output, timed_out, reused_from IS NOT NULL AS reused, \
-                created_at, started_at, ended_at FROM steps WHERE run_id = $1 AND org_id = $2 ORDER BY started_seq, created_at",
-    )
-    .bind(id)
-    .bind(scope.org.org)
-    .fetch_all(&mut *conn)
-    .await?;
-    let approvals: Vec<OpenApproval> = sqlx::query_as(
-        "SELECT a.node, a.step_id, a.prompt, a.fields, a.deadline FROM approvals a JOIN steps s USING (step_id) \
-         WHERE a.run_id = $1 AND a.org_id = $2 AND a.decision IS NULL AND s.state = 'waiting' ORDER BY s.started_seq",
-    )
-    .bind(id)
-    .bind(scope.org.org)
-    .fetch_all(&mut *conn)
-    .await?;
+    let mut steps: Vec<Step> = sqlx::query_as(STEPS_OF_RUN).bind(id).bind(scope.org.org).fetch_all(&mut *conn).await?;
+    let approvals: Vec<OpenApproval> = sqlx::query_as(OPEN_APPROVALS).bind(id).bind(scope.org.org).fetch_all(&mut *conn).await?;
     let sessions: Vec<SessionRow> = sqlx::query_as(SESSION_FIGURES_SQL).bind(id).bind(scope.org.org).fetch_all(&mut *conn).await?;
     drop(conn);
     for row in sessions {

@@ -17,6 +17,8 @@ use super::{Feedback, NodePath, run_id};
 use crate::console::view;
 use crate::console::{Console, ConsoleError};
 
+const OPEN_APPROVAL_FIELDS: &str = "SELECT fields FROM approvals WHERE org_id = $1 AND run_id = $2 AND node = $3 AND decision IS NULL";
+
 /// Turns an approval form's text fields into the JSON answer, by the form's field types, with
 /// a message per field that cannot be read or does not pass `check_answer`.
 fn read_answer(spec: &Value, posted: &[(String, String)]) -> (Map<String, Value>, HashMap<String, String>, HashMap<String, String>) {
@@ -82,12 +84,7 @@ pub(in crate::console) async fn approve(
     let s = posted(&c, &headers, &p.org, &uri, csrf).await?;
     let run = p.run();
     let id = run_id(&p.run)?;
-    let spec: Option<Value> = sqlx::query_scalar("SELECT fields FROM approvals WHERE org_id = $1 AND run_id = $2 AND node = $3 AND decision IS NULL")
-        .bind(s.caller.org)
-        .bind(id)
-        .bind(&p.node)
-        .fetch_optional(c.db())
-        .await?;
+    let spec: Option<Value> = sqlx::query_scalar(OPEN_APPROVAL_FIELDS).bind(s.caller.org).bind(id).bind(&p.node).fetch_optional(c.db()).await?;
     let fields: Vec<(String, String)> = form.into_iter().filter(|(k, _)| !k.starts_with('_')).collect();
     let (answer_json, errors, typed) = read_answer(spec.as_ref().unwrap_or(&Value::Null), &fields);
     let mut fb = Feedback::default();

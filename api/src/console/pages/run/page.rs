@@ -21,6 +21,9 @@ use crate::http::runs::RunDetail;
 use crate::http::runs::history::RunEventList;
 use crate::http::runs::read::Why;
 
+const WORKFLOW_OF_PAGE: &str =
+    "SELECT w.workflow_id FROM workflows w JOIN projects p ON p.project_id = w.project_id WHERE w.org_id = $1 AND p.slug = $2 AND w.name = $3";
+
 pub(super) async fn render(
     c: &Console, s: &OrgSession, org: &str, project: &str, run_text: &str, fb: &Feedback, status: StatusCode,
 ) -> Result<Response, ConsoleError> {
@@ -37,14 +40,7 @@ pub(super) async fn render(
     let now = Utc::now();
 
     // The definition, for the graph and the rerun-from choices.
-    let workflow: Option<WorkflowId> = sqlx::query_scalar(
-        "SELECT w.workflow_id FROM workflows w JOIN projects p ON p.project_id = w.project_id WHERE w.org_id = $1 AND p.slug = $2 AND w.name = $3",
-    )
-    .bind(org_id)
-    .bind(project)
-    .bind(&detail.run.workflow)
-    .fetch_optional(db)
-    .await?;
+    let workflow: Option<WorkflowId> = sqlx::query_scalar(WORKFLOW_OF_PAGE).bind(org_id).bind(project).bind(&detail.run.workflow).fetch_optional(db).await?;
     let def = match workflow {
         Some(w) => {
             let mut conn = db.begin().await?;
