@@ -12,6 +12,9 @@ use sqlx::{Postgres, QueryBuilder};
 use utoipa::IntoParams;
 use uuid::Uuid;
 
+use engine::db::Db;
+use engine::ids::{OrgId, ProjectId};
+
 use super::error::ApiError;
 
 /// Declares a list's answer: a page of `items` and `next_cursor`, the cursor of the page after
@@ -108,13 +111,25 @@ pub fn decode<T: DeserializeOwned>(cursor: Option<&str>) -> Result<Option<T>, Ap
     serde_json::from_slice(&bytes).map(Some).map_err(|_| bad())
 }
 
-/// Ends a list's query ordered by one unique text column: the rows after the cursor's key, one
-/// more than a page (for [`finish`], with that column as the key).
-pub fn by_name(qb: &mut QueryBuilder<'_, Postgres>, column: &'static str, after: Option<String>, limit: i64) {
+/// A page of an org's rows, and of one project's when `project` is given, ordered by one
+/// unique text column: the rows after the cursor's key, one more than a page (for [`finish`],
+/// with that column as the key). `select` is the statement up to its `FROM` table, whose rows
+/// carry `org_id` and `project_id`.
+pub async fn by_name<R>(db: &Db, select: &str, org: OrgId, project: Option<ProjectId>, column: &'static str, q: &PageQuery) -> Result<(Vec<R>, i64), ApiError>
+where
+    R: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+{
+    let (limit, after) = q.start::<String>()?;
+    let mut qb = QueryBuilder::<Postgres>::new(select);
+    qb.push(" WHERE org_id = ").push_bind(org);
+    if let Some(project) = project {
+        qb.push(" AND project_id = ").push_bind(project);
+    }
     if let Some(name) = after {
         qb.push(" AND ").push(column).push(" > ").push_bind(name);
     }
     qb.push(" ORDER BY ").push(column).push(" LIMIT ").push_bind(limit + 1);
+    Ok((qb.build_query_as().fetch_all(db).await?, limit))
 }
 
 /// Ends a list's query newest first, by `created_at` and then the uuid column `id`: the rows

@@ -42,15 +42,8 @@ pub struct CreateProject {
     responses((status = 200, body = ProjectList)))]
 pub async fn list(State(state): State<AppState>, scope: OrgScope, Query(q): Query<PageQuery>) -> Result<Json<ProjectList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let (limit, after) = q.start::<String>()?;
-    let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT slug, name, created_at FROM projects WHERE org_id = ");
-    qb.push_bind(scope.org);
     // A token limited to one project sees only it.
-    if let Some(project) = scope.caller.project {
-        qb.push(" AND project_id = ").push_bind(project);
-    }
-    page::by_name(&mut qb, "slug", after, limit);
-    let rows: Vec<Project> = qb.build_query_as().fetch_all(&state.db).await?;
+    let (rows, limit) = page::by_name(&state.db, "SELECT slug, name, created_at FROM projects", scope.org, scope.caller.project, "slug", &q).await?;
     Ok(Json(ProjectList::page(rows, limit, |p| p.slug.clone())))
 }
 

@@ -52,11 +52,8 @@ pub struct ConnectRepository {
     responses((status = 200, body = RepositoryList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<PageQuery>) -> Result<Json<RepositoryList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let (limit, after) = q.start::<String>()?;
-    let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT full_name, installation_id, default_branch, created_at FROM repositories WHERE org_id = ");
-    qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
-    page::by_name(&mut qb, "full_name", after, limit);
-    let rows: Vec<Repository> = qb.build_query_as().fetch_all(&state.db).await?;
+    let select = "SELECT full_name, installation_id, default_branch, created_at FROM repositories";
+    let (rows, limit) = page::by_name(&state.db, select, scope.org.org, Some(scope.project), "full_name", &q).await?;
     Ok(Json(RepositoryList::page(rows, limit, |r| r.full_name.clone())))
 }
 

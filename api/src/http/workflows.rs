@@ -132,11 +132,8 @@ async fn upload(state: &AppState, scope: &ProjectScope, key: &IdempotencyKey, na
     responses((status = 200, body = WorkflowList)))]
 pub async fn list(State(state): State<AppState>, scope: ProjectScope, Query(q): Query<PageQuery>) -> Result<Json<WorkflowList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let (limit, after) = q.start::<String>()?;
-    let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new("SELECT name, latest_version, paused, created_at FROM workflows WHERE org_id = ");
-    qb.push_bind(scope.org.org).push(" AND project_id = ").push_bind(scope.project);
-    page::by_name(&mut qb, "name", after, limit);
-    let rows: Vec<Workflow> = qb.build_query_as().fetch_all(&state.db).await?;
+    let select = "SELECT name, latest_version, paused, created_at FROM workflows";
+    let (rows, limit) = page::by_name(&state.db, select, scope.org.org, Some(scope.project), "name", &q).await?;
     Ok(Json(WorkflowList::page(rows, limit, |w| w.name.clone())))
 }
 
