@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::{Complete, Outcome};
+use protocol::{Complete, Outcome, Secret};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -164,7 +164,7 @@ pub async fn adopt(shared: Arc<Shared>, mut e: Entry, stop: Arc<StopSignal>) {
 /// fetch and push, and after adopting the attempt), keeps it in memory (never in the journal),
 /// and answers the token to use: the fresh one, or the one at hand when the server has none to
 /// give or cannot be asked (then the host's own git credentials may still apply).
-async fn refresh_token(shared: &Shared, e: &mut Entry) -> Option<String> {
+async fn refresh_token(shared: &Shared, e: &mut Entry) -> Option<Secret> {
     let step = e.assignment.step.clone();
     let repo = e.assignment.repository.as_mut()?;
     match shared.client.token(&step).await {

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use protocol::{Caps, ClaimRequest, Complete, DeliveredMessages, Item, RegisterHost, SessionLine, Standing, StartStep, StepToken, StopStep, Usage};
+use protocol::{Caps, ClaimRequest, Complete, DeliveredMessages, Item, RegisterHost, Secret, SessionLine, Standing, StartStep, StepToken, StopStep, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -78,25 +78,14 @@ pub struct Assignment {
     pub traceparent: Option<String>,
 }
 
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Repository {
     pub full_name: String,
     pub clone_url: String,
     pub default_branch: String,
     /// Used for fetch and push only, never written to disk: the journal leaves it out.
     #[serde(default, skip_serializing)]
-    pub token: Option<String>,
-}
-
-impl std::fmt::Debug for Repository {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Repository")
-            .field("full_name", &self.full_name)
-            .field("clone_url", &self.clone_url)
-            .field("default_branch", &self.default_branch)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .finish()
-    }
+    pub token: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

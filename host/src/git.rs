@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
+use protocol::Secret;
 use tokio::process::Command;
 
 use crate::process::{self, CallError};
@@ -32,19 +33,13 @@ pub enum GitError {
 }
 
 /// How git is called for one repository.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Git {
     pub timeout: Duration,
     /// The installation token for fetch and push, if any.
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     pub author_name: String,
     pub author_email: String,
-}
-
-impl std::fmt::Debug for Git {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Git").field("timeout", &self.timeout).field("token", &self.token.as_ref().map(|_| "<redacted>")).finish_non_exhaustive()
-    }
 }
 
 impl Git {
@@ -53,7 +48,7 @@ impl Git {
         let mut cmd = Command::new("git");
         cmd.args(args).current_dir(dir).env("GIT_ASKPASS", "true").env("GCM_INTERACTIVE", "never").env("LC_ALL", "C");
         if let (true, Some(token)) = (auth, &self.token) {
-            let basic = base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{token}"));
+            let basic = base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{}", token.expose()));
             cmd.env("GIT_CONFIG_COUNT", "1").env("GIT_CONFIG_KEY_0", "http.extraHeader").env("GIT_CONFIG_VALUE_0", format!("AUTHORIZATION: basic {basic}"));
         }
         let what = args.first().copied().unwrap_or("git").to_owned();

@@ -205,7 +205,7 @@ mod tests {
             full_name: "acme/w".into(),
             clone_url: "https://github.com/acme/w.git".into(),
             default_branch: "main".into(),
-            token: Some("ghs_secret".into()),
+            token: Some(protocol::Secret::new("ghs_secret")),
         });
         j.write(&mut Entry::new(a, dir.path().join("t"))).unwrap();
         let text = std::fs::read_to_string(dir.path().join("journal/step-tok.json")).unwrap();

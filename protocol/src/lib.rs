@@ -198,8 +198,31 @@ pub struct Complete {
     pub harness: Option<String>,
 }
 
+/// A credential in a message: (de)serialized as its text, shown by `Debug` as `<redacted>`,
+/// so whatever holds one derives `Debug` and can be logged whole.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(text: impl Into<String>) -> Secret {
+        Secret(text.into())
+    }
+
+    /// The credential itself, for the call that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// A fresh installation token for a held step's repository.
-#[derive(Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct StepToken {
     /// `owner/name`: the repository of the step's run, when it is about a connected one.
     pub repository: Option<String>,
@@ -207,13 +230,8 @@ pub struct StepToken {
     /// the GitHub App is not configured here or the run is about no connected repository (the
     /// host's own git credentials apply).
     #[serde(default)]
-    pub token: Option<String>,
-}
-
-impl std::fmt::Debug for StepToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StepToken").field("repository", &self.repository).field("token", &self.token.as_ref().map(|_| "<redacted>")).finish()
-    }
+    #[schema(value_type = Option<String>)]
+    pub token: Option<Secret>,
 }
 
 /// A session's running totals (cumulative).
@@ -267,5 +285,15 @@ mod tests {
         assert!(cut.len() <= LINE_MAX_BYTES && cut.ends_with(" bytes cut]"), "{}", cut.len());
         assert_eq!(cut_line(&cut), cut, "a cut line is not cut again");
         assert_eq!(cut_line("short"), "short");
+    }
+
+    #[test]
+    fn a_token_is_sent_as_its_text_and_never_shown_by_debug() {
+        let answer = StepToken { repository: Some("acme/widgets".into()), token: Some(Secret::new("ghs_abc123")) };
+        assert!(!format!("{answer:?}").contains("ghs_abc123"), "{answer:?}");
+        let wire = serde_json::to_value(&answer).unwrap();
+        assert_eq!(wire, serde_json::json!({ "repository": "acme/widgets", "token": "ghs_abc123" }));
+        let back: StepToken = serde_json::from_value(wire).unwrap();
+        assert_eq!(back.token.as_ref().map(Secret::expose), Some("ghs_abc123"));
     }
 }

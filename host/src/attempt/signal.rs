@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use protocol::Secret;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
@@ -31,7 +32,7 @@ impl Shared {
         map.entry(cache.to_path_buf()).or_default().clone()
     }
 
-    pub(crate) fn git(&self, token: Option<String>) -> Git {
+    pub(crate) fn git(&self, token: Option<Secret>) -> Git {
         Git { timeout: self.settings.git_timeout, token, author_name: self.settings.author_name.clone(), author_email: self.settings.author_email.clone() }
     }
 }

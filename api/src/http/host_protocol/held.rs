@@ -8,7 +8,7 @@ use engine::state::StepState;
 use engine::store::hosts::{self as store, Completion, HostRow, LogLine};
 use engine::store::steps::{Failure, FailureClass};
 use engine::store::{StoreError, cap};
-use protocol::{Complete, DeliveredMessages, Message, Outcome, SessionLine, Standing, StartStep, StepToken, Usage};
+use protocol::{Complete, DeliveredMessages, Message, Outcome, Secret, SessionLine, Standing, StartStep, StepToken, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
@@ -214,7 +214,7 @@ pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<
         return Ok(Json(StepToken { repository, token: None }));
     };
     match app.installation_token(installation, name, engine::github::client::Scope::Push).await {
-        Ok(token) => Ok(Json(StepToken { repository: repository.clone(), token: Some(token.expose_secret().to_owned()) })),
+        Ok(token) => Ok(Json(StepToken { repository: repository.clone(), token: Some(Secret::new(token.expose_secret())) })),
         Err(e) => {
             tracing::warn!(github.repository = name, step.id = %step, error = %e, "cannot mint an installation token for a held step");
             Err(ApiError::Unavailable("GitHub cannot mint a token now; try again".into()))
