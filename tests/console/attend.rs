@@ -13,9 +13,9 @@ use protocol::Usage;
 use serde_json::json;
 
 use crate::browser::register_host;
-use crate::chromium::{VIEWPORTS, accessibility, click, click_on, driver, fits, fits_here, h1, resize, script, text, type_into, until, until_found, until_h1};
+use crate::chromium::{VIEWPORTS, accessibility, click, click_on, fits, fits_here, h1, resize, script, text, type_into, until, until_found, until_h1};
 use crate::operate::sign_in;
-use crate::support::{App, Org};
+use crate::support::{App, Org, acme_pages, close, driven};
 
 /// A run of `agent` whose crew step a host took and failed with exit code 2.
 async fn failed_crew_run(app: &App, org: &Org, host: &host_store::HostRow) -> RunId {
@@ -38,9 +38,7 @@ async fn failed_crew_run(app: &App, org: &Org, host: &host_store::HostRow) -> Ru
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
-    let d = driver().await;
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (d, app, org) = driven(true).await;
     app.asking(&org).await;
     let c = sign_in(&d, &app, "acme").await;
 
@@ -136,8 +134,7 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     let opened: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM runs WHERE item_id = $1)").bind(item).fetch_one(app.pool()).await.unwrap();
     assert!(opened, "the blocked event opened a run");
 
-    c.close().await.unwrap();
-    app.discard().await;
+    close(c, app).await;
 }
 
 /// The run a retry of `source` made (the form's answer redirects to it).
@@ -169,9 +166,7 @@ async fn used_up_cycle_budget(app: &App, org: &Org) -> uuid::Uuid {
 /// phone's size (a screenshot of each under `target/screenshots/`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_reads_at_a_laptops_and_a_phones_size() {
-    let d = driver().await;
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (d, app, org) = driven(true).await;
     let waiting = app.submit(&org, org.approve).await;
     app.submit(&org, org.slow).await;
     app.until_asked(waiting).await;
@@ -179,24 +174,9 @@ async fn every_page_reads_at_a_laptops_and_a_phones_size() {
     let failed = failed_crew_run(&app, &org, &host).await;
     let c = sign_in(&d, &app, "acme").await;
     let project = "/orgs/acme/projects/web";
-    let pages = [
-        ("today", "/orgs/acme".to_owned()),
-        ("runs", format!("{project}/runs")),
-        ("runs-failed", format!("{project}/runs?status=failed")),
-        ("run-waiting", format!("{project}/runs/{waiting}")),
-        ("run-failed", format!("{project}/runs/{failed}")),
-        ("hosts", format!("{project}/hosts")),
-        ("host-add", format!("{project}/hosts/add")),
-        ("workflows", format!("{project}/workflows")),
-        ("workflow", format!("{project}/workflows/approve")),
-        ("budgets", format!("{project}/budgets")),
-        ("org-budgets", "/orgs/acme/budgets".to_owned()),
-        ("webhooks", format!("{project}/webhooks")),
-        ("audit", "/orgs/acme/audit".to_owned()),
-        ("members", "/orgs/acme/members".to_owned()),
-        ("tokens", "/orgs/acme/tokens".to_owned()),
-        ("github", "/orgs/acme/github".to_owned()),
-    ];
+    let org_pages = [("org-budgets", "/budgets"), ("members", "/members"), ("github", "/github")];
+    let project_pages = [("runs-failed", "/runs?status=failed"), ("host-add", "/hosts/add"), ("budgets", "/budgets"), ("webhooks", "/webhooks")];
+    let pages = acme_pages(waiting, failed, &org_pages, &project_pages);
     for viewport in VIEWPORTS {
         resize(&c, viewport).await;
         for (name, path) in &pages {
@@ -216,6 +196,5 @@ async fn every_page_reads_at_a_laptops_and_a_phones_size() {
             until(&c, "return document.body.dataset.live === 'on'", &format!("round {round}: {path} live")).await;
         }
     }
-    c.close().await.unwrap();
-    app.discard().await;
+    close(c, app).await;
 }

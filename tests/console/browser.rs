@@ -12,14 +12,12 @@ use protocol::Usage;
 use serde_json::json;
 use shopfloor_tests::github_fake::oauth::Account;
 
-use crate::chromium::{accessibility, browser, click, driver, fill, fits, h1, script, text, until, until_found, until_h1};
-use crate::support::App;
+use crate::chromium::{accessibility, browser, click, fill, fits, h1, script, text, until, until_found, until_h1};
+use crate::support::{App, close, driven};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
-    let d = driver().await;
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (d, app, org) = driven(true).await;
     let approval = app.submit(&org, org.approve).await;
     let slow = app.submit(&org, org.slow).await;
     let agent = app.submit(&org, org.agent).await;
@@ -105,8 +103,7 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
     accessibility(&c, "run with a transcript").await;
     fits(&c, "run-transcript").await;
 
-    c.close().await.unwrap();
-    app.discard().await;
+    close(c, app).await;
 }
 
 pub(crate) async fn register_host(app: &App, org: &crate::support::Org) -> HostRow {

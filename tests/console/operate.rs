@@ -11,8 +11,8 @@ use std::time::Duration;
 use fantoccini::Client;
 use shopfloor_tests::github_fake::oauth::Account;
 
-use crate::chromium::{Driver, accessibility, browser, click, driver, fill, fits, h1, script, text, until_found, until_h1, until_text};
-use crate::support::{App, Org};
+use crate::chromium::{Driver, accessibility, browser, click, fill, fits, h1, script, text, until_found, until_h1, until_text};
+use crate::support::{App, Org, close, driven};
 
 /// A child process, killed when dropped (a failed assertion must not leave a host running).
 struct Proc(Child);
@@ -30,9 +30,22 @@ pub(crate) async fn sign_in(d: &Driver, app: &App, slug: &str) -> Client {
     let c = browser(d).await;
     c.goto(&app.url("/")).await.unwrap();
     until_found(&c, "#github-signin", "the sign-in page").await;
-    click(&c, "#github-signin").await;
-    until_h1(&c, &format!("Today in {slug}"), "Today after sign-in").await;
+    follow_to(&c, "#github-signin", &format!("Today in {slug}"), "Today after sign-in").await;
     c
+}
+
+/// Follows `link` to the page whose h1 says `heading` (`what`, should it never come).
+async fn follow_to(c: &Client, link: &str, heading: &str, what: &str) {
+    click(c, link).await;
+    until_h1(c, heading, what).await;
+}
+
+/// Fills each `(field, value)` of a form, then presses its button `submit`.
+async fn submit_form(c: &Client, fields: &[(&str, &str)], submit: &str) {
+    for &(field, value) in fields {
+        fill(c, field, value).await;
+    }
+    click(c, submit).await;
 }
 
 /// Opens `path` and waits for its h1 to say `heading`.
@@ -102,20 +115,14 @@ async fn check(c: &Client, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_adds_a_host_and_sees_it_come_online() {
     let bin = shopfloor_tests::shopfloor_bin();
-    let d = driver().await;
-    let app = App::start(false).await;
-    app.org("acme").await;
+    let (d, app, _) = driven(false).await;
     let c = sign_in(&d, &app, "acme").await;
 
     open(&c, &app, "/orgs/acme/projects/web/hosts", "Hosts of web").await;
     check(&c, "hosts-empty").await;
-    click(&c, "#add-host").await;
-    until_h1(&c, "Add a host", "the Add a host page").await;
+    follow_to(&c, "#add-host", "Add a host", "the Add a host page").await;
     check(&c, "host-add").await;
-    fill(&c, "#h-name", "box-1").await;
-    fill(&c, "#h-caps", "linux, harness:command").await;
-    fill(&c, "#h-hours", "2").await;
-    click(&c, "#make-registration").await;
+    submit_form(&c, &[("#h-name", "box-1"), ("#h-caps", "linux, harness:command"), ("#h-hours", "2")], "#make-registration").await;
     until_found(&c, "#host-command", "the command to paste").await;
     check(&c, "host-add-command").await;
     let command = script(&c, "return document.getElementById('host-command').value").await;
@@ -151,8 +158,7 @@ async fn a_person_adds_a_host_and_sees_it_come_online() {
     check(&c, "hosts-online").await;
     drop(host);
 
-    c.close().await.unwrap();
-    app.discard().await;
+    close(c, app).await;
 }
 
 /// A host that reported just now, as `shopfloor host` would.
@@ -164,9 +170,7 @@ async fn online_host(app: &App, org: &Org) -> engine::store::hosts::HostRow {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_drains_a_host_and_sees_it_drained() {
-    let d = driver().await;
-    let app = App::start(false).await;
-    let org = app.org("acme").await;
+    let (d, app, org) = driven(false).await;
     let host = online_host(&app, &org).await;
     let c = sign_in(&d, &app, "acme").await;
     let row = format!("#host-{} .host-status", host.host_id);
@@ -184,29 +188,24 @@ async fn a_person_drains_a_host_and_sees_it_drained() {
     until_text(&c, &row, "online", "the host online again").await;
     until_db(&app, "SELECT drained_at IS NULL FROM hosts", "undrained").await;
 
-    c.close().await.unwrap();
-    app.discard().await;
+    close(c, app).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
-    let d = driver().await;
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (d, app, org) = driven(true).await;
     // Today's spend so far, as hosts' session reports record it.
     app.record_spend(&org, 3.5).await;
     let c = sign_in(&d, &app, "acme").await;
 
     open(&c, &app, "/orgs/acme/projects/web/hosts", "Hosts of web").await;
-    click(&c, "header nav a[href$='/budgets']").await;
-    until_h1(&c, "Budgets of web", "the budgets page").await;
+    follow_to(&c, "header nav a[href$='/budgets']", "Budgets of web", "the budgets page").await;
     assert_eq!(text(&c, "header nav a[aria-current=page]").await, "Budgets");
     let spend = text(&c, "#spend tbody").await;
     assert!(spend.contains("$3.50"), "{spend}");
     check(&c, "budgets-empty").await;
 
-    fill(&c, "#b-limit", "2").await;
-    click(&c, "#set-limit button[type=submit]").await;
+    submit_form(&c, &[("#b-limit", "2")], "#set-limit button[type=submit]").await;
     until_found(&c, "#limits", "the limit listed").await;
     let limit = text(&c, "#limits tbody").await;
     assert!(limit.contains("$2.00") && limit.contains("hard") && limit.contains("reached"), "{limit}");
@@ -220,46 +219,36 @@ async fn a_person_sets_a_budget_and_sees_a_run_held_by_it() {
     check(&c, "budgets-held").await;
 
     // The org's page lists it too, with its project.
-    click(&c, "#org-budgets").await;
-    until_h1(&c, "Budgets of acme", "the org's budgets").await;
+    follow_to(&c, "#org-budgets", "Budgets of acme", "the org's budgets").await;
     let held = text(&c, "#held").await;
     assert!(held.contains(&run.to_string()) && held.contains("web"), "{held}");
     check(&c, "budgets-org").await;
 
     // The run's own page says what holds it.
-    click(&c, &format!("#held a[href$='{run}']")).await;
-    until_h1(&c, "Held", "the run page").await;
+    follow_to(&c, &format!("#held a[href$='{run}']"), "Held", "the run page").await;
     let head = h1(&c).await;
     assert!(head.contains("budget"), "{head}");
     accessibility(&c, "held run").await;
 
-    c.close().await.unwrap();
-    app.discard().await;
+    close(c, app).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_adds_a_member_and_subscribes_a_webhook() {
-    let d = driver().await;
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (d, app, org) = driven(true).await;
     let c = sign_in(&d, &app, "acme").await;
 
-    click(&c, "header nav a[href='/orgs/acme/members']").await;
-    until_h1(&c, "Members of acme", "the members page").await;
+    follow_to(&c, "header nav a[href='/orgs/acme/members']", "Members of acme", "the members page").await;
     check(&c, "members").await;
-    fill(&c, "#mem-email", "dana@acme.test").await;
-    click(&c, "#add-member button[type=submit]").await;
+    submit_form(&c, &[("#mem-email", "dana@acme.test")], "#add-member button[type=submit]").await;
     until_text(&c, "#members", "dana@acme.test", "the new member listed").await;
     let members = text(&c, "#members").await;
     assert!(members.contains("dana@acme.test"), "{members}");
     check(&c, "members-added").await;
 
-    click(&c, "header nav a[href$='/webhooks']").await;
-    until_h1(&c, "Outgoing webhooks of web", "the webhooks page").await;
+    follow_to(&c, "header nav a[href$='/webhooks']", "Outgoing webhooks of web", "the webhooks page").await;
     check(&c, "webhooks-empty").await;
-    fill(&c, "#w-url", "https://hooks.example.com/shopfloor").await;
-    fill(&c, "#w-events", "run.*").await;
-    click(&c, "#new-webhook button[type=submit]").await;
+    submit_form(&c, &[("#w-url", "https://hooks.example.com/shopfloor"), ("#w-events", "run.*")], "#new-webhook button[type=submit]").await;
     until_found(&c, "#new-secret", "the signing secret").await;
     let secret = script(&c, "return document.getElementById('new-secret').value").await;
     assert!(secret.as_str().is_some_and(|s| s.len() >= 16), "{secret}");
@@ -274,6 +263,5 @@ async fn a_person_adds_a_member_and_subscribes_a_webhook() {
     until_text(&c, "table.deliveries", "replay", "the replayed delivery").await;
     check(&c, "webhooks-deliveries").await;
 
-    c.close().await.unwrap();
-    app.discard().await;
+    close(c, app).await;
 }

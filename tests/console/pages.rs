@@ -5,7 +5,7 @@
 use engine::store::{Actor, Change, workflows};
 use reqwest::StatusCode;
 
-use crate::support::{Answer, App, Browser, count, field, page_csrf};
+use crate::support::{Answer, App, Browser, acme, acme_owner, count, field, page_csrf};
 
 /// Every `<input>`, `<select>` and `<textarea>` that is not hidden has a `<label for>` naming
 /// its id, and the page has one `<h1>`.
@@ -25,6 +25,12 @@ fn accessible(html: &str, page: &str) {
     }
 }
 
+/// Presses the button at `path` that removes `gone`: the page it leads to no longer shows it.
+async fn removes(b: &mut Browser, path: &str, csrf: &str, gone: &str) {
+    let page = b.press_and_follow(path, csrf).await;
+    assert!(!page.body.contains(gone), "{}", page.body);
+}
+
 /// Opens a page that must answer 200 and be [`accessible`].
 async fn open(b: &mut Browser, path: &str, page: &str) -> Answer {
     let answer = b.get(path).await;
@@ -35,8 +41,7 @@ async fn open(b: &mut Browser, path: &str, page: &str) -> Answer {
 
 #[tokio::test]
 async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (app, org) = acme(true).await;
     let run = app.asking(&org).await;
     let mut b = Browser::new(&app.base);
 
@@ -113,8 +118,7 @@ async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
 
 #[tokio::test]
 async fn forms_need_their_csrf_field_and_approving_checks_the_fields() {
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (app, org) = acme(true).await;
     let run = app.asking(&org).await;
     let mut b = app.signed_in(&org.owner_token).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");
@@ -232,9 +236,7 @@ async fn github_sign_in_finds_the_person_by_login_or_verified_email() {
 
 #[tokio::test]
 async fn workflows_page_shows_problems_at_their_lines() {
-    let app = App::start(false).await;
-    let org = app.org("acme").await;
-    let mut b = app.signed_in(&org.owner_token).await;
+    let (app, _, mut b) = acme_owner(false).await;
     let page = b.get("/orgs/acme/projects/web/workflows").await;
     let csrf = page_csrf(&page.body);
     let broken = "name: broken\nnodes:\n  a:\n    crew: { harness: nope }\n  b:\n    after: [missing]\n    wait: { for: 1m }\n";
@@ -301,9 +303,7 @@ async fn workflows_page_shows_problems_at_their_lines() {
 
 #[tokio::test]
 async fn the_live_stream_carries_the_projects_run_events() {
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
-    let b = app.signed_in(&org.owner_token).await;
+    let (app, org, b) = acme_owner(true).await;
     let cookie = b.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ");
     let mut resp = b.http.get(app.url("/orgs/acme/projects/web/live")).header("cookie", cookie).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
@@ -321,8 +321,7 @@ async fn the_live_stream_carries_the_projects_run_events() {
 #[tokio::test]
 async fn a_resolved_failure_leaves_todays_failures_to_resolve() {
     use engine::store::{Actor, Change, runs};
-    let app = App::start(false).await;
-    let org = app.org("acme").await;
+    let (app, org) = acme(false).await;
     let run = app.submit(&org, org.approve).await;
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     ch.lock_run(org.id, run).await.unwrap().unwrap();
@@ -355,8 +354,7 @@ async fn a_resolved_failure_leaves_todays_failures_to_resolve() {
 /// whose harness cannot take messages answers the form with the reason.
 #[tokio::test]
 async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (app, org) = acme(true).await;
     let run = app.submit(&org, org.agent).await;
     app.until_build_pending(run).await;
     let http = reqwest::Client::new();
@@ -410,8 +408,7 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
 #[tokio::test]
 async fn the_run_page_draws_the_graph_with_start_and_the_loop_back() {
     let source = include_str!("../../engine/tests/fixtures/workflows/issue-to-pr.yaml");
-    let app = App::start(false).await;
-    let org = app.org("acme").await;
+    let (app, org) = acme(false).await;
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     let (workflow, _) = workflows::put_version(&mut ch, org.id, org.project, "issue-to-pr", source).await.unwrap();
     ch.commit().await.unwrap();
@@ -435,9 +432,7 @@ async fn the_run_page_draws_the_graph_with_start_and_the_loop_back() {
 /// lines are sent as they are and the stylesheet keeps their whitespace.
 #[tokio::test]
 async fn workflow_source_keeps_its_indentation() {
-    let app = App::start(false).await;
-    let org = app.org("acme").await;
-    let mut b = app.signed_in(&org.owner_token).await;
+    let (app, _, mut b) = acme_owner(false).await;
     let page = b.get("/orgs/acme/projects/web/workflows/approve").await;
     assert_eq!(page.status, StatusCode::OK);
     for line in ["<code>  review:</code>", "<code>    approval:</code>", "<code>      timeout: 24h</code>"] {
@@ -483,9 +478,7 @@ pub(crate) fn token_in(command: &str) -> String {
 
 #[tokio::test]
 async fn adding_a_host_shows_the_command_with_its_token_once() {
-    let app = App::start(false).await;
-    let org = app.org("acme").await;
-    let mut b = app.signed_in(&org.owner_token).await;
+    let (app, org, mut b) = acme_owner(false).await;
     let hosts = b.get("/orgs/acme/projects/web/hosts").await;
     assert!(hosts.body.contains("href=\"/orgs/acme/projects/web/hosts/add\""), "the hosts page links to Add a host");
     let form = open(&mut b, "/orgs/acme/projects/web/hosts/add", "add a host").await;
@@ -532,8 +525,7 @@ async fn adding_a_host_shows_the_command_with_its_token_once() {
 
 #[tokio::test]
 async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() {
-    let app = App::start(false).await;
-    let org = app.org("acme").await;
+    let (app, org) = acme(false).await;
     let other = app.org("globex").await;
     let host = crate::browser::register_host(&app, &org).await;
     let theirs = crate::browser::register_host(&app, &other).await;
@@ -561,8 +553,7 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
     assert!(page.body.contains("<span aria-hidden=\"true\">‖</span> drained"), "{}", page.body);
     assert!(!page.body.contains("online</span>"));
     assert!(page.body.contains("Undrain builder-1"));
-    let done = b.press(&format!("/orgs/acme/projects/web/hosts/{id}/undrain"), &csrf).await;
-    let page = b.follow(done).await;
+    let page = b.press_and_follow(&format!("/orgs/acme/projects/web/hosts/{id}/undrain"), &csrf).await;
     assert!(!page.body.contains("drained</span>"), "{}", page.body);
     assert!(page.body.contains("Drain builder-1"));
 
@@ -579,18 +570,14 @@ async fn hosts_are_drained_undrained_and_deregistered_through_the_rest_checks() 
         .unwrap();
     assert!(untouched);
 
-    let gone = b.press(&format!("/orgs/acme/projects/web/hosts/{id}/deregister"), &csrf).await;
-    let page = b.follow(gone).await;
-    assert!(!page.body.contains("builder-1"), "{}", page.body);
+    removes(&mut b, &format!("/orgs/acme/projects/web/hosts/{id}/deregister"), &csrf, "builder-1").await;
     app.discard().await;
 }
 
 #[tokio::test]
 async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (app, org, mut b) = acme_owner(true).await;
     app.record_spend(&org, 3.5).await;
-    let mut b = app.signed_in(&org.owner_token).await;
     let page = open(&mut b, "/orgs/acme/projects/web/budgets", "budgets").await;
     page.shows("No limit is set");
     assert!(page.body.contains("aria-current=\"page\">Budgets"), "the nav marks Budgets");
@@ -650,10 +637,8 @@ async fn budgets_page_sets_limits_shows_spend_and_the_runs_a_budget_holds() {
 
 #[tokio::test]
 async fn members_page_adds_people_changes_roles_and_removes_them() {
-    let app = App::start(false).await;
-    let org = app.org("acme").await;
+    let (app, org, mut b) = acme_owner(false).await;
     let other = app.org("globex").await;
-    let mut b = app.signed_in(&org.owner_token).await;
     let page = open(&mut b, "/orgs/acme/members", "members").await;
     assert!(page.body.contains("owner@acme.test") && page.body.contains("acme-owner"));
     assert!(page.body.contains("viewer@acme.test"));
@@ -687,18 +672,14 @@ async fn members_page_adds_people_changes_roles_and_removes_them() {
     let theirs = b.press(&format!("/orgs/acme/members/{}/remove", other.owner), &csrf).await;
     assert_eq!(theirs.status, StatusCode::NOT_FOUND);
 
-    let removed = b.press(&format!("/orgs/acme/members/{user}/remove"), &csrf).await;
-    let page = b.follow(removed).await;
-    assert!(!page.body.contains("dana@acme.test"), "{}", page.body);
+    removes(&mut b, &format!("/orgs/acme/members/{user}/remove"), &csrf, "dana@acme.test").await;
     app.discard().await;
 }
 
 #[tokio::test]
 async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliveries() {
-    let app = App::start(true).await;
-    let org = app.org("acme").await;
+    let (app, org, mut b) = acme_owner(true).await;
     let other = app.org("globex").await;
-    let mut b = app.signed_in(&org.owner_token).await;
     let page = open(&mut b, "/orgs/acme/projects/web/webhooks", "webhooks").await;
     assert!(page.body.contains("No outgoing webhook"));
     let csrf = page_csrf(&page.body);
@@ -762,8 +743,7 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
     let answer = b.press(&format!("/orgs/acme/projects/web/webhooks/{theirs}/deliveries/{delivery}/replay"), &csrf).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
 
-    let deleted = b.press(&format!("/orgs/acme/projects/web/webhooks/{webhook}/delete"), &csrf).await;
-    let page = b.follow(deleted).await;
+    let page = b.press_and_follow(&format!("/orgs/acme/projects/web/webhooks/{webhook}/delete"), &csrf).await;
     page.shows("No outgoing webhook");
     app.discard().await;
 }

@@ -16,6 +16,7 @@ use reqwest::StatusCode;
 use reqwest::header::{COOKIE, HeaderMap, LOCATION, SET_COOKIE};
 use shopfloor_tests::github_fake::oauth::{CLIENT_ID, CLIENT_SECRET, FakeOauth};
 
+use crate::chromium::{Driver, driver};
 pub(crate) use crate::harness::App;
 use crate::harness::token;
 
@@ -160,6 +161,54 @@ impl App {
     }
 }
 
+/// A test's opening: the app as [`App::start`] serves it, with the org `acme`.
+pub(crate) async fn acme(with_engine: bool) -> (App, Org) {
+    let app = App::start(with_engine).await;
+    let org = app.org("acme").await;
+    (app, org)
+}
+
+/// [`acme`], with a [`Browser`] signed in as the org's owner.
+pub(crate) async fn acme_owner(with_engine: bool) -> (App, Org, Browser) {
+    let (app, org) = acme(with_engine).await;
+    let browser = app.signed_in(&org.owner_token).await;
+    (app, org, browser)
+}
+
+/// The pages of the org `acme` and its project `web` that a test of every page reads, by name:
+/// Today, the audit log, the tokens and `org_pages`; the runs, the hosts, the workflows,
+/// `approve`, the pages of a run `waiting` at its approval and of a `failed` one, and
+/// `project_pages` (each a name and the path below the org's or the project's).
+pub(crate) fn acme_pages(
+    waiting: RunId, failed: RunId, org_pages: &[(&'static str, &str)], project_pages: &[(&'static str, &str)],
+) -> Vec<(&'static str, String)> {
+    let runs = (format!("/runs/{waiting}"), format!("/runs/{failed}"));
+    let org = [("today", ""), ("audit", "/audit"), ("tokens", "/tokens")].into_iter().chain(org_pages.iter().copied());
+    let project = [
+        ("runs", "/runs"),
+        ("hosts", "/hosts"),
+        ("workflows", "/workflows"),
+        ("workflow", "/workflows/approve"),
+        ("run-waiting", &runs.0),
+        ("run-failed", &runs.1),
+    ];
+    let project = project.into_iter().chain(project_pages.iter().copied()).map(|(name, rest)| (name, format!("/orgs/acme/projects/web{rest}")));
+    org.map(|(name, rest)| (name, format!("/orgs/acme{rest}"))).chain(project).collect()
+}
+
+/// A browser test's opening: the WebDriver, and [`acme`].
+pub(crate) async fn driven(with_engine: bool) -> (Driver, App, Org) {
+    let d = driver().await;
+    let (app, org) = acme(with_engine).await;
+    (d, app, org)
+}
+
+/// A browser test's end: closes the browser's session, then drops the app's database.
+pub(crate) async fn close(c: fantoccini::Client, app: App) {
+    c.close().await.unwrap();
+    app.discard().await;
+}
+
 /// A browser-like HTTP client: no automatic redirects, cookies kept by hand.
 pub(crate) struct Browser {
     pub http: reqwest::Client,
@@ -233,6 +282,12 @@ impl Browser {
     /// Presses a form's only button: posts its CSRF field alone.
     pub(crate) async fn press(&mut self, path: &str, csrf: &str) -> Answer {
         self.post_form(path, csrf, &[]).await
+    }
+
+    /// Presses a form's only button and follows where it leads: the page.
+    pub(crate) async fn press_and_follow(&mut self, path: &str, csrf: &str) -> Answer {
+        let answer = self.press(path, csrf).await;
+        self.follow(answer).await
     }
 
     async fn answer(&mut self, resp: reqwest::Response) -> Answer {

@@ -7,8 +7,10 @@
 
 use std::time::Duration;
 
+use engine::ids::RunId;
 use engine::store::{Actor, Change, budgets};
 use serde_json::{Value, json};
+use shopfloor_tests::process::Proc;
 
 use super::host_env::*;
 
@@ -59,6 +61,19 @@ fn stand_in(env: &Env) -> std::path::PathBuf {
     path
 }
 
+/// A host `name` with one slot that runs Claude Code as the [`stand_in`].
+async fn claude_host(env: &Env, name: &str) -> Proc {
+    env.host_with(name, 1, "linux,harness:claude-code", &stand_in(env)).await
+}
+
+/// `source` served with a host `host` of the [`stand_in`], and a run of `workflow` with `input`.
+async fn run_on_claude(source: &str, host: &str, workflow: &str, input: Value) -> (Env, Proc, RunId) {
+    let env = Env::start(&[source]).await;
+    let host = claude_host(&env, host).await;
+    let run = env.submit(workflow, vec![input]).await[0];
+    (env, host, run)
+}
+
 /// The step of `node` in `run`, with its state and reason.
 async fn step(env: &Env, run: engine::ids::RunId, node: &str) -> (engine::ids::StepId, String, Option<String>) {
     sqlx::query_as("SELECT step_id, state, reason FROM steps WHERE run_id = $1 AND node = $2 ORDER BY attempt DESC LIMIT 1")
@@ -72,7 +87,6 @@ async fn step(env: &Env, run: engine::ids::RunId, node: &str) -> (engine::ids::S
 #[tokio::test(flavor = "multi_thread")]
 async fn the_harness_is_told_the_budget_left_and_the_turn_cap() {
     let env = Env::start(&[CAPPED]).await;
-    let claude = stand_in(&env);
     // A hard daily limit of $5 for the project, of which $1.25 is spent already.
     let (status, set) = env.put("/orgs/acme/projects/web/budgets/day", &json!({ "usd_limit": 5, "hard": true })).await;
     assert!((200..300).contains(&status), "{status} {set}");
@@ -80,7 +94,7 @@ async fn the_harness_is_told_the_budget_left_and_the_turn_cap() {
     budgets::record_spend(&mut ch, env.org, env.project, 1.25, 1000).await.unwrap();
     ch.commit().await.unwrap();
 
-    let _host = env.host_with("capped", 1, "linux,harness:claude-code", &claude).await;
+    let _host = claude_host(&env, "capped").await;
     let run = env.submit("capped", vec![json!({ "words": "go" })]).await[0];
     env.until(run, "SELECT status = 'completed' FROM runs WHERE run_id = $1", Duration::from_secs(60), "completed").await;
     let (step, _, _) = step(&env, run, "work").await;
@@ -95,10 +109,7 @@ async fn the_harness_is_told_the_budget_left_and_the_turn_cap() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_past_its_turn_cap_is_stopped_by_the_server() {
-    let env = Env::start(&[TURNS]).await;
-    let claude = stand_in(&env);
-    let _host = env.host_with("turns", 1, "linux,harness:claude-code", &claude).await;
-    let run = env.submit("turns", vec![json!({})]).await[0];
+    let (env, _host, run) = run_on_claude(TURNS, "turns", "turns", json!({})).await;
     // The stand-in goes on for a minute; the server stops it once it reports a fourth turn.
     env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND reason = 'turn_cap')", Duration::from_secs(50), "stopped at its turn cap").await;
     let turns: i32 =
@@ -114,7 +125,6 @@ async fn a_session_past_its_turn_cap_is_stopped_by_the_server() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_without_the_harness_never_claims_the_step() {
     let env = Env::start(&[BARE]).await;
-    let claude = stand_in(&env);
     // A host that runs commands only; were it handed the step, it would fail it
     // `harness_not_found` (its claude command does not exist).
     let missing = env.dir.path().join("no-such-claude");
@@ -139,7 +149,7 @@ async fn a_host_without_the_harness_never_claims_the_step() {
     assert!(why["text"].as_str().unwrap_or_default().contains("harness:claude-code"), "{why}");
 
     // A host that runs Claude Code takes it; the other one never held it.
-    let _claude = env.host_with("claude", 1, "linux,harness:claude-code", &claude).await;
+    let _claude = claude_host(&env, "claude").await;
     env.until(run, "SELECT status = 'completed' FROM runs WHERE run_id = $1", Duration::from_secs(60), "completed").await;
     let holders: Vec<(i32, String)> = sqlx::query_as(
         "SELECT s.attempt, h.name FROM steps s JOIN step_sessions ss ON ss.step_id = s.step_id JOIN hosts h ON h.host_id = ss.host_id WHERE s.run_id = $1 AND s.node = 'work'",
@@ -154,10 +164,7 @@ async fn a_host_without_the_harness_never_claims_the_step() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crew_step_that_feeds_a_pull_request_and_changed_nothing_fails_no_changes() {
-    let env = Env::start(&[TO_PR]).await;
-    let claude = stand_in(&env);
-    let _host = env.host_with("builder", 1, "linux,harness:claude-code", &claude).await;
-    let run = env.submit("to-pr", vec![json!({ "repository": "acme/widgets", "title": "Nothing to do" })]).await[0];
+    let (env, _host, run) = run_on_claude(TO_PR, "builder", "to-pr", json!({ "repository": "acme/widgets", "title": "Nothing to do" })).await;
     env.until(run, "SELECT status = 'failed' FROM runs WHERE run_id = $1", Duration::from_secs(60), "failed").await;
     let (_, state, reason) = step(&env, run, "build").await;
     assert_eq!((state.as_str(), reason.as_deref()), ("failed", Some("no_changes")));

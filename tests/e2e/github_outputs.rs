@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use shopfloor_tests::github_fake::payloads::{self, user};
-use shopfloor_tests::github_fake::{Fault, Issue};
+use shopfloor_tests::github_fake::{Fault, Issue, Repo};
+use shopfloor_tests::process::Proc;
 
 use crate::github_env::GhEnv;
+use crate::support::the_pull_request;
 
 const SHIP: &str = include_str!("../workflows/ship_build_then_pr.yaml");
 const SAY: &str = include_str!("../workflows/say.yaml");
@@ -20,35 +22,66 @@ const TRIAGE: &str = include_str!("../workflows/triage.yaml");
 const LONG: Duration = Duration::from_secs(90);
 
 async fn label(env: &GhEnv, number: i64, title: &str, name: &str) -> Issue {
+    label_in(env, &env.repo, number, title, name).await
+}
+
+/// Puts issue `number` of `repo`, labelled `name`, on the fake GitHub and delivers its
+/// `issues.labeled` webhook, which must open one run.
+async fn label_in(env: &GhEnv, repo: &Repo, number: i64, title: &str, name: &str) -> Issue {
     let mut issue = Issue::new(number, title);
     issue.labels.push(name.to_owned());
-    env.fake.put_issue(&env.repo.full_name, issue.json(&env.repo));
-    let outcome = env.deliver("issues", &payloads::issues_event("labeled", &env.repo, &issue, &user("bob"), Some(name))).await;
+    env.fake.put_issue(&repo.full_name, issue.json(repo));
+    let outcome = env.deliver("issues", &payloads::issues_event("labeled", repo, &issue, &user("bob"), Some(name))).await;
     assert!(format!("{outcome:?}").contains("runs_opened: 1"), "{outcome:?}");
     issue
 }
 
+/// `source` served, issue `number` labelled `name`, and a first engine that dies at the crash
+/// hook `hook`: once GitHub acted, before the step recorded it.
+async fn crashed_at(source: &str, number: i64, title: &str, name: &str, hook: &str) -> GhEnv {
+    let env = GhEnv::start(&[source]).await;
+    label(&env, number, title, name).await;
+    let mut first = env.engine("gh-a", Some(hook));
+    assert!(first.exits_within(Duration::from_secs(60)).await, "the crash hook did not fire");
+    env
+}
+
+/// The path of the comments of issue `n` of `acme/widgets`.
+fn comments_of(n: i64) -> String {
+    format!("/repos/acme/widgets/issues/{n}/comments")
+}
+
+/// [`SAY`] served, with the POSTs of each `(issue, fault, times)`'s comments failing with the
+/// fault, the first so many times.
+async fn say_with_faults<const N: usize>(faults: [(i64, Fault, usize); N]) -> GhEnv {
+    let env = GhEnv::start(&[SAY]).await;
+    for (n, fault, times) in faults {
+        env.fake.inject(Some("POST"), &comments_of(n), fault, times);
+    }
+    env
+}
+
+/// Starts engine `id` and waits until it completed the one run; the engine.
+async fn completed_by(env: &GhEnv, id: &str) -> Proc {
+    let engine = env.engine(id, None);
+    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    engine
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_after_the_pull_request_opened_leaves_exactly_one_after_recovery() {
-    let env = GhEnv::start(&[SHIP]).await;
-    label(&env, 1, "Fix the widget", "ship").await;
-
     // The first engine opens the pull request and dies before recording it.
-    let mut first = env.engine("gh-a", Some("pr_opened"));
-    assert!(first.exits_within(Duration::from_secs(60)).await, "the crash hook did not fire");
+    let env = crashed_at(SHIP, 1, "Fix the widget", "ship", "pr_opened").await;
     assert_eq!(env.fake.pulls("acme/widgets").len(), 1);
     assert_eq!(env.scalar("SELECT count(*) FROM steps WHERE node = 'open_pr' AND state = 'running'").await, 1);
 
     // Another engine recovers the step when its lease lapses, finds the open pull request on
     // the branch, and records it instead of opening a second one.
     let started = Instant::now();
-    let _second = env.engine("gh-b", None);
-    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    let _second = completed_by(&env, "gh-b").await;
     println!("github outputs: the crashed pull request step was recovered in {:.1} s", started.elapsed().as_secs_f64());
-    let pulls = env.fake.pulls("acme/widgets");
-    assert_eq!(pulls.len(), 1, "exactly one pull request: {pulls:?}");
+    let pr = &the_pull_request(&env.fake);
     assert_eq!(env.fake.requests_to("POST", "/repos/acme/widgets/pulls").len(), 1);
-    let pr = &pulls[0];
     assert_eq!(pr["head"]["ref"], "shopfloor/1-fix-the-widget");
     assert_eq!(pr["base"]["ref"], "main");
     let body = pr["body"].as_str().unwrap_or_default();
@@ -88,31 +121,19 @@ async fn a_master_repositorys_pull_request_goes_to_master() {
     let env = GhEnv::start(&[SHIP]).await;
     let mut repo = env.repo.clone();
     repo.default_branch = "master".into();
-    let mut issue = Issue::new(2, "Old repository");
-    issue.labels.push("ship".into());
-    env.fake.put_issue(&repo.full_name, issue.json(&repo));
-    let outcome = env.deliver("issues", &payloads::issues_event("labeled", &repo, &issue, &user("bob"), Some("ship"))).await;
-    assert!(format!("{outcome:?}").contains("runs_opened: 1"), "{outcome:?}");
-    let _engine = env.engine("gh-master", None);
-    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
-    let pulls = env.fake.pulls("acme/widgets");
-    assert_eq!(pulls.len(), 1, "{pulls:?}");
-    assert_eq!(pulls[0]["base"]["ref"], "master");
+    label_in(&env, &repo, 2, "Old repository", "ship").await;
+    let _engine = completed_by(&env, "gh-master").await;
+    assert_eq!(the_pull_request(&env.fake)["base"]["ref"], "master");
     drop(_engine);
     env.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_after_the_comment_posted_leaves_exactly_one_after_recovery() {
-    let env = GhEnv::start(&[SAY]).await;
-    label(&env, 4, "Say hello", "say").await;
-
-    let mut first = env.engine("gh-a", Some("comment_posted"));
-    assert!(first.exits_within(Duration::from_secs(60)).await, "the crash hook did not fire");
+    let env = crashed_at(SAY, 4, "Say hello", "say", "comment_posted").await;
     assert_eq!(env.fake.comments("acme/widgets", 4).len(), 1);
 
-    let _second = env.engine("gh-b", None);
-    env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 1, LONG).await;
+    let _second = completed_by(&env, "gh-b").await;
     let comments = env.fake.comments("acme/widgets", 4);
     assert_eq!(comments.len(), 1, "exactly one comment: {comments:?}");
     let run: String = env.text("SELECT 'run-' || run_id FROM runs LIMIT 1").await.unwrap_or_default();
@@ -130,14 +151,15 @@ async fn a_crash_after_the_comment_posted_leaves_exactly_one_after_recovery() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defer() {
-    let env = GhEnv::start(&[SAY]).await;
-    let path = |n: i64| format!("/repos/acme/widgets/issues/{n}/comments");
     // #10: a 422, final. #11: one 502, retried. #12: a secondary rate limit for 2 s, deferred.
     // #13: 502 four times (the call and its three retries), an outage, deferred.
-    env.fake.inject(Some("POST"), &path(10), Fault::Status(422), 1);
-    env.fake.inject(Some("POST"), &path(11), Fault::Status(502), 1);
-    env.fake.inject(Some("POST"), &path(12), Fault::SecondaryRateLimit { retry_after: 2 }, 1);
-    env.fake.inject(Some("POST"), &path(13), Fault::Status(503), 4);
+    let env = say_with_faults([
+        (10, Fault::Status(422), 1),
+        (11, Fault::Status(502), 1),
+        (12, Fault::SecondaryRateLimit { retry_after: 2 }, 1),
+        (13, Fault::Status(503), 4),
+    ])
+    .await;
     let started = Instant::now();
     let _engine = env.engine("gh-a", None);
     for n in 10..=13 {
@@ -149,14 +171,14 @@ async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defe
     let failed: (String, String) =
         sqlx::query_as("SELECT s.reason, s.failure_class FROM steps s WHERE s.state = 'failed'").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(failed, ("github:422".to_owned(), "final".to_owned()));
-    assert_eq!(env.fake.requests_to("POST", &path(10)).len(), 1, "a 4xx is never retried");
+    assert_eq!(env.fake.requests_to("POST", &comments_of(10)).len(), 1, "a 4xx is never retried");
     assert!(env.fake.comments("acme/widgets", 10).is_empty());
 
     // 5xx once: retried after a second, one comment.
     // Rate limited: the step went back to pending (`deferred:rate_limited`) and ran again
     // after GitHub's Retry-After.
     env.until("SELECT count(*) FROM runs WHERE status = 'completed'", 2, LONG).await;
-    assert_eq!(env.fake.requests_to("POST", &path(11)).len(), 2);
+    assert_eq!(env.fake.requests_to("POST", &comments_of(11)).len(), 2);
     assert_eq!(env.fake.comments("acme/widgets", 11).len(), 1);
     assert_eq!(env.fake.comments("acme/widgets", 12).len(), 1);
     let deferred: Vec<(Value, chrono::DateTime<chrono::Utc>)> =
@@ -164,7 +186,7 @@ async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defe
     assert!(!deferred.is_empty());
     assert_eq!(deferred[0].0["reason"], "deferred:rate_limited", "{deferred:?}");
     assert_eq!(deferred[0].0["delay_ms"], 2000);
-    let limited = env.fake.requests_to("POST", &path(12));
+    let limited = env.fake.requests_to("POST", &comments_of(12));
     assert_eq!(limited.len(), 2, "once limited, once after the wait");
     let (attempt, succeeded_after): (i32, f64) = sqlx::query_as(
         "SELECT s.attempt, extract(epoch FROM s.ended_at - e.at)::float8 FROM steps s JOIN run_events e ON e.step_id = s.step_id AND e.kind = 'step.deferred' \
@@ -185,7 +207,7 @@ async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defe
         LONG,
     )
     .await;
-    assert_eq!(env.fake.requests_to("POST", &path(13)).len(), 4);
+    assert_eq!(env.fake.requests_to("POST", &comments_of(13)).len(), 4);
     assert_eq!(env.scalar("SELECT count(*) FROM runs WHERE status = 'running'").await, 1);
     println!("github outputs: 4xx, 5xx, rate limit and outage handled in {:.1} s", started.elapsed().as_secs_f64());
     drop(_engine);
@@ -199,10 +221,7 @@ async fn client_errors_fail_server_errors_retry_and_rate_limits_and_outages_defe
 /// is minted and the comment made. One comment each.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_answer_and_a_refused_token_each_leave_one_comment() {
-    let env = GhEnv::start(&[SAY]).await;
-    let comments = |n: i64| format!("/repos/acme/widgets/issues/{n}/comments");
-    env.fake.inject(Some("POST"), &comments(7), Fault::AnswerLate(Duration::from_secs(5)), 1);
-    env.fake.inject(Some("POST"), &comments(6), Fault::Status(401), 1);
+    let env = say_with_faults([(7, Fault::AnswerLate(Duration::from_secs(5)), 1), (6, Fault::Status(401), 1)]).await;
     let _engine = env.engine("gh-a", None);
     label(&env, 7, "Lost answer", "say").await;
     label(&env, 6, "Refused token", "say").await;
@@ -210,7 +229,7 @@ async fn a_lost_answer_and_a_refused_token_each_leave_one_comment() {
     for n in [6, 7] {
         assert_eq!(env.fake.comments("acme/widgets", n).len(), 1, "#{n}: {:?}", env.fake.comments("acme/widgets", n));
     }
-    assert_eq!(env.fake.requests_to("POST", &comments(7)).len(), 1, "found, not posted again");
+    assert_eq!(env.fake.requests_to("POST", &comments_of(7)).len(), 1, "found, not posted again");
     let created: bool = sqlx::query_scalar(
         "SELECT (s.output->>'created')::bool FROM steps s JOIN runs r ON r.run_id = s.run_id JOIN items i ON i.item_id = r.item_id \
          WHERE i.key = '[\"github\",\"acme/widgets\",7]' AND s.node = 'note' AND s.state = 'succeeded'",
@@ -219,7 +238,7 @@ async fn a_lost_answer_and_a_refused_token_each_leave_one_comment() {
     .await
     .unwrap();
     assert!(!created, "#7's comment was found, not made");
-    assert_eq!(env.fake.requests_to("POST", &comments(6)).len(), 2);
+    assert_eq!(env.fake.requests_to("POST", &comments_of(6)).len(), 2);
     assert_eq!(env.fake.requests_to("POST", "/app/installations/77/access_tokens").len(), 2, "a new token after the 401");
     drop(_engine);
     env.finish().await;

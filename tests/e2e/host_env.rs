@@ -310,6 +310,14 @@ impl Env {
         sqlx::query_as("SELECT status, reason FROM runs WHERE run_id = $1").bind(run).fetch_one(&self.db.pool).await.unwrap()
     }
 
+    /// Submits a run of `workflow` with `input`: the run once its crew step `work` runs, with
+    /// the step and its harness's pid (see [`Env::running_harness`]).
+    pub(crate) async fn working(&self, workflow: &str, input: Value) -> (RunId, String, i32) {
+        let run = self.submit(workflow, vec![input]).await[0];
+        let (step, pid) = self.running_harness(run, "work").await;
+        (run, step, pid)
+    }
+
     /// The one step of `node` that is running, with the pid its harness wrote down.
     pub(crate) async fn running_harness(&self, run: RunId, node: &str) -> (String, i32) {
         self.until(

@@ -98,8 +98,7 @@ async fn a_step_that_outlives_its_token_pushes_with_a_fresh_one() {
     env.github.as_ref().unwrap().set_token_lifetime(Duration::from_secs(3));
     let path = git_wrapper(&env);
     let _host = env.host_env("solo", 1, &[("PATH", path)]).await;
-    let run = env.submit("long", vec![json!({ "repository": "acme/widgets", "issue": 9, "title": "Long work" })]).await[0];
-    let (step, _) = env.running_harness(run, "work").await;
+    let (run, step, _) = env.working("long", json!({ "repository": "acme/widgets", "issue": 9, "title": "Long work" })).await;
 
     // The claim's token (the first minted to push) expires while the harness works.
     wait_for("a token minted at the claim", Duration::from_secs(120), || !push_tokens(&env).is_empty()).await;
@@ -120,8 +119,7 @@ async fn an_adopted_attempt_pushes_with_a_fresh_token() {
     env.github.as_ref().unwrap().set_token_lifetime(Duration::from_secs(3));
     let path = git_wrapper(&env);
     let mut victim = env.host_env("victim", 1, &[("PATH", path.clone())]).await;
-    let run = env.submit("long", vec![json!({ "repository": "acme/widgets", "issue": 11, "title": "Adopted work" })]).await[0];
-    let (step, harness) = env.running_harness(run, "work").await;
+    let (run, step, harness) = env.working("long", json!({ "repository": "acme/widgets", "issue": 11, "title": "Adopted work" })).await;
 
     // Killed mid-step; the harness runs on. Started again on the same work directory (within
     // the lease), the host adopts it and asks for a token: the journal kept none.

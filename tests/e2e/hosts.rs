@@ -28,7 +28,7 @@ use shopfloor_tests::process::Proc;
 const SECRET: &str = "host tests' webhook secret";
 
 use super::host_env::*;
-use crate::support::{ready_for_agent, widgets};
+use crate::support::{ready_for_agent, the_pull_request, widgets};
 
 const PLAN_BUILD: &str = include_str!("../workflows/plan_build.yaml");
 pub(crate) const ISSUE_TO_PR: &str = include_str!("../workflows/issue_to_pr_on_hosts.yaml");
@@ -121,9 +121,8 @@ async fn a_host_runs_crew_steps_in_worktrees_and_pushes_the_branch() {
 /// running step and harness (see [`Env::running_harness`]).
 async fn slow_step_on(env: &Env, name: &str) -> (Proc, RunId, (String, i32)) {
     let host = env.host(name, 1).await;
-    let run = env.submit("one", vec![json!({ "words": "@SLOW@" })]).await[0];
-    let running = env.running_harness(run, "work").await;
-    (host, run, running)
+    let (run, step, pid) = env.working("one", json!({ "words": "@SLOW@" })).await;
+    (host, run, (step, pid))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -175,8 +174,7 @@ async fn a_killed_hosts_step_is_taken_back_and_completed_by_another_host() {
 async fn a_harness_past_its_timeout_is_interrupted_then_killed_with_its_children() {
     let env = Env::start(&[TIMED]).await;
     let _host = env.host("timer", 1).await;
-    let run = env.submit("timed", vec![json!({})]).await[0];
-    let (step, harness) = env.running_harness(run, "work").await;
+    let (run, step, harness) = env.working("timed", json!({})).await;
     let child_path = env.marks().join(format!("{step}.child"));
     let deadline = Instant::now() + Duration::from_secs(120);
     let child: i32 = loop {
@@ -211,8 +209,7 @@ async fn a_harness_past_its_timeout_is_interrupted_then_killed_with_its_children
 async fn a_cancel_through_the_api_stops_the_running_harness() {
     let env = Env::start(&[ONE]).await;
     let _host = env.host("canceller", 1).await;
-    let run = env.submit("one", vec![json!({ "words": "@SLOW@ @ALWAYS@" })]).await[0];
-    let (_, harness) = env.running_harness(run, "work").await;
+    let (run, _, harness) = env.working("one", json!({ "words": "@SLOW@ @ALWAYS@" })).await;
     // Let it settle into its long-poll and heartbeats.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let asked = Instant::now();
@@ -234,27 +231,28 @@ async fn a_cancel_through_the_api_stops_the_running_harness() {
     env.finish().await;
 }
 
-/// Puts issue `number` of `Acme/Widgets`, labelled `ready-for-agent`, on the fake GitHub and
-/// sends its signed `issues.labeled` webhook, which must open a run: that run.
-async fn run_for_ready_issue(env: &Env, hooks: &WebhookClient, number: i64, title: &str) -> RunId {
+/// `source` served with the fake GitHub and a host `solo` of `slots`; then issue `number` of
+/// `Acme/Widgets`, labelled `ready-for-agent`, put on the fake GitHub and its signed
+/// `issues.labeled` webhook sent, which must open a run: the webhook client, and that run.
+async fn run_for_ready_issue(source: &str, slots: u32, number: i64, title: &str) -> (Env, Proc, WebhookClient, RunId) {
+    let env = Env::start_with(&[source], true).await;
+    let host = env.host("solo", slots).await;
+    let hooks = WebhookClient::new(&env.base, SECRET);
     let issue = ready_for_agent(env.github.as_ref().expect("the fake GitHub"), number, title);
     let labeled = payloads::issues_event("labeled", &widgets(), &issue, &user("alice"), Some("ready-for-agent"));
     let (status, answer) = hooks.send("issues", "delivery-1", &labeled).await;
     assert_eq!((status, answer["runs_opened"].as_i64()), (202, Some(1)), "{answer}");
-    sqlx::query_scalar("SELECT run_id FROM runs").fetch_one(&env.db.pool).await.unwrap()
+    let run = sqlx::query_scalar("SELECT run_id FROM runs").fetch_one(&env.db.pool).await.unwrap();
+    (env, host, hooks, run)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_issue_becomes_a_pull_request_through_a_host() {
-    let env = Env::start_with(&[ISSUE_TO_PR], true).await;
+    // A signed `issues.labeled` webhook opens the run.
+    let (env, _host, hooks, run) = run_for_ready_issue(ISSUE_TO_PR, 2, 7, "Add a widget").await;
     let fake = env.github.as_ref().expect("the fake GitHub");
     let repo = widgets();
-    let _host = env.host("solo", 2).await;
     let api = |path: String| reqwest::Client::new().get(format!("{}/api/v1/orgs/acme/projects/web{path}", env.base)).bearer_auth(&env.owner_token);
-
-    // A signed `issues.labeled` webhook opens the run.
-    let hooks = WebhookClient::new(&env.base, SECRET);
-    let run = run_for_ready_issue(&env, &hooks, 7, "Add a widget").await;
 
     // The plan runs on the host; a person approves it over the API.
     env.until(
@@ -273,9 +271,7 @@ async fn an_issue_becomes_a_pull_request_through_a_host() {
     let remote = env.dir.path().join("remotes/acme/widgets.git");
     let pushed = git_out(&remote, &["log", "--format=%s", "shopfloor/7-add-a-widget"]);
     assert_eq!(pushed.lines().collect::<Vec<_>>(), ["build: Add a widget", "plan: Add a widget", "init"]);
-    let pulls = fake.pulls("acme/widgets");
-    assert_eq!(pulls.len(), 1, "{pulls:?}");
-    let pr = &pulls[0];
+    let pr = &the_pull_request(fake);
     assert_eq!(pr["head"]["ref"], "shopfloor/7-add-a-widget");
     let body = pr["body"].as_str().unwrap_or_default();
     assert!(body.starts_with("Closes #7") && body.contains("Add a line to CHANGES.md"), "{body}");
@@ -404,12 +400,9 @@ const BUILD_CI_PR: &str = include_str!("../workflows/build_ci_pr.yaml");
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {
-    let env = Env::start_with(&[BUILD_CI_PR], true).await;
+    let (env, _host, hooks, run) = run_for_ready_issue(BUILD_CI_PR, 1, 8, "Gate the push").await;
     let fake = env.github.as_ref().expect("the fake GitHub");
     let repo = widgets();
-    let _host = env.host("solo", 1).await;
-    let hooks = WebhookClient::new(&env.base, SECRET);
-    let run = run_for_ready_issue(&env, &hooks, 8, "Gate the push").await;
 
     env.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", Duration::from_secs(60), "waited on CI")
         .await;
@@ -424,9 +417,7 @@ async fn a_gate_before_the_pull_request_waits_on_the_commit_the_build_pushed() {
         hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &pushed, "completed", Some("success"), &[])).await;
     assert_eq!(status, 202);
     env.until(run, "SELECT status = 'completed' FROM runs WHERE run_id = $1", Duration::from_secs(60), "completed").await;
-    let pulls = fake.pulls("acme/widgets");
-    assert_eq!(pulls.len(), 1, "{pulls:?}");
-    assert_eq!(pulls[0]["head"]["ref"], "shopfloor/8-gate-the-push");
+    assert_eq!(the_pull_request(fake)["head"]["ref"], "shopfloor/8-gate-the-push");
     drop(_host);
     env.finish().await;
 }

@@ -17,8 +17,7 @@ const LISTENING: &str = include_str!("../workflows/listening.yaml");
 async fn a_message_to_a_live_session_reaches_the_harness_and_its_transcript() {
     let env = Env::start(&[LISTENING]).await;
     let _host = env.host("solo", 1).await;
-    let run = env.submit("listening", vec![json!({ "words": "build the widget" })]).await[0];
-    let (step, _) = env.running_harness(run, "work").await;
+    let (run, step, _) = env.working("listening", json!({ "words": "build the widget" })).await;
     // The stand-in has read its prompt and listens for the next user line.
     env.until(run, "SELECT EXISTS (SELECT 1 FROM step_logs WHERE run_id = $1 AND line LIKE '%Listening.%')", Duration::from_secs(120), "listened").await;
 

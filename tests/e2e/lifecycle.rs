@@ -9,6 +9,7 @@ use std::time::Duration;
 use engine::ids::RunId;
 use serde_json::{Value, json};
 use shopfloor_tests::github_fake::Issue;
+use shopfloor_tests::process::Proc;
 use shopfloor_tests::sse::Sse;
 
 use crate::host_env::Env;
@@ -75,6 +76,36 @@ impl Env {
     async fn until_status(&self, run: RunId, want: &str) {
         self.until(run, &format!("SELECT status = '{want}' FROM runs WHERE run_id = $1"), Duration::from_secs(120), want).await;
     }
+
+    /// Puts issue `number` labelled `label`, which opens one run of `workflow`: the issue, and
+    /// that run (the workflow's first).
+    async fn open_issue(&self, number: i64, title: &str, label: &str, workflow: &str) -> (Issue, RunId) {
+        let mut issue = Issue::new(number, title);
+        assert_eq!(self.send("issues", &issue.labeled(&self.repo(), label)).await["runs_opened"], 1);
+        (issue, self.runs_of(workflow).await[0].0)
+    }
+
+    /// Edits the issue: the event opens no run, and queues as the workflow's `nth` trigger event.
+    async fn edit_queues(&self, issue: &mut Issue, body: &str, workflow: &str, nth: usize) {
+        let answer = self.send("issues", &issue.edited(&self.repo(), body, "bob")).await;
+        assert_eq!(answer["runs_opened"], 0, "{answer}");
+        assert_eq!(self.events_of(workflow).await[nth].0, "queued");
+    }
+
+    /// Lets the harness running `step` finish.
+    fn finish_harness(&self, step: &str) {
+        std::fs::write(self.marks().join(format!("{step}.go")), "").unwrap();
+    }
+}
+
+/// `source` served with a host `builder`, and issue `number` labelled `ready`: the one run of
+/// `workflow` it opened, once its crew step `work` runs on the host (the step's id).
+async fn running_on_a_host(source: &str, workflow: &str, number: i64, title: &str) -> (Env, Proc, Issue, RunId, String) {
+    let env = Env::start(&[source]).await;
+    let host = env.host("builder", 1).await;
+    let (issue, run) = env.open_issue(number, title, "ready", workflow).await;
+    let (step, _pid) = env.running_harness(run, "work").await;
+    (env, host, issue, run, step)
 }
 
 /// usine's claim rule: only a run in which an attempt began holds a newer event back. A run
@@ -83,9 +114,7 @@ impl Env {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_waiting_for_a_host_is_superseded_and_revoked() {
     let env = Env::start(&[CREW]).await;
-    let mut issue = Issue::new(5, "the widget");
-    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "ready")).await["runs_opened"], 1);
-    let first = env.runs_of("crew").await[0].0;
+    let (mut issue, first) = env.open_issue(5, "the widget", "ready", "crew").await;
     // No host is connected: the crew step waits for one (with no host registered at all, the
     // console says none can run it).
     env.until_substate(first, WAITING_FOR_A_HOST).await;
@@ -114,21 +143,14 @@ async fn a_run_waiting_for_a_host_is_superseded_and_revoked() {
 /// run's own progress, and is judged again when the run ends.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_running_crew_step_is_never_superseded_and_the_queued_event_is_judged_at_its_end() {
-    let env = Env::start(&[CREW]).await;
-    let _host = env.host("builder", 1).await;
-    let mut issue = Issue::new(6, "the gizmo");
-    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "ready")).await["runs_opened"], 1);
-    let first = env.runs_of("crew").await[0].0;
-    let (step, _pid) = env.running_harness(first, "work").await;
+    let (env, _host, mut issue, first, step) = running_on_a_host(CREW, "crew", 6, "the gizmo").await;
 
-    let answer = env.send("issues", &issue.edited(&env.repo(), "More detail while it runs", "bob")).await;
-    assert_eq!(answer["runs_opened"], 0, "{answer}");
-    assert_eq!(env.events_of("crew").await[1].0, "queued");
+    env.edit_queues(&mut issue, "More detail while it runs", "crew", 1).await;
     assert_eq!(env.runs_of("crew").await.len(), 1, "the running run is never superseded");
     assert_eq!(env.status(first).await.0, "running");
 
     // The harness finishes; the run ends, and the queued event opens its run.
-    std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
+    env.finish_harness(&step);
     env.until_status(first, "completed").await;
     let runs = env.runs_of("crew").await;
     assert_eq!(runs.len(), 2, "{runs:?}");
@@ -139,12 +161,11 @@ async fn a_running_crew_step_is_never_superseded_and_the_queued_event_is_judged_
     // matches and is revoked, the running run is not, and nothing opens when it ends (the end
     // judges the queue in its own transaction, so the count after it is final).
     let (second_step, _) = env.running_harness(runs[1].0, "work").await;
-    assert_eq!(env.send("issues", &issue.edited(&env.repo(), "Changed again", "bob")).await["runs_opened"], 0);
-    assert_eq!(env.events_of("crew").await[2].0, "queued");
+    env.edit_queues(&mut issue, "Changed again", "crew", 2).await;
     assert_eq!(env.send("issues", &issue.unlabeled(&env.repo(), "ready")).await["runs_opened"], 0);
     assert_eq!(env.events_of("crew").await[2], ("revoked".to_owned(), Some("revoked".to_owned())));
     assert_eq!(env.status(runs[1].0).await.0, "running", "a running attempt is never revoked");
-    std::fs::write(env.marks().join(format!("{second_step}.go")), "").unwrap();
+    env.finish_harness(&second_step);
     env.until_status(runs[1].0, "completed").await;
     assert_eq!(env.runs_of("crew").await.len(), 2);
     env.finish().await;
@@ -155,18 +176,11 @@ async fn a_running_crew_step_is_never_superseded_and_the_queued_event_is_judged_
 /// no longer matching revokes that event, never the run.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_started_run_waiting_at_an_approval_is_neither_superseded_nor_revoked() {
-    let env = Env::start(&[CREW_THEN_ASK]).await;
-    let _host = env.host("builder", 1).await;
-    let mut issue = Issue::new(7, "the sprocket");
-    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "ready")).await["runs_opened"], 1);
-    let run = env.runs_of("crew_then_ask").await[0].0;
-    let (step, _pid) = env.running_harness(run, "work").await;
-    std::fs::write(env.marks().join(format!("{step}.go")), "").unwrap();
+    let (env, _host, mut issue, run, step) = running_on_a_host(CREW_THEN_ASK, "crew_then_ask", 7, "the sprocket").await;
+    env.finish_harness(&step);
     env.until_substate(run, &["awaiting_signal"]).await;
 
-    let answer = env.send("issues", &issue.edited(&env.repo(), "More detail while it waits", "bob")).await;
-    assert_eq!(answer["runs_opened"], 0, "{answer}");
-    assert_eq!(env.events_of("crew_then_ask").await[1].0, "queued");
+    env.edit_queues(&mut issue, "More detail while it waits", "crew_then_ask", 1).await;
     assert_eq!(env.runs_of("crew_then_ask").await.len(), 1, "a started run is never superseded");
 
     assert_eq!(env.send("issues", &issue.unlabeled(&env.repo(), "ready")).await["runs_opened"], 0);
@@ -225,9 +239,8 @@ async fn a_spent_cycle_budget_stops_every_workflow_on_the_item_until_reset() {
 async fn an_event_wait_announces_itself_expires_at_the_default_deadline_or_is_withdrawn() {
     let env = Env::start_setting(&[MERGE_WAIT, LONG_WAIT], &[("SHOPFLOOR_EVENT_WAIT_TIMEOUT_SECS", "3")]).await;
     let mut sse = env.stream().await;
-    let mut issue = Issue::new(12, "Waits for its pull request");
-    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "wait")).await["runs_opened"], 1);
-    let run = env.runs_of("merge-wait").await[0].0.to_string();
+    let (_, run) = env.open_issue(12, "Waits for its pull request", "wait", "merge-wait").await;
+    let run = run.to_string();
     let seen = sse
         .until("the waiting run's end", |e| {
             e.data["run"] == run.as_str()
@@ -302,9 +315,7 @@ async fn dry_runs_and_child_runs_stay_off_the_stream_and_dry_runs_off_the_list()
 #[tokio::test(flavor = "multi_thread")]
 async fn an_approval_prompt_shows_the_item_and_a_rerun_parks_for_approval() {
     let env = Env::start(&[GATED]).await;
-    let mut issue = Issue::new(21, "the sprocket");
-    assert_eq!(env.send("issues", &issue.labeled(&env.repo(), "ship")).await["runs_opened"], 1);
-    let run = env.runs_of("gated").await[0].0;
+    let (_, run) = env.open_issue(21, "the sprocket", "ship", "gated").await;
     env.until_substate(run, &["awaiting_signal"]).await;
     let path = format!("/orgs/acme/projects/web/runs/{run}");
     let opened = async {

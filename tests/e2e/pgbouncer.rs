@@ -21,7 +21,7 @@ use shopfloor_tests::process::{Proc, free_port, shopfloor};
 use shopfloor_tests::shopfloor_bin;
 use tokio::task::JoinSet;
 
-use crate::support::{acme, owner_token, put_workflows, registration};
+use crate::support::{acme, approve, owner_token, put_workflows, registration};
 
 /// Server connections PgBouncer keeps per database and user: fewer than the clients of every
 /// test here, so sharing is certain.
@@ -244,13 +244,7 @@ async fn two_apis_and_two_engines_behind_pgbouncer_run_workflows_to_completion()
             }
             let other = &bases[1 - on];
             loop {
-                let answer = http
-                    .post(format!("{other}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/ask"))
-                    .bearer_auth(&token)
-                    .json(&json!({}))
-                    .send()
-                    .await
-                    .unwrap();
+                let answer = approve(&http, other, &token, run, "ask").await;
                 if answer.status().is_success() {
                     break;
                 }

@@ -8,21 +8,10 @@ use engine::testkit::test_db;
 use shopfloor_tests::process::{Proc, free_port, shopfloor};
 
 /// The application names of the backends that `LISTEN`, once there are `want` of them.
-async fn listeners(pool: &engine::db::Db, want: usize) -> Vec<String> {
-    let found = async {
-        loop {
-            let names: Vec<String> =
-                sqlx::query_scalar("SELECT application_name FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%' ORDER BY 1")
-                    .fetch_all(pool)
-                    .await
-                    .unwrap();
-            if names.len() >= want {
-                return names;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(120), found).await.expect("the processes never listened")
+async fn listeners(pool: &engine::db::Db, want: i64) -> Vec<String> {
+    let listening = "FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'";
+    shopfloor_tests::until_count(pool, &format!("SELECT count(*) {listening}"), want, Duration::from_secs(120)).await;
+    sqlx::query_scalar(&format!("SELECT application_name {listening} ORDER BY 1")).fetch_all(pool).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

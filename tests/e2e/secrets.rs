@@ -24,7 +24,7 @@ use shopfloor_tests::shopfloor_bin;
 
 use crate::host_env::FAKE_CLAUDE;
 use crate::hosts::ISSUE_TO_PR;
-use crate::support::{acme, owner_token, ready_for_agent, registration, widgets};
+use crate::support::{acme, approve, owner_token, ready_for_agent, registration, the_pull_request, widgets};
 
 const WEBHOOK_SECRET: &str = "whsec-leaktest-5c1f0e9a7b3d";
 const LOG: &str = "info,engine=debug,api=debug,host=debug,shopfloor=debug";
@@ -181,20 +181,13 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     let page = http.get(&run_page).header("cookie", format!("shopfloor_session={session}")).send().await.unwrap();
     assert_eq!(page.status(), 200, "the console session works");
     answers.push(("console run page".to_owned(), answer(page).await));
-    let approved = http
-        .post(format!("{base}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/review_plan"))
-        .bearer_auth(&owner_token)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
+    let approved = approve(&http, &base, &owner_token, run, "review_plan").await;
     assert!(approved.status().is_success());
     answers.push(("approval".to_owned(), answer(approved).await));
     until("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ci' AND state = 'waiting')", "waited on CI").await;
-    let pulls = fake.pulls("acme/widgets");
-    assert_eq!(pulls.len(), 1, "{pulls:?}");
-    let head = pulls[0]["head"]["sha"].as_str().unwrap().to_owned();
-    let number = pulls[0]["number"].as_i64().unwrap();
+    let pr = the_pull_request(&fake);
+    let head = pr["head"]["sha"].as_str().unwrap().to_owned();
+    let number = pr["number"].as_i64().unwrap();
     let (status, body) =
         hooks.send("check_run", "delivery-2", &payloads::check_run_event("completed", &repo, 1, "test", &head, "completed", Some("success"), &[number])).await;
     assert_eq!(status, 202);

@@ -2,7 +2,7 @@
 //! and a person's token, which needs the API crate (`shopfloor_tests` cannot depend on it: the
 //! API's own tests depend on `shopfloor_tests`).
 
-use engine::ids::{OrgId, ProjectId, Slug, UserId, WorkflowId};
+use engine::ids::{OrgId, ProjectId, RunId, Slug, UserId, WorkflowId};
 use engine::store::{Change, installations, tenants, workflows};
 use shopfloor_tests::github_fake::{FakeGithub, Issue, Repo};
 
@@ -39,6 +39,19 @@ pub(crate) fn ready_for_agent(fake: &FakeGithub, number: i64, title: &str) -> Is
     issue.labels.push("ready-for-agent".into());
     fake.put_issue("acme/widgets", issue.json(&widgets()));
     issue
+}
+
+/// The one pull request the fake GitHub holds for `acme/widgets` (there must be exactly one).
+pub(crate) fn the_pull_request(fake: &FakeGithub) -> serde_json::Value {
+    let pulls = fake.pulls("acme/widgets");
+    assert_eq!(pulls.len(), 1, "exactly one pull request: {pulls:?}");
+    pulls.into_iter().next().unwrap()
+}
+
+/// Approves the run's approval `node` (with no fields) as `token` through the API at `base`;
+/// the answer, whatever its status.
+pub(crate) async fn approve(http: &reqwest::Client, base: &str, token: &str, run: RunId, node: &str) -> reqwest::Response {
+    http.post(format!("{base}/api/v1/orgs/acme/projects/web/runs/{run}/approvals/{node}")).bearer_auth(token).json(&serde_json::json!({})).send().await.unwrap()
 }
 
 /// Puts each workflow under the name its source gives (a source that does not validate fails

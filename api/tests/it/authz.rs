@@ -235,15 +235,17 @@ async fn host_credential(app: &App, org: &Org) -> String {
 
 /// A host written directly (the list and deregistration need one without its credential).
 async fn add_host(app: &App, org: &Org, name: &str) -> uuid::Uuid {
+    insert_in_project(app, org, "INSERT INTO hosts (org_id, project_id, host_id, name, capabilities) VALUES ($1, $2, $3, $4, '{linux}')", name).await
+}
+
+/// Runs the insert `sql` of a row of the org's project (`$1`, `$2`) with a new id (`$3`) and
+/// `fourth` (`$4`); answers the id.
+async fn insert_in_project<'q, T>(app: &App, org: &Org, sql: &'q str, fourth: T) -> uuid::Uuid
+where
+    T: 'q + Send + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
     let id = uuid::Uuid::now_v7();
-    sqlx::query("INSERT INTO hosts (org_id, project_id, host_id, name, capabilities) VALUES ($1, $2, $3, $4, '{linux}')")
-        .bind(org.id)
-        .bind(org.project)
-        .bind(id)
-        .bind(name)
-        .execute(app.pool())
-        .await
-        .unwrap();
+    sqlx::query(sql).bind(org.id).bind(org.project).bind(id).bind(fourth).execute(app.pool()).await.unwrap();
     id
 }
 
@@ -375,18 +377,9 @@ async fn every_route_answers_each_caller_exactly() {
                     path = path.replace("{webhook}", &webhook.to_string());
                     if matches!(case.needs, Needs::Delivery) {
                         // A delivered one, so that only a replay sends it again.
-                        let delivery = uuid::Uuid::now_v7();
-                        sqlx::query(
-                            "INSERT INTO webhook_deliveries (org_id, project_id, delivery_id, subscription_id, event, body, state, attempts) \
-                             VALUES ($1, $2, $3, $4, 'x.never', '{}', 'delivered', 1)",
-                        )
-                        .bind(org.id)
-                        .bind(org.project)
-                        .bind(delivery)
-                        .bind(webhook)
-                        .execute(app.pool())
-                        .await
-                        .unwrap();
+                        let sql = "INSERT INTO webhook_deliveries (org_id, project_id, delivery_id, subscription_id, event, body, state, attempts) \
+                                   VALUES ($1, $2, $3, $4, 'x.never', '{}', 'delivered', 1)";
+                        let delivery = insert_in_project(&app, &org, sql, webhook).await;
                         path = path.replace("{delivery}", &delivery.to_string());
                     }
                 }

@@ -95,8 +95,7 @@ async fn the_hub_follows_on_after_its_listen_connection_is_ended() {
 /// event after the token's periodic check, and reconnecting is refused.
 #[tokio::test]
 async fn a_revoked_tokens_stream_ends() {
-    let app = App::with_engine().await;
-    let org = app.org("acme").await;
+    let (app, org) = App::with_engine().await.with_acme().await;
     let (jti, token) = app.token_for(&org, org.admin_user, "admin", chrono::Duration::days(1)).await;
     let path = "/api/v1/orgs/acme/projects/web/events";
     let mut sse = support::sse(&app, path, &token, None).await;

@@ -7,7 +7,9 @@ use serde_json::json;
 
 use crate::support::{App, problem};
 
-async fn submit(app: &App, token: &str, org: &str, key: &str, body: &serde_json::Value) -> (StatusCode, reqwest::header::HeaderMap, serde_json::Value) {
+/// Submits `body` to the org's project `web` with the idempotency key `key`; answers the raw
+/// response.
+async fn post_with_key(app: &App, token: &str, org: &str, key: &str, body: &serde_json::Value) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
     let resp = app
         .http
         .post(app.url(&format!("/api/v1/orgs/{org}/projects/web/runs")))
@@ -19,7 +21,12 @@ async fn submit(app: &App, token: &str, org: &str, key: &str, body: &serde_json:
         .unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    (status, headers, resp.bytes().await.unwrap().to_vec())
+}
+
+async fn submit(app: &App, token: &str, org: &str, key: &str, body: &serde_json::Value) -> (StatusCode, reqwest::header::HeaderMap, serde_json::Value) {
+    let (status, headers, bytes) = post_with_key(app, token, org, key, body).await;
+    (status, headers, serde_json::from_slice(&bytes).unwrap())
 }
 
 async fn runs(app: &App) -> i64 {
@@ -97,20 +104,7 @@ async fn a_key_makes_a_create_happen_once() {
 
     // A malformed key is refused before anything happens.
     for bad in ["", &"k".repeat(256), "spaced key"] {
-        let (status, headers, bytes) = {
-            let resp = app
-                .http
-                .post(app.url("/api/v1/orgs/acme/projects/web/runs"))
-                .bearer_auth(&acme.member)
-                .header("idempotency-key", bad)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let s = resp.status();
-            let h = resp.headers().clone();
-            (s, h, resp.bytes().await.unwrap())
-        };
+        let (status, headers, bytes) = post_with_key(&app, &acme.member, "acme", bad, &body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "key {bad:?}");
         problem(status, &headers, &bytes);
     }

@@ -44,8 +44,7 @@ async fn refused(app: &App, token: &str, run: &str, step: &str, want: StatusCode
 #[tokio::test]
 async fn a_message_reaches_the_holding_host_until_it_acknowledges_it() {
     let app = App::with_host_engine().await;
-    let org = app.org("acme").await;
-    let other = app.org("other").await;
+    let [org, other] = app.orgs(["acme", "other"]).await;
     let pool = app.pool().clone();
     for (name, harness) in [("claude", "claude-code"), ("codex", "codex")] {
         let source = format!("name: {name}\nnodes:\n  work:\n    crew: {{ harness: {harness}, prompt: do the work }}\n");

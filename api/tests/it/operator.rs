@@ -52,11 +52,18 @@ async fn upload(app: &App, org: &Org, name: &str, source: &str) {
     assert!(status.is_success(), "{}", String::from_utf8_lossy(&body));
 }
 
-#[tokio::test]
-async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_its_event() {
+/// An app with an engine and the org `acme`, with the pool its audit log and events are read
+/// from.
+async fn acme() -> (App, Org, Db) {
     let app = App::with_engine().await;
     let org = app.org("acme").await;
     let pool = app.pool().clone();
+    (app, org, pool)
+}
+
+#[tokio::test]
+async fn each_operator_action_changes_state_is_audited_with_its_user_and_writes_its_event() {
+    let (app, org, pool) = acme().await;
     let member = org.member_user;
     let admin = org.admin_user;
 
@@ -240,9 +247,7 @@ async fn admission_refusals_are_problems_409_and_429() {
 
 #[tokio::test]
 async fn edit_and_retry_draining_a_host_and_wip_limits_are_audited_with_their_user() {
-    let app = App::with_engine().await;
-    let org = app.org("acme").await;
-    let pool = app.pool().clone();
+    let (app, org, pool) = acme().await;
     let member = org.member_user;
     let admin = org.admin_user;
 

@@ -10,7 +10,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 use sqlx::PgConnection;
 
-use crate::support::App;
+use crate::support::{App, Org};
 
 /// The tables of the schema whose rows the policies guard.
 async fn guarded_tables(pool: &Db) -> Vec<String> {
@@ -52,11 +52,12 @@ async fn count(conn: &mut PgConnection, sql: &str, org: Option<OrgId>) -> i64 {
     q.fetch_one(conn).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-/// Two orgs seeded through the API: a run of each waiting at its approval (runs, steps, events,
-/// audit, approvals, wakes), a webhook subscription and a budget each.
-async fn seed(app: &App) -> (crate::support::Org, crate::support::Org) {
-    let acme = app.org("acme").await;
-    let other = app.org("other").await;
+/// An app with an engine and two orgs seeded through the API: a run of each waiting at its
+/// approval (runs, steps, events, audit, approvals, wakes), a webhook subscription and a budget
+/// each; with the app's pool.
+async fn seeded() -> (App, Org, Org, Db) {
+    let app = App::with_engine().await;
+    let [acme, other] = app.orgs(["acme", "other"]).await;
     for (slug, org) in [("acme", &acme), ("other", &other)] {
         let run: RunId =
             app.created(&format!("/api/v1/orgs/{slug}/projects/web/runs"), &org.member, &json!({ "workflow": "approve", "input": {} })).await.parse().unwrap();
@@ -65,14 +66,13 @@ async fn seed(app: &App) -> (crate::support::Org, crate::support::Org) {
         app.json(Method::POST, &format!("/api/v1/orgs/{slug}/projects/web/webhooks"), &org.admin, Some(&hook), StatusCode::CREATED).await;
         app.json(Method::PUT, &format!("/api/v1/orgs/{slug}/budgets/day"), &org.admin, Some(&json!({ "usd_limit": 10 })), StatusCode::OK).await;
     }
-    (acme, other)
+    let pool = app.pool().clone();
+    (app, acme, other, pool)
 }
 
 #[tokio::test]
 async fn the_tenant_role_sees_and_writes_only_its_orgs_rows() {
-    let app = App::with_engine().await;
-    let (acme, other) = seed(&app).await;
-    let pool = app.pool().clone();
+    let (app, acme, other, pool) = seeded().await;
 
     // No table with an org_id column forgets the wall.
     let orgs = org_tables(&pool).await;
@@ -145,9 +145,7 @@ async fn the_tenant_role_sees_and_writes_only_its_orgs_rows() {
 
 #[tokio::test]
 async fn hot_reads_use_their_indexes_under_the_tenant_role() {
-    let app = App::with_engine().await;
-    let (acme, _) = seed(&app).await;
-    let pool = app.pool().clone();
+    let (app, acme, _, pool) = seeded().await;
     let mut conn = tenant(&pool, Some(acme.id)).await;
     // Few rows: forbid scans where an index can serve, as the other plan tests do.
     sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
@@ -180,8 +178,7 @@ async fn hot_reads_use_their_indexes_under_the_tenant_role() {
 
 #[tokio::test]
 async fn the_tenant_pool_acts_for_the_scopes_org_and_for_none_outside_one() {
-    let app = App::start().await;
-    let acme = app.org("acme").await;
+    let (app, acme) = App::start().await.with_acme().await;
     let state = api::http::AppState::new(app.pool().clone(), app.db.url.parse().unwrap(), engine::testkit::secret_key());
     let who = "SELECT current_user::text, current_setting('shopfloor.org', true), (SELECT count(*) FROM projects)";
     let read = |db: Db| async move { sqlx::query_as::<_, (String, Option<String>, i64)>(who).fetch_one(&db).await.unwrap() };
@@ -242,8 +239,7 @@ async fn without_the_tenant_role_the_tenant_pool_keeps_its_users_role() {
 #[tokio::test]
 async fn no_row_pairs_an_org_with_another_orgs_project() {
     let app = App::start().await;
-    let acme = app.org("acme").await;
-    let other = app.org("other").await;
+    let [acme, other] = app.orgs(["acme", "other"]).await;
     let pool = app.pool().clone();
 
     let unpaired: Vec<String> = sqlx::query_scalar(

@@ -79,8 +79,12 @@ impl Server {
 }
 
 /// The org `acme` and its owner's first token.
-fn create_org(db: &TestDb) -> String {
-    admin(db, &["create-org", "--slug", "acme", "--owner-email", "owner@acme.test"]).ok().stdout.trim().to_owned()
+/// A test database with the org `acme`, made as `shopfloor admin create-org` makes it; answers
+/// the owner's token it printed.
+async fn db_with_org() -> (TestDb, String) {
+    let db = test_db().await;
+    let token = admin(&db, &["create-org", "--slug", "acme", "--owner-email", "owner@acme.test"]).ok().stdout.trim().to_owned();
+    (db, token)
 }
 
 fn kid(token: &str) -> String {
@@ -95,8 +99,7 @@ fn word_after<'a>(line: &'a str, after: &str) -> &'a str {
 
 #[tokio::test]
 async fn a_rotation_signs_new_tokens_with_a_new_key_and_old_tokens_keep_working() {
-    let db = test_db().await;
-    let first = create_org(&db);
+    let (db, first) = db_with_org().await;
     let server = Server::start(&db).await;
     assert_eq!(server.status(&first).await, StatusCode::OK);
 
@@ -136,8 +139,7 @@ async fn a_rotation_signs_new_tokens_with_a_new_key_and_old_tokens_keep_working(
 
 #[tokio::test]
 async fn a_retired_key_is_refused_after_its_grace_even_by_a_server_that_cached_it() {
-    let db = test_db().await;
-    let first = create_org(&db);
+    let (db, first) = db_with_org().await;
     let old_kid = kid(&first);
     let server = Server::start(&db).await;
     // The server has the key in its cache from now on.
@@ -177,8 +179,7 @@ async fn a_retired_key_is_refused_after_its_grace_even_by_a_server_that_cached_i
 
 #[tokio::test]
 async fn plaintext_keys_of_an_earlier_release_are_sealed_at_start_and_their_tokens_still_work() {
-    let db = test_db().await;
-    let first = create_org(&db);
+    let (db, first) = db_with_org().await;
     // As the previous release stored it: the secret in plaintext, nothing sealed.
     let (old_kid, sealed): (String, Vec<u8>) = sqlx::query_as("SELECT kid, sealed FROM signing_keys").fetch_one(&db.pool).await.unwrap();
     let secret = secret_key().open(&old_kid, &sealed).unwrap().expose_secret().to_vec();
@@ -197,8 +198,7 @@ async fn plaintext_keys_of_an_earlier_release_are_sealed_at_start_and_their_toke
 
 #[tokio::test]
 async fn a_missing_malformed_or_wrong_secret_key_is_one_line_that_says_what_to_set() {
-    let db = test_db().await;
-    create_org(&db);
+    let (db, _) = db_with_org().await;
     let keys_before: i64 = sqlx::query_scalar("SELECT count(*) FROM signing_keys").fetch_one(&db.pool).await.unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
     let listen = format!("127.0.0.1:{port}");

@@ -162,6 +162,21 @@ impl App {
         made["id"].as_str().unwrap_or_else(|| panic!("POST {path}: no id in {made}")).to_owned()
     }
 
+    /// The app with the org `acme`, as [`App::org`] makes it: a test's opening.
+    pub(crate) async fn with_acme(self) -> (App, Org) {
+        let org = self.org("acme").await;
+        (self, org)
+    }
+
+    /// An org per slug, each as [`App::org`] makes it.
+    pub(crate) async fn orgs<const N: usize>(&self, slugs: [&str; N]) -> [Org; N] {
+        let mut orgs = Vec::with_capacity(N);
+        for slug in slugs {
+            orgs.push(self.org(slug).await);
+        }
+        orgs.try_into().unwrap_or_else(|_| unreachable!("one org per slug"))
+    }
+
     /// Creates an org with a project `web`, the workflow `approve`, and a member per role.
     pub(crate) async fn org(&self, slug: &str) -> Org {
         let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();

@@ -188,6 +188,27 @@ impl Sim {
         assert!(w.start.is_empty(), "{w:?}");
         w.finished.unwrap_or_else(|| panic!("the run should be finished: {:?}", self.history))
     }
+
+    /// A run of `def` whose first walk starts `roots`.
+    fn start(def: Definition, roots: &[&str]) -> Self {
+        let mut sim = Sim::new(def);
+        assert_eq!(sim.started(), roots);
+        sim
+    }
+
+    /// Succeeds each `(node, then)` in turn, checking that the walk then starts `then`.
+    fn succeed_each(&mut self, script: &[(&str, &[&str])]) {
+        for &(node, then) in script {
+            self.succeed(node);
+            assert_eq!(self.started(), then, "after {node} succeeded");
+        }
+    }
+
+    /// Succeeds `node`, the last step open, and expects the run to complete.
+    fn complete(&mut self, node: &str) {
+        self.succeed(node);
+        assert_eq!(self.finish(), completed());
+    }
 }
 
 fn completed() -> Outcome {
@@ -198,20 +219,14 @@ fn failed(reason: &str) -> Outcome {
     Outcome::Failed { reason: reason.into() }
 }
 
-/// Runs the example's first two nodes, up to `build` being open.
-fn up_to_ci_build_open(sim: &mut Sim) {
-    assert_eq!(sim.started(), ["plan"]);
-    sim.succeed("plan");
-    assert_eq!(sim.started(), ["review_plan"]);
-    sim.succeed("review_plan");
-    assert_eq!(sim.started(), ["build"]);
-}
-
-/// Runs the example's first three nodes, up to `ci` being open.
-fn up_to_ci(sim: &mut Sim) {
-    up_to_ci_build_open(sim);
-    sim.succeed("build");
-    assert_eq!(sim.started(), ["ci"]);
+/// Runs the example along its main line, each node succeeding, until `open` is open.
+fn example_up_to(open: &str) -> Sim {
+    let line = ["plan", "review_plan", "build", "ci", "route"];
+    let mut sim = Sim::start(example(), &["plan"]);
+    for pair in line.windows(2).take_while(|pair| pair[0] != open) {
+        sim.succeed_each(&[(pair[0], &[pair[1]])]);
+    }
+    sim
 }
 
 /// The start of `node`'s `attempt` on its first visit, after `delay`.
@@ -224,10 +239,8 @@ fn retry(node: &str, attempt: u32, delay: Duration) -> Start {
 fn branched(c: Node, rest: Vec<Node>) -> Sim {
     let mut nodes = vec![crew("a", &[]), crew("b", &["a"]), c];
     nodes.extend(rest);
-    let mut sim = Sim::new(def(3, nodes));
-    assert_eq!(sim.started(), ["a"]);
-    sim.succeed("a");
-    assert_eq!(sim.started(), ["b", "c"]);
+    let mut sim = Sim::start(def(3, nodes), &["a"]);
+    sim.succeed_each(&[("a", &["b", "c"])]);
     sim
 }
 
@@ -241,15 +254,11 @@ fn diamond() -> Sim {
 
 #[test]
 fn roots_start_when_the_history_is_empty_and_never_again() {
-    let d = def(3, vec![node("t", &[], NodeKind::Trigger), crew("a", &[]), crew("b", &["t", "a"])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["t", "a"]);
+    let mut sim = Sim::start(def(3, vec![node("t", &[], NodeKind::Trigger), crew("a", &[]), crew("b", &["t", "a"])]), &["t", "a"]);
     sim.succeed("t");
     assert_eq!(sim.started(), Vec::<String>::new(), "b waits for its open sibling a");
-    sim.succeed("a");
-    assert_eq!(sim.started(), ["b"]);
-    sim.succeed("b");
-    assert_eq!(sim.finish(), completed());
+    sim.succeed_each(&[("a", &["b"])]);
+    sim.complete("b");
 }
 
 #[test]
@@ -273,40 +282,27 @@ fn an_empty_definition_completes_at_once() {
 
 #[test]
 fn the_example_runs_straight_through_on_the_default_route() {
-    let mut sim = Sim::new(example());
-    up_to_ci(&mut sim);
-    sim.succeed("ci");
-    assert_eq!(sim.started(), ["route"]);
+    let mut sim = example_up_to("route");
     sim.route("route", Some("open_pr"));
     assert_eq!(sim.started(), ["open_pr"], "the join does not wait for the branch not taken");
-    sim.succeed("open_pr");
-    assert_eq!(sim.finish(), completed());
+    sim.complete("open_pr");
 }
 
 #[test]
 fn a_decision_allows_exactly_its_chosen_target() {
-    let mut sim = Sim::new(example());
-    up_to_ci(&mut sim);
-    sim.succeed("ci");
-    assert_eq!(sim.started(), ["route"]);
+    let mut sim = example_up_to("route");
     sim.route("route", Some("big_change_review"));
     assert_eq!(sim.started(), ["big_change_review"], "open_pr lists route in `after` but was not chosen");
-    sim.succeed("big_change_review");
-    assert_eq!(sim.started(), ["open_pr"]);
-    sim.succeed("open_pr");
-    assert_eq!(sim.finish(), completed());
+    sim.succeed_each(&[("big_change_review", &["open_pr"])]);
+    sim.complete("open_pr");
 }
 
 #[test]
 fn a_failed_gate_loops_back_and_reruns_what_follows_as_new_visits() {
-    let mut sim = Sim::new(example());
-    up_to_ci(&mut sim);
+    let mut sim = example_up_to("ci");
     sim.fail("ci", "gate_failed", FailureClass::Ordinary, None);
     assert_eq!(sim.started(), ["build#2.1"]);
-    sim.succeed("build");
-    assert_eq!(sim.started(), ["ci#2.1"]);
-    sim.succeed("ci");
-    assert_eq!(sim.started(), ["route"]);
+    sim.succeed_each(&[("build", &["ci#2.1"]), ("ci", &["route"])]);
     sim.route("route", Some("open_pr"));
     assert_eq!(sim.started(), ["open_pr"]);
     sim.succeed("open_pr");
@@ -315,8 +311,7 @@ fn a_failed_gate_loops_back_and_reruns_what_follows_as_new_visits() {
 
 #[test]
 fn a_node_past_stop_the_line_attempts_stops_the_line() {
-    let mut sim = Sim::new(example());
-    up_to_ci(&mut sim);
+    let mut sim = example_up_to("ci");
     for visit in 2..=3 {
         sim.fail("ci", "gate_failed", FailureClass::Ordinary, None);
         assert_eq!(sim.started(), [format!("build#{visit}.1")]);
@@ -329,19 +324,15 @@ fn a_node_past_stop_the_line_attempts_stops_the_line() {
 
 #[test]
 fn stop_the_line_finishes_at_once_even_with_steps_open() {
-    let d = def(1, vec![crew("a", &[]), crew("slow", &[]), gate("g", &["a"], Some("a"))]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a", "slow"]);
-    sim.succeed("a");
-    assert_eq!(sim.started(), ["g"]);
+    let mut sim = Sim::start(def(1, vec![crew("a", &[]), crew("slow", &[]), gate("g", &["a"], Some("a"))]), &["a", "slow"]);
+    sim.succeed_each(&[("a", &["g"])]);
     sim.fail("g", "gate_failed", FailureClass::Ordinary, None);
     assert_eq!(sim.finish(), failed("stopped_line:a"));
 }
 
 #[test]
 fn an_ordinary_failure_retries_as_the_node_allows_with_doubling_backoff() {
-    let mut sim = Sim::new(example());
-    up_to_ci_build_open(&mut sim);
+    let mut sim = example_up_to("build");
     for (attempt, secs) in [(2, 30), (3, 60)] {
         sim.fail("build", "exit_code:1", FailureClass::Ordinary, Some(1));
         let w = sim.tick();
@@ -353,22 +344,18 @@ fn an_ordinary_failure_retries_as_the_node_allows_with_doubling_backoff() {
 
 #[test]
 fn the_exit_code_filter_limits_ordinary_retries() {
-    let mut sim = Sim::new(example());
-    up_to_ci_build_open(&mut sim);
+    let mut sim = example_up_to("build");
     sim.fail("build", "exit_code:2", FailureClass::Ordinary, Some(2));
     assert_eq!(sim.finish(), failed("exit_code:2"), "exit code 2 is not in exit_codes: [1]");
 
-    let mut sim = Sim::new(example());
-    up_to_ci_build_open(&mut sim);
+    let mut sim = example_up_to("build");
     sim.fail("build", "timeout", FailureClass::Ordinary, None);
     assert_eq!(sim.finish(), failed("timeout"), "no exit code matches no filter");
 }
 
 #[test]
 fn backoff_is_capped_at_max_backoff() {
-    let d = def(3, vec![with_retry(crew("a", &[]), 6, 10, 25, &[])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
+    let mut sim = Sim::start(def(3, vec![with_retry(crew("a", &[]), 6, 10, 25, &[])]), &["a"]);
     let mut delays = Vec::new();
     for _ in 1..6 {
         sim.fail("a", "exit_code:7", FailureClass::Ordinary, Some(7));
@@ -390,9 +377,7 @@ fn a_huge_attempt_number_saturates_the_backoff_instead_of_overflowing() {
 
 #[test]
 fn infrastructure_failures_retry_by_themselves_three_times_at_once() {
-    let d = def(3, vec![crew("a", &[])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
+    let mut sim = Sim::start(def(3, vec![crew("a", &[])]), &["a"]);
     for attempt in 2..=3 {
         sim.fail("a", "lease_expired", FailureClass::Infrastructure, None);
         let w = sim.tick();
@@ -404,9 +389,7 @@ fn infrastructure_failures_retry_by_themselves_three_times_at_once() {
 
 #[test]
 fn infrastructure_failures_and_the_nodes_own_are_counted_apart() {
-    let d = def(3, vec![with_retry(crew("a", &[]), 3, 1, 60, &[])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
+    let mut sim = Sim::start(def(3, vec![with_retry(crew("a", &[]), 3, 1, 60, &[])]), &["a"]);
     // A lost lease uses none of the node's three attempts, which it then has in full, each
     // backoff counting failures of its own kind.
     let script = [
@@ -432,19 +415,14 @@ fn infrastructure_failures_and_the_nodes_own_are_counted_apart() {
 #[test]
 fn a_final_failure_after_retries_keeps_its_own_reason() {
     let d = def(3, vec![with_retry(crew("a", &[]), 3, 1, 60, &[1])]);
-    let mut sim = Sim::new(d.clone());
-    assert_eq!(sim.started(), ["a"]);
-    sim.fail("a", "exit_code:1", FailureClass::Ordinary, Some(1));
-    sim.tick();
-    sim.fail("a", "budget_hard_stop", FailureClass::Final, None);
-    assert_eq!(sim.finish(), failed("budget_hard_stop"));
-    // An exit code the filter does not retry is no exhaustion either.
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
-    sim.fail("a", "exit_code:1", FailureClass::Ordinary, Some(1));
-    sim.tick();
-    sim.fail("a", "exit_code:2", FailureClass::Ordinary, Some(2));
-    assert_eq!(sim.finish(), failed("exit_code:2"));
+    // A final failure, and an exit code the filter does not retry, are no exhaustion either.
+    for (reason, class, exit_code) in [("budget_hard_stop", FailureClass::Final, None), ("exit_code:2", FailureClass::Ordinary, Some(2))] {
+        let mut sim = Sim::start(d.clone(), &["a"]);
+        sim.fail("a", "exit_code:1", FailureClass::Ordinary, Some(1));
+        sim.tick();
+        sim.fail("a", reason, class, exit_code);
+        assert_eq!(sim.finish(), failed(reason));
+    }
 }
 
 #[test]
@@ -459,9 +437,7 @@ fn infrastructure_failures_use_a_larger_retry_config() {
 
 #[test]
 fn a_final_failure_is_never_retried() {
-    let d = def(3, vec![with_retry(crew("a", &[]), 5, 1, 10, &[])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
+    let mut sim = Sim::start(def(3, vec![with_retry(crew("a", &[]), 5, 1, 10, &[])]), &["a"]);
     sim.fail("a", "budget_hard_stop", FailureClass::Final, None);
     assert_eq!(sim.finish(), failed("budget_hard_stop"));
 }
@@ -470,40 +446,30 @@ fn a_final_failure_is_never_retried() {
 fn a_failure_handler_starts_at_once_and_handles_the_failure() {
     let d =
         def(3, vec![crew("start", &[]), with_failure(crew("a", &["start"]), "cleanup"), crew("b", &["start"]), crew("after_a", &["a"]), crew("cleanup", &[])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["start"]);
-    sim.succeed("start");
-    assert_eq!(sim.started(), ["a", "b"]);
+    let mut sim = Sim::start(d, &["start"]);
+    sim.succeed_each(&[("start", &["a", "b"])]);
     sim.fail("a", "boom", FailureClass::Final, None);
     assert_eq!(sim.started(), ["cleanup"], "the handler does not wait for b; after_a does not start");
-    sim.succeed("b");
-    assert_eq!(sim.started(), Vec::<String>::new());
-    sim.succeed("cleanup");
-    assert_eq!(sim.finish(), completed());
+    sim.succeed_each(&[("b", &[])]);
+    sim.complete("cleanup");
 }
 
 #[test]
 fn continue_on_error_goes_on_as_if_the_step_had_succeeded() {
-    let d = def(3, vec![continuing(crew("a", &[])), crew("b", &["a"])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
+    let mut sim = Sim::start(def(3, vec![continuing(crew("a", &[])), crew("b", &["a"])]), &["a"]);
     sim.fail("a", "boom", FailureClass::Ordinary, Some(1));
     assert_eq!(sim.started(), ["b"]);
-    sim.succeed("b");
-    assert_eq!(sim.finish(), completed());
+    sim.complete("b");
 }
 
 #[test]
 fn a_failure_handler_takes_precedence_over_continue_on_error_and_on_fail() {
     let d = def(3, vec![crew("a", &[]), with_failure(continuing(gate("g", &["a"], Some("a"))), "h"), crew("next", &["g"]), crew("h", &[])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
-    sim.succeed("a");
-    assert_eq!(sim.started(), ["g"]);
+    let mut sim = Sim::start(d, &["a"]);
+    sim.succeed_each(&[("a", &["g"])]);
     sim.fail("g", "gate_failed", FailureClass::Ordinary, None);
     assert_eq!(sim.started(), ["h"]);
-    sim.succeed("h");
-    assert_eq!(sim.finish(), completed());
+    sim.complete("h");
 }
 
 #[test]
@@ -511,8 +477,7 @@ fn an_unhandled_failure_stops_its_branch_and_fails_the_run_once_the_others_are_d
     let mut sim = branched(crew("c", &["a"]), vec![crew("b2", &["b"]), crew("c2", &["c"])]);
     sim.fail("b", "first", FailureClass::Final, None);
     assert_eq!(sim.started(), Vec::<String>::new(), "b2 does not start, and c goes on");
-    sim.succeed("c");
-    assert_eq!(sim.started(), ["c2"]);
+    sim.succeed_each(&[("c", &["c2"])]);
     sim.fail("c2", "second", FailureClass::Final, None);
     assert_eq!(sim.finish(), failed("first"), "the earliest unhandled failure names the run's");
 }
@@ -520,19 +485,14 @@ fn an_unhandled_failure_stops_its_branch_and_fails_the_run_once_the_others_are_d
 #[test]
 fn a_join_waits_for_every_open_branch_and_starts_once() {
     let mut sim = diamond();
-    sim.succeed("c");
-    assert_eq!(sim.started(), Vec::<String>::new());
-    sim.succeed("b");
-    assert_eq!(sim.started(), ["j"]);
-    sim.succeed("j");
-    assert_eq!(sim.finish(), completed());
+    sim.succeed_each(&[("c", &[]), ("b", &["j"])]);
+    sim.complete("j");
 }
 
 #[test]
 fn a_join_goes_on_when_the_other_branch_failed_unhandled() {
     let mut sim = diamond();
-    sim.succeed("b");
-    assert_eq!(sim.started(), Vec::<String>::new());
+    sim.succeed_each(&[("b", &[])]);
     sim.fail("c", "boom", FailureClass::Final, None);
     assert_eq!(sim.started(), ["j"], "the edge from b was taken, and nothing is open before j");
     sim.succeed("j");
@@ -543,28 +503,19 @@ fn a_join_goes_on_when_the_other_branch_failed_unhandled() {
 fn a_join_waits_for_a_sibling_that_starts_in_the_same_walk() {
     // a → b → j and a → j: when a succeeds, b and j are both released, but j must wait for b
     // rather than run now and again after b.
-    let d = def(3, vec![crew("a", &[]), crew("b", &["a"]), crew("j", &["a", "b"])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
-    sim.succeed("a");
-    assert_eq!(sim.started(), ["b"]);
-    sim.succeed("b");
-    assert_eq!(sim.started(), ["j"]);
-    sim.succeed("j");
-    assert_eq!(sim.finish(), completed());
+    let mut sim = Sim::start(def(3, vec![crew("a", &[]), crew("b", &["a"]), crew("j", &["a", "b"])]), &["a"]);
+    sim.succeed_each(&[("a", &["b"]), ("b", &["j"])]);
+    sim.complete("j");
 }
 
 #[test]
 fn a_join_waits_for_a_sibling_whose_retry_is_pending() {
     let mut sim = branched(with_retry(crew("c", &["a"]), 2, 5, 5, &[]), vec![crew("j", &["b", "c"])]);
-    sim.succeed("b");
-    assert_eq!(sim.started(), Vec::<String>::new());
+    sim.succeed_each(&[("b", &[])]);
     sim.fail("c", "flaky", FailureClass::Ordinary, Some(1));
     assert_eq!(sim.started(), ["c#1.2"], "j does not start beside c's retry");
-    sim.succeed("c");
-    assert_eq!(sim.started(), ["j"]);
-    sim.succeed("j");
-    assert_eq!(sim.finish(), completed());
+    sim.succeed_each(&[("c", &["j"])]);
+    sim.complete("j");
 }
 
 #[test]
@@ -572,20 +523,14 @@ fn a_cycle_through_a_decision_does_not_deadlock() {
     // x and d wait on each other (d routes back to x): y releases both; x, earlier in the
     // definition, goes first and d waits for it.
     let d = def(3, vec![crew("y", &[]), crew("x", &["y"]), decision("d", &["x", "y"], &["x"], Some("z")), crew("z", &[])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["y"]);
-    sim.succeed("y");
-    assert_eq!(sim.started(), ["x"]);
-    sim.succeed("x");
-    assert_eq!(sim.started(), ["d"]);
+    let mut sim = Sim::start(d, &["y"]);
+    sim.succeed_each(&[("y", &["x"]), ("x", &["d"])]);
     sim.route("d", Some("x"));
     assert_eq!(sim.started(), ["x#2.1"]);
-    sim.succeed("x");
-    assert_eq!(sim.started(), ["d#2.1"]);
+    sim.succeed_each(&[("x", &["d#2.1"])]);
     sim.route("d", Some("z"));
     assert_eq!(sim.started(), ["z"]);
-    sim.succeed("z");
-    assert_eq!(sim.finish(), completed());
+    sim.complete("z");
 }
 
 #[test]
@@ -594,10 +539,8 @@ fn an_end_node_finishes_the_run_at_once() {
         [(EndOutcome::Completed, Outcome::Completed { reason: Some("ended:end_run".into()) }), (EndOutcome::Failed, failed("ended:end_run"))]
     {
         let d = def(3, vec![crew("a", &[]), crew("slow", &[]), end("stop", &["a"], outcome), crew("never", &["stop"])]);
-        let mut sim = Sim::new(d);
-        assert_eq!(sim.started(), ["a", "slow"]);
-        sim.succeed("a");
-        assert_eq!(sim.started(), ["stop"]);
+        let mut sim = Sim::start(d, &["a", "slow"]);
+        sim.succeed_each(&[("a", &["stop"])]);
         sim.succeed("stop");
         assert_eq!(sim.finish(), expected, "slow is still open; the engine cancels it");
     }
@@ -605,37 +548,29 @@ fn an_end_node_finishes_the_run_at_once() {
 
 #[test]
 fn a_decision_that_cannot_route_is_an_ordinary_failure() {
-    let d = def(3, vec![decision("d", &[], &["a"], None), crew("a", &[])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["d"]);
+    let mut sim = Sim::start(def(3, vec![decision("d", &[], &["a"], None), crew("a", &[])]), &["d"]);
     sim.fail("d", "route:$unknown", FailureClass::Ordinary, None);
     assert_eq!(sim.finish(), failed("route:$unknown"));
 }
 
 #[test]
 fn a_failed_decision_with_continue_on_error_takes_its_default() {
-    let d = def(3, vec![continuing(decision("d", &[], &["a"], Some("b"))), crew("a", &["d"]), crew("b", &["d"])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["d"]);
+    let mut sim = Sim::start(def(3, vec![continuing(decision("d", &[], &["a"], Some("b"))), crew("a", &["d"]), crew("b", &["d"])]), &["d"]);
     sim.fail("d", "route:$unknown", FailureClass::Ordinary, None);
     assert_eq!(sim.started(), ["b"]);
-    sim.succeed("b");
-    assert_eq!(sim.finish(), completed());
+    sim.complete("b");
 }
 
 #[test]
 fn a_cancelled_step_takes_no_edge_and_is_no_failure() {
-    let d = def(3, vec![crew("a", &[]), crew("b", &["a"])]);
-    let mut sim = Sim::new(d);
-    assert_eq!(sim.started(), ["a"]);
+    let mut sim = Sim::start(def(3, vec![crew("a", &[]), crew("b", &["a"])]), &["a"]);
     sim.cancel("a");
     assert_eq!(sim.finish(), completed());
 }
 
 #[test]
 fn walking_is_idempotent_and_ignores_the_order_of_the_history() {
-    let mut sim = Sim::new(example());
-    up_to_ci(&mut sim);
+    let mut sim = example_up_to("ci");
     sim.fail("ci", "gate_failed", FailureClass::Ordinary, None);
     let first = walk(&sim.def, &sim.history);
     assert_eq!(first, walk(&sim.def, &sim.history));

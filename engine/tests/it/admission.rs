@@ -15,7 +15,7 @@ use engine::testkit::{Engine, test_db};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::fixtures::{Seed, add_workflow, cancel, finish, new_run, poison, seed, started, until, until_done, with_input};
+use crate::fixtures::{Seed, add_workflow, cancel, finish, new_run, poison, seed, seeded, started, until, until_done, with_input};
 
 const PLAIN: &str = include_str!("../../../tests/workflows/one_crew_step.yaml");
 
@@ -118,8 +118,7 @@ nodes:
 
 #[tokio::test]
 async fn queue_runs_at_most_the_limit_at_once_and_releases_in_line_order() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", &group("deploy", 3, "queue")).await;
+    let (db, s) = seeded(&group("deploy", 3, "queue")).await;
     let results = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 150 } })).await;
     let runs: Vec<RunId> = results.into_iter().map(|r| r.expect("queue accepts every submit")).collect();
     // Three took the group's leases at submit; the others wait in line, and say where.
@@ -247,8 +246,7 @@ async fn set_cap(pool: &Db, org: OrgId, cap: i32) {
 
 #[tokio::test]
 async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", PLAIN).await;
+    let (db, s) = seeded(PLAIN).await;
     set_cap(&db.pool, s.org, 5).await;
     let runs: Vec<RunId> = submit_concurrently(&db.pool, &s, 50, json!({ "test": { "step_ms": 100 } })).await.into_iter().map(Result::unwrap).collect();
     // Five were admitted at submit; a submit that found the org's row busy was left to the
@@ -282,8 +280,7 @@ async fn the_org_cap_queues_runs_beyond_it_and_child_runs_never_wait() {
 /// journal's rows are written, and is that run's trouble alone.
 #[tokio::test]
 async fn a_run_failed_without_its_journal_hands_its_room_on() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", PLAIN).await;
+    let (db, s) = seeded(PLAIN).await;
     set_cap(&db.pool, s.org, 1).await;
     let first = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
     let second = submit(&db.pool, with_input(&s, json!({ "test": { "step_ms": 10 } }))).await.unwrap();
@@ -313,8 +310,7 @@ async fn held_in_line(pool: &Db, run: RunId) -> bool {
 
 #[tokio::test]
 async fn a_submit_is_refused_once_a_thousand_runs_wait_for_the_cap() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", PLAIN).await;
+    let (db, s) = seeded(PLAIN).await;
     set_cap(&db.pool, s.org, 1).await;
     // No engine: the first run holds the only slot, the next 1,000 wait.
     for _ in 0..10 {
@@ -430,8 +426,7 @@ nodes:
 
 #[tokio::test]
 async fn a_soft_budget_holds_new_runs_but_lets_crew_steps_run() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", "name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n  more:\n    after: [work]\n    crew: { harness: claude-code, prompt: more }\n").await;
+    let (db, s) = seeded("name: plain\nnodes:\n  work:\n    crew: { harness: claude-code, prompt: work }\n  more:\n    after: [work]\n    crew: { harness: claude-code, prompt: more }\n").await;
     set_budget(&db.pool, s.org, None, 1.0, false).await;
     let eng = Engine::executing(&db, "e1", None);
     let first = submit(&db.pool, with_input(&s, json!({ "test": { "cost_usd": 2 } }))).await.unwrap();
@@ -489,8 +484,7 @@ async fn old_runs(pool: &Db, s: &Seed, n: i64, days: i32) {
 
 #[tokio::test]
 async fn retention_deletes_what_is_past_it_and_nothing_else_without_blocking_new_runs() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", PLAIN).await;
+    let (db, s) = seeded(PLAIN).await;
     set_cap(&db.pool, s.org, 100_000).await;
     old_runs(&db.pool, &s, 10_000, 40).await;
     old_runs(&db.pool, &s, 50, 20).await;
@@ -587,8 +581,7 @@ async fn until_started(pool: &Db, run: RunId) {
 
 #[tokio::test]
 async fn a_full_board_column_holds_runs_that_move_cards_into_it_and_releases_them_in_order() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", BOARDED).await;
+    let (db, s) = seeded(BOARDED).await;
     set_board_limit(&db.pool, &s, "In progress", Some(2)).await;
     let results = submit_concurrently(&db.pool, &s, 5, json!({ "test": { "step_ms": 200 } })).await;
     let runs: Vec<RunId> = results.into_iter().map(|r| r.expect("a full column holds, never refuses")).collect();
@@ -634,8 +627,7 @@ async fn move_card(pool: &Db, delivery: &str, content_node_id: &str, column: &st
 
 #[tokio::test]
 async fn room_in_a_column_is_freed_by_a_card_leaving_it_a_raised_limit_and_a_run_ending() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", BOARDED).await;
+    let (db, s) = seeded(BOARDED).await;
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
     engine::store::installations::connect_for_test(&mut ch, s.org, s.project, 77, "acme", "acme/web").await.unwrap();
     let mut items = Vec::new();
@@ -728,8 +720,7 @@ async fn until_true(pool: &Db, sql: &str) {
 
 #[tokio::test]
 async fn a_runs_journal_lives_as_long_as_the_run_and_its_partition_goes_whole_after_it() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", PLAIN).await;
+    let (db, s) = seeded(PLAIN).await;
     // 300 runs that ended 20 days ago (within the 90 days of retention), four events each,
     // the first two 40 days old: past what the stream replays, still their runs' history.
     old_runs(&db.pool, &s, 300, 20).await;

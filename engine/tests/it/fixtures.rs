@@ -37,10 +37,16 @@ pub(crate) async fn submit(pool: &Db, s: &Seed) -> RunId {
     submit_new(pool, new_run(s)).await
 }
 
-/// A test database seeded with `source` and an engine `e1` with the test executor on it.
-pub(crate) async fn started(source: &str) -> (TestDb, Seed, Engine) {
+/// A test database seeded with `source`: the org `acme`, its project and the workflow.
+pub(crate) async fn seeded(source: &str) -> (TestDb, Seed) {
     let db = test_db().await;
     let s = seed(&db.pool, "acme", source).await;
+    (db, s)
+}
+
+/// A test database seeded with `source` and an engine `e1` with the test executor on it.
+pub(crate) async fn started(source: &str) -> (TestDb, Seed, Engine) {
+    let (db, s) = seeded(source).await;
     let eng = Engine::executing(&db, "e1", None);
     (db, s, eng)
 }
@@ -54,8 +60,7 @@ pub(crate) async fn finish(eng: Engine, db: TestDb) {
 
 /// A test database seeded with `source` and a run of it submitted, with no engine to move it.
 pub(crate) async fn submitted(source: &str) -> (TestDb, Seed, RunId) {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", source).await;
+    let (db, s) = seeded(source).await;
     let run = submit(&db.pool, &s).await;
     (db, s, run)
 }

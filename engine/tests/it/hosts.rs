@@ -15,7 +15,7 @@ use engine::testkit::test_db;
 use protocol::Usage;
 use serde_json::json;
 
-use crate::fixtures::{Seed, TWO_STEPS, count, locked, seed, submit};
+use crate::fixtures::{Seed, TWO_STEPS, count, locked, seeded, submit};
 
 /// A registration token's row, as the API's `issue_registration_token` writes it.
 async fn registration(pool: &Db, s: &Seed) -> uuid::Uuid {
@@ -91,8 +91,7 @@ fn line(seq: i64, text: &str) -> LogLine {
 
 #[tokio::test]
 async fn a_registration_token_registers_one_host() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let (db, s) = seeded(TWO_STEPS).await;
     let token = registration(&db.pool, &s).await;
     let caps = [Capability::parse("linux").unwrap()];
     let new = NewHost { org: s.org, project: s.project, name: "box", capabilities: &caps, max_concurrent: 2, registration: token };
@@ -109,8 +108,7 @@ async fn a_registration_token_registers_one_host() {
 
 #[tokio::test]
 async fn a_claim_takes_what_the_hosts_capabilities_and_free_slots_allow() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let (db, s) = seeded(TWO_STEPS).await;
     let catalog = Catalog::default();
     let host = register(&db.pool, &s, "box", &["linux", "harness:claude-code"], 2).await;
     let (_, gpu) = ready_step(&db.pool, &s, &["gpu"]).await;
@@ -152,8 +150,7 @@ async fn a_claim_takes_what_the_hosts_capabilities_and_free_slots_allow() {
 
 #[tokio::test]
 async fn reports_renew_the_lease_and_stop_at_the_runs_transcript_cap_with_a_note() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let (db, s) = seeded(TWO_STEPS).await;
     let host = register(&db.pool, &s, "box", &["linux"], 1).await;
     let (run, step) = started_on(&db.pool, &s, &host).await;
     sqlx::query("UPDATE steps SET lease_expires_at = now() + interval '1 second' WHERE step_id = $1").bind(step).execute(&db.pool).await.unwrap();
@@ -192,8 +189,7 @@ async fn reports_renew_the_lease_and_stop_at_the_runs_transcript_cap_with_a_note
 
 #[tokio::test]
 async fn a_completion_is_fenced_on_the_holder_and_wakes_the_run() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let (db, s) = seeded(TWO_STEPS).await;
     let host = register(&db.pool, &s, "box", &["linux"], 2).await;
     let other = register(&db.pool, &s, "other", &["linux"], 2).await;
     let (run, step) = started_on(&db.pool, &s, &host).await;

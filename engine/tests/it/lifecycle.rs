@@ -17,7 +17,7 @@ use engine::testkit::{Engine, TestDb, test_db};
 use serde_json::{Value, json};
 
 use crate::fixtures::{
-    Seed, add_workflow, approve, cancel, finish, new_run, reject, rerun, scalar, seed, started, submit_new, submitted, until, until_done, with_input,
+    Seed, add_workflow, approve, cancel, finish, new_run, reject, rerun, scalar, seed, seeded, started, submit_new, submitted, until, until_done, with_input,
 };
 
 /// Approves the run's start (a workflow with `approval: required`).
@@ -58,12 +58,43 @@ async fn why(pool: &Db, org: OrgId, run: RunId) -> Why {
     substate::why(pool, org, run).await.unwrap()
 }
 
+/// Polls until `pred` holds for the run's steps, then asks why the run is where it is.
+async fn why_once(pool: &Db, org: OrgId, run: RunId, what: &str, pred: impl Fn(&[String]) -> bool) -> Why {
+    until_steps(pool, run, what, pred).await;
+    why(pool, org, run).await
+}
+
+/// An engine on `source` and a run of it for each of `inputs`, submitted in turn.
+async fn started_runs<const N: usize>(source: &str, inputs: [Value; N]) -> (TestDb, Seed, Engine, [RunId; N]) {
+    let (db, s, eng) = started(source).await;
+    let mut runs = Vec::new();
+    for input in inputs {
+        runs.push(submit_new(&db.pool, with_input(&s, input)).await);
+    }
+    (db, s, eng, runs.try_into().unwrap())
+}
+
+/// An engine on `source` and a run of it with no input, once the run has a step `step`
+/// (`node:visit.attempt:state`), with why it is where it is.
+async fn started_until(source: &str, what: &str, step: &str) -> (TestDb, Seed, Engine, RunId, Why) {
+    let (db, s, eng, [run]) = started_runs(source, [json!({})]).await;
+    let w = why_once(&db.pool, s.org, run, what, |steps| has(steps, step)).await;
+    (db, s, eng, run, w)
+}
+
 fn name(why: &Why) -> Option<&'static str> {
     why.substate.as_ref().map(Substate::name)
 }
 
 async fn status(pool: &Db, run: RunId) -> (String, Option<String>) {
     until_done(pool, run, Duration::from_secs(20)).await
+}
+
+/// Waits for the run to end, then checks its status and reason, and its steps.
+async fn assert_ended(pool: &Db, run: RunId, ended: (&str, Option<&str>), steps: &[&str]) {
+    let (status, reason) = status(pool, run).await;
+    assert_eq!((status.as_str(), reason.as_deref()), ended, "the status and reason of {run}");
+    assert_eq!(steps_of(pool, run).await, steps, "the steps of {run}");
 }
 
 /// The file the test executor records each execution in, in a directory kept as long as this.
@@ -84,8 +115,7 @@ impl Effects {
 
 /// As [`started`], with the test executor recording each execution in [`Effects`].
 async fn started_recording(source: &str) -> (TestDb, Seed, Engine, Effects) {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", source).await;
+    let (db, s) = seeded(source).await;
     let dir = tempfile::tempdir().unwrap();
     let effects = Effects { path: dir.path().join("effects"), _dir: dir };
     let eng = Engine::executing(&db, "e1", Some(&effects.path));
@@ -108,19 +138,22 @@ const RETRY: &str = include_str!("../../../tests/workflows/retry.yaml");
 
 #[tokio::test]
 async fn a_failed_step_retries_with_doubling_backoff_and_only_on_listed_exit_codes() {
-    let (db, s, eng) = started(RETRY).await;
-    let recovers = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 2 } } }))).await;
-    let wrong_code = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 }, "exit_code": 2 } }))).await;
-    let exhausted = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 9 } } }))).await;
+    let (db, s, eng, [recovers, wrong_code, exhausted]) = started_runs(
+        RETRY,
+        [
+            json!({ "test": { "fail_attempts": { "build": 2 } } }),
+            json!({ "test": { "fail_attempts": { "build": 1 }, "exit_code": 2 } }),
+            json!({ "test": { "fail_attempts": { "build": 9 } } }),
+        ],
+    )
+    .await;
 
     // While the backoff runs the run is asleep, and says after what.
-    until_steps(&db.pool, recovers, "the second attempt", |s| has(s, "build:1.2:pending")).await;
-    let w = why(&db.pool, s.org, recovers).await;
+    let w = why_once(&db.pool, s.org, recovers, "the second attempt", |s| has(s, "build:1.2:pending")).await;
     assert_eq!(name(&w), Some("sleeping"), "{}", w.text);
     assert!(w.text.starts_with("Asleep until ") && w.text.ends_with(" UTC (retry 1 of build after exit code 1)"), "{}", w.text);
 
-    assert_eq!(status(&db.pool, recovers).await, ("completed".into(), None));
-    assert_eq!(steps_of(&db.pool, recovers).await, ["build:1.1:failed:exit_code:1", "build:1.2:failed:exit_code:1", "build:1.3:succeeded"]);
+    assert_ended(&db.pool, recovers, ("completed", None), &["build:1.1:failed:exit_code:1", "build:1.2:failed:exit_code:1", "build:1.3:succeeded"]).await;
     // The backoff doubles: at least 1 s before attempt 2, at least 2 s before attempt 3 (how
     // much later a loaded machine starts them is `make bench`'s to measure).
     let gaps: Vec<f64> = sqlx::query_scalar(
@@ -135,8 +168,7 @@ async fn a_failed_step_retries_with_doubling_backoff_and_only_on_listed_exit_cod
     assert!(gaps[0] >= 1.0 && gaps[1] >= 2.0, "{gaps:?}");
 
     // Exit code 2 is not listed: no retry, the run fails with the step's reason.
-    assert_eq!(status(&db.pool, wrong_code).await, ("failed".into(), Some("exit_code:2".into())));
-    assert_eq!(steps_of(&db.pool, wrong_code).await, ["build:1.1:failed:exit_code:2"]);
+    assert_ended(&db.pool, wrong_code, ("failed", Some("exit_code:2")), &["build:1.1:failed:exit_code:2"]).await;
     assert_eq!(why(&db.pool, s.org, wrong_code).await.text, "Finished: failed at build: exit_code:2");
 
     assert_eq!(status(&db.pool, exhausted).await, ("failed".into(), Some("attempts_exhausted".into())));
@@ -170,8 +202,7 @@ async fn open_step(pool: &Db, run: RunId) -> StepId {
 
 #[tokio::test]
 async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", HOST_STEP).await;
+    let (db, s) = seeded(HOST_STEP).await;
     let eng = Engine::start(&db.pool, engine::testkit::pool_config("e1", &db.url, None));
     let run = submit_new(&db.pool, new_run(&s)).await;
     until_steps(&db.pool, run, "a ready step", |s| has(s, "build:1.1:pending")).await;
@@ -236,8 +267,13 @@ async fn a_host_step_is_routed_and_a_lost_host_is_retried_by_itself_three_times(
             until_steps(&db.pool, run, "the next attempt", |s| has(s, &format!("build:1.{}:pending", attempt + 1))).await;
         }
     }
-    assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("attempts_exhausted".into())));
-    assert_eq!(steps_of(&db.pool, run).await, ["build:1.1:failed:lease_expired", "build:1.2:failed:lease_expired", "build:1.3:failed:lease_expired"]);
+    assert_ended(
+        &db.pool,
+        run,
+        ("failed", Some("attempts_exhausted")),
+        &["build:1.1:failed:lease_expired", "build:1.2:failed:lease_expired", "build:1.3:failed:lease_expired"],
+    )
+    .await;
     let classes: Vec<String> = sqlx::query_scalar("SELECT failure_class FROM steps WHERE run_id = $1").bind(run).fetch_all(&db.pool).await.unwrap();
     assert_eq!(classes, ["infrastructure"; 3]);
     finish(eng, db).await;
@@ -267,13 +303,14 @@ const LOOP: &str = include_str!("../../../tests/workflows/loop.yaml");
 
 #[tokio::test]
 async fn a_node_past_stop_the_line_attempts_fails_the_run_naming_it() {
-    let (db, s, eng) = started(LOOP).await;
-    let run = submit_new(&db.pool, with_input(&s, json!({ "test": { "gate_fail_visits": [1, 2, 3] } }))).await;
-    assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("stopped_line:build".into())));
-    assert_eq!(
-        steps_of(&db.pool, run).await,
-        ["plan:1.1:succeeded", "build:1.1:succeeded", "ci:1.1:failed:gate_failed", "build:2.1:succeeded", "ci:2.1:failed:gate_failed"]
-    );
+    let (db, s, eng, [run]) = started_runs(LOOP, [json!({ "test": { "gate_fail_visits": [1, 2, 3] } })]).await;
+    assert_ended(
+        &db.pool,
+        run,
+        ("failed", Some("stopped_line:build")),
+        &["plan:1.1:succeeded", "build:1.1:succeeded", "ci:1.1:failed:gate_failed", "build:2.1:succeeded", "ci:2.1:failed:gate_failed"],
+    )
+    .await;
     assert_eq!(why(&db.pool, s.org, run).await.text, "Finished: failed at build: stopped_line:build");
     finish(eng, db).await;
 }
@@ -282,16 +319,10 @@ const ROUTE: &str = include_str!("../../../tests/workflows/route.yaml");
 
 #[tokio::test]
 async fn a_decision_takes_the_first_true_case_or_fails_with_route_unknown() {
-    let (db, s, eng) = started(ROUTE).await;
-    let big = submit_new(&db.pool, with_input(&s, json!({ "size": 10 }))).await;
-    let medium = submit_new(&db.pool, with_input(&s, json!({ "size": 3 }))).await;
-    let none = submit_new(&db.pool, with_input(&s, json!({ "size": 1 }))).await;
-    assert_eq!(status(&db.pool, big).await.0, "completed");
-    assert_eq!(steps_of(&db.pool, big).await, ["size:1.1:succeeded", "big:1.1:succeeded"]);
-    assert_eq!(status(&db.pool, medium).await.0, "completed");
-    assert_eq!(steps_of(&db.pool, medium).await, ["size:1.1:succeeded", "medium:1.1:succeeded"]);
-    assert_eq!(status(&db.pool, none).await, ("failed".into(), Some("route:$unknown".into())));
-    assert_eq!(steps_of(&db.pool, none).await, ["size:1.1:failed:route:$unknown"]);
+    let (db, s, eng, [big, medium, none]) = started_runs(ROUTE, [json!({ "size": 10 }), json!({ "size": 3 }), json!({ "size": 1 })]).await;
+    assert_ended(&db.pool, big, ("completed", None), &["size:1.1:succeeded", "big:1.1:succeeded"]).await;
+    assert_ended(&db.pool, medium, ("completed", None), &["size:1.1:succeeded", "medium:1.1:succeeded"]).await;
+    assert_ended(&db.pool, none, ("failed", Some("route:$unknown")), &["size:1.1:failed:route:$unknown"]).await;
     assert_eq!(why(&db.pool, s.org, none).await.text, "Finished: failed at size: route:$unknown");
     finish(eng, db).await;
 }
@@ -300,14 +331,11 @@ const CONTINUE: &str = include_str!("../../../tests/workflows/continue.yaml");
 
 #[tokio::test]
 async fn continue_on_error_goes_on_and_a_failure_handler_runs_instead_of_what_follows() {
-    let (db, s, eng) = started(CONTINUE).await;
-    let lint_fails = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "lint": 1 } } }))).await;
-    let build_fails = submit_new(&db.pool, with_input(&s, json!({ "test": { "fail_attempts": { "build": 1 } } }))).await;
-    assert_eq!(status(&db.pool, lint_fails).await, ("completed".into(), None));
-    assert_eq!(steps_of(&db.pool, lint_fails).await, ["lint:1.1:failed:exit_code:1", "build:1.1:succeeded", "ship:1.1:succeeded"]);
+    let (db, _, eng, [lint_fails, build_fails]) =
+        started_runs(CONTINUE, [json!({ "test": { "fail_attempts": { "lint": 1 } } }), json!({ "test": { "fail_attempts": { "build": 1 } } })]).await;
+    assert_ended(&db.pool, lint_fails, ("completed", None), &["lint:1.1:failed:exit_code:1", "build:1.1:succeeded", "ship:1.1:succeeded"]).await;
     // The handler takes the failure: the run completes, and `ship` never starts.
-    assert_eq!(status(&db.pool, build_fails).await, ("completed".into(), None));
-    assert_eq!(steps_of(&db.pool, build_fails).await, ["lint:1.1:succeeded", "build:1.1:failed:exit_code:1", "notify:1.1:succeeded"]);
+    assert_ended(&db.pool, build_fails, ("completed", None), &["lint:1.1:succeeded", "build:1.1:failed:exit_code:1", "notify:1.1:succeeded"]).await;
     finish(eng, db).await;
 }
 
@@ -315,10 +343,8 @@ const END: &str = include_str!("../../../tests/workflows/end.yaml");
 
 #[tokio::test]
 async fn an_end_node_finishes_the_run_at_once_and_cancels_what_is_still_open() {
-    let (db, s, eng) = started(END).await;
-    let run = submit_new(&db.pool, new_run(&s)).await;
-    assert_eq!(status(&db.pool, run).await, ("failed".into(), Some("ended:end_run".into())));
-    assert_eq!(steps_of(&db.pool, run).await, ["slow:1.1:cancelled:run ended", "quick:1.1:succeeded", "stop:1.1:succeeded"]);
+    let (db, s, eng, [run]) = started_runs(END, [json!({})]).await;
+    assert_ended(&db.pool, run, ("failed", Some("ended:end_run")), &["slow:1.1:cancelled:run ended", "quick:1.1:succeeded", "stop:1.1:succeeded"]).await;
     assert_eq!(scalar::<i64>(&db.pool, "SELECT count(*) FROM wakes WHERE run_id = $1", run).await, 0);
     assert_eq!(why(&db.pool, s.org, run).await.text, "Finished: failed at stop: ended:end_run");
     finish(eng, db).await;
@@ -343,8 +369,7 @@ async fn child_of(pool: &Db, parent: RunId) -> RunId {
 
 #[tokio::test]
 async fn a_parent_awaits_its_child_and_cancelling_it_cancels_the_waiting_tree() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", PARENT).await;
+    let (db, s) = seeded(PARENT).await;
     add_workflow(&db.pool, &s, "middle", MIDDLE).await;
     add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
     let eng = Engine::executing(&db, "e1", None);
@@ -386,14 +411,12 @@ const GUARDED: &str = include_str!("../../../tests/workflows/guarded.yaml");
 
 #[tokio::test]
 async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", GUARDED).await;
+    let (db, s) = seeded(GUARDED).await;
     let def = engine::definition::parse(GUARDED).unwrap();
     let eng = Engine::executing(&db, "e1", None);
     let new = || NewRun { needs_approval: def.approval_required, ..new_run(&s) };
     let run = submit_new(&db.pool, new()).await;
-    until_steps(&db.pool, run, "the run's approval", |s| s == ["$start:1.1:waiting"]).await;
-    let w = why(&db.pool, s.org, run).await;
+    let w = why_once(&db.pool, s.org, run, "the run's approval", |s| s == ["$start:1.1:waiting"]).await;
     assert_eq!((name(&w), w.words.as_str()), (Some("awaiting_signal"), "waiting for approval"));
     assert_eq!(w.text, "Waiting for approval to start: Start this run?");
     // Parked means parked: nothing else starts while it waits.
@@ -401,8 +424,7 @@ async fn a_workflow_requiring_approval_parks_each_new_run_until_approved() {
     assert_eq!(steps_of(&db.pool, run).await, ["$start:1.1:waiting"]);
 
     approve_start(&db.pool, s.org, run).await;
-    assert_eq!(status(&db.pool, run).await, ("completed".into(), None));
-    assert_eq!(steps_of(&db.pool, run).await, ["$start:1.1:succeeded", "build:1.1:succeeded"]);
+    assert_ended(&db.pool, run, ("completed", None), &["$start:1.1:succeeded", "build:1.1:succeeded"]).await;
 
     // Rejected at the start, the run is cancelled before any work.
     let run = submit_new(&db.pool, new()).await;
@@ -416,17 +438,13 @@ const EXPIRES: &str = include_str!("../../../tests/workflows/expires.yaml");
 
 #[tokio::test]
 async fn an_unanswered_approval_with_a_timeout_resolves_with_timed_out() {
-    let (db, s, eng) = started(EXPIRES).await;
-    let run = submit_new(&db.pool, new_run(&s)).await;
-    until_steps(&db.pool, run, "the approval", |s| has(s, "ask:1.1:waiting")).await;
-    let w = why(&db.pool, s.org, run).await;
+    let (db, _, eng, run, w) = started_until(EXPIRES, "the approval", "ask:1.1:waiting").await;
     assert!(w.text.starts_with("Waiting for approval at ask: Ship it? (deadline ") && w.text.ends_with(" UTC)"), "{}", w.text);
     match &w.substate {
         Some(Substate::AwaitingSignal { approval: true, prompt, deadline: Some(_), .. }) => assert_eq!(prompt.as_deref(), Some("Ship it?")),
         other => panic!("{other:?}"),
     }
-    assert_eq!(status(&db.pool, run).await, ("completed".into(), None));
-    assert_eq!(steps_of(&db.pool, run).await, ["ask:1.1:succeeded", "late:1.1:succeeded", "unanswered:1.1:succeeded"]);
+    assert_ended(&db.pool, run, ("completed", None), &["ask:1.1:succeeded", "late:1.1:succeeded", "unanswered:1.1:succeeded"]).await;
     let (output, timed_out): (Value, bool) =
         sqlx::query_as("SELECT output, timed_out FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(&db.pool).await.unwrap();
     assert_eq!((output, timed_out), (json!({ "timed_out": true }), true));
@@ -454,8 +472,7 @@ nodes:
     let s = seed(&db.pool, "acme", &source).await;
     let eng = Engine::executing(&db, "e1", None);
     let run = submit_new(&db.pool, new_run(&s)).await;
-    until_steps(&db.pool, run, "the waits", |s| has(s, "nap:1.1:waiting") && has(s, "past:1.1:succeeded")).await;
-    let w = why(&db.pool, s.org, run).await;
+    let w = why_once(&db.pool, s.org, run, "the waits", |s| has(s, "nap:1.1:waiting") && has(s, "past:1.1:succeeded")).await;
     assert_eq!(name(&w), Some("sleeping"));
     assert_eq!(w.text, format!("Asleep until {} (wait at nap)", until.format("%H:%M:%S UTC")));
     assert_eq!(status(&db.pool, run).await.0, "completed");
@@ -469,10 +486,7 @@ const EVENT: &str = include_str!("../../../tests/workflows/event.yaml");
 
 #[tokio::test]
 async fn an_event_wait_awaits_its_event_until_its_deadline() {
-    let (db, s, eng) = started(EVENT).await;
-    let run = submit_new(&db.pool, new_run(&s)).await;
-    until_steps(&db.pool, run, "the wait", |s| has(s, "merged:1.1:waiting")).await;
-    let w = why(&db.pool, s.org, run).await;
+    let (db, s, eng, run, w) = started_until(EVENT, "the wait", "merged:1.1:waiting").await;
     assert_eq!(w.words, "waiting for pull_request.closed");
     match &w.substate {
         Some(Substate::AwaitingSignal { approval: false, signal, deadline: Some(_), .. }) => assert_eq!(signal, "pull_request.closed"),
@@ -578,8 +592,7 @@ async fn cancel_removes_pending_steps_and_refuses_the_holders_later_completion()
     let (db, s, eng, effects) = started_recording(CANCEL).await;
     let input = json!({ "test": { "step_ms": { "slow": 1500 }, "fail_attempts": { "flaky": 1 } } });
     let run = submit_new(&db.pool, with_input(&s, input)).await;
-    until_steps(&db.pool, run, "a running step and a backoff", |s| has(s, "slow:1.1:running") && has(s, "flaky:1.2:pending")).await;
-    let w = why(&db.pool, s.org, run).await;
+    let w = why_once(&db.pool, s.org, run, "a running step and a backoff", |s| has(s, "slow:1.1:running") && has(s, "flaky:1.2:pending")).await;
     assert_eq!(w.text, "Running slow on engine e1 (and 1 more open step)");
 
     cancel(&db.pool, s.org, run, "superseded").await;
@@ -638,8 +651,7 @@ async fn a_draining_engine_stops_claiming_finishes_what_it_holds_and_returns_in_
 
 #[tokio::test]
 async fn why_reports_queued_and_held_runs_and_only_for_the_runs_org() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_CREW).await;
+    let (db, s) = seeded(TWO_CREW).await;
     // No engine runs: the run has started nothing.
     let run = submit_new(&db.pool, new_run(&s)).await;
     let w = why(&db.pool, s.org, run).await;
@@ -687,8 +699,7 @@ const VERSIONED_V2: &str = include_str!("../../../tests/workflows/versioned_v2.y
 
 #[tokio::test]
 async fn a_running_run_keeps_its_version_when_a_new_one_is_uploaded() {
-    let (db, s, eng) = started(VERSIONED_V1).await;
-    let old = submit_new(&db.pool, new_run(&s)).await;
+    let (db, s, eng, [old]) = started_runs(VERSIONED_V1, [json!({})]).await;
     until_steps(&db.pool, old, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
 
     let (_, version) = add_workflow(&db.pool, &s, "wf", VERSIONED_V2).await;
@@ -716,8 +727,7 @@ const PROMPTED: &str = include_str!("../../../tests/workflows/prompted.yaml");
 
 #[tokio::test]
 async fn an_approval_prompt_is_rendered_and_its_deadline_is_a_time() {
-    let (db, s, eng) = started(PROMPTED).await;
-    let run = submit_new(&db.pool, with_input(&s, json!({ "title": "the widget" }))).await;
+    let (db, _, eng, [run]) = started_runs(PROMPTED, [json!({ "title": "the widget" })]).await;
     until_steps(&db.pool, run, "the approval waiting", |s| has(s, "ask:1.1:waiting")).await;
     let (prompt, deadline): (String, chrono::DateTime<chrono::Utc>) =
         sqlx::query_as("SELECT prompt, deadline FROM approvals WHERE run_id = $1").bind(run).fetch_one(&db.pool).await.unwrap();
@@ -734,8 +744,7 @@ const BAD_CHILD_INPUT: &str = include_str!("../../../tests/workflows/bad_input.y
 
 #[tokio::test]
 async fn a_child_input_that_does_not_render_fails_its_step_naming_it() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", BAD_CHILD_INPUT).await;
+    let (db, s) = seeded(BAD_CHILD_INPUT).await;
     add_workflow(&db.pool, &s, "leaf", LEAF_QUICK).await;
     let eng = Engine::executing(&db, "e1", None);
     let run = submit_new(&db.pool, new_run(&s)).await;
@@ -777,8 +786,7 @@ async fn lifecycle(pool: &Db, run: RunId) -> Vec<String> {
 
 #[tokio::test]
 async fn an_event_wait_announces_itself_expires_and_is_withdrawn() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", EVENT_WAIT_SHORT).await;
+    let (db, s) = seeded(EVENT_WAIT_SHORT).await;
     let (patient, version) = add_workflow(&db.pool, &s, "patient", EVENT_WAIT).await;
     let eng = Engine::executing(&db, "e1", None);
 

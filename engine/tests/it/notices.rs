@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use engine::store::{Actor, Change, NOTIFY_CHANNEL, Notice, operator, runs};
-use engine::testkit::{Engine, test_db};
+use engine::testkit::Engine;
 use sqlx::postgres::PgListener;
 
-use crate::fixtures::{new_run, seed, until_done};
+use crate::fixtures::{new_run, seeded, until_done};
 
 const FAILS: &str = include_str!("../../../tests/workflows/fails_at_once.yaml");
 
@@ -30,8 +30,7 @@ fn payloads_are_words_and_engines_act_on_wakes_only() {
 
 #[tokio::test]
 async fn one_notification_per_change_and_events_alone_are_told_after_their_commits() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", FAILS).await;
+    let (db, s) = seeded(FAILS).await;
     // Runs that fail at once, so that resolving them writes an event and nothing else.
     let eng = Engine::executing(&db, "e1", None);
     let mut failed = Vec::new();

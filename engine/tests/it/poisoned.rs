@@ -7,15 +7,14 @@ use std::time::Duration;
 
 use engine::ids::RunId;
 use engine::store::engine_errors::ENGINE_ERROR_LIMIT;
-use engine::testkit::{Engine, test_db};
+use engine::testkit::Engine;
 use serde_json::Value;
 
-use crate::fixtures::{TWO_STEPS, count, finish, poison, seed, submit};
+use crate::fixtures::{TWO_STEPS, count, finish, poison, seeded, submit};
 
 #[tokio::test]
 async fn a_poisoned_run_fails_engine_error_and_the_others_complete() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let (db, s) = seeded(TWO_STEPS).await;
     let mut runs: Vec<RunId> = Vec::new();
     for _ in 0..200 {
         runs.push(submit(&db.pool, &s).await);

@@ -9,12 +9,11 @@ use engine::store::{Actor, Change, StoreError, runs};
 use engine::testkit::test_db;
 use serde_json::json;
 
-use crate::fixtures::{TWO_STEPS, cancel, count, locked, new_run, seed, submit, submitted};
+use crate::fixtures::{TWO_STEPS, cancel, count, locked, new_run, seeded, submit, submitted};
 
 #[tokio::test]
 async fn a_failure_mid_change_leaves_nothing_written() {
-    let db = test_db().await;
-    let s = seed(&db.pool, "acme", TWO_STEPS).await;
+    let (db, s) = seeded(TWO_STEPS).await;
     let before_audit = count(&db.pool, "SELECT count(*) FROM audit_log").await;
     sqlx::raw_sql(
         "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected'; END $$;
@@ -155,6 +154,19 @@ async fn a_schema_newer_than_the_code_is_refused() {
     db.discard().await;
 }
 
+/// Polls `fut` up to `polls` times, letting the runtime run (and read sockets) between polls,
+/// then drops it: whether it finished.
+async fn cut_after(fut: impl Future, polls: i32) -> bool {
+    let mut fut = std::pin::pin!(fut);
+    for _ in 0..polls {
+        if futures::poll!(fut.as_mut()).is_ready() {
+            return true;
+        }
+        tokio::task::yield_now().await;
+    }
+    false
+}
+
 /// A caller dropped while its `BEGIN` is in flight (a request's timeout, a client gone) must
 /// not hand the pool a connection left inside a transaction: sqlx 0.8.6's own `begin` does
 /// (transact-rs/sqlx#4393), and the next borrower's statements then run inside it, so a write
@@ -170,14 +182,7 @@ async fn a_begin_cancelled_midway_leaves_no_transaction_open_on_the_connection()
     let pool = engine::db::connect(&db.url, 1).await.unwrap();
     let mut unseen = Vec::new();
     for cuts in 0..300 {
-        let mut begin = Box::pin(pool.begin());
-        for _ in 0..cuts {
-            if futures::poll!(begin.as_mut()).is_ready() {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        drop(begin);
+        cut_after(pool.begin(), cuts).await;
         sqlx::query("INSERT INTO cut_begins VALUES ($1)").bind(cuts).execute(&pool).await.unwrap();
         let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM cut_begins WHERE k = $1").bind(cuts).fetch_one(&db.pool).await.unwrap();
         if seen == 0 {
@@ -227,16 +232,7 @@ async fn a_commit_cancelled_midway_still_commits() {
     for cuts in 1..300 {
         let mut ch = Change::begin(&pool, Actor::Github).await.unwrap();
         sqlx::query("INSERT INTO cut_commits VALUES ($1)").bind(cuts).execute(ch.conn()).await.unwrap();
-        let mut commit = Box::pin(ch.commit());
-        let mut finished = false;
-        for _ in 0..cuts {
-            if futures::poll!(commit.as_mut()).is_ready() {
-                finished = true;
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        drop(commit);
+        let finished = cut_after(ch.commit(), cuts).await;
         let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM cut_commits WHERE k = $1").bind(cuts).fetch_one(&pool).await.unwrap();
         if seen == 0 {
             lost.push(cuts);

@@ -63,21 +63,19 @@ fn sonnet() -> Option<String> {
     Some("claude-sonnet-4-5-20250929".into())
 }
 
+impl Seen {
+    /// A session of Sonnet: its outcome (success, class, reason), its cost and estimate, its
+    /// tokens in and out (and whether out is a lower bound), and its turns and tool calls.
+    fn sonnet(outcome: (bool, &'static str, Option<&str>), cost: (Option<f64>, Option<f64>), tokens: (i64, i64, bool), turns_tools: (i32, i32)) -> Seen {
+        let ((success, class, reason), (cost, estimated), (tokens_in, tokens_out, lower_bound), (turns, tools)) = (outcome, cost, tokens, turns_tools);
+        Seen { success, class, reason: reason.map(str::to_owned), cost, estimated, tokens: (tokens_in, tokens_out), lower_bound, turns, tools, model: sonnet() }
+    }
+}
+
 #[test]
 fn a_claude_success_gives_cost_turns_tokens_and_model() {
     let e = run("claude/success", Some("claude-sonnet-4-5"), OK);
-    let want = Seen {
-        success: true,
-        class: "ordinary",
-        reason: None,
-        cost: Some(0.055_307),
-        estimated: Some(0.055_307),
-        tokens: (51_843, 583),
-        lower_bound: false,
-        turns: 3,
-        tools: 2,
-        model: sonnet(),
-    };
+    let want = Seen::sonnet((true, "ordinary", None), (Some(0.055_307), Some(0.055_307)), (51_843, 583, false), (3, 2));
     assert_eq!(seen(&e), want);
     assert_eq!(e.text, "The parser now returns Error::Empty on empty input instead of panicking.");
     assert_eq!(e.usage.estimate_basis.as_deref(), Some("price_table"));
@@ -165,18 +163,7 @@ fn a_killed_claude_keeps_each_messages_last_snapshot_an_estimate_and_a_lower_bou
     let e = run("claude/no_result", None, killed);
     assert_eq!((e.success, e.class, e.reason.as_deref()), (false, "ordinary", Some("no result line (killed by signal 9)")));
     // One message, three lines: its last snapshot (412 out), counted once.
-    let want = Seen {
-        success: false,
-        class: "ordinary",
-        reason: Some("no result line (killed by signal 9)".into()),
-        cost: None,
-        estimated: Some(0.037_266),
-        tokens: (24_853, 412),
-        lower_bound: true,
-        turns: 1,
-        tools: 2,
-        model: sonnet(),
-    };
+    let want = Seen::sonnet((false, "ordinary", Some("no result line (killed by signal 9)")), (None, Some(0.037_266)), (24_853, 412, true), (1, 2));
     assert_eq!(seen(&e), want);
     let lines: Vec<&str> = fixture("claude/no_result").lines().collect();
     let timed_out = read(Kind::ClaudeCode, None, &lines).finish(killed, Some("timeout"));
