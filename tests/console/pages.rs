@@ -40,6 +40,37 @@ async fn open(b: &mut Browser, path: &str, page: &str) -> Answer {
 }
 
 #[tokio::test]
+async fn revoking_a_pasted_token_ends_the_sessions_made_from_it() {
+    let (app, org) = acme(false).await;
+    let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System).await.unwrap();
+    let pasted = crate::harness::token(&mut ch, org.id, org.owner, "owner", chrono::Duration::hours(1)).await;
+    ch.commit().await.unwrap();
+    // A session made from the token, and one made from that session's own token.
+    let mut child = Browser::new(&app.base);
+    assert_eq!(child.sign_in_with_token(&pasted).await.status, StatusCode::OK);
+    let entry = child.cookies.get("shopfloor_session").cloned().expect("a session cookie");
+    let mut grandchild = Browser::new(&app.base);
+    assert_eq!(grandchild.sign_in_with_token(entry.strip_prefix("acme.").expect("acme's session")).await.status, StatusCode::OK);
+    let mut other = app.signed_in(&org.owner_token).await;
+
+    // The owner revokes the pasted token through the API.
+    let jti: uuid::Uuid =
+        sqlx::query_scalar("SELECT jti FROM api_tokens WHERE name = 'test' AND expires_at < now() + interval '2 hours'").fetch_one(app.pool()).await.unwrap();
+    let revoked = app.http.delete(format!("{}/api/v1/orgs/acme/tokens/{jti}", app.base)).bearer_auth(&org.owner_token).send().await.unwrap();
+    assert_eq!(revoked.status(), StatusCode::NO_CONTENT);
+
+    for (who, browser) in [("made from the token", &mut child), ("made from that session", &mut grandchild)] {
+        let page = browser.get("/orgs/acme").await;
+        assert_eq!(page.status, StatusCode::SEE_OTHER, "the session {who} still opens pages: {}", page.body);
+        assert!(page.location().starts_with("/signin?next="), "{who}: {}", page.location());
+    }
+    assert_eq!(other.get("/orgs/acme").await.status, StatusCode::OK, "a session made from another token goes on");
+    let (action, detail): (String, serde_json::Value) =
+        sqlx::query_as("SELECT action, detail FROM audit_log WHERE action = 'token.revoke' ORDER BY at DESC LIMIT 1").fetch_one(app.pool()).await.unwrap();
+    assert_eq!((action.as_str(), &detail["sessions_revoked"]), ("token.revoke", &serde_json::json!(2)));
+}
+
+#[tokio::test]
 async fn token_sign_in_gives_a_session_cookie_and_every_page_renders() {
     let (app, org) = acme(true).await;
     let run = app.asking(&org).await;

@@ -125,6 +125,7 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): 
 }
 
 /// Revokes a token: the caller's own, or anyone's for an admin (an owner's only for an owner).
+/// The console sessions made by pasting it end with it.
 ///
 /// Revoking twice is fine.
 #[utoipa::path(delete, path = "/orgs/{org}/tokens/{token}", operation_id = "revoke_token", tag = "tokens",

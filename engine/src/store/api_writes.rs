@@ -91,7 +91,20 @@ pub async fn revoke_token(ch: &mut Change, org: OrgId, jti: uuid::Uuid) -> Resul
         return Ok(());
     }
     sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti = $2").bind(org).bind(jti).execute(&mut *ch.tx).await?;
-    ch.audit(org, None, "token.revoke", ("token", jti.to_string()), json!({}))?;
+    let sessions = sqlx::query(REVOKE_ISSUED_FROM).bind(org).bind(jti).execute(&mut *ch.tx).await?.rows_affected();
+    ch.audit(org, None, "token.revoke", ("token", jti.to_string()), json!({ "sessions_revoked": sessions }))?;
+    Ok(())
+}
+
+/// The console sessions made from a token ($2), and those made from them, still unrevoked.
+const REVOKE_ISSUED_FROM: &str = "WITH RECURSIVE issued AS ( \
+         SELECT jti FROM api_tokens WHERE issued_from = $2 AND org_id = $1 \
+         UNION SELECT t.jti FROM api_tokens t JOIN issued i ON t.issued_from = i.jti WHERE t.org_id = $1) \
+     UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti IN (SELECT jti FROM issued) AND revoked_at IS NULL";
+
+/// Records that console session `session` was made from token `from`: revoking `from` ends it.
+pub async fn session_from(ch: &mut Change, org: OrgId, session: uuid::Uuid, from: uuid::Uuid) -> Result<()> {
+    sqlx::query("UPDATE api_tokens SET issued_from = $3 WHERE org_id = $1 AND jti = $2").bind(org).bind(session).bind(from).execute(&mut *ch.tx).await?;
     Ok(())
 }
 
