@@ -36,16 +36,14 @@ impl Proc {
         let _ = self.0.wait();
     }
 
-    /// Waits up to `limit` for the process to exit by itself (a crash hook); true if it did.
-    pub async fn exits_within(&mut self, limit: std::time::Duration) -> bool {
-        let started = std::time::Instant::now();
-        while started.elapsed() < limit {
-            if matches!(self.0.try_wait(), Ok(Some(_))) {
-                return true;
-            }
+    /// Waits for the process to exit by itself (a crash hook). One still running after 120 s
+    /// fails the test as hung, naming `what` it waited for.
+    pub async fn until_exited(&mut self, what: &str) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !matches!(self.0.try_wait(), Ok(Some(_))) {
+            assert!(tokio::time::Instant::now() < deadline, "hung: {what} never ended the process");
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        false
     }
 
     /// SIGTERM, then wait: the process drains and flushes what it holds.
