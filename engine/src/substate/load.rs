@@ -10,9 +10,8 @@ use sqlx::FromRow;
 
 use crate::catalog::Catalog;
 use crate::definition::{Definition, NodeKind, Wait};
-use crate::ids::{OrgId, ProjectId, RunId, WorkflowId};
-use crate::state::RunStatus;
-use crate::store::steps::StepRow;
+use crate::ids::{OrgId, ProjectId, RunId, StepId, WorkflowId};
+use crate::state::{RunStatus, StepState};
 use crate::store::{Result, StoreError};
 
 use super::why::{Why, answer};
@@ -49,11 +48,10 @@ pub(crate) const RUNS_SQL: &str = "SELECT r.run_id, r.project_id, r.workflow_id,
 
 /// Their open, failed and `end` steps ($1 org, $2 run ids), with what each waits on and who
 /// holds it. Failed steps name a backoff's cause and where a failed run failed.
-pub(crate) const STEPS_SQL: &str = "SELECT s.org_id, s.run_id, s.step_id, s.node, s.kind, s.visit, s.attempt, s.state, s.reason, \
-            s.failure_class, s.exit_code, s.requires, s.holder, s.lease_expires_at, s.output, s.timed_out, s.started_seq, \
-            s.finished_seq, s.created_at, s.started_at, s.ended_at, h.name AS host_name, s.not_before, \
+pub(crate) const STEPS_SQL: &str = "SELECT s.run_id, s.step_id, s.node, s.kind, s.visit, s.attempt, s.state, s.reason, s.exit_code, \
+            s.requires, s.holder, h.name AS host_name, s.not_before, \
             (SELECT min(k.due_at) FROM wakes k WHERE k.step_id = s.step_id) AS wake_at, \
-            a.prompt, a.deadline, c.run_id AS child_run \
+            a.prompt, a.deadline, c.run_id AS child_run, s.finished_seq \
      FROM steps s \
      LEFT JOIN approvals a ON a.step_id = s.step_id \
      LEFT JOIN runs c ON c.parent_run_id = s.run_id AND c.parent_step_id = s.step_id \
@@ -94,17 +92,26 @@ pub(crate) struct RunLine {
     pub hold_until: Option<DateTime<Utc>>,
 }
 
-/// A step as stored, with what it waits on and who holds it.
 #[derive(FromRow)]
 pub(crate) struct StepLine {
-    #[sqlx(flatten)]
-    pub step: StepRow,
+    pub run_id: RunId,
+    pub step_id: StepId,
+    pub node: String,
+    pub kind: String,
+    pub visit: i32,
+    pub attempt: i32,
+    pub state: String,
+    pub reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub requires: Vec<String>,
+    pub holder: Option<String>,
     pub host_name: Option<String>,
     pub not_before: Option<DateTime<Utc>>,
     pub wake_at: Option<DateTime<Utc>>,
     pub prompt: Option<String>,
     pub deadline: Option<DateTime<Utc>>,
     pub child_run: Option<RunId>,
+    pub finished_seq: Option<i64>,
 }
 
 /// The runs, in the order asked; their open, failed and `end` steps with approvals, wakes,
@@ -118,7 +125,7 @@ pub(crate) async fn load(pool: &Db, org: OrgId, runs: &[RunId]) -> Result<(Vec<R
     let steps = load_steps(pool, org, &ids).await?;
     let mut by_run: HashMap<RunId, Vec<StepLine>> = HashMap::new();
     for s in steps {
-        by_run.entry(s.step.run_id).or_default().push(s);
+        by_run.entry(s.run_id).or_default().push(s);
     }
     let projects = projects_needing_hosts(&lines, &by_run, now);
     let hosts = load_hosts(pool, org, &projects).await?;
@@ -144,9 +151,9 @@ pub(crate) fn projects_needing_hosts(lines: &[RunLine], steps: &HashMap<RunId, V
         .iter()
         .filter(|l| l.status == "running")
         .filter(|l| {
-            steps.get(&l.run_id).is_some_and(|ss| {
-                ss.iter().any(|s| s.step.state == "pending" && HOST_KINDS.contains(&s.step.kind.as_str()) && s.not_before.is_none_or(|t| t <= now))
-            })
+            steps
+                .get(&l.run_id)
+                .is_some_and(|ss| ss.iter().any(|s| s.state == "pending" && HOST_KINDS.contains(&s.kind.as_str()) && s.not_before.is_none_or(|t| t <= now)))
         })
         .map(|l| l.project_id.0)
         .collect();
@@ -170,7 +177,7 @@ pub(crate) async fn load_hosts(pool: &Db, org: OrgId, projects: &[uuid::Uuid]) -
 /// The run's definition, read only when an open wait step must be told apart (a timer or an
 /// event); a definition that cannot be read leaves the wait a timer, which is the common case.
 pub(crate) async fn definition_if_needed(pool: &Db, line: &RunLine, steps: &[StepLine]) -> Option<std::sync::Arc<Definition>> {
-    if !steps.iter().any(|s| s.step.kind == "wait" && s.step.state == "waiting") {
+    if !steps.iter().any(|s| s.kind == "wait" && s.state == "waiting") {
         return None;
     }
     let mut conn = pool.begin().await.ok()?;
@@ -210,29 +217,28 @@ pub(crate) fn hold_of(line: &RunLine) -> Option<Hold> {
     }
 }
 
-pub(crate) fn step_facts(line: StepLine, def: Option<&Definition>) -> StepFacts {
-    let StepLine { step: s, host_name, not_before, wake_at, prompt, deadline, child_run } = line;
+pub(crate) fn step_facts(s: StepLine, def: Option<&Definition>) -> StepFacts {
     let event = def.and_then(|d| d.node(&s.node)).and_then(|n| match &n.kind {
         NodeKind::Wait(Wait::Event(e)) => Some(e.clone()),
         _ => None,
     });
     StepFacts {
         step: s.step_id,
-        holder: holder_words(s.holder.as_deref(), host_name.as_deref()),
-        state: s.state(),
+        holder: holder_words(s.holder.as_deref(), s.host_name.as_deref()),
         node: s.node,
         kind: s.kind,
         visit: s.visit,
         attempt: s.attempt,
+        state: StepState::parse(&s.state).unwrap_or(StepState::Failed),
         reason: s.reason,
         exit_code: s.exit_code,
         requires: s.requires,
-        not_before,
-        wake_at,
-        prompt,
-        deadline,
+        not_before: s.not_before,
+        wake_at: s.wake_at,
+        prompt: s.prompt,
+        deadline: s.deadline,
         event,
-        child: child_run,
+        child: s.child_run,
         finished_seq: s.finished_seq,
     }
 }
