@@ -35,6 +35,8 @@ pub struct UserToken<'a> {
     pub role: &'static str,
     pub name: &'a str,
     pub ttl: Duration,
+    /// The token a console session is made from by pasting it: revoking it ends the session.
+    pub issued_from: Option<uuid::Uuid>,
 }
 
 /// Records a token and returns it signed. The signed text is shown once and never stored.
@@ -44,8 +46,18 @@ pub async fn issue_user_token(ch: &mut Change, key: &SecretKey, t: UserToken<'_>
 
 /// As [`issue_user_token`], with the token's `jti` (its id in `api_tokens`).
 pub async fn issue_user_token_with_id(ch: &mut Change, key: &SecretKey, t: UserToken<'_>) -> Result<(uuid::Uuid, String), StoreError> {
-    let spec =
-        Spec { org: t.org, kind: "user", user: Some(t.user), host: None, project: t.project, role: t.role, name: t.name, ttl: t.ttl, sub: t.user.to_string() };
+    let spec = Spec {
+        org: t.org,
+        kind: "user",
+        user: Some(t.user),
+        host: None,
+        project: t.project,
+        role: t.role,
+        name: t.name,
+        ttl: t.ttl,
+        sub: t.user.to_string(),
+        issued_from: t.issued_from,
+    };
     issue(ch, key, spec).await.map(|(jti, token, _)| (jti, token))
 }
 
@@ -57,7 +69,18 @@ pub async fn issue_registration_token(
     issue(
         ch,
         key,
-        Spec { org, kind: "registration", user: None, host: None, project: Some(project), role: "host", name, ttl, sub: format!("project:{project}") },
+        Spec {
+            org,
+            kind: "registration",
+            user: None,
+            host: None,
+            project: Some(project),
+            role: "host",
+            name,
+            ttl,
+            sub: format!("project:{project}"),
+            issued_from: None,
+        },
     )
     .await
 }
@@ -68,7 +91,23 @@ pub async fn issue_registration_token(
 pub async fn issue_host_credential(
     ch: &mut Change, key: &SecretKey, org: OrgId, project: ProjectId, host: HostId, name: &str, ttl: Duration,
 ) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
-    issue(ch, key, Spec { org, kind: "host", user: None, host: Some(host), project: Some(project), role: "host", name, ttl, sub: format!("host:{host}") }).await
+    issue(
+        ch,
+        key,
+        Spec {
+            org,
+            kind: "host",
+            user: None,
+            host: Some(host),
+            project: Some(project),
+            role: "host",
+            name,
+            ttl,
+            sub: format!("host:{host}"),
+            issued_from: None,
+        },
+    )
+    .await
 }
 
 struct Spec<'a> {
@@ -81,6 +120,7 @@ struct Spec<'a> {
     name: &'a str,
     ttl: Duration,
     sub: String,
+    issued_from: Option<uuid::Uuid>,
 }
 
 /// Records a token's row and signs its claims with the current key.
@@ -103,6 +143,7 @@ async fn issue(ch: &mut Change, key: &SecretKey, t: Spec<'_>) -> Result<(uuid::U
             name: t.name.to_owned(),
             kid: kid.clone(),
             expires_at,
+            issued_from: t.issued_from,
         },
     )
     .await?;

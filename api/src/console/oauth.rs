@@ -157,14 +157,13 @@ pub(super) async fn signin_token(State(c): State<Console>, headers: HeaderMap, F
     let expires: DateTime<Utc> = sqlx::query_scalar(TOKEN_EXPIRY).bind(caller.jti).bind(caller.org).fetch_one(ch.conn()).await.map_err(StoreError::from)?;
     // (A second early: the new row's clock reads later than this one.)
     let ttl = Duration::hours(i64::from(c.cfg().session_hours.max(1))).min(expires - Utc::now() - Duration::seconds(1));
-    let (jti, session) = issue_user_token_with_id(
+    // Nor does it outlive the token's revocation (`issued_from`).
+    let (_, session) = issue_user_token_with_id(
         &mut ch,
         c.state().secret_key(),
-        UserToken { org: caller.org, user, project: caller.project, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl },
+        UserToken { org: caller.org, user, project: caller.project, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl, issued_from: Some(caller.jti) },
     )
     .await?;
-    // Nor does it outlive the token's revocation.
-    api_writes::session_from(&mut ch, caller.org, jti, caller.jti).await?;
     ch.commit().await?;
     Ok(signed_in(&c, &headers, vec![(caller.org_slug, session)], &next))
 }
@@ -280,7 +279,7 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
         let (_, token) = issue_user_token_with_id(
             &mut ch,
             c.state().secret_key(),
-            UserToken { org, user, project: None, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl },
+            UserToken { org, user, project: None, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl, issued_from: None },
         )
         .await?;
         ch.commit().await?;

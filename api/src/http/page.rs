@@ -18,8 +18,9 @@ use engine::ids::{OrgId, ProjectId};
 use super::error::ApiError;
 
 /// Declares a list's answer: a page of `items` and `next_cursor`, the cursor of the page after
-/// it (absent on the last), or with `, by seq`, `next_after`, the sequence number it ends at. A macro rather than a generic `Page<T>`, which the OpenAPI document
-/// would name `Page_Project` instead of `ProjectList`.
+/// it (absent on the last), or with `, by seq`, `next_after`, the sequence number it ends at.
+/// A macro rather than a generic `Page<T>`, which the OpenAPI document would name
+/// `Page_Project` instead of `ProjectList`.
 macro_rules! list {
     ($list:ident of $item:ty) => {
         #[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]

@@ -102,12 +102,6 @@ const REVOKE_ISSUED_FROM: &str = "WITH RECURSIVE issued AS ( \
          UNION SELECT t.jti FROM api_tokens t JOIN issued i ON t.issued_from = i.jti WHERE t.org_id = $1) \
      UPDATE api_tokens SET revoked_at = now() WHERE org_id = $1 AND jti IN (SELECT jti FROM issued) AND revoked_at IS NULL";
 
-/// Records that console session `session` was made from token `from`: revoking `from` ends it.
-pub async fn session_from(ch: &mut Change, org: OrgId, session: uuid::Uuid, from: uuid::Uuid) -> Result<()> {
-    sqlx::query("UPDATE api_tokens SET issued_from = $3 WHERE org_id = $1 AND jti = $2").bind(org).bind(session).bind(from).execute(&mut *ch.tx).await?;
-    Ok(())
-}
-
 /// Locks a row that a timestamp ends (a token's `revoked_at`, a host's `deregistered_at`),
 /// reading that timestamp with `lock` (`SELECT <column> … FOR UPDATE`): `true` while it is
 /// unset, `false` once set, so that ending a row twice changes nothing; `NotFound(what)`

@@ -73,12 +73,14 @@ pub struct TokenRecord {
     pub name: String,
     pub kid: String,
     pub expires_at: DateTime<Utc>,
+    /// For a console session made by pasting a token: that token, whose revocation ends it.
+    pub issued_from: Option<uuid::Uuid>,
 }
 
 pub async fn insert_token(ch: &mut Change, t: &TokenRecord) -> Result<()> {
     sqlx::query(
-        "INSERT INTO api_tokens (org_id, jti, kind, user_id, host_id, project_id, role, name, kid, expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        "INSERT INTO api_tokens (org_id, jti, kind, user_id, host_id, project_id, role, name, kid, expires_at, issued_from) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(t.org)
     .bind(t.jti)
@@ -90,6 +92,7 @@ pub async fn insert_token(ch: &mut Change, t: &TokenRecord) -> Result<()> {
     .bind(&t.name)
     .bind(&t.kid)
     .bind(t.expires_at)
+    .bind(t.issued_from)
     .execute(&mut *ch.tx)
     .await?;
     ch.audit(t.org, t.project, "token.create", ("token", t.jti.to_string()), json!({ "name": t.name, "role": t.role, "kind": t.kind }))?;

@@ -33,6 +33,7 @@ async fn registration(pool: &Db, s: &Seed) -> uuid::Uuid {
         name: "reg".into(),
         kid,
         expires_at: chrono::Utc::now() + chrono::Duration::hours(1),
+        issued_from: None,
     };
     tenants::insert_token(&mut ch, &record).await.unwrap();
     ch.commit().await.unwrap();
