@@ -35,8 +35,6 @@ pub struct UserToken<'a> {
     pub role: &'static str,
     pub name: &'a str,
     pub ttl: Duration,
-    /// The token a console session is made from by pasting it: revoking it ends the session.
-    pub issued_from: Option<uuid::Uuid>,
 }
 
 /// Records a token and returns it signed. The signed text is shown once and never stored.
@@ -46,19 +44,18 @@ pub async fn issue_user_token(ch: &mut Change, key: &SecretKey, t: UserToken<'_>
 
 /// As [`issue_user_token`], with the token's `jti` (its id in `api_tokens`).
 pub async fn issue_user_token_with_id(ch: &mut Change, key: &SecretKey, t: UserToken<'_>) -> Result<(uuid::Uuid, String), StoreError> {
-    let spec = Spec {
-        org: t.org,
-        kind: "user",
-        user: Some(t.user),
-        host: None,
-        project: t.project,
-        role: t.role,
-        name: t.name,
-        ttl: t.ttl,
-        sub: t.user.to_string(),
-        issued_from: t.issued_from,
-    };
-    issue(ch, key, spec).await.map(|(jti, token, _)| (jti, token))
+    issue_user(ch, key, t, None).await
+}
+
+/// A console session made by pasting the token `from`: revoking `from` revokes it too.
+pub async fn issue_session_from(ch: &mut Change, key: &SecretKey, t: UserToken<'_>, from: uuid::Uuid) -> Result<String, StoreError> {
+    issue_user(ch, key, t, Some(from)).await.map(|(_, token)| token)
+}
+
+async fn issue_user(ch: &mut Change, key: &SecretKey, t: UserToken<'_>, issued_from: Option<uuid::Uuid>) -> Result<(uuid::Uuid, String), StoreError> {
+    let spec =
+        Spec { org: t.org, kind: "user", user: Some(t.user), host: None, project: t.project, role: t.role, name: t.name, ttl: t.ttl, sub: t.user.to_string() };
+    issue(ch, key, spec, issued_from).await.map(|(jti, token, _)| (jti, token))
 }
 
 /// A token that registers one host in a project (kind `registration`, role `host`): it can
@@ -66,23 +63,8 @@ pub async fn issue_user_token_with_id(ch: &mut Change, key: &SecretKey, t: UserT
 pub async fn issue_registration_token(
     ch: &mut Change, key: &SecretKey, org: OrgId, project: ProjectId, name: &str, ttl: Duration,
 ) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
-    issue(
-        ch,
-        key,
-        Spec {
-            org,
-            kind: "registration",
-            user: None,
-            host: None,
-            project: Some(project),
-            role: "host",
-            name,
-            ttl,
-            sub: format!("project:{project}"),
-            issued_from: None,
-        },
-    )
-    .await
+    let spec = Spec { org, kind: "registration", user: None, host: None, project: Some(project), role: "host", name, ttl, sub: format!("project:{project}") };
+    issue(ch, key, spec, None).await
 }
 
 /// A host's credential (kind `host`, role `host`), made when a registration token registers
@@ -91,23 +73,8 @@ pub async fn issue_registration_token(
 pub async fn issue_host_credential(
     ch: &mut Change, key: &SecretKey, org: OrgId, project: ProjectId, host: HostId, name: &str, ttl: Duration,
 ) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
-    issue(
-        ch,
-        key,
-        Spec {
-            org,
-            kind: "host",
-            user: None,
-            host: Some(host),
-            project: Some(project),
-            role: "host",
-            name,
-            ttl,
-            sub: format!("host:{host}"),
-            issued_from: None,
-        },
-    )
-    .await
+    let spec = Spec { org, kind: "host", user: None, host: Some(host), project: Some(project), role: "host", name, ttl, sub: format!("host:{host}") };
+    issue(ch, key, spec, None).await
 }
 
 struct Spec<'a> {
@@ -120,11 +87,13 @@ struct Spec<'a> {
     name: &'a str,
     ttl: Duration,
     sub: String,
-    issued_from: Option<uuid::Uuid>,
 }
 
-/// Records a token's row and signs its claims with the current key.
-async fn issue(ch: &mut Change, key: &SecretKey, t: Spec<'_>) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
+/// Records a token's row (and the token it was `issued_from`) and signs its claims with the
+/// current key.
+async fn issue(
+    ch: &mut Change, key: &SecretKey, t: Spec<'_>, issued_from: Option<uuid::Uuid>,
+) -> Result<(uuid::Uuid, String, chrono::DateTime<Utc>), StoreError> {
     let signing = signing_keys::current(ch, key).await?;
     let kid = signing.kid.clone();
     let jti = uuid::Uuid::now_v7();
@@ -143,7 +112,7 @@ async fn issue(ch: &mut Change, key: &SecretKey, t: Spec<'_>) -> Result<(uuid::U
             name: t.name.to_owned(),
             kid: kid.clone(),
             expires_at,
-            issued_from: t.issued_from,
+            issued_from,
         },
     )
     .await?;

@@ -252,15 +252,7 @@ async fn every_page_reads_through_indexes_with_few_statements_at_10000_runs() {
     let token = api::auth::issue_user_token(
         &mut ch,
         &engine::testkit::secret_key(),
-        api::auth::UserToken {
-            org: acme.id,
-            user: acme.owner,
-            project: None,
-            role: "owner",
-            name: "console session",
-            ttl: chrono::Duration::hours(1),
-            issued_from: None,
-        },
+        api::auth::UserToken { org: acme.id, user: acme.owner, project: None, role: "owner", name: "console session", ttl: chrono::Duration::hours(1) },
     )
     .await
     .unwrap();

@@ -178,15 +178,7 @@ async fn a_crew_step_that_feeds_a_pull_request_and_changed_nothing_fails_no_chan
     let token = api::auth::issue_user_token(
         &mut ch,
         &engine::testkit::secret_key(),
-        api::auth::UserToken {
-            org: env.org,
-            user: owner,
-            project: None,
-            role: "owner",
-            name: "console session",
-            ttl: chrono::Duration::hours(1),
-            issued_from: None,
-        },
+        api::auth::UserToken { org: env.org, user: owner, project: None, role: "owner", name: "console session", ttl: chrono::Duration::hours(1) },
     )
     .await
     .unwrap();

@@ -69,8 +69,7 @@ pub(crate) async fn put_workflows<S: AsRef<str>>(ch: &mut Change, org: OrgId, pr
 
 /// A token of the org's owner named `name`, valid for `hours`.
 pub(crate) async fn owner_token(ch: &mut Change, acme: &Acme, name: &str, hours: i64) -> String {
-    let user =
-        api::auth::UserToken { org: acme.org, user: acme.owner, project: None, role: "owner", name, ttl: chrono::Duration::hours(hours), issued_from: None };
+    let user = api::auth::UserToken { org: acme.org, user: acme.owner, project: None, role: "owner", name, ttl: chrono::Duration::hours(hours) };
     api::auth::issue_user_token(ch, &engine::testkit::secret_key(), user).await.unwrap()
 }
 

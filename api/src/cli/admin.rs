@@ -112,7 +112,7 @@ pub(super) async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                 let token = auth::issue_user_token(
                     &mut ch,
                     &key,
-                    UserToken { org, user, project: None, role: "owner", name: "first owner token", ttl: Duration::days(FIRST_TOKEN_DAYS), issued_from: None },
+                    UserToken { org, user, project: None, role: "owner", name: "first owner token", ttl: Duration::days(FIRST_TOKEN_DAYS) },
                 )
                 .await?;
                 ch.commit().await?;

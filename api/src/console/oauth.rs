@@ -21,7 +21,7 @@ use serde::Deserialize;
 use super::session::{self, PRE_COOKIE, SESSION_COOKIE, SESSION_TOKEN_NAME, check_csrf, cookie, csrf_for, entries, join_entries, secure, set_cookie};
 use super::view::{self, Page};
 use super::{Console, ConsoleError};
-use crate::auth::{UserToken, issue_user_token_with_id};
+use crate::auth::{UserToken, issue_session_from, issue_user_token_with_id};
 use crate::http::auth::{Role, TokenKind, verify};
 use crate::http::limits::Limits;
 
@@ -157,11 +157,12 @@ pub(super) async fn signin_token(State(c): State<Console>, headers: HeaderMap, F
     let expires: DateTime<Utc> = sqlx::query_scalar(TOKEN_EXPIRY).bind(caller.jti).bind(caller.org).fetch_one(ch.conn()).await.map_err(StoreError::from)?;
     // (A second early: the new row's clock reads later than this one.)
     let ttl = Duration::hours(i64::from(c.cfg().session_hours.max(1))).min(expires - Utc::now() - Duration::seconds(1));
-    // Nor does it outlive the token's revocation (`issued_from`).
-    let (_, session) = issue_user_token_with_id(
+    // Nor does it outlive the token's revocation.
+    let session = issue_session_from(
         &mut ch,
         c.state().secret_key(),
-        UserToken { org: caller.org, user, project: caller.project, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl, issued_from: Some(caller.jti) },
+        UserToken { org: caller.org, user, project: caller.project, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl },
+        caller.jti,
     )
     .await?;
     ch.commit().await?;
@@ -279,7 +280,7 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
         let (_, token) = issue_user_token_with_id(
             &mut ch,
             c.state().secret_key(),
-            UserToken { org, user, project: None, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl, issued_from: None },
+            UserToken { org, user, project: None, role: role.as_str(), name: SESSION_TOKEN_NAME, ttl },
         )
         .await?;
         ch.commit().await?;

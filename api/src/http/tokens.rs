@@ -115,7 +115,7 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): 
         &mut ch,
         state.secret_key(),
         // A token limited to one project makes tokens limited to it too.
-        UserToken { org: scope.org, user, project: scope.caller.project, role: role.as_str(), name, ttl: Duration::days(i64::from(days)), issued_from: None },
+        UserToken { org: scope.org, user, project: scope.caller.project, role: role.as_str(), name, ttl: Duration::days(i64::from(days)) },
     )
     .await?;
     let record: Token =

@@ -23,7 +23,7 @@ async fn bootstrap(app: &App) -> String {
     let token = issue_user_token(
         &mut ch,
         &engine::testkit::secret_key(),
-        UserToken { org, user, project: None, role: "owner", name: "first owner token", ttl: chrono::Duration::days(90), issued_from: None },
+        UserToken { org, user, project: None, role: "owner", name: "first owner token", ttl: chrono::Duration::days(90) },
     )
     .await
     .unwrap();

@@ -111,5 +111,5 @@ impl App {
 
 /// A token of `user` as `role` in `org` living `ttl`, issued through the store in `ch`.
 pub(crate) async fn token(ch: &mut Change, org: OrgId, user: UserId, role: &'static str, ttl: chrono::Duration) -> String {
-    issue_user_token(ch, &engine::testkit::secret_key(), UserToken { org, user, project: None, role, name: "test", ttl, issued_from: None }).await.unwrap()
+    issue_user_token(ch, &engine::testkit::secret_key(), UserToken { org, user, project: None, role, name: "test", ttl }).await.unwrap()
 }

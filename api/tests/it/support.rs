@@ -196,13 +196,9 @@ impl App {
     /// an expired one).
     pub(crate) async fn token_for(&self, org: &Org, user: UserId, role: &'static str, ttl: chrono::Duration) -> (uuid::Uuid, String) {
         let mut ch = Change::begin(self.pool(), Actor::System).await.unwrap();
-        let issued = issue_user_token_with_id(
-            &mut ch,
-            &engine::testkit::secret_key(),
-            UserToken { org: org.id, user, project: None, role, name: "test", ttl, issued_from: None },
-        )
-        .await
-        .unwrap();
+        let issued = issue_user_token_with_id(&mut ch, &engine::testkit::secret_key(), UserToken { org: org.id, user, project: None, role, name: "test", ttl })
+            .await
+            .unwrap();
         ch.commit().await.unwrap();
         issued
     }

@@ -191,8 +191,7 @@ async fn a_project_limited_token_makes_only_project_limited_tokens_and_reads_its
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     let ops = tenants::create_project(&mut ch, org.id, &Slug::parse("ops").unwrap(), "ops").await.unwrap();
     ch.commit().await.unwrap();
-    let limited =
-        UserToken { org: org.id, user: org.admin_user, project: Some(ops), role: "admin", name: "ops only", ttl: chrono::Duration::days(1), issued_from: None };
+    let limited = UserToken { org: org.id, user: org.admin_user, project: Some(ops), role: "admin", name: "ops only", ttl: chrono::Duration::days(1) };
     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
     let (_, limited) = issue_user_token_with_id(&mut ch, &engine::testkit::secret_key(), limited).await.unwrap();
     ch.commit().await.unwrap();
