@@ -72,7 +72,12 @@ impl EngineProcess {
 /// it executes in `effects`, draining for 5 s and logging at `log`; its database and output are
 /// the caller's to set.
 pub fn engine_command(mut program: Command, id: &str, effects: &Path, log: &str) -> Command {
-    program.args(["engine", "--test-executor", "--engine-id", id, "--log", log]).arg("--test-effects").arg(effects).env("SHOPFLOOR_DRAIN_SECS", "5");
+    program
+        .args(["engine", "--test-executor", "--engine-id", id, "--log", log])
+        .arg("--test-effects")
+        .arg(effects)
+        .env("SHOPFLOOR_DRAIN_SECS", "5")
+        .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY);
     program
 }
 

@@ -126,10 +126,11 @@ async fn api(b: &Bench, db: &Db, key: &SecretKey, secret: Option<&str>) -> Resul
     }
 }
 
-/// `shopfloor engine` without the test executor: crew steps are left to hosts.
-fn engine(b: &Bench, db: &Db, id: &str) -> Result<Proc> {
+/// `shopfloor engine` without the test executor: crew steps are left to hosts. `key` is the
+/// one the API was given.
+fn engine(b: &Bench, db: &Db, key: &SecretKey, id: &str) -> Result<Proc> {
     let mut cmd = Command::new(&b.shopfloor);
-    cmd.args(["engine", "--engine-id", id, "--log", "warn"]).env("DATABASE_URL", &db.url);
+    cmd.args(["engine", "--engine-id", id, "--log", "warn"]).env("DATABASE_URL", &db.url).env("SHOPFLOOR_SECRET_KEY", key.to_base64().expose_secret());
     Proc::spawn(&mut cmd, &format!("shopfloor engine {id}"))
 }
 
@@ -167,7 +168,7 @@ pub(crate) async fn host_throughput(b: &Bench, root: &Path, n: usize) -> Result<
     submit_many(&db, &seed, n, 500, json!({})).await?;
 
     let (mut server, base) = api(b, &db, &key, None).await?;
-    let mut fleet = vec![engine(b, &db, "e1")?, engine(b, &db, "e2")?];
+    let mut fleet = vec![engine(b, &db, &key, "e1")?, engine(b, &db, &key, "e2")?];
     let work: PathBuf = root.join("target/bench-hosts");
     let _ = std::fs::remove_dir_all(&work);
     for (i, token) in tokens.iter().enumerate() {

@@ -22,10 +22,12 @@ use std::time::{Duration, Instant};
 
 use crate::db::Db;
 use hmac::{Hmac, Mac};
+use secrecy::ExposeSecret as _;
 use sha2::Sha256;
 
 use crate::ids::ProjectId;
 use crate::net_guard::{Policy, Refused, SystemResolver, VettedResolver};
+use crate::sealing::SecretKey;
 use crate::store::jobs::Job;
 use crate::store::webhooks_out::{self, Answer};
 use crate::store::{Actor, Change, StoreError, retention};
@@ -40,38 +42,39 @@ pub const ANSWER_READ: usize = 4096;
 /// The signature header of a delivery.
 pub const SIGNATURE_HEADER: &str = "X-Shopfloor-Signature-256";
 
-/// The HTTP client deliveries go through: one per engine, so it keeps connections to
-/// receivers open between deliveries. Redirects are not followed (a 3xx is an answer, and a
+/// The HTTP client deliveries go through, with the secret key that opens the subscriptions'
+/// secrets: one per engine, so it keeps connections to receivers open between deliveries. Redirects are not followed (a 3xx is an answer, and a
 /// redirect could lead inside), no proxy is used (a proxy would resolve the name itself, out of
 /// the resolver's sight), and names resolve through a `VettedResolver` with the policy.
 #[derive(Debug, Clone)]
 pub struct WebhookClient {
     http: reqwest::Client,
     policy: Policy,
+    key: SecretKey,
 }
 
 impl WebhookClient {
     /// A client that resolves names with the system's resolver.
-    pub fn new(policy: Policy) -> Result<WebhookClient, reqwest::Error> {
-        WebhookClient::with_resolver(policy, Arc::new(SystemResolver))
+    pub fn new(policy: Policy, key: SecretKey) -> Result<WebhookClient, reqwest::Error> {
+        WebhookClient::with_resolver(policy, key, Arc::new(SystemResolver))
     }
 
     /// A client that resolves names with `resolver`, whose answers are vetted like the
     /// system's: the seam a test uses to make a public name resolve inward.
-    pub fn with_resolver(policy: Policy, resolver: Arc<dyn reqwest::dns::Resolve>) -> Result<WebhookClient, reqwest::Error> {
+    pub fn with_resolver(policy: Policy, key: SecretKey, resolver: Arc<dyn reqwest::dns::Resolve>) -> Result<WebhookClient, reqwest::Error> {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .dns_resolver(Arc::new(VettedResolver::new(resolver, policy)))
             .connect_timeout(DELIVERY_TIMEOUT)
             .build()?;
-        Ok(WebhookClient { http, policy })
+        Ok(WebhookClient { http, policy, key })
     }
 }
 
 /// `sha256=<hex>`: the HMAC-SHA256 of `body` keyed with `secret`.
-pub fn signature(secret: &str, body: &[u8]) -> String {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
     mac.update(body);
     let bytes = mac.finalize().into_bytes();
     format!("sha256={}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
@@ -95,7 +98,7 @@ pub async fn run(db: &Db, webhooks: &WebhookClient, engine_id: &str, job: Job) {
 
 async fn deliver(db: &Db, client: &WebhookClient, engine_id: &str, job: &Job) -> Result<(), StoreError> {
     let actor = Actor::Engine(engine_id.to_owned());
-    let Some(out) = webhooks_out::prepare(db, job.org_id, job.subject).await? else {
+    let Some(out) = webhooks_out::prepare(db, &client.key, job.org_id, job.subject).await? else {
         let mut ch = Change::begin(db, actor).await?;
         webhooks_out::forget(&mut ch, job.subject).await?;
         return ch.commit().await;
@@ -131,7 +134,7 @@ async fn send(client: &WebhookClient, url: reqwest::Url, out: &webhooks_out::Out
         .header("User-Agent", "shopfloor-webhooks")
         .header("X-Shopfloor-Event", &out.event)
         .header("X-Shopfloor-Delivery", out.delivery.to_string())
-        .header(SIGNATURE_HEADER, signature(&out.secret, &out.body))
+        .header(SIGNATURE_HEADER, signature(out.secret.expose_secret(), &out.body))
         .body(out.body.clone())
         .send()
         .await;
@@ -205,6 +208,6 @@ mod tests {
     #[test]
     fn the_signature_is_githubs_scheme() {
         // The example of GitHub's "Validating webhook deliveries".
-        assert_eq!(signature("It's a Secret to Everybody", b"Hello, World!"), "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17");
+        assert_eq!(signature(b"It's a Secret to Everybody", b"Hello, World!"), "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17");
     }
 }

@@ -1,11 +1,11 @@
-//! The service's secret key (`SHOPFLOOR_SECRET_KEY`) and what it seals: the JWT signing keys'
-//! secrets at rest.
+//! The service's secret key (`SHOPFLOOR_SECRET_KEY`) and what it seals at rest: the JWT signing
+//! keys' secrets and the outgoing webhook subscriptions' secrets ([`Sealed`]).
 //!
 //! The key is 32 random bytes, written in base64 (`openssl rand -base64 32`). Sealing is
 //! XChaCha20-Poly1305 (RustCrypto's `chacha20poly1305`) with a random 24-byte nonce, so nonces
-//! need no counter shared between processes; the associated data names what is sealed (the
-//! signing key's `kid`), so a sealed secret copied onto another row does not open there. A
-//! sealed value is `version (1) || nonce (24) || ciphertext || tag (16)`.
+//! need no counter shared between processes; the associated data names what is sealed (its kind
+//! and its row's id), so a sealed secret copied onto another row, or from one kind of secret to
+//! another, does not open there. A sealed value is `version (1) || nonce (24) || ciphertext || tag (16)`.
 //!
 //! Neither the key nor what it opens is ever printed: `Debug` shows neither, and errors say
 //! which value failed, not what it held.
@@ -22,7 +22,27 @@ const VERSION: u8 = 1;
 const NONCE_LEN: usize = 24;
 const TAG_LEN: usize = 16;
 
-/// The secret key that seals signing keys. Cheap to clone (one allocation shared).
+/// What a sealed value is the secret of: its seal is bound to it.
+#[derive(Debug, Clone, Copy)]
+pub enum Sealed<'a> {
+    /// A JWT signing key's secret, by `kid`.
+    SigningKey(&'a str),
+    /// An outgoing webhook subscription's secret (the HMAC key of its deliveries), by id.
+    WebhookSecret(uuid::Uuid),
+}
+
+impl Sealed<'_> {
+    /// The associated data of its seal: a label of the kind, then the row's id.
+    fn associated_data(self) -> Vec<u8> {
+        match self {
+            Sealed::SigningKey(kid) => format!("shopfloor.signing_key:{kid}"),
+            Sealed::WebhookSecret(id) => format!("shopfloor.webhook_secret:{id}"),
+        }
+        .into_bytes()
+    }
+}
+
+/// The secret key that seals what [`Sealed`] names. Cheap to clone (one allocation shared).
 #[derive(Clone)]
 pub struct SecretKey(Arc<SecretBox<[u8; 32]>>);
 
@@ -43,13 +63,25 @@ pub enum KeyError {
     WrongLength(usize),
 }
 
-/// A sealed value that does not open with this key.
+/// A sealed value that does not open with this key. It names the value, never what it holds.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "signing key `{kid}` does not open with this SHOPFLOOR_SECRET_KEY; set the SHOPFLOOR_SECRET_KEY that sealed the signing keys (the same on every process of this database)"
+    "{what} does not open with this SHOPFLOOR_SECRET_KEY; set the SHOPFLOOR_SECRET_KEY that sealed the {kind} (the same on every process of this database)"
 )]
 pub struct OpenError {
-    pub kid: String,
+    /// Which value: ``signing key `k…` `` or `the secret of webhook <id>`.
+    pub what: String,
+    /// The values of its kind: `signing keys` or `webhook secrets`.
+    pub kind: &'static str,
+}
+
+impl OpenError {
+    fn of(sealed: Sealed<'_>) -> OpenError {
+        match sealed {
+            Sealed::SigningKey(kid) => OpenError { what: format!("signing key `{kid}`"), kind: "signing keys" },
+            Sealed::WebhookSecret(id) => OpenError { what: format!("the secret of webhook {id}"), kind: "webhook secrets" },
+        }
+    }
 }
 
 impl SecretKey {
@@ -84,12 +116,12 @@ impl SecretKey {
         XChaCha20Poly1305::new(self.0.expose_secret().into())
     }
 
-    /// Seals a signing key's secret, bound to its `kid`.
-    pub fn seal(&self, kid: &str, secret: &[u8]) -> Vec<u8> {
+    /// Seals a secret, bound to what it is the secret of.
+    pub fn seal(&self, sealed: Sealed<'_>, secret: &[u8]) -> Vec<u8> {
         let mut nonce = [0u8; NONCE_LEN];
         rand::rng().fill_bytes(&mut nonce);
-        let aad = associated_data(kid);
-        // Encryption fails only for messages of gigabytes; a signing key is 32 bytes.
+        let aad = sealed.associated_data();
+        // Encryption fails only for messages of gigabytes; a secret here is at most 256 characters.
         let sealed = self
             .cipher()
             .encrypt(XNonce::from_slice(&nonce), Payload { msg: secret, aad: &aad })
@@ -101,26 +133,18 @@ impl SecretKey {
         out
     }
 
-    /// Opens what [`SecretKey::seal`] sealed for `kid`. Another key, another `kid`, a format
-    /// this binary does not know, or any changed byte: an error, never a panic.
-    pub fn open(&self, kid: &str, sealed: &[u8]) -> Result<SecretBox<[u8]>, OpenError> {
-        let refuse = || OpenError { kid: kid.to_owned() };
+    /// Opens what [`SecretKey::seal`] sealed for `what`. Another key, another row or kind, a
+    /// format this binary does not know, or any changed byte: an error, never a panic.
+    pub fn open(&self, what: Sealed<'_>, sealed: &[u8]) -> Result<SecretBox<[u8]>, OpenError> {
+        let refuse = || OpenError::of(what);
         if sealed.len() < 1 + NONCE_LEN + TAG_LEN || sealed[0] != VERSION {
             return Err(refuse());
         }
         let (nonce, body) = sealed[1..].split_at(NONCE_LEN);
-        let aad = associated_data(kid);
+        let aad = what.associated_data();
         let opened = self.cipher().decrypt(XNonce::from_slice(nonce), Payload { msg: body, aad: &aad }).map_err(|_| refuse())?;
         Ok(SecretBox::new(opened.into_boxed_slice()))
     }
-}
-
-/// What a signing key's seal is bound to: its `kid`, under a label of its own so that the
-/// same key could seal other kinds of secret without one passing for another.
-fn associated_data(kid: &str) -> Vec<u8> {
-    let mut aad = b"shopfloor.signing_key:".to_vec();
-    aad.extend_from_slice(kid.as_bytes());
-    aad
 }
 
 #[cfg(test)]
@@ -130,19 +154,34 @@ mod tests {
     #[test]
     fn a_sealed_secret_opens_with_its_key_and_kid_only() {
         let key = SecretKey::generate();
-        let sealed = key.seal("k1", b"the signing secret");
+        let k1 = Sealed::SigningKey("k1");
+        let sealed = key.seal(k1, b"the signing secret");
         assert!(!sealed.windows(6).any(|w| w == b"secret"), "no plaintext in the seal");
-        assert_eq!(key.open("k1", &sealed).unwrap().expose_secret(), b"the signing secret");
-        assert!(key.open("k2", &sealed).is_err(), "bound to its kid");
-        assert!(SecretKey::generate().open("k1", &sealed).is_err(), "another key does not open it");
+        assert_eq!(key.open(k1, &sealed).unwrap().expose_secret(), b"the signing secret");
+        assert!(key.open(Sealed::SigningKey("k2"), &sealed).is_err(), "bound to its kid");
+        assert!(SecretKey::generate().open(k1, &sealed).is_err(), "another key does not open it");
         for i in 0..sealed.len() {
             let mut changed = sealed.clone();
             changed[i] ^= 1;
-            assert!(key.open("k1", &changed).is_err(), "byte {i} changed");
+            assert!(key.open(k1, &changed).is_err(), "byte {i} changed");
         }
-        assert!(key.open("k1", &sealed[..20]).is_err(), "truncated");
-        assert!(key.open("k1", b"").is_err(), "empty");
-        assert_ne!(key.seal("k1", b"x"), key.seal("k1", b"x"), "a fresh nonce each time");
+        assert!(key.open(k1, &sealed[..20]).is_err(), "truncated");
+        assert!(key.open(k1, b"").is_err(), "empty");
+        assert_ne!(key.seal(k1, b"x"), key.seal(k1, b"x"), "a fresh nonce each time");
+    }
+
+    #[test]
+    fn a_webhook_secret_opens_for_its_subscription_only_and_never_as_a_signing_key() {
+        let key = SecretKey::generate();
+        let id = uuid::Uuid::now_v7();
+        let sealed = key.seal(Sealed::WebhookSecret(id), b"whsec-of-the-receiver");
+        assert_eq!(key.open(Sealed::WebhookSecret(id), &sealed).unwrap().expose_secret(), b"whsec-of-the-receiver");
+        let other = key.open(Sealed::WebhookSecret(uuid::Uuid::now_v7()), &sealed).unwrap_err();
+        assert!(other.to_string().starts_with("the secret of webhook "), "{other}");
+        assert!(other.to_string().contains("sealed the webhook secrets"), "{other}");
+        assert!(!other.to_string().contains("whsec"), "an error never repeats the secret: {other}");
+        // The same id written as a kid does not open it either: the kind is bound too.
+        assert!(key.open(Sealed::SigningKey(&id.to_string()), &sealed).is_err());
     }
 
     #[test]
@@ -150,7 +189,7 @@ mod tests {
         let key = SecretKey::generate();
         let text = key.to_base64();
         let again = SecretKey::parse(&format!(" {}\n", text.expose_secret())).unwrap();
-        assert_eq!(again.open("k", &key.seal("k", b"s")).unwrap().expose_secret(), b"s");
+        assert_eq!(again.open(Sealed::SigningKey("k"), &key.seal(Sealed::SigningKey("k"), b"s")).unwrap().expose_secret(), b"s");
         let url_safe = data_encoding::BASE64URL_NOPAD.encode(&[0xfb; 32]);
         assert!(SecretKey::parse(&url_safe).is_ok());
         assert_eq!(SecretKey::parse("").unwrap_err(), KeyError::Empty);

@@ -355,6 +355,16 @@ pub fn new_run(s: &Seed, input: serde_json::Value) -> crate::store::runs::NewRun
     crate::store::runs::NewRun::of_workflow(s.org, s.project, s.workflow, s.version, input)
 }
 
+/// A webhook subscription of `project` to `events` at `url`, with a secret made for it and
+/// sealed with [`SECRET_KEY`], as the API makes one; loopback and private URLs are allowed.
+pub async fn subscribe(ch: &mut crate::store::Change, org: crate::ids::OrgId, project: crate::ids::ProjectId, url: &str, events: &[&str]) -> uuid::Uuid {
+    use crate::store::webhooks_out::{NewSubscription, create};
+    let events: Vec<String> = events.iter().map(|e| (*e).to_owned()).collect();
+    let new = NewSubscription { org, project, url, secret: None, events: &events };
+    let (id, _) = create(ch, &secret_key(), new, crate::net_guard::Policy { allow_private: true }).await.unwrap_or_else(|e| panic!("subscribe {url}: {e}"));
+    id
+}
+
 /// The workflow `approve`: an approval `ask` with one required field, `ticket`, then an output
 /// `ship` that comments.
 pub const APPROVAL: &str = include_str!("../../tests/workflows/approve.yaml");
@@ -395,7 +405,7 @@ pub fn pool_config(id: &str, listen_url: &str, test_executor: Option<crate::exec
         drain: Duration::from_secs(5),
         test_executor,
         outputs: None,
-        webhooks: crate::jobs::WebhookClient::new(crate::net_guard::Policy::default()).unwrap_or_else(|e| panic!("the webhook client: {e:?}")),
+        webhooks: crate::jobs::WebhookClient::new(crate::net_guard::Policy::default(), secret_key()).unwrap_or_else(|e| panic!("the webhook client: {e:?}")),
         event_wait_timeout: crate::advance::EVENT_WAIT_TIMEOUT,
     }
 }

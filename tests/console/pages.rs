@@ -757,17 +757,7 @@ async fn webhooks_page_subscribes_with_the_secret_shown_once_and_replays_deliver
 
     // Another org's webhook is not found here.
     let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System).await.unwrap();
-    let (theirs, _) = engine::store::webhooks_out::create(
-        &mut ch,
-        other.id,
-        other.project,
-        "https://hooks.example.com/globex",
-        None,
-        &["run.*".to_owned()],
-        engine::net_guard::Policy::default(),
-    )
-    .await
-    .unwrap();
+    let theirs = engine::testkit::subscribe(&mut ch, other.id, other.project, "https://hooks.example.com/globex", &["run.*"]).await;
     ch.commit().await.unwrap();
     let answer = b.press(&format!("/orgs/acme/projects/web/webhooks/{theirs}/delete"), &csrf).await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);

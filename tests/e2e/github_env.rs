@@ -50,6 +50,7 @@ impl GhEnv {
         let mut cmd = Command::new(shopfloor_bin());
         cmd.args(["engine", "--test-executor", "--engine-id", id, "--log", "warn"])
             .env("DATABASE_URL", &self.db.url)
+            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
             .env("SHOPFLOOR_DRAIN_SECS", "2")
             .env_remove("SHOPFLOOR_TEST_CRASH_AFTER")
             .stdout(Stdio::null())

@@ -5,8 +5,7 @@
 
 use std::time::Duration;
 
-use engine::net_guard::Policy;
-use engine::store::{Actor, Change, webhooks_out};
+use engine::store::{Actor, Change};
 use engine::testkit::{TestDb, test_db};
 use serde_json::json;
 use shopfloor_tests::github_fake::payloads::{self, user};
@@ -64,8 +63,7 @@ async fn seed(db: &TestDb, receiver: &str) -> String {
     connect_widgets(&mut ch, acme.org, acme.project).await;
     // The receiver is on loopback: allowed only with SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE, which
     // the engine gets too.
-    let events = ["run.completed".to_owned()];
-    webhooks_out::create(&mut ch, acme.org, acme.project, receiver, None, &events, Policy { allow_private: true }).await.unwrap();
+    engine::testkit::subscribe(&mut ch, acme.org, acme.project, receiver, &["run.completed"]).await;
     let token = owner_token(&mut ch, &acme, "metrics", 1).await;
     ch.commit().await.unwrap();
     token

@@ -250,8 +250,12 @@ async fn no_secret_reaches_a_log_an_answer_an_event_or_the_stream() {
     let host_credential = credential_strings.into_iter().find(|s| s.len() > 40 && s.split('.').count() == 3).expect("a JWT in credential.json");
     // Signing keys are sealed at rest: what leaks would be the opened secret.
     let sealed: Vec<(String, Vec<u8>)> = sqlx::query_as("SELECT kid, sealed FROM signing_keys").fetch_all(&db.pool).await.unwrap();
-    let signing_keys: Vec<Vec<u8>> =
-        sealed.iter().map(|(kid, sealed)| secrecy::ExposeSecret::expose_secret(&engine::testkit::secret_key().open(kid, sealed).unwrap()).to_vec()).collect();
+    let signing_keys: Vec<Vec<u8>> = sealed
+        .iter()
+        .map(|(kid, sealed)| {
+            secrecy::ExposeSecret::expose_secret(&engine::testkit::secret_key().open(engine::sealing::Sealed::SigningKey(kid), sealed).unwrap()).to_vec()
+        })
+        .collect();
     let pem = std::fs::read_to_string(&key_file).unwrap();
     let mut secrets: Vec<(String, String)> = vec![
         ("webhook secret".into(), WEBHOOK_SECRET.into()),

@@ -245,6 +245,9 @@ pub struct ApiArgs {
 pub struct EngineArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// Opens the webhook subscriptions' secrets, to sign deliveries.
+    #[command(flatten)]
+    pub secret_key: SecretKeyArgs,
     #[command(flatten)]
     pub pool: PoolArgs,
     #[command(flatten)]
@@ -257,12 +260,12 @@ pub struct EngineArgs {
     pub metrics_addr: Option<SocketAddr>,
 }
 
-/// The key that seals the signing keys: `SHOPFLOOR_SECRET_KEY` (no default on a
-/// `DATABASE_URL`; with the embedded cluster, `SHOPFLOOR_DATA_DIR/secret-key`, made on first
-/// need).
+/// The key that seals the signing keys and the webhook secrets: `SHOPFLOOR_SECRET_KEY` (no
+/// default on a `DATABASE_URL`; with the embedded cluster, `SHOPFLOOR_DATA_DIR/secret-key`,
+/// made on first need).
 #[derive(Debug, Clone, Args)]
 pub struct SecretKeyArgs {
-    /// The key that seals the JWT signing keys at rest: 32 random bytes in base64
+    /// The key that seals the JWT signing keys and the outgoing webhook secrets at rest: 32 random bytes in base64
     /// (`openssl rand -base64 32`), the same on every process of one database. Unset with the
     /// embedded cluster: SHOPFLOOR_DATA_DIR/secret-key, made on first need.
     #[arg(long = "secret-key", env = "SHOPFLOOR_SECRET_KEY", hide_env_values = true)]

@@ -203,8 +203,9 @@ async fn pooler(args: &DbArgs, pooled: Result<bool, engine::db::DbError>) -> Out
     }
 }
 
-/// The secret key is set, well formed, and opens every sealed signing key. (A server on the
-/// embedded cluster reads it from its data directory; `check` reads only the setting.)
+/// The secret key is set, well formed, and opens every sealed signing key and the webhook
+/// secrets. (A server on the embedded cluster reads it from its data directory; `check` reads
+/// only the setting.)
 async fn secret_key(args: &SecretKeyArgs, db: Option<&Db>) -> Outcome {
     const NAME: &str = "secret key";
     const HOW: &str = "set SHOPFLOOR_SECRET_KEY to 32 random bytes in base64 (`openssl rand -base64 32`), the same on every process of this database";
@@ -214,18 +215,22 @@ async fn secret_key(args: &SecretKeyArgs, db: Option<&Db>) -> Outcome {
         Err(e) => return Outcome::fail(NAME, e.to_string().split_once("; ").map_or(e.to_string(), |(problem, _)| problem.to_owned()), HOW),
     };
     let Some(pool) = db else { return Outcome::ok(NAME, "set, well formed (the database is needed to check it opens the signing keys)") };
-    match engine::store::signing_keys::check_opens(pool, &key).await {
+    let opened = match engine::store::webhooks_out::check_opens(pool, &key).await {
+        Ok(()) => engine::store::signing_keys::check_opens(pool, &key).await,
+        Err(e) => Err(e),
+    };
+    match opened {
         Ok((0, _)) => Outcome::ok(NAME, "set, well formed; no signing key yet"),
         Ok((n, 0)) => Outcome::ok(NAME, format!("opens the {n} signing key{}", if n == 1 { "" } else { "s" })),
         Ok((n, plaintext)) => {
-            Outcome::ok(NAME, format!("opens the sealed signing keys; {plaintext} of {n} still in plaintext, sealed when `serve` or `api` starts"))
+            Outcome::ok(NAME, format!("opens the sealed signing keys; {plaintext} of {n} still in plaintext, sealed when `serve`, `api` or `engine` starts"))
         }
         Err(engine::store::StoreError::Sealed(e)) => Outcome::fail(
             NAME,
-            format!("does not open signing key `{}`", e.kid),
-            "set the SHOPFLOOR_SECRET_KEY that sealed the signing keys (the one the servers of this database use)",
+            format!("does not open {}", e.what),
+            format!("set the SHOPFLOOR_SECRET_KEY that sealed the {} (the one the servers of this database use)", e.kind),
         ),
-        Err(e) => Outcome::fail(NAME, format!("cannot read the signing keys: {e}"), "fix the database check above first"),
+        Err(e) => Outcome::fail(NAME, format!("cannot read the sealed secrets: {e}"), "fix the database check above first"),
     }
 }
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use engine::executor::TestExecutor;
 use engine::pool::PoolConfig;
+use engine::sealing::SecretKey;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -35,8 +36,8 @@ pub(super) async fn migrate(args: MigrateArgs) -> Result<(), CliError> {
 pub(super) async fn serve(ServeArgs { server: args, pool: pool_args }: ServeArgs) -> Result<(), CliError> {
     // Bind first: a port in use should fail before anything else starts.
     let listener = bind(&args.listen.listen, "SHOPFLOOR_LISTEN").await?;
-    let webhooks = webhook_client(&args.webhooks)?;
     let key = args.secret_key.require(&args.db)?;
+    let webhooks = webhook_client(&args.webhooks, &key)?;
     let db = Database::open(&args.db, pool_args.db_connections + 8).await?;
     let prepared = async {
         db.migrate().await?;
@@ -106,8 +107,13 @@ pub(super) async fn engine(args: EngineArgs) -> Result<(), CliError> {
         Some(addr) => Some(bind(addr, "SHOPFLOOR_METRICS_ADDR").await?),
         None => None,
     };
-    let webhooks = webhook_client(&args.webhooks)?;
+    let key = args.secret_key.require(&args.db)?;
+    let webhooks = webhook_client(&args.webhooks, &key)?;
     let db = Database::open_migrated(&args.db, args.pool.db_connections).await?;
+    if let Err(e) = secret_key::prepare(&db.pool, &key).await {
+        db.close().await;
+        return Err(e);
+    }
     let url = db.url.clone();
     let (db, (outputs, listen)) = db.or_close(|| Ok((github_outputs(&args.github_app)?, args.db.listen.target(&url)?))).await?;
     let (drain, abort) = host::process::shutdown_signals();
@@ -158,9 +164,10 @@ pub(super) fn github_app(args: &GithubAppArgs) -> Result<Option<std::sync::Arc<e
     Ok(Some(std::sync::Arc::new(app)))
 }
 
-/// The engine's webhook delivery client, with the policy of `SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`.
-fn webhook_client(args: &WebhooksArgs) -> Result<engine::jobs::WebhookClient, CliError> {
-    engine::jobs::WebhookClient::new(args.policy()).map_err(|e| CliError::Failed(format!("cannot build the webhook delivery client: {e}")))
+/// The engine's webhook delivery client, with the policy of `SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`
+/// and the secret key that opens the subscriptions' secrets.
+fn webhook_client(args: &WebhooksArgs, key: &SecretKey) -> Result<engine::jobs::WebhookClient, CliError> {
+    engine::jobs::WebhookClient::new(args.policy(), key.clone()).map_err(|e| CliError::Failed(format!("cannot build the webhook delivery client: {e}")))
 }
 
 fn pool_config(

@@ -1,9 +1,9 @@
-//! Where the secret key that seals the JWT signing keys comes from, and what `serve` and `api`
-//! do with it at start.
+//! Where the secret key that seals the JWT signing keys and the webhook secrets comes from, and
+//! what `serve`, `api` and `engine` do with it at start.
 //!
 //! `SHOPFLOOR_SECRET_KEY`: 32 random bytes in base64 (`openssl rand -base64 32`), the same on
 //! every process of one database. Unset, it is needed all the same by a process on a
-//! `DATABASE_URL` (`serve`, `api`, the `admin` commands that issue tokens or change keys),
+//! `DATABASE_URL` (`serve`, `api`, `engine`, the `admin` commands that issue tokens or change keys),
 //! which refuses to start and says how to make one: a key made up by one replica would not open
 //! what another sealed. Only with the embedded cluster (no `DATABASE_URL`) is there one obvious
 //! place for it: `SHOPFLOOR_DATA_DIR/secret-key`, made (mode 0600) on first need and read
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use engine::db::Db;
 use engine::sealing::SecretKey;
-use engine::store::{Actor, Change, signing_keys};
+use engine::store::{Actor, Change, signing_keys, webhooks_out};
 use secrecy::ExposeSecret;
 
 use super::args::{DbArgs, SecretKeyArgs};
@@ -92,16 +92,22 @@ fn embedded_key(path: &Path) -> Result<SecretKey, CliError> {
     }
 }
 
-/// What `serve`, `api` and `migrate` do with the key at start: refuse a key that does not open
-/// the sealed signing keys (one line, before anything serves), then seal the keys an earlier
-/// release stored in plaintext. Sealing keeps each secret, so no token stops verifying.
+/// What `serve`, `api`, `engine` and `migrate` do with the key at start: refuse a key that does
+/// not open the sealed signing keys and webhook secrets (one line, before anything serves),
+/// then seal the ones an earlier release stored in plaintext. Sealing keeps each secret, so no
+/// token stops verifying and no receiver sees another signature.
 pub(super) async fn prepare(db: &Db, key: &SecretKey) -> Result<(), CliError> {
     signing_keys::check_opens(db, key).await.map_err(CliError::msg)?;
+    webhooks_out::check_opens(db, key).await.map_err(CliError::msg)?;
     let mut ch = Change::begin(db, Actor::System).await.map_err(CliError::msg)?;
     let sealed = signing_keys::seal_plaintext(&mut ch, key).await.map_err(CliError::msg)?;
+    let webhooks = webhooks_out::seal_plaintext(&mut ch, key).await.map_err(CliError::msg)?;
     ch.commit().await.map_err(CliError::msg)?;
     if !sealed.is_empty() {
         tracing::info!(signing_keys = %sealed.join(","), "sealed the signing keys an earlier release stored in plaintext");
+    }
+    if webhooks > 0 {
+        tracing::info!(webhooks, "sealed the webhook secrets an earlier release stored in plaintext");
     }
     Ok(())
 }

@@ -119,7 +119,8 @@ pub async fn create(
     scope.require(Role::Admin)?;
     let events = body.events.unwrap_or_else(|| vec!["run.*".to_owned()]);
     let mut ch = scope.change(&state).await?;
-    let (id, secret) = store::create(&mut ch, scope.org.org, scope.project, body.url.trim(), body.secret.as_deref(), &events, state.webhook_policy()).await?;
+    let new = store::NewSubscription { org: scope.org.org, project: scope.project, url: body.url.trim(), secret: body.secret.as_deref(), events: &events };
+    let (id, secret) = store::create(&mut ch, state.secret_key(), new, state.webhook_policy()).await?;
     ch.commit().await?;
     let webhook = subscription(&state, &scope, &id.to_string()).await?;
     Ok((StatusCode::CREATED, Json(CreatedWebhook { webhook, secret })))

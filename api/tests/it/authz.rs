@@ -8,7 +8,6 @@ use std::collections::BTreeSet;
 
 use api::http::auth::Role;
 use engine::ids::RunId;
-use engine::net_guard::Policy;
 use engine::store::runs;
 use engine::store::{Actor, Change, api_writes};
 use reqwest::{Method, StatusCode};
@@ -362,17 +361,7 @@ async fn every_route_answers_each_caller_exactly() {
                 }
                 Needs::Webhook | Needs::Delivery => {
                     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-                    let (webhook, _) = engine::store::webhooks_out::create(
-                        &mut ch,
-                        org.id,
-                        org.project,
-                        "https://hooks.example.com/hook",
-                        None,
-                        &["x.never".to_owned()],
-                        Policy::default(),
-                    )
-                    .await
-                    .unwrap();
+                    let webhook = engine::testkit::subscribe(&mut ch, org.id, org.project, "https://hooks.example.com/hook", &["x.never"]).await;
                     ch.commit().await.unwrap();
                     path = path.replace("{webhook}", &webhook.to_string());
                     if matches!(case.needs, Needs::Delivery) {

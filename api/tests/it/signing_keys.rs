@@ -8,6 +8,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use engine::sealing::Sealed;
 use engine::testkit::{SECRET_KEY, TestDb, secret_key, test_db};
 use reqwest::StatusCode;
 use secrecy::ExposeSecret as _;
@@ -120,7 +121,7 @@ async fn a_rotation_signs_new_tokens_with_a_new_key_and_old_tokens_keep_working(
     assert_eq!(rows.len(), 2);
     for (kid_of_row, plaintext, sealed) in &rows {
         assert!(plaintext.is_none(), "{kid_of_row} has a plaintext secret");
-        let opened = secret_key().open(kid_of_row, sealed).unwrap();
+        let opened = secret_key().open(Sealed::SigningKey(kid_of_row), sealed).unwrap();
         let secret = opened.expose_secret();
         assert_eq!(secret.len(), 32);
         assert!(!sealed.windows(8).any(|w| secret.windows(8).any(|s| s == w)), "{kid_of_row}'s sealed bytes hold part of its secret");
@@ -182,7 +183,7 @@ async fn plaintext_keys_of_an_earlier_release_are_sealed_at_start_and_their_toke
     let (db, first) = db_with_org().await;
     // As the previous release stored it: the secret in plaintext, nothing sealed.
     let (old_kid, sealed): (String, Vec<u8>) = sqlx::query_as("SELECT kid, sealed FROM signing_keys").fetch_one(&db.pool).await.unwrap();
-    let secret = secret_key().open(&old_kid, &sealed).unwrap().expose_secret().to_vec();
+    let secret = secret_key().open(Sealed::SigningKey(&old_kid), &sealed).unwrap().expose_secret().to_vec();
     sqlx::query("UPDATE signing_keys SET secret = $2, sealed = NULL WHERE kid = $1").bind(&old_kid).bind(&secret).execute(&db.pool).await.unwrap();
 
     let server = Server::start(&db).await;
@@ -190,9 +191,67 @@ async fn plaintext_keys_of_an_earlier_release_are_sealed_at_start_and_their_toke
         sqlx::query_as("SELECT secret, sealed FROM signing_keys WHERE kid = $1").bind(&old_kid).fetch_one(&db.pool).await.unwrap();
     assert!(plaintext.is_none(), "the plaintext is gone once the server has started");
     let sealed = sealed.expect("sealed at start");
-    assert_eq!(secret_key().open(&old_kid, &sealed).unwrap().expose_secret(), secret.as_slice(), "the same secret, sealed");
+    assert_eq!(secret_key().open(Sealed::SigningKey(&old_kid), &sealed).unwrap().expose_secret(), secret.as_slice(), "the same secret, sealed");
     assert_eq!(server.status(&first).await, StatusCode::OK, "no one is logged out by the sealing");
     drop(server);
+    db.finish().await;
+}
+
+#[tokio::test]
+async fn webhook_secrets_of_an_earlier_release_are_sealed_at_start_and_one_sealed_by_another_key_stops_it() {
+    let (db, owner) = db_with_org().await;
+    let server = Server::start(&db).await;
+    let made = server.http.post(format!("{}/api/v1/orgs/acme/projects", server.base)).bearer_auth(&owner).json(&json!({ "slug": "web" })).send().await.unwrap();
+    assert_eq!(made.status(), StatusCode::CREATED);
+    drop(server);
+    // As the previous release stored it: the secret in plaintext.
+    let id = uuid::Uuid::now_v7();
+    let secret = "whsec-of-an-earlier-release-0123";
+    sqlx::query(
+        "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) \
+         SELECT org_id, project_id, $1, 'https://hooks.example.com/old', $2, ARRAY['run.*'], 'test' FROM projects WHERE slug = 'web'",
+    )
+    .bind(id)
+    .bind(secret)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    // An engine holds the key now (it signs deliveries), and seals what it finds at start.
+    let engine = KillOnDrop(shopfloor(&db, Some(SECRET_KEY), &["engine", "--log", "off"]).stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().unwrap());
+    let read = "SELECT secret, sealed_secret FROM webhook_subscriptions WHERE subscription_id = $1";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let sealed = loop {
+        let (plaintext, sealed): (Option<String>, Option<Vec<u8>>) = sqlx::query_as(read).bind(id).fetch_one(&db.pool).await.unwrap();
+        match sealed {
+            Some(sealed) => break sealed,
+            None => assert!(plaintext.is_some(), "the table keeps one of the two"),
+        }
+        assert!(Instant::now() < deadline, "the engine did not seal the plaintext secret within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    drop(engine);
+    let plaintext: Option<String> =
+        sqlx::query_scalar("SELECT secret FROM webhook_subscriptions WHERE subscription_id = $1").bind(id).fetch_one(&db.pool).await.unwrap();
+    assert!(plaintext.is_none(), "cleared in the statement that sealed it");
+    let opened = secret_key().open(Sealed::WebhookSecret(id), &sealed).unwrap();
+    assert_eq!(opened.expose_secret(), secret.as_bytes(), "the same secret: receivers see the same signature");
+
+    // Sealed by another key (a process of this database given another SHOPFLOOR_SECRET_KEY):
+    // a process refuses to start, in one line, rather than fail every delivery.
+    let other = engine::sealing::SecretKey::parse(OTHER_KEY).unwrap();
+    sqlx::query("UPDATE webhook_subscriptions SET sealed_secret = $2 WHERE subscription_id = $1")
+        .bind(id)
+        .bind(other.seal(Sealed::WebhookSecret(id), secret.as_bytes()))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let refused =
+        format!("the secret of webhook {id} does not open with this SHOPFLOOR_SECRET_KEY; set the SHOPFLOOR_SECRET_KEY that sealed the webhook secrets");
+    for process in ["engine", "api"] {
+        let stopped = run(shopfloor(&db, Some(SECRET_KEY), &[process, "--log", "off"])).fails(1, &refused);
+        assert!(!stopped.stderr.contains(secret), "{}", stopped.stderr);
+    }
     db.finish().await;
 }
 
@@ -202,7 +261,7 @@ async fn a_missing_malformed_or_wrong_secret_key_is_one_line_that_says_what_to_s
     let keys_before: i64 = sqlx::query_scalar("SELECT count(*) FROM signing_keys").fetch_one(&db.pool).await.unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
     let listen = format!("127.0.0.1:{port}");
-    for process in ["serve", "api"] {
+    for process in ["serve", "api", "engine"] {
         let start = |key: Option<&str>| {
             let mut cmd = shopfloor(&db, key, &[process, "--log", "off"]);
             cmd.env("SHOPFLOOR_LISTEN", &listen);

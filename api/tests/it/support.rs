@@ -218,7 +218,7 @@ impl App {
 fn engine_config(app: &App, test_executor: bool, webhooks: Webhooks) -> PoolConfig {
     PoolConfig {
         test_executor: test_executor.then_some(TestExecutor { effects: None }),
-        webhooks: WebhookClient::with_resolver(webhooks.engine, Arc::new(webhooks.names)).expect("the delivery client builds"),
+        webhooks: WebhookClient::with_resolver(webhooks.engine, engine::testkit::secret_key(), Arc::new(webhooks.names)).expect("the delivery client builds"),
         ..engine::testkit::pool_config("api-test-engine", &app.db.url, None)
     }
 }

@@ -94,6 +94,18 @@ async fn a_failing_receiver_gets_the_third_attempt_signed_and_a_replay_arrives_a
     // The secret is never shown again.
     let listed = app.json(Method::GET, &format!("{BASE}/webhooks"), &org.admin, None, StatusCode::OK).await;
     assert!(listed["items"][0].get("secret").is_none(), "{listed}");
+    // At rest it is sealed for this subscription: no plaintext column, nothing of it in the seal.
+    let (plaintext, sealed): (Option<String>, Vec<u8>) =
+        sqlx::query_as("SELECT secret, sealed_secret FROM webhook_subscriptions WHERE subscription_id = $1::uuid")
+            .bind(&webhook)
+            .fetch_one(app.pool())
+            .await
+            .unwrap();
+    assert!(plaintext.is_none());
+    assert!(!sealed.windows(8).any(|w| secret.as_bytes().windows(8).any(|s| s == w)), "the seal shows none of the secret");
+    let id = webhook.parse().unwrap();
+    let opened = engine::testkit::secret_key().open(engine::sealing::Sealed::WebhookSecret(id), &sealed).unwrap();
+    assert_eq!(secrecy::ExposeSecret::expose_secret(&opened), secret.as_bytes());
 
     // A run that is cancelled: one `run.cancelled` event, one delivery.
     let run = app.created(&format!("{BASE}/runs"), &org.member, &json!({ "workflow": "approve" })).await;

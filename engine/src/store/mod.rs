@@ -57,7 +57,8 @@ pub enum StoreError {
     /// Admission refused a new run: too many already wait for the org's cap.
     #[error("{0}")]
     Full(String),
-    /// A signing key that does not open with the secret key this process was given.
+    /// A sealed secret (a signing key, a webhook secret) that does not open with the secret key
+    /// this process was given.
     #[error(transparent)]
     Sealed(#[from] crate::sealing::OpenError),
     #[error(transparent)]

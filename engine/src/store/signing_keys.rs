@@ -21,7 +21,7 @@ use rand::RngCore;
 use secrecy::{ExposeSecret, SecretBox};
 
 use super::{Change, Result, StoreError};
-use crate::sealing::SecretKey;
+use crate::sealing::{Sealed, SecretKey};
 
 /// One writer at a time, so two processes starting together agree on one current key.
 const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('shopfloor.signing_keys'))";
@@ -52,7 +52,7 @@ pub async fn current(ch: &mut Change, key: &SecretKey) -> Result<SigningKey> {
         .await?;
     match row {
         Some(KeyRow { kid, sealed: Some(sealed), .. }) => {
-            let secret = key.open(&kid, &sealed)?;
+            let secret = key.open(Sealed::SigningKey(&kid), &sealed)?;
             Ok(SigningKey { kid, secret })
         }
         Some(KeyRow { kid, sealed: None, secret: Some(plaintext), .. }) => {
@@ -149,7 +149,7 @@ pub async fn check_opens(db: &Db, key: &SecretKey) -> Result<(usize, usize)> {
     let mut plaintext = 0;
     for (kid, sealed) in &rows {
         match sealed {
-            Some(sealed) => drop(key.open(kid, sealed)?),
+            Some(sealed) => drop(key.open(Sealed::SigningKey(kid), sealed)?),
             None => plaintext += 1,
         }
     }
@@ -175,7 +175,7 @@ pub async fn verifying(db: &Db, key: &SecretKey, kid: &str) -> Result<Option<Ver
             .await?;
     let Some(KeyRow { sealed, secret: plaintext, left_secs, .. }) = row else { return Ok(None) };
     let secret = match (sealed, plaintext) {
-        (Some(sealed), _) => key.open(kid, &sealed)?,
+        (Some(sealed), _) => key.open(Sealed::SigningKey(kid), &sealed)?,
         (None, Some(plaintext)) => SecretBox::new(plaintext.into_boxed_slice()),
         (None, None) => return Err(StoreError::Invalid(format!("signing key `{kid}` has no secret"))),
     };
@@ -190,11 +190,19 @@ async fn create(ch: &mut Change, key: &SecretKey) -> Result<SigningKey> {
     let secret = SecretBox::new(secret);
     // Time-ordered and unique even for two keys made in the same second.
     let kid = format!("k{}-{:08x}", Utc::now().format("%Y%m%d%H%M%S"), rand::random::<u32>());
-    sqlx::query("INSERT INTO signing_keys (kid, sealed) VALUES ($1, $2)").bind(&kid).bind(key.seal(&kid, secret.expose_secret())).execute(&mut *ch.tx).await?;
+    sqlx::query("INSERT INTO signing_keys (kid, sealed) VALUES ($1, $2)")
+        .bind(&kid)
+        .bind(key.seal(Sealed::SigningKey(&kid), secret.expose_secret()))
+        .execute(&mut *ch.tx)
+        .await?;
     Ok(SigningKey { kid, secret })
 }
 
 async fn seal_row(ch: &mut Change, key: &SecretKey, kid: &str, plaintext: &[u8]) -> Result<()> {
-    sqlx::query("UPDATE signing_keys SET sealed = $2, secret = NULL WHERE kid = $1").bind(kid).bind(key.seal(kid, plaintext)).execute(&mut *ch.tx).await?;
+    sqlx::query("UPDATE signing_keys SET sealed = $2, secret = NULL WHERE kid = $1")
+        .bind(kid)
+        .bind(key.seal(Sealed::SigningKey(kid), plaintext))
+        .execute(&mut *ch.tx)
+        .await?;
     Ok(())
 }

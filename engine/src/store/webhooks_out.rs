@@ -10,6 +10,10 @@
 //!
 //! A subscription's URL must be a target the [`Policy`] allows (`crate::net_guard`): it is
 //! checked here when it is made, and again by the engine at each send, after resolution.
+//!
+//! Its secret is stored sealed with the service's secret key (`crate::sealing`), bound to the
+//! subscription: it is shown once, when the subscription is made, and opened only to sign a
+//! delivery. A database copy alone does not let anyone sign deliveries a receiver would trust.
 
 use std::time::Duration;
 
@@ -19,10 +23,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use secrecy::SecretBox;
+
 use super::{Change, Result, StoreError, cap, jobs};
 use crate::admission as rules;
 use crate::ids::{OrgId, ProjectId, RunId, StepId};
 use crate::net_guard::{Policy, Refused};
+use crate::sealing::{Sealed, SecretKey};
 
 /// The job kind of a delivery.
 pub const JOB: &str = "webhook";
@@ -74,14 +81,23 @@ fn check(url: &str, events: &[String], policy: Policy) -> Result<()> {
     Ok(())
 }
 
-const INSERT_SUBSCRIPTION: &str =
-    "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+const INSERT_SUBSCRIPTION: &str = "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, sealed_secret, events, created_by) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
+/// A new subscription's place and what it sends.
+pub struct NewSubscription<'a> {
+    pub org: OrgId,
+    pub project: ProjectId,
+    pub url: &'a str,
+    /// The receiver's secret; `None`: one is made.
+    pub secret: Option<&'a str>,
+    pub events: &'a [String],
+}
 
 /// Subscribes a URL to a project's events, when `policy` allows its target. Without a secret
-/// one is made; it is returned here and never shown again.
-pub async fn create(
-    ch: &mut Change, org: OrgId, project: ProjectId, url: &str, secret: Option<&str>, events: &[String], policy: Policy,
-) -> Result<(Uuid, String)> {
+/// one is made; it is returned here and never shown again: it is stored sealed with `key`.
+pub async fn create(ch: &mut Change, key: &SecretKey, new: NewSubscription<'_>, policy: Policy) -> Result<(Uuid, String)> {
+    let NewSubscription { org, project, url, secret, events } = new;
     check(url, events, policy)?;
     let secret = match secret {
         Some(s) if (16..=256).contains(&s.chars().count()) => s.to_owned(),
@@ -94,7 +110,8 @@ pub async fn create(
     };
     let id = Uuid::now_v7();
     let by = cap(&ch.actor().label());
-    sqlx::query(INSERT_SUBSCRIPTION).bind(org).bind(project).bind(id).bind(url).bind(&secret).bind(events).bind(by).execute(&mut *ch.tx).await?;
+    let sealed = key.seal(Sealed::WebhookSecret(id), secret.as_bytes());
+    sqlx::query(INSERT_SUBSCRIPTION).bind(org).bind(project).bind(id).bind(url).bind(sealed).bind(events).bind(by).execute(&mut *ch.tx).await?;
     ch.audit(org, Some(project), "webhook.create", ("webhook", id.to_string()), json!({ "url": cap(url), "events": events }))?;
     Ok((id, secret))
 }
@@ -126,11 +143,12 @@ pub async fn replay(ch: &mut Change, org: OrgId, project: ProjectId, delivery: U
 }
 
 /// A delivery ready to send.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Outgoing {
     pub delivery: Uuid,
     pub url: String,
-    pub secret: String,
+    /// The subscription's secret, opened: the HMAC key of the signature.
+    pub secret: SecretBox<[u8]>,
     pub event: String,
     /// The exact bytes sent and signed.
     pub body: Vec<u8>,
@@ -140,8 +158,10 @@ pub struct Outgoing {
 
 #[derive(sqlx::FromRow)]
 struct Pending {
+    subscription_id: Uuid,
     url: String,
-    secret: String,
+    sealed_secret: Option<Vec<u8>>,
+    secret: Option<String>,
     event: String,
     body: Option<Value>,
     attempts: i32,
@@ -162,12 +182,13 @@ struct EventLine {
     version: i32,
 }
 
-/// Reads a pending delivery to send; its body is rendered from its event the first time and
-/// kept, so every attempt and replay sends the same bytes. `None` when it is no longer pending
-/// (delivered, given up, its subscription removed).
-pub async fn prepare(pool: &crate::db::Db, org: OrgId, delivery: Uuid) -> Result<Option<Outgoing>> {
+/// Reads a pending delivery to send, with its subscription's secret opened by `key`; its body
+/// is rendered from its event the first time and kept, so every attempt and replay sends the
+/// same bytes. `None` when it is no longer pending (delivered, given up, its subscription
+/// removed).
+pub async fn prepare(pool: &crate::db::Db, key: &SecretKey, org: OrgId, delivery: Uuid) -> Result<Option<Outgoing>> {
     let row: Option<Pending> = sqlx::query_as(
-        "SELECT s.url, s.secret, d.event, d.body, d.attempts, d.run_id, d.event_id FROM webhook_deliveries d \
+        "SELECT s.subscription_id, s.url, s.sealed_secret, s.secret, d.event, d.body, d.attempts, d.run_id, d.event_id FROM webhook_deliveries d \
          JOIN webhook_subscriptions s ON s.subscription_id = d.subscription_id \
          WHERE d.org_id = $1 AND d.delivery_id = $2 AND d.state = 'pending'",
     )
@@ -176,6 +197,7 @@ pub async fn prepare(pool: &crate::db::Db, org: OrgId, delivery: Uuid) -> Result
     .fetch_optional(pool)
     .await?;
     let Some(p) = row else { return Ok(None) };
+    let secret = opened(key, p.subscription_id, p.sealed_secret.as_deref(), p.secret)?;
     let body = match p.body {
         Some(body) => body,
         None => {
@@ -218,7 +240,47 @@ pub async fn prepare(pool: &crate::db::Db, org: OrgId, delivery: Uuid) -> Result
         }
     };
     let body = serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(format!("delivery body: {e}")))?;
-    Ok(Some(Outgoing { delivery, url: p.url, secret: p.secret, event: p.event, body, attempt: p.attempts + 1 }))
+    Ok(Some(Outgoing { delivery, url: p.url, secret, event: p.event, body, attempt: p.attempts + 1 }))
+}
+
+/// A subscription's secret: opened, or as an earlier release stored it (the next start seals it).
+fn opened(key: &SecretKey, id: Uuid, sealed: Option<&[u8]>, plaintext: Option<String>) -> Result<SecretBox<[u8]>> {
+    match (sealed, plaintext) {
+        (Some(sealed), _) => Ok(key.open(Sealed::WebhookSecret(id), sealed)?),
+        (None, Some(plaintext)) => Ok(SecretBox::new(plaintext.into_bytes().into_boxed_slice())),
+        // The table's check keeps one of the two.
+        (None, None) => Err(StoreError::Invalid(format!("webhook {id} has no secret"))),
+    }
+}
+
+/// Seals every subscription secret an earlier release stored in plaintext, clearing the
+/// plaintext in the same statement; returns how many. The secrets are the same, so receivers
+/// notice nothing.
+pub async fn seal_plaintext(ch: &mut Change, key: &SecretKey) -> Result<usize> {
+    let rows: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT subscription_id, secret FROM webhook_subscriptions WHERE sealed_secret IS NULL FOR UPDATE").fetch_all(&mut *ch.tx).await?;
+    for (id, plaintext) in &rows {
+        sqlx::query("UPDATE webhook_subscriptions SET sealed_secret = $2, secret = NULL WHERE subscription_id = $1")
+            .bind(id)
+            .bind(key.seal(Sealed::WebhookSecret(*id), plaintext.as_bytes()))
+            .execute(&mut *ch.tx)
+            .await?;
+    }
+    Ok(rows.len())
+}
+
+/// Opens the newest sealed secret, so that a process given another secret key refuses to start
+/// instead of failing every delivery (one key seals them all).
+pub async fn check_opens(db: &crate::db::Db, key: &SecretKey) -> Result<()> {
+    let newest: Option<(Uuid, Vec<u8>)> = sqlx::query_as(
+        "SELECT subscription_id, sealed_secret FROM webhook_subscriptions WHERE sealed_secret IS NOT NULL ORDER BY subscription_id DESC LIMIT 1",
+    )
+    .fetch_optional(db)
+    .await?;
+    if let Some((id, sealed)) = newest {
+        drop(key.open(Sealed::WebhookSecret(id), &sealed)?);
+    }
+    Ok(())
 }
 
 /// How an attempt went.

@@ -9,7 +9,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- define "shopfloor.dbSecret" -}}{{ .Values.database.existingSecret | default (printf "%s-db" (include "shopfloor.fullname" .)) }}{{- end -}}
 {{- define "shopfloor.keySecret" -}}{{ .Values.secretKey.existingSecret | default (printf "%s-secret-key" (include "shopfloor.fullname" .)) }}{{- end -}}
-{{- /* Only the API holds the key that opens the signing keys: engines sign and verify nothing. */ -}}
+{{- /* The API pods (signing keys, webhook secrets) and the engines (webhook secrets, to sign
+deliveries) hold the key; the migration Job does not. */ -}}
 {{- define "shopfloor.secretKeyEnv" -}}
 - name: SHOPFLOOR_SECRET_KEY
   valueFrom: { secretKeyRef: { name: {{ include "shopfloor.keySecret" . }}, key: secret-key } }
