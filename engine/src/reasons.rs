@@ -55,6 +55,9 @@ fn fixed(reason: &str) -> Option<&'static str> {
         "prepare_failed" => "The host could not prepare the worktree",
         "commit_failed" => "The work could not be committed",
         "push_failed" => "The work could not be pushed",
+        "push_refused" => {
+            "The repository refused the push (a protected branch, a hook, or a change under .github/workflows, which the App's token may not make); not retried"
+        }
         "no executor" => "No executor can run this kind of step",
         "revoked" => "Revoked",
         _ => return None,

@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::client::{Assignment, ClientError};
-use crate::git::{self};
+use crate::git::{self, GitError};
 use crate::harness::{self, Ended, Exit, Kind, Reader};
 use crate::journal::{self, Entry, Phase};
 use crate::process;
@@ -357,9 +357,15 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
                         if let Err(err) = g.push(&wt, &branch).await {
                             tracing::warn!(step.id = %a.step, error = %err, "push failed");
                             result.outcome = Outcome::Failed;
-                            result.reason = Some("push_failed".into());
-                            // A later attempt starts from the branch as the remote has it.
-                            result.class = Some("infrastructure".into());
+                            let (reason, class) = match err {
+                                // Refused again whatever the agent does: another session would
+                                // only spend again.
+                                GitError::Refused(_) => ("push_refused", "final"),
+                                // A later attempt starts from the branch as the remote has it.
+                                _ => ("push_failed", "infrastructure"),
+                            };
+                            result.reason = Some(reason.into());
+                            result.class = Some(class.into());
                             output["error"] = json!(err.to_string().chars().take(500).collect::<String>());
                         } else {
                             output["pushed"] = json!(true);

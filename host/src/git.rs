@@ -28,6 +28,12 @@ pub enum GitError {
     Call(#[from] CallError),
     #[error("git {what} failed: {stderr}")]
     Failed { what: String, stderr: String },
+    /// The remote took a push and refused it (`! [remote rejected]`): a protected branch, a
+    /// hook, or GitHub refusing an App's change under `.github/workflows/`. The same work is
+    /// refused again, unlike a cut connection or a branch that moved meanwhile (`! [rejected]`),
+    /// which a later attempt starting from the remote's branch gets past.
+    #[error("the remote refused the push: {0}")]
+    Refused(String),
     #[error("{0}")]
     Other(String),
 }
@@ -53,10 +59,17 @@ impl Git {
         }
         let what = args.first().copied().unwrap_or("git").to_owned();
         let out = process::call(cmd, &format!("git {what}"), self.timeout).await?;
+        let stderr = out.stderr.trim();
         if out.status == Some(0) {
             Ok(out.stdout)
+        } else if stderr.contains("[remote rejected]") {
+            // The refused ref and the remote's own words say why; GitHub's can run long, so the
+            // refusal comes first.
+            let refused = stderr.lines().filter(|l| l.contains("[remote rejected]"));
+            let remote = stderr.lines().filter(|l| l.starts_with("remote:"));
+            Err(GitError::Refused(refused.chain(remote).collect::<Vec<_>>().join("\n").chars().take(500).collect()))
         } else {
-            Err(GitError::Failed { what: args.join(" ").chars().take(120).collect(), stderr: out.stderr.trim().chars().take(500).collect() })
+            Err(GitError::Failed { what: args.join(" ").chars().take(120).collect(), stderr: stderr.chars().take(500).collect() })
         }
     }
 
@@ -176,14 +189,20 @@ mod tests {
         Git { timeout: Duration::from_secs(30), token: None, author_name: "t".into(), author_email: "t@example.com".into() }
     }
 
-    #[tokio::test]
-    async fn a_worktree_starts_from_the_branch_when_it_exists_and_pushes_without_force() {
+    /// A directory with `remote.git`, a bare repository whose `main` has one empty commit.
+    fn remote() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
         sh(
-            d,
+            dir.path(),
             "git init -q --bare -b main remote.git && git clone -q remote.git seed 2>/dev/null && cd seed && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m init && git push -q origin HEAD:main",
         );
+        dir
+    }
+
+    #[tokio::test]
+    async fn a_worktree_starts_from_the_branch_when_it_exists_and_pushes_without_force() {
+        let dir = remote();
+        let d = dir.path();
         let g = git();
         let cache = cache_path(d, "acme/widgets");
         let url = d.join("remote.git").to_string_lossy().into_owned();
@@ -205,11 +224,42 @@ mod tests {
         assert_eq!(start2, work.head);
         assert!(wt2.join("a.txt").exists());
 
-        // A push that would drop a commit on the remote is refused.
+        // A push that would drop a commit on the remote is refused, not by the remote's rules:
+        // a later attempt starting from the remote's branch gets past it.
         let wt3 = d.join("wt3");
         let start3 = g.add_worktree(&cache, &wt3, "other", "main").await.unwrap();
         std::fs::write(wt3.join("b.txt"), "b").unwrap();
         g.commit_all(&wt3, "elsewhere", &start3).await.unwrap();
-        assert!(g.push(&wt3, "shopfloor/1-x").await.is_err());
+        let moved = g.push(&wt3, "shopfloor/1-x").await.unwrap_err();
+        assert!(matches!(moved, GitError::Failed { .. }), "{moved}");
+    }
+
+    #[tokio::test]
+    async fn a_push_the_remote_refuses_says_so_in_the_remotes_words() {
+        let dir = remote();
+        let d = dir.path();
+        // What GitHub says to an App's token without the `workflows` permission, from a hook.
+        let hook = d.join("remote.git/hooks/pre-receive");
+        let noise: String = (0..40).map(|i| format!("echo 'padding line {i} of a long explanation' >&2\n")).collect();
+        std::fs::write(
+            &hook,
+            format!("#!/bin/sh\n{noise}echo 'refusing to allow a GitHub App to create or update workflow `.github/workflows/ci.yml` without `workflows` permission' >&2\nexit 1\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let g = git();
+        let cache = cache_path(d, "acme/widgets");
+        g.ensure_cache(&cache, &d.join("remote.git").to_string_lossy()).await.unwrap();
+        let wt = d.join("wt");
+        let start = g.add_worktree(&cache, &wt, "shopfloor/2-ci", "main").await.unwrap();
+        std::fs::create_dir_all(wt.join(".github/workflows")).unwrap();
+        std::fs::write(wt.join(".github/workflows/ci.yml"), "on: push").unwrap();
+        g.commit_all(&wt, "ci", &start).await.unwrap();
+        let refused = g.push(&wt, "shopfloor/2-ci").await.unwrap_err();
+        let GitError::Refused(why) = &refused else { panic!("not a refusal: {refused}") };
+        // The refused ref first, then the remote's words, within the 500 characters kept.
+        assert!(why.starts_with(" ! [remote rejected] HEAD -> shopfloor/2-ci (pre-receive hook declined)"), "{why}");
+        assert!(why.contains("remote: padding line 0"), "{why}");
+        assert!(why.chars().count() <= 500);
     }
 }

@@ -16,6 +16,8 @@
 //! - A cancel through the API reaches a running harness (SIGINT, SIGKILL after at most 3 s).
 //! - A draining host (SIGTERM) hands its steps back after the drain time and exits.
 //! - 200 steps across 4 hosts with 2 slots each run exactly once each.
+//! - A push the remote refuses fails its step once, `push_refused`, in the remote's words: no
+//!   second session is spent on work that would be refused again.
 
 use std::time::{Duration, Instant};
 
@@ -113,6 +115,36 @@ async fn a_host_runs_crew_steps_in_worktrees_and_pushes_the_branch() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(std::fs::read_dir(work.join("attempts")).map(|d| d.count()).unwrap_or(0), 0);
+    drop(_host);
+    env.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_the_remote_refuses_fails_the_step_once_with_the_remotes_words() {
+    let env = Env::start(&[PLAN_BUILD]).await;
+    // The remote refuses every push, as GitHub refuses an App's change to a workflow file.
+    let hook = env.dir.path().join("remotes/acme/widgets.git/hooks/pre-receive");
+    std::fs::write(&hook, "#!/bin/sh\necho 'refusing to allow a GitHub App to create or update workflow without workflows permission' >&2\nexit 1\n").unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let _host = env.host("solo", 1).await;
+    let run = env.submit("plan-build", vec![json!({ "repository": "acme/widgets", "issue": 8, "title": "Touch CI" })]).await[0];
+    env.until(run, "SELECT status = 'failed' FROM runs WHERE run_id = $1", Duration::from_secs(120), "failed").await;
+
+    // One session, not one per retry: the same push would be refused again.
+    let steps: Vec<(String, Option<String>, Option<String>, Value)> =
+        sqlx::query_as("SELECT state, reason, failure_class, output FROM steps WHERE run_id = $1 AND node = 'plan'")
+            .bind(run)
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    let [(state, reason, class, output)] = steps.as_slice() else { panic!("{steps:?}") };
+    assert_eq!((state.as_str(), reason.as_deref(), class.as_deref()), ("failed", Some("push_refused"), Some("final")));
+    let error = output["error"].as_str().unwrap_or_default();
+    assert!(error.contains("[remote rejected]") && error.contains("remote: refusing to allow a GitHub App"), "{output}");
+    assert_eq!(output["pushed"], Value::Null);
+    let branches = git_out(&env.dir.path().join("remotes/acme/widgets.git"), &["branch", "--list", "shopfloor/*"]);
+    assert!(branches.is_empty(), "{branches}");
+    assert_eq!(env.status(run).await, ("failed".to_owned(), Some("push_refused".to_owned())));
     drop(_host);
     env.finish().await;
 }
