@@ -28,10 +28,10 @@ pub enum GitError {
     Call(#[from] CallError),
     #[error("git {what} failed: {stderr}")]
     Failed { what: String, stderr: String },
-    /// The remote took a push and refused it (`! [remote rejected]`): a protected branch, a
-    /// hook, or GitHub refusing an App's change under `.github/workflows/`. The same work is
-    /// refused again, unlike a cut connection or a branch that moved meanwhile (`! [rejected]`),
-    /// which a later attempt starting from the remote's branch gets past.
+    /// The remote's rules refused a push ([`refused_by_rules`]): a protected branch, a hook,
+    /// a repository rule, or GitHub refusing an App's change under `.github/workflows/`. The
+    /// same work is refused again, unlike a cut connection, a remote's own failure or a branch
+    /// that moved meanwhile (`! [rejected]`), which a later attempt gets past.
     #[error("the remote refused the push: {0}")]
     Refused(String),
     #[error("{0}")]
@@ -62,7 +62,7 @@ impl Git {
         let stderr = out.stderr.trim();
         if out.status == Some(0) {
             Ok(out.stdout)
-        } else if stderr.contains("[remote rejected]") {
+        } else if refused_by_rules(stderr) {
             // The refused ref and the remote's own words say why; GitHub's can run long, so the
             // refusal comes first.
             let refused = stderr.lines().filter(|l| l.contains("[remote rejected]"));
@@ -154,6 +154,18 @@ impl Git {
     }
 }
 
+/// Whether a push's `stderr` says the remote's rules refused it: a `! [remote rejected]` ref
+/// whose reason is a refusal (`pre-receive hook declined`, `protected branch hook declined`,
+/// `push declined due to repository rule violations`, `refusing to allow a GitHub App to
+/// create or update workflow … without workflows permission`), not the remote failing
+/// (`Internal Server Error`, `failed to update ref`, `cannot lock ref …`), which may pass later.
+fn refused_by_rules(stderr: &str) -> bool {
+    stderr.lines().filter_map(|l| l.split_once("[remote rejected]")).any(|(_, rest)| {
+        let reason = rest.rsplit_once('(').map_or("", |(_, r)| r).to_ascii_lowercase();
+        ["declined", "refusing", "permission", "protected"].iter().any(|word| reason.contains(word))
+    })
+}
+
 /// A commit the step made.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Commit {
@@ -232,6 +244,32 @@ mod tests {
         g.commit_all(&wt3, "elsewhere", &start3).await.unwrap();
         let moved = g.push(&wt3, "shopfloor/1-x").await.unwrap_err();
         assert!(matches!(moved, GitError::Failed { .. }), "{moved}");
+    }
+
+    #[test]
+    fn a_refusal_by_the_remotes_rules_is_told_from_the_remote_failing() {
+        let refused = [
+            " ! [remote rejected] main -> main (protected branch hook declined)",
+            " ! [remote rejected] HEAD -> shopfloor/1-x (refusing to allow a GitHub App to create or update workflow `.github/workflows/ci.yml` without `workflows` permission)",
+            " ! [remote rejected] main -> main (push declined due to repository rule violations)",
+            " ! [remote rejected] HEAD -> x (pre-receive hook declined)",
+        ];
+        for line in refused {
+            assert!(
+                refused_by_rules(&format!("remote: error: GH006\nTo https://github.com/acme/widgets.git\n{line}\nerror: failed to push some refs")),
+                "{line}"
+            );
+        }
+        let passing = [
+            " ! [remote rejected] main -> main (Internal Server Error)",
+            " ! [remote rejected] x -> x (failed to update ref)",
+            " ! [remote rejected] x -> x (cannot lock ref 'refs/heads/x': is at 1 but expected 2)",
+            " ! [rejected]        x -> x (fetch first)",
+            "fatal: unable to access 'https://github.com/acme/widgets.git/': Could not resolve host: github.com",
+        ];
+        for line in passing {
+            assert!(!refused_by_rules(line), "{line}");
+        }
     }
 
     #[tokio::test]
