@@ -20,7 +20,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use engine::sealing::SecretKey;
 use engine::store::{Actor, Change, installations};
 use hmac::{Hmac, Mac};
 use secrecy::ExposeSecret as _;
@@ -100,14 +99,13 @@ fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// `shopfloor api` on the measure's database, ready when this returns. `key` seals its signing
-/// keys: the one the measure minted its tokens with.
-async fn api(b: &Bench, db: &Db, key: &SecretKey, secret: Option<&str>) -> Result<(Proc, String)> {
+/// `shopfloor api` on the measure's database, ready when this returns.
+async fn api(b: &Bench, db: &Db, secret: Option<&str>) -> Result<(Proc, String)> {
     let port = free_port()?;
     let mut cmd = Command::new(&b.shopfloor);
     cmd.args(["api", "--log", "warn"])
         .env("DATABASE_URL", &db.url)
-        .env("SHOPFLOOR_SECRET_KEY", key.to_base64().expose_secret())
+        .env("SHOPFLOOR_SECRET_KEY", b.key.to_base64().expose_secret())
         .env("SHOPFLOOR_LISTEN", format!("127.0.0.1:{port}"));
     if let Some(s) = secret {
         cmd.env("SHOPFLOOR_GITHUB_WEBHOOK_SECRET", s);
@@ -126,11 +124,10 @@ async fn api(b: &Bench, db: &Db, key: &SecretKey, secret: Option<&str>) -> Resul
     }
 }
 
-/// `shopfloor engine` without the test executor: crew steps are left to hosts. `key` is the
-/// one the API was given.
-fn engine(b: &Bench, db: &Db, key: &SecretKey, id: &str) -> Result<Proc> {
+/// `shopfloor engine` without the test executor: crew steps are left to hosts.
+fn engine(b: &Bench, db: &Db, id: &str) -> Result<Proc> {
     let mut cmd = Command::new(&b.shopfloor);
-    cmd.args(["engine", "--engine-id", id, "--log", "warn"]).env("DATABASE_URL", &db.url).env("SHOPFLOOR_SECRET_KEY", key.to_base64().expose_secret());
+    cmd.args(["engine", "--engine-id", id, "--log", "warn"]).env("DATABASE_URL", &db.url).env("SHOPFLOOR_SECRET_KEY", b.key.to_base64().expose_secret());
     Proc::spawn(&mut cmd, &format!("shopfloor engine {id}"))
 }
 
@@ -157,18 +154,17 @@ pub(crate) async fn host_throughput(b: &Bench, root: &Path, n: usize) -> Result<
     let (db, seed) = b.database("bench_hosts", HOST_SEQUENTIAL).await?;
     // One registration token per host (a token registers one host), minted as the API would.
     let mut tokens = Vec::with_capacity(HOSTS);
-    let key = SecretKey::generate();
     let mut ch = Change::begin(&db.pool, Actor::System).await?;
     for i in 0..HOSTS {
         let (_, token, _) =
-            api::auth::issue_registration_token(&mut ch, &key, seed.org, seed.project, &format!("bench host {i}"), chrono::Duration::hours(2)).await?;
+            api::auth::issue_registration_token(&mut ch, &b.key, seed.org, seed.project, &format!("bench host {i}"), chrono::Duration::hours(2)).await?;
         tokens.push(token);
     }
     ch.commit().await?;
     submit_many(&db, &seed, n, 500, json!({})).await?;
 
-    let (mut server, base) = api(b, &db, &key, None).await?;
-    let mut fleet = vec![engine(b, &db, &key, "e1")?, engine(b, &db, &key, "e2")?];
+    let (mut server, base) = api(b, &db, None).await?;
+    let mut fleet = vec![engine(b, &db, "e1")?, engine(b, &db, "e2")?];
     let work: PathBuf = root.join("target/bench-hosts");
     let _ = std::fs::remove_dir_all(&work);
     for (i, token) in tokens.iter().enumerate() {
@@ -308,7 +304,7 @@ pub(crate) async fn webhook_ingest(b: &Bench, n: usize) -> Result<Webhooks> {
     installations::claim(&mut ch, seed.org, INSTALLATION).await?;
     installations::connect_repository(&mut ch, seed.org, seed.project, INSTALLATION, REPOSITORY).await?;
     ch.commit().await?;
-    let (mut server, base) = api(b, &db, &SecretKey::generate(), Some(SECRET)).await?;
+    let (mut server, base) = api(b, &db, Some(SECRET)).await?;
     let url = format!("{base}/webhooks/github");
 
     // Bodies are built and signed before the clock starts: the figure is the server's. Each

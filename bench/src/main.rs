@@ -61,7 +61,7 @@ async fn main() -> Result<()> {
     let _ = std::fs::remove_dir_all(&data_dir);
     let pg = cluster::ensure_running(&ClusterOptions { data_dir, durable: true }).await?;
     let bindir = pg_bindir()?;
-    let b = Bench { admin_url: pg.url.clone(), shopfloor };
+    let b = Bench { admin_url: pg.url.clone(), shopfloor, key: engine::sealing::SecretKey::generate() };
     let mut r = Report { lines: Vec::new() };
 
     // BENCH_ONLY=engine measures the engine's throughput alone, BENCH_ONLY=fleet the hosts'

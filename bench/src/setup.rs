@@ -14,6 +14,9 @@ pub(crate) struct Bench {
     /// The cluster's URL for the `postgres` database; measures make databases of their own.
     pub admin_url: String,
     pub shopfloor: PathBuf,
+    /// The `SHOPFLOOR_SECRET_KEY` of every process the measures start, and of the tokens they
+    /// mint themselves.
+    pub key: engine::sealing::SecretKey,
 }
 
 pub(crate) struct Db {
@@ -55,8 +58,7 @@ impl Bench {
         let child = Command::new(&self.shopfloor)
             .args(["engine", "--test-executor", "--engine-id", id, "--log", "warn"])
             .env("DATABASE_URL", &db.url)
-            // A key of its own: these measures seal nothing.
-            .env("SHOPFLOOR_SECRET_KEY", engine::testkit::SECRET_KEY)
+            .env("SHOPFLOOR_SECRET_KEY", secrecy::ExposeSecret::expose_secret(&self.key.to_base64()))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

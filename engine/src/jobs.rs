@@ -43,9 +43,10 @@ pub const ANSWER_READ: usize = 4096;
 pub const SIGNATURE_HEADER: &str = "X-Shopfloor-Signature-256";
 
 /// The HTTP client deliveries go through, with the secret key that opens the subscriptions'
-/// secrets: one per engine, so it keeps connections to receivers open between deliveries. Redirects are not followed (a 3xx is an answer, and a
-/// redirect could lead inside), no proxy is used (a proxy would resolve the name itself, out of
-/// the resolver's sight), and names resolve through a `VettedResolver` with the policy.
+/// secrets: one per engine, so it keeps connections to receivers open between deliveries.
+/// Redirects are not followed (a 3xx is an answer, and a redirect could lead inside), no proxy
+/// is used (a proxy would resolve the name itself, out of the resolver's sight), and names
+/// resolve through a `VettedResolver` with the policy.
 #[derive(Debug, Clone)]
 pub struct WebhookClient {
     http: reqwest::Client,

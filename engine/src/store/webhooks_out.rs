@@ -19,11 +19,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::RngCore;
+use secrecy::SecretBox;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use uuid::Uuid;
-
-use secrecy::SecretBox;
 
 use super::{Change, Result, StoreError, cap, jobs};
 use crate::admission as rules;
