@@ -5,7 +5,8 @@
 //! XChaCha20-Poly1305 (RustCrypto's `chacha20poly1305`) with a random 24-byte nonce, so nonces
 //! need no counter shared between processes; the associated data names what is sealed (its kind
 //! and its row's id), so a sealed secret copied onto another row, or from one kind of secret to
-//! another, does not open there. A sealed value is `version (1) || nonce (24) || ciphertext || tag (16)`.
+//! another, does not open there. A sealed value is
+//! `version (1) || nonce (24) || ciphertext || tag (16)`.
 //!
 //! Neither the key nor what it opens is ever printed: `Debug` shows neither, and errors say
 //! which value failed, not what it held.

@@ -265,9 +265,10 @@ pub struct EngineArgs {
 /// made on first need).
 #[derive(Debug, Clone, Args)]
 pub struct SecretKeyArgs {
-    /// The key that seals the JWT signing keys and the outgoing webhook secrets at rest: 32 random bytes in base64
-    /// (`openssl rand -base64 32`), the same on every process of one database. Unset with the
-    /// embedded cluster: SHOPFLOOR_DATA_DIR/secret-key, made on first need.
+    /// The key that seals the JWT signing keys and the outgoing webhook secrets at rest: 32
+    /// random bytes in base64 (`openssl rand -base64 32`), the same on every process of one
+    /// database. Unset with the embedded cluster: SHOPFLOOR_DATA_DIR/secret-key, made on first
+    /// need.
     #[arg(long = "secret-key", env = "SHOPFLOOR_SECRET_KEY", hide_env_values = true)]
     pub secret_key: Option<SecretString>,
 }
