@@ -19,21 +19,8 @@ use crate::support::{App, Org, acme_pages, close, driven};
 
 /// A run of `agent` whose crew step a host took and failed with exit code 2.
 async fn failed_crew_run(app: &App, org: &Org, host: &host_store::HostRow) -> RunId {
-    let run = app.submit(org, org.agent).await;
-    app.until_build_pending(run).await;
-    let catalog = engine::catalog::Catalog::default();
-    let claimed = host_store::claim(app.pool(), &catalog, host, 1).await.expect("claim");
-    let step = claimed.assignments.first().expect("the crew step is claimed").step;
-    host_store::start(app.pool(), host, step, "command").await.expect("start");
-    let failed = Completion {
-        output: json!({ "text": "make: *** [build] Error 2" }),
-        failure: Some(Failure { reason: "exit code 2".into(), class: FailureClass::Final, exit_code: Some(2) }),
-        usage: Usage::default(),
-        harness: Some("command".into()),
-    };
-    host_store::complete(app.pool(), host, step, &failed).await.expect("complete");
-    app.until(run, "SELECT status = 'failed' FROM runs WHERE run_id = $1", "the run fails").await;
-    run
+    let failure = Failure { reason: "exit code 2".into(), class: FailureClass::Final, exit_code: Some(2) };
+    crate::browser::failed_crew_run(app, org, host, json!({ "text": "make: *** [build] Error 2" }), failure).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

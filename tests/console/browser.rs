@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use engine::hosts::Capability;
+use engine::ids::RunId;
 use engine::store::hosts::{self as host_store, HostRow, LogLine, NewHost};
+use engine::store::steps::Failure;
 use engine::store::{Actor, Change};
 use protocol::Usage;
 use serde_json::json;
@@ -126,4 +128,18 @@ pub(crate) async fn register_host(app: &App, org: &crate::support::Org) -> HostR
         capabilities: vec!["linux".into(), "harness:command".into()],
         max_concurrent: 1,
     }
+}
+
+/// A run of `agent` whose crew step `host` took and failed with `failure`, reporting `output`.
+pub(crate) async fn failed_crew_run(app: &App, org: &crate::support::Org, host: &HostRow, output: serde_json::Value, failure: Failure) -> RunId {
+    let run = app.submit(org, org.agent).await;
+    app.until_build_pending(run).await;
+    let catalog = engine::catalog::Catalog::default();
+    let claimed = host_store::claim(app.pool(), &catalog, host, 1).await.expect("claim");
+    let step = claimed.assignments.first().expect("the crew step is claimed").step;
+    host_store::start(app.pool(), host, step, "command").await.expect("start");
+    let failed = host_store::Completion { output, failure: Some(failure), usage: Usage::default(), harness: Some("command".into()) };
+    host_store::complete(app.pool(), host, step, &failed).await.expect("complete");
+    app.until(run, "SELECT status = 'failed' FROM runs WHERE run_id = $1", "the run fails").await;
+    run
 }
