@@ -56,6 +56,8 @@ pub(crate) struct Step {
     pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub ended_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub output: Value,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -482,6 +482,17 @@ fn show_run(d: &RunDetail, style: Style) {
             say!("{l}");
         }
     }
+    // A failed step's own words (a refused push's ref and the remote's lines), which its
+    // reason only names.
+    for s in d.steps.iter().filter(|s| s.state == "failed") {
+        if let Some(said) = s.output.get("error").and_then(Value::as_str) {
+            say!();
+            say!("{} (attempt {}) failed: {}", s.node, s.attempt, s.reason.as_deref().unwrap_or("failed"));
+            for line in said.lines() {
+                say!("  {line}");
+            }
+        }
+    }
     for a in &d.approvals {
         say!();
         say!("{} at {}: {}", style.paint(Tint::Yellow, "Waiting for approval"), a.node, a.prompt.trim());

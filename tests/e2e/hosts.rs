@@ -145,6 +145,19 @@ async fn a_push_the_remote_refuses_fails_the_step_once_with_the_remotes_words() 
     let branches = git_out(&env.dir.path().join("remotes/acme/widgets.git"), &["branch", "--list", "shopfloor/*"]);
     assert!(branches.is_empty(), "{branches}");
     assert_eq!(env.status(run).await, ("failed".to_owned(), Some("push_refused".to_owned())));
+    // The operator's command line says it in the remote's words too.
+    let shown = shopfloor_tests::process::shopfloor(&["runs", "show", &run.to_string()], &env.db.url)
+        .env("SHOPFLOOR_SERVER", &env.base)
+        .env("SHOPFLOOR_TOKEN", &env.owner_token)
+        .env("SHOPFLOOR_ORG", "acme")
+        .env("SHOPFLOOR_PROJECT", "web")
+        .env("HOME", env.dir.path())
+        .stdout(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let shown = String::from_utf8(shown.stdout).unwrap();
+    assert!(shown.contains("plan (attempt 1) failed: push_refused"), "{shown}");
+    assert!(shown.contains("  remote: refusing to allow a GitHub App to create or update workflow"), "{shown}");
     drop(_host);
     env.finish().await;
 }
