@@ -8,13 +8,19 @@
 //! another, does not open there. A sealed value is
 //! `version (1) || nonce (24) || ciphertext || tag (16)`.
 //!
+//! Stream positions are sealed another way ([`SecretKey::seal_position`]): deterministically
+//! (AES-SIV, RFC 5297, RustCrypto's `aes-siv`, under a key derived from the secret key), so
+//! the same position reads the same each time it is given out.
+//!
 //! Neither the key nor what it opens is ever printed: `Debug` shows neither, and errors say
 //! which value failed, not what it held.
 
 use std::sync::Arc;
 
+use aes_siv::siv::Aes128Siv;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use hmac::{Hmac, Mac};
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretBox, SecretString};
 
@@ -146,6 +152,29 @@ impl SecretKey {
         let opened = self.cipher().decrypt(XNonce::from_slice(nonce), Payload { msg: body, aad: &aad }).map_err(|_| refuse())?;
         Ok(SecretBox::new(opened.into_boxed_slice()))
     }
+
+    /// A position in a stream of `scope` (16 bytes), as an opaque token (43 characters of
+    /// URL-safe base64): it shows nothing of what it holds, opens only for `scope`, and reads
+    /// the same each time, so a client sees one id per event however often it reconnects.
+    pub fn seal_position(&self, scope: uuid::Uuid, position: &[u8; 16]) -> String {
+        // Fails only for more headers than SIV takes (126) or plaintexts shorter than its tag.
+        let sealed = self.position_cipher().encrypt([scope.as_bytes()], position).unwrap_or_else(|_| unreachable!("AES-SIV seals 16 bytes under one header"));
+        data_encoding::BASE64URL_NOPAD.encode(&sealed)
+    }
+
+    /// Opens what [`SecretKey::seal_position`] made for `scope`; `None` for anything else.
+    pub fn open_position(&self, scope: uuid::Uuid, token: &str) -> Option<[u8; 16]> {
+        let sealed = data_encoding::BASE64URL_NOPAD.decode(token.trim().as_bytes()).ok()?;
+        self.position_cipher().decrypt([scope.as_bytes()], &sealed).ok()?.try_into().ok()
+    }
+
+    /// The AES-SIV key of positions: derived (HMAC-SHA256 under the secret key, with a label
+    /// of its own), so it is no other use's key.
+    fn position_cipher(&self) -> Aes128Siv {
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(self.0.expose_secret()).expect("HMAC takes keys of any length");
+        mac.update(b"shopfloor.stream_position");
+        Aes128Siv::new(&mac.finalize().into_bytes())
+    }
 }
 
 #[cfg(test)]
@@ -183,6 +212,27 @@ mod tests {
         assert!(!other.to_string().contains("whsec"), "an error never repeats the secret: {other}");
         // The same id written as a kid does not open it either: the kind is bound too.
         assert!(key.open(Sealed::SigningKey(&id.to_string()), &sealed).is_err());
+    }
+
+    #[test]
+    fn a_position_reads_the_same_each_time_and_opens_for_its_scope_and_key_only() {
+        let key = SecretKey::generate();
+        let (web, other) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        let position: [u8; 16] = *b"\0\0\0\0\0\x01\x02\x03\0\0\0\0\0\0\0\x2a";
+        let token = key.seal_position(web, &position);
+        assert_eq!(token, key.seal_position(web, &position), "deterministic");
+        assert_eq!(token.len(), 43);
+        assert!(token.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'), "{token}");
+        assert_eq!(key.open_position(web, &token), Some(position));
+        assert_ne!(key.seal_position(other, &position), token, "another scope, another token");
+        assert_eq!(key.open_position(other, &token), None, "bound to its scope");
+        assert_eq!(SecretKey::generate().open_position(web, &token), None, "another key does not open it");
+        let mut next = position;
+        next[15] += 1;
+        assert_ne!(key.seal_position(web, &next)[..8], token[..8], "neighbours do not look alike");
+        for bad in ["", "1234.42", "../../x", &token[..42], &format!("{token}A")] {
+            assert_eq!(key.open_position(web, bad), None, "{bad}");
+        }
     }
 
     #[test]

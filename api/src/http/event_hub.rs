@@ -25,6 +25,7 @@ use chrono::{DateTime, Utc};
 use engine::db::Db;
 use engine::ids::{OrgId, ProjectId, RunId, StepId};
 use engine::listen::{Listener, Target};
+use engine::sealing::SecretKey;
 use engine::store::{NOTIFY_CHANNEL, Notice};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -45,18 +46,30 @@ pub struct Position {
 }
 
 impl Position {
-    pub fn parse(s: &str) -> Option<Position> {
-        let (xid, event) = s.trim().split_once('.')?;
+    /// Before every event the stream keeps: `Last-Event-ID: 0`.
+    pub const START: Position = Position { xid: 0, event: 0 };
+
+    /// The position as a client sees it, the event's SSE `id`: sealed for `project`
+    /// (`SecretKey::seal_position`). The service-wide transaction id and event id it holds
+    /// would tell a tenant how busy every other tenant is; sealed, they tell nothing, the id
+    /// of an event is the same on every connection and replica, and it resumes only this
+    /// project's stream.
+    pub fn to_id(self, key: &SecretKey, project: ProjectId) -> String {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&self.xid.to_be_bytes());
+        bytes[8..].copy_from_slice(&self.event.to_be_bytes());
+        key.seal_position(project.0, &bytes)
+    }
+
+    /// What [`Position::to_id`] gave out for `project`; `None` for anything else.
+    pub fn from_id(id: &str, key: &SecretKey, project: ProjectId) -> Option<Position> {
+        let bytes = key.open_position(project.0, id)?;
+        let (xid, event) = bytes.split_at(8);
+        let xid = u64::from_be_bytes(xid.try_into().ok()?);
         // Transaction ids stay far below 2^63; one above is no position of this stream (and
         // compared as PostgreSQL's signed bigint, it would read as the stream's start).
-        let xid = xid.parse().ok().filter(|x| i64::try_from(*x).is_ok())?;
-        Some(Position { xid, event: event.parse().ok()? })
-    }
-}
-
-impl std::fmt::Display for Position {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.xid, self.event)
+        i64::try_from(xid).ok()?;
+        Some(Position { xid, event: i64::from_be_bytes(event.try_into().ok()?) })
     }
 }
 

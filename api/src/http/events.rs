@@ -12,6 +12,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use engine::db::Db;
 use engine::ids::{OrgId, ProjectId, RunId};
+use engine::sealing::SecretKey;
 use futures::Stream;
 use serde::Deserialize;
 use tokio::sync::broadcast;
@@ -34,7 +35,8 @@ pub fn log_feed(state: &AppState) -> (broadcast::Receiver<RunId>, tokio_util::sy
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct StreamQuery {
-    /// Where to resume, for clients that cannot send the `Last-Event-ID` header.
+    /// Where to resume, for clients that cannot send the `Last-Event-ID` header: an event's
+    /// `id`, or `0` for the start of what the stream keeps (30 days).
     pub last_event_id: Option<String>,
 }
 
@@ -43,6 +45,8 @@ struct Client {
     db: Db,
     org: OrgId,
     project: ProjectId,
+    /// Seals the positions given out as ids.
+    key: SecretKey,
     rx: broadcast::Receiver<Arc<StreamEvent>>,
     pos: Position,
     queue: VecDeque<StreamEvent>,
@@ -86,8 +90,12 @@ impl Client {
     }
 }
 
-fn sse(pos: Position, event: &RunEvent) -> Event {
-    Event::default().id(pos.to_string()).event(event.kind.clone()).json_data(event).unwrap_or_else(|_| Event::default().comment("unserializable event"))
+fn sse(c: &Client, pos: Position, event: &RunEvent) -> Event {
+    Event::default()
+        .id(pos.to_id(&c.key, c.project))
+        .event(event.kind.clone())
+        .json_data(event)
+        .unwrap_or_else(|_| Event::default().comment("unserializable event"))
 }
 
 async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)> {
@@ -101,7 +109,7 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
             if e.quiet {
                 continue;
             }
-            return Some((Ok(sse(e.pos, &e.event)), c));
+            return Some((Ok(sse(&c, e.pos, &e.event)), c));
         }
         if c.catch_up {
             // Polled outside the request that opened it: the stream acts for its org itself.
@@ -125,7 +133,7 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
                     if !c.still_allowed().await {
                         return None;
                     }
-                    return Some((Ok(sse(e.pos, &e.event)), c));
+                    return Some((Ok(sse(&c, e.pos, &e.event)), c));
                 }
             }
             Ok(_) => {}
@@ -137,16 +145,18 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
 
 /// The project's run events as Server-Sent Events.
 ///
-/// Each event's `id` is its stream position, its `event` the kind (`run.started`,
+/// Each event's `id` is its position in this project's stream, opaque (it resumes only this
+/// project's stream and is the same on every connection), its `event` the kind (`run.started`,
 /// `run.awaiting`, `step.succeeded`, …) and its `data` a `RunEvent` as JSON. Reconnect with
-/// `Last-Event-ID` (or `?last_event_id=`) to resume after the last event seen; without it the
-/// stream starts with the events committed from now on.
+/// `Last-Event-ID` (or `?last_event_id=`) to resume after the last event seen, or `0` to replay
+/// the 30 days the stream keeps; without it the stream starts with the events committed from
+/// now on.
 #[utoipa::path(
     get,
     path = "/orgs/{org}/projects/{project}/events", operation_id = "stream_project_events",
     tag = "events",
     params(ProjectScope,
-           ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event"), StreamQuery),
+           ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (its `id`), or `0` for the start"), StreamQuery),
     responses((status = 200, description = "A stream of `RunEvent`s", content_type = "text/event-stream", body = RunEvent),
               (status = 429, description = "The token already holds as many open streams as it may (`SHOPFLOOR_STREAMS_PER_TOKEN`)")),
 )]
@@ -157,7 +167,11 @@ pub async fn stream(
     let place = state.limits().open_stream(scope.org.caller.jti)?;
     let given = headers.get("last-event-id").map(|v| v.to_str().unwrap_or("?").to_owned()).or(q.last_event_id);
     let resume = match given {
-        Some(text) => Some(Position::parse(&text).ok_or_else(|| ApiError::BadRequest("Last-Event-ID is not a position of this stream".into()))?),
+        Some(text) if text.trim() == "0" => Some(Position::START),
+        Some(text) => Some(
+            Position::from_id(&text, state.secret_key(), scope.project)
+                .ok_or_else(|| ApiError::BadRequest("Last-Event-ID is not a position of this stream (an event's id, or 0 for the start)".into()))?,
+        ),
         None => None,
     };
     // Subscribe before reading anything, so no event falls between the backlog and the feed.
@@ -170,6 +184,7 @@ pub async fn stream(
         db: state.db.clone(),
         org: scope.org.org,
         project: scope.project,
+        key: state.secret_key().clone(),
         rx,
         pos,
         queue: VecDeque::new(),

@@ -65,10 +65,17 @@ async fn a_slow_transactions_events_are_never_skipped_or_reordered() {
     // Another project's stream (and org) sees none of it: read from the very start, the first
     // event it shows is of its own run, submitted after all of the above.
     let other = app.org("other").await;
-    let mut theirs = support::sse(&app, "/api/v1/orgs/other/projects/web/events", &other.owner, Some("0.0")).await;
+    let mut theirs = support::sse(&app, "/api/v1/orgs/other/projects/web/events", &other.owner, Some("0")).await;
     let own = app.submit_approval(&other).await;
     let seen = theirs.next().await;
     assert_eq!(seen.data["run"], own.to_string(), "{seen:?}");
+    // An id resumes only the stream that gave it: it says nothing of the service's transaction
+    // ids (which would tell one tenant how busy the others are), and elsewhere it is refused.
+    assert!(!first.id.contains('.') && first.id.len() == 43, "{}", first.id);
+    let foreign =
+        app.http.get(app.url("/api/v1/orgs/other/projects/web/events")).bearer_auth(&other.owner).header("last-event-id", &first.id).send().await.unwrap();
+    assert_eq!(foreign.status(), reqwest::StatusCode::BAD_REQUEST);
+    assert!(foreign.text().await.unwrap().contains("not a position of this stream"));
     drop((sse, again, theirs));
     app.finish().await;
 }
