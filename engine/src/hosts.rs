@@ -127,7 +127,9 @@ pub struct RepositoryRef {
     pub default_branch: String,
     /// A short-lived installation token for this repository only, used for fetch and push;
     /// none when the GitHub App is not configured (the host's own git credentials apply).
-    pub token: Option<String>,
+    // A `Secret`: `Debug` shows `<redacted>`, like the host's side of the same message.
+    #[cfg_attr(feature = "schema", schema(value_type = Option<String>))]
+    pub token: Option<protocol::Secret>,
 }
 
 /// A session's reported cost, when it is a cost.
@@ -163,6 +165,18 @@ pub fn round_cost(usd: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_assignments_token_goes_out_as_its_text_and_never_shows_in_debug() {
+        let repo = RepositoryRef {
+            full_name: "acme/widgets".into(),
+            clone_url: "https://github.com/acme/widgets.git".into(),
+            default_branch: "main".into(),
+            token: Some(protocol::Secret::new("ghs_installation")),
+        };
+        assert!(!format!("{repo:?}").contains("ghs_installation"), "{repo:?}");
+        assert_eq!(serde_json::to_value(&repo).unwrap()["token"], "ghs_installation");
+    }
 
     #[test]
     fn slugs_follow_the_branch_rules() {

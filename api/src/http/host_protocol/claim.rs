@@ -8,7 +8,7 @@ use engine::hosts::Assignment;
 use engine::ids::StepId;
 use engine::store::cap;
 use engine::store::hosts::{self as store, HostRow};
-use protocol::{ClaimRequest, StopStep};
+use protocol::{ClaimRequest, Secret, StopStep};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use utoipa::ToSchema;
@@ -100,14 +100,14 @@ const INSTALLATION_OF_REPOSITORY: &str = "SELECT installation_id FROM repositori
 /// A token for this repository alone from the GitHub App's installation, when the App is
 /// configured; minted after the claim committed (no transaction waits on GitHub). Without one
 /// the host uses its own git credentials, so a failure here is logged, not fatal.
-async fn installation_token(state: &AppState, host: &HostRow, repository: &str) -> Option<String> {
+async fn installation_token(state: &AppState, host: &HostRow, repository: &str) -> Option<Secret> {
     use secrecy::ExposeSecret;
     let app = state.shared.github.get()?;
     let installation: Option<Option<i64>> =
         sqlx::query_scalar(INSTALLATION_OF_REPOSITORY).bind(host.org_id).bind(host.project_id).bind(repository).fetch_optional(&state.db).await.ok()?;
     let installation = installation.flatten()?;
     match app.installation_token(installation, repository, engine::github::client::Scope::Push).await {
-        Ok(token) => Some(token.expose_secret().to_owned()),
+        Ok(token) => Some(Secret::new(token.expose_secret())),
         Err(e) => {
             tracing::warn!(github.repository = repository, error = %e, "cannot mint an installation token for an assignment; the host's own credentials apply");
             None
