@@ -49,9 +49,18 @@ impl Sealed<'_> {
     }
 }
 
-/// The secret key that seals what [`Sealed`] names. Cheap to clone (one allocation shared).
+/// The secret key that seals what [`Sealed`] names, and positions. Cheap to clone (one
+/// allocation shared).
 #[derive(Clone)]
-pub struct SecretKey(Arc<SecretBox<[u8; 32]>>);
+pub struct SecretKey(Arc<Keys>);
+
+struct Keys {
+    /// The key as given: XChaCha20-Poly1305's.
+    given: SecretBox<[u8; 32]>,
+    /// AES-SIV's key for positions, derived once from `given` (HMAC-SHA256 with a label of
+    /// its own), so it is no other use's key.
+    positions: SecretBox<[u8; 32]>,
+}
 
 impl std::fmt::Debug for SecretKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,23 +113,30 @@ impl SecretKey {
             .find_map(|encoding| encoding.decode(text.as_bytes()).ok())
             .ok_or(KeyError::NotBase64)?;
         let bytes: [u8; 32] = decoded.as_slice().try_into().map_err(|_| KeyError::WrongLength(decoded.len()))?;
-        Ok(SecretKey(Arc::new(SecretBox::new(Box::new(bytes)))))
+        Ok(SecretKey::of(Box::new(bytes)))
     }
 
     /// A fresh random key.
     pub fn generate() -> SecretKey {
         let mut bytes = Box::new([0u8; 32]);
         rand::rng().fill_bytes(bytes.as_mut());
-        SecretKey(Arc::new(SecretBox::new(bytes)))
+        SecretKey::of(bytes)
+    }
+
+    fn of(given: Box<[u8; 32]>) -> SecretKey {
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(given.as_slice()).expect("HMAC takes keys of any length");
+        mac.update(b"shopfloor.stream_position");
+        let positions = Box::new(<[u8; 32]>::from(mac.finalize().into_bytes()));
+        SecretKey(Arc::new(Keys { given: SecretBox::new(given), positions: SecretBox::new(positions) }))
     }
 
     /// The key in standard base64, as [`SecretKey::parse`] reads it (to write it to a file).
     pub fn to_base64(&self) -> SecretString {
-        SecretString::from(data_encoding::BASE64.encode(self.0.expose_secret()))
+        SecretString::from(data_encoding::BASE64.encode(self.0.given.expose_secret()))
     }
 
     fn cipher(&self) -> XChaCha20Poly1305 {
-        XChaCha20Poly1305::new(self.0.expose_secret().into())
+        XChaCha20Poly1305::new(self.0.given.expose_secret().into())
     }
 
     /// Seals a secret, bound to what it is the secret of.
@@ -168,12 +184,8 @@ impl SecretKey {
         self.position_cipher().decrypt([scope.as_bytes()], &sealed).ok()?.try_into().ok()
     }
 
-    /// The AES-SIV key of positions: derived (HMAC-SHA256 under the secret key, with a label
-    /// of its own), so it is no other use's key.
     fn position_cipher(&self) -> Aes128Siv {
-        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(self.0.expose_secret()).expect("HMAC takes keys of any length");
-        mac.update(b"shopfloor.stream_position");
-        Aes128Siv::new(&mac.finalize().into_bytes())
+        Aes128Siv::new(self.0.positions.expose_secret().into())
     }
 }
 

@@ -205,17 +205,20 @@ async fn webhook_secrets_of_an_earlier_release_are_sealed_at_start_and_one_seale
     assert_eq!(made.status(), StatusCode::CREATED);
     drop(server);
     // As the previous release stored it: the secret in plaintext.
-    let id = uuid::Uuid::now_v7();
-    let secret = "whsec-of-an-earlier-release-0123";
-    sqlx::query(
-        "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) \
-         SELECT org_id, project_id, $1, 'https://hooks.example.com/old', $2, ARRAY['run.*'], 'test' FROM projects WHERE slug = 'web'",
-    )
-    .bind(id)
-    .bind(secret)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    // Two of them, sealed in one statement: each must get its own seal.
+    let (earlier, id) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    let (earlier_secret, secret) = ("whsec-of-the-first-subscription-9", "whsec-of-an-earlier-release-0123");
+    for (subscription, plaintext) in [(earlier, earlier_secret), (id, secret)] {
+        sqlx::query(
+            "INSERT INTO webhook_subscriptions (org_id, project_id, subscription_id, url, secret, events, created_by) \
+             SELECT org_id, project_id, $1, 'https://hooks.example.com/old', $2, ARRAY['run.*'], 'test' FROM projects WHERE slug = 'web'",
+        )
+        .bind(subscription)
+        .bind(plaintext)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
 
     // An engine holds the key now (it signs deliveries), and seals what it finds at start.
     let engine = KillOnDrop(shopfloor(&db, Some(SECRET_KEY), &["engine", "--log", "off"]).stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().unwrap());
@@ -236,6 +239,10 @@ async fn webhook_secrets_of_an_earlier_release_are_sealed_at_start_and_one_seale
     assert!(plaintext.is_none(), "cleared in the statement that sealed it");
     let opened = secret_key().open(Sealed::WebhookSecret(id), &sealed).unwrap();
     assert_eq!(opened.expose_secret(), secret.as_bytes(), "the same secret: receivers see the same signature");
+    let (plaintext, first): (Option<String>, Vec<u8>) =
+        sqlx::query_as("SELECT secret, sealed_secret FROM webhook_subscriptions WHERE subscription_id = $1").bind(earlier).fetch_one(&db.pool).await.unwrap();
+    assert!(plaintext.is_none());
+    assert_eq!(secret_key().open(Sealed::WebhookSecret(earlier), &first).unwrap().expose_secret(), earlier_secret.as_bytes());
 
     // Sealed by another key (a process of this database given another SHOPFLOOR_SECRET_KEY):
     // a process refuses to start, in one line, rather than fail every delivery.

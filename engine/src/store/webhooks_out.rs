@@ -258,15 +258,17 @@ fn opened(key: &SecretKey, id: Uuid, sealed: Option<&[u8]>, plaintext: Option<St
 pub async fn seal_plaintext(ch: &mut Change, key: &SecretKey) -> Result<usize> {
     let rows: Vec<(Uuid, String)> =
         sqlx::query_as("SELECT subscription_id, secret FROM webhook_subscriptions WHERE sealed_secret IS NULL FOR UPDATE").fetch_all(&mut *ch.tx).await?;
-    for (id, plaintext) in &rows {
-        sqlx::query("UPDATE webhook_subscriptions SET sealed_secret = $2, secret = NULL WHERE subscription_id = $1")
-            .bind(id)
-            .bind(key.seal(Sealed::WebhookSecret(*id), plaintext.as_bytes()))
-            .execute(&mut *ch.tx)
-            .await?;
+    if rows.is_empty() {
+        return Ok(0);
     }
+    let (ids, sealed): (Vec<Uuid>, Vec<Vec<u8>>) = rows.iter().map(|(id, plaintext)| (*id, key.seal(Sealed::WebhookSecret(*id), plaintext.as_bytes()))).unzip();
+    sqlx::query(SEAL_SUBSCRIPTIONS).bind(&ids).bind(&sealed).execute(&mut *ch.tx).await?;
     Ok(rows.len())
 }
+
+/// Each subscription ($1) its sealed secret ($2, in the same order), its plaintext cleared.
+const SEAL_SUBSCRIPTIONS: &str = "UPDATE webhook_subscriptions s SET sealed_secret = n.sealed, secret = NULL \
+     FROM unnest($1::uuid[], $2::bytea[]) AS n (id, sealed) WHERE s.subscription_id = n.id";
 
 /// Opens the newest sealed secret, so that a process given another secret key refuses to start
 /// instead of failing every delivery (one key seals them all).
