@@ -267,6 +267,12 @@ impl Browser {
         self.answer(resp).await
     }
 
+    /// Opens a stream (an `EventSource`'s GET, with the cookie) and hands back the response
+    /// unread, to be read chunk by chunk.
+    pub(crate) async fn stream(&self, path: &str) -> reqwest::Response {
+        self.http.get(self.absolute(path)).header(COOKIE, self.cookie_header()).header("accept", "text/event-stream").send().await.expect("request")
+    }
+
     pub(crate) async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Answer {
         let resp = self.http.post(self.absolute(path)).header(COOKIE, self.cookie_header()).form(form).send().await.expect("request");
         self.answer(resp).await

@@ -2,9 +2,14 @@
 //! other org answers 404, as for an org that does not exist, and a cookie entry that names one
 //! org with another org's token is worth nothing.
 
+use std::time::Duration;
+
+use engine::store::hosts::{self as host_store, LogLine};
+use protocol::Usage;
 use reqwest::StatusCode;
 
-use crate::support::App;
+use crate::browser::register_host;
+use crate::support::{App, acme};
 
 #[tokio::test]
 async fn one_org_sees_nothing_of_another() {
@@ -52,5 +57,68 @@ async fn one_org_sees_nothing_of_another() {
     let live = c.get("/orgs/other/projects/web/live").await;
     assert_eq!(live.status, StatusCode::OK);
     assert!(live.headers.get("content-type").unwrap().to_str().unwrap().starts_with("text/event-stream"));
+    app.discard().await;
+}
+
+/// A live transcript outlives nobody's access. Its tail takes one of the session token's
+/// stream places, like the project's event stream (past the cap: 429), and once the person is
+/// removed from the org, their open tail ends at its next line instead of going on showing
+/// the agent's session.
+#[tokio::test]
+async fn a_live_transcript_ends_when_its_reader_leaves_the_org() {
+    let (app, org) = acme(true).await;
+    let run = app.submit(&org, org.agent).await;
+    app.until_build_pending(run).await;
+    let host = register_host(&app, &org).await;
+    let claimed = host_store::claim(app.pool(), &engine::catalog::Catalog::default(), &host, 1).await.expect("claim");
+    let step = claimed.assignments.first().expect("the crew step is claimed").step;
+    host_store::start(app.pool(), &host, step, "command").await.expect("start");
+    let say = |seq: i64| {
+        let (pool, host) = (app.pool().clone(), host.clone());
+        async move {
+            let line = LogLine { seq, stream: "assistant".into(), line: format!("line {seq} of the session") };
+            let usage = Usage { input_tokens: 10 * seq, output_tokens: seq, turns: 1, ..Usage::default() };
+            host_store::report(&pool, &host, step, Some("command"), &[line], &usage, host_store::RUN_LOG_CAP_BYTES).await.expect("report");
+        }
+    };
+
+    let viewer = app.signed_in(&org.viewer_token).await;
+    let path = format!("/orgs/acme/projects/web/runs/{run}/steps/{step}/transcript");
+    let mut tail = viewer.stream(&path).await;
+    assert_eq!(tail.status(), StatusCode::OK);
+    say(1).await;
+    let mut seen = String::new();
+    while !seen.contains("line 1 of the session") {
+        let chunk = tokio::time::timeout(Duration::from_secs(60), tail.chunk()).await.expect("line 1 within 60 s").unwrap().expect("an open stream");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+
+    // The session's token holds 8 streams at the most (the default), tails and live pages alike.
+    let mut more = Vec::new();
+    for _ in 1..8 {
+        let open = viewer.stream(&path).await;
+        assert_eq!(open.status(), StatusCode::OK);
+        more.push(open);
+    }
+    let refused = viewer.stream(&path).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.text().await.unwrap().contains("8 event streams open"));
+    drop(more);
+
+    let user: uuid::Uuid = app.read("SELECT user_id FROM memberships WHERE org_id = $1 AND role = 'viewer'", org.id.0).await;
+    let removed = reqwest::Client::new().delete(app.url(&format!("/api/v1/orgs/acme/members/{user}"))).bearer_auth(&org.owner_token).send().await.unwrap();
+    assert_eq!(removed.status(), StatusCode::NO_CONTENT);
+    let ended = async {
+        for seq in 2.. {
+            say(seq).await;
+            match tokio::time::timeout(Duration::from_millis(500), tail.chunk()).await {
+                Ok(Ok(Some(_))) | Err(_) => {}
+                Ok(_) => return,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), ended).await.expect("the removed reader's transcript ended");
+    let again = viewer.stream(&path).await;
+    assert!(again.status().is_redirection(), "{}", again.status());
     app.discard().await;
 }

@@ -25,6 +25,9 @@ pub enum ConsoleError {
     /// Too many sign-in attempts from this address (`http::limits`); sent with `Retry-After`.
     #[error("too many sign-in attempts from this address; try again in {} s", crate::http::error::retry_after_secs(*.0))]
     TooManyRequests(std::time::Duration),
+    /// A limit of the REST route behind the page (a token's open streams, a full queue).
+    #[error("{0}")]
+    Limited(String),
     /// The cause is logged, never shown.
     #[error("internal error")]
     Internal(String),
@@ -55,6 +58,7 @@ impl From<ApiError> for ConsoleError {
             ApiError::Forbidden(m) => ConsoleError::Forbidden(m),
             ApiError::Unauthorized(_) => ConsoleError::SignIn { next: "/".into() },
             ApiError::Internal(m) => ConsoleError::Internal(m),
+            ApiError::TooManyRequests(m) => ConsoleError::Limited(m),
             other if other.status().is_server_error() => ConsoleError::Internal(other.to_string()),
             other => ConsoleError::BadRequest(other.to_string()),
         }
@@ -73,6 +77,7 @@ impl IntoResponse for ConsoleError {
             ConsoleError::Csrf => (StatusCode::FORBIDDEN, "Form expired"),
             ConsoleError::BadRequest(_) => (StatusCode::BAD_REQUEST, "Bad request"),
             ConsoleError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "Too many attempts"),
+            ConsoleError::Limited(_) => (StatusCode::TOO_MANY_REQUESTS, "Too many requests"),
             ConsoleError::Internal(cause) => {
                 tracing::error!(error = %cause, "console request failed");
                 (StatusCode::INTERNAL_SERVER_ERROR, "Something went wrong")

@@ -5,7 +5,6 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -23,6 +22,7 @@ use super::auth::Role;
 use super::error::ApiError;
 use super::event_hub::{BATCH, Position, RunEvent, StreamEvent, backlog, horizon};
 use super::extract::Query;
+use super::stream_access::StreamAccess;
 use super::tenant::ProjectScope;
 
 /// The console's live transcripts: the runs whose step logs grew, and the signal that the
@@ -51,43 +51,7 @@ struct Client {
     pos: Position,
     queue: VecDeque<StreamEvent>,
     catch_up: bool,
-    /// This stream's place among its token's (`limits`), given back when the body is dropped:
-    /// the client went away, the stream ended, or the server is closing.
-    _place: super::limits::StreamSlot,
-    /// The token the stream was opened with, and when it was last found still good.
-    jti: uuid::Uuid,
-    checked_at: Instant,
-}
-
-/// How long a stream goes on sending before its token is checked again: a token revoked,
-/// expired or whose person left the org ends its streams at their next event after this.
-const RECHECK: Duration = Duration::from_secs(5);
-
-const TOKEN_STILL_ALLOWED: &str = "SELECT t.revoked_at IS NULL AND t.expires_at > now() AND (t.user_id IS NULL OR m.user_id IS NOT NULL) \
-     FROM api_tokens t LEFT JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id WHERE t.jti = $1 AND t.org_id = $2";
-
-impl Client {
-    /// Whether the stream's token may still read it; checked at most every [`RECHECK`].
-    async fn still_allowed(&mut self) -> bool {
-        if self.checked_at.elapsed() < RECHECK {
-            return true;
-        }
-        let check = sqlx::query_scalar::<_, bool>(TOKEN_STILL_ALLOWED).bind(self.jti).bind(self.org).fetch_optional(&self.db);
-        // Polled outside the request that opened it: the stream acts for its org itself.
-        let good = engine::tenancy::scoped(Some(self.org), check).await;
-        match good {
-            Ok(Some(true)) => {
-                self.checked_at = Instant::now();
-                true
-            }
-            Ok(_) => false,
-            // The client reconnects and is checked anew.
-            Err(e) => {
-                tracing::warn!(error = %e, "event stream cannot check its token; closing it");
-                false
-            }
-        }
-    }
+    access: StreamAccess,
 }
 
 fn sse(c: &Client, pos: Position, event: &RunEvent) -> Event {
@@ -100,7 +64,7 @@ fn sse(c: &Client, pos: Position, event: &RunEvent) -> Event {
 
 async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)> {
     loop {
-        if !c.queue.is_empty() && !c.still_allowed().await {
+        if !c.queue.is_empty() && !c.access.still_allowed().await {
             return None;
         }
         if let Some(e) = c.queue.pop_front() {
@@ -130,7 +94,7 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
             Ok(e) if e.org == c.org && e.project == c.project && e.pos > c.pos => {
                 c.pos = e.pos;
                 if !e.quiet {
-                    if !c.still_allowed().await {
+                    if !c.access.still_allowed().await {
                         return None;
                     }
                     return Some((Ok(sse(&c, e.pos, &e.event)), c));
@@ -164,7 +128,7 @@ pub async fn stream(
     State(state): State<AppState>, scope: ProjectScope, headers: HeaderMap, Query(q): Query<StreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     scope.require(Role::Viewer)?;
-    let place = state.limits().open_stream(scope.org.caller.jti)?;
+    let access = StreamAccess::open(&state, &scope.org.caller)?;
     let given = headers.get("last-event-id").map(|v| v.to_str().unwrap_or("?").to_owned()).or(q.last_event_id);
     let resume = match given {
         Some(text) if text.trim() == "0" => Some(Position::START),
@@ -189,9 +153,7 @@ pub async fn stream(
         pos,
         queue: VecDeque::new(),
         catch_up: true,
-        _place: place,
-        jti: scope.org.caller.jti,
-        checked_at: Instant::now(),
+        access,
     };
     let closing = state.shared.closing.clone().cancelled_owned();
     let events = futures::StreamExt::take_until(futures::stream::unfold(client, next_event), closing);

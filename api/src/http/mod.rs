@@ -53,6 +53,7 @@ pub mod projects;
 pub mod repositories;
 pub mod runs;
 mod state;
+pub mod stream_access;
 pub mod tenant;
 pub mod tokens;
 pub mod webhooks_out;

@@ -120,6 +120,7 @@ pub(super) async fn live(State(c): State<Console>, Path(p): Path<ProjectPath>, h
     match response.status() {
         StatusCode::OK => Ok(response),
         StatusCode::NOT_FOUND => Err(ConsoleError::NotFound("project not found".into())),
+        StatusCode::TOO_MANY_REQUESTS => Err(ConsoleError::Limited("this session has as many live streams open as it may; close a tab".into())),
         status => Err(ConsoleError::BadRequest(format!("the event stream answered {status}"))),
     }
 }

@@ -90,6 +90,13 @@ impl<'a> Loader<'a> {
         }
     }
 
+    /// The next event of a sequence or mapping, or `None` at its end (the parser pairs each
+    /// end with its start).
+    fn entry(&mut self) -> Result<Option<(Event<'a>, Span)>, SyntaxError> {
+        let (event, span) = self.next()?;
+        Ok((!matches!(event, Event::SequenceEnd | Event::MappingEnd)).then_some((event, span)))
+    }
+
     fn document(&mut self) -> Result<Option<Node>, SyntaxError> {
         let mut root = None;
         loop {
@@ -142,11 +149,7 @@ impl<'a> Loader<'a> {
             Event::SequenceStart(anchor, _) => {
                 self.count(1, pos)?;
                 let mut items = Vec::new();
-                loop {
-                    let (event, span) = self.next()?;
-                    if matches!(event, Event::SequenceEnd) {
-                        break;
-                    }
+                while let Some((event, span)) = self.entry()? {
                     items.push(self.node(event, span, depth + 1)?);
                 }
                 (Node { pos, value: Value::Seq(items) }, anchor)
@@ -154,11 +157,7 @@ impl<'a> Loader<'a> {
             Event::MappingStart(anchor, _) => {
                 self.count(1, pos)?;
                 let mut entries = Vec::new();
-                loop {
-                    let (event, span) = self.next()?;
-                    if matches!(event, Event::MappingEnd) {
-                        break;
-                    }
+                while let Some((event, span)) = self.entry()? {
                     let key_pos = Pos::of(&span.start);
                     let name = match event {
                         Event::Scalar(text, ..) => text.into_owned(),

@@ -23,6 +23,7 @@ use crate::console::transcript;
 use crate::console::{Console, ConsoleError};
 use crate::http::auth::Role;
 use crate::http::runs::RunDetail;
+use crate::http::stream_access::StreamAccess;
 
 /// The last lines of a step's transcript ($1 step, $2 org, $3 how many).
 pub(crate) const TRANSCRIPT_SQL: &str = "SELECT seq, at, stream, line FROM (SELECT seq, at, stream, line FROM step_logs \
@@ -108,6 +109,9 @@ struct Tail {
     queue: VecDeque<Line>,
     catch_up: bool,
     rx: tokio::sync::broadcast::Receiver<RunId>,
+    /// The session token's place among its streams, checked again as lines are sent: a tail
+    /// ends once the person signs out, is removed from the org or the token is revoked.
+    access: StreamAccess,
 }
 
 fn line_event(l: &Line) -> Event {
@@ -121,6 +125,9 @@ fn line_event(l: &Line) -> Event {
 
 async fn next_line(mut t: Tail) -> Option<(Result<Event, Infallible>, Tail)> {
     loop {
+        if !t.queue.is_empty() && !t.access.still_allowed().await {
+            return None;
+        }
         if let Some(l) = t.queue.pop_front() {
             t.after = l.seq;
             return Some((Ok(line_event(&l)), t));
@@ -171,11 +178,21 @@ pub(in crate::console) async fn transcript(
     .fetch_optional(c.db())
     .await?;
     found.ok_or_else(not_found)?;
+    let access = StreamAccess::open(c.state(), &s.caller)?;
     let last = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i64>().ok());
     // Subscribe before reading, so no line falls between the backlog and the feed.
     let (rx, closing) = crate::http::events::log_feed(c.state());
-    let tail =
-        Tail { db: c.db().clone(), org: s.caller.org, run, step, after: last.or(q.after).unwrap_or(0).max(0), queue: VecDeque::new(), catch_up: true, rx };
+    let tail = Tail {
+        db: c.db().clone(),
+        org: s.caller.org,
+        run,
+        step,
+        after: last.or(q.after).unwrap_or(0).max(0),
+        queue: VecDeque::new(),
+        catch_up: true,
+        rx,
+        access,
+    };
     let lines = futures::StreamExt::take_until(futures::stream::unfold(tail, next_line), closing);
     Ok(sse(lines))
 }
