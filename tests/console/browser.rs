@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use engine::hosts::Capability;
-use engine::ids::RunId;
+use engine::ids::{RunId, StepId};
 use engine::store::hosts::{self as host_store, HostRow, LogLine, NewHost};
 use engine::store::steps::Failure;
 use engine::store::{Actor, Change};
@@ -82,10 +82,7 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
 
     // A host takes the agent's step and reports its session: the transcript grows live.
     let host = register_host(&app, &org).await;
-    let catalog = engine::catalog::Catalog::default();
-    let claimed = host_store::claim(app.pool(), &catalog, &host, 1).await.expect("claim");
-    let step = claimed.assignments.first().expect("the crew step is claimed").step;
-    host_store::start(app.pool(), &host, step, "command").await.expect("start");
+    let step = start_crew_step(&app, &host, agent).await;
     c.goto(&app.url(&format!("/orgs/acme/projects/web/runs/{agent}"))).await.unwrap();
     until(&c, "return document.querySelector('h1').textContent.includes('Running build') && document.body.dataset.live === 'on'", "the agent running").await;
     script(&c, "window.__sameDocument = 'yes'").await;
@@ -130,14 +127,20 @@ pub(crate) async fn register_host(app: &App, org: &crate::support::Org) -> HostR
     }
 }
 
+/// The crew step of `run` (of `agent`), once pending, claimed and started by `host` as the
+/// `command` harness.
+pub(crate) async fn start_crew_step(app: &App, host: &HostRow, run: RunId) -> StepId {
+    app.until_build_pending(run).await;
+    let claimed = host_store::claim(app.pool(), &engine::catalog::Catalog::default(), host, 1).await.expect("claim");
+    let step = claimed.assignments.first().expect("the crew step is claimed").step;
+    host_store::start(app.pool(), host, step, "command").await.expect("start");
+    step
+}
+
 /// A run of `agent` whose crew step `host` took and failed with `failure`, reporting `output`.
 pub(crate) async fn failed_crew_run(app: &App, org: &crate::support::Org, host: &HostRow, output: serde_json::Value, failure: Failure) -> RunId {
     let run = app.submit(org, org.agent).await;
-    app.until_build_pending(run).await;
-    let catalog = engine::catalog::Catalog::default();
-    let claimed = host_store::claim(app.pool(), &catalog, host, 1).await.expect("claim");
-    let step = claimed.assignments.first().expect("the crew step is claimed").step;
-    host_store::start(app.pool(), host, step, "command").await.expect("start");
+    let step = start_crew_step(app, host, run).await;
     let failed = host_store::Completion { output, failure: Some(failure), usage: Usage::default(), harness: Some("command".into()) };
     host_store::complete(app.pool(), host, step, &failed).await.expect("complete");
     app.until(run, "SELECT status = 'failed' FROM runs WHERE run_id = $1", "the run fails").await;

@@ -8,7 +8,7 @@ use engine::store::hosts::{self as host_store, LogLine};
 use protocol::Usage;
 use reqwest::StatusCode;
 
-use crate::browser::register_host;
+use crate::browser::{register_host, start_crew_step};
 use crate::support::{App, acme};
 
 #[tokio::test]
@@ -67,12 +67,9 @@ async fn one_org_sees_nothing_of_another() {
 #[tokio::test]
 async fn a_live_transcript_ends_when_its_reader_leaves_the_org() {
     let (app, org) = acme(true).await;
-    let run = app.submit(&org, org.agent).await;
-    app.until_build_pending(run).await;
     let host = register_host(&app, &org).await;
-    let claimed = host_store::claim(app.pool(), &engine::catalog::Catalog::default(), &host, 1).await.expect("claim");
-    let step = claimed.assignments.first().expect("the crew step is claimed").step;
-    host_store::start(app.pool(), &host, step, "command").await.expect("start");
+    let run = app.submit(&org, org.agent).await;
+    let step = start_crew_step(&app, &host, run).await;
     let say = |seq: i64| {
         let (pool, host) = (app.pool().clone(), host.clone());
         async move {
