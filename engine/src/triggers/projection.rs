@@ -89,6 +89,15 @@ impl ItemUpdate {
     }
 }
 
+/// An issue's or a pull request's comment event: a deleted comment leaves the item, any other
+/// action makes it the latest.
+fn comment_patch(action: &str, comment: &Value) -> Patch {
+    match action {
+        "deleted" => Patch::Deleted { key: "comment", id: int(comment, "id") },
+        _ => Patch::Latest { key: "comment", value: comment_fields(comment) },
+    }
+}
+
 /// The item a delivery of `event` is about, when it is about one issue, pull request or
 /// repository. Check events and board moves name their items indirectly (by head SHA, by
 /// node id); `ingest` finds those.
@@ -102,13 +111,8 @@ pub fn item_update(event: &str, payload: &Value) -> Option<ItemUpdate> {
         }
         "issue_comment" => {
             let issue = payload.get("issue")?;
-            let comment = payload.get("comment")?;
-            let mut patches = vec![Patch::Fields(issue_fields(issue))];
-            patches.push(match action {
-                "deleted" => Patch::Deleted { key: "comment", id: int(comment, "id") },
-                _ => Patch::Latest { key: "comment", value: comment_fields(comment) },
-            });
-            update_from(repository, issue, patches)
+            let comment = comment_patch(action, payload.get("comment")?);
+            update_from(repository, issue, vec![Patch::Fields(issue_fields(issue)), comment])
         }
         "pull_request" => {
             let pr = payload.get("pull_request")?;
@@ -123,12 +127,8 @@ pub fn item_update(event: &str, payload: &Value) -> Option<ItemUpdate> {
         }
         "pull_request_review_comment" => {
             let pr = payload.get("pull_request")?;
-            let comment = payload.get("comment")?;
-            let latest = match action {
-                "deleted" => Patch::Deleted { key: "comment", id: int(comment, "id") },
-                _ => Patch::Latest { key: "comment", value: comment_fields(comment) },
-            };
-            update_from(repository, pr, vec![Patch::Fields(pull_request_fields(pr)), latest])
+            let comment = comment_patch(action, payload.get("comment")?);
+            update_from(repository, pr, vec![Patch::Fields(pull_request_fields(pr)), comment])
         }
         // A push that deleted its branch or tag has no head to build: it changes nothing and
         // starts nothing (GitHub Actions runs no push workflow for it either).
