@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::{OpenApproval, Run, RunDetail, RunList, RunPath, RunRow, SESSION_FIGURES_SQL, SessionRow, Step, load, run_id, select_runs, with_substates};
+use super::{
+    OpenApproval, Run, RunDetail, RunList, RunPath, RunRow, SESSION_FIGURES_SQL, SessionRow, Step, in_project, load, run_id, select_runs, with_substates,
+};
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
@@ -179,9 +181,7 @@ pub async fn why(State(state): State<AppState>, scope: ProjectScope, Path(p): Pa
     scope.require(Role::Viewer)?;
     let id = run_id(&p.run)?;
     // The run must be in this project; `substate::why` checks the org.
-    let mut conn = state.db.begin().await?;
-    load(&mut conn, &scope, id).await?;
-    drop(conn);
+    in_project(&state.db, &scope, id).await?;
     let why = substate::why(&state.db, scope.org.org, id).await?;
     Ok(Json(Why::of(why).map_err(ApiError::internal)?))
 }
