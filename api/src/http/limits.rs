@@ -117,7 +117,8 @@ pub struct LimitArgs {
     /// excepted: a stream answers at once, a claim gets its 30 s wait and a margin).
     #[arg(long = "request-timeout-secs", env = "SHOPFLOOR_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
     pub request_timeout_secs: u64,
-    /// Event streams one token may hold open at once; the next is refused with 429.
+    /// Streams one token may hold open at once (event streams and the console's live
+    /// transcripts); the next is refused with 429.
     #[arg(long = "streams-per-token", env = "SHOPFLOOR_STREAMS_PER_TOKEN", default_value_t = 8)]
     pub streams_per_token: usize,
 }
