@@ -224,7 +224,7 @@ pub(super) struct Callback {
 
 #[derive(Debug, Deserialize)]
 struct AccessToken {
-    access_token: Option<String>,
+    access_token: Option<protocol::Secret>,
     error: Option<String>,
 }
 
@@ -291,7 +291,7 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
 
 /// Exchanges an OAuth code (given for `redirect_uri`) for the person's access token; None when
 /// GitHub refuses it or cannot be reached (logged).
-pub(super) async fn exchange_code(c: &Console, code: &str, redirect_uri: &str) -> Result<Option<String>, ConsoleError> {
+pub(super) async fn exchange_code(c: &Console, code: &str, redirect_uri: &str) -> Result<Option<protocol::Secret>, ConsoleError> {
     let cfg = c.cfg();
     let (Some(id), Some(secret)) = (&cfg.github_client_id, &cfg.github_client_secret) else {
         return Err(ConsoleError::NotFound("sign-in with GitHub is not configured here".into()));
@@ -341,7 +341,7 @@ async fn github_identity(c: &Console, headers: &HeaderMap, code: &str) -> Result
         c.inner
             .http
             .get(format!("{api}{path}"))
-            .bearer_auth(&token)
+            .bearer_auth(token.expose())
             .header(header::ACCEPT, "application/vnd.github+json")
             .header("X-GitHub-Api-Version", "2022-11-28")
     };
@@ -380,7 +380,17 @@ pub(super) async fn signout(State(c): State<Console>, headers: HeaderMap, Form(f
 
 #[cfg(test)]
 mod tests {
-    use super::safe_next;
+    use super::{AccessToken, safe_next};
+
+    /// GitHub's answer to the code exchange, as its documentation shows it: the person's token
+    /// reads as itself where it is sent, and as nothing where it could be logged.
+    #[test]
+    fn the_persons_github_token_never_shows_in_debug() {
+        let answer = r#"{"access_token":"gho_16C7e42F292c6912E7710c838347Ae178B4a","scope":"repo,gist","token_type":"bearer"}"#;
+        let token: AccessToken = serde_json::from_str(answer).unwrap();
+        assert!(!format!("{token:?}").contains("gho_16C7e42F292c6912E7710c838347Ae178B4a"), "{token:?}");
+        assert_eq!(token.access_token.unwrap().expose(), "gho_16C7e42F292c6912E7710c838347Ae178B4a");
+    }
 
     #[test]
     fn only_a_path_of_this_console_is_a_place_to_go_back_to() {

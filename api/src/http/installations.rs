@@ -50,8 +50,8 @@ pub struct ClaimInstallation {
     pub installation_id: i64,
     /// A GitHub user access token of this App for a person who can access the installation:
     /// it is used once, to ask GitHub, and never stored. Up to 1,000 visible ASCII characters.
-    #[schema(min_length = 1, max_length = 1000, pattern = "^[!-~]+$")]
-    pub github_token: String,
+    #[schema(value_type = String, min_length = 1, max_length = 1000, pattern = "^[!-~]+$")]
+    pub github_token: protocol::Secret,
 }
 
 /// The path of an installation's routes.
@@ -99,7 +99,7 @@ pub async fn claim(State(state): State<AppState>, scope: OrgScope, Json(body): J
         return Err(ApiError::Unprocessable("installation_id must be a GitHub installation id".into()));
     }
     // Sent to GitHub as a header: visible ASCII only (GitHub's tokens are `gh?_` and base62).
-    let token = body.github_token.as_str();
+    let token = body.github_token.expose();
     if token.is_empty() || token.len() > 1_000 || !token.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ApiError::Unprocessable("github_token must be a GitHub user access token".into()));
     }
