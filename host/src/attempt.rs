@@ -357,16 +357,17 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
                         if let Err(err) = g.push(&wt, &branch).await {
                             tracing::warn!(step.id = %a.step, error = %err, "push failed");
                             result.outcome = Outcome::Failed;
-                            let (reason, class) = match err {
+                            let (reason, class, said) = match err {
                                 // Refused again whatever the agent does: another session would
-                                // only spend again.
-                                GitError::Refused(_) => ("push_refused", "final"),
+                                // only spend again. The reason says it was refused; the error
+                                // keeps all 500 characters for the remote's own words.
+                                GitError::Refused(words) => ("push_refused", "final", words),
                                 // A later attempt starts from the branch as the remote has it.
-                                _ => ("push_failed", "infrastructure"),
+                                other => ("push_failed", "infrastructure", other.to_string()),
                             };
                             result.reason = Some(reason.into());
                             result.class = Some(class.into());
-                            output["error"] = json!(err.to_string().chars().take(500).collect::<String>());
+                            output["error"] = json!(said.chars().take(500).collect::<String>());
                         } else {
                             output["pushed"] = json!(true);
                         }

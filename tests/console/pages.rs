@@ -44,7 +44,7 @@ async fn a_failed_steps_own_words_show_under_its_reason_escaped() {
     let (app, org, mut b) = acme_owner(true).await;
     let host = crate::browser::register_host(&app, &org).await;
     // As a host reports a push GitHub refused: the refused ref, then the remote's lines.
-    let said = "the remote refused the push:  ! [remote rejected] HEAD -> shopfloor/7-x (refusing to allow a GitHub App to create or update \
+    let said = " ! [remote rejected] HEAD -> shopfloor/7-x (refusing to allow a GitHub App to create or update \
                 workflow without workflows permission)\nremote: <script>alert(1)</script>";
     let failure = engine::store::steps::Failure { reason: "push_refused".into(), class: engine::store::steps::FailureClass::Final, exit_code: None };
     let run = crate::browser::failed_crew_run(&app, &org, &host, serde_json::json!({ "error": said }), failure).await;
@@ -54,7 +54,7 @@ async fn a_failed_steps_own_words_show_under_its_reason_escaped() {
     let rows = &steps[steps.find("<tbody>").unwrap()..];
     let row = &rows[..rows.find("</tr>").unwrap()];
     assert!(row.contains("The repository refused the push") && row.contains("push_refused"), "{row}");
-    assert!(row.contains("<span class=\"said\">the remote refused the push:  ! [remote rejected] HEAD -&gt; shopfloor"), "{row}");
+    assert!(row.contains("<span class=\"said\"> ! [remote rejected] HEAD -&gt; shopfloor"), "{row}");
     assert!(row.contains("refusing to allow a GitHub App to create or update workflow without workflows permission"), "{row}");
     assert!(!page.body.contains("<script>alert(1)") && row.contains("&lt;script&gt;alert(1)&lt;"), "the host's words are escaped: {row}");
     app.discard().await;

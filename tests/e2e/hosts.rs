@@ -140,7 +140,8 @@ async fn a_push_the_remote_refuses_fails_the_step_once_with_the_remotes_words() 
     let [(state, reason, class, output)] = steps.as_slice() else { panic!("{steps:?}") };
     assert_eq!((state.as_str(), reason.as_deref(), class.as_deref()), ("failed", Some("push_refused"), Some("final")));
     let error = output["error"].as_str().unwrap_or_default();
-    assert!(error.contains("[remote rejected]") && error.contains("remote: refusing to allow a GitHub App"), "{output}");
+    // The remote's words alone, the refused ref first: the reason already says it was refused.
+    assert!(error.starts_with(" ! [remote rejected]") && error.contains("remote: refusing to allow a GitHub App"), "{output}");
     assert_eq!(output["pushed"], Value::Null);
     let branches = git_out(&env.dir.path().join("remotes/acme/widgets.git"), &["branch", "--list", "shopfloor/*"]);
     assert!(branches.is_empty(), "{branches}");

@@ -215,11 +215,11 @@ async fn secret_key(args: &SecretKeyArgs, db: Option<&Db>) -> Outcome {
         Err(e) => return Outcome::fail(NAME, e.to_string().split_once("; ").map_or(e.to_string(), |(problem, _)| problem.to_owned()), HOW),
     };
     let Some(pool) = db else { return Outcome::ok(NAME, "set, well formed (the database is needed to check it opens the signing keys)") };
-    let opened = match engine::store::webhooks_out::check_opens(pool, &key).await {
-        Ok(()) => engine::store::signing_keys::check_opens(pool, &key).await,
-        Err(e) => Err(e),
+    let opened = async {
+        engine::store::webhooks_out::check_opens(pool, &key).await?;
+        engine::store::signing_keys::check_opens(pool, &key).await
     };
-    match opened {
+    match opened.await {
         Ok((0, _)) => Outcome::ok(NAME, "set, well formed; no signing key yet"),
         Ok((n, 0)) => Outcome::ok(NAME, format!("opens the {n} signing key{}", if n == 1 { "" } else { "s" })),
         Ok((n, plaintext)) => {
