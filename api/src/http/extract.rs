@@ -5,10 +5,11 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use engine::ids::{RunId, StepId, UserId};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use utoipa::IntoParams;
@@ -171,6 +172,54 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
     }
 }
 
+/// An id a path names (`{run}`, `{step}`, `{user}`), parsed. Text that cannot be such an id
+/// names nothing in any org, so it answers 404, as another org's id does. The routes document
+/// their path parameters with a struct of their own (`RunPath`, …).
+pub struct PathId<T>(pub T);
+
+/// An id that a path parameter can name: the parameter, and what its 404 says.
+pub trait PathParam: Sized {
+    const PARAM: &'static str;
+    const NOT_FOUND: &'static str;
+    fn parse(text: &str) -> Option<Self>;
+}
+
+impl PathParam for RunId {
+    const PARAM: &'static str = "run";
+    const NOT_FOUND: &'static str = "run not found";
+    fn parse(text: &str) -> Option<Self> {
+        text.parse().ok()
+    }
+}
+
+impl PathParam for StepId {
+    const PARAM: &'static str = "step";
+    const NOT_FOUND: &'static str = "step not found";
+    fn parse(text: &str) -> Option<Self> {
+        text.parse().ok()
+    }
+}
+
+/// A member is named by the user's UUID.
+impl PathParam for UserId {
+    const PARAM: &'static str = "user";
+    const NOT_FOUND: &'static str = "member not found";
+    fn parse(text: &str) -> Option<Self> {
+        text.parse().ok().map(UserId)
+    }
+}
+
+impl<T: PathParam, S: Send + Sync> FromRequestParts<S> for PathId<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let params =
+            RawPathParams::from_request_parts(parts, state).await.map_err(|e| ApiError::BadRequest(format!("bad path parameter: {}", e.body_text())))?;
+        let text = params.iter().find(|(name, _)| *name == T::PARAM).map(|(_, value)| value).unwrap_or_default();
+        T::parse(text).map(PathId).ok_or_else(|| ApiError::NotFound(T::NOT_FOUND.into()))
+    }
+}
+
 /// Query parameters; unknown ones are refused where the type says `deny_unknown_fields`.
 pub struct Query<T>(pub T);
 
@@ -189,6 +238,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
 /// PostgreSQL cannot hold, which it would answer with an error of its own.
 pub fn a_usable_year(field: &str, year: i32) -> Result<(), ApiError> {
     if (1..=9999).contains(&year) { Ok(()) } else { Err(ApiError::BadRequest(format!("{field} must be in the years 1 to 9999"))) }
+}
+
+/// A list of a body, refused past `max` items: "at most {max} {what}".
+pub fn at_most_items<T>(items: &[T], max: usize, what: &str) -> Result<(), ApiError> {
+    if items.len() > max { Err(ApiError::Unprocessable(format!("at most {max} {what}"))) } else { Ok(()) }
 }
 
 /// A short text field of a body, refused (never cut) past `max` characters, as the

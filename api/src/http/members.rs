@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Role;
 use super::error::ApiError;
-use super::extract::{IdempotencyKey, Json, Path, Query};
+use super::extract::{IdempotencyKey, Json, PathId, Query};
 use super::page::{self, PageQuery};
 use super::tenant::OrgScope;
 use super::{AppState, idempotency};
@@ -44,12 +44,12 @@ pub struct ChangeRole {
     pub role: Role,
 }
 
-/// The path of a member's routes.
-#[derive(Debug, Deserialize, IntoParams)]
+/// The path of a member's routes, as documented; handlers read the id with `PathId`.
+#[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct MemberPath {
     /// The member's user id
-    user: String,
+    pub user: String,
 }
 
 const SELECT: &str = "SELECT u.user_id, u.email, m.role, u.github_login, m.created_at \
@@ -62,11 +62,6 @@ async fn load(state: &AppState, scope: &OrgScope, user: UserId) -> Result<Member
         .fetch_optional(&state.db)
         .await?
         .ok_or_else(|| ApiError::NotFound("member not found".into()))
-}
-
-/// A member's id from the path; an id that cannot be one names nobody.
-fn user_id(text: &str) -> Result<UserId, ApiError> {
-    text.parse().map(UserId).map_err(|_| ApiError::NotFound("member not found".into()))
 }
 
 /// Only an owner may touch the owner role, given or taken.
@@ -120,10 +115,9 @@ pub async fn add(State(state): State<AppState>, scope: OrgScope, key: Idempotenc
     request_body = ChangeRole,
     responses((status = 200, body = Member), (status = 409, description = "The last owner")))]
 pub async fn change_role(
-    State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>, Json(body): Json<ChangeRole>,
+    State(state): State<AppState>, scope: OrgScope, PathId(user): PathId<UserId>, Json(body): Json<ChangeRole>,
 ) -> Result<Json<Member>, ApiError> {
     scope.require(Role::Admin)?;
-    let user = user_id(&p.user)?;
     let mut ch = scope.change(&state).await?;
     let current = api_writes::member_role(&mut ch, scope.org, user).await?.ok_or_else(|| ApiError::NotFound("member not found".into()))?;
     guard_owner(&scope, &[current.as_str(), body.role.as_str()])?;
@@ -137,9 +131,8 @@ pub async fn change_role(
 #[utoipa::path(delete, path = "/orgs/{org}/members/{user}", operation_id = "remove_member", tag = "members",
     params(OrgScope, MemberPath),
     responses((status = 204, description = "Removed"), (status = 409, description = "The last owner")))]
-pub async fn remove(State(state): State<AppState>, scope: OrgScope, Path(p): Path<MemberPath>) -> Result<Response, ApiError> {
+pub async fn remove(State(state): State<AppState>, scope: OrgScope, PathId(user): PathId<UserId>) -> Result<Response, ApiError> {
     scope.require(Role::Admin)?;
-    let user = user_id(&p.user)?;
     let mut ch = scope.change(&state).await?;
     let current = api_writes::member_role(&mut ch, scope.org, user).await?.ok_or_else(|| ApiError::NotFound("member not found".into()))?;
     guard_owner(&scope, &[current.as_str()])?;

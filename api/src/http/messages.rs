@@ -17,8 +17,8 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
-use super::extract::{Json, Path};
-use super::runs::{StepPath, in_project, run_id};
+use super::extract::{Json, PathId};
+use super::runs::{ProjectRun, StepPath};
 use super::tenant::ProjectScope;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -51,13 +51,10 @@ pub struct SentMessage {
     responses((status = 201, body = SentMessage),
               (status = 409, description = "Not a live session, or its harness cannot take messages")))]
 pub async fn send(
-    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Json(body): Json<SendMessage>,
+    State(state): State<AppState>, ProjectRun { scope, run }: ProjectRun, PathId(step): PathId<StepId>, Json(body): Json<SendMessage>,
 ) -> Result<(StatusCode, Json<SentMessage>), ApiError> {
     scope.require(Role::Member)?;
-    let run = run_id(&p.run)?;
-    let step: StepId = p.step.parse().map_err(|_| ApiError::NotFound("step not found".into()))?;
     let mut ch = scope.change(&state).await?;
-    in_project(ch.conn(), &scope, run).await?;
     let id = store::send(&mut ch, scope.org.org, run, step, &body.text).await?;
     let (chars, sent_at): (i32, DateTime<Utc>) =
         sqlx::query_as("SELECT length(text), created_at FROM step_messages WHERE message_id = $1").bind(id).fetch_one(ch.conn()).await?;

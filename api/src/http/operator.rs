@@ -15,7 +15,7 @@ use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
 use super::extract::{Json, JsonOrEmpty, Path, at_most};
-use super::runs::{RunPath, in_project, run_id};
+use super::runs::{ProjectRun, RunPath};
 use super::tenant::ProjectScope;
 
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
@@ -50,12 +50,10 @@ pub struct ItemPath {
     request_body(content = Option<ResolveRun>, description = "Optional note"),
     responses((status = 200, body = Resolved), (status = 409, description = "The run did not fail")))]
 pub async fn resolve(
-    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<ResolveRun>,
+    State(state): State<AppState>, ProjectRun { scope, run }: ProjectRun, JsonOrEmpty(body): JsonOrEmpty<ResolveRun>,
 ) -> Result<Json<Resolved>, ApiError> {
     scope.require(Role::Member)?;
-    let run = run_id(&p.run)?;
     let mut ch = scope.change(&state).await?;
-    in_project(ch.conn(), &scope, run).await?;
     let note = at_most("note", body.note, 200)?;
     operator::resolve(&mut ch, scope.org.org, run, note.as_deref()).await?;
     let (resolved_at, resolved_by): (DateTime<Utc>, String) =

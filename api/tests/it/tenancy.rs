@@ -2,7 +2,7 @@
 //! object of another org, answers 404 with the same body as for an id that exists nowhere, so
 //! the answer leaks nothing; and the other org's objects are left untouched.
 
-use engine::ids::Slug;
+use engine::ids::{OrgId, RunId, Slug};
 use engine::store::runs::{self, NewRun};
 use engine::store::{Actor, Change, tenants, workflows};
 use engine::testkit::APPROVAL;
@@ -157,9 +157,8 @@ async fn another_orgs_ids_answer_404_and_leak_nothing() {
         }
     }
 
-    // Nothing of the other org moved.
-    let state: String = sqlx::query_scalar("SELECT state FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
-    assert_eq!(state, "waiting");
+    // Nothing of the other org moved, and no retry or rerun of its run was made in acme.
+    left_waiting(&app, run, acme.id, 0).await;
     let paused: bool = sqlx::query_scalar("SELECT paused FROM workflows WHERE workflow_id = $1").bind(wf).fetch_one(app.pool()).await.unwrap();
     assert!(!paused);
     let role: String = sqlx::query_scalar("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2")
@@ -177,9 +176,66 @@ async fn another_orgs_ids_answer_404_and_leak_nothing() {
     assert!(!gone, "another org's host was deregistered");
     let revoked: bool = sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM api_tokens WHERE jti = $1").bind(jti).fetch_one(app.pool()).await.unwrap();
     assert!(!revoked);
-    let runs_of_acme: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE org_id = $1").bind(acme.id).fetch_one(app.pool()).await.unwrap();
-    assert_eq!(runs_of_acme, 0, "a retry or rerun of another org's run created one");
     app.finish().await;
+}
+
+/// Within one org, a run belongs to its project: every run route of another project answers
+/// it 404, byte for byte as a run that exists nowhere, as it answers text that is no run id;
+/// and nothing of the run moves.
+#[tokio::test]
+async fn a_run_is_not_found_through_another_project_of_its_org() {
+    let app = App::with_engine().await;
+    let acme = app.org("acme").await;
+    let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
+    tenants::create_project(&mut ch, acme.id, &Slug::parse("ops").unwrap(), "ops").await.unwrap();
+    let (wf, _) = workflows::put_version(&mut ch, acme.id, acme.project, "approve", APPROVAL).await.unwrap();
+    let run = runs::submit(&mut ch, NewRun::of_workflow(acme.id, acme.project, wf, 1, json!({}))).await.unwrap();
+    ch.commit().await.unwrap();
+    app.until(run, "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND node = 'ask' AND state = 'waiting')", "ask waiting").await;
+    let step: engine::ids::StepId =
+        sqlx::query_scalar("SELECT step_id FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
+    let missing = engine::ids::RunId::mint().to_string();
+
+    let routes = [
+        (Method::GET, ""),
+        (Method::GET, "/why"),
+        (Method::GET, "/events"),
+        (Method::POST, "/cancel"),
+        (Method::POST, "/retry"),
+        (Method::POST, "/rerun"),
+        (Method::POST, "/resolve"),
+        (Method::POST, "/approvals/ask"),
+        (Method::POST, "/approvals/ask/reject"),
+        (Method::GET, &format!("/steps/{step}/logs")),
+        (Method::POST, &format!("/steps/{step}/messages")),
+    ];
+    for (method, rest) in routes {
+        let body = rest.ends_with("/messages").then(|| json!({ "text": "hello" }));
+        let mut answers = Vec::new();
+        for id in [run.to_string(), missing.clone(), "run-nope".to_owned()] {
+            let path = format!("/api/v1/orgs/acme/projects/ops/runs/{id}{rest}");
+            let (status, headers, bytes) = app.send(method.clone(), &path, Some(&acme.owner), body.as_ref()).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {}", String::from_utf8_lossy(&bytes));
+            problem(status, &headers, &bytes);
+            answers.push(String::from_utf8_lossy(&bytes).replace(&id, "<id>"));
+        }
+        assert!(answers.iter().all(|a| *a == answers[0]), "{method} …{rest} answers a run of another project unlike a missing one: {answers:?}");
+        // The same route in the run's own project finds it.
+        let (status, _, _) = app.send(method.clone(), &format!("/api/v1/orgs/acme/projects/web/runs/{run}{rest}"), Some(&acme.viewer), body.as_ref()).await;
+        assert_ne!(status, StatusCode::NOT_FOUND, "{method} …{rest} in the run's own project");
+    }
+
+    left_waiting(&app, run, acme.id, 1).await;
+    app.finish().await;
+}
+
+/// The approval run still waits at `ask`, and `org` holds `runs` runs: the calls neither
+/// answered the run nor made a retry or rerun of it.
+async fn left_waiting(app: &App, run: RunId, org: OrgId, runs: i64) {
+    let state: String = sqlx::query_scalar("SELECT state FROM steps WHERE run_id = $1 AND node = 'ask'").bind(run).fetch_one(app.pool()).await.unwrap();
+    assert_eq!(state, "waiting");
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE org_id = $1").bind(org).fetch_one(app.pool()).await.unwrap();
+    assert_eq!(held, runs, "a retry or rerun made a run");
 }
 
 /// A token limited to one project stays within it: the tokens it makes are limited to that

@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 use super::{CONTENDED_RETRY, HostCaller};
 use crate::http::AppState;
 use crate::http::error::ApiError;
-use crate::http::extract::Json;
+use crate::http::extract::{Json, at_most_items};
 use crate::http::limits::MAX_WAIT_SECS;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -34,9 +34,7 @@ pub async fn claim(State(state): State<AppState>, me: HostCaller, Json(body): Js
     if body.max > store::MAX_SLOTS {
         return Err(ApiError::Unprocessable(format!("max is at most {}", store::MAX_SLOTS)));
     }
-    if body.held.len() > store::MAX_SLOTS as usize {
-        return Err(ApiError::Unprocessable(format!("held names at most {} steps", store::MAX_SLOTS)));
-    }
+    at_most_items(&body.held, store::MAX_SLOTS as usize, "held steps")?;
     let wait_secs = body.wait_secs.unwrap_or(MAX_WAIT_SECS);
     if wait_secs > MAX_WAIT_SECS {
         return Err(ApiError::Unprocessable(format!("wait_secs is at most {MAX_WAIT_SECS}")));

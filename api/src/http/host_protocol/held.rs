@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use super::{HostCaller, MAX_LINES, StepPath, step_id};
+use super::{HostStep, MAX_LINES, StepPath};
 use crate::http::AppState;
 use crate::http::error::ApiError;
-use crate::http::extract::{Json, JsonOrEmpty, Path};
+use crate::http::extract::{Json, JsonOrEmpty, at_most_items};
 
 fn standing(state: StepState) -> Standing {
     Standing { state: state.to_string(), stop: !matches!(state, StepState::Leased | StepState::Running), messages: Vec::new() }
@@ -36,12 +36,9 @@ async fn waiting_messages(state: &AppState, host: &HostRow, step: StepId, now: S
     params(StepPath),
     request_body(content = Option<StartStep>, description = "The harness"),
     responses((status = 200, body = Standing)))]
-pub async fn start(
-    State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, JsonOrEmpty(body): JsonOrEmpty<StartStep>,
-) -> Result<Json<Standing>, ApiError> {
-    let step = step_id(&p.step)?;
+pub async fn start(State(state): State<AppState>, me: HostStep, JsonOrEmpty(body): JsonOrEmpty<StartStep>) -> Result<Json<Standing>, ApiError> {
     let harness = body.harness.as_deref().map(cap).unwrap_or_default();
-    let row = store::start(&state.db, &me.host, step, &harness).await?;
+    let row = store::start(&state.db, &me.host, me.step, &harness).await?;
     Ok(Json(standing(row.state())))
 }
 
@@ -51,12 +48,11 @@ pub async fn start(
 #[utoipa::path(post, path = "/host/steps/{step}/heartbeat", operation_id = "heartbeat_step", tag = "host-protocol",
     params(StepPath),
     responses((status = 200, body = Standing)))]
-pub async fn heartbeat(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<Standing>, ApiError> {
-    let step = step_id(&p.step)?;
+pub async fn heartbeat(State(state): State<AppState>, me: HostStep) -> Result<Json<Standing>, ApiError> {
     // A hard budget spent or a silent session stops the step here; the answer says stop.
-    let now = store::heartbeat(&state.db, &me.host, step, state.stall_after()).await?;
+    let now = store::heartbeat(&state.db, &me.host, me.step, state.stall_after()).await?;
     let mut answer = standing(now);
-    answer.messages = waiting_messages(&state, &me.host, step, now).await?;
+    answer.messages = waiting_messages(&state, &me.host, me.step, now).await?;
     Ok(Json(answer))
 }
 
@@ -88,21 +84,16 @@ pub struct SessionAnswer {
     params(StepPath),
     request_body = SessionReport,
     responses((status = 200, body = SessionAnswer)))]
-pub async fn session(
-    State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<SessionReport>,
-) -> Result<Json<SessionAnswer>, ApiError> {
-    let step = step_id(&p.step)?;
-    if body.lines.len() > MAX_LINES {
-        return Err(ApiError::Unprocessable(format!("at most {MAX_LINES} lines per report")));
-    }
+pub async fn session(State(state): State<AppState>, me: HostStep, Json(body): Json<SessionReport>) -> Result<Json<SessionAnswer>, ApiError> {
+    at_most_items(&body.lines, MAX_LINES, "lines per report")?;
     if body.lines.iter().any(|l| l.seq < 1) {
         return Err(ApiError::Unprocessable("line numbers start at 1".into()));
     }
     let lines: Vec<LogLine> = body.lines.into_iter().map(|l| LogLine { seq: l.seq, stream: l.stream, line: l.line }).collect();
     let harness = body.harness.as_deref().map(cap);
-    let r = store::report(&state.db, &me.host, step, harness.as_deref(), &lines, &body.usage, store::RUN_LOG_CAP_BYTES).await?;
+    let r = store::report(&state.db, &me.host, me.step, harness.as_deref(), &lines, &body.usage, store::RUN_LOG_CAP_BYTES).await?;
     let s = standing(r.state);
-    let messages = waiting_messages(&state, &me.host, step, r.state).await?;
+    let messages = waiting_messages(&state, &me.host, me.step, r.state).await?;
     Ok(Json(SessionAnswer { state: s.state, stop: s.stop, stored: r.stored, dropped: r.dropped, messages }))
 }
 
@@ -112,8 +103,7 @@ pub async fn session(
     params(StepPath),
     request_body = Complete,
     responses((status = 200, body = Standing)))]
-pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<Complete>) -> Result<Json<Standing>, ApiError> {
-    let step = step_id(&p.step)?;
+pub async fn complete(State(state): State<AppState>, me: HostStep, Json(body): Json<Complete>) -> Result<Json<Standing>, ApiError> {
     let mut output = match body.output {
         Value::Object(map) => map,
         Value::Null => serde_json::Map::new(),
@@ -151,7 +141,7 @@ pub async fn complete(State(state): State<AppState>, me: HostCaller, Path(p): Pa
         }
     };
     let completion = Completion { output: Value::Object(output), failure, usage, harness: body.harness.as_deref().map(cap) };
-    let row = store::complete(&state.db, &me.host, step, &completion).await.map_err(|e| match e {
+    let row = store::complete(&state.db, &me.host, me.step, &completion).await.map_err(|e| match e {
         StoreError::Stale(_) => ApiError::Conflict("this host no longer holds the step: it was cancelled or taken back".into()),
         e => e.into(),
     })?;
@@ -170,14 +160,9 @@ pub struct DeliveredAnswer {
     params(StepPath),
     request_body = DeliveredMessages,
     responses((status = 200, body = DeliveredAnswer)))]
-pub async fn messages_delivered(
-    State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>, Json(body): Json<DeliveredMessages>,
-) -> Result<Json<DeliveredAnswer>, ApiError> {
-    let step = step_id(&p.step)?;
-    if body.messages.len() > 100 {
-        return Err(ApiError::Unprocessable("at most 100 messages per acknowledgement".into()));
-    }
-    let marked = engine::store::messages::delivered(&state.db, &me.host, step, &body.messages).await?;
+pub async fn messages_delivered(State(state): State<AppState>, me: HostStep, Json(body): Json<DeliveredMessages>) -> Result<Json<DeliveredAnswer>, ApiError> {
+    at_most_items(&body.messages, 100, "messages per acknowledgement")?;
+    let marked = engine::store::messages::delivered(&state.db, &me.host, me.step, &body.messages).await?;
     Ok(Json(DeliveredAnswer { marked }))
 }
 
@@ -189,15 +174,14 @@ pub async fn messages_delivered(
 #[utoipa::path(post, path = "/host/steps/{step}/token", operation_id = "step_token", tag = "host-protocol",
     params(StepPath),
     responses((status = 200, body = StepToken)))]
-pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<StepPath>) -> Result<Json<StepToken>, ApiError> {
+pub async fn token(State(state): State<AppState>, me: HostStep) -> Result<Json<StepToken>, ApiError> {
     use secrecy::ExposeSecret;
-    let step = step_id(&p.step)?;
     let mut conn = state.db.begin().await?;
     let held: Option<(String, Option<String>, engine::ids::RunId)> = sqlx::query_as(
         "SELECT s.state, s.holder, s.run_id FROM steps s JOIN runs r ON r.run_id = s.run_id AND r.org_id = s.org_id \
          WHERE s.step_id = $1 AND s.org_id = $2 AND r.project_id = $3",
     )
-    .bind(step)
+    .bind(me.step)
     .bind(me.host.org_id)
     .bind(me.host.project_id)
     .fetch_optional(&mut *conn)
@@ -216,7 +200,7 @@ pub async fn token(State(state): State<AppState>, me: HostCaller, Path(p): Path<
     match app.installation_token(installation, name, engine::github::client::Scope::Push).await {
         Ok(token) => Ok(Json(StepToken { repository: repository.clone(), token: Some(Secret::new(token.expose_secret())) })),
         Err(e) => {
-            tracing::warn!(github.repository = name, step.id = %step, error = %e, "cannot mint an installation token for a held step");
+            tracing::warn!(github.repository = name, step.id = %me.step, error = %e, "cannot mint an installation token for a held step");
             Err(ApiError::Unavailable("GitHub cannot mint a token now; try again".into()))
         }
     }

@@ -43,7 +43,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::auth::{Caller, TokenKind};
 use super::error::ApiError;
-use super::extract::Json;
+use super::extract::{Json, PathId, at_most_items};
 use crate::auth::issue_host_credential;
 
 /// A host credential's lifetime; deregistering the host revokes it sooner.
@@ -74,16 +74,29 @@ impl FromRequestParts<AppState> for HostCaller {
     }
 }
 
-fn step_id(text: &str) -> Result<StepId, ApiError> {
-    text.parse().map_err(|_| ApiError::NotFound("step not found".into()))
+/// A step route's host, by its credential, and the step the path names. Whether the host holds
+/// the step is the store's to check, in the statement that acts on it.
+pub struct HostStep {
+    pub host: HostRow,
+    pub step: StepId,
 }
 
-/// The path of a held step's routes.
-#[derive(Debug, Deserialize, IntoParams)]
+impl FromRequestParts<AppState> for HostStep {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let HostCaller { host, .. } = HostCaller::from_request_parts(parts, state).await?;
+        let PathId(step) = PathId::from_request_parts(parts, state).await?;
+        Ok(HostStep { host, step })
+    }
+}
+
+/// The path of a held step's routes, as documented; `HostStep` reads it.
+#[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct StepPath {
     /// Step id, `step-…`
-    step: String,
+    pub step: String,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -112,9 +125,7 @@ pub async fn register(State(state): State<AppState>, caller: Caller, Json(body):
     for c in &body.capabilities {
         caps.push(Capability::parse(c).map_err(|e| ApiError::Unprocessable(e.to_string()))?);
     }
-    if caps.len() > 64 {
-        return Err(ApiError::Unprocessable("at most 64 capabilities".into()));
-    }
+    at_most_items(&caps, 64, "capabilities")?;
     caps.sort();
     caps.dedup();
     let mut ch = Change::begin(&state.db, Actor::Token(caller.jti)).await?;

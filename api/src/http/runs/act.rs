@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
-use super::{Run, RunPath, in_project, load_fresh, retry_busy, run_id};
+use super::{ProjectRun, Run, RunPath, load_fresh, retry_busy};
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
-use crate::http::extract::{IdempotencyKey, Json, JsonOrEmpty, Path, Query, at_most};
+use crate::http::extract::{IdempotencyKey, Json, JsonOrEmpty, Query, at_most};
 use crate::http::tenant::ProjectScope;
 use crate::http::{AppState, idempotency};
 
@@ -113,10 +113,9 @@ pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: Ide
     request_body(content = Option<CancelRun>, description = "Optional reason"),
     responses((status = 200, body = Run), (status = 409, description = "The run already ended")))]
 pub async fn cancel(
-    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<CancelRun>,
+    State(state): State<AppState>, ProjectRun { scope, run: id }: ProjectRun, JsonOrEmpty(body): JsonOrEmpty<CancelRun>,
 ) -> Result<Json<Run>, ApiError> {
     scope.require(Role::Member)?;
-    let id = run_id(&p.run)?;
     let reason = at_most("reason", body.reason, 200)?;
     let reason = match reason.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
         Some(why) => format!("cancelled: {why}"),
@@ -125,7 +124,6 @@ pub async fn cancel(
     let (state, scope, reason) = (&state, &scope, &reason);
     let run = retry_busy(move || async move {
         let mut ch = scope.change(state).await?;
-        in_project(ch.conn(), scope, id).await?;
         store::cancel(&mut ch, scope.org.org, id, reason).await?;
         let run = load_fresh(ch.conn(), scope, id).await?;
         ch.commit().await?;
@@ -148,7 +146,6 @@ async fn rerun_from(
     ch.set_trace(TraceParent::of_span(&span));
     // The edit is the request's body (a rerun has none), which a replay must repeat.
     idempotency::create(ch, scope.org.org, key, &edit, async |ch| {
-        in_project(ch.conn(), scope, source).await?;
         let (workflow, version, status): (WorkflowId, i32, String) = sqlx::query_as(SOURCE_RUN).bind(source).bind(scope.org.org).fetch_one(ch.conn()).await?;
         let mut nodes = if retry {
             match status.as_str() {
@@ -194,10 +191,9 @@ async fn rerun_from(
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Running, or completed"),
               (status = 422, description = "No such crew node, or an invalid prompt, model or harness")))]
 pub async fn retry(
-    State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>,
+    State(state): State<AppState>, ProjectRun { scope, run: id }: ProjectRun, key: IdempotencyKey, JsonOrEmpty(body): JsonOrEmpty<Option<RetryRun>>,
 ) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
-    let id = run_id(&p.run)?;
     rerun_from(&state, &scope, &key, id, true, None, body).await
 }
 
@@ -207,9 +203,8 @@ pub async fn retry(
     responses((status = 201, description = "The new run", body = Run), (status = 409, description = "Still running"),
               (status = 422, description = "No such node")))]
 pub async fn rerun(
-    State(state): State<AppState>, scope: ProjectScope, key: IdempotencyKey, Path(p): Path<RunPath>, Query(q): Query<RerunQuery>,
+    State(state): State<AppState>, ProjectRun { scope, run: id }: ProjectRun, key: IdempotencyKey, Query(q): Query<RerunQuery>,
 ) -> Result<Response, ApiError> {
     scope.require(Role::Member)?;
-    let id = run_id(&p.run)?;
     rerun_from(&state, &scope, &key, id, false, q.from, None).await
 }

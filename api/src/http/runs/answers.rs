@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use super::{ApprovalPath, in_project, retry_busy, run_id};
+use super::{ApprovalPath, ProjectRun, retry_busy};
 use crate::http::AppState;
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
@@ -49,7 +49,6 @@ enum Verdict<'a> {
 async fn decide(state: &AppState, scope: &ProjectScope, id: RunId, node: &str, verdict: Verdict<'_>) -> Result<Decision, ApiError> {
     let (step, answer) = retry_busy(move || async move {
         let mut ch = scope.change(state).await?;
-        in_project(ch.conn(), scope, id).await?;
         let step = match verdict {
             Verdict::Approve(fields) => approvals::approve(&mut ch, scope.org.org, id, node, fields).await?,
             Verdict::Reject(reason) => approvals::reject(&mut ch, scope.org.org, id, node, reason).await?,
@@ -76,10 +75,9 @@ async fn decide(state: &AppState, scope: &ProjectScope, id: RunId, node: &str, v
     request_body(content = Option<Object>, description = "The form's fields"),
     responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node")))]
 pub async fn approve(
-    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(fields): JsonOrEmpty<Map<String, Value>>,
+    State(state): State<AppState>, ProjectRun { scope, run: id }: ProjectRun, Path(p): Path<ApprovalPath>, JsonOrEmpty(fields): JsonOrEmpty<Map<String, Value>>,
 ) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
-    let id = run_id(&p.run)?;
     Ok(Json(decide(&state, &scope, id, &p.node, Verdict::Approve(&fields)).await?))
 }
 
@@ -90,10 +88,9 @@ pub async fn approve(
     request_body(content = Option<RejectApproval>, description = "Optional reason"),
     responses((status = 200, body = Decision), (status = 409, description = "No approval waits at that node")))]
 pub async fn reject(
-    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<ApprovalPath>, JsonOrEmpty(body): JsonOrEmpty<RejectApproval>,
+    State(state): State<AppState>, ProjectRun { scope, run: id }: ProjectRun, Path(p): Path<ApprovalPath>, JsonOrEmpty(body): JsonOrEmpty<RejectApproval>,
 ) -> Result<Json<Decision>, ApiError> {
     scope.require(Role::Member)?;
-    let id = run_id(&p.run)?;
     let reason = at_most("reason", body.reason, 200)?;
     Ok(Json(decide(&state, &scope, id, &p.node, Verdict::Reject(reason.as_deref())).await?))
 }

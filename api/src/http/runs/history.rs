@@ -6,11 +6,11 @@ use engine::ids::StepId;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::{RunPath, StepPath, in_project, run_id};
+use super::{ProjectRun, RunPath, StepPath};
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
 use crate::http::event_hub::RunEvent;
-use crate::http::extract::{Json, Path, Query};
+use crate::http::extract::{Json, PathId, Query};
 use crate::http::tenant::ProjectScope;
 use crate::http::{AppState, page};
 
@@ -35,12 +35,10 @@ const EVENTS_AFTER: &str = "SELECT run_id AS run, seq, kind, node, step_id AS st
     params(ProjectScope, RunPath, EventsQuery),
     responses((status = 200, body = RunEventList)))]
 pub async fn events(
-    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>, Query(q): Query<EventsQuery>,
+    State(state): State<AppState>, ProjectRun { scope, run: id }: ProjectRun, Query(q): Query<EventsQuery>,
 ) -> Result<Json<RunEventList>, ApiError> {
     scope.require(Role::Viewer)?;
-    let id = run_id(&p.run)?;
     let limit = page::limit(q.limit)?;
-    in_project(&state.db, &scope, id).await?;
     let items: Vec<RunEvent> =
         sqlx::query_as(EVENTS_AFTER).bind(id).bind(scope.org.org).bind(q.after.unwrap_or(0)).bind(limit + 1).fetch_all(&state.db).await?;
     Ok(Json(RunEventList::page(items, limit)))
@@ -58,8 +56,7 @@ pub struct LogLine {
 
 page::list!(LogPage of LogLine, by seq);
 
-const STEP_IN_PROJECT: &str = "SELECT 1 FROM steps s JOIN runs r ON r.run_id = s.run_id \
-     WHERE s.step_id = $1 AND s.run_id = $2 AND s.org_id = $3 AND r.org_id = $3 AND r.project_id = $4";
+const STEP_OF_RUN: &str = "SELECT 1 FROM steps WHERE step_id = $1 AND run_id = $2 AND org_id = $3";
 
 const LOG_LINES_AFTER: &str = "SELECT seq, at, stream, line FROM step_logs WHERE step_id = $1 AND org_id = $2 AND seq > $3 ORDER BY seq LIMIT $4";
 
@@ -68,15 +65,12 @@ const LOG_LINES_AFTER: &str = "SELECT seq, at, stream, line FROM step_logs WHERE
     params(ProjectScope, StepPath, EventsQuery),
     responses((status = 200, body = LogPage)))]
 pub async fn step_logs(
-    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<StepPath>, Query(q): Query<EventsQuery>,
+    State(state): State<AppState>, ProjectRun { scope, run }: ProjectRun, PathId(step): PathId<StepId>, Query(q): Query<EventsQuery>,
 ) -> Result<Json<LogPage>, ApiError> {
     scope.require(Role::Viewer)?;
-    let run = run_id(&p.run)?;
-    let not_found = || ApiError::NotFound("step not found".into());
-    let step: StepId = p.step.parse().map_err(|_| not_found())?;
     let limit = page::limit(q.limit)?;
-    let found: Option<i32> = sqlx::query_scalar(STEP_IN_PROJECT).bind(step).bind(run).bind(scope.org.org).bind(scope.project).fetch_optional(&state.db).await?;
-    found.ok_or_else(not_found)?;
+    let found: Option<i32> = sqlx::query_scalar(STEP_OF_RUN).bind(step).bind(run).bind(scope.org.org).fetch_optional(&state.db).await?;
+    found.ok_or_else(|| ApiError::NotFound("step not found".into()))?;
     let items: Vec<LogLine> =
         sqlx::query_as(LOG_LINES_AFTER).bind(step).bind(scope.org.org).bind(q.after.unwrap_or(0)).bind(limit + 1).fetch_all(&state.db).await?;
     Ok(Json(LogPage::page(items, limit)))

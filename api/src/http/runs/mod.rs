@@ -1,7 +1,7 @@
 //! Runs of a project. This module holds what a run is as the API shows it (`Run`, `Step`,
-//! `RunDetail`) and the lookups every handler shares: the run a path names, in this project
-//! (`run_id`, `in_project`, `load`), and a change retried when the database picked it as a
-//! deadlock victim (`retry_busy`). The handlers: `read` (list, get, why), `act` (submit,
+//! `RunDetail`) and the lookups every handler shares: the run a path names, proven in this
+//! project (`ProjectRun`), a run read with its substates (`load`), and a change retried when
+//! the database picked it as a deadlock victim (`retry_busy`). The handlers: `read` (list, get, why), `act` (submit,
 //! cancel, retry, rerun), `answers` (approve, reject an approval) and `history` (the run's
 //! events and a step's log lines).
 
@@ -10,15 +10,18 @@ pub mod answers;
 pub mod history;
 pub mod read;
 
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use chrono::{DateTime, Utc};
 use engine::ids::{OrgId, ProjectId, RunId, StepId};
 use engine::substate;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::{PgConnection, PgExecutor, Postgres, QueryBuilder};
+use sqlx::{PgConnection, Postgres, QueryBuilder};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
+use super::extract::PathId;
 use super::tenant::ProjectScope;
 use super::{AppState, page};
 
@@ -158,16 +161,16 @@ pub struct RunDetail {
 
 page::list!(RunList of Run);
 
-/// The path of a run's routes.
-#[derive(Debug, Deserialize, IntoParams)]
+/// The path of a run's routes, as documented; handlers read the id with `PathId`.
+#[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct RunPath {
     /// Run id, `run-…`
     pub run: String,
 }
 
-/// The path of a step's routes.
-#[derive(Debug, Deserialize, IntoParams)]
+/// The path of a step's routes, as documented; handlers read the ids with `PathId`.
+#[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct StepPath {
     /// Run id, `run-…`
@@ -292,18 +295,26 @@ fn run_not_found() -> ApiError {
     ApiError::NotFound("run not found".into())
 }
 
-/// A run id from the path; text that cannot be one names no run.
-pub(super) fn run_id(text: &str) -> Result<RunId, ApiError> {
-    text.parse().map_err(|_| run_not_found())
-}
-
 const RUN_IN_PROJECT: &str = "SELECT 1 FROM runs WHERE run_id = $1 AND org_id = $2 AND project_id = $3";
 
-/// Checks that the run is in this project: before a read, or inside a change (whose store
-/// checks only the org).
-pub(super) async fn in_project(conn: impl PgExecutor<'_>, scope: &ProjectScope, run: RunId) -> Result<(), ApiError> {
-    let found: Option<i32> = sqlx::query_scalar(RUN_IN_PROJECT).bind(run).bind(scope.org.org).bind(scope.project).fetch_optional(conn).await?;
-    found.map(|_| ()).ok_or_else(run_not_found)
+/// The run a route's `{run}` names, proven to be of the project its path names (one probe by
+/// the `runs` key) before the handler runs: the store's writes check only the org. Text that
+/// is no run id, and another project's or org's run, answer 404.
+pub struct ProjectRun {
+    pub scope: ProjectScope,
+    pub run: RunId,
+}
+
+impl FromRequestParts<AppState> for ProjectRun {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let scope = ProjectScope::from_request_parts(parts, state).await?;
+        let PathId(run) = PathId::<RunId>::from_request_parts(parts, state).await?;
+        let found: Option<i32> = sqlx::query_scalar(RUN_IN_PROJECT).bind(run).bind(scope.org.org).bind(scope.project).fetch_optional(&state.db).await?;
+        found.ok_or_else(run_not_found)?;
+        Ok(ProjectRun { scope, run })
+    }
 }
 
 /// Runs a change again (three tries in all) when the database rolled it back as a deadlock

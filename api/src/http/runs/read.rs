@@ -9,12 +9,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::{
-    OpenApproval, Run, RunDetail, RunList, RunPath, RunRow, SESSION_FIGURES_SQL, SessionRow, Step, in_project, load, run_id, select_runs, with_substates,
-};
+use super::{OpenApproval, ProjectRun, Run, RunDetail, RunList, RunPath, RunRow, SESSION_FIGURES_SQL, SessionRow, Step, load, select_runs, with_substates};
 use crate::http::auth::Role;
 use crate::http::error::ApiError;
-use crate::http::extract::{Json, Path, Query};
+use crate::http::extract::{Json, Query};
 use crate::http::tenant::ProjectScope;
 use crate::http::{AppState, page};
 
@@ -125,9 +123,8 @@ const OPEN_APPROVALS: &str = "SELECT a.node, a.step_id, a.prompt, a.fields, a.de
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}", operation_id = "get_run", tag = "runs",
     params(ProjectScope, RunPath),
     responses((status = 200, body = RunDetail)))]
-pub async fn get(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>) -> Result<Json<RunDetail>, ApiError> {
+pub async fn get(State(state): State<AppState>, ProjectRun { scope, run: id }: ProjectRun) -> Result<Json<RunDetail>, ApiError> {
     scope.require(Role::Viewer)?;
-    let id = run_id(&p.run)?;
     let mut conn = state.db.begin().await?;
     let mut run = load(&mut conn, &scope, id).await?;
     let mut steps: Vec<Step> = sqlx::query_as(STEPS_OF_RUN).bind(id).bind(scope.org.org).fetch_all(&mut *conn).await?;
@@ -177,11 +174,8 @@ impl Why {
 #[utoipa::path(get, path = "/orgs/{org}/projects/{project}/runs/{run}/why", operation_id = "why_run", tag = "runs",
     params(ProjectScope, RunPath),
     responses((status = 200, body = Why)))]
-pub async fn why(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<RunPath>) -> Result<Json<Why>, ApiError> {
+pub async fn why(State(state): State<AppState>, ProjectRun { scope, run: id }: ProjectRun) -> Result<Json<Why>, ApiError> {
     scope.require(Role::Viewer)?;
-    let id = run_id(&p.run)?;
-    // The run must be in this project; `substate::why` checks the org.
-    in_project(&state.db, &scope, id).await?;
     let why = substate::why(&state.db, scope.org.org, id).await?;
     Ok(Json(Why::of(why).map_err(ApiError::internal)?))
 }
