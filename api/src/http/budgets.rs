@@ -7,14 +7,14 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{Datelike as _, Duration, NaiveDate, Utc};
 use engine::ids::ProjectId;
-use engine::store::budgets;
+use engine::store::budgets::{self, Period};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::auth::Role;
 use super::error::ApiError;
-use super::extract::{Json, Path, Query, a_usable_year};
+use super::extract::{Json, PathId, PathParam, Query, a_usable_year};
 use super::tenant::{OrgScope, ProjectScope};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -37,12 +37,20 @@ fn yes() -> bool {
     true
 }
 
-/// The path of a budget's routes.
-#[derive(Debug, Deserialize, IntoParams)]
+/// The path of a budget's routes, as documented; handlers read it with `PathId<Period>`.
+#[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct PeriodPath {
     /// `day` or `month`
-    period: String,
+    pub period: String,
+}
+
+impl PathParam for Period {
+    const PARAM: &'static str = "period";
+    const NOT_FOUND: &'static str = "a budget period is `day` or `month`";
+    fn parse(text: &str) -> Option<Self> {
+        Period::parse(text)
+    }
 }
 
 /// One project's spend on one UTC day.
@@ -72,10 +80,6 @@ pub struct SpendQuery {
     pub to: Option<NaiveDate>,
     /// A project's slug, to see only its spend.
     pub project: Option<String>,
-}
-
-fn check_period(period: &str) -> Result<(), ApiError> {
-    if period == "day" || period == "month" { Ok(()) } else { Err(ApiError::NotFound("a budget period is `day` or `month`".into())) }
 }
 
 /// Slugs of the org's projects, to name them in answers.
@@ -111,17 +115,17 @@ pub async fn list(State(state): State<AppState>, scope: OrgScope) -> Result<Json
     request_body = SetBudget,
     responses((status = 200, body = BudgetList)))]
 pub async fn set_org(
-    State(state): State<AppState>, scope: OrgScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>,
+    State(state): State<AppState>, scope: OrgScope, PathId(period): PathId<Period>, Json(body): Json<SetBudget>,
 ) -> Result<Json<BudgetList>, ApiError> {
-    set(&state, &scope, None, &p.period, &body).await
+    set(&state, &scope, None, period, &body).await
 }
 
 /// Removes the org's limit for a period (admin); the runs it held are released.
 #[utoipa::path(delete, path = "/orgs/{org}/budgets/{period}", operation_id = "remove_org_budget", tag = "budgets",
     params(OrgScope, PeriodPath),
     responses((status = 204, description = "Removed")))]
-pub async fn remove_org(State(state): State<AppState>, scope: OrgScope, Path(p): Path<PeriodPath>) -> Result<StatusCode, ApiError> {
-    remove(&state, &scope, None, &p.period).await
+pub async fn remove_org(State(state): State<AppState>, scope: OrgScope, PathId(period): PathId<Period>) -> Result<StatusCode, ApiError> {
+    remove(&state, &scope, None, period).await
 }
 
 /// The project's limits and the org's, with their spend (viewer).
@@ -139,23 +143,22 @@ pub async fn list_project(State(state): State<AppState>, scope: ProjectScope) ->
     request_body = SetBudget,
     responses((status = 200, body = BudgetList)))]
 pub async fn set_project(
-    State(state): State<AppState>, scope: ProjectScope, Path(p): Path<PeriodPath>, Json(body): Json<SetBudget>,
+    State(state): State<AppState>, scope: ProjectScope, PathId(period): PathId<Period>, Json(body): Json<SetBudget>,
 ) -> Result<Json<BudgetList>, ApiError> {
-    set(&state, &scope.org, Some(scope.project), &p.period, &body).await
+    set(&state, &scope.org, Some(scope.project), period, &body).await
 }
 
 /// Removes the project's limit for a period (admin); the runs it held are released.
 #[utoipa::path(delete, path = "/orgs/{org}/projects/{project}/budgets/{period}", operation_id = "remove_project_budget", tag = "budgets",
     params(ProjectScope, PeriodPath),
     responses((status = 204, description = "Removed")))]
-pub async fn remove_project(State(state): State<AppState>, scope: ProjectScope, Path(p): Path<PeriodPath>) -> Result<StatusCode, ApiError> {
-    remove(&state, &scope.org, Some(scope.project), &p.period).await
+pub async fn remove_project(State(state): State<AppState>, scope: ProjectScope, PathId(period): PathId<Period>) -> Result<StatusCode, ApiError> {
+    remove(&state, &scope.org, Some(scope.project), period).await
 }
 
 /// Sets a limit of the org, or of one of its projects (admin), and answers the limits then.
-async fn set(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, period: &str, body: &SetBudget) -> Result<Json<BudgetList>, ApiError> {
+async fn set(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, period: Period, body: &SetBudget) -> Result<Json<BudgetList>, ApiError> {
     scope.require(Role::Admin)?;
-    check_period(period)?;
     let mut ch = scope.change(state).await?;
     budgets::set(&mut ch, scope.org, project, period, body.usd_limit, body.hard).await?;
     ch.commit().await?;
@@ -163,9 +166,8 @@ async fn set(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, per
 }
 
 /// Removes a limit of the org, or of one of its projects (admin).
-async fn remove(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, period: &str) -> Result<StatusCode, ApiError> {
+async fn remove(state: &AppState, scope: &OrgScope, project: Option<ProjectId>, period: Period) -> Result<StatusCode, ApiError> {
     scope.require(Role::Admin)?;
-    check_period(period)?;
     let mut ch = scope.change(state).await?;
     budgets::remove(&mut ch, scope.org, project, period).await?;
     ch.commit().await?;

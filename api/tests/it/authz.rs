@@ -333,8 +333,8 @@ async fn every_route_answers_each_caller_exactly() {
                 Needs::SharedStep => path = path.replace("{step}", &shared_step),
                 Needs::Budgets => {
                     let mut ch = Change::begin(app.pool(), Actor::System).await.unwrap();
-                    engine::store::budgets::set(&mut ch, org.id, None, "day", 1000.0, true).await.unwrap();
-                    engine::store::budgets::set(&mut ch, org.id, Some(org.project), "day", 1000.0, true).await.unwrap();
+                    engine::store::budgets::set(&mut ch, org.id, None, engine::store::budgets::Period::Day, 1000.0, true).await.unwrap();
+                    engine::store::budgets::set(&mut ch, org.id, Some(org.project), engine::store::budgets::Period::Day, 1000.0, true).await.unwrap();
                     ch.commit().await.unwrap();
                 }
                 Needs::FailedRun => {

@@ -75,6 +75,9 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         // Path traversal and ids that cannot be ids.
         bad(delete.clone(), "/api/v1/orgs/acme/tokens/..%2Fall", None, b"", 404, "not-found"),
         bad(patch.clone(), "/api/v1/orgs/acme/members/..%2F1", json, b"{\"role\": \"admin\"}", 404, "not-found"),
+        bad(post.clone(), &format!("{runs}/run-..%2F1/cancel"), None, b"", 404, "not-found"),
+        bad(Method::PUT, "/api/v1/orgs/acme/budgets/week", json, b"{\"usd_limit\": 5}", 404, "not-found"),
+        bad(delete.clone(), &format!("{p}/budgets/fortnight"), None, b"", 404, "not-found"),
         bad(post.clone(), "/api/v1/orgs/acme/projects", json, b"{\"slug\": \"../etc\"}", 422, "unprocessable"),
         // Wrong content types.
         bad(post.clone(), &runs, Some("text/plain"), b"{\"workflow\": \"approve\"}", 415, "unsupported-media-type"),

@@ -220,13 +220,34 @@ pub async fn list(conn: &mut sqlx::PgConnection, org: OrgId, project: Option<Pro
     .await?)
 }
 
-/// A limit's name in the audit log: `org:day`, `<project>:month`.
-fn budget_key(project: Option<ProjectId>, period: &str) -> String {
-    format!("{}:{period}", project.map_or("org".into(), |p| p.to_string()))
+/// What a limit caps: the spend of a UTC day or of a UTC month.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Period {
+    Day,
+    Month,
 }
 
-fn check_period(period: &str) -> Result<()> {
-    if period == "day" || period == "month" { Ok(()) } else { Err(StoreError::Invalid("period must be day or month".into())) }
+impl Period {
+    /// `day` or `month`, as the API and the `budgets` table name it.
+    pub fn parse(text: &str) -> Option<Period> {
+        match text {
+            "day" => Some(Period::Day),
+            "month" => Some(Period::Month),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Month => "month",
+        }
+    }
+}
+
+/// A limit's name in the audit log: `org:day`, `<project>:month`.
+fn budget_key(project: Option<ProjectId>, period: Period) -> String {
+    format!("{}:{}", project.map_or("org".into(), |p| p.to_string()), period.as_str())
 }
 
 /// The largest limit of a budget, in dollars.
@@ -239,15 +260,14 @@ const UPSERT_BUDGET: &str = "INSERT INTO budgets (org_id, budget_id, project_id,
 
 /// Sets a limit of the org (`project: None`) or a project. Raising one releases the runs it
 /// held: they are admitted again, and those no other limit holds start.
-pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period: &str, usd_limit: f64, hard: bool) -> Result<()> {
-    check_period(period)?;
+pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period: Period, usd_limit: f64, hard: bool) -> Result<()> {
     // The column is numeric(12, 4): the largest limit that it holds, rounded, is below 1e8.
     if !usd_limit.is_finite() || !(0.0..=MAX_USD_LIMIT).contains(&usd_limit) {
         return Err(StoreError::Invalid(format!("usd_limit must be between 0 and {MAX_USD_LIMIT}")));
     }
     // The old limit, locked: admissions read it FOR SHARE.
-    let before: Option<f64> = sqlx::query_scalar(LIMIT_FOR_UPDATE).bind(org).bind(project).bind(period).fetch_optional(&mut *ch.tx).await?;
-    sqlx::query(UPSERT_BUDGET).bind(org).bind(uuid::Uuid::now_v7()).bind(project).bind(period).bind(usd_limit).bind(hard).execute(&mut *ch.tx).await?;
+    let before: Option<f64> = sqlx::query_scalar(LIMIT_FOR_UPDATE).bind(org).bind(project).bind(period.as_str()).fetch_optional(&mut *ch.tx).await?;
+    sqlx::query(UPSERT_BUDGET).bind(org).bind(uuid::Uuid::now_v7()).bind(project).bind(period.as_str()).bind(usd_limit).bind(hard).execute(&mut *ch.tx).await?;
     ch.audit(org, project, "budget.set", ("budget", budget_key(project, period)), json!({ "usd_limit": usd_limit, "hard": hard, "before": before }))?;
     if before.is_some_and(|b| usd_limit > b) {
         admission::lines::release_gate(ch, org, rules::BUDGET_QUEUE).await?;
@@ -258,9 +278,8 @@ pub async fn set(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period
 const DELETE_BUDGET: &str = "DELETE FROM budgets WHERE org_id = $1 AND project_id IS NOT DISTINCT FROM $2 AND period = $3";
 
 /// Removes a limit; the runs it held are released. Removing one that is not set is not found.
-pub async fn remove(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period: &str) -> Result<()> {
-    check_period(period)?;
-    let gone = sqlx::query(DELETE_BUDGET).bind(org).bind(project).bind(period).execute(&mut *ch.tx).await?;
+pub async fn remove(ch: &mut Change, org: OrgId, project: Option<ProjectId>, period: Period) -> Result<()> {
+    let gone = sqlx::query(DELETE_BUDGET).bind(org).bind(project).bind(period.as_str()).execute(&mut *ch.tx).await?;
     if gone.rows_affected() == 0 {
         return Err(StoreError::NotFound("budget"));
     }

@@ -360,7 +360,7 @@ async fn a_paused_workflow_or_project_holds_new_runs_until_unpaused() {
 
 async fn set_budget(pool: &Db, org: OrgId, project: Option<ProjectId>, usd: f64, hard: bool) {
     let mut ch = Change::begin(pool, Actor::System).await.unwrap();
-    budgets::set(&mut ch, org, project, "day", usd, hard).await.unwrap();
+    budgets::set(&mut ch, org, project, budgets::Period::Day, usd, hard).await.unwrap();
     ch.commit().await.unwrap();
 }
 
@@ -435,7 +435,7 @@ async fn a_soft_budget_holds_new_runs_but_lets_crew_steps_run() {
     let w = substate::why(&db.pool, s.org, held).await.unwrap();
     assert_eq!(w.text, "Held: the org's daily budget of $1.00 (soft) is spent");
     let mut ch = Change::begin(&db.pool, Actor::System).await.unwrap();
-    budgets::remove(&mut ch, s.org, None, "day").await.unwrap();
+    budgets::remove(&mut ch, s.org, None, budgets::Period::Day).await.unwrap();
     ch.commit().await.unwrap();
     assert_eq!(statuses(&db.pool, &[held]).await[0].0, "completed");
     eng.stop();
