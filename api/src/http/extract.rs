@@ -172,12 +172,12 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
     }
 }
 
-/// An id a path names (`{run}`, `{step}`, `{user}`), parsed. Text that cannot be such an id
-/// names nothing in any org, so it answers 404, as another org's id does. The routes document
-/// their path parameters with a struct of their own (`RunPath`, …).
+/// What a path names (`{run}`, `{step}`, `{user}`, a budget's `{period}`), parsed. Text that
+/// cannot be one names nothing in any org, so it answers 404, as another org's id does. The
+/// routes document their path parameters with a struct of their own (`RunPath`, …).
 pub struct PathId<T>(pub T);
 
-/// An id that a path parameter can name: the parameter, and what its 404 says.
+/// What a path parameter can name: the parameter, and what its 404 says.
 pub trait PathParam: Sized {
     const PARAM: &'static str;
     const NOT_FOUND: &'static str;
