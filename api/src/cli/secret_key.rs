@@ -5,9 +5,9 @@
 //! every process of one database. Unset, it is needed all the same by a process on a
 //! `DATABASE_URL` (`serve`, `api`, `engine`, the `admin` commands that issue tokens or change
 //! keys), which refuses to start and says how to make one: a key made up by one replica would
-//! not open what another sealed. Only with the embedded cluster (no `DATABASE_URL`) is there one obvious
-//! place for it: `SHOPFLOOR_DATA_DIR/secret-key`, made (mode 0600) on first need and read
-//! after, so `make run` works with no settings. The key is never printed or logged.
+//! not open what another sealed. Only with the embedded cluster (no `DATABASE_URL`) is there
+//! one obvious place for it: `SHOPFLOOR_DATA_DIR/secret-key`, made (mode 0600) on first need
+//! and read after, so `make run` works with no settings. The key is never printed or logged.
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;

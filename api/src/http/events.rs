@@ -64,7 +64,7 @@ fn sse(c: &Client, pos: Position, event: &RunEvent) -> Event {
 
 async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)> {
     loop {
-        if !c.queue.is_empty() && !c.access.still_allowed().await {
+        if !c.queue.is_empty() && !c.access.still_allowed(&c.db, c.org).await {
             return None;
         }
         if let Some(e) = c.queue.pop_front() {
@@ -94,7 +94,7 @@ async fn next_event(mut c: Client) -> Option<(Result<Event, Infallible>, Client)
             Ok(e) if e.org == c.org && e.project == c.project && e.pos > c.pos => {
                 c.pos = e.pos;
                 if !e.quiet {
-                    if !c.access.still_allowed().await {
+                    if !c.access.still_allowed(&c.db, c.org).await {
                         return None;
                     }
                     return Some((Ok(sse(&c, e.pos, &e.event)), c));

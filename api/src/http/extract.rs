@@ -212,12 +212,17 @@ impl PathParam for UserId {
 impl<T: PathParam, S: Send + Sync> FromRequestParts<S> for PathId<T> {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let params =
-            RawPathParams::from_request_parts(parts, state).await.map_err(|e| ApiError::BadRequest(format!("bad path parameter: {}", e.body_text())))?;
-        let text = params.iter().find(|(name, _)| *name == T::PARAM).map(|(_, value)| value).unwrap_or_default();
-        T::parse(text).map(PathId).ok_or_else(|| ApiError::NotFound(T::NOT_FOUND.into()))
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let text = path_param(parts, T::PARAM).await?.ok_or_else(|| ApiError::internal(format!("route without {{{}}} uses PathId", T::PARAM)))?;
+        T::parse(&text).map(PathId).ok_or_else(|| ApiError::NotFound(T::NOT_FOUND.into()))
     }
+}
+
+/// The path parameter `name`, as the route matched it (percent-decoded); `None` when the route
+/// has none of that name.
+pub(super) async fn path_param(parts: &mut Parts, name: &str) -> Result<Option<String>, ApiError> {
+    let raw = RawPathParams::from_request_parts(parts, &()).await.map_err(|e| ApiError::BadRequest(format!("bad path parameter: {}", e.body_text())))?;
+    Ok(raw.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_owned()))
 }
 
 /// Query parameters; unknown ones are refused where the type says `deny_unknown_fields`.

@@ -19,10 +19,9 @@ const RECHECK: Duration = Duration::from_secs(5);
 const TOKEN_STILL_ALLOWED: &str = "SELECT t.revoked_at IS NULL AND t.expires_at > now() AND (t.user_id IS NULL OR m.user_id IS NOT NULL) \
      FROM api_tokens t LEFT JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id WHERE t.jti = $1 AND t.org_id = $2";
 
-/// One open stream's hold on its caller's token.
+/// One open stream's hold on its caller's token. The stream keeps the database and the org it
+/// reads for; it hands them to each check.
 pub struct StreamAccess {
-    db: Db,
-    org: OrgId,
     jti: uuid::Uuid,
     checked_at: Instant,
     /// Given back when the stream's body is dropped: the client went away, the stream ended,
@@ -34,17 +33,18 @@ impl StreamAccess {
     /// Takes a place for one more stream of `caller`'s token: 429 past the token's cap.
     pub fn open(state: &AppState, caller: &Caller) -> Result<StreamAccess, ApiError> {
         let place = state.limits().open_stream(caller.jti)?;
-        Ok(StreamAccess { db: state.db.clone(), org: caller.org, jti: caller.jti, checked_at: Instant::now(), _place: place })
+        Ok(StreamAccess { jti: caller.jti, checked_at: Instant::now(), _place: place })
     }
 
-    /// Whether the stream's token may still read it; checked at most every [`RECHECK`].
-    pub async fn still_allowed(&mut self) -> bool {
+    /// Whether the stream's token may still read `org`'s stream; checked at most every
+    /// [`RECHECK`].
+    pub async fn still_allowed(&mut self, db: &Db, org: OrgId) -> bool {
         if self.checked_at.elapsed() < RECHECK {
             return true;
         }
-        let check = sqlx::query_scalar::<_, bool>(TOKEN_STILL_ALLOWED).bind(self.jti).bind(self.org).fetch_optional(&self.db);
+        let check = sqlx::query_scalar::<_, bool>(TOKEN_STILL_ALLOWED).bind(self.jti).bind(org).fetch_optional(db);
         // Polled outside the request that opened it: the stream acts for its org itself.
-        match engine::tenancy::scoped(Some(self.org), check).await {
+        match engine::tenancy::scoped(Some(org), check).await {
             Ok(Some(true)) => {
                 self.checked_at = Instant::now();
                 true

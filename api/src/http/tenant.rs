@@ -3,7 +3,7 @@
 //! handler can forget the scope. An org or project the caller may not see answers 404, the
 //! same as one that does not exist: another tenant's existence is never revealed.
 
-use axum::extract::{FromRequestParts, RawPathParams, Request};
+use axum::extract::{FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
@@ -16,6 +16,7 @@ use utoipa::{IntoParams, PartialSchema};
 use super::AppState;
 use super::auth::{Caller, Role, TokenKind};
 use super::error::ApiError;
+use super::extract::path_param;
 
 /// An org the caller belongs to, from the `{org}` path parameter.
 #[derive(Debug, Clone)]
@@ -44,11 +45,6 @@ impl OrgScope {
     pub async fn change(&self, state: &AppState) -> Result<Change, ApiError> {
         Ok(Change::begin(&state.db, self.caller.actor()).await?)
     }
-}
-
-async fn path_param(parts: &mut Parts, name: &str) -> Result<Option<String>, ApiError> {
-    let raw = RawPathParams::from_request_parts(parts, &()).await.map_err(|e| ApiError::BadRequest(format!("bad path parameter: {}", e.body_text())))?;
-    Ok(raw.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_owned()))
 }
 
 impl FromRequestParts<AppState> for OrgScope {

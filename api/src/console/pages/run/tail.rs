@@ -125,7 +125,7 @@ fn line_event(l: &Line) -> Event {
 
 async fn next_line(mut t: Tail) -> Option<(Result<Event, Infallible>, Tail)> {
     loop {
-        if !t.queue.is_empty() && !t.access.still_allowed().await {
+        if !t.queue.is_empty() && !t.access.still_allowed(&t.db, t.org).await {
             return None;
         }
         if let Some(l) = t.queue.pop_front() {
