@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: installs what is missing, builds the workspace's tests, starts a throwaway
+# `make test`: installs what is missing (PostgreSQL, PgBouncer, Chromium, the agent CLIs pinned
+# in scripts/agent-clis.txt), builds the workspace's tests, starts a throwaway
 # PostgreSQL cluster when DATABASE_URL is not set, runs every test against it, and stops the
 # cluster on exit, keeping the tests' exit status.
 #
@@ -83,6 +84,13 @@ if ! have_browser; then
     fi
 fi
 # --- end of the browser tests' setup ---
+
+# --- The real agent CLIs (tests/e2e/agents.rs), pinned in scripts/agent-clis.txt. ---
+pins=$(scripts/agent-clis.sh)
+while IFS= read -r pin; do
+    export "${pin?}"
+done <<<"$pins"
+# --- end of the agent CLIs' setup ---
 
 say "building"
 cargo build --workspace --bins

@@ -4,6 +4,7 @@
 
 pub mod github_fake;
 pub mod in_process;
+pub mod model_fake;
 pub mod netns;
 pub mod pgbouncer;
 pub mod process;

@@ -111,6 +111,8 @@ pub struct Assignment {
     pub pr_body: bool,
     /// `expect: changes`: a step that changed no file fails with `no_changes`.
     pub expect_changes: bool,
+    /// What the agent may do (its node's `permissions`, `tools`, `mcp`).
+    pub policy: protocol::Policy,
     /// The lease lasts this long without a heartbeat or a session report.
     pub lease_secs: u64,
     /// The run's W3C trace context (`00-<trace id>-<span id>-<flags>`): the host's span of

@@ -37,7 +37,7 @@ use crate::process;
 pub(crate) mod session;
 mod signal;
 
-use session::{POLL, Proc, Session, Tail, ToReporter, ToStdin, converse, interrupt, reporter, sleep_until, stop_reason};
+use session::{CodexSessionFile, POLL, Proc, Session, Tail, ToReporter, ToStdin, converse, interrupt, reporter, sleep_until, stop_reason};
 pub use signal::{Shared, Stop, StopSignal};
 
 /// Runs an attempt from a fresh claim to its cleanup.
@@ -104,7 +104,13 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
             return None;
         }
         let cwd = work_dir_of(&e);
-        let env = harness_env(&e.assignment);
+        let env = harness_env(&e, kind);
+        if kind == Kind::Codex {
+            if let Err(err) = prepare_codex_home(&e) {
+                tracing::warn!(step.id = %step, error = %err, "cannot make the attempt's Codex home");
+                return Some(failed("prepare_failed", "infrastructure", kind.name()));
+            }
+        }
         let mut child = match process::spawn_harness(&program, &cwd, &env, &e.output_file()) {
             Ok(c) => c,
             Err(err) => {
@@ -196,14 +202,43 @@ fn work_dir_of(e: &Entry) -> PathBuf {
     e.worktree.clone().unwrap_or_else(|| e.dir.join("work"))
 }
 
-/// The harness's environment: which step it works on, never the host's credential.
-fn harness_env(a: &Assignment) -> Vec<(String, String)> {
-    vec![
+/// The harness's environment: which step it works on, never the host's credential. Codex's
+/// home (`CODEX_HOME`) is the attempt's own; Claude Code sends nothing but its model calls
+/// (no telemetry, error reports or update checks, and no side calls of its auto mode).
+fn harness_env(e: &Entry, kind: Kind) -> Vec<(String, String)> {
+    let a = &e.assignment;
+    let mut env = vec![
         ("SHOPFLOOR_STEP_ID".into(), a.step.clone()),
         ("SHOPFLOOR_RUN_ID".into(), a.run.clone()),
         ("SHOPFLOOR_NODE".into(), a.node.clone()),
         ("SHOPFLOOR_ATTEMPT".into(), a.attempt.to_string()),
-    ]
+    ];
+    match kind {
+        Kind::Codex => env.push(("CODEX_HOME".into(), codex_home(e).display().to_string())),
+        Kind::ClaudeCode => env.push(("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(), "1".into())),
+        Kind::Command => {}
+    }
+    env
+}
+
+/// The attempt's Codex home: its session file is this session's alone, and nothing of another
+/// step's sessions is in reach.
+fn codex_home(e: &Entry) -> PathBuf {
+    e.dir.join("codex-home")
+}
+
+/// Makes the attempt's Codex home, with the host's Codex settings and login (`config.toml`,
+/// `auth.json` from `$CODEX_HOME`, else `~/.codex`), when it has them.
+fn prepare_codex_home(e: &Entry) -> std::io::Result<()> {
+    let home = codex_home(e);
+    std::fs::create_dir_all(&home)?;
+    let host_home = std::env::var_os("CODEX_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".codex")));
+    for file in ["config.toml", "auth.json"] {
+        if let Some(from) = host_home.as_ref().map(|h| h.join(file)).filter(|f| f.is_file()) {
+            std::fs::copy(from, home.join(file))?;
+        }
+    }
+    Ok(())
 }
 
 /// The command line and the prompt (with the pull request instructions when one will be
@@ -252,6 +287,7 @@ async fn supervise(
     let pid = e.pid.unwrap_or(0);
     let mut session = Session { reader: Reader::new(kind, e.assignment.model.clone(), shared.settings.prices.clone()), seq: 0, tx, stdin };
     let mut tail = Tail::new(e.output_file());
+    let mut record = (kind == Kind::Codex).then(|| CodexSessionFile::new(codex_home(e)));
     let launched = e.launched_at_ms.unwrap_or_else(journal::now_ms);
     let timeout_ms = e.assignment.caps.timeout_secs.saturating_mul(1000);
     let left = Duration::from_millis((launched + timeout_ms).saturating_sub(journal::now_ms()));
@@ -272,6 +308,17 @@ async fn supervise(
                 _ = poll.tick() => {
                     for line in tail.lines() {
                         session.feed(line);
+                    }
+                    for line in record.as_mut().map(CodexSessionFile::lines).unwrap_or_default() {
+                        session.feed_record(&line);
+                    }
+                    // What the session may spend is known here: it is stopped at once, not
+                    // at the server's answer to the report that carries the figure.
+                    if interrupted.is_none() && e.assignment.caps.usd.is_some_and(|cap| harness::spend(session.reader.usage()) >= cap) {
+                        tracing::info!(step.id = %e.assignment.step, "the session spent what it may; interrupting it");
+                        interrupt(shared, e, harness::BUDGET_CAP);
+                        interrupted = Some(harness::BUDGET_CAP.into());
+                        kill_at = Some(Instant::now() + shared.settings.interrupt_grace);
                     }
                 }
                 () = tokio::time::sleep_until(timeout_at), if interrupted.is_none() => {
@@ -302,15 +349,18 @@ async fn supervise(
             session.feed(line.to_owned());
         }
     }
-    let _ = session.tx.send(ToReporter::Usage(session.reader.usage().clone()));
-    if let Some(why) = stop.why() {
-        return match why {
-            Stop::Server(_) => None,
-            Stop::Drain => Some(failed("host_draining", "infrastructure", kind.name())),
-        };
+    for line in record.as_mut().map(CodexSessionFile::lines).unwrap_or_default() {
+        session.feed_record(&line);
     }
+    let _ = session.tx.send(ToReporter::Usage(session.reader.usage().clone()));
     let ended = session.reader.finish(exit, interrupted.as_deref());
-    Some(finish(shared, e, ended, kind).await)
+    match stop.why() {
+        // The server ended the step: its end stands and the work is not pushed, but what the
+        // session spent is real, and the harness's own final figures came after the stop.
+        Some(Stop::Server(state)) => Some(Complete { usage: ended.usage, ..failed(&format!("stopped: step {state}"), "ordinary", kind.name()) }),
+        Some(Stop::Drain) => Some(Complete { usage: ended.usage, ..failed("host_draining", "infrastructure", kind.name()) }),
+        None => Some(finish(shared, e, ended, kind).await),
+    }
 }
 
 /// Turns a harness's end into the result to report: on success, the work is committed and
@@ -386,8 +436,18 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
     output["files_changed"] = json!(files_changed.unwrap_or(0));
     if result.outcome == Outcome::Succeeded && a.expect_changes && files_changed.unwrap_or(0) == 0 {
         result.outcome = Outcome::Failed;
-        result.reason = Some("no_changes".into());
-        result.class = Some("ordinary".into());
+        if ended.refused.is_empty() {
+            result.reason = Some("no_changes".into());
+            result.class = Some("ordinary".into());
+        } else {
+            // The agent tried and was refused: its policy forbids the work, and another
+            // session would be refused again.
+            result.reason = Some("edits_refused".into());
+            result.class = Some("final".into());
+            let tried = ended.refused.iter().take(5).cloned().collect::<Vec<_>>().join("; ");
+            let words = format!("the agent was refused {} tool call(s) and changed no file: {tried}", ended.refused.len());
+            output["error"] = json!(words.chars().take(500).collect::<String>());
+        }
     }
     result.output = output;
     e.result = Some(result.clone());
@@ -457,6 +517,11 @@ pub(crate) async fn conclude_from_output(shared: &Shared, e: &mut Entry) -> Comp
     if let Ok(text) = std::fs::read_to_string(e.output_file()) {
         for line in text.lines() {
             reader.line(line);
+        }
+    }
+    if kind == Kind::Codex {
+        for line in CodexSessionFile::new(codex_home(e)).lines() {
+            reader.codex_session(&line);
         }
     }
     let ended = reader.finish(Exit { code: None, signal: None }, e.terminating.as_deref());

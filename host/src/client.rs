@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use protocol::{Caps, ClaimRequest, Complete, DeliveredMessages, Item, RegisterHost, Secret, SessionLine, Standing, StartStep, StepToken, StopStep, Usage};
+use protocol::{
+    Caps, ClaimRequest, Complete, DeliveredMessages, Item, Policy, RegisterHost, Secret, SessionLine, Standing, StartStep, StepToken, StopStep, Usage,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -71,6 +73,8 @@ pub struct Assignment {
     pub pr_body: bool,
     #[serde(default)]
     pub expect_changes: bool,
+    #[serde(default)]
+    pub policy: Policy,
     #[serde(default)]
     pub lease_secs: u64,
     /// The run's W3C trace context: the attempt's span joins the run's trace.

@@ -155,7 +155,7 @@ impl Journal {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use protocol::Caps;
 
@@ -176,6 +176,7 @@ mod tests {
             item: None,
             pr_body: false,
             expect_changes: false,
+            policy: protocol::Policy::default(),
             lease_secs: 30,
             traceparent: None,
         }

@@ -14,6 +14,8 @@
 //! which the server parses into the engine's newtypes, and its token, which the host never
 //! journals) stay with each side: `engine::hosts` and `host::client`.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -37,6 +39,72 @@ pub struct Caps {
     /// The step's timeout: SIGINT at this point, the process group killed after the host's
     /// grace.
     pub timeout_secs: u64,
+}
+
+/// What an agent may do in its step, from its crew node: the host turns it into each CLI's own
+/// flags (`permissions` into Claude Code's permission mode and Codex's sandbox, `tools` into
+/// Claude Code's allowed and denied tools, `mcp` into each CLI's MCP servers).
+// An older server sends none: the defaults are what a node that says nothing gets.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[schema(as = PolicyDoc)]
+pub struct Policy {
+    #[serde(default)]
+    pub permissions: Permissions,
+    #[serde(default, skip_serializing_if = "Tools::is_empty")]
+    pub tools: Tools,
+    /// MCP servers by name; the agent's own configuration's are never loaded.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mcp: BTreeMap<String, McpServer>,
+}
+
+/// How far an agent may change its work directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Permissions {
+    /// Reads and searches only: no edit, no command (a plan, a review).
+    Read,
+    /// Edits files in its work directory; runs no command.
+    Edit,
+    /// Edits and runs commands, inside the step's walls.
+    #[default]
+    Full,
+}
+
+impl Permissions {
+    /// The word a workflow writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Permissions::Read => "read",
+            Permissions::Edit => "edit",
+            Permissions::Full => "full",
+        }
+    }
+}
+
+/// Tools a Claude Code agent may use without asking (`allow`) and may never use (`deny`), in
+/// its rule syntax (`Bash(npm test:*)`, `WebFetch`, `mcp__github`); a deny wins.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+pub struct Tools {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+impl Tools {
+    pub fn is_empty(&self) -> bool {
+        self.allow.is_empty() && self.deny.is_empty()
+    }
+}
+
+/// An MCP server an agent may use: a program speaking MCP on its standard input and output, or
+/// a server at a URL (streamable HTTP).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum McpServer {
+    /// The program and its arguments.
+    Command(Vec<String>),
+    Url(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

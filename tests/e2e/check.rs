@@ -220,6 +220,29 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
     assert_fails(&out, "server", "check SHOPFLOOR_SERVER");
 }
 
+/// The models the advertised harnesses' CLIs use by default or offer are priced by the host's
+/// table: the shipped one prices some only by their family (no published price yet), and a table
+/// of an operator's own that lacks a model fails, naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_is_told_the_models_its_prices_cannot_price() {
+    let env = [("SHOPFLOOR_HOST_CAPABILITIES", "linux,harness:codex"), ("SHOPFLOOR_CODEX_COMMAND", "/nonexistent/codex")];
+    let (_, out) = tokio::task::block_in_place(|| check(&["--host"], &env));
+    let (line, _) = line_of(&out, "prices");
+    assert!(line.starts_with("ok ") && line.contains("the table shipped with this release; priced by their family"), "{line}");
+    assert!(line.contains("gpt-6.1-sol"), "{line}");
+    assert!(!line.contains("gpt-5.5"), "a model the table names is not listed: {line}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prices.json");
+    std::fs::write(&file, r#"{"models": [{"match": ["gpt-5.5"], "input": 5, "output": 30, "cache_write": 0, "cache_read": 0.5}]}"#).unwrap();
+    let file = file.display().to_string();
+    let (code, out) = tokio::task::block_in_place(|| check(&["--host"], &[env[0], env[1], ("SHOPFLOOR_HOST_PRICES", &file)]));
+    assert_eq!(code, 1, "{out}");
+    assert_fails(&out, "prices", "add rows that match them");
+    let (line, _) = line_of(&out, "prices");
+    assert!(line.contains("cannot price gpt-5.6-luna") && !line.contains("gpt-5.5,"), "{line}");
+}
+
 /// PgBouncer in statement mode refuses every transaction: `check` says which setting to change,
 /// not that the database is missing or unmigrated.
 #[tokio::test(flavor = "multi_thread")]

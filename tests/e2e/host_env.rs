@@ -222,7 +222,9 @@ impl Env {
         self.host_full(name, slots, "linux,harness:claude-code", &self.dir.path().join("claude"), None, vars).await
     }
 
-    async fn host_full(&self, name: &str, slots: u32, capabilities: &str, claude: &Path, codex: Option<&Path>, vars: &[(&str, String)]) -> Proc {
+    /// A host with every setting: its capabilities, the Claude Code and Codex it runs, more
+    /// variables in its environment.
+    pub(crate) async fn host_full(&self, name: &str, slots: u32, capabilities: &str, claude: &Path, codex: Option<&Path>, vars: &[(&str, String)]) -> Proc {
         let work = self.dir.path().join("hosts").join(name);
         let token = if work.join("credential.json").exists() { String::new() } else { self.registration().await };
         let mut cmd = Command::new(shopfloor_bin());

@@ -1,5 +1,6 @@
 //! End-to-end tests across processes: real `shopfloor engine` processes on a test database.
 
+mod agents;
 mod blackhole;
 mod caps;
 mod chaos;

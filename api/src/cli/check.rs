@@ -332,19 +332,41 @@ async fn host_checks(args: &CheckArgs) -> Vec<Outcome> {
         ));
     }
     done(on_path("git", "git", "install git (`apt-get install git`)"));
-    done(prices(args.prices.as_deref()));
+    let harnesses: Vec<&str> = ["claude-code", "codex"].into_iter().filter(|h| advertises(h)).collect();
+    done(prices(args.prices.as_deref(), &harnesses));
     done(server(args.server.as_deref()).await);
     outcomes
 }
 
-/// The price table sessions' spend is estimated with while they run.
-fn prices(path: Option<&Path>) -> Outcome {
-    match (host::prices::Prices::load(path), path) {
-        (Ok(_), None) => Outcome::ok("prices", "the table shipped with this release"),
-        (Ok(_), Some(p)) => Outcome::ok("prices", format!("{}", p.display())),
-        (Err(e), _) => {
-            Outcome::fail("prices", e, "fix the file SHOPFLOOR_HOST_PRICES names (the shape of host/prices.json), or unset it for the shipped table")
+/// The price table sessions' spend is estimated with while they run, and how it prices the
+/// models the advertised harnesses' CLIs use by default or offer (the shipped table's list, and
+/// the file's own): a model it prices only by its family is named; one it cannot price at all
+/// (it would be estimated at the dearest row) fails.
+fn prices(path: Option<&Path>, harnesses: &[&str]) -> Outcome {
+    use host::prices::{Basis, Prices};
+    let table = match Prices::load(path) {
+        Ok(table) => table,
+        Err(e) => {
+            return Outcome::fail("prices", e, "fix the file SHOPFLOOR_HOST_PRICES names (the shape of host/prices.json), or unset it for the shipped table");
         }
+    };
+    let shipped = Prices::shipped();
+    let mut models: Vec<&String> = harnesses.iter().flat_map(|h| shipped.harness_models(h).iter().chain(table.harness_models(h))).collect();
+    models.sort();
+    models.dedup();
+    let named = |basis: Basis| models.iter().filter(|m| table.row(Some(m.as_str())).1 == basis).map(|m| m.as_str()).collect::<Vec<_>>().join(", ");
+    let source = path.map_or_else(|| "the table shipped with this release".to_owned(), |p| p.display().to_string());
+    let (unpriced, by_family) = (named(Basis::UnknownModel), named(Basis::Family));
+    if !unpriced.is_empty() {
+        return Outcome::fail(
+            "prices",
+            format!("{source} cannot price {unpriced}: their sessions would be estimated at its dearest row"),
+            "add rows that match them to the file SHOPFLOOR_HOST_PRICES names (the shape of host/prices.json)",
+        );
+    }
+    match by_family.as_str() {
+        "" => Outcome::ok("prices", source),
+        _ => Outcome::ok("prices", format!("{source}; priced by their family, without published prices: {by_family}")),
     }
 }
 

@@ -121,9 +121,17 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     app.until(run.parse().unwrap(), "SELECT status = 'failed' FROM runs WHERE run_id = $1", "failed").await;
     let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM steps WHERE run_id = $1").bind(run.parse::<RunId>().unwrap()).fetch_one(&pool).await.unwrap();
     assert_eq!(attempts, 1, "budget_hard_stop is never retried");
-    // Its result, when it comes, is dropped.
-    let (status, _, _) = app.send(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), Some(&host), Some(&json!({ "outcome": "succeeded" }))).await;
-    assert_eq!(status, StatusCode::CONFLICT);
+    // Its result, when it comes, is dropped: the step stays failed. What the session spent is
+    // recorded (the CLI's last word, lower than the estimate here), once.
+    let late = json!({ "outcome": "succeeded", "output": { "text": "done" }, "usage": { "input_tokens": 250, "cost_usd": 0.7 } });
+    let answer = app.json(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), &host, Some(&late), StatusCode::OK).await;
+    assert_eq!((answer["state"].as_str(), answer["stop"].as_bool()), (Some("failed"), Some(true)), "{answer}");
+    assert_eq!(spent(&pool, org.id, &run).await, (0.7, 0.7, 250));
+    let (state, output): (String, Option<serde_json::Value>) =
+        sqlx::query_as("SELECT state, output FROM steps WHERE step_id = $1").bind(step.parse::<engine::ids::StepId>().unwrap()).fetch_one(&pool).await.unwrap();
+    assert_eq!((state.as_str(), output), ("failed", None));
+    let (status, _, _) = app.send(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), Some(&host), Some(&late)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "a second report of the same session is refused");
 
     // The budget raised, an edit-and-retry: the host's next assignment has the new prompt and model.
     app.json(Method::PUT, &format!("{BASE}/budgets/day"), &org.admin, Some(&json!({ "usd_limit": 100, "hard": true })), StatusCode::OK).await;
@@ -139,7 +147,7 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     app.json(Method::POST, &format!("/api/v1/host/steps/{step}/start"), &host, None, StatusCode::OK).await;
     let new_run = retried["id"].as_str().unwrap();
     report(&app, &host, &step, 0.3, 10).await;
-    assert_eq!(spent(&pool, org.id, new_run).await, (0.3, 1.2, 10), "the estimate counts while the session runs");
+    assert_eq!(spent(&pool, org.id, new_run).await, (0.3, 1.0, 10), "the estimate counts while the session runs");
     let view = app.json(Method::GET, &format!("{BASE}/runs/{new_run}"), &org.viewer, None, StatusCode::OK).await;
     let session = &view["steps"][0]["session"];
     assert_eq!(
@@ -153,7 +161,7 @@ async fn hosts_report_spend_are_stopped_by_a_spent_hard_budget_and_drain() {
     let usage = json!({ "cost_usd": 0.25, "estimated_cost_usd": 0.25, "input_tokens": 10 });
     let body = json!({ "outcome": "succeeded", "usage": usage });
     app.json(Method::POST, &format!("/api/v1/host/steps/{step}/complete"), &host, Some(&body), StatusCode::OK).await;
-    assert_eq!(spent(&pool, org.id, new_run).await, (0.25, 1.15, 10));
+    assert_eq!(spent(&pool, org.id, new_run).await, (0.25, 0.95, 10));
     let view = app.json(Method::GET, &format!("{BASE}/runs/{new_run}"), &org.viewer, None, StatusCode::OK).await;
     let session = &view["steps"][0]["session"];
     assert_eq!(

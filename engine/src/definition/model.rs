@@ -184,6 +184,9 @@ pub struct Crew {
     /// no change is fine. Unsaid (`None`): changes are expected when a pull request is opened
     /// from the step's work (DESIGN.md "Safety defaults").
     pub expect_changes: Option<bool>,
+    /// What the agent may do: `permissions`, `tools`, `mcp` (the host turns them into the
+    /// CLI's flags).
+    pub policy: protocol::Policy,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]

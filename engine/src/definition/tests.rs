@@ -179,6 +179,39 @@ fn expect_says_changes_or_any() {
 }
 
 #[test]
+fn what_an_agent_may_do_is_its_nodes() {
+    use protocol::{McpServer, Permissions, Policy, Tools};
+    let policy = |harness: &str, keys: &str| {
+        let source = format!("name: e\nnodes:\n  w:\n    crew:\n      harness: {harness}\n      prompt: p\n{keys}");
+        parse(&source).map(|d| match &d.nodes[0].kind {
+            NodeKind::Crew(c) => c.policy.clone(),
+            other => panic!("{other:?}"),
+        })
+    };
+    // Unsaid: everything, inside the step's walls.
+    assert_eq!(policy("claude-code", ""), Ok(Policy::default()));
+    assert_eq!(Policy::default().permissions, Permissions::Full);
+    let said = "      permissions: read\n      tools: { allow: [\"Bash(git log:*)\"], deny: [WebFetch] }\n      \
+                mcp:\n        docs: { command: [docs-mcp, --stdio] }\n        search: { url: \"https://mcp.example.com/mcp\" }\n";
+    let p = policy("claude-code", said).unwrap_or_else(|p| panic!("{p:#?}"));
+    assert_eq!(p.permissions, Permissions::Read);
+    assert_eq!(p.tools, Tools { allow: vec!["Bash(git log:*)".into()], deny: vec!["WebFetch".into()] });
+    assert_eq!(p.mcp["docs"], McpServer::Command(vec!["docs-mcp".into(), "--stdio".into()]));
+    assert_eq!(p.mcp["search"], McpServer::Url("https://mcp.example.com/mcp".into()));
+    assert_eq!(policy("codex", "      permissions: edit\n").map(|p| p.permissions), Ok(Permissions::Edit));
+
+    // What a harness cannot honour is refused, each with its line.
+    let refused = |harness: &str, keys: &str| policy(harness, keys).unwrap_err().into_iter().map(|p| p.message).collect::<Vec<_>>().join("; ");
+    assert!(refused("codex", "      tools: { deny: [Bash] }\n").contains("`tools` is for claude-code"));
+    assert!(refused("command", "      command: [make]\n      permissions: read\n").contains("is for the claude-code and codex harnesses"));
+    assert!(refused("claude-code", "      permissions: admin\n").contains("`admin` is not one of read, edit, full"));
+    assert!(refused("claude-code", "      mcp: { \"a.b\": { url: \"https://x\" } }\n").contains("not an MCP server name"));
+    assert!(refused("claude-code", "      mcp: { docs: { url: \"file:///etc/passwd\" } }\n").contains("not an http:// or https:// URL"));
+    assert!(refused("claude-code", "      mcp: { docs: {} }\n").contains("give either `command`"));
+    assert!(refused("claude-code", "      tools: { allow: [\"\"] }\n").contains("is not a tool rule"));
+}
+
+#[test]
 fn anchors_and_aliases_are_expanded() {
     let source = "name: a\nnodes:\n  one: { crew: &c { harness: codex, prompt: hi } }\n  two: { after: [one], crew: *c }\n";
     let definition = parse(source).unwrap_or_else(|p| panic!("{p:#?}"));
@@ -205,7 +238,7 @@ fn unknown_keys_and_kinds_name_what_is_allowed() {
         &[
             (2, "descripton: unknown key `descripton` (allowed: name, on, concurrency, throttle, budget, approval, nodes, stop_the_line_attempts)"),
             (3, "concurrency.limt: unknown key `limt` (allowed: group, limit, policy)"),
-            (9, "nodes.plan.crew.temperature: unknown key `temperature` (allowed: harness, model, prompt, command, caps, expect)"),
+            (9, "nodes.plan.crew.temperature: unknown key `temperature` (allowed: harness, model, prompt, command, caps, expect, permissions, tools, mcp)"),
             (10, "nodes.plan.retry.jitter: unknown key `jitter` (allowed: attempts, backoff, max_backoff, exit_codes)"),
             (11, "nodes.plan.priority: unknown key `priority` (allowed: after, requires, retry, timeout, continue_on_error, failure, crew)"),
             (14, "nodes.build.agent: unknown node kind `agent` (kinds: trigger, crew, gate, approval, decision, output, wait, workflow, end)"),

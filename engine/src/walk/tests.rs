@@ -51,6 +51,7 @@ fn crew(id: &str, after: &[&str]) -> Node {
             command: Vec::new(),
             caps: Caps::default(),
             expect_changes: None,
+            policy: protocol::Policy::default(),
         }),
     )
 }

@@ -193,6 +193,38 @@ impl Tail {
     }
 }
 
+/// Codex's session file (`$CODEX_HOME/sessions/YYYY/MM/DD/rollout-…-<thread>.jsonl`), read as
+/// it grows once it exists: each attempt has a Codex home of its own, so the one rollout file
+/// under it is this session's.
+pub(crate) struct CodexSessionFile {
+    home: PathBuf,
+    tail: Option<Tail>,
+}
+
+impl CodexSessionFile {
+    pub(crate) fn new(home: PathBuf) -> CodexSessionFile {
+        CodexSessionFile { home, tail: None }
+    }
+
+    /// The complete lines written since the last call.
+    pub(crate) fn lines(&mut self) -> Vec<String> {
+        if self.tail.is_none() {
+            self.tail = rollout(&self.home.join("sessions")).map(Tail::new);
+        }
+        self.tail.as_mut().map(Tail::lines).unwrap_or_default()
+    }
+}
+
+/// The first `rollout-*.jsonl` under `dir`, looked for down to the day's directory.
+fn rollout(dir: &std::path::Path) -> Option<PathBuf> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).collect();
+    entries.sort();
+    entries.into_iter().find_map(|p| {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if p.is_dir() { rollout(&p) } else { (name.starts_with("rollout-") && name.ends_with(".jsonl")).then_some(p) }
+    })
+}
+
 /// Feeds the harness's lines to its reader and the session.
 pub(crate) struct Session {
     pub reader: Reader,
@@ -214,6 +246,18 @@ impl Session {
         self.seq += 1;
         // The receiver lives as long as the attempt; a send can only fail at its very end.
         let _ = self.tx.send(ToReporter::Line(SessionLine { seq: self.seq, stream: stream.to_owned(), line: protocol::cut_line(&line) }));
+        if *self.reader.usage() != before {
+            let _ = self.tx.send(ToReporter::Usage(self.reader.usage().clone()));
+        }
+    }
+}
+
+impl Session {
+    /// Feeds a line of the harness's own record (Codex's session file): its figures, not its
+    /// transcript.
+    pub(crate) fn feed_record(&mut self, line: &str) {
+        let before = self.reader.usage().clone();
+        self.reader.codex_session(line);
         if *self.reader.usage() != before {
             let _ = self.tx.send(ToReporter::Usage(self.reader.usage().clone()));
         }

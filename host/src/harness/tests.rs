@@ -188,7 +188,7 @@ fn the_estimate_grows_with_each_message_until_the_result_replaces_it() {
 
 #[test]
 fn an_unknown_model_is_estimated_at_the_dearest_price_and_says_so() {
-    let lines: Vec<String> = fixture("claude/no_result").lines().map(|l| l.replace("claude-sonnet-4-5-20250929", "claude-fable-9")).collect();
+    let lines: Vec<String> = fixture("claude/no_result").lines().map(|l| l.replace("claude-sonnet-4-5-20250929", "claude-zeta-9")).collect();
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     let r = read(Kind::ClaudeCode, None, &lines);
     assert_eq!(r.usage().estimate_basis.as_deref(), Some("unknown_model"));
@@ -209,6 +209,50 @@ fn with_several_result_lines_the_last_counts_and_later_messages_are_estimated() 
     assert_eq!((e.success, e.usage.cost_usd, e.usage.estimated_cost_usd), (true, Some(0.066_779), Some(0.066_779)));
     assert_eq!((e.usage.input_tokens, e.usage.output_tokens, e.usage.turns, e.usage.output_tokens_lower_bound), (79_359, 679, 4, false));
     assert_eq!(e.text, "Added the test you asked for.");
+}
+
+/// What Claude Code 2.1.328 printed (`tests/`' model stand-in, its default model): its cost
+/// is what the price table computes for the tokens it counted.
+#[test]
+fn real_claude_code_figures_agree_with_the_price_table() {
+    let e = run("claude/real_edit", None, OK);
+    assert!(e.success, "{e:?}");
+    assert_eq!((e.usage.cost_usd, e.usage.turns, e.usage.model.as_deref()), (Some(0.1397), 3, Some("claude-opus-5-5")));
+    assert_eq!((e.usage.input_tokens, e.usage.output_tokens), (5300 + 37_500 + 19_000, 800));
+    let tokens = Tokens { input: 5300, cache_write_5m: 19_000, cache_read: 37_500, output: 800, ..Tokens::default() };
+    let (usd, basis) = Prices::shipped().cost(Some("claude-opus-5-5"), &tokens);
+    assert!((usd - 0.1397).abs() < 1e-9, "{usd}");
+    assert_eq!(basis, crate::prices::Basis::PriceTable);
+}
+
+/// Refused tools leave Claude Code's result a `success`: only its `permission_denials` say so.
+#[test]
+fn claude_codes_refusals_are_kept_in_words() {
+    let e = run("claude/real_denied", None, OK);
+    assert!(e.success);
+    assert_eq!(e.refused, ["Write /tmp/runs/a/repo/NOTES.md", "Bash wc -l NOTES.md > COUNT.txt"]);
+    assert!(run("claude/real_edit", None, OK).refused.is_empty());
+}
+
+/// Interrupted (SIGINT) during a tool, Claude Code prints its last word: the cost and turns of
+/// the whole session, the interrupted call's included.
+#[test]
+fn an_interrupted_claude_codes_own_figures_are_kept() {
+    let e = run("claude/real_interrupted", Some("claude-opus-5-5"), OK);
+    let lines: Vec<&str> = fixture("claude/real_interrupted").lines().collect();
+    let e_stopped = read(Kind::ClaudeCode, Some("claude-opus-5-5"), &lines).finish(OK, Some("step cancelled on the server"));
+    assert_eq!(e_stopped.reason.as_deref(), Some("step cancelled on the server"));
+    for e in [e, e_stopped] {
+        assert_eq!((e.usage.cost_usd, e.usage.turns, e.usage.output_tokens_lower_bound), (Some(0.1216), 4, false));
+    }
+}
+
+/// A 400 Claude Code gave up on: the API's own words, final.
+#[test]
+fn a_refused_claude_request_is_final_in_the_apis_words() {
+    let e = run("claude/real_bad_request", None, ONE);
+    assert_eq!((e.success, e.class), (false, "final"));
+    assert_eq!(e.reason.as_deref(), Some("API error 400: temperature: Input should be less than or equal to 1"));
 }
 
 #[test]
@@ -259,6 +303,59 @@ fn codex_failures_say_the_apis_words_and_a_refusal_is_final() {
     {
         assert_eq!(failed(passing).class, "ordinary", "{passing}");
     }
+}
+
+/// What Codex 0.169 printed (standard error and output, as the host's output file has them)
+/// against the model stand-in of `tests/`: a 400 whose JSON error body is the whole message, a
+/// 429 it gave up on, a refusal to start outside a repository, and a read-only sandbox.
+#[test]
+fn codex_as_it_really_fails() {
+    let e = run("codex/bad_request", Some("gpt-5.5"), ONE);
+    assert_eq!((e.success, e.class), (false, "final"));
+    assert_eq!(e.reason.as_deref(), Some("turn failed: prompt is too long: 204817 tokens > 200000 maximum"));
+    let e = run("codex/rate_limited", Some("gpt-5.5"), ONE);
+    assert_eq!((e.class, e.reason.as_deref()), ("ordinary", Some("turn failed: exceeded retry limit, last status: 429 Too Many Requests")));
+    // Its own last words, not only its exit code.
+    let e = run("codex/no_git", Some("gpt-5.5"), ONE);
+    assert_eq!(
+        (e.class, e.reason.as_deref()),
+        ("ordinary", Some("no turn completed (exit code 1): Not inside a trusted directory and --skip-git-repo-check was not specified."))
+    );
+    // Its read-only sandbox refused the patch and the command's write: its standard output
+    // says nothing of either, its session file says both.
+    let mut r = Reader::new(Kind::Codex, Some("gpt-5.5".into()), Arc::new(Prices::shipped()));
+    for line in fixture("codex/read_only").lines() {
+        r.line(line);
+    }
+    for line in fixture("codex/read_only.rollout").lines() {
+        r.codex_session(line);
+    }
+    let e = r.finish(OK, None);
+    assert!(e.success, "{e:?}");
+    assert_eq!(e.refused, ["apply_patch NOTES.md", "exec_command wc -l NOTES.md > COUNT.txt"]);
+}
+
+/// Interrupted, Codex prints no `turn.completed`: its session file's running totals (written
+/// after each model call) are the session's figures, and its model calls its turns.
+#[test]
+fn an_interrupted_codex_is_counted_from_its_session_file() {
+    let mut r = Reader::new(Kind::Codex, Some("gpt-5.5".into()), Arc::new(Prices::shipped()));
+    for line in fixture("codex/interrupted").lines() {
+        r.line(line);
+    }
+    assert_eq!(r.usage().estimated_cost_usd, None, "standard output counts no token");
+    let mut estimates = Vec::new();
+    for line in fixture("codex/interrupted.rollout").lines() {
+        r.codex_session(line);
+        estimates.push(r.usage().estimated_cost_usd.unwrap_or(0.0));
+    }
+    assert!(estimates.windows(2).all(|w| w[0] <= w[1]) && estimates[0] > 0.0, "{estimates:?}");
+    let e = r.finish(ONE, Some("budget_hard_stop"));
+    assert_eq!((e.success, e.reason.as_deref()), (false, Some("budget_hard_stop")));
+    // The last `token_count`: 201,600 in (162,000 cached) and 2300 out, over 9 calls.
+    assert_eq!((e.usage.input_tokens, e.usage.output_tokens, e.usage.turns), (201_600, 2300, 9));
+    // 39,600 uncached × 5 + 162,000 cached × 0.5 + 2300 × 30, per million.
+    assert_eq!(e.usage.estimated_cost_usd, Some(0.348));
 }
 
 /// Codex before 0.44 printed `{"id", "msg"}` events: its totals, its tool calls, its answer.

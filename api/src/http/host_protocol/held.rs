@@ -97,8 +97,9 @@ pub async fn session(State(state): State<AppState>, me: HostStep, Json(body): Js
     Ok(Json(SessionAnswer { state: s.state, stop: s.stop, stored: r.stored, dropped: r.dropped, messages }))
 }
 
-/// Records how a held step ended. 409 when the host no longer holds it (cancelled, taken
-/// back after its lease lapsed): the result is dropped.
+/// Records how a held step ended. A step the server ended while this host held it (cancelled,
+/// stopped by a hard budget) keeps its end and answers its state: the result is dropped, the
+/// session's final figures are recorded (what it spent). 409 when another host holds it.
 #[utoipa::path(post, path = "/host/steps/{step}/complete", operation_id = "complete_step", tag = "host-protocol",
     params(StepPath),
     request_body = Complete,

@@ -6,14 +6,15 @@ use std::collections::BTreeMap;
 
 use super::graph::Edge;
 use super::read::{
-    Cx, Fields, boolean, count, duration, each_entry, expression, mapping, missing, nonempty_list, nonempty_string, one_of, scalar_json, string, string_list,
-    template_text, type_error, usd,
+    Cx, Fields, boolean, count, duration, each_entry, entries, expression, join, mapping, missing, nonempty_list, nonempty_string, one_of, scalar_json, string,
+    string_list, template_text, type_error, usd,
 };
 use super::yaml::{Key, Node as YNode, Pos, Value};
 use crate::definition::edges::EdgeKind;
 use crate::definition::model::{
     Approval, Caps, Case, ChildWorkflow, Crew, Decision, End, EndOutcome, Field, FieldType, Gate, Harness, NodeKind, Output, OutputKind, Wait,
 };
+use protocol::{McpServer, Permissions, Policy, Tools};
 
 /// The name of a node, kept with where it was written so that a missing one can be shown.
 pub(crate) fn node_ref(cx: &mut Cx, node: &YNode, path: &str) -> Option<(String, Pos)> {
@@ -32,13 +33,16 @@ pub(crate) fn trigger(cx: &mut Cx, node: &YNode, path: &str) -> Option<NodeKind>
 }
 
 pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
-    let f = mapping(cx, node, path, &["harness", "model", "prompt", "command", "caps", "expect"])?;
+    let f = mapping(cx, node, path, &["harness", "model", "prompt", "command", "caps", "expect", "permissions", "tools", "mcp"])?;
     let harness = f.must_one_of(cx, "harness", &[("claude-code", Harness::ClaudeCode), ("codex", Harness::Codex), ("command", Harness::Command)]);
     let model = f.optional(cx, "model", nonempty_string);
     let prompt = f.optional(cx, "prompt", template_text);
     let command = f.optional(cx, "command", |cx, n, p| nonempty_list(cx, n, p, "give the program to run and its arguments"));
     let caps = f.optional(cx, "caps", caps);
     let expect = f.optional_one_of(cx, "expect", &[("changes", true), ("any", false)]);
+    let permissions = f.optional_one_of(cx, "permissions", &[("read", Permissions::Read), ("edit", Permissions::Edit), ("full", Permissions::Full)]);
+    let tools = f.optional(cx, "tools", tools);
+    let mcp = f.optional(cx, "mcp", mcp);
 
     let harness = harness?;
     let mut ok = true;
@@ -57,6 +61,23 @@ pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
             ok = false;
         }
     }
+    // What an agent may do is said in its CLI's own terms; a command's reach is its walls'.
+    let agent_only: &[&str] = match harness {
+        Harness::Command => &["permissions", "tools", "mcp"],
+        Harness::Codex => &["tools"],
+        Harness::ClaudeCode => &[],
+    };
+    for key in agent_only {
+        if let Some(n) = f.get(key) {
+            let why = if harness == Harness::Codex {
+                "`tools` is for claude-code: what Codex may do follows `permissions` (its sandbox)"
+            } else {
+                "is for the claude-code and codex harnesses"
+            };
+            cx.report(n.pos, &f.path(key), why);
+            ok = false;
+        }
+    }
     if !ok {
         return None;
     }
@@ -67,7 +88,66 @@ pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
         command: command?.unwrap_or_default(),
         caps: caps?.unwrap_or_default(),
         expect_changes: expect?,
+        policy: Policy { permissions: permissions?.unwrap_or_default(), tools: tools?.unwrap_or_default(), mcp: mcp?.unwrap_or_default() },
     })
+}
+
+/// The longest tool rule and MCP server name a workflow may write.
+const TOOL_RULE_MAX: usize = 200;
+const MCP_NAME_MAX: usize = 64;
+
+fn tools(cx: &mut Cx, node: &YNode, path: &str) -> Option<Tools> {
+    let f = mapping(cx, node, path, &["allow", "deny"])?;
+    let rules = |cx: &mut Cx, n: &YNode, p: &str| {
+        let list = string_list(cx, n, p)?;
+        let bad = list.iter().find(|r| r.trim().is_empty() || r.len() > TOOL_RULE_MAX || r.chars().any(char::is_control));
+        if let Some(bad) = bad {
+            cx.report(
+                n.pos,
+                p,
+                format!("`{bad}` is not a tool rule: name a tool (`Edit`, `Bash(npm test:*)`), on one line, in at most {TOOL_RULE_MAX} characters"),
+            );
+            return None;
+        }
+        Some(list)
+    };
+    let allow = f.optional(cx, "allow", rules);
+    let deny = f.optional(cx, "deny", rules);
+    Some(Tools { allow: allow?.unwrap_or_default(), deny: deny?.unwrap_or_default() })
+}
+
+/// MCP servers by name: names of letters, digits, `-` and `_` (the CLIs build tool names and
+/// settings keys from them).
+fn mcp(cx: &mut Cx, node: &YNode, path: &str) -> Option<BTreeMap<String, McpServer>> {
+    let mut ok = true;
+    for key in entries(cx, node, path)?.keys() {
+        let name = &key.name;
+        if name.is_empty() || name.len() > MCP_NAME_MAX || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            cx.report(key.pos, &join(path, name), format!("`{name}` is not an MCP server name: letters, digits, `-` and `_`, at most {MCP_NAME_MAX}"));
+            ok = false;
+        }
+    }
+    let servers = each_entry(cx, node, path, mcp_server)?;
+    ok.then_some(servers)
+}
+
+/// One MCP server: `{ command: [program, args…] }` or `{ url: https://… }`.
+fn mcp_server(cx: &mut Cx, node: &YNode, path: &str) -> Option<McpServer> {
+    let f = mapping(cx, node, path, &["command", "url"])?;
+    let command = f.optional(cx, "command", |cx, n, p| nonempty_list(cx, n, p, "give the program to run and its arguments"));
+    let url = f.optional(cx, "url", nonempty_string);
+    match (command?, url?) {
+        (Some(command), None) => Some(McpServer::Command(command)),
+        (None, Some(url)) if url.starts_with("https://") || url.starts_with("http://") => Some(McpServer::Url(url)),
+        (None, Some(url)) => {
+            cx.report(node.pos, &f.path("url"), format!("`{url}` is not an http:// or https:// URL"));
+            None
+        }
+        _ => {
+            cx.report(node.pos, path, "give either `command` (a program speaking MCP on stdio) or `url`");
+            None
+        }
+    }
 }
 
 pub(crate) fn caps(cx: &mut Cx, node: &YNode, path: &str) -> Option<Caps> {

@@ -164,6 +164,7 @@ pub(crate) async fn assignment(ch: &mut Change, catalog: &Catalog, run_id: RunId
         item: (number.is_some() || title.is_some()).then_some(Item { number, title }),
         pr_body,
         expect_changes: crew.expect_changes.unwrap_or(pr_body),
+        policy: crew.policy.clone(),
         lease_secs: LEASE.as_secs(),
         traceparent: run.traceparent.clone(),
     }))

@@ -383,23 +383,36 @@ pub struct Completion {
     pub harness: Option<String>,
 }
 
-/// Records a host's result for a step it holds (fenced: a step recovered or cancelled meanwhile
-/// answers `Stale`), with a `step.session` event carrying the figures, and a wake so that an
-/// engine advances the run.
+/// Records a host's result for a step it holds, with a `step.session` event carrying the
+/// figures, and a wake so that an engine advances the run.
+///
+/// A step the server ended while this host held it (cancelled, stopped by a hard budget or a
+/// stall, failed after its lease lapsed: ended with no output) keeps its end: the result is
+/// dropped, but the session's final figures are recorded once (the harness's own, printed after
+/// it was interrupted), since they are what it spent; the answer is the step as it stands. A
+/// step another host holds now, never held by this one, or already completed, answers `Stale`.
 pub async fn complete(pool: &Db, host: &HostRow, step: StepId, c: &Completion) -> Result<StepRow> {
     check_usage(&c.usage)?;
     let run = run_of(pool, host, step).await?;
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
     let me = holder(host.host_id);
-    let row = match &c.failure {
-        None => steps::succeed_held(&mut ch, run, step, &me, &c.output).await?,
-        Some(f) => steps::fail_held(&mut ch, run, step, &me, f, Some(&c.output)).await?,
+    let moved = match &c.failure {
+        None => steps::succeed_held(&mut ch, run, step, &me, &c.output).await,
+        Some(f) => steps::fail_held(&mut ch, run, step, &me, f, Some(&c.output)).await,
+    };
+    let (row, ended_before) = match moved {
+        Ok(row) => (row, false),
+        Err(StoreError::Stale(why)) => match steps::get(&mut ch, run, step).await? {
+            Some(row) if row.holder.as_deref() == Some(me.as_str()) && ended_by_server(&row) && !reported_after_end(&mut ch, run, step).await? => (row, true),
+            _ => return Err(StoreError::Stale(why)),
+        },
+        Err(e) => return Err(e),
     };
     // The final figures may carry cost no report did (the result line comes last).
     let (_, recorded) = record_session_spend(&mut ch, host, run, step, &c.usage).await?;
     record_usage(&mut ch.tx, host, run, step, c.harness.as_deref(), &c.usage, 0, recorded).await?;
-    let figures = json!({
+    let mut figures = json!({
         "host": host.host_id.to_string(),
         "harness": c.harness,
         "model": c.usage.model.as_deref().map(cap),
@@ -411,11 +424,33 @@ pub async fn complete(pool: &Db, host: &HostRow, step: StepId, c: &Completion) -
         "turns": c.usage.turns,
         "tool_calls": c.usage.tool_calls,
     });
+    if ended_before {
+        figures["after_end"] = json!(true);
+    }
     ch.event(run, "step.session", Some((step, &row.node)), figures.clone())?;
     ch.audit(host.org_id, Some(host.project_id), "step.session", ("step", step.to_string()), figures)?;
-    ch.wake(run, None, Duration::ZERO, "advance", true).await?;
+    if !ended_before {
+        ch.wake(run, None, Duration::ZERO, "advance", true).await?;
+    }
     ch.commit().await?;
     Ok(row)
+}
+
+/// Whether the server ended a held step (cancelled it, or failed it with no output: a hard
+/// budget, a stall, a lapsed lease) rather than its holder completing it.
+fn ended_by_server(row: &StepRow) -> bool {
+    matches!(row.state(), StepState::Cancelled) || (row.state() == StepState::Failed && row.output.is_none())
+}
+
+/// Whether the final figures of a step the server ended were recorded already.
+async fn reported_after_end(ch: &mut Change, run: RunId, step: StepId) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM run_events WHERE run_id = $1 AND step_id = $2 AND kind = 'step.session' AND (attrs->>'after_end')::bool)",
+    )
+    .bind(run)
+    .bind(step)
+    .fetch_one(ch.conn())
+    .await?)
 }
 
 /// Of the steps a host believes it runs, those it should stop, with their state (`gone` for a
