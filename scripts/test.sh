@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test`: installs what is missing (PostgreSQL, PgBouncer, Chromium, the agent CLIs pinned
+# `make test`: installs what is missing (PostgreSQL, PgBouncer, bubblewrap, Chromium, the agent CLIs pinned
 # in scripts/agent-clis.txt), builds the workspace's tests, starts a throwaway
 # PostgreSQL cluster when DATABASE_URL is not set, runs every test against it, and stops the
 # cluster on exit, keeping the tests' exit status.
@@ -47,23 +47,33 @@ if [[ -z ${DATABASE_URL:-} ]] && ! have_pg_server; then
     install_pg_server
 fi
 
-# --- The tests behind PgBouncer (tests/e2e/pgbouncer.rs) start pgbouncer processes of their own. ---
+# Installs Debian's package $1 with apt-get, for $2 (what needs it); $3 checks it is there
+# after. Without root or apt-get it says how to install it and stops.
+apt_install() {
+    local package=$1 why=$2 check=$3
+    if [[ $(id -u) -ne 0 ]] && ! { command -v sudo >/dev/null && sudo -n true 2>/dev/null; }; then
+        die "$package is missing and installing it needs root: run \`sudo apt-get install $package\`, then \`make test\` again"
+    fi
+    command -v apt-get >/dev/null ||
+        die "$package is missing and there is no apt-get: install $package with your system's package manager, then \`make test\` again"
+    say "installing $package with apt-get ($why)"
+    local as_root=(); [[ $(id -u) -eq 0 ]] || as_root=(sudo -n)
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$package"
+    "$check" || die "apt-get installed $package but it is still not found"
+}
+
+# The tests behind PgBouncer (tests/e2e/pgbouncer.rs) start pgbouncer processes of their own.
 have_pgbouncer() {
     command -v pgbouncer >/dev/null || [[ -x /usr/sbin/pgbouncer ]]
 }
-if ! have_pgbouncer; then
-    if [[ $(id -u) -ne 0 ]] && ! { command -v sudo >/dev/null && sudo -n true 2>/dev/null; }; then
-        die "pgbouncer not found and installing it needs root: run \`sudo apt-get install pgbouncer\`, then \`make test\` again"
-    fi
-    command -v apt-get >/dev/null ||
-        die "pgbouncer not found and there is no apt-get: install PgBouncer (pgbouncer with dnf or brew), then \`make test\` again"
-    say "installing pgbouncer with apt-get (the tests behind PgBouncer)"
-    as_root=(); [[ $(id -u) -eq 0 ]] || as_root=(sudo -n)
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer
-    have_pgbouncer || die "apt-get installed pgbouncer but it is still not found"
-fi
-# --- end of PgBouncer's setup ---
+have_pgbouncer || apt_install pgbouncer "the tests behind PgBouncer" have_pgbouncer
+
+# The walls around crew steps (host/src/walls.rs, tests/e2e/walls.rs) are bubblewrap's.
+have_bwrap() {
+    command -v bwrap >/dev/null
+}
+have_bwrap || apt_install bubblewrap "the walls around crew steps" have_bwrap
 
 # --- The console's browser tests (tests/console/browser.rs) need Chromium and chromedriver. ---
 # Installed with apt-get when missing and possible; otherwise the browser test fails and says

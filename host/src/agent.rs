@@ -367,7 +367,7 @@ impl Agent {
 
 /// SIGINT to the group, then SIGKILL after `grace` if its leader still runs.
 async fn terminate_group(pid: i32, start: Option<u64>, grace: Duration) {
-    process::signal_group(pid, libc::SIGINT);
+    process::interrupt_group(pid);
     let deadline = Instant::now() + grace;
     while process::alive(pid, start) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -34,6 +34,7 @@ use crate::harness::{self, Ended, Exit, Kind, Reader};
 use crate::journal::{self, Entry, Phase};
 use crate::process;
 
+mod room;
 pub(crate) mod session;
 mod signal;
 
@@ -104,13 +105,15 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
             return None;
         }
         let cwd = work_dir_of(&e);
-        let env = harness_env(&e, kind);
-        if kind == Kind::Codex {
-            if let Err(err) = prepare_codex_home(&e) {
-                tracing::warn!(step.id = %step, error = %err, "cannot make the attempt's Codex home");
+        let room = match room::furnish(&shared.settings, &e, kind, &cwd) {
+            Ok(room) => room,
+            Err(err) => {
+                tracing::warn!(step.id = %step, error = %err, "cannot make the step's room");
                 return Some(failed("prepare_failed", "infrastructure", kind.name()));
             }
-        }
+        };
+        let env = room::environment(&shared.settings, &e, kind);
+        let program = shared.settings.walls.wrap(&room, &program);
         let mut child = match process::spawn_harness(&program, &cwd, &env, &e.output_file()) {
             Ok(c) => c,
             Err(err) => {
@@ -202,45 +205,6 @@ fn work_dir_of(e: &Entry) -> PathBuf {
     e.worktree.clone().unwrap_or_else(|| e.dir.join("work"))
 }
 
-/// The harness's environment: which step it works on, never the host's credential. Codex's
-/// home (`CODEX_HOME`) is the attempt's own; Claude Code sends nothing but its model calls
-/// (no telemetry, error reports or update checks, and no side calls of its auto mode).
-fn harness_env(e: &Entry, kind: Kind) -> Vec<(String, String)> {
-    let a = &e.assignment;
-    let mut env = vec![
-        ("SHOPFLOOR_STEP_ID".into(), a.step.clone()),
-        ("SHOPFLOOR_RUN_ID".into(), a.run.clone()),
-        ("SHOPFLOOR_NODE".into(), a.node.clone()),
-        ("SHOPFLOOR_ATTEMPT".into(), a.attempt.to_string()),
-    ];
-    match kind {
-        Kind::Codex => env.push(("CODEX_HOME".into(), codex_home(e).display().to_string())),
-        Kind::ClaudeCode => env.push(("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(), "1".into())),
-        Kind::Command => {}
-    }
-    env
-}
-
-/// The attempt's Codex home: its session file is this session's alone, and nothing of another
-/// step's sessions is in reach.
-fn codex_home(e: &Entry) -> PathBuf {
-    e.dir.join("codex-home")
-}
-
-/// Makes the attempt's Codex home, with the host's Codex settings and login (`config.toml`,
-/// `auth.json` from `$CODEX_HOME`, else `~/.codex`), when it has them.
-fn prepare_codex_home(e: &Entry) -> std::io::Result<()> {
-    let home = codex_home(e);
-    std::fs::create_dir_all(&home)?;
-    let host_home = std::env::var_os("CODEX_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".codex")));
-    for file in ["config.toml", "auth.json"] {
-        if let Some(from) = host_home.as_ref().map(|h| h.join(file)).filter(|f| f.is_file()) {
-            std::fs::copy(from, home.join(file))?;
-        }
-    }
-    Ok(())
-}
-
 /// The command line and the prompt (with the pull request instructions when one will be
 /// opened from this work).
 fn launch_plan(shared: &Shared, e: &Entry, kind: Kind) -> Result<(Vec<String>, String), String> {
@@ -273,7 +237,7 @@ async fn prepare(shared: &Shared, e: &mut Entry) -> Result<(), String> {
     let lock = shared.cache_lock(&cache);
     let _turn = lock.lock().await;
     g.ensure_cache(&cache, &url).await.map_err(|err| err.to_string())?;
-    let start = g.add_worktree(&cache, &wt, &branch, &repo.default_branch).await.map_err(|err| err.to_string())?;
+    let start = g.add_worktree(&cache, &wt, &url, &branch, &repo.default_branch).await.map_err(|err| err.to_string())?;
     e.start_sha = Some(start);
     Ok(())
 }
@@ -287,7 +251,7 @@ async fn supervise(
     let pid = e.pid.unwrap_or(0);
     let mut session = Session { reader: Reader::new(kind, e.assignment.model.clone(), shared.settings.prices.clone()), seq: 0, tx, stdin };
     let mut tail = Tail::new(e.output_file());
-    let mut record = (kind == Kind::Codex).then(|| CodexSessionFile::new(codex_home(e)));
+    let mut record = (kind == Kind::Codex).then(|| CodexSessionFile::new(room::codex_home(e)));
     let launched = e.launched_at_ms.unwrap_or_else(journal::now_ms);
     let timeout_ms = e.assignment.caps.timeout_secs.saturating_mul(1000);
     let left = Duration::from_millis((launched + timeout_ms).saturating_sub(journal::now_ms()));
@@ -296,7 +260,7 @@ async fn supervise(
     let mut interrupted: Option<String> = e.terminating.clone();
     let mut kill_at: Option<Instant> = interrupted.as_ref().map(|_| Instant::now() + shared.settings.interrupt_grace);
     if interrupted.is_some() {
-        process::signal_group(pid, libc::SIGINT);
+        process::interrupt_group(pid);
     }
     let mut poll = tokio::time::interval(POLL);
     let exit = {
@@ -386,7 +350,7 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
         output["pr_body"] = json!(harness::pr_body(&ended.text, a.item.as_ref().and_then(|i| i.number)));
     }
     let mut files_changed = None;
-    if let (Some(cache), Some(wt), Some(start), Some(_)) = (e.cache.clone(), e.worktree.clone(), e.start_sha.clone(), a.repository.as_ref()) {
+    if let (Some(wt), Some(start), Some(_)) = (e.worktree.clone(), e.start_sha.clone(), a.repository.as_ref()) {
         let branch = a.branch.clone().unwrap_or_else(|| format!("shopfloor/{}", a.run));
         output["branch"] = json!(branch);
         if ended.success {
@@ -395,8 +359,6 @@ pub(crate) async fn finish(shared: &Shared, e: &mut Entry, ended: Ended, kind: K
             let g = shared.git(refresh_token(shared, e).await);
             let title = a.item.as_ref().and_then(|i| i.title.clone()).unwrap_or_else(|| a.run.clone());
             let message = format!("{}: {}\n\nshopfloor run {} step {} attempt {}", a.node, title, a.run, a.step, a.attempt);
-            let lock = shared.cache_lock(&cache);
-            let _turn = lock.lock().await;
             match g.commit_all(&wt, &message, &start).await {
                 Ok(work) => {
                     files_changed = Some(work.files.len());
@@ -498,10 +460,8 @@ pub(crate) async fn report_and_clean(shared: &Shared, mut e: Entry, result: Opti
 
 /// Removes the attempt's worktree and directory, then its journal entry.
 pub(crate) async fn clean(shared: &Shared, e: Entry) {
-    if let (Some(cache), Some(wt)) = (&e.cache, &e.worktree) {
-        let lock = shared.cache_lock(cache);
-        let _turn = lock.lock().await;
-        shared.git(None).remove_worktree(cache, wt).await;
+    if let Some(wt) = &e.worktree {
+        crate::git::Git::remove_worktree(wt);
     }
     let _ = std::fs::remove_dir_all(&e.dir);
     if let Err(err) = shared.journal.remove(&e.assignment.step) {
@@ -520,7 +480,7 @@ pub(crate) async fn conclude_from_output(shared: &Shared, e: &mut Entry) -> Comp
         }
     }
     if kind == Kind::Codex {
-        for line in CodexSessionFile::new(codex_home(e)).lines() {
+        for line in CodexSessionFile::new(room::codex_home(e)).lines() {
             reader.codex_session(&line);
         }
     }

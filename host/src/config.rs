@@ -17,6 +17,8 @@
 //! | `--drain-secs` | `SHOPFLOOR_DRAIN_SECS` | 30 |
 //! | `--git-author` | `SHOPFLOOR_GIT_AUTHOR` | `shopfloor <shopfloor@users.noreply.github.com>` |
 //! | `--prices` | `SHOPFLOOR_HOST_PRICES` | the price table shipped in the binary (`host/prices.json`) |
+//! | `--pass-env` | `SHOPFLOOR_HOST_PASS_ENV` | the model APIs' keys and base URLs (see `PASS_ENV`) |
+//! | `--unsandboxed` | `SHOPFLOOR_HOST_UNSANDBOXED` | off: every harness runs inside walls (`walls`) |
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,7 +78,20 @@ pub struct HostArgs {
     /// instead of the one shipped in this release.
     #[arg(long = "prices", env = "SHOPFLOOR_HOST_PRICES")]
     pub prices: Option<PathBuf>,
+    /// The variables of the host's environment a harness gets, by name, comma-separated (the
+    /// model API's key): a harness's environment is built from nothing else but its step's own,
+    /// PATH, the locale and its private HOME.
+    #[arg(long = "pass-env", env = "SHOPFLOOR_HOST_PASS_ENV", value_delimiter = ',', default_value = PASS_ENV)]
+    pub pass_env: Vec<String>,
+    /// Run harnesses without walls (no bubblewrap): they can read what the host's user can,
+    /// the host's credential included. Only for a machine that is itself the wall.
+    #[arg(long = "unsandboxed", env = "SHOPFLOOR_HOST_UNSANDBOXED")]
+    pub unsandboxed: bool,
 }
+
+/// What harnesses get of the host's environment unless told otherwise: the model APIs' keys
+/// and base URLs.
+pub const PASS_ENV: &str = "ANTHROPIC_API_KEY,ANTHROPIC_BASE_URL,OPENAI_API_KEY,OPENAI_BASE_URL,CODEX_API_KEY";
 
 /// The settings as the agent uses them.
 #[derive(Debug, Clone)]
@@ -98,6 +113,8 @@ pub struct Settings {
     pub author_name: String,
     pub author_email: String,
     pub prices: Arc<crate::prices::Prices>,
+    pub pass_env: Vec<String>,
+    pub walls: crate::walls::Walls,
 }
 
 impl Settings {
@@ -134,6 +151,10 @@ impl Settings {
             author_name,
             author_email,
             prices: Arc::new(crate::prices::Prices::load(a.prices.as_deref())?),
+            pass_env: a.pass_env.iter().map(|n| n.trim().to_owned()).filter(|n| !n.is_empty()).collect(),
+            // A host that cannot wall its steps in claims none.
+            walls: crate::walls::Walls::probe(a.unsandboxed)
+                .map_err(|why| format!("this host cannot run crew steps inside walls, so it claims none: {why}; fix: {}", crate::walls::FIX))?,
         })
     }
 }

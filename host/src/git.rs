@@ -1,12 +1,15 @@
 //! Git: one cached clone per repository, one worktree per attempt, commits and pushes.
 //!
 //! The cache is a bare clone under `<work-dir>/repos/<owner>/<name>.git` whose fetch maps the
-//! remote's branches to `refs/remotes/origin/*`. An attempt's worktree is detached at the tip of
-//! its branch on the remote (`shopfloor/<issue>-<slug>`, so a later run on the same issue goes
-//! on from the earlier run's commits) or, when the branch does not exist yet, at the remote's
-//! default branch. Working detached means no local branch is ever checked out twice; the work
-//! reaches the branch by `git push origin HEAD:refs/heads/<branch>`, which never forces: a push
-//! that would drop a commit on the remote fails.
+//! remote's branches to `refs/remotes/origin/*`. An attempt's worktree is a repository of its
+//! own that borrows the cache's objects (`git clone --shared`): what the agent commits is
+//! written to the worktree's own objects, never to the cache that other attempts read, and
+//! inside the step's walls the cache's objects are all it sees of the cache, read-only. It is
+//! detached at the tip of its branch on the remote (`shopfloor/<issue>-<slug>`, so a later run
+//! on the same issue goes on from the earlier run's commits) or, when the branch does not exist
+//! yet, at the remote's default branch. The work reaches the branch by `git push origin
+//! HEAD:refs/heads/<branch>` (the worktree's `origin` is the remote), which never forces: a
+//! push that would drop a commit on the remote fails.
 //!
 //! Every call has a time limit and `GIT_TERMINAL_PROMPT=0` (git never waits for a password);
 //! past its limit its process group is killed (`process::call`). The installation token, when
@@ -99,9 +102,10 @@ impl Git {
         }
     }
 
-    /// Adds a detached worktree at `path`: at the branch's tip on the remote when it exists,
-    /// else at the default branch's. Returns the commit it starts from.
-    pub async fn add_worktree(&self, cache: &Path, path: &Path, branch: &str, base: &str) -> Result<String, GitError> {
+    /// Makes the worktree at `path`, a clone of the cache that borrows its objects, with the
+    /// remote at `url` as its `origin`, detached at the branch's tip on the remote when it
+    /// exists, else at the default branch's. Returns the commit it starts from.
+    pub async fn add_worktree(&self, cache: &Path, path: &Path, url: &str, branch: &str, base: &str) -> Result<String, GitError> {
         let start = match self.resolve(cache, &format!("refs/remotes/origin/{branch}")).await? {
             Some(sha) => sha,
             None => self
@@ -109,21 +113,18 @@ impl Git {
                 .await?
                 .ok_or_else(|| GitError::Other(format!("the remote has neither `{branch}` nor `{base}`")))?,
         };
-        // A worktree left by an attempt that died is forgotten first.
-        self.run(cache, &["worktree", "prune"], false).await?;
-        let target = path.to_string_lossy().into_owned();
-        self.run(cache, &["worktree", "add", "--detach", "--force", "--quiet", &target, &start], false).await?;
+        // A worktree left by an attempt that died goes first.
+        let _ = std::fs::remove_dir_all(path);
+        let (source, target) = (cache.to_string_lossy().into_owned(), path.to_string_lossy().into_owned());
+        self.run(cache, &["clone", "--shared", "--no-checkout", "--quiet", &source, &target], false).await?;
+        self.run(path, &["remote", "set-url", "origin", url], false).await?;
+        self.run(path, &["checkout", "--detach", "--quiet", &start], false).await?;
         Ok(start)
     }
 
     /// Removes a worktree (and what the attempt left in it).
-    pub async fn remove_worktree(&self, cache: &Path, path: &Path) {
-        let target = path.to_string_lossy().into_owned();
-        if let Err(e) = self.run(cache, &["worktree", "remove", "--force", &target], false).await {
-            tracing::debug!(error = %e, "git worktree remove failed; removing the directory");
-        }
+    pub fn remove_worktree(path: &Path) {
         let _ = std::fs::remove_dir_all(path);
-        let _ = self.run(cache, &["worktree", "prune"], false).await;
     }
 
     /// Commits whatever the harness left uncommitted in the worktree; returns the work done
@@ -221,25 +222,31 @@ mod tests {
         g.ensure_cache(&cache, &url).await.unwrap();
 
         let wt = d.join("wt1");
-        let start = g.add_worktree(&cache, &wt, "shopfloor/1-x", "main").await.unwrap();
+        let start = g.add_worktree(&cache, &wt, &url, "shopfloor/1-x", "main").await.unwrap();
         std::fs::write(wt.join("a.txt"), "a").unwrap();
         let work = g.commit_all(&wt, "first", &start).await.unwrap();
         assert_eq!((work.commits.len(), work.files.clone()), (1, vec!["a.txt".to_owned()]));
         g.push(&wt, "shopfloor/1-x").await.unwrap();
-        g.remove_worktree(&cache, &wt).await;
+        Git::remove_worktree(&wt);
         assert!(!wt.exists());
 
         // A later attempt goes on from the branch.
         g.ensure_cache(&cache, &url).await.unwrap();
         let wt2 = d.join("wt2");
-        let start2 = g.add_worktree(&cache, &wt2, "shopfloor/1-x", "main").await.unwrap();
+        let start2 = g.add_worktree(&cache, &wt2, &url, "shopfloor/1-x", "main").await.unwrap();
         assert_eq!(start2, work.head);
         assert!(wt2.join("a.txt").exists());
+        // What an attempt commits is its own: the cache, which every attempt borrows from,
+        // never holds it before it is pushed and fetched.
+        std::fs::write(wt2.join("secret.txt"), "mine").unwrap();
+        let mine = g.commit_all(&wt2, "mine", &start2).await.unwrap();
+        assert!(g.resolve(&wt2, &mine.head).await.unwrap().is_some());
+        assert_eq!(g.resolve(&cache, &mine.head).await.unwrap(), None, "an attempt's commit reached the shared cache");
 
         // A push that would drop a commit on the remote is refused, not by the remote's rules:
         // a later attempt starting from the remote's branch gets past it.
         let wt3 = d.join("wt3");
-        let start3 = g.add_worktree(&cache, &wt3, "other", "main").await.unwrap();
+        let start3 = g.add_worktree(&cache, &wt3, &url, "other", "main").await.unwrap();
         std::fs::write(wt3.join("b.txt"), "b").unwrap();
         g.commit_all(&wt3, "elsewhere", &start3).await.unwrap();
         let moved = g.push(&wt3, "shopfloor/1-x").await.unwrap_err();
@@ -287,9 +294,10 @@ mod tests {
         std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         let g = git();
         let cache = cache_path(d, "acme/widgets");
-        g.ensure_cache(&cache, &d.join("remote.git").to_string_lossy()).await.unwrap();
+        let url = d.join("remote.git").to_string_lossy().into_owned();
+        g.ensure_cache(&cache, &url).await.unwrap();
         let wt = d.join("wt");
-        let start = g.add_worktree(&cache, &wt, "shopfloor/2-ci", "main").await.unwrap();
+        let start = g.add_worktree(&cache, &wt, &url, "shopfloor/2-ci", "main").await.unwrap();
         std::fs::create_dir_all(wt.join(".github/workflows")).unwrap();
         std::fs::write(wt.join(".github/workflows/ci.yml"), "on: push").unwrap();
         g.commit_all(&wt, "ci", &start).await.unwrap();

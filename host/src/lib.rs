@@ -30,6 +30,7 @@ pub mod prices;
 pub mod process;
 pub mod recovery;
 pub mod trace;
+pub mod walls;
 
 pub use config::HostArgs;
 

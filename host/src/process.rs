@@ -25,6 +25,21 @@ pub fn signal_group(pgid: i32, signal: i32) -> bool {
     unsafe { libc::kill(-pgid, signal) == 0 }
 }
 
+/// Interrupts (SIGINT) every process of the group `pgid` but bubblewrap's own: bwrap would end
+/// at once and its PID namespace with it, taking the harness before it prints its last word;
+/// it ends by itself once the harness has. False when the group is gone.
+pub fn interrupt_group(pgid: i32) -> bool {
+    let members = group_members(pgid);
+    for pid in &members {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "bwrap" {
+            // SAFETY: kill(2) on one pid; no memory is involved.
+            unsafe { libc::kill(*pid, libc::SIGINT) };
+        }
+    }
+    !members.is_empty()
+}
+
 /// The start time of a process (clock ticks since boot, field 22 of `/proc/<pid>/stat`), and
 /// whether it is a zombie. Together with the pid it names one process: a pid reused after a
 /// restart has another start time.
@@ -77,8 +92,10 @@ pub fn spawn_harness(program: &[String], cwd: &Path, env: &[(String, String)], o
     let out = std::fs::OpenOptions::new().create(true).append(true).open(output)?;
     let err = out.try_clone()?;
     let mut cmd = Command::new(first);
+    // Nothing of the host's environment but what the caller gives (`attempt::room`).
     cmd.args(args)
         .current_dir(cwd)
+        .env_clear()
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .env("GIT_TERMINAL_PROMPT", "0")
         .stdin(Stdio::piped())

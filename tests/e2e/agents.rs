@@ -98,6 +98,8 @@ impl Rig {
         );
         std::fs::write(home.join(".codex/config.toml"), codex_config).unwrap();
         let vars = [
+            // Inside the walls, as a host runs unless told otherwise.
+            ("SHOPFLOOR_HOST_UNSANDBOXED", "false".to_owned()),
             ("HOME", home.display().to_string()),
             // Claude Code: the stand-in and an API key.
             ("ANTHROPIC_BASE_URL", model.url.clone()),

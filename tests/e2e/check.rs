@@ -166,13 +166,15 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
     std::fs::set_permissions(&claude, std::fs::Permissions::from_mode(0o755)).unwrap();
     let git = String::from_utf8(Command::new("sh").args(["-c", "command -v git"]).output().unwrap().stdout).unwrap();
     let git_dir = PathBuf::from(git.trim()).parent().unwrap().to_owned();
-    let path = format!("{}:{}", bin.path().display(), git_dir.display());
+    let bwrap = String::from_utf8(Command::new("sh").args(["-c", "command -v bwrap"]).output().unwrap().stdout).unwrap();
+    let bwrap_dir = PathBuf::from(bwrap.trim()).parent().expect("bubblewrap is installed (make test installs it)").to_owned();
+    let path = format!("{}:{}:{}", bin.path().display(), git_dir.display(), bwrap_dir.display());
 
     let (code, out) = tokio::task::block_in_place(|| {
         check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_SERVER", &server), ("SHOPFLOOR_HOST_CAPABILITIES", "linux,harness:claude-code")])
     });
     assert_eq!(code, 0, "{out}");
-    for name in ["claude", "git", "prices", "server"] {
+    for name in ["claude", "walls", "git", "prices", "server"] {
         assert_ok(&out, name);
     }
     assert!(!out.contains("codex"), "only the advertised harness is checked: {out}");
@@ -218,6 +220,39 @@ async fn a_host_machine_checks_its_harnesses_git_and_the_server() {
     assert_fails(&out, "prices", "SHOPFLOOR_HOST_PRICES");
     assert_ok(&out, "git");
     assert_fails(&out, "server", "check SHOPFLOOR_SERVER");
+}
+
+/// A host without what its walls need (here: bubblewrap not on its PATH) is told so with the
+/// fix, and, started, claims nothing: it stops before registering. `--unsandboxed` is the
+/// operator's way past it, and the check says what it means.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_that_cannot_build_its_walls_fails_its_check_and_claims_nothing() {
+    let bin = tempfile::tempdir().unwrap();
+    let path = bin.path().display().to_string();
+    let (code, out) = tokio::task::block_in_place(|| check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_HOST_CAPABILITIES", "linux,harness:command")]));
+    assert_eq!(code, 1, "{out}");
+    assert_fails(&out, "walls", "apt-get install bubblewrap");
+    let (_, out) = tokio::task::block_in_place(|| {
+        check(&["--host"], &[("PATH", &path), ("SHOPFLOOR_HOST_CAPABILITIES", "linux,harness:command"), ("SHOPFLOOR_HOST_UNSANDBOXED", "true")])
+    });
+    let (line, _) = line_of(&out, "walls");
+    assert!(line.starts_with("skip ") && line.contains("without walls"), "{line}");
+
+    let work = tempfile::tempdir().unwrap();
+    let started = tokio::task::block_in_place(|| {
+        Command::new(shopfloor_bin())
+            .args(["host", "--server", "http://127.0.0.1:9", "--token", "sfr_unused", "--capabilities", "linux,harness:command"])
+            .arg("--work-dir")
+            .arg(work.path())
+            .env("PATH", &path)
+            .env_remove("SHOPFLOOR_HOST_UNSANDBOXED")
+            .output()
+            .unwrap()
+    });
+    let said = String::from_utf8_lossy(&started.stderr);
+    assert!(!started.status.success(), "{said}");
+    assert!(said.contains("cannot run crew steps inside walls, so it claims none") && said.contains("apt-get install bubblewrap"), "{said}");
+    assert!(!work.path().join("credential.json").exists(), "it registered");
 }
 
 /// The models the advertised harnesses' CLIs use by default or offer are priced by the host's

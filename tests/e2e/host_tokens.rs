@@ -17,13 +17,15 @@ use super::host_env::*;
 
 const LONG: &str = include_str!("../workflows/long.yaml");
 
-/// A `git` that notes `<verb> <unix ms> <token or ->` in `$MARKS/git.log`, then runs git.
+/// A `git` that notes `<verb> <unix ms> <token or ->` of each call that reaches the remote
+/// (fetch, push, the cache's clone; not an attempt's worktree, cloned from the cache) in
+/// `$MARKS/git.log`, then runs git.
 fn git_wrapper(env: &Env) -> String {
     let real = String::from_utf8(std::process::Command::new("sh").args(["-c", "command -v git"]).output().unwrap().stdout).unwrap().trim().to_owned();
     let bin = env.dir.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let script = format!(
-        "#!/usr/bin/env bash\ncase \"$1\" in fetch|push|clone)\n  printf '%s %s %s\\n' \"$1\" \"$(date +%s%3N)\" \"${{GIT_CONFIG_VALUE_0:--}}\" >> \"$MARKS/git.log\";;\nesac\nexec {real} \"$@\"\n"
+        "#!/usr/bin/env bash\ncase \"$1 $*\" in *--shared*) ;; fetch*|push*|clone*)\n  printf '%s %s %s\\n' \"$1\" \"$(date +%s%3N)\" \"${{GIT_CONFIG_VALUE_0:--}}\" >> \"$MARKS/git.log\";;\nesac\nexec {real} \"$@\"\n"
     );
     std::fs::write(bin.join("git"), script).unwrap();
     std::fs::set_permissions(bin.join("git"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();

@@ -25,5 +25,6 @@ mod sessions;
 mod structure;
 mod support;
 mod telemetry;
+mod walls;
 mod webhook_targets;
 mod webhooks;

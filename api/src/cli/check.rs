@@ -50,6 +50,9 @@ pub struct CheckArgs {
     /// With --host: the price table the host estimates spend with, instead of the shipped one.
     #[arg(long = "prices", env = "SHOPFLOOR_HOST_PRICES")]
     pub prices: Option<PathBuf>,
+    /// With --host: the host runs its steps without walls.
+    #[arg(long = "unsandboxed", env = "SHOPFLOOR_HOST_UNSANDBOXED")]
+    pub unsandboxed: bool,
 }
 
 /// One check's result.
@@ -331,11 +334,22 @@ async fn host_checks(args: &CheckArgs) -> Vec<Outcome> {
             "the host advertises none (add harness:claude-code, harness:codex or harness:command to SHOPFLOOR_HOST_CAPABILITIES): it runs no crew step",
         ));
     }
+    done(walls(args.unsandboxed));
     done(on_path("git", "git", "install git (`apt-get install git`)"));
     let harnesses: Vec<&str> = ["claude-code", "codex"].into_iter().filter(|h| advertises(h)).collect();
     done(prices(args.prices.as_deref(), &harnesses));
     done(server(args.server.as_deref()).await);
     outcomes
+}
+
+/// Whether the host can build the walls its crew steps run in (a host that cannot claims
+/// none), unless it runs them without.
+fn walls(unsandboxed: bool) -> Outcome {
+    match host::walls::Walls::probe(unsandboxed) {
+        Ok(host::walls::Walls::Bubblewrap(bwrap)) => Outcome::ok("walls", format!("{} builds them", bwrap.display())),
+        Ok(host::walls::Walls::None) => Outcome::skip("walls", "--unsandboxed: crew steps run without walls and can read what the host's user can"),
+        Err(why) => Outcome::fail("walls", format!("{why}: the host claims no crew step"), host::walls::FIX),
+    }
 }
 
 /// The price table sessions' spend is estimated with while they run, and how it prices the

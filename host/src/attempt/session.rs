@@ -279,7 +279,7 @@ pub(crate) fn interrupt(shared: &Shared, e: &mut Entry, reason: &str) {
         tracing::error!(step.id = %e.assignment.step, error = %err, "cannot journal the termination; stopping the harness anyway");
     }
     if let Some(pid) = e.pid {
-        process::signal_group(pid, libc::SIGINT);
+        process::interrupt_group(pid);
     }
 }
 

@@ -18,7 +18,7 @@ pub struct Shared {
     pub client: Client,
     pub settings: Settings,
     pub journal: Journal,
-    /// One lock per cached clone: fetches, worktree changes and pushes of one cache take turns.
+    /// One lock per cached clone: its fetches and the clones made from it take turns.
     pub(crate) caches: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 

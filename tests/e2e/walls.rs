@@ -1,0 +1,93 @@
+//! The walls around crew steps, through a real `shopfloor host` (inside walls, as a host runs
+//! unless told otherwise) and `shopfloor serve`: two `command` steps at once act as an attacker
+//! would, and neither finds the host's credential (its file or its environment), the other's
+//! work or the host's work directory, nor writes outside its own directory; a process one left
+//! running with `setsid` is gone when its step ends.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::host_env::Env;
+
+/// Each step writes a secret of its own, then for ten seconds looks for the other's, and says
+/// what it could find and do; it leaves a process behind in a session of its own.
+fn workflow() -> String {
+    let script = r#"read -r work
+me="$SHOPFLOOR_STEP_ID"
+echo mine > "SECRET-$me"
+found=none
+for i in $(seq 1 20); do
+  for f in $(find "$work" /tmp "$HOME" -name 'SECRET-step-*' 2>/dev/null); do
+    case "$f" in *"SECRET-$me") ;; *) found="$f" ;; esac
+  done
+  sleep 0.5
+done
+echo "other: $found"
+if [ -e "$work/credential.json" ]; then echo "credential: readable"; else echo "credential: hidden"; fi
+if env | grep -q '^SHOPFLOOR_HOST_TOKEN='; then echo "token: in env"; else echo "token: not in env"; fi
+echo "attempts: $(ls "$work/attempts" 2>/dev/null | wc -l)"
+echo x > "$work/written-by-$me" 2>/dev/null
+echo x > "/etc/written-by-$me" 2>/dev/null
+setsid sleep 297 >/dev/null 2>&1 < /dev/null &
+echo done"#;
+    let indented: String = script.lines().map(|l| format!("          {l}\n")).collect();
+    format!(
+        "name: attack\nnodes:\n  work:\n    crew:\n      harness: command\n      prompt: \"{{{{ input.work }}}}\"\n      command:\n        - sh\n        - -c\n        - |\n{indented}    requires: [\"harness:command\"]\n"
+    )
+}
+
+/// The pids of live processes whose command line is `sleep 297`.
+fn left_behind() -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        if cmdline == b"sleep\x00297\x00" && super::host_env::alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_steps_at_once_find_nothing_of_the_host_nor_of_each_other() {
+    let source = workflow();
+    let env = Env::start(&[&source]).await;
+    let work = env.dir.path().join("hosts").join("walled");
+    let vars = [("SHOPFLOOR_HOST_UNSANDBOXED", "false".to_owned())];
+    let _host = env.host_full("walled", 2, "linux,harness:command", &env.dir.path().join("claude"), None, &vars).await;
+    let input = json!({ "work": work.display().to_string() });
+    let runs = env.submit("attack", vec![input.clone(), input]).await;
+    for run in &runs {
+        env.until(*run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(180), "ended").await;
+    }
+    let mut spans = Vec::new();
+    for run in &runs {
+        let (state, text, started, finished): (String, Option<String>, chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+            sqlx::query_as("SELECT state, output->>'text', started_at, ended_at FROM steps WHERE run_id = $1 AND node = 'work'")
+                .bind(run)
+                .fetch_one(&env.db.pool)
+                .await
+                .unwrap();
+        let text = text.unwrap_or_default();
+        assert_eq!(state, "succeeded", "{text}");
+        for seen in ["other: none", "credential: hidden", "token: not in env", "attempts: 1", "done"] {
+            assert!(text.lines().any(|l| l == seen), "`{seen}` not in what the step saw:\n{text}");
+        }
+        spans.push((started, finished));
+    }
+    // They ran at the same time: each looked while the other's secret was there.
+    assert!(spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1, "the steps did not overlap: {spans:?}");
+    // Nothing written outside their own directories.
+    let written: Vec<_> = std::fs::read_dir(&work).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("written-by-")).collect();
+    assert!(written.is_empty(), "{written:?}");
+    assert!(!std::fs::read_dir("/etc").unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with("written-by-")));
+    // What they left running went with them.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !left_behind().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "processes outlived their steps: {:?}", left_behind());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.finish().await;
+}
