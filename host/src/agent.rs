@@ -116,6 +116,9 @@ fn save_credential(path: &Path, c: &Credential) -> Result<(), HostError> {
 /// Runs the host agent until it is drained or aborted.
 pub async fn run(args: HostArgs) -> Result<(), HostError> {
     let settings = Settings::from_args(&args).map_err(HostError::Setup)?;
+    if let crate::limits::Cgroups::Unavailable(why) = &settings.cgroups {
+        tracing::warn!(why, "steps run without limits on their processes and memory");
+    }
     std::fs::create_dir_all(&settings.work_dir).map_err(|e| HostError::Setup(format!("cannot create {}: {e}", settings.work_dir.display())))?;
     let _lock = lock_work_dir(&settings.work_dir)?;
     let credential = credential(&settings, args.token.as_deref()).await?;

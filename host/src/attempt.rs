@@ -32,6 +32,7 @@ use crate::client::{Assignment, ClientError};
 use crate::git::{self, GitError};
 use crate::harness::{self, Ended, Exit, Kind, Reader};
 use crate::journal::{self, Entry, Phase};
+use crate::limits::Group;
 use crate::process;
 
 mod room;
@@ -114,7 +115,14 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
         };
         let env = room::environment(&shared.settings, &e, kind);
         let program = shared.settings.walls.wrap(&room, &program);
-        let mut child = match process::spawn_harness(&program, &cwd, &env, &e.output_file()) {
+        let group = match shared.settings.cgroups.group(&step, shared.settings.limits) {
+            Ok(group) => group,
+            Err(err) => {
+                tracing::warn!(step.id = %step, error = %err, "cannot set the step's limits");
+                return Some(failed("prepare_failed", "infrastructure", kind.name()));
+            }
+        };
+        let mut child = match process::spawn_harness(&program, &cwd, &env, &e.output_file(), group.as_ref()) {
             Ok(c) => c,
             Err(err) => {
                 tracing::warn!(step.id = %step, error = %err, program = %program[0], "cannot start the harness");
@@ -140,7 +148,7 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
                 });
             }
         }
-        supervise(&shared, &mut e, Proc::Child(child), kind, &stop, tx.clone(), stdin_tx.clone()).await
+        supervise(&shared, &mut e, Proc::Child(child), kind, &stop, tx.clone(), stdin_tx.clone(), group).await
     }
     .await;
     drop(tx);
@@ -162,7 +170,8 @@ pub async fn adopt(shared: Arc<Shared>, mut e: Entry, stop: Arc<StopSignal>) {
     // An adopted harness's input went with the host that started it: it takes no messages.
     tasks.spawn(reporter(shared.clone(), e.assignment.step.clone(), kind.name(), stop.clone(), rx, None));
     tracing::info!(step.id = %e.assignment.step, pid, "adopting a harness that survived a restart");
-    let result = supervise(&shared, &mut e, Proc::Adopted { pid, start }, kind, &stop, tx.clone(), None).await;
+    let group = shared.settings.cgroups.existing(&e.assignment.step);
+    let result = supervise(&shared, &mut e, Proc::Adopted { pid, start }, kind, &stop, tx.clone(), None, group).await;
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(15), async { while tasks.join_next().await.is_some() {} }).await;
     tasks.shutdown().await;
@@ -244,9 +253,10 @@ async fn prepare(shared: &Shared, e: &mut Entry) -> Result<(), String> {
 
 /// Watches a harness until it is gone, enforcing its timeout and stopping it when told to;
 /// returns what to report (`None`: nothing, the server moved on).
+#[expect(clippy::too_many_arguments, reason = "the attempt's parts, each from its own place; a struct for them would be built once, here")]
 async fn supervise(
     shared: &Shared, e: &mut Entry, mut proc: Proc, kind: Kind, stop: &StopSignal, tx: mpsc::UnboundedSender<ToReporter>,
-    stdin: Option<mpsc::UnboundedSender<ToStdin>>,
+    stdin: Option<mpsc::UnboundedSender<ToStdin>>, group: Option<Group>,
 ) -> Option<Complete> {
     let pid = e.pid.unwrap_or(0);
     let mut session = Session { reader: Reader::new(kind, e.assignment.model.clone(), shared.settings.prices.clone()), seq: 0, tx, stdin };
@@ -317,7 +327,22 @@ async fn supervise(
         session.feed_record(&line);
     }
     let _ = session.tx.send(ToReporter::Usage(session.reader.usage().clone()));
-    let ended = session.reader.finish(exit, interrupted.as_deref());
+    let mut ended = session.reader.finish(exit, interrupted.as_deref());
+    if let Some(group) = group {
+        if let Some(limit) = group.reached() {
+            // Whatever the harness made of it, the step was cut short by the kernel: reaching
+            // the limit again is what another attempt would do.
+            let l = shared.settings.limits;
+            let said = match limit {
+                "memory" => format!("the step used all the memory it may ({} MiB): a process of it was killed", l.memory_bytes >> 20),
+                _ => format!("the step reached the most processes it may have at once ({})", l.processes),
+            };
+            tracing::info!(step.id = %e.assignment.step, limit, "the step reached a limit");
+            (ended.success, ended.reason, ended.class) = (false, Some(RESOURCE_LIMIT.to_owned()), "final");
+            ended.text = said;
+        }
+        remove_group(group).await;
+    }
     match stop.why() {
         // The server ended the step: its end stands and the work is not pushed, but what the
         // session spent is real, and the harness's own final figures came after the stop.
@@ -325,6 +350,22 @@ async fn supervise(
         Some(Stop::Drain) => Some(Complete { usage: ended.usage, ..failed("host_draining", "infrastructure", kind.name()) }),
         None => Some(finish(shared, e, ended, kind).await),
     }
+}
+
+/// The reason of a step that reached its limit on processes or memory.
+const RESOURCE_LIMIT: &str = "resource_limit";
+
+/// Removes a step's control group once the processes killed in it are gone (the kernel may take
+/// a moment to let them go).
+async fn remove_group(group: Group) {
+    for _ in 0..50 {
+        group.remove();
+        if !group.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::warn!(?group, "a step's control group still holds processes; left in place");
 }
 
 /// Turns a harness's end into the result to report: on success, the work is committed and

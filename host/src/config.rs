@@ -19,6 +19,8 @@
 //! | `--prices` | `SHOPFLOOR_HOST_PRICES` | the price table shipped in the binary (`host/prices.json`) |
 //! | `--pass-env` | `SHOPFLOOR_HOST_PASS_ENV` | the model APIs' keys and base URLs (see `PASS_ENV`) |
 //! | `--unsandboxed` | `SHOPFLOOR_HOST_UNSANDBOXED` | off: every harness runs inside walls (`walls`) |
+//! | `--max-processes` | `SHOPFLOOR_HOST_MAX_PROCESSES` | 512 processes a step may have at once (`limits`) |
+//! | `--max-memory-mib` | `SHOPFLOOR_HOST_MAX_MEMORY_MIB` | 4096 MiB of memory a step may use (`limits`) |
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -87,6 +89,13 @@ pub struct HostArgs {
     /// the host's credential included. Only for a machine that is itself the wall.
     #[arg(long = "unsandboxed", env = "SHOPFLOOR_HOST_UNSANDBOXED")]
     pub unsandboxed: bool,
+    /// The most processes a step may have at once; one that reaches it fails `resource_limit`.
+    #[arg(long = "max-processes", env = "SHOPFLOOR_HOST_MAX_PROCESSES", default_value_t = 512)]
+    pub max_processes: u32,
+    /// The most memory a step may use, in MiB; one whose process is killed for passing it fails
+    /// `resource_limit`.
+    #[arg(long = "max-memory-mib", env = "SHOPFLOOR_HOST_MAX_MEMORY_MIB", default_value_t = 4096)]
+    pub max_memory_mib: u64,
 }
 
 /// What harnesses get of the host's environment unless told otherwise: the model APIs' keys
@@ -115,6 +124,8 @@ pub struct Settings {
     pub prices: Arc<crate::prices::Prices>,
     pub pass_env: Vec<String>,
     pub walls: crate::walls::Walls,
+    pub limits: crate::limits::Limits,
+    pub cgroups: crate::limits::Cgroups,
 }
 
 impl Settings {
@@ -155,6 +166,8 @@ impl Settings {
             // A host that cannot wall its steps in claims none.
             walls: crate::walls::Walls::probe(a.unsandboxed)
                 .map_err(|why| format!("this host cannot run crew steps inside walls, so it claims none: {why}; fix: {}", crate::walls::FIX))?,
+            limits: crate::limits::Limits { processes: a.max_processes.max(1), memory_bytes: a.max_memory_mib.max(1).saturating_mul(1 << 20) },
+            cgroups: crate::limits::Cgroups::detect(),
         })
     }
 }

@@ -26,6 +26,7 @@ pub mod config;
 pub mod git;
 pub mod harness;
 pub mod journal;
+pub mod limits;
 pub mod prices;
 pub mod process;
 pub mod recovery;

@@ -16,6 +16,8 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
+use crate::limits::Group;
+
 /// Sends `signal` to every process of the group `pgid`; false when none is left.
 pub fn signal_group(pgid: i32, signal: i32) -> bool {
     if pgid <= 1 {
@@ -87,7 +89,7 @@ pub fn group_members(pgid: i32) -> Vec<i32> {
 
 /// Starts `program` as the leader of a new process group in `cwd`, its stdout and stderr
 /// appended to `output`, `stdin` written to it (then closed) by a task the caller owns.
-pub fn spawn_harness(program: &[String], cwd: &Path, env: &[(String, String)], output: &Path) -> std::io::Result<Child> {
+pub fn spawn_harness(program: &[String], cwd: &Path, env: &[(String, String)], output: &Path, group: Option<&Group>) -> std::io::Result<Child> {
     let (first, args) = program.split_first().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
     let out = std::fs::OpenOptions::new().create(true).append(true).open(output)?;
     let err = out.try_clone()?;
@@ -105,6 +107,12 @@ pub fn spawn_harness(program: &[String], cwd: &Path, env: &[(String, String)], o
         // The process may outlive us on purpose (adoption after a restart): never killed by a
         // dropped handle, only by the supervisor.
         .kill_on_drop(false);
+    if let Some(group) = group {
+        // In the step's control group before it runs: nothing it starts is outside it.
+        let files = group.procs_files();
+        // SAFETY: `join` makes only async-signal-safe calls (open, write, close).
+        unsafe { cmd.pre_exec(move || crate::limits::join(&files)) };
+    }
     cmd.spawn()
 }
 

@@ -91,3 +91,49 @@ async fn two_steps_at_once_find_nothing_of_the_host_nor_of_each_other() {
     }
     env.finish().await;
 }
+
+/// A workflow `name` of one `command` step running `script` with `sh -c`.
+fn command(name: &str, script: &str) -> String {
+    format!("name: {name}\nnodes:\n  work:\n    crew: {{ harness: command, command: [sh, -c, {script:?}] }}\n    requires: [\"harness:command\"]\n")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_step_past_its_limits_fails_and_the_others_carry_on() {
+    let sources = [
+        // 300 processes at once, where 64 are allowed.
+        command("forks", "for i in $(seq 1 300); do sleep 5 & done; wait"),
+        // 400 MB in one shell variable, where 128 MiB are allowed.
+        command("hog", "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}"),
+        command("calm", "sleep 3; echo calm"),
+    ];
+    let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
+    let env = Env::start(&sources).await;
+    let vars = [
+        ("SHOPFLOOR_HOST_UNSANDBOXED", "false".to_owned()),
+        ("SHOPFLOOR_HOST_MAX_PROCESSES", "64".to_owned()),
+        ("SHOPFLOOR_HOST_MAX_MEMORY_MIB", "128".to_owned()),
+    ];
+    let _host = env.host_full("limited", 3, "linux,harness:command", &env.dir.path().join("claude"), None, &vars).await;
+    let mut runs = Vec::new();
+    for name in ["forks", "hog", "calm"] {
+        runs.push((name, env.submit(name, vec![json!({})]).await[0]));
+    }
+    for (name, run) in &runs {
+        env.until(*run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(180), name).await;
+        let (state, reason, class, text): (String, Option<String>, Option<String>, Option<String>) =
+            sqlx::query_as("SELECT state, reason, failure_class, output->>'text' FROM steps WHERE run_id = $1 AND node = 'work' ORDER BY attempt DESC LIMIT 1")
+                .bind(run)
+                .fetch_one(&env.db.pool)
+                .await
+                .unwrap();
+        let got = (state.as_str(), reason.as_deref(), class.as_deref());
+        match *name {
+            "calm" => assert_eq!(got, ("succeeded", None, None), "{text:?}"),
+            _ => assert_eq!(got, ("failed", Some("resource_limit"), Some("final")), "{name}: {text:?}"),
+        }
+    }
+    // The host carries on: it takes another step after them.
+    let again = env.submit("calm", vec![json!({})]).await[0];
+    env.until(again, "SELECT status = 'completed' FROM runs WHERE run_id = $1", Duration::from_secs(120), "completed").await;
+    env.finish().await;
+}

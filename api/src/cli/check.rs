@@ -335,6 +335,7 @@ async fn host_checks(args: &CheckArgs) -> Vec<Outcome> {
         ));
     }
     done(walls(args.unsandboxed));
+    done(limits());
     done(on_path("git", "git", "install git (`apt-get install git`)"));
     let harnesses: Vec<&str> = ["claude-code", "codex"].into_iter().filter(|h| advertises(h)).collect();
     done(prices(args.prices.as_deref(), &harnesses));
@@ -349,6 +350,15 @@ fn walls(unsandboxed: bool) -> Outcome {
         Ok(host::walls::Walls::Bubblewrap(bwrap)) => Outcome::ok("walls", format!("{} builds them", bwrap.display())),
         Ok(host::walls::Walls::None) => Outcome::skip("walls", "--unsandboxed: crew steps run without walls and can read what the host's user can"),
         Err(why) => Outcome::fail("walls", format!("{why}: the host claims no crew step"), host::walls::FIX),
+    }
+}
+
+/// Whether the host can limit each step's processes and memory (control groups it may write).
+fn limits() -> Outcome {
+    match host::limits::Cgroups::detect() {
+        host::limits::Cgroups::V2(dir) => Outcome::ok("limits", format!("cgroup v2, under {}", dir.display())),
+        host::limits::Cgroups::V1 { .. } => Outcome::ok("limits", "cgroup v1 (pids, memory)"),
+        host::limits::Cgroups::Unavailable(why) => Outcome::skip("limits", format!("{why}: steps run without limits on their processes and memory")),
     }
 }
 
