@@ -116,6 +116,9 @@ fn save_credential(path: &Path, c: &Credential) -> Result<(), HostError> {
 /// Runs the host agent until it is drained or aborted.
 pub async fn run(args: HostArgs) -> Result<(), HostError> {
     let settings = Settings::from_args(&args).map_err(HostError::Setup)?;
+    if !settings.walls.walled() {
+        tracing::warn!("--unsandboxed: crew steps run without walls and can read what this host's user can");
+    }
     if let crate::limits::Cgroups::Unavailable(why) = &settings.cgroups {
         tracing::warn!(why, "steps run without limits on their processes and memory");
     }

@@ -54,9 +54,13 @@ impl Cgroups {
         }
     }
 
-    /// Makes the group of one step (`name`), with `limits` when given.
+    /// Makes the group of one step (`name`) with `limits`; none where the host has no control
+    /// group to write (it said so at start).
     pub fn group(&self, name: &str, limits: Limits) -> std::io::Result<Option<Group>> {
-        let Some(group) = self.make(name).ok() else { return Ok(None) };
+        if matches!(self, Cgroups::Unavailable(_)) {
+            return Ok(None);
+        }
+        let group = self.make(name)?;
         match &group {
             Group::V2(dir) => {
                 std::fs::write(dir.join("pids.max"), limits.processes.to_string())?;

@@ -9,7 +9,7 @@
 //! restart of the host, so a process that still runs after one can be adopted and its output
 //! read from the start again (`attempt`, `recovery`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -17,6 +17,17 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
 use crate::limits::Group;
+
+/// Where `command` resolves: a path as given, else the first executable of that name on PATH.
+pub fn find(command: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let executable = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if command.contains('/') {
+        let p = PathBuf::from(command);
+        return executable(&p).then_some(p);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(command)).find(|p| executable(p))
+}
 
 /// Sends `signal` to every process of the group `pgid`; false when none is left.
 pub fn signal_group(pgid: i32, signal: i32) -> bool {

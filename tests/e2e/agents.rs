@@ -354,15 +354,9 @@ async fn codex_is_stopped_at_the_hard_cap() {
 /// and the CLI's tools inherit it).
 fn session_processes(step: &str) -> Vec<i32> {
     let needle = format!("SHOPFLOOR_STEP_ID={step}");
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
-        if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()) && super::host_env::alive(pid) {
-            out.push(pid);
-        }
-    }
-    out
+    super::host_env::live_processes(|pid| {
+        std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
+    })
 }
 
 async fn a_cancel_leaves_no_process_and_records_its_cost(agent: Agent) {

@@ -358,17 +358,16 @@ pub(crate) fn alive(pid: i32) -> bool {
     }
 }
 
+/// The live processes (not zombies) for which `matches` holds, given their pid.
+pub(crate) fn live_processes(matches: impl Fn(i32) -> bool) -> Vec<i32> {
+    let pids = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()));
+    pids.filter(|pid| matches(*pid) && alive(*pid)).collect()
+}
+
 /// Live processes of a process group.
 pub(crate) fn group(pgid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let Some(i) = stat.rfind(')') else { continue };
-        let f: Vec<&str> = stat[i + 1..].split_whitespace().collect();
-        if f.first() != Some(&"Z") && f.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid) {
-            out.push(pid);
-        }
-    }
-    out
+    live_processes(|pid| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().nth(2)).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
+    })
 }

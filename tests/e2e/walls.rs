@@ -39,15 +39,7 @@ echo done"#;
 
 /// The pids of live processes whose command line is `sleep 297`.
 fn left_behind() -> Vec<i32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
-        if cmdline == b"sleep\x00297\x00" && super::host_env::alive(pid) {
-            out.push(pid);
-        }
-    }
-    out
+    super::host_env::live_processes(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"sleep\x00297\x00"))
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -394,19 +394,8 @@ fn prices(path: Option<&Path>, harnesses: &[&str]) -> Outcome {
     }
 }
 
-/// Where `command` resolves: a path as given, else the first executable of that name on PATH.
-fn find(command: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let executable = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    if command.contains('/') {
-        let p = PathBuf::from(command);
-        return executable(&p).then_some(p);
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(command)).find(|p| executable(p))
-}
-
 fn on_path(name: &'static str, command: &str, fix: &str) -> Outcome {
-    match find(command) {
+    match host::process::find(command) {
         Some(path) => Outcome::ok(name, format!("{}", path.display())),
         None => Outcome::fail(name, format!("`{command}` is not on PATH"), fix),
     }

@@ -22,8 +22,8 @@ pub(crate) fn codex_home(e: &Entry) -> PathBuf {
     e.dir.join("codex-home")
 }
 
-/// What of the host user's home a harness needs, by harness: (where it is under the host
-/// user's home or `$CODEX_HOME`, where it goes in the attempt's).
+/// What a harness needs of its login and settings, by harness: paths under the host user's
+/// home (Codex's: under `$CODEX_HOME`), copied to the same paths under the attempt's.
 fn logins(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::ClaudeCode => &[".claude/.credentials.json", ".claude/settings.json"],

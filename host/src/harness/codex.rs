@@ -185,9 +185,9 @@ impl Reader {
                 };
                 let refused =
                     ["blocked by read-only sandbox", "rejected by user approval settings", "Read-only file system"].iter().any(|m| output.contains(m));
+                let what = self.codex_calls_by_id.remove(&call);
                 if refused {
-                    let what = self.codex_calls_by_id.get(&call).cloned().unwrap_or_else(|| "a tool call".to_owned());
-                    self.refused.push(what);
+                    self.refused.push(what.unwrap_or_else(|| "a tool call".to_owned()));
                 }
             }
             _ => {}
