@@ -15,6 +15,29 @@
 //! `runs follow`, `resolve.rs` is `runs resolve`, and `session.rs`, `runs.rs`, `approvals.rs`,
 //! `workflows.rs`, `hosts.rs`, `projects.rs`, `members.rs` (with the roles a command may
 //! name), `webhooks.rs` and `resources.rs` (audit, tokens, budgets) hold the commands.
+//!
+//! # Its modules
+//!
+//! The operator's command line: reqwest to a server's REST API, and no server code (it depends
+//! on `engine` only for the name of a run's start approval). `http.rs`: the client, paths built
+//! by segment, a refusal printed as the problem's title and detail on one line, exit 1; a usage
+//! mistake exits 2 (`error.rs`: `ClientError`). The config file `login` writes (`config.rs`;
+//! flags and `SHOPFLOOR_SERVER`/`_TOKEN`/`_ORG`/`_PROJECT` override it), tables with colour only
+//! on a terminal and never with `NO_COLOR` (`table.rs`), a list's pages and its one way of
+//! printing (`list.rs`: `print_list`), `--json` printing the API's bytes as they came, approval forms asked field by field (`form.rs`), and
+//! the project event stream followed with `Last-Event-ID` for `runs list --watch` and
+//! `runs follow` (`sse.rs`, `follow.rs`: crossterm raw mode on a terminal, keys `a`/`c`/`q`).
+//! The commands: `session.rs` (login, context), `runs.rs` (with `model.rs`, a run as the API
+//! describes it, and `resolve.rs`; `runs show` prints a failed step's own words, its output's
+//! `error`, under the steps), `approvals.rs` (approve, reject), `workflows.rs` (with
+//! versions and a version's source), `hosts.rs` (with `host_command`, which the console's "Add
+//! a host" page shows too), `projects.rs` (list, show, pause), `members.rs` (and the roles a
+//! token or member may have), `webhooks.rs` (outgoing webhooks, deliveries, replay) and
+//! `resources.rs` (audit, tokens, budgets). **Architecture Invariant:** the client never opens the database; what it
+//! shows and changes goes through the same routes as every other caller. A running crew step's
+//! transcript is the one thing it reads on a timer (its step log, once a second, only while such
+//! a step runs), because session lines are not run events. Its tests drive the binary
+//! (`api/tests/it/cli.rs`, with `runs follow` in a pseudo-terminal).
 
 mod approvals;
 mod config;

@@ -17,6 +17,105 @@
 //! 1.18: without the transaction, about one unnamed statement in two ran another client's
 //! statement with our parameters; with the cache on, `prepared statement "sqlx_s_1" already
 //! exists`. On the direct route none of this is needed and none of it is done.
+//!
+//! # Behind a transaction pooler
+//!
+//! `DATABASE_URL` may be PgBouncer in transaction mode, `SHOPFLOOR_LISTEN_DATABASE_URL` the server
+//! itself (README: "Behind PgBouncer"). A client connection to such a pooler holds a server
+//! session only while a transaction is open; between transactions, and between two protocol
+//! exchanges outside one, the session may serve another client.
+//!
+//! 1. `cli::DbArgs::route` takes `Route::Pooler` when both URLs are given; `cli::Database` opens
+//!    the pools on `DATABASE_URL` with it and keeps the direct URL for `LISTEN` (`pool.rs`,
+//!    `http/events.rs`) and for migrations (`Database::migrate`; `db::migrate` refuses the
+//!    pooler's route: the migrator takes a session advisory lock and sets session limits).
+//! 2. The pools' connections send no startup parameter PgBouncer refuses (`extra_float_digits`,
+//!    `options`) and keep no statement prepared (cache capacity 0: sqlx names each statement
+//!    `sqlx_s_N` per client connection, and another client's on the same server session would
+//!    collide).
+//! 3. `Db::begin` sends `BEGIN; DEALLOCATE ALL; SET LOCAL statement_timeout …` as one simple
+//!    query: whatever another client left prepared on the server session is gone, and the limits
+//!    hold for this transaction only. A tenant pool then sets its role and org `LOCAL`.
+//! 4. A single statement on `&Db` (`fetch_one(&db)`, …) is begun, run and committed before its
+//!    rows are handed back, so the caller's next statement sees what it wrote.
+//! 5. `Change::begin` is `Db::begin`: a change's statements, its `pg_notify` and its commit are
+//!    one transaction on one server session; the `NOTIFY` reaches the listeners on their direct
+//!    connections at commit. Transaction-scoped advisory locks (`pg_advisory_xact_lock`, the
+//!    signing keys) are fine.
+//!
+//! `shopfloor check` tells a transaction pooler by two connections sharing one backend
+//! (`db::is_transaction_pooler`) and fails, with its fix, when the direct URL is missing or is a
+//! pooler too. `tests/e2e/pgbouncer.rs` starts a real PgBouncer (`tests/pgbouncer.rs`) with two or
+//! four server connections: each statement gets its own answer, two orgs' concurrent work never
+//! sees the other's rows or leaves its role or org behind, and two `api` replicas and two engines
+//! run waits, approvals answered on the other replica and a host's crew step to completion.
+//!
+//! # The migrations
+//!
+//! Forward-only SQL. `0001_schema.sql` holds the whole data model of DESIGN.md.
+//! `0002_api.sql` adds the REST API's idempotency keys (per org, kept a day) and the indexes
+//! of its filtered lists (runs by workflow, audit by action and by actor, tokens by user).
+//! `0004_github.sql` adds what ingest needs: deliveries of no tenant (`org_id` NULL, no payload),
+//! the item lookups by node id and head SHA, dedup keys unique per project, the trigger events'
+//! generation and outcome, cycle-budget asks, and `github_checks` by head SHA.
+//! `0005_github_outputs.sql` adds `github_watches` (what a waiting gate or event wait watches:
+//! a repository, a pull request, its head commit) and `schedules` (one row per scheduled
+//! workflow; `next_at` is its next tick).
+//! `0006_hosts.sql` adds the host protocol's state: the index a claim reads (`pending` crew
+//! steps by org and age) and the one counting a host's held steps, `step_sessions` (a session's
+//! cumulative tokens, cost, turns, tool calls per step), `run_log_sizes` (transcript bytes per
+//! run against its cap, and when it was reached), and `hosts.registered_with`.
+//! `0007_admission.sql` adds admission (`admission_queues`, one row per line and the lock it is
+//! taken under; `admission_waits`, the runs in line with their place; `admission_starts`, a
+//! throttle's window; the org's cap as a `concurrency_leases` group), `runs.admitted_at` and
+//! the run's spend, project pause and retention, `jobs`, and the outgoing webhooks'
+//! subscriptions, deliveries and attempts.
+//! `0008_console.sql` adds the console's org-wide indexes (running, ended and failed runs per
+//! org, completed runs per workflow for the forecast) and the sign-in lookups of people by
+//! GitHub login and email.
+//! `0010_resolve.sql` adds `runs.resolved_at`/`resolved_by` (a failed run marked handled).
+//! `0011_operator.sql` adds `board_limits` (a project's WIP limit per board column) with the index
+//! admission counts a column's items by, the `board` hold, `run_node_overrides` (edit-and-retry),
+//! `hosts.drained_at`/`drained_by`, and `run_events` by project and age (their retention).
+//! `0012_run_trace.sql` adds `runs.traceparent` (beside `runs.trace_id`: the trace a run's spans join).
+//! `0013_event_age_brin.sql` turns the events' age index into a BRIN summary of `at`: events are
+//! appended in time order, and every change inserts them, so a B-tree entry per event was a cost
+//! on the hottest insert for an hourly sweep.
+//! `0014_installations.sql` lets installations be unclaimed (`org_id` NULL until an org proves
+//! access; `claimed_at`/`claimed_by`) and adds `github_installation_repositories`, the
+//! repositories each reaches as GitHub last said.
+//! `0015_signing_keys.sql` adds `signing_keys.sealed` (the secret sealed with
+//! `SHOPFLOOR_SECRET_KEY`) and `verify_until` (a retired key's end), and makes the plaintext
+//! `secret` optional (cleared when a key is sealed; dropped by a later release).
+//! `0016_row_security.sql` adds the second tenancy wall: the role `shopfloor_tenant` (NOLOGIN,
+//! NOBYPASSRLS, granted to the migrating user; skipped with a NOTICE when that user may not create
+//! roles), `shopfloor_org()` (the setting `shopfloor.org`), and row-level security on every table
+//! with an `org_id` column (`org_id = shopfloor_org()`; unclaimed installations, `org_id` NULL,
+//! are visible; a delivery of no org is not) and on `github_installation_repositories` (through
+//! its installation). Enabled, not forced: the owner bypasses.
+//! `0017_spend_estimates.sql` adds to `step_sessions` the host's estimate
+//! (`estimated_cost_usd`, `estimate_basis`), whether the output tokens are a lower bound, and
+//! `spent_usd`, what the spend tables hold for the session (NULL in older rows, whose spend was
+//! their reported cost: read `coalesce(spent_usd, cost_usd, 0)`). See `engine/src/hosts.rs`, "How spend is known".
+//! `0019_engine_errors.sql` counts on each run how often advancing it failed on its own
+//! (`runs.engine_errors`, `store::engine_errors`).
+//! `0018_step_messages.sql` adds `step_messages` (intervene: a person's message to a running
+//! crew step, who sent it, and when the holding host acknowledged it; undelivered ones by step),
+//! under row security like every table with an `org_id`.
+//! `0025_tenant_keys.sql` makes every table whose `project_id` is required name its project
+//! and org together: one key `(project_id, org_id) → projects (project_id, org_id)` in place of
+//! the two keys to `orgs` and to `projects`, so no row can pair an org with another org's
+//! project (tables whose project is optional keep their key to `orgs`; an item's cycle budget
+//! names its item's project, now required). It also drops
+//! `runs → workflows`, which `runs → workflow_versions` already proves. Each key is one check
+//! fewer on every insert: six a webhook delivery that opens a run.
+//! `0026_session_parents.sql` adds `api_tokens.issued_from`: the token a console session was
+//! made from by pasting it, so that revoking a token revokes the sessions made from it and
+//! theirs (`api_writes::revoke_token`, one recursive statement).
+//! `0027_sealed_webhook_secrets.sql` adds `webhook_subscriptions.sealed_secret` (the secret
+//! sealed with `SHOPFLOOR_SECRET_KEY`, bound to the subscription) and makes the plaintext
+//! `secret` optional (cleared when a process holding the key seals it at start; one of the two
+//! is always there).
 
 mod conns;
 

@@ -1,6 +1,61 @@
 //! The host protocol's model: what a host advertises (capabilities), what it is handed when it
 //! claims a crew step (an [`Assignment`]), what its session reports carry ([`Usage`]), and the
 //! branch a crew step works on. Pure data and functions; the writes are in `store::hosts`.
+//!
+//! # How spend is known
+//!
+//! Claude Code prints its cost only on its result lines; Codex never prints one, and prints its
+//! tokens only when a turn completes. So that a cap stops a session while it spends, not after:
+//!
+//! 1. **The host estimates, as the session goes.** `host/src/prices.rs` prices token counts
+//!    (input, 5-minute and 1-hour cache writes, cache reads, output) with a price table per
+//!    model, USD per million tokens. Claude Code: the last snapshot of each `message.id` of its
+//!    assistant lines (their output tokens a lower bound until a result line). Codex: its
+//!    session file, `$CODEX_HOME/sessions/…/rollout-…-<thread>.jsonl` (each attempt has its own
+//!    Codex home), which it writes as it goes: a `token_usage_record` with the thread's running
+//!    totals right after each model call, a `token_count` event after the call's tool; its
+//!    `turn.completed` when the turn ends. A model is priced by the longest `match` prefix of
+//!    its name, else by the longest `family` prefix (a newer release of a known family:
+//!    `estimate_basis: model_family`), else at the table's most expensive row (`unknown_model`).
+//!    The table is data, `host/prices.json`, embedded in the binary, with the models each pinned
+//!    CLI uses by default or offers (`harnesses`; `shopfloor check --host` names those the table
+//!    prices only by family or not at all); an operator replaces it with `shopfloor host
+//!    --prices FILE` (`SHOPFLOOR_HOST_PRICES`, the same JSON shape) when prices change before a
+//!    release does. Every session report carries the estimate (`usage.estimated_cost_usd`)
+//!    beside the reported cost (`usage.cost_usd`, null until a result line), and whether the
+//!    output tokens are a lower bound. After a result line the estimate is that line's cost
+//!    plus the estimate of what came after it, so once the last result comes it is the
+//!    reported cost.
+//! 2. **The host stops at the caps.** The assignment's caps `usd` is the least of the node's
+//!    cap and what the run, the project and the org may still spend. Claude Code is told it
+//!    (`--max-budget-usd`) and checks it after each response; the host checks its own figure
+//!    after every line it reads and interrupts the session once it reaches it (`budget cap
+//!    reached`, final), without waiting for the server.
+//! 3. **The server counts the larger.** `engine::hosts::spend_figure` is the larger of the
+//!    estimate and the reported cost (the stored one when a report has none);
+//!    `store::hosts::record_session_spend` records the difference from what it recorded for the
+//!    session before (`step_sessions.spent_usd`, under the session row's lock) against the run
+//!    (`runs.spent_usd`) and the project's day (`spend`), so nothing counts twice. While no cost
+//!    was reported the figure only grows. When the reported cost comes it replaces the estimate:
+//!    a reported cost below the estimate records a negative correction, which lowers the run's
+//!    total and today's row, never below zero (a correction after midnight UTC lowers the new
+//!    day's row, not the day the estimate was counted on).
+//! 4. **Hard caps act on that figure.** A report whose spend crossed a hard limit fails the step
+//!    `budget_hard_stop` in the same change and its answer says stop; heartbeats check the same
+//!    (`store::budgets::hard_stop`). The host interrupts the harness.
+//! 5. **The last word counts.** Interrupted, for whatever reason, a session's CLI has the host's
+//!    grace to finish: Claude Code prints a result line with the whole session's cost and turns
+//!    (the interrupted call included); Codex exits at once, its session file holding the count
+//!    of every call it completed. The host reads both to the end and reports the figures, also
+//!    for a step the server already ended (cancelled, stopped by a hard budget): the server
+//!    records them without changing the step (`complete` on a step that ended under its
+//!    holder), so the spend is the CLI's own final figure where it printed one, else the last
+//!    estimate, marked as one (`cost_is_estimate`).
+//! 6. **Figures say what they are.** `GET …/runs/{run}` gives each crew step's `session`:
+//!    `cost_usd`, `estimated_cost_usd`, `estimate_basis`, `spent_usd` and `cost_is_estimate`
+//!    (no reported cost yet), `output_tokens_lower_bound`; the run page shows "≈ $0.42
+//!    estimated" and "at least N out". The org's spend (`GET …/spend`, budgets) holds the estimate
+//!    while a session runs and its reported cost after.
 
 use protocol::{Caps, Item, Usage};
 use serde::{Deserialize, Serialize};

@@ -23,6 +23,40 @@
 //! `.pgpass` as the pool) and translated. There is no TLS to PostgreSQL in this build, as for
 //! the pool: `sslmode` `disable`, `allow` and `prefer` connect in plaintext, a mode that
 //! requires TLS is refused when the URL is read.
+//!
+//! # Network cuts
+//!
+//! A cut that drops packets without closing connections (a NAT mapping that expired, a load
+//! balancer that failed over) closes nothing, so it must be noticed. What holds:
+//!
+//! - **The `LISTEN` connection** (each `engine`, `api`, `serve`): TCP keepalives on its socket
+//!   (`engine::listen`) give it up within `idle + interval × retries` of the last answer (25 s by
+//!   default); the process subscribes again (with the backoff while the network is away) and
+//!   then looks for work once: the engine rescans its wakes, the event hub reads the events and
+//!   wakes the hosts' claims. Keepalives do not fire while sent data waits for an
+//!   acknowledgement; the user timeout (25 s) covers that, and the listener sends nothing but
+//!   its `LISTEN`. Probes are TCP segments, not statements: an idle pool still sends none
+//!   (`e2e/blackhole.rs`, `e2e/engine_pool.rs`).
+//! - **The server's end** of every connection (the pool's through `db::GUARDS`, the listener's
+//!   through its options): PostgreSQL probes a silent client the same way and ends its session,
+//!   rolling back what it held and, for a listener, letting the notification queue move past it;
+//!   its probes also keep an idle path's NAT and load balancer entries alive.
+//! - **A pooled connection that died while idle** is found out when it is next taken: sqlx pings
+//!   it first, under the pool's 10 s acquire timeout; a ping without an answer fails that acquire
+//!   and closes the connection, and the caller's retry (the engine's backoff) gets another, so
+//!   each dead connection costs one acquire timeout. A transaction skips that ping for a
+//!   connection back in the pool under 500 ms (sqlx pinged it on its way back); one the server
+//!   closed in between fails its `BEGIN`, which `Db::begin` answers by trying the next
+//!   (`store::a_connection_the_server_closed_in_the_pool_is_replaced_by_the_next_begin`).
+//!
+//! What does not hold: sqlx 0.8.6 opens the pool's sockets itself and sets nothing on them but
+//! `TCP_NODELAY` (upstream issue launchbadge/sqlx#3540), so a statement already sent and
+//! acknowledged when the cut comes waits for its answer with nothing to end the wait; the
+//! server's `statement_timeout` ends the statement there, but its answer is lost with the link.
+//! An engine caught so stops in that call until it is restarted; its leases lapse and other
+//! engines take its steps back as after a crash. Ending this needs client keepalives on the
+//! pool's sockets (a sqlx release that sets them, or the pool on tokio-postgres), not more
+//! timers.
 
 use std::future::poll_fn;
 use std::str::FromStr;

@@ -9,6 +9,30 @@
 //!
 //! **Invariant:** no transaction is open while a step executes; a step's work is bracketed by
 //! a lease taken in one commit and a fenced completion in another.
+//!
+//! # Wakes and leases
+//!
+//! A wake is "look at run R (step S) at or after T". Causes: a run created (`advance`), an
+//! approval answered, a step ready after a backoff (`execute`), a lease that may have lapsed
+//! (`lease_expiry`, 30 s lease + 15 s grace), a timeout or a wait's end (`timeout`), a child run
+//! ended (`child_done`), a parent gone (`parent_gone`), a dry run's retention (`retention`), a
+//! webhook that may decide a waiting gate or event wait (`github:checks`,
+//! `github:pull_request.closed`, … written by the ingest for the steps in `github_watches`).
+//! A run in an admission line is woken (`admit`) by what frees room for it: a run of its queue
+//! ending, the run ahead of it admitted with room left, a gate opening, its throttle's window
+//! (a wake at that time for the head of the line), or a budget's period ending.
+//! A schedule's next tick is not a wake row (a wake names a run): it is the `next_at` of its
+//! `schedules` row, which engines claim and time exactly like wakes. Nor is a job (a webhook
+//! delivery, a project's retention sweep): a `jobs` row, claimed by moving its due time a lease
+//! (60 s) ahead, worked outside any transaction, then rescheduled or deleted.
+//! Claimed wakes are deleted in the transaction that acts on them. Heartbeats only move
+//! `lease_expires_at` (a host's session reports do too); when the `lease_expiry` wake fires on a
+//! renewed lease it is written again for the new expiry.
+//!
+//! Fencing: a holder's completion is `UPDATE … WHERE step_id = $1 AND state = 'running' AND
+//! holder = $me`; zero rows means the step was recovered or cancelled and the result is dropped.
+//! A recovered step fails with `lease_expired` (an infrastructure failure) and the walker starts
+//! a new attempt as a new step row.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

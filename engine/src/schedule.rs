@@ -5,6 +5,14 @@
 //! `0 9 * * 1-5` in `Europe/Paris` is 09:00 Paris time across daylight-saving changes, and
 //! returned in UTC for storage. The store (`store::schedules`) keeps each workflow's next tick
 //! as a durable row that engines wake on.
+//!
+//! # A schedule ticks
+//!
+//! Uploading a version with `on.schedule` writes the workflow's `schedules` row with its next
+//! tick and tells the engines' timers. At the tick an engine claims the row, fires the latest
+//! tick at or before now (after downtime: only that one), one trigger event per connected
+//! repository with the dedup key `[workflow, repository, scheduled_at]` and a run for each new
+//! key, and moves `next_at` to the first tick after now, in one transaction.
 
 use std::str::FromStr;
 

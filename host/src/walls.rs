@@ -16,8 +16,51 @@
 //!
 //! Without bwrap, or where it cannot make its namespaces, the host claims nothing and says
 //! why; `--unsandboxed` is an operator's explicit choice to run without walls.
+//!
+//! # What a crew step may reach
+//!
+//! An agent is steered by text anyone who can write an issue controls: a crew step is untrusted
+//! code. What it may reach is its own worktree (read-only in a `read` step), its home, Codex's
+//! home, its repository cache's objects (read-only: the remote's published history), the
+//! system's files read-only, the variables passed to it by name (`--pass-env`: the model API's
+//! key), and the network. What it may not: the host's credential (its file or its
+//! environment), the host's journal, caches and work directory, the other steps' directories
+//! and processes, the host user's credential stores (`~/.claude`, `~/.codex`, `~/.ssh`, `~/.aws`,
+//! `~/.config/gh`, `~/.git-credentials`, `~/.netrc`), writing outside its own directories, and
+//! outliving its step. Git fetch and push, token refresh and every call with the host's
+//! credential stay in the host process, outside the walls.
+//!
+//! How each wall is built (`host/src/walls.rs`, `host/src/attempt/room.rs`), with bubblewrap:
+//!
+//! - **Files:** `--ro-bind / /`, a new `/dev` and `/proc`, a tmpfs `/tmp`; the host's work
+//!   directory and the host user's credential stores hidden under empty tmpfs mounts (a file
+//!   under `/dev/null`); then the step's own directories bound back (writable, or read-only for
+//!   a `read` step's worktree) and its cache's objects read-only.
+//! - **Processes:** new PID, IPC and UTS namespaces, every capability dropped (root in the room
+//!   cannot unmount what hides the host). When the harness ends, bwrap, the namespace's first
+//!   process, ends, and with it every process left in the namespace, one that called `setsid`
+//!   included.
+//! - **Environment:** built from nothing: `PATH`, the locale, the attempt's `HOME`, `TMPDIR`,
+//!   the `--pass-env` names, the step's own (`SHOPFLOOR_STEP_ID`, …), the harness's own.
+//! - **Limits** (`host/src/limits.rs`): each step's harness starts in a control group of its own
+//!   (joined between fork and exec, so nothing it starts is outside it) with `--max-processes`
+//!   (512) and `--max-memory-mib` (4096); cgroup v2 where the host has it, else v1's `pids` and
+//!   `memory` controllers. A step that reached one (`pids.events`' `max`, an `oom_kill`) fails
+//!   `resource_limit`, final; the host and the other steps carry on. Where no control group can
+//!   be written, the host says so at start and in `check --host` (`limits: skip`), and runs
+//!   steps without limits.
+//!
+//! Which wall is the boundary: these, the host's. The CLIs' own sandboxes are layered inside
+//! them as the node's policy asks (Codex's `--sandbox`, Claude Code's permission mode), so a
+//! `read` step is refused edits by its CLI and by its read-only worktree both. A host that cannot
+//! build the walls (no bubblewrap, no namespaces) stops at start without registering, and
+//! `shopfloor check --host` fails `walls` with the fix; `--unsandboxed` runs harnesses without
+//! walls, only when an operator says so (environment still built from nothing). Not built yet:
+//! the network wall (steps share the host's network, loopback included: a proxy in the host
+//! letting through only the model API, `--egress-allow` and the node's `network.allow`, each
+//! refusal a `step.egress_refused` event) and a limit on CPU time.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// How harnesses are run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +94,7 @@ impl Walls {
         if unsandboxed {
             return Ok(Walls::None);
         }
-        let bwrap = find("bwrap").ok_or_else(|| "bwrap (bubblewrap) is not on PATH".to_owned())?;
+        let bwrap = crate::process::find("bwrap").ok_or_else(|| "bwrap (bubblewrap) is not on PATH".to_owned())?;
         let room = Room { hidden: Vec::new(), writable: Vec::new(), readable: Vec::new(), cwd: PathBuf::from("/") };
         let walls = Walls::Bubblewrap(bwrap);
         let argv = walls.wrap(&room, &["true".to_owned()]);
@@ -97,13 +140,6 @@ impl Walls {
     pub fn walled(&self) -> bool {
         matches!(self, Walls::Bubblewrap(_))
     }
-}
-
-/// The first executable named `name` on `PATH`.
-fn find(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let executable = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(name)).find(|p| executable(p))
 }
 
 #[cfg(test)]

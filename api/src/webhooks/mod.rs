@@ -18,6 +18,51 @@
 //! in bursts as large as the events behind them, and does not send a refused delivery again.
 //! One whose signature fails is a refused credential, charged to its address as a 401 of the
 //! REST API is (`http::limits`); the request timeout applies as to the REST API.
+//!
+//! # A webhook becomes a run
+//!
+//! 1. GitHub posts `issues.labeled` to `/webhooks/github`. `api::webhooks` reads the body (25 MB
+//!    at most), checks `X-Hub-Signature-256` in constant time, and only then hands the headers
+//!    and bytes to `engine::triggers::ingest`. No GitHub API call is made on this path.
+//! 2. One `Change` begins. The delivery id is inserted into `github_deliveries`; if it is
+//!    already there, the change is dropped and the answer is 200 (a redelivery does nothing).
+//! 3. The delivery is routed by its installation and `repository.full_name` to every project
+//!    that connected the repository. An unknown installation or repository is stored with no
+//!    org and answered 202 (`unrouted`; an installation no org has claimed yet: `unclaimed`);
+//!    so is an event type the ingest does not know. `installation` and
+//!    `installation_repositories` deliveries make the installation known and keep the list of
+//!    repositories it reaches (`store/installations.rs`), whoever has claimed it; a
+//!    `repository` delivery that renames or transfers a repository moves the list, the projects'
+//!    connections and waiting runs' watches to the new name (items keep the name they were made
+//!    under).
+//! 4. For each project: a new item `["github","acme/widgets",42]` is inserted with the payload
+//!    applied to an empty projection (`item_for_update`): this change holds it, and no run or
+//!    queued event can be on it, so nothing is looked up for it in steps 5–7. A known item has
+//!    its open runs and then its row locked (runs before items, the order engines use), and the
+//!    payload is applied to the projection. A payload older than the stored one (`updated_at`)
+//!    changes nothing. The content hash is recomputed.
+//! 5. Each workflow of the project with `on.github` (latest version, not paused) is judged:
+//!    `events` names `issues.labeled`, the sender may trigger, and the `if:` holds. Then a
+//!    trigger event is inserted under its dedup key; a key already stored means the workflow
+//!    already acted on this content, and nothing happens.
+//! 6. The claim (`store::triggers`): an open run of the workflow on the item that has started
+//!    (an engine or a host ever held one of its steps; also while it now waits for CI, an
+//!    approval or a retry's backoff) → the event is `queued` behind it. An open run that has
+//!    not started (no step yet, parked on its `$start` approval, a crew step waiting for a host)
+//!    → cancelled `superseded by <event>`, and its cycle is given back. The item's cycle budget
+//!    is taken under its row lock; at
+//!    `max_cycles` the event is `blocked` and an ask is recorded (`cycle_asks`), and while an
+//!    ask is open on the item every other workflow's event is `blocked` too. Otherwise
+//!    `runs::submit` opens the run with its wake.
+//! 7. A workflow whose `if:` no longer holds for the trigger that opened a run that has not
+//!    started revokes it (`revoked`), and revokes its queued events; a started run finishes.
+//! 8. The delivery's outcome and per-workflow claims are stored; the change commits with one
+//!    `NOTIFY`; the answer is 202. An engine wakes and advances the run.
+//! 9. When that run ends, the last step of its run-ended sequence (`store/run_ended.rs`) is
+//!    `store::triggers::claim::rejudge`, in the same transaction: the newest event queued behind it is judged again on the stored projection
+//!    (a failing `if:` counts as a match) and claimed; older ones are superseded by it.
+//! 10. A reset (`reset_cycle_budget`) bumps the item's generation, which new dedup keys carry,
+//!     clears its asks, and judges the blocked events again.
 
 mod signature;
 

@@ -24,6 +24,25 @@
 //! **Test hook:** with `crash_after` set (`SHOPFLOOR_TEST_CRASH_AFTER=pr_opened` or
 //! `comment_posted`), the process aborts right after GitHub opened the pull request or posted
 //! the comment, before the step is recorded: the crash the idempotency above is for.
+//!
+//! # An output reaches GitHub
+//!
+//! 1. A run reaches `open_pr: { output: { github: pull_request } }`. `advance` creates the step
+//!    and, on an engine with the GitHub App configured, leases it to itself and starts it
+//!    (`lease_and_start`: 30 s lease, one `lease_expiry` wake) in the same commit.
+//! 2. After commit, the pool runs `OutputExecutor::execute` outside any transaction, renewing
+//!    the lease every 10 s. It reads the run, the node, the item, the repository's installation
+//!    and the succeeded steps' outputs on one pooled connection, and returns it.
+//! 3. `GithubApp::for_repository` hands out a client with an installation token scoped to the
+//!    repository: cached, or minted with the App's JWT (`POST /app/installations/{id}/access_tokens`).
+//! 4. The executor looks for an open pull request from `shopfloor/<n>-<slug>` (or the crew step's
+//!    `branch`); finding one, it takes it. Otherwise it opens one whose body starts `Closes #<n>`.
+//! 5. The result is recorded fenced by holder (`succeed_held`). If the engine died between 4 and
+//!    5, the lease lapses, recovery fails the step `lease_expired` (infrastructure), the walker
+//!    starts attempt 2, and step 4 finds the pull request: still exactly one.
+//! 6. A 4xx ends the step `github:<status>` (final, never retried). A rate limit or an outage
+//!    gives the step back (`defer_held`: `running → pending`, reason `deferred:rate_limited` or
+//!    `deferred:github_unavailable`, same attempt) with an `execute` wake for GitHub's time.
 
 use std::sync::Arc;
 use std::time::Duration;

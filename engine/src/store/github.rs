@@ -7,6 +7,25 @@
 //! stores a check result or an item's new state, writes a `github:<event>.<action>` wake for
 //! every step watching it, so the engine looks again exactly when something changed: there is
 //! no poll. Rows go with their step's resolution.
+//!
+//! # A check run decides a gate
+//!
+//! 1. The walker starts `ci: { gate: { checks: [build, test], on_fail: build } }`. The gate is
+//!    created `waiting`, watching the head commit of the pull request the run opened (or of its
+//!    own pull request item) in `github_watches`, with a `timeout` wake (1 h by default). Results
+//!    already stored in `github_checks` may decide it at once.
+//! 2. GitHub posts `check_run.completed`. The ingest stores the result by head SHA and, in the
+//!    same transaction, writes a `github:checks` wake for every step watching that commit. A push
+//!    to the pull request (`pull_request.synchronize`) wakes it too, and the gate follows the new
+//!    head.
+//! 3. An engine claims the wake and, under the run's lock, reads the gate's checks: all passed →
+//!    the gate succeeds; one failed → it fails `gate_failed` and `on_fail` loops back. A gate
+//!    visited again after that loop reads only results reported since its previous visit ended.
+//!    The timeout fails it with `timeout`.
+//! 4. A `wait: { event: pull_request.closed }` after a `pull_request` output is the reconciler:
+//!    it watches that pull request, and the `pull_request.closed` webhook resolves it with the
+//!    item's `merged` and `state`, on which a decision routes (move the card to Done, or back to
+//!    Ready with a comment). A pull request no run opened is watched by no step.
 
 use std::time::Duration;
 

@@ -15,6 +15,59 @@
 //!    may open a run and cancel unstarted ones: through the [`RunOps`] `runs` hands it.
 //!
 //! Nothing here calls back into `runs`: what ends or submits a run is passed in.
+//!
+//! # The order of dependencies
+//!
+//! Files import each other in one direction. `tests/e2e/structure.rs` (part of `make test`)
+//! reads the `use` declarations and paths of `engine/src` and `api/src` and fails on any circle
+//! between files, printing it (`a.rs → b.rs → a.rs`); it also fails on a source file over 600
+//! lines outside tests. Its doc comment says how paths become edges: a re-export is none itself,
+//! and a path through one is an edge to the file that defines the item (`crate::store::Change`
+//! is `store/change/mod.rs`).
+//!
+//! Layout is rustfmt's (`rustfmt.toml`, checked by `make lint`). A statement that would make
+//! its call chain wrap may be a named `const` above the function that runs it (`DELETE_BUDGET`),
+//! so that `sqlx::query(CONST).bind(..)…` reads on one line; a statement two functions run is
+//! written once (`ITEM_BY_KEY`, `PROJECT_BY_ID`).
+//!
+//! In `api/src`, a `mod.rs` declares its children, re-exports and wires the routes; it defines
+//! nothing its children use. What the handlers share sits in a file of its own below them:
+//! `http/state.rs` (`AppState`), `console/state.rs` (`Console`), `console/pages/run/mod.rs`'s
+//! paths and `Feedback` below `page.rs`, which the forms' handlers call to show the page again.
+//!
+//! **Architecture Invariant:** the store stands below everything that uses it: `store/`
+//! imports nothing from `advance`, `pool`, `github` or `triggers` (checked by the same test).
+//! What both need lives below both: a run's template context (`run_context.rs`), a node's
+//! timeouts (`definition/timeouts.rs`), the trigger `if:` (`judge.rs`) and item keys
+//! (`item_keys.rs`).
+//!
+//! Inside the store, from the bottom: `admission/gates.rs` (the gates' read: its row and its
+//! SQL), `change/mod.rs` (a `Change`: the transaction and what it buffers), `run_rows.rs` and `steps.rs`; above what a commit calls (the admission lines'
+//! `release`, the outgoing deliveries' statement of `webhooks_out.rs`, the events notice),
+//! `change/commit.rs` (`Change::commit`); the admission
+//! lines and decision (`admission/lines.rs`, `admission/plan.rs`), `budgets.rs`, `github.rs` and
+//! the trigger writes (`triggers/items.rs`, `triggers/claim.rs`, `triggers/cycle_budgets.rs`);
+//! `run_ended.rs`; `runs.rs` (submit, finish, cancel, rerun); and above `runs`, what ends or
+//! submits runs for its own reasons: `admission.rs` (admission at the engine), `approvals.rs` (a
+//! rejection cancels its run), `triggers.rs` (the claim's entry points), `schedules.rs`,
+//! `engine_errors.rs`. Nothing below `runs` calls back into it: admission hands a `drop`
+//! group's victim to its caller (`runs::drop_victim`), and the trigger claim is handed the two
+//! run operations it needs (`runs::CLAIM_RUNS`: submit, cancel).
+//!
+//! **A run ends** in one place. `runs::finish` moves it with one statement (its status, its
+//! wakes, concurrency leases and place in line dropped, its running children listed), then
+//! `run_ended::run_ended` does, in this order:
+//!
+//! 1. the room its leases held and its place in line go to the runs in line, as the change
+//!    commits (`admission::lines::on_finish`, then `release`);
+//! 2. its open steps are cancelled; if there were any, its open approvals are withdrawn and so
+//!    are its event waits (`store::github::withdraw_waits`), each with `run.wait_withdrawn`;
+//! 3. its parent is woken (`child_done`), and each child still running (`parent_gone`);
+//! 4. a dry run gets its `retention` wake, a day later;
+//! 5. `run.<status>` is written with its duration, with an audit entry and the metrics' tally;
+//! 6. the newest trigger event queued behind it is judged again (`triggers::claim::rejudge`),
+//!    which may cancel unstarted runs and open one, each of whose ends goes through these
+//!    steps too.
 
 use serde_json::json;
 

@@ -21,6 +21,32 @@
 //! settings, `-c`), and under `full` Claude Code may use their tools (`mcp__<name>`). Codex is
 //! told `--skip-git-repo-check` where the work directory is no repository (a run about no
 //! repository), which it otherwise refuses.
+//!
+//! # Each policy's flags
+//!
+//! A crew node's `permissions` (`read`, `edit`, `full`, the default), `tools` (`allow`, `deny`:
+//! Claude Code's rules) and `mcp` servers (`{command: [...]}` or `{url: ...}`) travel in the
+//! assignment (`protocol::Policy`) and become each CLI's own flags
+//! (`host/src/harness/command_line.rs`; checked against the pinned CLIs' `--help` and behaviour):
+//!
+//! | policy | Claude Code (`claude -p --input-format stream-json --output-format stream-json --verbose …`) | Codex (`codex exec --json … -`) |
+//! |---|---|---|
+//! | `read` | `--permission-mode dontAsk --setting-sources user`: every edit and command refused, each in the result's `permission_denials` | `--sandbox read-only -c approval_policy="never"` |
+//! | `edit` | `--permission-mode acceptEdits --setting-sources user --disallowedTools Bash` | `--sandbox workspace-write -c approval_policy="never"`: its commands write only in the work directory, offline |
+//! | `full` | `--permission-mode acceptEdits --allowedTools Bash WebFetch WebSearch mcp__<server>…` | `--sandbox danger-full-access -c approval_policy="never"` |
+//! | `tools` | added to `--allowedTools` / `--disallowedTools` (a deny wins) | refused by validation: Codex's reach is its sandbox |
+//! | `mcp` | `--strict-mcp-config --mcp-config {"mcpServers": …}` (always strict: no other server loads) | `-c mcp_servers.<name>.command=… -c mcp_servers.<name>.args=[…]` or `.url=…` |
+//! | always | `--model`, `--max-turns`, `--max-budget-usd` from the caps; `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1` | `--model`; `--skip-git-repo-check` for a run about no repository; `CODEX_HOME` the attempt's own, with the host user's `config.toml` and `auth.json` |
+//!
+//! Neither ever asks a person: Claude Code in `-p` refuses what it would ask about, and Codex runs
+//! with approvals `never`. `full` does not use Claude Code's `bypassPermissions`, which it refuses
+//! to run as root: the same flags work for any user, and `full` is full inside the step's walls.
+//! `read` and `edit` load only the host user's Claude Code settings, so a repository's
+//! `.claude/settings.json` cannot allow what the node does not. A refused call leaves each CLI's
+//! run a success: the host collects them (Claude Code's `permission_denials`; Codex's session
+//! file, where its sandbox's refusals are the tool calls' outputs), and a step expected to change
+//! files that changed none after refusals fails `edits_refused` (final), its output's `error`
+//! naming the refused calls.
 
 use protocol::{McpServer, Permissions, Policy};
 use serde_json::{Value, json};
