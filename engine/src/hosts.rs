@@ -166,7 +166,7 @@ pub struct Assignment {
     pub pr_body: bool,
     /// `expect: changes`: a step that changed no file fails with `no_changes`.
     pub expect_changes: bool,
-    /// What the agent may do (its node's `permissions`, `tools`, `mcp`).
+    /// What the agent may do (its node's `permissions`, `tools`, `mcp`, `network`).
     pub policy: protocol::Policy,
     /// The lease lasts this long without a heartbeat or a session report.
     pub lease_secs: u64,

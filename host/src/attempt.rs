@@ -82,7 +82,7 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
         if stop.is_stopped() {
             return stopped_result(&stop, kind);
         }
-        match shared.client.start(&step, kind.name()).await {
+        match shared.client.start(&step, kind.name(), !shared.settings.walls.walled()).await {
             Ok(s) if !s.stop => {}
             Ok(s) => {
                 stop.stop(Stop::Server(s.state));
@@ -106,7 +106,7 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
             return None;
         }
         let cwd = work_dir_of(&e);
-        let room = match room::furnish(&shared.settings, &e, kind, &cwd) {
+        let mut room = match room::furnish(&shared.settings, &e, kind, &cwd) {
             Ok(room) => room,
             Err(err) => {
                 tracing::warn!(step.id = %step, error = %err, "cannot make the step's room");
@@ -114,6 +114,16 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
             }
         };
         let env = room::environment(&shared.settings, &e, kind);
+        let _proxy = match room::open_egress(&shared.settings, &e, kind, &env, refusals(&tx)) {
+            Ok(opened) => opened.map(|(proxy, egress)| {
+                room.egress = Some(egress);
+                proxy
+            }),
+            Err(err) => {
+                tracing::warn!(step.id = %step, error = %err, "cannot open the step's proxy");
+                return Some(failed("prepare_failed", "infrastructure", kind.name()));
+            }
+        };
         let program = shared.settings.walls.wrap(&room, &program);
         let group = match shared.settings.cgroups.group(&step, shared.settings.limits) {
             Ok(group) => group,
@@ -122,7 +132,10 @@ pub async fn run(shared: Arc<Shared>, assignment: Assignment, stop: Arc<StopSign
                 return Some(failed("prepare_failed", "infrastructure", kind.name()));
             }
         };
-        let mut child = match process::spawn_harness(&program, &cwd, &env, &e.output_file(), group.as_ref()) {
+        // Where no control group counts the step's CPU time, each process gets the limit.
+        let limits = shared.settings.limits;
+        let cpu_rlimit = (limits.cpu_secs > 0 && group.as_ref().is_none_or(|g| g.cpu_used().is_none())).then_some(limits.cpu_secs);
+        let mut child = match process::spawn_harness(&program, &cwd, &env, &e.output_file(), group.as_ref(), cpu_rlimit) {
             Ok(c) => c,
             Err(err) => {
                 tracing::warn!(step.id = %step, error = %err, program = %program[0], "cannot start the harness");
@@ -171,11 +184,25 @@ pub async fn adopt(shared: Arc<Shared>, mut e: Entry, stop: Arc<StopSignal>) {
     tasks.spawn(reporter(shared.clone(), e.assignment.step.clone(), kind.name(), stop.clone(), rx, None));
     tracing::info!(step.id = %e.assignment.step, pid, "adopting a harness that survived a restart");
     let group = shared.settings.cgroups.existing(&e.assignment.step);
+    let env = room::environment(&shared.settings, &e, kind);
+    let proxy = room::open_egress(&shared.settings, &e, kind, &env, refusals(&tx));
+    if let Err(err) = &proxy {
+        tracing::warn!(step.id = %e.assignment.step, error = %err, "cannot open the adopted step's proxy again; it has no network");
+    }
     let result = supervise(&shared, &mut e, Proc::Adopted { pid, start }, kind, &stop, tx.clone(), None, group).await;
+    drop(proxy);
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(15), async { while tasks.join_next().await.is_some() {} }).await;
     tasks.shutdown().await;
     report_and_clean(&shared, e, result).await;
+}
+
+/// Where the step's proxy tells of a destination it refused: the session's next report.
+fn refusals(tx: &mpsc::UnboundedSender<ToReporter>) -> crate::egress::proxy::Refused {
+    let tx = tx.clone();
+    Arc::new(move |dest| {
+        let _ = tx.send(ToReporter::EgressRefused(dest));
+    })
 }
 
 /// Asks the server for a fresh installation token for the attempt's repository (before each
@@ -286,6 +313,12 @@ async fn supervise(
                     for line in record.as_mut().map(CodexSessionFile::lines).unwrap_or_default() {
                         session.feed_record(&line);
                     }
+                    if interrupted.is_none() && group.as_ref().is_some_and(|g| g.cpu_spent(shared.settings.limits)) {
+                        tracing::info!(step.id = %e.assignment.step, "the step used its CPU time; interrupting it");
+                        interrupt(shared, e, RESOURCE_LIMIT);
+                        interrupted = Some(RESOURCE_LIMIT.into());
+                        kill_at = Some(Instant::now() + shared.settings.cancel_grace);
+                    }
                     // What the session may spend is known here: it is stopped at once, not
                     // at the server's answer to the report that carries the figure.
                     if interrupted.is_none() && e.assignment.caps.usd.is_some_and(|cap| harness::spend(session.reader.usage()) >= cap) {
@@ -328,19 +361,24 @@ async fn supervise(
     }
     let _ = session.tx.send(ToReporter::Usage(session.reader.usage().clone()));
     let mut ended = session.reader.finish(exit, interrupted.as_deref());
+    let l = shared.settings.limits;
+    // The kernel ends a process past RLIMIT_CPU with SIGXCPU (bwrap reports 128 and the signal).
+    let counted = group.as_ref().is_some_and(|g| g.cpu_used().is_some());
+    let xcpu = !counted && l.cpu_secs > 0 && (exit.signal == Some(libc::SIGXCPU) || exit.code == Some(128 + libc::SIGXCPU));
+    let reached = group.as_ref().and_then(|g| g.reached(l)).or(xcpu.then_some("cpu"));
+    if let Some(limit) = reached {
+        // Whatever the harness made of it, the step was cut short: reaching the limit again is
+        // what another attempt would do.
+        let said = match limit {
+            "memory" => format!("the step used all the memory it may ({} MiB): a process of it was killed", l.memory_bytes >> 20),
+            "cpu" => format!("the step used all the CPU time it may ({} s)", l.cpu_secs),
+            _ => format!("the step reached the most processes it may have at once ({})", l.processes),
+        };
+        tracing::info!(step.id = %e.assignment.step, limit, "the step reached a limit");
+        (ended.success, ended.reason, ended.class) = (false, Some(RESOURCE_LIMIT.to_owned()), "final");
+        ended.text = said;
+    }
     if let Some(group) = group {
-        if let Some(limit) = group.reached() {
-            // Whatever the harness made of it, the step was cut short by the kernel: reaching
-            // the limit again is what another attempt would do.
-            let l = shared.settings.limits;
-            let said = match limit {
-                "memory" => format!("the step used all the memory it may ({} MiB): a process of it was killed", l.memory_bytes >> 20),
-                _ => format!("the step reached the most processes it may have at once ({})", l.processes),
-            };
-            tracing::info!(step.id = %e.assignment.step, limit, "the step reached a limit");
-            (ended.success, ended.reason, ended.class) = (false, Some(RESOURCE_LIMIT.to_owned()), "final");
-            ended.text = said;
-        }
         remove_group(group).await;
     }
     match stop.why() {
@@ -352,7 +390,7 @@ async fn supervise(
     }
 }
 
-/// The reason of a step that reached its limit on processes or memory.
+/// The reason of a step that reached its limit on processes, memory or CPU time.
 const RESOURCE_LIMIT: &str = "resource_limit";
 
 /// Removes a step's control group once the processes killed in it are gone (the kernel may take

@@ -105,6 +105,8 @@ pub struct SessionReport<'a> {
     pub harness: &'a str,
     pub lines: &'a [SessionLine],
     pub usage: &'a Usage,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub egress_refused: &'a [String],
 }
 
 /// The protocol's client, with the host's credential.
@@ -179,8 +181,8 @@ impl Client {
         answer(sent).await
     }
 
-    pub async fn start(&self, step: &str, harness: &str) -> Result<Standing, ClientError> {
-        let sent = self.post(&format!("steps/{step}/start")).json(&StartStep { harness: Some(harness.to_owned()) }).send().await;
+    pub async fn start(&self, step: &str, harness: &str, unwalled: bool) -> Result<Standing, ClientError> {
+        let sent = self.post(&format!("steps/{step}/start")).json(&StartStep { harness: Some(harness.to_owned()), unwalled }).send().await;
         answer(sent).await
     }
 

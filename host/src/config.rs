@@ -21,6 +21,8 @@
 //! | `--unsandboxed` | `SHOPFLOOR_HOST_UNSANDBOXED` | off: every harness runs inside walls (`walls`) |
 //! | `--max-processes` | `SHOPFLOOR_HOST_MAX_PROCESSES` | 512 processes a step may have at once (`limits`) |
 //! | `--max-memory-mib` | `SHOPFLOOR_HOST_MAX_MEMORY_MIB` | 4096 MiB of memory a step may use (`limits`) |
+//! | `--max-cpu-secs` | `SHOPFLOOR_HOST_MAX_CPU_SECS` | 14400 CPU seconds a step's processes may use together, 0 for none (`limits`) |
+//! | `--egress-allow` | `SHOPFLOOR_HOST_EGRESS_ALLOW` | none: destinations every step may reach beside its model API and its node's `network.allow` (`egress`) |
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -96,6 +98,15 @@ pub struct HostArgs {
     /// `resource_limit`.
     #[arg(long = "max-memory-mib", env = "SHOPFLOOR_HOST_MAX_MEMORY_MIB", default_value_t = 4096)]
     pub max_memory_mib: u64,
+    /// The most CPU time a step's processes may use together, in seconds (four hours of one
+    /// core by default; 0: no limit); one that uses it fails `resource_limit`.
+    #[arg(long = "max-cpu-secs", env = "SHOPFLOOR_HOST_MAX_CPU_SECS", default_value_t = 14_400)]
+    pub max_cpu_secs: u64,
+    /// Destinations every walled step may reach beside its model API and its node's
+    /// `network.allow`, comma-separated: `host`, `host:port`, `*.domain` (a package registry, a
+    /// loopback service of this machine's).
+    #[arg(long = "egress-allow", env = "SHOPFLOOR_HOST_EGRESS_ALLOW", value_delimiter = ',')]
+    pub egress_allow: Vec<String>,
 }
 
 /// What harnesses get of the host's environment unless told otherwise: the model APIs' keys
@@ -124,6 +135,7 @@ pub struct Settings {
     pub prices: Arc<crate::prices::Prices>,
     pub pass_env: Vec<String>,
     pub walls: crate::walls::Walls,
+    pub egress_allow: Vec<protocol::egress::Rule>,
     pub limits: crate::limits::Limits,
     pub cgroups: crate::limits::Cgroups,
 }
@@ -166,7 +178,12 @@ impl Settings {
             // A host that cannot wall its steps in claims none.
             walls: crate::walls::Walls::probe(a.unsandboxed)
                 .map_err(|why| format!("this host cannot run crew steps inside walls, so it claims none: {why}; fix: {}", crate::walls::FIX))?,
-            limits: crate::limits::Limits { processes: a.max_processes.max(1), memory_bytes: a.max_memory_mib.max(1).saturating_mul(1 << 20) },
+            egress_allow: crate::egress::operator_rules(&a.egress_allow)?,
+            limits: crate::limits::Limits {
+                processes: a.max_processes.max(1),
+                memory_bytes: a.max_memory_mib.max(1).saturating_mul(1 << 20),
+                cpu_secs: a.max_cpu_secs,
+            },
             cgroups: crate::limits::Cgroups::detect(),
         })
     }

@@ -108,7 +108,8 @@
 //!   `--git-url-template` (`{repo}`: a mirror, or local bare repositories in tests),
 //!   `--interrupt-grace-secs` (30), `--git-timeout-secs`, `--heartbeat-secs` (10),
 //!   `--drain-secs`, `--git-author`, `--prices`, `--pass-env` (the host's variables a harness
-//!   gets, by name: the model APIs' keys and base URLs unless told otherwise), `--unsandboxed`;
+//!   gets, by name: the model APIs' keys and base URLs unless told otherwise), `--unsandboxed`,
+//!   the limits (`--max-processes`, `--max-memory-mib`, `--max-cpu-secs`), `--egress-allow`;
 //!   each also a `SHOPFLOOR_*` variable. The walls are probed here: a host that cannot build
 //!   them stops before registering (see `host/src/walls.rs`, "What a crew step may reach").
 //! - `walls.rs` — the walls around a harness (bubblewrap's namespaces and mounts, every
@@ -117,9 +118,14 @@
 //!   before its last word.
 //! - `limits.rs` — each step's control group (v2, else v1): made with its limits, joined by the
 //!   harness before it runs, read for a limit reached, removed after.
+//! - `egress.rs` — what a walled step may reach and on whose word; `egress/proxy.rs`, the
+//!   host's proxy for each step (on a unix socket in its attempt directory, refusals reported
+//!   with its session); `egress/bridge.rs`, `shopfloor room`, which runs first in the room and
+//!   carries the harness's connections to that proxy.
 //! - `attempt/room.rs` — a step's room: its home (the harness's `HOME`, with copies of the host
-//!   user's Claude Code login and settings), Codex's home, what the walls hide and bind back, and
-//!   the harness's environment, built from nothing.
+//!   user's Claude Code login and settings), Codex's home, what the walls hide and bind back,
+//!   the harness's environment, built from nothing, and its way out (the proxy, with what the
+//!   step may reach: the operator's list, the model API's endpoints and base URLs, the node's).
 //! - `agent.rs` — the loop: lock the work directory (`flock`), register once, recover the
 //!   journal, then keep exactly one claim open: asking for its free slots, or for nothing (a
 //!   watch) when they are full, so a cancel or a lapsed lease reaches it at once; a watch is
@@ -195,6 +201,7 @@ pub mod agent;
 pub mod attempt;
 pub mod client;
 pub mod config;
+pub mod egress;
 pub mod git;
 pub mod harness;
 pub mod journal;

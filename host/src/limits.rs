@@ -1,7 +1,10 @@
-//! Per-step limits on processes and memory, by control group: each walled harness starts in a
-//! group of its own (placed there before it runs, so nothing it starts escapes), whose
-//! `pids.max` and memory limit the kernel enforces; a step that reached one fails
-//! `resource_limit`, and the host and the other steps carry on.
+//! Per-step limits on processes, memory and CPU time, by control group: each walled harness
+//! starts in a group of its own (placed there before it runs, so nothing it starts escapes),
+//! whose `pids.max` and memory limit the kernel enforces; a step that reached one fails
+//! `resource_limit`, and the host and the other steps carry on. CPU time is the group's total
+//! (v2's `cpu.stat`, which every group keeps), read by the host as it watches the step, which
+//! it interrupts at the limit; where no v2 group counts it, each process of the step gets the
+//! limit as its own (`RLIMIT_CPU`: the kernel ends it with `SIGXCPU`).
 //!
 //! cgroup v2 (one hierarchy, `/sys/fs/cgroup`: `pids.max`, `memory.max`, `memory.events`'s
 //! `oom_kill`, `pids.events`' `max`) where the host has it, else v1's `pids` and `memory`
@@ -17,6 +20,8 @@ use std::path::{Path, PathBuf};
 pub struct Limits {
     pub processes: u32,
     pub memory_bytes: u64,
+    /// CPU seconds, the step's processes' together; 0: none.
+    pub cpu_secs: u64,
 }
 
 /// Where step groups are made.
@@ -24,8 +29,9 @@ pub struct Limits {
 pub enum Cgroups {
     /// cgroup v2: step groups under this directory.
     V2(PathBuf),
-    /// cgroup v1: step groups under these directories of the `pids` and `memory` controllers.
-    V1 { pids: PathBuf, memory: PathBuf },
+    /// cgroup v1: step groups under these directories of the `pids` and `memory` controllers,
+    /// and of `cpuacct` (which counts CPU time) where it is mounted.
+    V1 { pids: PathBuf, memory: PathBuf, cpuacct: Option<PathBuf> },
     /// No control group this host may write: no limits.
     Unavailable(String),
 }
@@ -40,7 +46,8 @@ impl Cgroups {
             v2_parent().map(Cgroups::V2)
         } else {
             let (pids, memory) = (root.join("pids/shopfloor"), root.join("memory/shopfloor"));
-            std::fs::create_dir_all(&pids).and_then(|()| std::fs::create_dir_all(&memory)).map(|()| Cgroups::V1 { pids, memory })
+            let cpuacct = Some(root.join("cpuacct/shopfloor")).filter(|c| std::fs::create_dir_all(c).is_ok());
+            std::fs::create_dir_all(&pids).and_then(|()| std::fs::create_dir_all(&memory)).map(|()| Cgroups::V1 { pids, memory, cpuacct })
         };
         match found {
             Ok(c) => match c.make("probe") {
@@ -68,7 +75,7 @@ impl Cgroups {
                 // No swap to spill into: the memory limit is the step's.
                 let _ = std::fs::write(dir.join("memory.swap.max"), "0");
             }
-            Group::V1 { pids, memory } => {
+            Group::V1 { pids, memory, .. } => {
                 std::fs::write(pids.join("pids.max"), limits.processes.to_string())?;
                 std::fs::write(memory.join("memory.limit_in_bytes"), limits.memory_bytes.to_string())?;
                 let _ = std::fs::write(memory.join("memory.memsw.limit_in_bytes"), limits.memory_bytes.to_string());
@@ -79,24 +86,26 @@ impl Cgroups {
 
     /// The group of step `name` made earlier (by this host before a restart), if it is there.
     pub fn existing(&self, name: &str) -> Option<Group> {
-        let group = match self {
-            Cgroups::V2(parent) => Group::V2(parent.join(name)),
-            Cgroups::V1 { pids, memory } => Group::V1 { pids: pids.join(name), memory: memory.join(name) },
-            Cgroups::Unavailable(_) => return None,
-        };
-        group.dirs().iter().all(|d| d.exists()).then_some(group)
+        self.named(name).ok().filter(|g| g.dirs().iter().all(|d| d.exists()))
     }
 
     fn make(&self, name: &str) -> std::io::Result<Group> {
-        let group = match self {
-            Cgroups::V2(parent) => Group::V2(parent.join(name)),
-            Cgroups::V1 { pids, memory } => Group::V1 { pids: pids.join(name), memory: memory.join(name) },
-            Cgroups::Unavailable(why) => return Err(std::io::Error::other(why.clone())),
-        };
+        let group = self.named(name)?;
         for dir in group.dirs() {
             std::fs::create_dir_all(dir)?;
         }
         Ok(group)
+    }
+
+    /// Where the group of step `name` is.
+    fn named(&self, name: &str) -> std::io::Result<Group> {
+        Ok(match self {
+            Cgroups::V2(parent) => Group::V2(parent.join(name)),
+            Cgroups::V1 { pids, memory, cpuacct } => {
+                Group::V1 { pids: pids.join(name), memory: memory.join(name), cpuacct: cpuacct.as_ref().map(|c| c.join(name)) }
+            }
+            Cgroups::Unavailable(why) => return Err(std::io::Error::other(why.clone())),
+        })
     }
 }
 
@@ -117,14 +126,14 @@ fn v2_parent() -> std::io::Result<PathBuf> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Group {
     V2(PathBuf),
-    V1 { pids: PathBuf, memory: PathBuf },
+    V1 { pids: PathBuf, memory: PathBuf, cpuacct: Option<PathBuf> },
 }
 
 impl Group {
     fn dirs(&self) -> Vec<&Path> {
         match self {
             Group::V2(dir) => vec![dir],
-            Group::V1 { pids, memory } => vec![pids, memory],
+            Group::V1 { pids, memory, cpuacct } => [Some(pids), Some(memory), cpuacct.as_ref()].into_iter().flatten().map(PathBuf::as_path).collect(),
         }
     }
 
@@ -133,14 +142,38 @@ impl Group {
         self.dirs().iter().filter_map(|d| CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes()).ok()).collect()
     }
 
-    /// Which limit the step reached, if one: `processes` or `memory`.
-    pub fn reached(&self) -> Option<&'static str> {
+    /// The CPU time the step's processes have used, where the group counts it (v2's
+    /// `cpu.stat`, v1's `cpuacct.usage`).
+    pub fn cpu_used(&self) -> Option<std::time::Duration> {
+        match self {
+            Group::V2(dir) => {
+                let stat = std::fs::read_to_string(dir.join("cpu.stat")).ok()?;
+                let usec: u64 = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?.trim().parse().ok()?;
+                Some(std::time::Duration::from_micros(usec))
+            }
+            Group::V1 { cpuacct, .. } => {
+                let nanos: u64 = std::fs::read_to_string(cpuacct.as_ref()?.join("cpuacct.usage")).ok()?.trim().parse().ok()?;
+                Some(std::time::Duration::from_nanos(nanos))
+            }
+        }
+    }
+
+    /// Whether the step has used its CPU time.
+    pub fn cpu_spent(&self, limits: Limits) -> bool {
+        limits.cpu_secs > 0 && self.cpu_used().is_some_and(|used| used.as_secs() >= limits.cpu_secs)
+    }
+
+    /// Which limit the step reached, if one: `cpu`, `processes` or `memory`.
+    pub fn reached(&self, limits: Limits) -> Option<&'static str> {
+        if self.cpu_spent(limits) {
+            return Some("cpu");
+        }
         let count = |file: PathBuf, key: &str| -> u64 {
             std::fs::read_to_string(file).unwrap_or_default().lines().find_map(|l| l.strip_prefix(key).map(str::trim).and_then(|n| n.parse().ok())).unwrap_or(0)
         };
         let (pids, memory) = match self {
             Group::V2(dir) => (count(dir.join("pids.events"), "max "), count(dir.join("memory.events"), "oom_kill ")),
-            Group::V1 { pids, memory } => (count(pids.join("pids.events"), "max "), count(memory.join("memory.oom_control"), "oom_kill ")),
+            Group::V1 { pids, memory, .. } => (count(pids.join("pids.events"), "max "), count(memory.join("memory.oom_control"), "oom_kill ")),
         };
         if memory > 0 {
             Some("memory")
@@ -162,6 +195,18 @@ impl Group {
             let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// Gives the calling process (and what it starts) at most `secs` seconds of CPU time each: for a
+/// child between fork and exec (setrlimit is async-signal-safe). At the limit the kernel sends
+/// `SIGXCPU`, which ends a process that does not handle it; five seconds on, `SIGKILL`.
+pub fn limit_cpu(secs: u64) -> std::io::Result<()> {
+    let limit = libc::rlimit { rlim_cur: secs as libc::rlim_t, rlim_max: secs.saturating_add(5) as libc::rlim_t };
+    // SAFETY: setrlimit with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CPU, &limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Joins the calling process to the groups whose `cgroup.procs` files are `files`: for a child

@@ -99,8 +99,11 @@ pub fn group_members(pgid: i32) -> Vec<i32> {
 }
 
 /// Starts `program` as the leader of a new process group in `cwd`, its stdout and stderr
-/// appended to `output`, `stdin` written to it (then closed) by a task the caller owns.
-pub fn spawn_harness(program: &[String], cwd: &Path, env: &[(String, String)], output: &Path, group: Option<&Group>) -> std::io::Result<Child> {
+/// appended to `output`, `stdin` written to it (then closed) by a task the caller owns; in
+/// `group` when given, and with `cpu_secs` of CPU time for each of its processes when given.
+pub fn spawn_harness(
+    program: &[String], cwd: &Path, env: &[(String, String)], output: &Path, group: Option<&Group>, cpu_secs: Option<u64>,
+) -> std::io::Result<Child> {
     let (first, args) = program.split_first().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
     let out = std::fs::OpenOptions::new().create(true).append(true).open(output)?;
     let err = out.try_clone()?;
@@ -118,11 +121,17 @@ pub fn spawn_harness(program: &[String], cwd: &Path, env: &[(String, String)], o
         // The process may outlive us on purpose (adoption after a restart): never killed by a
         // dropped handle, only by the supervisor.
         .kill_on_drop(false);
-    if let Some(group) = group {
-        // In the step's control group before it runs: nothing it starts is outside it.
-        let files = group.procs_files();
-        // SAFETY: `join` makes only async-signal-safe calls (open, write, close).
-        unsafe { cmd.pre_exec(move || crate::limits::join(&files)) };
+    // In the step's control group before it runs: nothing it starts is outside it.
+    let files = group.map(Group::procs_files).unwrap_or_default();
+    if !files.is_empty() || cpu_secs.is_some() {
+        // SAFETY: `join` and `limit_cpu` make only async-signal-safe calls (open, write, close,
+        // setrlimit).
+        unsafe {
+            cmd.pre_exec(move || {
+                crate::limits::join(&files)?;
+                cpu_secs.map_or(Ok(()), crate::limits::limit_cpu)
+            })
+        };
     }
     cmd.spawn()
 }
@@ -219,10 +228,19 @@ mod tests {
         let mut cmd = Command::new("sh");
         // The child keeps the output pipe open: without killing the group, reading would hang.
         cmd.args(["-c", "sleep 30 & echo started; wait"]);
-        let t = std::time::Instant::now();
         let err = call(cmd, "sh", Duration::from_millis(500)).await.unwrap_err();
         assert!(matches!(err, CallError::TimedOut(..)), "{err}");
-        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_harness_past_its_cpu_time_is_ended_by_the_kernel() {
+        // Where no control group counts a step's CPU time, each process has the limit.
+        let dir = tempfile::tempdir().unwrap();
+        let program = ["sh".to_owned(), "-c".to_owned(), "while :; do :; done".to_owned()];
+        let mut child = spawn_harness(&program, dir.path(), &[], &dir.path().join("out"), None, Some(1)).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(120), child.wait()).await.expect("ended").unwrap();
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(status.signal(), Some(libc::SIGXCPU), "{status:?}");
     }
 
     #[tokio::test]

@@ -16,6 +16,8 @@
 
 use std::collections::BTreeMap;
 
+pub mod egress;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -43,7 +45,8 @@ pub struct Caps {
 
 /// What an agent may do in its step, from its crew node: the host turns it into each CLI's own
 /// flags (`permissions` into Claude Code's permission mode and Codex's sandbox, `tools` into
-/// Claude Code's allowed and denied tools, `mcp` into each CLI's MCP servers).
+/// Claude Code's allowed and denied tools, `mcp` into each CLI's MCP servers), and `network`
+/// into what its proxy lets through.
 // An older server sends none: the defaults are what a node that says nothing gets.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[schema(as = PolicyDoc)]
@@ -55,6 +58,23 @@ pub struct Policy {
     /// MCP servers by name; the agent's own configuration's are never loaded.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mcp: BTreeMap<String, McpServer>,
+    /// Where the step may connect beside its model API and its host's own list
+    /// ([`egress::Rule`]s, as written).
+    #[serde(default, skip_serializing_if = "Network::is_empty")]
+    pub network: Network,
+}
+
+/// A crew node's `network`: the destinations its step may reach through the host's proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+pub struct Network {
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+impl Network {
+    pub fn is_empty(&self) -> bool {
+        self.allow.is_empty()
+    }
 }
 
 /// How far an agent may change its work directory.
@@ -187,6 +207,10 @@ pub struct Message {
 pub struct StartStep {
     /// The harness the host runs (`claude-code`, `codex`, `command`).
     pub harness: Option<String>,
+    /// The host runs it without walls (`--unsandboxed`): the run records so
+    /// (`step.unwalled`), and its page says so.
+    #[serde(default)]
+    pub unwalled: bool,
 }
 
 /// People's messages the host wrote to the harness.
@@ -207,6 +231,9 @@ pub struct SessionLine {
     pub stream: String,
     pub line: String,
 }
+
+/// The most refused destinations a session report carries.
+pub const MAX_EGRESS_REFUSED: usize = 32;
 
 /// The longest transcript line either side keeps: the host sends no longer one, and the server
 /// cuts what a host sends anyway (a tool result with a whole file in it).

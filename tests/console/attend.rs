@@ -85,7 +85,7 @@ async fn a_person_answers_approvals_failures_and_cycle_budgets_in_a_browser() {
     assert!(meta.contains(&format!("rerun of {failed}")) || meta.contains(&failed.to_string()), "{meta}");
 
     // Another failure, resolved from Today: it leaves the list.
-    host_store::start(app.pool(), &host, edited.step, "command").await.expect("start the edited step");
+    host_store::start(app.pool(), &host, edited.step, "command", false).await.expect("start the edited step");
     let done = Completion { output: json!({ "text": "built" }), failure: None, usage: Usage::default(), harness: Some("command".into()) };
     host_store::complete(app.pool(), &host, edited.step, &done).await.expect("complete the edited step");
     app.until(retried, "SELECT status = 'completed' FROM runs WHERE run_id = $1", "the retry completes").await;

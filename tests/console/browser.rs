@@ -91,7 +91,7 @@ async fn a_person_approves_cancels_and_watches_live_in_a_browser() {
     for seq in 1..=6 {
         let line = LogLine { seq, stream: if seq % 3 == 0 { "stderr".into() } else { "assistant".into() }, line: format!("step {seq}: building the widget") };
         let usage = Usage { input_tokens: 1000 * seq, output_tokens: 100 * seq, cost_usd: Some(0.01 * seq as f64), turns: seq as i32, ..Usage::default() };
-        host_store::report(app.pool(), &host, step, Some("command"), &[line], &usage, host_store::RUN_LOG_CAP_BYTES).await.expect("report");
+        crate::support::report_line(app.pool(), &host, step, line, &usage).await;
         let want = format!("return document.querySelectorAll('#transcript-lines li').length >= {seq}");
         until(&c, &want, &format!("transcript line {seq} on the page")).await;
     }
@@ -133,7 +133,7 @@ pub(crate) async fn start_crew_step(app: &App, host: &HostRow, run: RunId) -> St
     app.until_build_pending(run).await;
     let claimed = host_store::claim(app.pool(), &engine::catalog::Catalog::default(), host, 1).await.expect("claim");
     let step = claimed.assignments.first().expect("the crew step is claimed").step;
-    host_store::start(app.pool(), host, step, "command").await.expect("start");
+    host_store::start(app.pool(), host, step, "command", false).await.expect("start");
     step
 }
 

@@ -61,6 +61,35 @@ async fn a_failed_steps_own_words_show_under_its_reason_escaped() {
 }
 
 #[tokio::test]
+async fn the_run_page_says_a_step_ran_without_walls_and_where_it_was_refused() {
+    use engine::store::hosts as host_store;
+    let (app, org, mut b) = acme_owner(true).await;
+    let host = crate::browser::register_host(&app, &org).await;
+    let run = app.submit(&org, org.agent).await;
+    app.until_build_pending(run).await;
+    let claimed = host_store::claim(app.pool(), &engine::catalog::Catalog::default(), &host, 1).await.expect("claim");
+    let step = claimed.assignments.first().expect("the crew step is claimed").step;
+    // As a host started with --unsandboxed starts it, and as a walled one reports its proxy's
+    // refusals: the same destination twice (a report sent again) is recorded once.
+    host_store::start(app.pool(), &host, step, "command", true).await.expect("start");
+    let refused = ["evil.example:443".to_owned(), "127.0.0.1:5432".to_owned()];
+    for _ in 0..2 {
+        let report = host_store::Report { harness: Some("command"), lines: &[], usage: &protocol::Usage::default(), egress_refused: &refused };
+        host_store::report(app.pool(), &host, step, report, host_store::RUN_LOG_CAP_BYTES).await.expect("report");
+    }
+    let recorded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM run_events WHERE run_id = $1 AND kind = 'step.egress_refused'").bind(run).fetch_one(app.pool()).await.unwrap();
+    assert_eq!(recorded, 2);
+    let page = open(&mut b, &format!("/orgs/acme/projects/web/runs/{run}"), "run").await;
+    let said: Vec<&str> = page.body.match_indices("<p class=\"walls\">").map(|(at, _)| &page.body[at..at + page.body[at..].find("</p>").unwrap()]).collect();
+    assert_eq!(said.len(), 3, "{said:?}");
+    assert!(said[0].contains("ran without walls: its host builder-1 runs --unsandboxed"), "{said:?}");
+    assert!(said.iter().any(|p| p.contains("was refused a connection to evil.example:443")), "{said:?}");
+    assert!(said.iter().any(|p| p.contains("was refused a connection to 127.0.0.1:5432")), "{said:?}");
+    app.discard().await;
+}
+
+#[tokio::test]
 async fn revoking_a_pasted_token_ends_the_sessions_made_from_it() {
     let (app, org) = acme(false).await;
     let mut ch = engine::store::Change::begin(app.pool(), engine::store::Actor::System).await.unwrap();

@@ -47,6 +47,14 @@ pub(crate) fn console_config(oauth: &FakeOauth) -> ConsoleConfig {
     }
 }
 
+/// A `command` session's report of one transcript line with its running usage, as a host sends it.
+pub(crate) async fn report_line(
+    pool: &engine::db::Db, host: &engine::store::hosts::HostRow, step: engine::ids::StepId, line: engine::store::hosts::LogLine, usage: &protocol::Usage,
+) {
+    use engine::store::hosts::{RUN_LOG_CAP_BYTES, Report, report};
+    report(pool, host, step, Report { harness: Some("command"), lines: &[line], usage, egress_refused: &[] }, RUN_LOG_CAP_BYTES).await.expect("report");
+}
+
 /// The secret the App's webhooks are signed with.
 pub(crate) const WEBHOOK_SECRET: &str = "the console tests' webhook secret";
 

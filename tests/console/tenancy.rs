@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use engine::store::hosts::{self as host_store, LogLine};
+use engine::store::hosts::LogLine;
 use protocol::Usage;
 use reqwest::StatusCode;
 
@@ -75,7 +75,7 @@ async fn a_live_transcript_ends_when_its_reader_leaves_the_org() {
         async move {
             let line = LogLine { seq, stream: "assistant".into(), line: format!("line {seq} of the session") };
             let usage = Usage { input_tokens: 10 * seq, output_tokens: seq, turns: 1, ..Usage::default() };
-            host_store::report(&pool, &host, step, Some("command"), &[line], &usage, host_store::RUN_LOG_CAP_BYTES).await.expect("report");
+            crate::support::report_line(&pool, &host, step, line, &usage).await;
         }
     };
 

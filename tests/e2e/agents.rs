@@ -227,6 +227,14 @@ async fn edits_and_runs_a_command(agent: Agent) {
         sqlx::query_scalar("SELECT output->>'branch' FROM steps WHERE run_id = $1 AND node = 'work'").bind(run).fetch_one(&rig.env.db.pool).await.unwrap();
     assert_eq!(pushed(&rig.env, &branch, "NOTES.md"), "hello from the model");
     assert_eq!(pushed(&rig.env, &branch, "COUNT.txt"), "1 NOTES.md", "the command ran in the worktree");
+    // Inside the walls the CLI reached its model API through the host's proxy, and tried
+    // nothing else.
+    let refused: Vec<String> = sqlx::query_scalar("SELECT attrs->>'destination' FROM run_events WHERE run_id = $1 AND kind = 'step.egress_refused'")
+        .bind(run)
+        .fetch_all(&rig.env.db.pool)
+        .await
+        .unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
 
     let s = rig.session(run).await;
     let (cost, turns, input, output) = printed(&rig, agent, run).await;

@@ -347,7 +347,7 @@ async fn host_checks(args: &CheckArgs) -> Vec<Outcome> {
 /// none), unless it runs them without.
 fn walls(unsandboxed: bool) -> Outcome {
     match host::walls::Walls::probe(unsandboxed) {
-        Ok(host::walls::Walls::Bubblewrap(bwrap)) => Outcome::ok("walls", format!("{} builds them", bwrap.display())),
+        Ok(host::walls::Walls::Bubblewrap { bwrap, .. }) => Outcome::ok("walls", format!("{} builds them", bwrap.display())),
         Ok(host::walls::Walls::None) => Outcome::skip("walls", "--unsandboxed: crew steps run without walls and can read what the host's user can"),
         Err(why) => Outcome::fail("walls", format!("{why}: the host claims no crew step"), host::walls::FIX),
     }
@@ -357,7 +357,8 @@ fn walls(unsandboxed: bool) -> Outcome {
 fn limits() -> Outcome {
     match host::limits::Cgroups::detect() {
         host::limits::Cgroups::V2(dir) => Outcome::ok("limits", format!("cgroup v2, under {}", dir.display())),
-        host::limits::Cgroups::V1 { .. } => Outcome::ok("limits", "cgroup v1 (pids, memory)"),
+        host::limits::Cgroups::V1 { cpuacct: Some(_), .. } => Outcome::ok("limits", "cgroup v1 (pids, memory, cpuacct)"),
+        host::limits::Cgroups::V1 { cpuacct: None, .. } => Outcome::ok("limits", "cgroup v1 (pids, memory; CPU time per process, by rlimit)"),
         host::limits::Cgroups::Unavailable(why) => Outcome::skip("limits", format!("{why}: steps run without limits on their processes and memory")),
     }
 }

@@ -49,6 +49,10 @@ pub enum Command {
     Engine(EngineArgs),
     /// The host agent: claims crew steps and runs coding agents in git worktrees.
     Host(host::HostArgs),
+    /// Inside a crew step's walls, the host starts this first: it carries the step's
+    /// connections to the host's proxy, then runs the harness and ends with it.
+    #[command(hide = true)]
+    Room(host::egress::bridge::RoomArgs),
     /// Apply migrations, and seal signing keys still in plaintext when SHOPFLOOR_SECRET_KEY is
     /// set; refuses a database whose schema is newer than this binary.
     Migrate(MigrateArgs),
@@ -102,6 +106,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             Ok(if ok { 0 } else { 1 })
         }
         Command::Host(args) => host::run(args).await.map(|()| 0).map_err(CliError::msg),
+        Command::Room(args) => host::egress::bridge::run(args).await.map_err(CliError::msg),
         Command::Check(args) => Ok(check::run(args).await),
         Command::Client(cmd) => Ok(::cli::run(cmd).await),
     }

@@ -52,7 +52,8 @@
 
   var kinds = ['run.started', 'run.admitted', 'run.held', 'run.awaiting', 'run.wait_expired', 'run.wait_withdrawn',
     'run.completed', 'run.failed', 'run.cancelled', 'step.created', 'step.pending', 'step.leased', 'step.running',
-    'step.waiting', 'step.succeeded', 'step.failed', 'step.cancelled', 'step.deferred', 'step.session', 'step.reused'];
+    'step.waiting', 'step.succeeded', 'step.failed', 'step.cancelled', 'step.deferred', 'step.session', 'step.reused',
+    'step.unwalled', 'step.egress_refused'];
   function onEvent(e) {
     if (run) {
       try { if (JSON.parse(e.data).run !== run) return; } catch (err) { /* refresh anyway */ }

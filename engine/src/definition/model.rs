@@ -185,7 +185,7 @@ pub struct Crew {
     /// from the step's work (DESIGN.md "Safety defaults").
     pub expect_changes: Option<bool>,
     /// What the agent may do: `permissions`, `tools`, `mcp` (the host turns them into the
-    /// CLI's flags).
+    /// CLI's flags) and `network` (what its proxy lets through).
     pub policy: protocol::Policy,
 }
 

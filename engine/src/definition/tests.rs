@@ -199,6 +199,8 @@ fn what_an_agent_may_do_is_its_nodes() {
     assert_eq!(p.mcp["docs"], McpServer::Command(vec!["docs-mcp".into(), "--stdio".into()]));
     assert_eq!(p.mcp["search"], McpServer::Url("https://mcp.example.com/mcp".into()));
     assert_eq!(policy("codex", "      permissions: edit\n").map(|p| p.permissions), Ok(Permissions::Edit));
+    let allow = "      network: { allow: [registry.npmjs.org, \"*.pypi.org\", \"10.0.0.5:8080\"] }\n";
+    assert_eq!(policy("codex", allow).map(|p| p.network.allow.len()), Ok(3));
 
     // What a harness cannot honour is refused, each with its line.
     let refused = |harness: &str, keys: &str| policy(harness, keys).unwrap_err().into_iter().map(|p| p.message).collect::<Vec<_>>().join("; ");
@@ -209,6 +211,8 @@ fn what_an_agent_may_do_is_its_nodes() {
     assert!(refused("claude-code", "      mcp: { docs: { url: \"file:///etc/passwd\" } }\n").contains("not an http:// or https:// URL"));
     assert!(refused("claude-code", "      mcp: { docs: {} }\n").contains("give either `command`"));
     assert!(refused("claude-code", "      tools: { allow: [\"\"] }\n").contains("is not a tool rule"));
+    assert!(refused("codex", "      network: { allow: [\"*\"] }\n").contains("`*` is not a destination"));
+    assert!(refused("codex", "      network: { allow: [\"host:http\"] }\n").contains("not a number from 1 to 65535"));
 }
 
 #[test]

@@ -30,7 +30,7 @@ mod claims;
 mod sessions;
 
 pub use claims::{CANDIDATES_SQL, Claimed, HELD_SQL, RunRepository, claim, run_repository, start};
-pub use sessions::{Completion, LogLine, Reported, complete, heartbeat, report, to_stop};
+pub use sessions::{Completion, LogLine, Report, Reported, complete, heartbeat, report, to_stop};
 
 /// Beyond its timeout, how long the server lets a host-held step run before it fails it: the
 /// host interrupts its harness at the timeout itself and needs its interrupt grace (30 s by

@@ -82,7 +82,7 @@ async fn ready_step(pool: &Db, s: &Seed, requires: &[&str]) -> (RunId, StepId) {
 async fn started_on(pool: &Db, s: &Seed, host: &HostRow) -> (RunId, StepId) {
     let (run, step) = ready_step(pool, s, &[]).await;
     hosts::claim(pool, &Catalog::default(), host, 1).await.unwrap();
-    hosts::start(pool, host, step, "claude-code").await.unwrap();
+    hosts::start(pool, host, step, "claude-code", false).await.unwrap();
     (run, step)
 }
 
@@ -161,7 +161,9 @@ async fn reports_renew_the_lease_and_stop_at_the_runs_transcript_cap_with_a_note
     // Ten lines of 30 bytes against a cap of 100: three are stored, then one note.
     let lines: Vec<LogLine> = (1..=10).map(|i| line(i, &format!("{i:>30}"))).collect();
     let usage = Usage { input_tokens: 100, output_tokens: 20, cost_usd: None, turns: 1, tool_calls: 0, model: Some("m".into()), ..Usage::default() };
-    let r = hosts::report(&db.pool, &host, step, Some("claude-code"), &lines, &usage, 100).await.unwrap();
+    let r = hosts::report(&db.pool, &host, step, hosts::Report { harness: Some("claude-code"), lines: &lines, usage: &usage, egress_refused: &[] }, 100)
+        .await
+        .unwrap();
     assert_eq!((r.state, r.stored, r.dropped), (engine::state::StepState::Running, 3, 7));
     let logged: Vec<(i64, String)> =
         sqlx::query_as("SELECT seq, stream FROM step_logs WHERE step_id = $1 ORDER BY seq").bind(step).fetch_all(&db.pool).await.unwrap();
@@ -175,7 +177,7 @@ async fn reports_renew_the_lease_and_stop_at_the_runs_transcript_cap_with_a_note
 
     // The same lines again (the answer was lost): nothing stored twice; totals never go back.
     let lower = Usage { input_tokens: 50, cost_usd: Some(0.123_456_789), ..usage.clone() };
-    let r = hosts::report(&db.pool, &host, step, None, &lines[..2], &lower, 100).await.unwrap();
+    let r = hosts::report(&db.pool, &host, step, hosts::Report { harness: None, lines: &lines[..2], usage: &lower, egress_refused: &[] }, 100).await.unwrap();
     assert_eq!(r.stored, 0);
     let (tokens, cost, harness): (i64, Option<f64>, String) =
         sqlx::query_as("SELECT input_tokens, cost_usd::float8, harness FROM step_sessions WHERE step_id = $1").bind(step).fetch_one(&db.pool).await.unwrap();

@@ -4,11 +4,14 @@
 use std::path::{Path, PathBuf};
 
 use protocol::Permissions;
+use protocol::egress::Rule;
 
 use crate::config::Settings;
+use crate::egress::proxy::{Proxy, Refused};
+use crate::egress::{Allowed, Source};
 use crate::harness::Kind;
 use crate::journal::Entry;
-use crate::walls::Room;
+use crate::walls::{Room, RoomEgress};
 
 /// The attempt's home directory: the harness's `HOME`, empty but for the harness's own login
 /// and settings copied from the host user's.
@@ -77,7 +80,82 @@ pub(crate) fn furnish(settings: &Settings, e: &Entry, kind: Kind, cwd: &Path) ->
     if let Some(cache) = &e.cache {
         readable.push(canonical(&cache.join("objects"))?);
     }
-    Ok(Room { hidden, writable, readable, cwd: work })
+    Ok(Room { hidden, writable, readable, cwd: work, egress: None })
+}
+
+/// Opens the room's way out: starts the step's proxy (again, for a harness adopted after a
+/// restart: the room has bound the socket's directory, so a new socket there serves it) and
+/// says where the room finds it. Without walls a step has the host's network as it is.
+pub(crate) fn open_egress(
+    settings: &Settings, e: &Entry, kind: Kind, env: &[(String, String)], refused: Refused,
+) -> std::io::Result<Option<(Proxy, RoomEgress)>> {
+    if !settings.walls.walled() {
+        return Ok(None);
+    }
+    let allowed = allowed(settings, e, kind, env);
+    let dir = e.dir.join("egress");
+    std::fs::create_dir_all(&dir)?;
+    let socket = std::fs::canonicalize(&dir)?.join("proxy.sock");
+    let forwards = allowed.forwards();
+    let proxy = Proxy::start(&socket, allowed, refused)?;
+    Ok(Some((proxy, RoomEgress { socket, forwards })))
+}
+
+/// What the step may reach (`egress`): the operator's `--egress-allow`, its model API (the
+/// harness's documented endpoint and the base URLs the host's environment and the harness's
+/// copied settings name), and its node's `network.allow` and MCP servers' URLs.
+pub(crate) fn allowed(settings: &Settings, e: &Entry, kind: Kind, env: &[(String, String)]) -> Allowed {
+    let policy = &e.assignment.policy;
+    let mut rules: Vec<(Rule, Source)> = settings.egress_allow.iter().map(|r| (r.clone(), Source::Operator)).collect();
+    let documented: &[&str] = match kind {
+        Kind::ClaudeCode => &["https://api.anthropic.com"],
+        // ChatGPT's sign-in sends Codex's calls to chatgpt.com.
+        Kind::Codex => &["https://api.openai.com", "https://chatgpt.com"],
+        Kind::Command => &[],
+    };
+    rules.extend(documented.iter().filter_map(|u| Rule::for_url(u)).map(|r| (r, Source::Harness)));
+    rules.extend(base_urls(e, kind, env).iter().filter_map(|u| Rule::for_url(u)).map(|r| (r, Source::Operator)));
+    for text in &policy.network.allow {
+        match Rule::parse(text) {
+            Ok(rule) => rules.push((rule, Source::Workflow)),
+            Err(why) => tracing::warn!(step.id = %e.assignment.step, %why, "ignoring a destination of the node's network.allow"),
+        }
+    }
+    let mcp_urls = policy.mcp.values().filter_map(|m| match m {
+        protocol::McpServer::Url(u) => Rule::for_url(u),
+        protocol::McpServer::Command(_) => None,
+    });
+    rules.extend(mcp_urls.map(|r| (r, Source::Workflow)));
+    Allowed::new(rules)
+}
+
+/// The model API base URLs the host's side names for the harness: its environment's, and its
+/// copied settings' (Claude Code's `env` in `settings.json`; Codex's model providers).
+fn base_urls(e: &Entry, kind: Kind, env: &[(String, String)]) -> Vec<String> {
+    let var = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let mut urls = Vec::new();
+    match kind {
+        Kind::ClaudeCode => {
+            urls.extend(var("ANTHROPIC_BASE_URL"));
+            let settings = std::fs::read_to_string(home(e).join(".claude/settings.json")).ok();
+            let settings: Option<serde_json::Value> = settings.and_then(|t| serde_json::from_str(&t).ok());
+            urls.extend(settings.as_ref().and_then(|s| s.pointer("/env/ANTHROPIC_BASE_URL")).and_then(|v| v.as_str()).map(str::to_owned));
+        }
+        Kind::Codex => {
+            urls.extend(var("OPENAI_BASE_URL"));
+            let config = std::fs::read_to_string(codex_home(e).join("config.toml")).ok();
+            if let Some(doc) = config.and_then(|t| t.parse::<toml_edit::DocumentMut>().ok()) {
+                for key in ["openai_base_url", "chatgpt_base_url"] {
+                    urls.extend(doc.get(key).and_then(|v| v.as_str()).map(str::to_owned));
+                }
+                if let Some(providers) = doc.get("model_providers").and_then(|p| p.as_table_like()) {
+                    urls.extend(providers.iter().filter_map(|(_, p)| p.as_table_like()?.get("base_url")?.as_str().map(str::to_owned)));
+                }
+            }
+        }
+        Kind::Command => {}
+    }
+    urls
 }
 
 /// The harness's environment, built from nothing: `PATH` and the locale of the host's, the

@@ -25,12 +25,16 @@ pub(crate) const BATCH_LINES: usize = 200;
 const BATCH_BYTES: usize = 512 << 10;
 /// How often the harness's output file is read while it runs.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
+/// Refused destinations per session report (the server takes as many).
+const MAX_REFUSED_PER_REPORT: usize = protocol::MAX_EGRESS_REFUSED;
 /// How often the session is sent while lines arrive.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 pub(crate) enum ToReporter {
     Line(SessionLine),
     Usage(Usage),
+    /// A destination the step's proxy refused (each once).
+    EgressRefused(String),
 }
 
 /// Sends an attempt's session and heartbeats, beside its supervision, so that a slow or absent
@@ -49,6 +53,7 @@ pub(crate) async fn reporter(
     };
     let mut lines: Vec<SessionLine> = Vec::new();
     let mut usage = Usage::default();
+    let mut refused: Vec<String> = Vec::new();
     let mut dirty = false;
     let mut open = true;
     let mut tick = tokio::time::interval(REPORT_EVERY);
@@ -60,6 +65,7 @@ pub(crate) async fn reporter(
             msg = rx.recv(), if open => match msg {
                 Some(ToReporter::Line(l)) => { lines.push(l); dirty = true; }
                 Some(ToReporter::Usage(u)) => { if u != usage { usage = u; dirty = true; } }
+                Some(ToReporter::EgressRefused(d)) => { refused.push(d); dirty = true; }
                 None => {
                     open = false;
                     // The harness is gone: send what is left now, not at the next tick.
@@ -70,22 +76,25 @@ pub(crate) async fn reporter(
                 while dirty {
                     let mut size = 0;
                     let n = lines.iter().take(BATCH_LINES).take_while(|l| { size += l.line.len(); size <= BATCH_BYTES }).count().max(1).min(lines.len());
-                    let report = SessionReport { harness, lines: &lines[..n], usage: &usage };
+                    let told = refused.len().min(MAX_REFUSED_PER_REPORT);
+                    let report = SessionReport { harness, lines: &lines[..n], usage: &usage, egress_refused: &refused[..told] };
                     match shared.client.session(&step, &report).await {
                         Ok(answer) => {
                             last_renewed = Instant::now();
                             forward(answer.messages);
                             lines.drain(..n);
-                            dirty = !lines.is_empty();
+                            refused.drain(..told);
+                            dirty = !lines.is_empty() || !refused.is_empty();
                             if answer.stop {
                                 stop.stop(Stop::Server(answer.state));
                                 // Nothing more will be stored; stop sending.
                                 lines.clear();
+                                refused.clear();
                                 dirty = false;
                             }
                         }
-                        Err(ClientError::Conflict(_)) => { lines.clear(); dirty = false; }
-                        Err(e) if e.is_not_found() => { stop.stop(Stop::Server("gone".into())); lines.clear(); dirty = false; }
+                        Err(ClientError::Conflict(_)) => { lines.clear(); refused.clear(); dirty = false; }
+                        Err(e) if e.is_not_found() => { stop.stop(Stop::Server("gone".into())); lines.clear(); refused.clear(); dirty = false; }
                         Err(e) => {
                             tracing::warn!(step.id = %step, error = %e, "cannot send the session; keeping it for the next try");
                             break;

@@ -38,7 +38,7 @@ async fn waiting_messages(state: &AppState, host: &HostRow, step: StepId, now: S
     responses((status = 200, body = Standing)))]
 pub async fn start(State(state): State<AppState>, me: HostStep, JsonOrEmpty(body): JsonOrEmpty<StartStep>) -> Result<Json<Standing>, ApiError> {
     let harness = body.harness.as_deref().map(cap).unwrap_or_default();
-    let row = store::start(&state.db, &me.host, me.step, &harness).await?;
+    let row = store::start(&state.db, &me.host, me.step, &harness, body.unwalled).await?;
     Ok(Json(standing(row.state())))
 }
 
@@ -64,6 +64,10 @@ pub struct SessionReport {
     pub lines: Vec<SessionLine>,
     #[serde(default)]
     pub usage: Usage,
+    /// Destinations the step's proxy refused, `host:port`, each once; at most 32.
+    #[serde(default)]
+    #[schema(max_items = 32)]
+    pub egress_refused: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -91,7 +95,9 @@ pub async fn session(State(state): State<AppState>, me: HostStep, Json(body): Js
     }
     let lines: Vec<LogLine> = body.lines.into_iter().map(|l| LogLine { seq: l.seq, stream: l.stream, line: l.line }).collect();
     let harness = body.harness.as_deref().map(cap);
-    let r = store::report(&state.db, &me.host, me.step, harness.as_deref(), &lines, &body.usage, store::RUN_LOG_CAP_BYTES).await?;
+    at_most_items(&body.egress_refused, protocol::MAX_EGRESS_REFUSED, "refused destinations per report")?;
+    let report = store::Report { harness: harness.as_deref(), lines: &lines, usage: &body.usage, egress_refused: &body.egress_refused };
+    let r = store::report(&state.db, &me.host, me.step, report, store::RUN_LOG_CAP_BYTES).await?;
     let s = standing(r.state);
     let messages = waiting_messages(&state, &me.host, me.step, r.state).await?;
     Ok(Json(SessionAnswer { state: s.state, stop: s.stop, stored: r.stored, dropped: r.dropped, messages }))

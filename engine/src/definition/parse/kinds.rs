@@ -14,7 +14,8 @@ use crate::definition::edges::EdgeKind;
 use crate::definition::model::{
     Approval, Caps, Case, ChildWorkflow, Crew, Decision, End, EndOutcome, Field, FieldType, Gate, Harness, NodeKind, Output, OutputKind, Wait,
 };
-use protocol::{McpServer, Permissions, Policy, Tools};
+use protocol::egress::Rule;
+use protocol::{McpServer, Network, Permissions, Policy, Tools};
 
 /// The name of a node, kept with where it was written so that a missing one can be shown.
 pub(crate) fn node_ref(cx: &mut Cx, node: &YNode, path: &str) -> Option<(String, Pos)> {
@@ -33,7 +34,7 @@ pub(crate) fn trigger(cx: &mut Cx, node: &YNode, path: &str) -> Option<NodeKind>
 }
 
 pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
-    let f = mapping(cx, node, path, &["harness", "model", "prompt", "command", "caps", "expect", "permissions", "tools", "mcp"])?;
+    let f = mapping(cx, node, path, &["harness", "model", "prompt", "command", "caps", "expect", "permissions", "tools", "mcp", "network"])?;
     let harness = f.must_one_of(cx, "harness", &[("claude-code", Harness::ClaudeCode), ("codex", Harness::Codex), ("command", Harness::Command)]);
     let model = f.optional(cx, "model", nonempty_string);
     let prompt = f.optional(cx, "prompt", template_text);
@@ -43,6 +44,7 @@ pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
     let permissions = f.optional_one_of(cx, "permissions", &[("read", Permissions::Read), ("edit", Permissions::Edit), ("full", Permissions::Full)]);
     let tools = f.optional(cx, "tools", tools);
     let mcp = f.optional(cx, "mcp", mcp);
+    let network = f.optional(cx, "network", network);
 
     let harness = harness?;
     let mut ok = true;
@@ -88,7 +90,12 @@ pub(crate) fn crew(cx: &mut Cx, node: &YNode, path: &str) -> Option<Crew> {
         command: command?.unwrap_or_default(),
         caps: caps?.unwrap_or_default(),
         expect_changes: expect?,
-        policy: Policy { permissions: permissions?.unwrap_or_default(), tools: tools?.unwrap_or_default(), mcp: mcp?.unwrap_or_default() },
+        policy: Policy {
+            permissions: permissions?.unwrap_or_default(),
+            tools: tools?.unwrap_or_default(),
+            mcp: mcp?.unwrap_or_default(),
+            network: network?.unwrap_or_default(),
+        },
     })
 }
 
@@ -148,6 +155,31 @@ fn mcp_server(cx: &mut Cx, node: &YNode, path: &str) -> Option<McpServer> {
             None
         }
     }
+}
+
+/// The most destinations a node may allow.
+const NETWORK_MAX: usize = 64;
+
+/// `network: { allow: [host, host:port, "*.domain"] }`: where the step may connect beside its
+/// model API and its host's own list.
+fn network(cx: &mut Cx, node: &YNode, path: &str) -> Option<Network> {
+    let f = mapping(cx, node, path, &["allow"])?;
+    let allow = f.optional(cx, "allow", |cx, n, p| {
+        let list = string_list(cx, n, p)?;
+        if list.len() > NETWORK_MAX {
+            cx.report(n.pos, p, format!("at most {NETWORK_MAX} destinations"));
+            return None;
+        }
+        let mut ok = true;
+        for rule in &list {
+            if let Err(why) = Rule::parse(rule) {
+                cx.report(n.pos, p, why);
+                ok = false;
+            }
+        }
+        ok.then_some(list)
+    });
+    Some(Network { allow: allow?.unwrap_or_default() })
 }
 
 pub(crate) fn caps(cx: &mut Cx, node: &YNode, path: &str) -> Option<Caps> {

@@ -215,8 +215,9 @@ pub(crate) fn feeds_pull_request(def: &definition::Definition, node: &str) -> bo
     false
 }
 
-/// The host starts the harness on a step it leased: `leased → running`, fenced by holder.
-pub async fn start(pool: &Db, host: &HostRow, step: StepId, harness: &str) -> Result<StepRow> {
+/// The host starts the harness on a step it leased: `leased → running`, fenced by holder. A
+/// host that runs it without walls (`unwalled`) leaves a `step.unwalled` event naming itself.
+pub async fn start(pool: &Db, host: &HostRow, step: StepId, harness: &str, unwalled: bool) -> Result<StepRow> {
     let run = run_of(pool, host, step).await?;
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
@@ -232,6 +233,9 @@ pub async fn start(pool: &Db, host: &HostRow, step: StepId, harness: &str) -> Re
     .bind(harness)
     .execute(&mut *ch.tx)
     .await?;
+    if unwalled {
+        ch.event(run, "step.unwalled", Some((step, &row.node)), serde_json::json!({ "host": host.name }))?;
+    }
     ch.commit().await?;
     Ok(row)
 }

@@ -93,11 +93,26 @@ const OPEN_LOG_SIZE: &str = "INSERT INTO run_log_sizes (org_id, run_id) VALUES (
 const NOTE_TRANSCRIPT_CAP: &str = "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
      VALUES ($1, $2, (SELECT created_at FROM runs WHERE run_id = $2), $3, $4, 'note', $5) ON CONFLICT DO NOTHING";
 
-/// A session report: renews the lease, keeps the totals, and appends the lines the run's
-/// transcript cap (`cap_bytes`) still has room for. When the cap is first reached a note says
-/// so in the step's log. A host that no longer holds the step stores nothing and learns the
-/// step's state.
-pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&str>, lines: &[LogLine], usage: &Usage, cap_bytes: i64) -> Result<Reported> {
+/// What a host's session report carries.
+#[derive(Debug, Clone, Copy)]
+pub struct Report<'a> {
+    pub harness: Option<&'a str>,
+    pub lines: &'a [LogLine],
+    /// The session's running totals.
+    pub usage: &'a Usage,
+    /// Destinations the step's proxy refused (`host:port`), each a `step.egress_refused` event.
+    pub egress_refused: &'a [String],
+}
+
+/// The longest destination an event keeps.
+const DESTINATION_MAX: usize = 300;
+
+/// A session report: renews the lease, keeps the totals, appends the lines the run's
+/// transcript cap (`cap_bytes`) still has room for, and records each refused destination once
+/// per step. When the cap is first reached a note says so in the step's log. A host that no
+/// longer holds the step stores nothing and learns the step's state.
+pub async fn report(pool: &Db, host: &HostRow, step: StepId, r: Report<'_>, cap_bytes: i64) -> Result<Reported> {
+    let Report { harness, lines, usage, egress_refused } = r;
     check_usage(usage)?;
     let mut ch = Change::begin(pool, Actor::Host(host.host_id)).await?;
     // A report whose spend figure (the larger of the host's estimate and the reported cost)
@@ -113,7 +128,8 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
     .fetch_optional(&mut *ch.tx)
     .await?;
     if let Some((run, cost, recorded, tokens)) = before {
-        if spend_moves(usage, cost, recorded, tokens) {
+        // An event (a refused destination) is written under the run's lock too.
+        if spend_moves(usage, cost, recorded, tokens) || !egress_refused.is_empty() {
             ch.lock_run(host.org_id, run).await?;
         }
     }
@@ -198,6 +214,9 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
         .execute(&mut *ch.tx)
         .await?;
     }
+    if !egress_refused.is_empty() {
+        record_egress_refused(&mut ch, run, step, egress_refused).await?;
+    }
     let mut state = state;
     let (spent, recorded) = record_session_spend(&mut ch, host, run, step, usage).await?;
     record_usage(&mut ch.tx, host, run, step, harness, usage, stored as i64, recorded).await?;
@@ -214,6 +233,27 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, harness: Option<&st
     }
     ch.commit().await?;
     Ok(Reported { state, stored, dropped })
+}
+
+/// A `step.egress_refused` event for each destination not recorded for the step before (a
+/// report sent again records nothing twice).
+async fn record_egress_refused(ch: &mut Change, run: RunId, step: StepId, destinations: &[String]) -> Result<()> {
+    let (node, known): (String, Vec<String>) = sqlx::query_as(
+        "SELECT s.node, coalesce(array_agg(e.attrs->>'destination') FILTER (WHERE e.seq IS NOT NULL), '{}') FROM steps s \
+         LEFT JOIN run_events e ON e.run_id = s.run_id AND e.step_id = s.step_id AND e.kind = 'step.egress_refused' \
+         WHERE s.step_id = $1 GROUP BY s.node",
+    )
+    .bind(step)
+    .fetch_one(ch.conn())
+    .await?;
+    let mut seen: std::collections::HashSet<String> = known.into_iter().collect();
+    for dest in destinations {
+        let dest: String = cap(dest).chars().take(DESTINATION_MAX).collect();
+        if seen.insert(dest.clone()) {
+            ch.event(run, "step.egress_refused", Some((step, &node)), json!({ "destination": dest }))?;
+        }
+    }
+    Ok(())
 }
 
 /// The most tokens one session may report, a thousand times what the longest sessions spend.

@@ -83,6 +83,7 @@ pub(super) async fn render(
     let names = people::names(db, org_id, actors).await?;
     let decisions = approvals::decisions(&decided, &names);
     let journal = timeline::journal(&events, &names);
+    let walls = timeline::walls(&events);
     let created_by = names.get(&detail.run.created_by).cloned().unwrap_or_else(|| detail.run.created_by.clone());
     let projects = c.projects(s).await?;
     let mut page = Page::of(s, format!("{head} · {}", detail.run.id), "runs").project(project, projects);
@@ -120,6 +121,7 @@ pub(super) async fn render(
             forecast => forecast,
             steps => steps,
             journal => journal,
+            walls => walls,
             decisions => decisions,
             created_by => created_by,
             more_events => events.next_after.is_some(),

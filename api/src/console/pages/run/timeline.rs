@@ -70,6 +70,27 @@ pub(super) fn journal(events: &RunEventList, names: &HashMap<String, String>) ->
         .collect()
 }
 
+/// What the run's record says of its steps' walls, in words: each step that ran without them,
+/// and each destination a step was refused (the first 20).
+pub(super) fn walls(events: &RunEventList) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in &events.items {
+        let node = e.node.as_deref().unwrap_or("a step");
+        let attr = |k: &str| e.attrs.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+        match e.kind.as_str() {
+            "step.unwalled" => out.push(format!(
+                "{node} ran without walls: its host {} runs --unsandboxed, so the step could read and reach what the host's user can.",
+                attr("host")
+            )),
+            "step.egress_refused" if out.len() < 20 => {
+                out.push(format!("{node} was refused a connection to {}: not in its node's network.allow nor its host's --egress-allow.", attr("destination")))
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// A one-line summary of an event's attributes.
 fn summary(attrs: &Value) -> String {
     let Some(map) = attrs.as_object() else {
