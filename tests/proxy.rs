@@ -93,6 +93,11 @@ impl Proxy {
         self.shared.cuts.send_modify(|n| *n += 1);
     }
 
+    /// Ends a cut now: connections are relayed again.
+    pub fn heal(&self) {
+        *self.shared.refuse_until.lock().expect("the proxy's lock is never poisoned") = None;
+    }
+
     /// Whether a cut is in force.
     pub fn is_cut(&self) -> bool {
         self.shared.refusing()

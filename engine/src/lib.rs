@@ -220,7 +220,8 @@
 //!   Hand-written, because deadpool has no place for them: the task that drives the connection
 //!   and forwards its notifications (deadpool's own task drops them), the report of a loss while
 //!   idle (deadpool looks at a connection only when one is asked for, and a listener asks once),
-//!   and the backoff between failed attempts (1 s to 60 s, in the callers). See `engine/src/listen.rs`, "Network cuts".
+//!   and the backoff between failed attempts (`listen::Backoff`: 1 s, doubling, at most 5 s).
+//!   See `engine/src/listen.rs`, "Network cuts".
 //! - `db.rs` — connecting (`connect_guarded`: the serving processes' connections under
 //!   `GUARDS`, a 10 s statement, 5 s lock and 15 s idle-in-transaction timeout, so a frozen
 //!   process's transaction is ended and its locks released, and the server's TCP keepalives), and `Db`, what every pool is held

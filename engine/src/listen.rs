@@ -16,8 +16,9 @@
 //! [`Subscribing`] drives the connection and forwards them; deadpool looks at a connection only
 //! when one is asked for, and a listener asks once and holds it while it lives, so the loss of
 //! an idle connection is reported by that same task, and the lost connection is taken out of
-//! the pool; and deadpool has no backoff, so the callers wait between failed attempts (1 s to
-//! 60 s) as they did before.
+//! the pool; and deadpool has no backoff, so the callers wait between failed attempts
+//! ([`Backoff`]: 1 s, doubling, at most [`RETRY_CAP`], so a process is listening again within
+//! seconds of its database's return however long it was away).
 //!
 //! URLs are read by sqlx ([`crate::db::parse_url`]: the same URLs, `PG*` variables and
 //! `.pgpass` as the pool) and translated. There is no TLS to PostgreSQL in this build, as for
@@ -73,6 +74,44 @@ use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::db::DbError;
+
+/// The longest wait between two attempts to reach the database again (to subscribe, to claim):
+/// a failover's gap is seconds, and every second waited past the database's return is a second
+/// of work not started.
+pub const RETRY_CAP: Duration = Duration::from_secs(5);
+
+/// The wait before the next attempt after a failure: 1 s, doubling, at most [`RETRY_CAP`].
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff(Duration::from_secs(1))
+    }
+}
+
+impl Backoff {
+    /// The wait now, and the next one doubled.
+    pub fn wait(&mut self) -> Duration {
+        let wait = self.0;
+        self.0 = (self.0 * 2).min(RETRY_CAP);
+        wait
+    }
+
+    /// After a success: the next failure waits 1 s again.
+    pub fn reset(&mut self) {
+        *self = Backoff::default();
+    }
+
+    /// Sleeps for the next wait; true when `stop` was cancelled meanwhile.
+    pub async fn pause(&mut self, stop: &tokio_util::sync::CancellationToken) -> bool {
+        let wait = self.wait();
+        tokio::select! {
+            () = stop.cancelled() => true,
+            () = tokio::time::sleep(wait) => false,
+        }
+    }
+}
 
 /// How long connecting and subscribing may take before the attempt counts as failed.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

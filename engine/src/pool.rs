@@ -49,7 +49,7 @@ use crate::catalog::Catalog;
 use crate::executor::TestExecutor;
 use crate::github::{Executed, OutputExecutor};
 use crate::ids::{RunId, StepId};
-use crate::listen::{Listener, Target};
+use crate::listen::{Backoff, Listener, Target};
 use crate::state::StepState;
 use crate::store::engine_errors::{is_logic_error, run_local};
 use crate::store::steps::{self, Failure};
@@ -124,9 +124,12 @@ pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: Cance
         drain: drain.clone(),
     };
     let mut listener = Listener::new(&pool.cfg.listen, NOTIFY_CHANNEL);
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = Backoff::default();
     let mut scan = true;
     let mut timer: Option<Instant> = None;
+    // A failed claim is tried again at this time, while the loop goes on listening: a lost
+    // `LISTEN` is noticed and subscribed again at once, not after the claims' backoff.
+    let mut claim_retry: Option<Instant> = None;
     let mut drain_deadline: Option<Instant> = None;
 
     loop {
@@ -140,10 +143,14 @@ pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: Cance
         if !listener.is_subscribed() && !draining {
             // Subscribe before looking for work, so nothing committed meanwhile is missed.
             match listener.subscribe().await {
-                Ok(()) => scan = true,
+                // Then one look for what was missed, at once.
+                Ok(()) => {
+                    scan = true;
+                    claim_retry = None;
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in_s = backoff.as_secs(), "engine cannot LISTEN; retrying");
-                    if pause(&abort, &mut backoff).await {
+                    tracing::warn!(error = %e, "engine cannot LISTEN; retrying");
+                    if backoff.pause(&abort).await {
                         return Ok(());
                     }
                     continue;
@@ -154,20 +161,18 @@ pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: Cance
             let batch = std::mem::take(&mut pool.unrecorded);
             pool.start_recording(batch);
         }
-        if scan && !draining && pool.tasks.len() < pool.cfg.max_in_flight {
+        if scan && claim_retry.is_none() && !draining && pool.tasks.len() < pool.cfg.max_in_flight {
             match pool.claim_due().await {
                 Ok((next, more)) => {
                     // Stopped because every slot is taken: look again when one frees.
                     scan = more;
-                    backoff = Duration::from_secs(1);
+                    backoff.reset();
                     timer = next.map(|d| Instant::now() + d);
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in_s = backoff.as_secs(), "cannot claim wakes; retrying");
-                    if pause(&abort, &mut backoff).await {
-                        return Ok(());
-                    }
-                    continue;
+                    let wait = backoff.wait();
+                    tracing::warn!(error = %e, retry_in_s = wait.as_secs(), "cannot claim wakes; retrying");
+                    claim_retry = Some(Instant::now() + wait);
                 }
             }
         }
@@ -197,13 +202,13 @@ pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: Cance
             }
             Some(joined) = pool.recorders.join_next(), if !pool.recorders.is_empty() => match joined {
                 Ok(Recorded { result: Ok(jobs), .. }) => {
-                    backoff = Duration::from_secs(1);
+                    backoff.reset();
                     pool.spawn(jobs);
                 }
                 Ok(Recorded { batch, result: Err(e) }) => {
                     tracing::warn!(error = %e, "cannot record step completions; retrying");
                     pool.unrecorded.extend(batch);
-                    if pause(&abort, &mut backoff).await {
+                    if backoff.pause(&abort).await {
                         return Ok(());
                     }
                 }
@@ -228,6 +233,10 @@ pub async fn run(db: Db, cfg: PoolConfig, drain: CancellationToken, abort: Cance
             },
             () = sleep_until(timer), if timer.is_some() => {
                 timer = None;
+                scan = true;
+            }
+            () = sleep_until(claim_retry), if claim_retry.is_some() => {
+                claim_retry = None;
                 scan = true;
             }
         }
@@ -493,15 +502,5 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Sleeps for the backoff (doubling, 1 s to 60 s); true when aborted meanwhile.
-async fn pause(abort: &CancellationToken, backoff: &mut Duration) -> bool {
-    let wait = *backoff;
-    *backoff = (*backoff * 2).min(Duration::from_secs(60));
-    tokio::select! {
-        () = abort.cancelled() => true,
-        () = tokio::time::sleep(wait) => false,
     }
 }

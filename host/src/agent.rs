@@ -89,7 +89,13 @@ async fn credential(settings: &Settings, token: Option<&str>) -> Result<Credenti
         .ok_or_else(|| HostError::Setup("no credential yet: pass --token with a registration token (an admin makes one under the project's hosts)".into()))?;
     match token_kind(token).as_deref() {
         Some("registration") => {
-            let body = RegisterHost { name: settings.name.clone(), capabilities: settings.capabilities.clone(), max_concurrent: Some(settings.slots) };
+            // A host without walls says so where its project's people see it (its capabilities);
+            // each step it starts says so on its run too.
+            let mut capabilities = settings.capabilities.clone();
+            if !settings.walls.walled() {
+                capabilities.push(UNSANDBOXED.into());
+            }
+            let body = RegisterHost { name: settings.name.clone(), capabilities, max_concurrent: Some(settings.slots) };
             let c = Client::register(&settings.server, token, &body).await.map_err(|e| HostError::Setup(format!("cannot register: {e}")))?;
             save_credential(&path, &c)?;
             tracing::info!(host.id = %c.host_id, "registered");
@@ -114,13 +120,16 @@ fn save_credential(path: &Path, c: &Credential) -> Result<(), HostError> {
 }
 
 /// Runs the host agent until it is drained or aborted.
+/// The capability a host run `--unsandboxed` registers with.
+pub const UNSANDBOXED: &str = "unsandboxed";
+
 pub async fn run(args: HostArgs) -> Result<(), HostError> {
     let settings = Settings::from_args(&args).map_err(HostError::Setup)?;
     if !settings.walls.walled() {
-        tracing::warn!("--unsandboxed: crew steps run without walls and can read what this host's user can");
+        tracing::warn!("--unsandboxed: crew steps run without walls, and can read and reach what this host's user can");
     }
     if let crate::limits::Cgroups::Unavailable(why) = &settings.cgroups {
-        tracing::warn!(why, "steps run without limits on their processes and memory");
+        tracing::warn!(why, "steps run without limits on their processes and memory (CPU time: per process)");
     }
     std::fs::create_dir_all(&settings.work_dir).map_err(|e| HostError::Setup(format!("cannot create {}: {e}", settings.work_dir.display())))?;
     let _lock = lock_work_dir(&settings.work_dir)?;

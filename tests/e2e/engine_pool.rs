@@ -1,5 +1,5 @@
 //! The engine pool as real processes: throughput with two engines, recovery after SIGKILL, a
-//! PostgreSQL restart, and an idle pool that sends nothing.
+//! PostgreSQL restart, a link cut while claims fail, and an idle pool that sends nothing.
 
 use std::path::Path;
 use std::time::Duration;
@@ -7,6 +7,7 @@ use std::time::Duration;
 use engine::db::Db;
 use engine::testkit::{TestDb, join_and_loop, test_db};
 use serde_json::{Value, json};
+use shopfloor_tests::proxy::Proxy;
 use shopfloor_tests::{EngineProcess, Invariants, check_invariants, effects_count, own_cluster, scalar, seed, submit_many, until_all_done};
 
 /// Steps per run: plan, left, right, ci (fails), left, ci, ship.
@@ -107,6 +108,48 @@ async fn engines_reconnect_after_a_postgres_restart_and_finish_every_run() {
     assert_eq!(check_invariants(&pool, &effects).await, Invariants::default());
     pool.close().await;
     pg.stop().unwrap();
+}
+
+/// Waits (a generous deadline that only fails a hung engine) until `sql`'s count is `want`.
+async fn until_count(pool: &Db, sql: &str, want: i64, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while scalar(pool, sql).await != want {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: `{sql}` never counted {want}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_engine_cut_off_while_it_claims_listens_again_and_finds_what_it_missed() {
+    let db = test_db().await;
+    let url = reqwest::Url::parse(&db.url).unwrap();
+    let server = std::net::SocketAddr::new(url.host_str().unwrap().parse().unwrap(), url.port().unwrap_or(5432));
+    let proxy = Proxy::start(server).await.unwrap();
+    let mut through = reqwest::Url::parse(&proxy.url_for(&db.url)).unwrap();
+    through.query_pairs_mut().append_pair("application_name", "cut-engine");
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects");
+    let s = seed(&db.pool, &join_and_loop("shipped")).await;
+    let _engine = EngineProcess::start(through.as_str(), "cut", &effects);
+    let listening = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cut-engine' AND query ILIKE 'LISTEN%'";
+    until_count(&db.pool, listening, 1, "the engine listens").await;
+
+    // The link goes: its LISTEN connection and its pool's with it, and every attempt to reach
+    // the database again is turned away, while runs are submitted that it is not told of.
+    proxy.cut_for(Duration::from_secs(3600));
+    until_count(&db.pool, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cut-engine'", 0, "the engine's connections are gone").await;
+    submit_many(&db.pool, &s, 5, json!({})).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while proxy.stats().refused < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "the engine stopped trying to reach its database");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Back: it listens again, then looks for what it missed, and every run finishes.
+    proxy.heal();
+    until_count(&db.pool, listening, 1, "the engine listens again").await;
+    assert_eq!(until_all_done(&db.pool, Duration::from_secs(180)).await, 0, "runs still running after the link came back");
+    assert_eq!(check_invariants(&db.pool, &effects).await, Invariants::default());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -89,7 +89,8 @@ async fn a_host_runs_crew_steps_in_worktrees_and_pushes_the_branch() {
     assert_eq!((cost, tokens), (0.012346, 77));
     let kinds: Vec<String> =
         sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 AND node = 'build' ORDER BY seq").bind(run).fetch_all(&env.db.pool).await.unwrap();
-    assert_eq!(kinds, ["step.created", "step.leased", "step.running", "step.succeeded", "step.session"]);
+    // The tests' hosts run --unsandboxed, and each step they start says so.
+    assert_eq!(kinds, ["step.created", "step.leased", "step.running", "step.unwalled", "step.succeeded", "step.session"]);
     let audited: i64 =
         sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE actor_kind = 'host' AND action IN ('step.running', 'step.succeeded', 'step.session')")
             .fetch_one(&env.db.pool)

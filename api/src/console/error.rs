@@ -28,6 +28,9 @@ pub enum ConsoleError {
     /// A limit of the REST route behind the page (a token's open streams, a full queue).
     #[error("{0}")]
     Limited(String),
+    /// The database (or another dependency) is away; sent with `Retry-After`.
+    #[error("{0}")]
+    Unavailable(String),
     /// The cause is logged, never shown.
     #[error("internal error")]
     Internal(String),
@@ -41,7 +44,7 @@ impl ConsoleError {
 
 impl From<sqlx::Error> for ConsoleError {
     fn from(e: sqlx::Error) -> Self {
-        ConsoleError::Internal(e.to_string())
+        ConsoleError::from(ApiError::from(e))
     }
 }
 
@@ -59,6 +62,7 @@ impl From<ApiError> for ConsoleError {
             ApiError::Unauthorized(_) => ConsoleError::SignIn { next: "/".into() },
             ApiError::Internal(m) => ConsoleError::Internal(m),
             ApiError::TooManyRequests(m) => ConsoleError::Limited(m),
+            ApiError::Unavailable(m) => ConsoleError::Unavailable(m),
             other if other.status().is_server_error() => ConsoleError::Internal(other.to_string()),
             other => ConsoleError::BadRequest(other.to_string()),
         }
@@ -78,6 +82,7 @@ impl IntoResponse for ConsoleError {
             ConsoleError::BadRequest(_) => (StatusCode::BAD_REQUEST, "Bad request"),
             ConsoleError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "Too many attempts"),
             ConsoleError::Limited(_) => (StatusCode::TOO_MANY_REQUESTS, "Too many requests"),
+            ConsoleError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "Unavailable for a moment"),
             ConsoleError::Internal(cause) => {
                 tracing::error!(error = %cause, "console request failed");
                 (StatusCode::INTERNAL_SERVER_ERROR, "Something went wrong")
@@ -91,9 +96,29 @@ impl IntoResponse for ConsoleError {
         );
         let mut response = (status, body).into_response();
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
-        if let ConsoleError::TooManyRequests(wait) = self {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(crate::http::error::retry_after_secs(wait)));
+        match self {
+            ConsoleError::TooManyRequests(wait) => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(crate::http::error::retry_after_secs(wait)));
+            }
+            ConsoleError::Unavailable(_) => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(crate::http::error::UNAVAILABLE_RETRY_SECS));
+            }
+            _ => {}
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_while_the_database_is_away_is_a_503_with_retry_after() {
+        let response = ConsoleError::from(sqlx::Error::PoolTimedOut).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "5");
+        let response = ConsoleError::from(engine::store::StoreError::Sql(sqlx::Error::PoolClosed)).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -91,6 +91,8 @@ pub enum ApiError {
     /// `Idempotency-Key`.
     #[error("the request took longer than {} s and was stopped; it may or may not have taken effect", .0.as_secs())]
     TimedOut(std::time::Duration),
+    /// A dependency is away (the database unreachable, its pool exhausted, a failover under
+    /// way): nothing was written; sent with `Retry-After`.
     #[error("{0}")]
     Unavailable(String),
     /// A transient database refusal (deadlock, serialization failure): nothing was written,
@@ -176,6 +178,9 @@ impl IntoResponse for ApiError {
                 tracing::warn!("a change was rolled back by a deadlock or serialization failure");
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
+            ApiError::Unavailable(_) => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(UNAVAILABLE_RETRY_SECS));
+            }
             _ => {}
         }
         response
@@ -195,8 +200,29 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// What a client is told to wait while the database is away: a failover takes seconds.
+pub const UNAVAILABLE_RETRY_SECS: u64 = 5;
+
+/// What a client is told while the database is away.
+pub const DATABASE_AWAY: &str = "the database is unreachable for now; nothing was changed, try again shortly";
+
+/// Whether a database error says the database is away rather than that the request was wrong:
+/// no connection to be had (refused, reset, timed out waiting for the pool), or the server
+/// shutting down, starting, or out of connections (SQLSTATE classes 08 and 53, and 57P01-03).
+pub fn database_away(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("53") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        _ => false,
+    }
+}
+
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
+        if database_away(&e) {
+            tracing::warn!(error = %e, "the database is away");
+            return ApiError::Unavailable(DATABASE_AWAY.into());
+        }
         // Constraint violations are races the checks before them could not see (two creates
         // with one name): the client's conflict, not our failure.
         if let sqlx::Error::Database(db) = &e {
@@ -268,6 +294,19 @@ mod tests {
         assert_eq!(ApiError::from(StoreError::Conflict("x".into())).status(), StatusCode::CONFLICT);
         assert_eq!(ApiError::from(StoreError::Stale("x".into())).status(), StatusCode::CONFLICT);
         assert_eq!(ApiError::from(StoreError::Invalid("x".into())).status(), StatusCode::UNPROCESSABLE_ENTITY);
-        assert_eq!(ApiError::from(StoreError::Sql(sqlx::Error::PoolTimedOut)).status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[tokio::test]
+    async fn a_database_that_is_away_is_a_503_with_retry_after() {
+        let refused = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        for e in [StoreError::Sql(sqlx::Error::PoolTimedOut), StoreError::Sql(refused)] {
+            let response = ApiError::from(e).into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(response.headers()[header::RETRY_AFTER], "5");
+            let body = axum::body::to_bytes(response.into_body(), 4096).await.unwrap();
+            let p: Problem = serde_json::from_slice(&body).unwrap();
+            assert_eq!(p.kind, "https://shopfloor.dev/problems/unavailable");
+        }
+        assert_eq!(ApiError::from(sqlx::Error::RowNotFound).status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

@@ -198,7 +198,7 @@ async fn follow(
     db: Db, target: Target, tx: broadcast::Sender<Arc<StreamEvent>>, pos: Arc<tokio::sync::Mutex<Option<Position>>>, ready: watch::Sender<u64>,
     logs: broadcast::Sender<RunId>, stop: CancellationToken,
 ) {
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = engine::listen::Backoff::default();
     let mut listener = Listener::new(&target, NOTIFY_CHANNEL);
     loop {
         let subscribed = tokio::select! {
@@ -206,13 +206,13 @@ async fn follow(
             s = listener.subscribe() => s,
         };
         if let Err(e) = subscribed {
-            tracing::warn!(error = %e, retry_in_s = backoff.as_secs(), "event hub cannot LISTEN; retrying");
-            if pause(&stop, &mut backoff).await {
+            tracing::warn!(error = %e, "event hub cannot LISTEN; retrying");
+            if backoff.pause(&stop).await {
                 return;
             }
             continue;
         }
-        backoff = Duration::from_secs(1);
+        backoff.reset();
         // Subscribed before reading, so nothing committed from now on goes unnoticed; and
         // read once after each (re)connect, since notifications may have been missed.
         ready.send_modify(|n| *n += 1);
@@ -247,16 +247,6 @@ async fn follow(
                 },
             }
         }
-    }
-}
-
-/// Sleeps for the backoff (doubling, 1 s to 60 s); true when stopped meanwhile.
-async fn pause(stop: &CancellationToken, backoff: &mut Duration) -> bool {
-    let wait = *backoff;
-    *backoff = (*backoff * 2).min(Duration::from_secs(60));
-    tokio::select! {
-        () = stop.cancelled() => true,
-        () = tokio::time::sleep(wait) => false,
     }
 }
 

@@ -13,14 +13,15 @@
 //! - A request without one, and a credential that was refused (a 401), are charged to the
 //!   client's address: so a spray of made-up tokens, each of them new to the token buckets, is
 //!   caught here. While an address's bucket is empty, everything from it is refused, whatever
-//!   it carries (governor cannot look at a bucket without taking from it, so the time it is
-//!   empty until is kept beside it, `dry`).
+//!   it carries, but a webhook delivery whose signature holds (governor cannot look at a
+//!   bucket without taking from it, so the time it is empty until is kept beside it, `dry`).
 //! - The console's sign-in (`/signin/token`, `/auth/github`, `/auth/github/callback`) has a
 //!   bucket per address of its own, per minute: each attempt may verify a token or call GitHub.
-//! - GitHub's webhook deliveries whose signature holds are charged to nothing: GitHub sends
-//!   from a few addresses, in bursts as large as the events behind them, and does not send a
-//!   refused delivery again, so a limit there would lose events. A delivery whose signature
-//!   fails is a refused credential, charged to its address like a 401 of the API (`webhooks`).
+//! - GitHub's webhook deliveries whose signature holds are charged to nothing and refused by
+//!   nothing, whatever their address's state: GitHub sends from a few addresses, in bursts as
+//!   large as the events behind them, and does not send a refused delivery again, so a limit
+//!   there would lose events. A delivery whose signature fails is a refused credential, charged
+//!   to its address like a 401 of the API (`webhooks`).
 //!
 //! The address is the peer's (`ConnectInfo`), or with `SHOPFLOOR_TRUST_FORWARDED_FOR` the last
 //! address of `X-Forwarded-For` (the one the proxy in front of us appended). IPv6 addresses

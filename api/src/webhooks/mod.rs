@@ -122,11 +122,16 @@ pub fn router(state: WebhookState) -> Router {
         .with_state(state)
 }
 
-/// Before the body is read: a refused address is answered 429, a declared length over the
-/// cap 413. After the answer: a bad signature is charged to the sender's address.
+/// A delivery whose signature holds is never refused by a rate limit: GitHub does not send a
+/// refused delivery again, and one sender's bad signatures must not lock out GitHub's sharing
+/// its address (behind a proxy, everyone's). So before the body is read only what cannot be a
+/// signed delivery is refused from an emptied address (no signature header: 429), and a
+/// declared length over the cap 413; after the answer a bad signature is charged to the
+/// sender's address, and from an emptied one answered 429.
 async fn guard(State(state): State<WebhookState>, request: Request, next: Next) -> Response {
     let address = state.limits.address(&request);
-    if let Some(wait) = address.and_then(|a| state.limits.refused(a)) {
+    let refused = address.and_then(|a| state.limits.refused(a));
+    if let Some(wait) = refused.filter(|_| !request.headers().contains_key(SIGNATURE)) {
         return WebhookError::RateLimited(wait).into_response();
     }
     if declared_length(request.headers()).is_some_and(|n| n > BODY_LIMIT as u64) {
@@ -134,11 +139,17 @@ async fn guard(State(state): State<WebhookState>, request: Request, next: Next) 
     }
     let response = next.run(request).await;
     if let (Some(address), StatusCode::UNAUTHORIZED) = (address, response.status()) {
-        // The answer stands; what follows from this address may be refused.
-        let _ = state.limits.charge_address(address);
+        // What follows from this address may be refused.
+        let charged = state.limits.charge_address(address);
+        if let Some(wait) = refused.or(charged.err()) {
+            return WebhookError::RateLimited(wait).into_response();
+        }
     }
     response
 }
+
+/// The header a signed delivery carries.
+const SIGNATURE: &str = "x-hub-signature-256";
 
 /// Every way a delivery is refused.
 #[derive(Debug, thiserror::Error)]
@@ -218,7 +229,7 @@ async fn github(state: State<WebhookState>, headers: HeaderMap, body: Bytes) -> 
 
 async fn handle(State(state): State<WebhookState>, headers: &HeaderMap, body: Bytes) -> Result<Response, WebhookError> {
     let secret = state.secret.as_deref().ok_or(WebhookError::NoSecret)?;
-    let signature = headers.get("x-hub-signature-256").ok_or(WebhookError::MissingSignature)?.to_str().map_err(|_| WebhookError::BadSignature)?;
+    let signature = headers.get(SIGNATURE).ok_or(WebhookError::MissingSignature)?.to_str().map_err(|_| WebhookError::BadSignature)?;
     if !verify(secret, &body, signature) {
         return Err(WebhookError::BadSignature);
     }

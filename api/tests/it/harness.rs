@@ -18,6 +18,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use shopfloor_tests::github_fake::oauth::FakeOauth;
 use shopfloor_tests::in_process::{self, Served};
+use shopfloor_tests::proxy::Proxy;
 use tokio_util::sync::CancellationToken;
 
 /// The server under test.
@@ -37,8 +38,21 @@ impl App {
     /// on 127.0.0.1:0; each request carries its peer's address when `peers` (as `shopfloor api`
     /// serves it).
     pub(crate) async fn serve(peers: bool, build: impl FnOnce(&AppState, &FakeOauth) -> axum::Router) -> App {
+        App::serve_through(None, peers, build).await
+    }
+
+    /// As [`App::serve`]; with `proxy` (which can cut the link), the server reaches the test's
+    /// database through it, while the test's own pool stays direct.
+    pub(crate) async fn serve_through(proxy: Option<&Proxy>, peers: bool, build: impl FnOnce(&AppState, &FakeOauth) -> axum::Router) -> App {
         let db = test_db().await;
-        let state = AppState::new(db.pool.clone(), db.url.parse().unwrap(), engine::testkit::secret_key());
+        let (pool, url) = match proxy {
+            None => (db.pool.clone(), db.url.clone()),
+            Some(p) => {
+                let url = p.url_for(&db.url);
+                (engine::db::connect_guarded(&url, 8, engine::db::Route::Direct).await.expect("the proxy relays"), url)
+            }
+        };
+        let state = AppState::new(pool, url.parse().unwrap(), engine::testkit::secret_key());
         let github = FakeOauth::start().await;
         let router = build(&state, &github);
         let Served { base, stop } = in_process::serve(router, peers, move || state.close_streams()).await;

@@ -1,6 +1,7 @@
 //! The abuse limits over HTTP, against the whole app served as `shopfloor api` serves it (REST,
 //! webhooks, console; each request with its peer's address), with limits set low: a token over
-//! its rate, a spray of made-up tokens caught per address, sign-in per address, the cap on
+//! its rate, a spray of made-up tokens caught per address (never a signed webhook delivery from
+//! it), sign-in per address, the cap on
 //! open event streams, bodies refused by their declared length before they are read, and the
 //! request timeout, which cuts neither an event stream nor the host claim's long poll.
 //!
@@ -88,6 +89,39 @@ async fn made_up_tokens_and_anonymous_requests_are_counted_per_address() {
     let (passed, headers, body) = until_refused(|_| anonymous.get(app.url("/healthz")), |s| assert_eq!(s, StatusCode::OK)).await;
     assert!(passed >= 5, "{passed}");
     problem(StatusCode::TOO_MANY_REQUESTS, &headers, &body);
+    app.finish().await;
+}
+
+/// A delivery of GitHub's `ping` event, signed with `secret`.
+fn ping(client: &reqwest::Client, app: &App, secret: &str) -> reqwest::RequestBuilder {
+    let body = br#"{"zen":"Keep it logically awesome.","hook_id":1}"#;
+    client
+        .post(app.url("/webhooks/github"))
+        .header(CONTENT_TYPE, "application/json")
+        .header("x-github-event", "ping")
+        .header("x-github-delivery", uuid::Uuid::new_v4().to_string())
+        .header("x-hub-signature-256", shopfloor_tests::github_fake::payloads::sign(secret, body))
+        .body(body.as_slice())
+}
+
+#[tokio::test]
+async fn a_signed_delivery_is_taken_from_an_address_that_bad_signatures_emptied() {
+    let app = App::with_limits(&LimitArgs { per_address: 1, per_address_burst: 3, ..LimitArgs::default() }, SECRET).await;
+    // Someone behind GitHub's address (or the same proxy) sends badly signed deliveries until
+    // the address is refused.
+    let shared = from("127.0.0.7");
+    let (passed, ..) = until_refused(|_| ping(&shared, &app, "not the secret"), |s| assert_eq!(s, StatusCode::UNAUTHORIZED)).await;
+    assert!(passed >= 2, "{passed}");
+    assert_eq!(ping(&shared, &app, "not the secret").send().await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    // GitHub's own deliveries from there are still taken, every one.
+    for _ in 0..10 {
+        let status = ping(&shared, &app, SECRET).send().await.unwrap().status();
+        assert!(status.is_success(), "a signed delivery was answered {status}");
+    }
+    // A request without a signature is refused before its body is read.
+    let unsigned = shared.post(app.url("/webhooks/github")).header("x-github-event", "ping").body("{}").send().await.unwrap();
+    assert_eq!(unsigned.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(unsigned.headers().contains_key(RETRY_AFTER));
     app.finish().await;
 }
 

@@ -19,5 +19,6 @@ mod row_security;
 mod signing_keys;
 mod support;
 mod tenancy;
+mod unavailable;
 mod webhooks_out;
 mod workflows;

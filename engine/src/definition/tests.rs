@@ -242,7 +242,10 @@ fn unknown_keys_and_kinds_name_what_is_allowed() {
         &[
             (2, "descripton: unknown key `descripton` (allowed: name, on, concurrency, throttle, budget, approval, nodes, stop_the_line_attempts)"),
             (3, "concurrency.limt: unknown key `limt` (allowed: group, limit, policy)"),
-            (9, "nodes.plan.crew.temperature: unknown key `temperature` (allowed: harness, model, prompt, command, caps, expect, permissions, tools, mcp)"),
+            (
+                9,
+                "nodes.plan.crew.temperature: unknown key `temperature` (allowed: harness, model, prompt, command, caps, expect, permissions, tools, mcp, network)",
+            ),
             (10, "nodes.plan.retry.jitter: unknown key `jitter` (allowed: attempts, backoff, max_backoff, exit_codes)"),
             (11, "nodes.plan.priority: unknown key `priority` (allowed: after, requires, retry, timeout, continue_on_error, failure, crew)"),
             (14, "nodes.build.agent: unknown node kind `agent` (kinds: trigger, crew, gate, approval, decision, output, wait, workflow, end)"),
