@@ -2,8 +2,10 @@
 //! cancelled (its engine is `engine::testkit::Engine`). Shared by the API's own tests
 //! (`api/tests/it/support.rs`) and the console's (`tests/console/support.rs`).
 
-use std::net::SocketAddr;
+use std::future::Future;
+use std::pin::Pin;
 
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// A router served on loopback at `base`, until `stop` is cancelled.
@@ -12,25 +14,31 @@ pub struct Served {
     pub stop: CancellationToken,
 }
 
-/// Serves `router` on a port of its own on 127.0.0.1; each request carries its peer's address
-/// when `peers` (`ConnectInfo<SocketAddr>`, as `shopfloor api` serves it). `closing` runs once
+/// When a server stops taking connections.
+pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Serves `router` on a port of its own on 127.0.0.1 with axum's own loop. `closing` runs once
 /// `stop` is cancelled, before the server drains (an app's event streams end there).
-pub async fn serve(router: axum::Router, peers: bool, closing: impl FnOnce() + Send + 'static) -> Served {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+pub async fn serve(router: axum::Router, closing: impl FnOnce() + Send + 'static) -> Served {
+    serve_with(router, closing, |listener, router, shutdown| async move {
+        let _ = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+    })
+    .await
+}
+
+/// As [`serve`], by `serve` (a listener's loop: `api::http::serve::serve`, as `shopfloor api`
+/// serves the app, with peers' addresses and its head-read bound).
+pub async fn serve_with<F: Future<Output = ()> + Send + 'static>(
+    router: axum::Router, closing: impl FnOnce() + Send + 'static, serve: impl FnOnce(TcpListener, axum::Router, Shutdown) -> F,
+) -> Served {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let base = format!("http://{}", listener.local_addr().expect("local addr"));
     let stop = CancellationToken::new();
     let cancelled = stop.clone();
-    let shutdown = async move {
+    let shutdown: Shutdown = Box::pin(async move {
         cancelled.cancelled().await;
         closing();
-    };
-    tokio::spawn(async move {
-        if peers {
-            let app = router.into_make_service_with_connect_info::<SocketAddr>();
-            let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
-        } else {
-            let _ = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
-        }
     });
+    tokio::spawn(serve(listener, router, shutdown));
     Served { base, stop }
 }

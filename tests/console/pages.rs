@@ -89,6 +89,93 @@ async fn the_run_page_says_a_step_ran_without_walls_and_where_it_was_refused() {
     app.discard().await;
 }
 
+/// The headers every answer must carry, and `no-store` unless it says otherwise.
+fn hardened(a: &Answer, what: &str) {
+    for (name, want) in [("x-content-type-options", "nosniff"), ("referrer-policy", "same-origin"), ("x-frame-options", "DENY")] {
+        assert_eq!(a.headers.get(name).and_then(|v| v.to_str().ok()), Some(want), "{what}: {name}");
+    }
+    let csp = a.headers.get("content-security-policy").and_then(|v| v.to_str().ok()).unwrap_or_else(|| panic!("{what}: no CSP"));
+    assert!(csp.contains("frame-ancestors 'none'"), "{what}: {csp}");
+    if a.headers.get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("text/html")) {
+        assert!(csp.contains("script-src 'self'"), "{what}: {csp}");
+    }
+}
+
+#[tokio::test]
+async fn every_answer_carries_the_security_headers_error_pages_included() {
+    let (app, _org, mut b) = acme_owner(false).await;
+    let mut answers = Vec::new();
+    for (path, status, what) in [
+        ("/orgs/acme", StatusCode::OK, "a page"),
+        ("/orgs/acme/projects/nope/runs", StatusCode::NOT_FOUND, "a console 404"),
+        ("/api/v1/no/such/route", StatusCode::NOT_FOUND, "a REST 404"),
+        ("/api/v1/orgs/acme/projects", StatusCode::UNAUTHORIZED, "a REST 401"),
+    ] {
+        let a = b.get(path).await;
+        assert_eq!(a.status, status, "{what}");
+        hardened(&a, what);
+        answers.push(a);
+    }
+    let forged = b.post("/signout", &[("_csrf", "not the form's")]).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    hardened(&forged, "a console 403");
+    answers.push(forged);
+    for a in &answers {
+        assert_eq!(a.headers.get("cache-control").and_then(|v| v.to_str().ok()), Some("no-store"));
+    }
+    // A static file keeps its own caching.
+    let css = b.get("/static/console.css").await;
+    hardened(&css, "the stylesheet");
+    assert!(css.headers["cache-control"].to_str().unwrap().starts_with("public"));
+    // Served over http here: no HSTS.
+    assert!(!answers[0].headers.contains_key("strict-transport-security"));
+    app.discard().await;
+}
+
+#[tokio::test]
+async fn a_console_session_is_no_api_token_and_a_planted_pre_sign_in_cookie_signs_nobody_in() {
+    let (app, org, mut b) = acme_owner(false).await;
+    let session = b.cookies.get("shopfloor_session").cloned().expect("signed in");
+    let token = session.split('~').find_map(|e| e.strip_prefix("acme.")).expect("acme's session token").to_owned();
+    // As a bearer token of the REST API it is refused, and mints nothing.
+    let mint = reqwest::Client::new()
+        .post(format!("{}/api/v1/orgs/acme/tokens", b.base))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({ "name": "from a stolen cookie", "role": "owner" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mint.status(), StatusCode::UNAUTHORIZED);
+    assert!(mint.text().await.unwrap().contains("console session is not an API token"));
+    // The console still takes it.
+    assert_eq!(b.get("/orgs/acme").await.status, StatusCode::OK);
+    // Nor may an API token take the sessions' name.
+    let named = reqwest::Client::new()
+        .post(format!("{}/api/v1/orgs/acme/tokens", b.base))
+        .bearer_auth(&org.owner_token)
+        .json(&serde_json::json!({ "name": "Console Session", "role": "viewer" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(named.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // A pre-sign-in cookie this server never made, posted with the CSRF field derived from it
+    // (as another site that can set cookies for this one would): no one is signed in.
+    let planted = "planted-by-someone-else-0123456789abcdef";
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(format!("shopfloor console csrf\n{planted}").as_bytes());
+    let csrf = data_encoding::BASE64URL_NOPAD.encode(&digest[..24]);
+    let mut stranger = Browser::new(&b.base);
+    stranger.cookies.insert("shopfloor_pre".into(), planted.into());
+    let answer = stranger.post_form("/signin/token", &csrf, &[("token", &org.owner_token), ("next", "/")]).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert!(!stranger.cookies.contains_key("shopfloor_session"));
+    // The cookie the server made still works.
+    let mut person = Browser::new(&b.base);
+    assert!(person.sign_in_with_token(&org.owner_token).await.status.is_success());
+    assert!(person.cookies.contains_key("shopfloor_session"));
+    app.discard().await;
+}
+
 #[tokio::test]
 async fn revoking_a_pasted_token_ends_the_sessions_made_from_it() {
     let (app, org) = acme(false).await;

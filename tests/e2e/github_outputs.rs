@@ -104,7 +104,15 @@ async fn a_crash_after_the_pull_request_opened_leaves_exactly_one_after_recovery
     for mint in &mints {
         let auth = mint.authorization.clone().unwrap_or_default();
         let jwt = auth.strip_prefix("Bearer ").unwrap_or_default();
-        assert_eq!(jwt.split('.').count(), 3, "an RS256 JWT: {auth}");
+        // As GitHub checks it: RS256 under the App's public key, issued by the App's id, not
+        // yet expired, at most ten minutes long.
+        let public = std::fs::read(shopfloor_tests::github_fake::app_public_key()).unwrap();
+        let key = jsonwebtoken::DecodingKey::from_rsa_pem(&public).unwrap();
+        let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+        validation.set_required_spec_claims(&["exp", "iat", "iss"]);
+        validation.set_issuer(&["1"]);
+        let claims = jsonwebtoken::decode::<Value>(jwt, &key, &validation).unwrap_or_else(|e| panic!("not the App's JWT ({e}): {auth}")).claims;
+        assert!(claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap() <= 600, "{claims}");
         assert_eq!(mint.body, json!({ "repositories": ["widgets"], "permissions": { "pull_requests": "write", "contents": "read" } }));
     }
     for call in env.fake.requests().iter().filter(|r| r.path.starts_with("/repos/")) {

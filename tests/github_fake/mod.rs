@@ -23,6 +23,12 @@ pub fn app_key() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake").join("test_app_key.pem")
 }
 
+/// The App's public key (`test_app_key.pub.pem`, `openssl rsa -pubout` of [`app_key`]): what
+/// GitHub checks the App's JWTs with.
+pub fn app_public_key() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("github_fake").join("test_app_key.pub.pem")
+}
+
 /// Makes `cmd` (a `shopfloor` process) the GitHub App, id 1 with [`app_key`], against the
 /// fake GitHub at `url`, each request given up after `timeout_secs`.
 pub fn as_app<'c>(cmd: &'c mut Command, url: &str, timeout_secs: u32) -> &'c mut Command {

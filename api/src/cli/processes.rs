@@ -222,12 +222,15 @@ async fn bind(addr: &std::net::SocketAddr, var: &str) -> Result<TcpListener, Cli
 /// the metrics middleware. Serve it with connect info (`into_make_service_with_connect_info`)
 /// so that the per-address limits know each request's peer; set the state's limits first.
 pub fn app(state: &AppState, webhook_secret: Option<secrecy::SecretString>, console: crate::console::ConsoleConfig) -> axum::Router {
+    let tls = http::harden::Tls(console.public_url.as_deref().is_some_and(|u| u.starts_with("https://")));
     // The webhooks need the App's secret, which the REST router's state does not carry.
     http::router(state.clone())
         .merge(crate::webhooks::router(crate::webhooks::WebhookState::new(state.system.clone(), webhook_secret).with_limits(state.limits())))
         .merge(crate::console::router(state.clone(), console))
         // Around every route (so the matched route is known): requests by route and status.
         .layer(axum::middleware::from_fn(http::metrics::track))
+        // Outermost: every answer, a rejection or a fallback's too, gets the headers.
+        .layer(axum::middleware::from_fn_with_state(tls, http::harden::harden))
 }
 
 /// Serves the app; its event hub LISTENs on `listen`.
@@ -251,9 +254,10 @@ async fn serve_http(
         drain.cancelled().await;
         state.close_streams();
     };
-    // With the peer's address in each request: the per-address limits count by it.
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(CliError::msg)
+    // With the peer's address in each request (the per-address limits count by it), and a
+    // bound on reading each request's head.
+    http::serve::serve(listener, app, shutdown).await;
+    Ok(())
 }
 
 /// An engine's `--metrics-addr` listener: `GET /metrics` and nothing else, until the drain.

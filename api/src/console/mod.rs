@@ -137,6 +137,8 @@ pub fn router(state: AppState, cfg: ConsoleConfig) -> Router {
         // REST calls run inside it.
         .layer(axum::middleware::from_fn(crate::http::tenant::scope))
         .layer(axum::middleware::from_fn(refuse_nul))
+        // The REST API's bound on answering (a slow form body included).
+        .layer(axum::middleware::from_fn_with_state(console.state().limits(), crate::http::limits::timeout))
         .with_state(console)
 }
 

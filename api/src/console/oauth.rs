@@ -64,17 +64,28 @@ pub(super) fn random_token() -> String {
     base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, bytes)
 }
 
-/// The pre-sign-in secret: the one in the cookie, or a new one to set.
-fn pre_secret(headers: &HeaderMap) -> (String, bool) {
-    match cookie(headers, PRE_COOKIE).and_then(|v| v.split('|').next()).filter(|v| v.len() >= 20) {
+/// The pre-sign-in secret: the one in the cookie when this server made it (`<nonce>.<tag>`,
+/// the tag the secret key's), or a new one to set. A value someone else planted in the
+/// browser is not taken.
+fn pre_secret(c: &Console, headers: &HeaderMap) -> (String, bool) {
+    let key = c.inner.app.secret_key();
+    let made_here = |v: &&str| v.split_once('.').is_some_and(|(nonce, tag)| nonce.len() >= 20 && key.tag_holds(PRE_LABEL, nonce, tag));
+    match cookie(headers, PRE_COOKIE).and_then(|v| v.split('|').next()).filter(made_here) {
         Some(v) => (v.to_owned(), false),
-        None => (random_token(), true),
+        None => {
+            let nonce = random_token();
+            let tag = key.tag(PRE_LABEL, &nonce);
+            (format!("{nonce}.{tag}"), true)
+        }
     }
 }
 
+/// The use the pre-sign-in cookie's tag is made for.
+const PRE_LABEL: &str = "shopfloor.console.pre_sign_in";
+
 /// The sign-in page: GitHub (when configured) and a token form.
 pub(super) async fn signin_page(State(c): State<Console>, headers: HeaderMap, Query(q): Query<NextQuery>) -> Result<Response, ConsoleError> {
-    let (secret, fresh) = pre_secret(&headers);
+    let (secret, fresh) = pre_secret(&c, &headers);
     let next = safe_next(q.next.as_deref());
     let error = q.error.as_deref().map(|e| match e {
         "state" => "The sign-in with GitHub expired or came from elsewhere. Try again.".to_owned(),
@@ -141,7 +152,7 @@ const TOKEN_EXPIRY: &str = "SELECT expires_at FROM api_tokens WHERE jti = $1 AND
 
 /// Sign-in with a pasted API token of a person.
 pub(super) async fn signin_token(State(c): State<Console>, headers: HeaderMap, Form(f): Form<TokenForm>) -> Result<Response, ConsoleError> {
-    let (secret, _) = pre_secret(&headers);
+    let (secret, _) = pre_secret(&c, &headers);
     check_csrf(&headers, &secret, f.csrf.as_deref())?;
     let next = safe_next(f.next.as_deref());
     let token = f.token.trim();
@@ -176,7 +187,7 @@ pub(super) async fn github_start(State(c): State<Console>, headers: HeaderMap, Q
     let Some(client_id) = cfg.github_client_id.as_deref().filter(|_| cfg.github_enabled()) else {
         return Err(ConsoleError::NotFound("sign-in with GitHub is not configured here".into()));
     };
-    let (secret, _) = pre_secret(&headers);
+    let (secret, _) = pre_secret(&c, &headers);
     let state = random_token();
     let next = safe_next(q.next.as_deref());
     let url = authorize_url(&c, client_id, &callback_url(&c, &headers), "read:user user:email", &state);
@@ -255,7 +266,9 @@ pub(super) async fn github_callback(State(c): State<Console>, headers: HeaderMap
         return Ok(signin_error(&next, "denied"));
     }
     let (Some(code), Some(state)) = (q.code.as_deref(), q.state.as_deref()) else { return Ok(signin_error(&next, "state")) };
-    if expected.is_empty() || expected.len() != state.len() || expected != state {
+    // The cookie must be one this server made.
+    let (_, planted) = pre_secret(&c, &headers);
+    if planted || expected.is_empty() || expected.len() != state.len() || expected != state {
         return Ok(signin_error(&next, "state"));
     }
     let Some(login) = github_identity(&c, &headers, code).await? else { return Ok(signin_error(&next, "github")) };

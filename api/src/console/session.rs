@@ -24,7 +24,7 @@ use crate::http::auth::{Caller, Role, TokenKind, verify};
 pub(super) const SESSION_COOKIE: &str = "shopfloor_session";
 pub(super) const PRE_COOKIE: &str = "shopfloor_pre";
 /// The name of console tokens in `api_tokens`.
-pub(super) const SESSION_TOKEN_NAME: &str = "console session";
+pub(super) const SESSION_TOKEN_NAME: &str = crate::http::auth::CONSOLE_SESSION;
 
 /// A cookie's value from the request.
 pub(super) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

@@ -84,7 +84,14 @@ pub struct Caller {
     pub role: Option<Role>,
     /// A token limited to one project.
     pub project: Option<ProjectId>,
+    /// A console session's token ([`CONSOLE_SESSION`]): good for the console, which verifies
+    /// it itself, never as a bearer token of the REST API (a stolen cookie must not mint
+    /// long-lived tokens from outside the console).
+    pub console_session: bool,
 }
+
+/// The name of the tokens the console issues as sessions, which no API token may take.
+pub const CONSOLE_SESSION: &str = "console session";
 
 impl Caller {
     /// Who the audit log names for this caller's changes.
@@ -107,9 +114,10 @@ struct TokenRow {
     revoked: bool,
     member_role: Option<String>,
     slug: String,
+    name: String,
 }
 
-const TOKEN_FACTS: &str = "SELECT t.kind, t.role, t.user_id, t.project_id, t.kid, t.expires_at <= now() AS expired, \
+const TOKEN_FACTS: &str = "SELECT t.kind, t.role, t.name, t.user_id, t.project_id, t.kid, t.expires_at <= now() AS expired, \
             t.revoked_at IS NOT NULL AS revoked, m.role AS member_role, o.slug \
      FROM api_tokens t JOIN orgs o ON o.org_id = t.org_id \
      LEFT JOIN memberships m ON m.org_id = t.org_id AND m.user_id = t.user_id \
@@ -155,7 +163,8 @@ pub async fn verify(state: &AppState, token: &str) -> Result<Caller, ApiError> {
     };
     // The request acts for this org from now on: the tenant pool shows it only its rows.
     engine::tenancy::act_for(org);
-    Ok(Caller { jti, org, org_slug: row.slug, kind, user: row.user_id, role, project: row.project_id })
+    let console_session = kind == TokenKind::User && row.name == CONSOLE_SESSION;
+    Ok(Caller { jti, org, org_slug: row.slug, kind, user: row.user_id, role, project: row.project_id, console_session })
 }
 
 impl FromRequestParts<AppState> for Caller {
@@ -174,6 +183,11 @@ impl FromRequestParts<AppState> for Caller {
             return Err(refuse("not a bearer token"));
         }
         let caller = verify(state, token.trim()).await?;
+        if caller.console_session {
+            return Err(ApiError::Unauthorized(
+                "a console session is not an API token: make one on the org's tokens page (or POST /api/v1/orgs/{org}/tokens)".into(),
+            ));
+        }
         parts.extensions.insert(caller.clone());
         Ok(caller)
     }

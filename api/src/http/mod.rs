@@ -27,6 +27,8 @@
 //!   document itself is served here, beside the list of routes it is built from.
 //! - `limits` — abuse limits: rates per token and per address, open event streams per token,
 //!   the request timeout, bodies refused by their declared length.
+//! - `harden` — the security headers of every response; `serve` — the listener's loop, with a
+//!   bound on reading each request's head.
 
 pub mod admission;
 pub mod audit;
@@ -36,6 +38,7 @@ pub mod error;
 pub mod event_hub;
 pub mod events;
 pub mod extract;
+pub mod harden;
 pub mod health;
 pub mod host_protocol;
 pub mod hosts;
@@ -52,6 +55,7 @@ pub mod page;
 pub mod projects;
 pub mod repositories;
 pub mod runs;
+pub mod serve;
 mod state;
 pub mod stream_access;
 pub mod tenant;

@@ -50,7 +50,7 @@ const PROBLEMS: [(&str, &str, &str); 11] = [
     (
         "503",
         "Unavailable",
-        "Not ready; the change collided with another and was rolled back: send it again (see Retry-After); or the request took longer than the server's timeout (`timeout`)",
+        "The database is unreachable for now, nothing was changed (`unavailable`); the change collided with another and was rolled back (`busy`); or the request took longer than the server's timeout (`timeout`). Send it again after `Retry-After` seconds",
     ),
 ];
 
@@ -87,8 +87,8 @@ fn problem_content() -> Content {
     ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build()
 }
 
-/// Every operation can answer 429 (a rate limit), 500 and 503 (a timeout, or for a write a
-/// collision to retry); an authenticated one also 400, 401, 403 and 404; one with a body also
+/// Every operation can answer 429 (a rate limit), 500 and 503 (the database away, a timeout,
+/// or for a write a collision to retry); an authenticated one also 400, 401, 403 and 404; one with a body also
 /// 413, 415 and 422. An error an operation describes itself (`(status = 409, description =
 /// "…")`) answers a `Problem` too, so its attribute need not say so.
 fn add_problems(op: Option<&mut Operation>) {

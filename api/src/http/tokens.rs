@@ -105,6 +105,9 @@ pub async fn create(State(state): State<AppState>, scope: OrgScope, Json(body): 
     if name.is_empty() || body.name.chars().count() > 100 || name.chars().any(char::is_control) {
         return Err(ApiError::Unprocessable("name must be 1 to 100 printable characters".into()));
     }
+    if name.eq_ignore_ascii_case(crate::http::auth::CONSOLE_SESSION) {
+        return Err(ApiError::Unprocessable(format!("`{}` names the console's sessions; choose another name", crate::http::auth::CONSOLE_SESSION)));
+    }
     let days = body.expires_in_days.unwrap_or(DEFAULT_DAYS);
     if !(1..=MAX_DAYS).contains(&days) {
         return Err(ApiError::Unprocessable(format!("expires_in_days must be between 1 and {MAX_DAYS}")));

@@ -55,7 +55,9 @@ impl App {
         let state = AppState::new(pool, url.parse().unwrap(), engine::testkit::secret_key());
         let github = FakeOauth::start().await;
         let router = build(&state, &github);
-        let Served { base, stop } = in_process::serve(router, peers, move || state.close_streams()).await;
+        let closing = move || state.close_streams();
+        let Served { base, stop } =
+            if peers { in_process::serve_with(router, closing, api::http::serve::serve).await } else { in_process::serve(router, closing).await };
         App { db, github, base, http: reqwest::Client::new(), stop, engine: None }
     }
 

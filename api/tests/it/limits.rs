@@ -126,6 +126,41 @@ async fn a_signed_delivery_is_taken_from_an_address_that_bad_signatures_emptied(
 }
 
 #[tokio::test]
+async fn a_connection_that_sends_its_head_slowly_is_closed() {
+    let app = App::with_limits(&LimitArgs::default(), SECRET).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    // Until the server closes `conn` (a read sees its end, or a write fails); what it read.
+    let until_closed = |mut conn: tokio::net::TcpStream, trickle: bool| async move {
+        let mut read = Vec::new();
+        let mut buf = [0u8; 512];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            assert!(tokio::time::Instant::now() < deadline, "a connection was never closed");
+            if trickle && conn.write_all(b"a").await.is_err() {
+                return read;
+            }
+            match tokio::time::timeout(Duration::from_secs(1), conn.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => return read,
+                Ok(Ok(n)) => read.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
+        }
+    };
+    // Half a request head, then a byte each second: never the end of the head.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\nX-Slow: ").await.unwrap();
+    // A connection that never sends a byte.
+    let idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // One kept alive after its answer, sending nothing more.
+    let mut kept = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
+    let (_, idle, kept) = tokio::join!(until_closed(slow, true), until_closed(idle, false), until_closed(kept, false));
+    assert!(idle.is_empty());
+    assert!(kept.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&kept));
+    app.finish().await;
+}
+
+#[tokio::test]
 async fn a_trusted_proxy_names_the_address_that_is_counted() {
     let app = App::with_limits(&LimitArgs { per_address: 1, per_address_burst: 3, trust_forwarded_for: true, ..LimitArgs::default() }, SECRET).await;
     // One peer (the proxy), two clients behind it.

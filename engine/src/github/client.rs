@@ -98,6 +98,10 @@ type TokenSlot = Arc<tokio::sync::Mutex<Option<Token>>>;
 /// The App: its JWT-authenticated clients and the installation tokens it minted.
 pub struct GithubApp {
     settings: AppSettings,
+    /// The App's key, which signs its JWTs (RS256, with ring: jsonwebtoken 9).
+    key: jsonwebtoken::EncodingKey,
+    /// Without credentials: each call says as whom it is made (the App's JWT, an
+    /// installation's token).
     rest: Octocrab,
     /// Based at the GraphQL endpoint's origin, so that a GitHub Enterprise REST path prefix
     /// (`/api/v3`) is not put before `/api/graphql`.
@@ -182,7 +186,7 @@ impl GithubApp {
     /// # Errors
     /// `Config` when the key is not an RSA private key in PEM or a URL does not parse.
     pub fn new(settings: AppSettings) -> Result<GithubApp, CallError> {
-        let key = octocrab::jsonwebtoken::EncodingKey::from_rsa_pem(settings.private_key.expose_secret().as_bytes())
+        let key = jsonwebtoken::EncodingKey::from_rsa_pem(settings.private_key.expose_secret().as_bytes())
             .map_err(|e| CallError::Config(format!("the App key is not an RSA private key in PEM: {e}")))?;
         let graphql_url = settings.graphql_url.clone().unwrap_or_else(|| graphql_url_of(&settings.api_url));
         let (graphql_origin, graphql_path) = split_url(&graphql_url)?;
@@ -190,7 +194,6 @@ impl GithubApp {
             Octocrab::builder()
                 .base_uri(base)
                 .map_err(|e| CallError::Config(format!("`{base}`: {e}")))?
-                .app(octocrab::models::AppId(settings.app_id), key.clone())
                 .set_connect_timeout(Some(settings.timeout))
                 .set_read_timeout(Some(settings.timeout))
                 .set_write_timeout(Some(settings.timeout))
@@ -199,7 +202,18 @@ impl GithubApp {
         };
         let rest = build(settings.api_url.trim_end_matches('/'))?;
         let graphql = build(&graphql_origin)?;
-        Ok(GithubApp { settings, rest, graphql, graphql_path, tokens: std::sync::Mutex::new(HashMap::new()) })
+        Ok(GithubApp { settings, key, rest, graphql, graphql_path, tokens: std::sync::Mutex::new(HashMap::new()) })
+    }
+
+    /// The REST client as the App itself: a JWT of the App's, signed now (GitHub: issued a
+    /// minute back for clocks that drift, at most ten minutes long, issued by the App's id).
+    fn as_app(&self) -> Result<Octocrab, CallError> {
+        let now = Utc::now().timestamp();
+        // `iss` a string, as RFC 7519 has it (GitHub takes the id either way).
+        let claims = json!({ "iat": now - 60, "exp": now + 540, "iss": self.settings.app_id.to_string() });
+        let jwt = jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256), &claims, &self.key)
+            .map_err(|e| CallError::Config(format!("cannot sign the App's JWT: {e}")))?;
+        self.rest.user_access_token(SecretString::from(jwt)).map_err(|e| CallError::Config(e.to_string()))
     }
 
     /// Clients for `repository` (`owner/name`) through `installation`, with a token scoped to
@@ -255,7 +269,7 @@ impl GithubApp {
     /// A new installation token (`body`: GitHub's `repositories` and `permissions`).
     async fn mint(&self, installation: i64, body: Value) -> Result<Token, CallError> {
         let answer = call(
-            &self.rest,
+            &self.as_app()?,
             Verb::Post,
             &format!("/app/installations/{installation}/access_tokens"),
             Some(&body),
@@ -280,7 +294,7 @@ impl GithubApp {
     /// # Errors
     /// As for any call; an id GitHub does not know is `Client { status: 404 }`.
     pub async fn installation(&self, installation: i64) -> Result<Value, CallError> {
-        Ok(call(&self.rest, Verb::Get, &format!("/app/installations/{installation}"), None, self.settings.backoff, &self.settings.api_url).await?.body)
+        Ok(call(&self.as_app()?, Verb::Get, &format!("/app/installations/{installation}"), None, self.settings.backoff, &self.settings.api_url).await?.body)
     }
 
     /// Every repository the installation reaches (`owner/name`), from
@@ -316,7 +330,7 @@ impl GithubApp {
     /// # Errors
     /// As for any call.
     pub async fn about(&self) -> Result<Value, CallError> {
-        Ok(call(&self.rest, Verb::Get, "/app", None, self.settings.backoff, &self.settings.api_url).await?.body)
+        Ok(call(&self.as_app()?, Verb::Get, "/app", None, self.settings.backoff, &self.settings.api_url).await?.body)
     }
 
     /// The REST base URL the App calls.
