@@ -142,3 +142,9 @@ fi
 cargo nextest run --workspace --no-fail-fast
 cargo test --workspace --doc
 scripts/helm-check.sh
+# RustCrypto's `rsa` is open to the Marvin timing attack (RUSTSEC-2023-0071, no fixed
+# version): the App's JWT is signed with ring, and nothing may bring `rsa` back.
+if cargo tree --workspace --target all -i rsa 2>/dev/null | grep -q '^rsa '; then
+    cargo tree --workspace --target all -i rsa
+    die "the crate \`rsa\` (RUSTSEC-2023-0071) is in the dependency tree again"
+fi
