@@ -1,6 +1,7 @@
 //! The peer: graphile-worker, the Node.js job queue on PostgreSQL with LISTEN/NOTIFY, pinned in
-//! `bench/peer/package.json` and run with its default settings by `bench/peer/chains.mjs` on a
-//! database of the bench's own cluster, in the same run as the engine's figures. `make bench`
+//! `bench/peer/package.json` and run by `bench/peer/chains.mjs` on a database of the bench's own
+//! cluster, in the same run as the engine's figures, in each configuration its documentation
+//! gives for throughput ([`CONFIGS`]); the engine is compared against the better. `make bench`
 //! installs it under `target/peer` (npm) and copies the script beside it.
 
 use std::path::Path;
@@ -18,8 +19,13 @@ pub(crate) struct Peer {
     pub wake_p99_ms: f64,
 }
 
-/// Chains of three jobs (each enqueues the next) and the idle worker's wake latency.
-pub(crate) async fn graphile_worker(b: &Bench, root: &Path, chains: usize) -> Result<Peer> {
+/// The peer's configurations (`PEER_CONFIG` of `chains.mjs`): its default worker at a
+/// concurrency equal to its pool, and its performance page's batched settings.
+pub(crate) const CONFIGS: [&str; 2] = ["pool", "batched"];
+
+/// Chains of three jobs (each enqueues the next) and the idle worker's wake latency, with the
+/// peer in `config`.
+pub(crate) async fn graphile_worker(b: &Bench, root: &Path, config: &str, chains: usize) -> Result<Peer> {
     let script = root.join("target/peer/chains.mjs");
     anyhow::ensure!(script.exists(), "{} is missing: run `make bench`, which installs the peer", script.display());
     let admin = engine::db::connect(&b.admin_url, 1).await?;
@@ -29,6 +35,7 @@ pub(crate) async fn graphile_worker(b: &Bench, root: &Path, chains: usize) -> Re
     let out = tokio::process::Command::new("node")
         .arg(&script)
         .env("PEER_DATABASE_URL", with_database(&b.admin_url, "peer"))
+        .env("PEER_CONFIG", config)
         .env("PEER_CHAINS", chains.to_string())
         .env("PEER_WAKES", crate::measures::WAKES.to_string())
         .stdin(Stdio::null())
