@@ -36,7 +36,9 @@
 //!
 //! How each wall is built (`host/src/walls.rs`, `host/src/attempt/room.rs`), with bubblewrap:
 //!
-//! - **Files:** `--ro-bind / /`, a new `/dev` and `/proc`, a tmpfs `/tmp`; the host's work
+//! - **Files:** `--ro-bind / /`, a new `/dev` and `/proc`, a tmpfs `/tmp` and `/run` (where the
+//!   host's unix sockets are: PostgreSQL's, Docker's; a read-only mount does not stop a
+//!   connect); the host's work
 //!   directory and the host user's credential stores hidden under empty tmpfs mounts (a file
 //!   under `/dev/null`); then the step's own directories bound back (writable, or read-only for
 //!   a `read` step's worktree) and its cache's objects read-only.
@@ -129,7 +131,9 @@ impl Walls {
         let mut argv: Vec<String> = vec![bwrap.display().to_string()];
         let mut add = |words: &[&str]| argv.extend(words.iter().map(|w| (*w).to_owned()));
         add(&["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try", "--cap-drop", "ALL"]);
-        add(&["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]);
+        // `/run` too: the host's unix sockets live there (PostgreSQL's, Docker's, the session
+        // bus), and a read-only mount does not stop a connect.
+        add(&["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run"]);
         // Hidden first, then the step's own bound back into the emptied places.
         for path in &room.hidden {
             let p = path.display().to_string();

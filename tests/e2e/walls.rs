@@ -17,7 +17,7 @@ use super::host_env::Env;
 /// what it could find and do; it tries the network straight and through its proxy; it leaves a
 /// process behind in a session of its own.
 fn workflow() -> String {
-    let script = r#"read -r work server pg allowed
+    let script = r#"read -r work server pg allowed socket
 me="$SHOPFLOOR_STEP_ID"
 echo mine > "SECRET-$me"
 found=none
@@ -31,6 +31,7 @@ echo "other: $found"
 if [ -e "$work/credential.json" ]; then echo "credential: readable"; else echo "credential: hidden"; fi
 if env | grep -q '^SHOPFLOOR_HOST_TOKEN='; then echo "token: in env"; else echo "token: not in env"; fi
 echo "attempts: $(ls "$work/attempts" 2>/dev/null | wc -l)"
+if [ -S "$socket" ]; then echo "host socket: visible"; else echo "host socket: hidden"; fi
 echo x > "$work/written-by-$me" 2>/dev/null
 echo x > "/etc/written-by-$me" 2>/dev/null
 straight() { if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then echo open; else echo closed; fi; }
@@ -46,7 +47,7 @@ setsid sleep 297 >/dev/null 2>&1 < /dev/null &
 echo done"#;
     let indented: String = script.lines().map(|l| format!("          {l}\n")).collect();
     format!(
-        "name: attack\nnodes:\n  work:\n    crew:\n      harness: command\n      prompt: \"{{{{ input.work }}}} {{{{ input.server }}}} {{{{ input.pg }}}} {{{{ input.allowed }}}}\"\n      command:\n        - bash\n        - -c\n        - |\n{indented}    requires: [\"harness:command\"]\n"
+        "name: attack\nnodes:\n  work:\n    crew:\n      harness: command\n      prompt: \"{{{{ input.work }}}} {{{{ input.server }}}} {{{{ input.pg }}}} {{{{ input.allowed }}}} {{{{ input.socket }}}}\"\n      command:\n        - bash\n        - -c\n        - |\n{indented}    requires: [\"harness:command\"]\n"
     )
 }
 
@@ -88,7 +89,11 @@ async fn two_steps_at_once_find_nothing_of_the_host_nor_of_each_other() {
     let vars = [("SHOPFLOOR_HOST_UNSANDBOXED", "false".to_owned()), ("SHOPFLOOR_HOST_EGRESS_ALLOW", format!("127.0.0.1:{allowed}"))];
     let _host = env.host_full("walled", 2, "linux,harness:command", &env.dir.path().join("claude"), None, &vars).await;
     let (server, pg) = (port_of(&env.base), port_of(&env.db.url));
-    let input = json!({ "work": work.display().to_string(), "server": server, "pg": pg, "allowed": allowed });
+    // A unix socket of the host's where services keep theirs (PostgreSQL's, Docker's).
+    let socket = std::path::PathBuf::from(format!("/run/shopfloor-walls-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&socket);
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let input = json!({ "work": work.display().to_string(), "server": server, "pg": pg, "allowed": allowed, "socket": socket.display().to_string() });
     let runs = env.submit("attack", vec![input.clone(), input]).await;
     for run in &runs {
         env.until(*run, "SELECT status <> 'running' FROM runs WHERE run_id = $1", Duration::from_secs(180), "ended").await;
@@ -103,7 +108,16 @@ async fn two_steps_at_once_find_nothing_of_the_host_nor_of_each_other() {
                 .unwrap();
         let text = text.unwrap_or_default();
         assert_eq!(state, "succeeded", "{text}");
-        let seen = ["other: none", "credential: hidden", "token: not in env", "attempts: 1", "server straight: closed", "postgres straight: closed", "done"];
+        let seen = [
+            "other: none",
+            "credential: hidden",
+            "token: not in env",
+            "attempts: 1",
+            "host socket: hidden",
+            "server straight: closed",
+            "postgres straight: closed",
+            "done",
+        ];
         for seen in seen {
             assert!(text.lines().any(|l| l == seen), "`{seen}` not in what the step saw:\n{text}");
         }
@@ -124,6 +138,7 @@ async fn two_steps_at_once_find_nothing_of_the_host_nor_of_each_other() {
     }
     // They ran at the same time: each looked while the other's secret was there.
     assert!(spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1, "the steps did not overlap: {spans:?}");
+    let _ = std::fs::remove_file(&socket);
     // Nothing written outside their own directories.
     let written: Vec<_> = std::fs::read_dir(&work).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("written-by-")).collect();
     assert!(written.is_empty(), "{written:?}");
