@@ -1,7 +1,7 @@
 //! Admission's rules that need no database: which queues a run goes through and in what
 //! order, a concurrency group's name, and how the console names a hold.
 //!
-//! Before a run starts it passes, in this order (DESIGN.md "Admission and budgets"):
+//! Before a run starts it passes, in this order:
 //!
 //! 1. **gates**: its project or workflow paused, then a spent budget (a soft or hard limit of
 //!    the project or the org for the UTC day or month). A gate lets every run through once it

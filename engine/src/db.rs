@@ -52,7 +52,7 @@
 //!
 //! # The migrations
 //!
-//! Forward-only SQL. `0001_schema.sql` holds the whole data model of DESIGN.md.
+//! Forward-only SQL. `0001_schema.sql` holds the whole data model.
 //! `0002_api.sql` adds the REST API's idempotency keys (per org, kept a day) and the indexes
 //! of its filtered lists (runs by workflow, audit by action and by actor, tokens by user).
 //! `0004_github.sql` adds what ingest needs: deliveries of no tenant (`org_id` NULL, no payload),

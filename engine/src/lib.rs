@@ -101,7 +101,7 @@
 //!   and `why`: what holds a run (with the runs ahead of it in line), in a sentence
 //!   (`substate/why.rs`), in at most three indexed queries for any number of runs
 //!   (`substate/load.rs`).
-//! - `reasons.rs` — machine reasons in words for people (every reason of DESIGN's Rule 2 and
+//! - `reasons.rs` — machine reasons in words for people (every documented failure reason and
 //!   the ones hosts and the engine write, `exit code 3`, `gate:no_commit`), and concurrency
 //!   groups by what they lock (`acme/web#7`). The API keeps reasons as they are; the console
 //!   shows these words with the machine string beside them.

@@ -1,5 +1,5 @@
-//! Machine reasons in words for people. Runs and steps carry short machine strings (DESIGN's
-//! Rule 2: `stopped_line:build`, `gate:no_commit`, `exit code 3`); the API keeps them as they
+//! Machine reasons in words for people. Runs and steps carry short machine strings
+//! (`stopped_line:build`, `gate:no_commit`, `exit code 3`); the API keeps them as they
 //! are, and the console shows these words with the machine string beside them. A reason not
 //! known here has no words and is shown as it is.
 
@@ -127,7 +127,7 @@ pub fn group_words(group: &str) -> String {
 mod tests {
     use super::*;
 
-    /// Every reason DESIGN's Rule 2 lists, and the ones the host and the engine write, has words
+    /// Every documented failure reason, and the ones the host and the engine write, has words
     /// that do not just repeat the machine string.
     #[test]
     fn every_listed_reason_has_words() {

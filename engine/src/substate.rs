@@ -1,7 +1,7 @@
 //! Substates: what a running run is doing now, as one word for the API, a few for the console,
 //! and a sentence that says what holds it (`why`).
 //!
-//! DESIGN.md ("Run lifecycle") names nine substates of a running run. They are derived, never
+//! A running run has nine substates of a running run. They are derived, never
 //! stored, from the run's open steps (with their approvals, wakes and child runs) and the hosts
 //! of its project. [`derive`] is a pure function over those facts; [`why`] and [`whys`] load
 //! them with at most three queries however many runs they are asked about, and [`explain`]
@@ -43,7 +43,7 @@ mod why;
 pub use load::{QUERIES, why, whys};
 pub use why::{Why, answer, explain};
 
-/// A host counts as available when it was seen this recently (DESIGN.md: "in the last day").
+/// A host counts as available when it was seen this recently (in the last day).
 pub const HOST_SEEN_WITHIN_HOURS: i64 = 24;
 
 /// Step kinds that a host runs; other ready steps are the engine's or an integration's.
@@ -126,7 +126,7 @@ impl Substate {
         }
     }
 
-    /// The console's words (DESIGN.md's table).
+    /// The console's words for each substate.
     pub fn words(&self) -> String {
         match self {
             Substate::Queued { .. } => "queued".into(),

@@ -125,7 +125,7 @@ pub struct Settings {
     pub codex: Vec<String>,
     pub git_url_template: Option<String>,
     pub interrupt_grace: Duration,
-    /// A cancelled step is stopped within this (DESIGN: within 5 s of the word reaching us).
+    /// A cancelled step is stopped within this (within 5 s of the word reaching us).
     pub cancel_grace: Duration,
     pub git_timeout: Duration,
     pub heartbeat: Duration,

@@ -46,9 +46,7 @@ impl Allowed {
 
     /// Whose word lets `host:port` through, the operator's first; `None`: refused.
     pub fn source(&self, host: &str, port: u16) -> Option<Source> {
-        let mut found: Vec<Source> = self.rules.iter().filter(|(r, _)| r.allows(host, port)).map(|(_, s)| *s).collect();
-        found.sort_by_key(|s| *s as u8);
-        found.first().copied()
+        self.rules.iter().filter(|(r, _)| r.allows(host, port)).map(|(_, s)| *s).min_by_key(|s| *s as u8)
     }
 
     /// The loopback destinations the room listens for at their own address: those named

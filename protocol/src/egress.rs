@@ -77,16 +77,9 @@ impl Rule {
 
     /// The rule for a URL's host and port (its scheme's when it names none).
     pub fn for_url(url: &str) -> Option<Rule> {
-        let (scheme, rest) = url.trim().split_once("://")?;
-        let authority = rest.split(['/', '?', '#']).next()?;
-        let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-        let (host, port) = split_host_port(authority)?;
-        let port = port.or(match scheme.to_ascii_lowercase().as_str() {
-            "https" | "wss" => Some(443),
-            "http" | "ws" => Some(80),
-            _ => None,
-        })?;
-        Rule::parse(&format!("{}:{port}", bracket(&host))).ok()
+        let url = url::Url::parse(url.trim()).ok()?;
+        // An IPv6 host comes back in brackets, as a rule writes it.
+        Rule::parse(&format!("{}:{}", url.host_str()?, url.port_or_known_default()?)).ok()
     }
 }
 

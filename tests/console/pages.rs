@@ -571,7 +571,7 @@ async fn a_running_crew_steps_transcript_takes_a_message_for_the_session() {
     app.discard().await;
 }
 
-/// The run page draws the workflow's graph from its definition: the DESIGN example, with its
+/// The run page draws the workflow's graph from its definition: the issue-to-pull-request example, with its
 /// `$start`, the gate's `on_fail` as a dashed back edge, and every node with its state in words.
 #[tokio::test]
 async fn the_run_page_draws_the_graph_with_start_and_the_loop_back() {

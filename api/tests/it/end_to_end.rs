@@ -1,5 +1,5 @@
 //! The whole path through HTTP only: an org bootstrapped as `shopfloor admin create-org` does
-//! it, then a project, DESIGN.md's example workflow uploaded, a run submitted and watched over
+//! it, then a project, the issue-to-pull-request example workflow uploaded, a run submitted and watched over
 //! SSE to its approvals, approved with the form's fields and walked to the end; another run
 //! rejected and cancelled with `rejected at <node>: <reason>`; and the stream resumed with
 //! `Last-Event-ID` without a gap or a repeat.

@@ -42,7 +42,7 @@ pub struct GithubTrigger {
     pub senders: Senders,
 }
 
-/// Who may trigger a workflow through GitHub (DESIGN.md "Safety defaults").
+/// Who may trigger a workflow through GitHub (by default only people with write access).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Senders {
     /// OWNER, MEMBER or COLLABORATOR, and never a bot.
@@ -182,7 +182,7 @@ pub struct Crew {
     pub caps: Caps,
     /// `expect: changes`: a step that changed no file fails with `no_changes`; `expect: any`:
     /// no change is fine. Unsaid (`None`): changes are expected when a pull request is opened
-    /// from the step's work (DESIGN.md "Safety defaults").
+    /// from the step's work (a safety default).
     pub expect_changes: Option<bool>,
     /// What the agent may do: `permissions`, `tools`, `mcp` (the host turns them into the
     /// CLI's flags) and `network` (what its proxy lets through).

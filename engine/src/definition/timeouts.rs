@@ -1,11 +1,11 @@
-//! A node's timeouts: the defaults of DESIGN.md "Safety defaults" and the one a step of a node
+//! A node's timeouts: the safety defaults and the one a step of a node
 //! runs with. What the engine, the GitHub watches and the host protocol all read.
 
 use std::time::Duration;
 
 use super::{Node, NodeKind};
 
-/// Default step timeouts (DESIGN.md "Safety defaults").
+/// Default step timeouts: a bound on every step that names none.
 pub const CREW_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const GATE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const OUTPUT_TIMEOUT: Duration = Duration::from_secs(300);

@@ -19,7 +19,7 @@ use super::{Change, Result, StoreError, admission};
 use crate::admission as rules;
 use crate::ids::{OrgId, ProjectId, RunId};
 
-/// The reason of a crew step stopped by a hard limit (DESIGN.md Rule 2).
+/// The reason of a crew step stopped by a hard limit (a documented failure reason).
 pub const HARD_STOP: &str = "budget_hard_stop";
 
 /// Today and the current month, in UTC, as SQL over `now()`.

@@ -19,7 +19,7 @@ use crate::state::run;
 /// How many times advancing one run may fail before the run fails `engine_error`.
 pub const ENGINE_ERROR_LIMIT: i32 = 3;
 
-/// The reason of a run the engine could not advance (DESIGN.md Rule 2).
+/// The reason of a run the engine could not advance (a documented failure reason).
 pub const ENGINE_ERROR: &str = "engine_error";
 
 /// What became of a run whose advance failed.

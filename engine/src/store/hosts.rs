@@ -37,8 +37,8 @@ pub use sessions::{Completion, LogLine, Report, Reported, complete, heartbeat, r
 /// default) to collect the result line and report.
 pub const HOST_STOP_GRACE: Duration = Duration::from_secs(60);
 
-/// A crew step whose session reported nothing for this long is stalled (DESIGN.md "Safety
-/// defaults"): failed `stalled`, an infrastructure failure, so it is retried. Hosts send a
+/// A crew step whose session reported nothing for this long is stalled (a safety
+/// default): failed `stalled`, an infrastructure failure, so it is retried. Hosts send a
 /// report only when the harness printed something, so their heartbeats alone do not count.
 pub const STALL_AFTER: Duration = Duration::from_secs(600);
 

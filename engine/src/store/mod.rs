@@ -103,7 +103,7 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// Caps a string for an event or reason (Rule 2: at most 500 characters).
+/// Caps a string for an event or reason (at most 500 characters).
 pub fn cap(s: &str) -> String {
     if s.chars().count() <= 500 {
         s.to_owned()

@@ -6,7 +6,7 @@
 //! `if:` conditions and prompts read as `item`, and what the content hash is computed over.
 //!
 //! Text that reaches a prompt (bodies, comments, reviews) has hidden HTML comments removed
-//! (DESIGN.md "What reaches the agent"): an issue author can hide instructions to the agent in
+//! (what reaches the agent): an issue author can hide instructions to the agent in
 //! `<!-- … -->`, which GitHub does not show to the people reading the issue.
 //!
 //! Shape (keys absent when unknown):

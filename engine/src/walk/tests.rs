@@ -1,5 +1,5 @@
 //! Tests of the graph walk: one unit test per rule on small hand-built graphs (the shape of
-//! DESIGN.md's example), then property tests that drive random graphs through random step
+//! the issue-to-pull-request example), then property tests that drive random graphs through random step
 //! outcomes and check every rule against an oracle written from the other side: from what
 //! each finished step releases, rather than from what each node waits for.
 
@@ -102,7 +102,7 @@ fn continuing(mut n: Node) -> Node {
     n
 }
 
-/// DESIGN.md's example: `plan` → `review_plan` → `build` (retry on exit 1) → `ci` (gate,
+/// The issue-to-pull-request example: `plan` → `review_plan` → `build` (retry on exit 1) → `ci` (gate,
 /// `on_fail: build`) → `route` (decision) → `big_change_review` | `open_pr`, where `open_pr`
 /// joins both.
 fn example() -> Definition {
@@ -585,7 +585,7 @@ fn walking_is_idempotent_and_ignores_the_order_of_the_history() {
 // ---------------------------------------------------------------------------------------------
 // The oracle: the rules restated from a finished step's side.
 
-/// Attempts a failure allows, restated from DESIGN.md's "Retries".
+/// Attempts a failure allows, restated from the retry rules (`walk.rs`).
 fn oracle_allowed(node: &Node, class: FailureClass, exit_code: Option<i32>) -> u32 {
     match (class, &node.retry) {
         (FailureClass::Final, _) => 1,

@@ -327,7 +327,7 @@ pub(crate) async fn over_budget(ch: &mut Change, run: RunId) -> Result<bool> {
     budgets::hard_stop(ch.conn(), row.org_id, row.project_id, run, per_run).await
 }
 
-/// The reason of a crew step whose session passed its node's `caps.turns` (DESIGN.md Rule 2):
+/// The reason of a crew step whose session passed its node's `caps.turns` (a documented failure reason):
 /// a harness that ignores its own turn cap is stopped by the server.
 pub(super) const TURN_CAP: &str = "turn_cap";
 
