@@ -301,7 +301,7 @@ pub async fn reaches(conn: &mut sqlx::PgConnection, installation: i64, full_name
 ///
 /// # Errors
 /// `NotFound` for an installation the org does not have (another org's is not found either:
-/// Rule 3); `Invalid` for a repository outside the installation.
+/// its existence is never revealed); `Invalid` for a repository outside the installation.
 pub async fn connect_repository(ch: &mut Change, org: OrgId, project: ProjectId, installation: i64, full_name: &str) -> Result<()> {
     let inst = find(&mut ch.tx, installation).await?.filter(|i| i.org == Some(org) && !i.deleted).ok_or(StoreError::NotFound("installation"))?;
     let name = full_name.to_lowercase();
