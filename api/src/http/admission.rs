@@ -96,8 +96,8 @@ pub struct BoardLimitDoc {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetBoardLimit {
-    /// The board column (`In progress`), 1 to 100 characters.
-    #[schema(min_length = 1, max_length = 100)]
+    /// The board column (`In progress`), 1 to 100 printable characters, not all spaces.
+    #[schema(min_length = 1, max_length = 100, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$")]
     pub column: String,
     /// 1 to 100,000; `null` removes the column's limit. A raise or a removal releases the runs
     /// it makes room for, in the order they arrived.

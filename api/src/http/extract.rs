@@ -46,7 +46,32 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if has_nul_escape(bytes) {
         return Err(ApiError::BadRequest("invalid JSON body: text may not contain NUL (\\u0000)".into()));
     }
-    serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+    match serde_json::from_slice(bytes) {
+        Ok(v) => Ok(v),
+        // JSON has one number type: `52.0` is the integer 52 to a JSON Schema, and so to the
+        // API document. A whole number written with a fraction or an exponent is read again
+        // as an integer; any other error stands.
+        Err(e) if e.to_string().starts_with("invalid type: floating point") => {
+            let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?;
+            whole_numbers_as_integers(&mut value);
+            serde_json::from_value(value).map_err(|_| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+        }
+        Err(e) => Err(ApiError::BadRequest(format!("invalid JSON body: {e}"))),
+    }
+}
+
+/// Rewrites each number with no fraction (`52.0`, `1e3`) as an integer, where one holds it.
+fn whole_numbers_as_integers(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15) {
+                *n = serde_json::Number::from(f as i64);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
+        serde_json::Value::Object(fields) => fields.values_mut().for_each(whole_numbers_as_integers),
+        _ => {}
+    }
 }
 
 /// Whether JSON text holds the escape `\u0000`. A backslash in valid JSON only starts an
@@ -115,7 +140,8 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonOrEmp
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let ct = content_type(req.headers());
         let bytes = Bytes::from_request(req, state).await.map_err(body_error)?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        // No body, or JSON's `null` (what a client sends for an optional body it leaves out).
+        if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
             return Ok(JsonOrEmpty(T::default()));
         }
         match ct {
@@ -310,7 +336,7 @@ impl IntoParams for IdempotencyKey {
 
 #[cfg(test)]
 mod tests {
-    use super::has_nul_escape;
+    use super::{has_nul_escape, parse_json};
 
     #[test]
     fn a_nul_escape_is_told_from_an_escaped_backslash_before_the_same_text() {
@@ -319,5 +345,17 @@ mod tests {
         assert!(!has_nul_escape(br#"{"a": "\\u0000"}"#));
         assert!(has_nul_escape(br#"{"a": "\u00001"}"#), "NUL, then the text 1");
         assert!(!has_nul_escape(br#"{"a": "\u0001 \n \\"}"#));
+    }
+
+    #[test]
+    fn a_whole_number_written_as_a_float_is_an_integer_and_a_fraction_is_not() {
+        #[derive(serde::Deserialize)]
+        struct Cap {
+            running_cap: u32,
+        }
+        assert_eq!(parse_json::<Cap>(br#"{"running_cap": 52.0}"#).unwrap().running_cap, 52);
+        assert_eq!(parse_json::<Cap>(br#"{"running_cap": 1e2}"#).unwrap().running_cap, 100);
+        assert!(parse_json::<Cap>(br#"{"running_cap": 52.5}"#).is_err());
+        assert!(parse_json::<Cap>(br#"{"running_cap": -1.0}"#).is_err());
     }
 }

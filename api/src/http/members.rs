@@ -34,6 +34,8 @@ page::list!(MemberList of Member);
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddMember {
+    /// An address with an `@`, at most 254 characters, no control character.
+    #[schema(pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*@[^\\x00-\\x1f\\x7f-\\x9f]*$", max_length = 254)]
     pub email: String,
     pub role: Role,
 }

@@ -145,10 +145,13 @@ pub fn api_router() -> OpenApiRouter<AppState> {
 }
 
 /// The OpenAPI 3.1 document of the routes `router` serves.
-pub fn openapi() -> utoipa::openapi::OpenApi {
+pub fn openapi() -> serde_json::Value {
     let mut doc = api_router().into_openapi();
     openapi::finish(&mut doc);
-    doc
+    let mut value = serde_json::to_value(doc).unwrap_or_default();
+    // A bound on every text, stated where utoipa's types have no place for it.
+    openapi::no_nul_in_text(&mut value);
+    value
 }
 
 // Served here, beside the list it is built from, since it is one of the routes it describes.
@@ -158,7 +161,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub async fn openapi_json() -> Json<serde_json::Value> {
     // Built once per process: the routes do not change while it runs.
     static DOC: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
-    Json(DOC.get_or_init(|| serde_json::to_value(openapi()).unwrap_or_default()).clone())
+    Json(DOC.get_or_init(openapi).clone())
 }
 
 pub fn router(state: AppState) -> Router {

@@ -79,6 +79,59 @@ pub fn finish(doc: &mut utoipa::openapi::OpenApi) {
     }
 }
 
+/// What every text of a request may not hold: NUL, which PostgreSQL cannot store (the
+/// extractors refuse it with a 400).
+const NO_NUL: &str = "^[^\\x00]*$";
+
+/// States on each text schema with no pattern, format or list of values of its own that it
+/// holds no NUL: a bound the server enforces on every path, query and body. A free-form
+/// object (a run's input, an approval's fields) holds `JsonValue`s, which say the same of
+/// every text inside them.
+pub fn no_nul_in_text(doc: &mut serde_json::Value) {
+    walk(doc);
+    let json_value = serde_json::json!({
+        "description": "Any JSON value whose texts, keys included, hold no NUL",
+        "anyOf": [
+            { "type": "string", "pattern": NO_NUL },
+            { "type": ["number", "boolean", "null"] },
+            { "type": "array", "items": { "$ref": JSON_VALUE } },
+            { "type": "object", "propertyNames": { "pattern": NO_NUL }, "additionalProperties": { "$ref": JSON_VALUE } },
+        ],
+    });
+    if let Some(schemas) = doc.pointer_mut("/components/schemas").and_then(serde_json::Value::as_object_mut) {
+        schemas.insert("JsonValue".into(), json_value);
+    }
+}
+
+const JSON_VALUE: &str = "#/components/schemas/JsonValue";
+
+fn walk(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            let free_object = match fields.get("type") {
+                Some(serde_json::Value::String(t)) => t == "object",
+                Some(serde_json::Value::Array(ts)) => ts.iter().any(|t| t == "object"),
+                _ => false,
+            };
+            if free_object && !["properties", "additionalProperties", "$ref", "propertyNames"].iter().any(|k| fields.contains_key(*k)) {
+                fields.insert("propertyNames".into(), serde_json::json!({ "pattern": NO_NUL }));
+                fields.insert("additionalProperties".into(), serde_json::json!({ "$ref": JSON_VALUE }));
+            }
+            let text = match fields.get("type") {
+                Some(serde_json::Value::String(t)) => t == "string",
+                Some(serde_json::Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+                _ => false,
+            };
+            if text && !["pattern", "format", "enum", "const"].iter().any(|k| fields.contains_key(*k)) {
+                fields.insert("pattern".into(), NO_NUL.into());
+            }
+            fields.values_mut().for_each(walk);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+        _ => {}
+    }
+}
+
 /// The content type of every error's body.
 const PROBLEM_TYPE: &str = "application/problem+json";
 

@@ -67,7 +67,8 @@ pub struct PageQuery {
     /// Page size, 1 to 200 (50 by default).
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
+    /// The `next_cursor` of the previous page (empty: the first page); a cursor this server
+    /// did not give answers 404.
     pub cursor: Option<String>,
 }
 
@@ -97,13 +98,17 @@ pub fn start<K: DeserializeOwned>(limit: Option<u32>, cursor: Option<&str>) -> R
     Ok((self::limit(limit)?, decode(cursor)?))
 }
 
+const NO_PAGE: &str = "no page at this cursor: pass back the next_cursor of a previous page";
+
 pub fn encode<T: Serialize>(key: &T) -> String {
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(key).unwrap_or_default())
 }
 
+/// The sort key a cursor holds; none for no cursor or an empty one (`?cursor=`: the first page).
+/// A cursor this server did not give names no page: 404, as a key that names nothing does.
 pub fn decode<T: DeserializeOwned>(cursor: Option<&str>) -> Result<Option<T>, ApiError> {
-    let Some(cursor) = cursor else { return Ok(None) };
-    let bad = || ApiError::BadRequest("invalid cursor: pass back the next_cursor of a previous page".into());
+    let Some(cursor) = cursor.filter(|c| !c.is_empty()) else { return Ok(None) };
+    let bad = || ApiError::NotFound(NO_PAGE.into());
     let bytes = URL_SAFE_NO_PAD.decode(cursor.as_bytes()).map_err(|_| bad())?;
     // A NUL in a key reaches PostgreSQL, which refuses it in text with an error of its own.
     if bytes.contains(&0) || bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000")) {
@@ -150,7 +155,7 @@ pub fn newest_key(created_at: DateTime<Utc>, id: Uuid) -> (i64, Uuid) {
 
 /// A cursor's time, which it holds in microseconds since the epoch.
 pub fn time(micros: i64) -> Result<DateTime<Utc>, ApiError> {
-    DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::BadRequest("invalid cursor".into()))
+    DateTime::from_timestamp_micros(micros).ok_or_else(|| ApiError::NotFound(NO_PAGE.into()))
 }
 
 /// Cuts a page fetched with `limit + 1` rows to `limit`, with the cursor of its last row when

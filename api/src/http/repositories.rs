@@ -39,10 +39,14 @@ page::list!(RepositoryList of Repository);
 #[serde(deny_unknown_fields)]
 pub struct ConnectRepository {
     /// The GitHub App installation that can reach the repository.
+    #[schema(minimum = 1)]
     pub installation_id: i64,
-    /// `owner/name`.
+    /// `owner/name`: each 1 to 100 letters, digits, `-`, `_` or `.`.
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")]
     pub repository: String,
-    /// The branch pull requests are opened against (`main` by default).
+    /// The branch pull requests are opened against (`main` by default): 1 to 250 characters,
+    /// no space or control character.
+    #[schema(pattern = "^[^\\x00-\\x20\\x7f-\\x9f]{1,250}$")]
     pub default_branch: Option<String>,
 }
 
@@ -82,7 +86,7 @@ pub async fn connect(State(state): State<AppState>, scope: ProjectScope, Json(bo
         return Err(ApiError::Unprocessable("installation_id must be a GitHub installation id".into()));
     }
     let branch = body.default_branch.as_deref().unwrap_or("main");
-    if branch.is_empty() || branch.len() > 250 || branch.chars().any(|c| c.is_control() || c == ' ') {
+    if branch.is_empty() || branch.chars().count() > 250 || branch.chars().any(|c| c.is_control() || c == ' ') {
         return Err(ApiError::Unprocessable("default_branch is not a branch name".into()));
     }
     refresh_if_unreached(&state, &scope, body.installation_id, &body.repository).await?;

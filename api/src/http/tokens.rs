@@ -43,8 +43,8 @@ page::list!(TokenList of Token);
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
-    /// What the token is for, e.g. `ci`: 1 to 100 printable characters.
-    #[schema(min_length = 1, max_length = 100)]
+    /// What the token is for, e.g. `ci`: 1 to 100 printable characters, not all spaces.
+    #[schema(min_length = 1, max_length = 100, pattern = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$")]
     pub name: String,
     /// At most the caller's own role, which is the default.
     pub role: Option<Role>,

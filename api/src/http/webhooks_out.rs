@@ -33,6 +33,12 @@ pub struct WebhookList {
     pub items: Vec<Subscription>,
 }
 
+/// An event filter: an event type (`run.failed`), a prefix of them (`run.*`) or `*`.
+#[derive(ToSchema)]
+#[schema(pattern = "^([a-z._]{1,99}\\*?|\\*)$")]
+#[expect(dead_code, reason = "the document's name for a filter; bodies carry it as text")]
+pub struct EventFilter(String);
+
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWebhook {
@@ -42,12 +48,15 @@ pub struct CreateWebhook {
     /// are refused with 422, unless the server allows private targets
     /// (`SHOPFLOOR_WEBHOOKS_ALLOW_PRIVATE`). A name is checked again after resolution at each
     /// send.
+    #[schema(max_length = 2048, pattern = "^https?://[A-Za-z][A-Za-z0-9-]*(\\.[A-Za-z][A-Za-z0-9-]*)*(:[0-9]{1,4})?([/?#][^\\s\\x00-\\x1f\\x7f-\\x9f]*)?$")]
     pub url: String,
     /// Event filters (`run.*` by default): lifecycle events `run.started`, `run.awaiting`,
     /// `run.wait_expired`, `run.wait_withdrawn`, `run.held`, `run.admitted`, `run.completed`,
-    /// `run.failed`, `run.cancelled`, and `step.*`.
+    /// `run.failed`, `run.cancelled`, and `step.*`; 1 to 50 of them.
+    #[schema(value_type = Option<Vec<EventFilter>>, min_items = 1, max_items = 50)]
     pub events: Option<Vec<String>>,
     /// 16 to 256 characters; one is made when absent.
+    #[schema(min_length = 16, max_length = 256)]
     pub secret: Option<String>,
 }
 

@@ -302,10 +302,10 @@ async fn every_route_answers_each_caller_exactly() {
     // The table covers every documented operation, and nothing else.
     let doc = api::http::openapi();
     let mut documented = BTreeSet::new();
-    for (path, item) in &doc.paths.paths {
-        for (method, op) in [("GET", &item.get), ("POST", &item.post), ("PUT", &item.put), ("PATCH", &item.patch), ("DELETE", &item.delete)] {
-            if op.is_some() {
-                documented.insert(format!("{method} {path}"));
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in ["get", "post", "put", "patch", "delete"] {
+            if item.get(method).is_some() {
+                documented.insert(format!("{} {path}", method.to_uppercase()));
             }
         }
     }

@@ -84,14 +84,14 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         bad(post.clone(), &runs, None, b"{\"workflow\": \"approve\"}", 415, "unsupported-media-type"),
         bad(post.clone(), &format!("{p}/workflows"), Some("image/png"), b"name: x", 415, "unsupported-media-type"),
         // Domain refusals of well-formed input.
-        bad(post.clone(), &runs, json, b"{\"workflow\": \"nope\"}", 422, "unprocessable"),
-        bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"version\": 7}", 422, "unprocessable"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"nope\"}", 404, "not-found"),
+        bad(post.clone(), &runs, json, b"{\"workflow\": \"approve\", \"version\": 7}", 404, "not-found"),
         bad(post.clone(), &format!("{runs}/{run}/rerun?from=nowhere"), None, b"", 409, "conflict"),
         // Unknown routes and methods.
         bad(delete.clone(), "/api/v1/orgs/acme/projects", None, b"", 405, "method-not-allowed"),
     ];
     // GETs: each refused by its query or its path before anything is read.
-    let bad_requests: [&str; 25] = [
+    let bad_requests: [&str; 21] = [
         // Huge numbers.
         &format!("{runs}?limit=99999999999999999999"),
         &format!("{runs}?limit=-1"),
@@ -100,8 +100,6 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         &format!("{runs}?limit=201"),
         &format!("{runs}/{run}/events?limit=0"),
         "/api/v1/orgs/acme/audit?limit=500",
-        "/api/v1/orgs/acme/spend?from=2025-01-01&to=2026-01-03",
-        "/api/v1/orgs/acme/spend?from=2025-02-01&to=2025-01-01",
         // Positions past what a number holds.
         &format!("{runs}/{run}/events?after=1e999"),
         &format!("{p}/events?last_event_id=18446744073709551615.9223372036854775807"),
@@ -110,9 +108,7 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         &format!("{p}/workflows/a%00b"),
         &format!("{runs}?workflow=a%00b"),
         "/api/v1/orgs/acme/audit?actor=user:%00",
-        // A cursor whose key holds a NUL (base64 of `"\u0000"`), and dates PostgreSQL cannot hold.
-        "/api/v1/orgs/acme/projects?cursor=Ilx1MDAwMCI",
-        "/api/v1/orgs/acme/members?cursor=Ilx1MDAwMCI",
+        // Dates PostgreSQL cannot hold.
         "/api/v1/orgs/acme/spend?to=-262143-01-01",
         "/api/v1/orgs/acme/spend?from=+262142-01-01",
         "/api/v1/orgs/acme/audit?since=-262143-01-01T00:00:00Z",
@@ -125,7 +121,10 @@ async fn bad_input_is_a_4xx_problem_never_a_5xx() {
         &format!("{runs}?cursor=%00%01"),
         "/api/v1/orgs/acme/audit?since=yesterday",
     ];
-    let not_found: [&str; 7] = [
+    let not_found: [&str; 9] = [
+        // A cursor whose key holds a NUL (base64 of `"\u0000"`): no page this server gave.
+        "/api/v1/orgs/acme/projects?cursor=Ilx1MDAwMCI",
+        "/api/v1/orgs/acme/members?cursor=Ilx1MDAwMCI",
         // A version past what a number holds.
         &format!("{p}/workflows/approve/versions/99999999999999999999"),
         // Path traversal and ids that cannot be ids.

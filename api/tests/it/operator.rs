@@ -259,7 +259,7 @@ async fn edit_and_retry_draining_a_host_and_wip_limits_are_audited_with_their_us
     app.json(Method::POST, &format!("{BASE}/runs/{first}/cancel"), &org.member, None, StatusCode::OK).await;
     // Bad edits are refused as problems, and nothing is created.
     for (edit, want) in [
-        (json!({ "node": "nope", "prompt": "x" }), StatusCode::UNPROCESSABLE_ENTITY),
+        (json!({ "node": "nope", "prompt": "x" }), StatusCode::NOT_FOUND),
         (json!({ "node": "check", "prompt": "x" }), StatusCode::UNPROCESSABLE_ENTITY),
         (json!({ "node": "work", "harness": "vim" }), StatusCode::UNPROCESSABLE_ENTITY),
         (json!({ "node": "work" }), StatusCode::UNPROCESSABLE_ENTITY),

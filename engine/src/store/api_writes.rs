@@ -23,7 +23,7 @@ fn check_role(role: &str) -> Result<()> {
 pub async fn add_member(ch: &mut Change, org: OrgId, email: &str, role: &str) -> Result<UserId> {
     check_role(role)?;
     let email = email.trim();
-    if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_control) {
+    if !email.contains('@') || email.chars().count() > 254 || email.chars().any(char::is_control) {
         return Err(StoreError::Invalid(format!("`{}` is not an email address", cap(email))));
     }
     let (user, added) = super::tenants::add_membership(ch, org, email, role).await?;

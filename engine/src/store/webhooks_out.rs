@@ -60,7 +60,8 @@ pub struct Subscription {
 
 fn check(url: &str, events: &[String], policy: Policy) -> Result<()> {
     let scheme_ok = url.starts_with("https://") || url.starts_with("http://");
-    if !scheme_ok || url.len() > 2048 || url.chars().any(|c| c.is_whitespace() || c.is_control()) || url.split("://").nth(1).is_none_or(str::is_empty) {
+    if !scheme_ok || url.chars().count() > 2048 || url.chars().any(|c| c.is_whitespace() || c.is_control()) || url.split("://").nth(1).is_none_or(str::is_empty)
+    {
         return Err(StoreError::Invalid(Refused::NotHttp.to_string()));
     }
     match policy.target(url) {

@@ -22,12 +22,12 @@ use crate::http::{AppState, idempotency};
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRun {
-    /// The workflow's name.
+    /// The workflow's name; one the project does not have answers 404.
     pub workflow: String,
     /// A JSON object, available to templates and expressions as `run.input`.
     #[schema(value_type = Option<Object>)]
     pub input: Option<Map<String, Value>>,
-    /// A version number; the latest by default.
+    /// A version number; the latest by default. One the workflow does not have answers 404.
     pub version: Option<i32>,
     /// Stub effects and answer approvals at once; deleted a day after it ends.
     #[serde(default)]
@@ -60,7 +60,8 @@ pub struct RetryRun {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct RerunQuery {
-    /// Start again from this node, reusing the outputs recorded before it.
+    /// Start again from this node, reusing the outputs recorded before it; a node the run's
+    /// workflow does not have answers 404.
     pub from: Option<String>,
 }
 
@@ -86,11 +87,12 @@ pub async fn submit(State(state): State<AppState>, scope: ProjectScope, key: Ide
     idempotency::create(ch, scope.org.org, &key, &body, async |ch| {
         let found: Option<(WorkflowId, i32)> =
             sqlx::query_as(LATEST_OF_WORKFLOW).bind(scope.org.org).bind(scope.project).bind(&body.workflow).fetch_optional(ch.conn()).await?;
-        let (workflow, latest) = found.ok_or_else(|| ApiError::Unprocessable(format!("no workflow `{}` in this project", cap(&body.workflow))))?;
+        // A name that names nothing is not found, as a path that does is.
+        let (workflow, latest) = found.ok_or_else(|| ApiError::NotFound(format!("no workflow `{}` in this project", cap(&body.workflow))))?;
         let version = body.version.unwrap_or(latest);
         let exists: Option<i32> = sqlx::query_scalar(VERSION_EXISTS).bind(scope.org.org).bind(workflow).bind(version).fetch_optional(ch.conn()).await?;
         if exists.is_none() {
-            return Err(ApiError::Unprocessable(format!("workflow `{}` has no version {version}", cap(&body.workflow))));
+            return Err(ApiError::NotFound(format!("workflow `{}` has no version {version}", cap(&body.workflow))));
         }
         let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
         let run = store::submit(
@@ -157,10 +159,12 @@ async fn rerun_from(
             from.into_iter().collect()
         };
         let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
+        // (A run still running is a conflict first, which the store says.)
+        let mut named = nodes.iter().filter(|_| !retry).chain(edit.as_ref().map(|e| &e.node));
+        if let Some(missing) = named.find(|n| status != "running" && def.node(n).is_none()) {
+            return Err(ApiError::NotFound(format!("node `{}` is not in this run's workflow", cap(missing))));
+        }
         if let Some(e) = &edit {
-            if def.node(&e.node).is_none() {
-                return Err(ApiError::Unprocessable(format!("node `{}` is not in this run's workflow", cap(&e.node))));
-            }
             if !nodes.contains(&e.node) {
                 nodes.push(e.node.clone());
             }
