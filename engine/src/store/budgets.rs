@@ -29,8 +29,12 @@ const MONTH_START: &str = "date_trunc('month', now() AT TIME ZONE 'UTC')::date";
 /// Records cost and tokens a session spent against today's spend of the project (and so of
 /// the org). The hosts' session reports call this (or [`record_run_spend`] when the run is
 /// known); `usd` is what this report adds, not a running total. It is negative when a
-/// harness's reported cost corrects an estimate that was higher: today's figure is lowered by
-/// the difference, never below zero (a correction after midnight UTC lowers the new day's).
+/// harness's reported cost corrects an estimate that was higher (a correction after midnight
+/// UTC lowers the new day's, which is never read below zero).
+///
+/// A project's day is a few rows (slots) summed when read: this takes one no other
+/// transaction holds, or adds one, so that concurrent reports of a project never wait on each
+/// other's lock.
 pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: f64, tokens: i64) -> Result<()> {
     if !usd.is_finite() || tokens < 0 {
         return Err(StoreError::Invalid("spend must be a finite amount and tokens not negative".into()));
@@ -38,9 +42,10 @@ pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: 
     if usd == 0.0 && tokens == 0 {
         return Ok(());
     }
-    sqlx::query(&format!(
-        "INSERT INTO spend (org_id, project_id, day, usd, tokens) VALUES ($1, $2, {TODAY}, greatest($3::numeric, 0), $4) \
-         ON CONFLICT (org_id, project_id, day) DO UPDATE SET usd = greatest(spend.usd + $3::numeric, 0), tokens = spend.tokens + EXCLUDED.tokens"
+    let added = sqlx::query(&format!(
+        "WITH free AS (SELECT slot FROM spend WHERE org_id = $1 AND project_id = $2 AND day = {TODAY} LIMIT 1 FOR UPDATE SKIP LOCKED) \
+         UPDATE spend s SET usd = s.usd + $3::numeric, tokens = s.tokens + $4 FROM free \
+         WHERE s.org_id = $1 AND s.project_id = $2 AND s.day = {TODAY} AND s.slot = free.slot"
     ))
     .bind(org)
     .bind(project)
@@ -48,6 +53,20 @@ pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: 
     .bind(tokens)
     .execute(&mut *ch.tx)
     .await?;
+    if added.rows_affected() == 0 {
+        // Every slot of the day is held (or there is none yet): a new one, numbered at random so
+        // that two writers adding one at once do not meet.
+        sqlx::query(&format!(
+            "INSERT INTO spend (org_id, project_id, day, slot, usd, tokens) VALUES ($1, $2, {TODAY}, (random() * 2147483646)::int, $3::numeric, $4) \
+             ON CONFLICT (org_id, project_id, day, slot) DO UPDATE SET usd = spend.usd + EXCLUDED.usd, tokens = spend.tokens + EXCLUDED.tokens"
+        ))
+        .bind(org)
+        .bind(project)
+        .bind(usd)
+        .bind(tokens)
+        .execute(&mut *ch.tx)
+        .await?;
+    }
     if usd > 0.0 {
         ch.tally.spend(usd);
     }
@@ -136,10 +155,10 @@ fn words(project: bool, period: &str, limit: f64, hard: bool) -> String {
 
 async fn sums(conn: &mut sqlx::PgConnection, org: OrgId, project: ProjectId) -> Result<Sums> {
     Ok(sqlx::query_as(&format!(
-        "SELECT coalesce(sum(usd) FILTER (WHERE day = {TODAY}), 0)::float8 AS org_day, \
-                coalesce(sum(usd), 0)::float8 AS org_month, \
-                coalesce(sum(usd) FILTER (WHERE day = {TODAY} AND project_id = $2), 0)::float8 AS project_day, \
-                coalesce(sum(usd) FILTER (WHERE project_id = $2), 0)::float8 AS project_month, \
+        "SELECT greatest(coalesce(sum(usd) FILTER (WHERE day = {TODAY}), 0), 0)::float8 AS org_day, \
+                greatest(coalesce(sum(usd), 0), 0)::float8 AS org_month, \
+                greatest(coalesce(sum(usd) FILTER (WHERE day = {TODAY} AND project_id = $2), 0), 0)::float8 AS project_day, \
+                greatest(coalesce(sum(usd) FILTER (WHERE project_id = $2), 0), 0)::float8 AS project_month, \
                 ceil(extract(epoch FROM ({TODAY} + 1)::timestamp AT TIME ZONE 'UTC' - now()) * 1000)::float8 AS to_tomorrow_ms, \
                 ceil(extract(epoch FROM ({MONTH_START} + interval '1 month') AT TIME ZONE 'UTC' - now()) * 1000)::float8 AS to_next_month_ms \
          FROM spend WHERE org_id = $1 AND day >= {MONTH_START}"
@@ -167,7 +186,7 @@ pub async fn remaining(conn: &mut sqlx::PgConnection, org: OrgId, project: Proje
     let left: Option<f64> = sqlx::query_scalar(&format!(
         "SELECT CASE WHEN l IS NOT NULL THEN greatest(l, 0)::float8 END FROM (SELECT least( \
              (SELECT $4::numeric - spent_usd FROM runs WHERE run_id = $3), \
-             (SELECT min(b.usd_limit - (SELECT coalesce(sum(s.usd), 0) FROM spend s \
+             (SELECT min(b.usd_limit - (SELECT greatest(coalesce(sum(s.usd), 0), 0) FROM spend s \
                                         WHERE s.org_id = $1 AND (b.project_id IS NULL OR s.project_id = b.project_id) \
                                           AND s.day >= CASE b.period WHEN 'day' THEN {TODAY} ELSE {MONTH_START} END)) \
                 FROM budgets b WHERE b.org_id = $1 AND (b.project_id IS NULL OR b.project_id = $2) AND b.hard)) AS l) left_to_spend"
@@ -206,7 +225,7 @@ pub struct BudgetView {
 pub async fn list(conn: &mut sqlx::PgConnection, org: OrgId, project: Option<ProjectId>) -> Result<Vec<BudgetView>> {
     Ok(sqlx::query_as(&format!(
         "SELECT b.project_id, p.slug AS project, b.period, b.usd_limit::float8 AS usd_limit, b.hard, \
-                (SELECT coalesce(sum(s.usd), 0)::float8 FROM spend s WHERE s.org_id = b.org_id \
+                (SELECT greatest(coalesce(sum(s.usd), 0), 0)::float8 FROM spend s WHERE s.org_id = b.org_id \
                    AND (b.project_id IS NULL OR s.project_id = b.project_id) \
                    AND s.day >= CASE b.period WHEN 'day' THEN {TODAY} ELSE {MONTH_START} END) AS spent_usd, \
                 CASE b.period WHEN 'day' THEN ({TODAY} + 1)::timestamp ELSE ({MONTH_START} + interval '1 month') END AT TIME ZONE 'UTC' AS resets_at \
@@ -299,9 +318,9 @@ pub struct SpendDay {
 /// Spend per project and day, newest day first, from `from` to `to` (inclusive).
 pub async fn spend(conn: &mut sqlx::PgConnection, org: OrgId, project: Option<ProjectId>, from: NaiveDate, to: NaiveDate) -> Result<Vec<SpendDay>> {
     Ok(sqlx::query_as(
-        "SELECT project_id, day, usd::float8 AS usd, tokens FROM spend \
+        "SELECT project_id, day, greatest(sum(usd), 0)::float8 AS usd, sum(tokens)::int8 AS tokens FROM spend \
          WHERE org_id = $1 AND ($2::uuid IS NULL OR project_id = $2) AND day BETWEEN $3 AND $4 \
-         ORDER BY day DESC, project_id LIMIT 5000",
+         GROUP BY project_id, day ORDER BY day DESC, project_id LIMIT 5000",
     )
     .bind(org)
     .bind(project)

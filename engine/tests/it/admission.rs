@@ -398,7 +398,7 @@ nodes:
     // a, b and c report 4 each (12 ≥ 10): d fails before it starts, final, never retried.
     assert_eq!(steps, ["a:succeeded", "b:succeeded", "c:succeeded", "d:failed:budget_hard_stop:final"]);
     let (usd, tokens): (f64, i64) =
-        sqlx::query_as("SELECT usd::float8, tokens FROM spend WHERE project_id = $1").bind(s.project).fetch_one(&db.pool).await.unwrap();
+        sqlx::query_as("SELECT sum(usd)::float8, sum(tokens)::int8 FROM spend WHERE project_id = $1").bind(s.project).fetch_one(&db.pool).await.unwrap();
     assert_eq!((usd, tokens), (12.0, 3000));
     let spent: f64 = sqlx::query_scalar("SELECT spent_usd::float8 FROM runs WHERE run_id = $1").bind(first).fetch_one(&db.pool).await.unwrap();
     assert_eq!(spent, 12.0);

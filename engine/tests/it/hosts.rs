@@ -242,3 +242,94 @@ async fn the_claims_lookups_use_their_indexes() {
     drop(conn);
     db.discard().await;
 }
+
+/// Many sessions of one project report at once (each in a run of its own, as a busy org's
+/// agents do): while a dozen reports stand mid-transaction, holding what a report holds (their
+/// run, the spend they recorded), two dozen more of the same project record spend and lines
+/// and commit. Before spend was kept in slots, each of them waited for the project's one row of
+/// the day. Checked by state: every report completes while the others are held, and none is
+/// ever seen waiting on a held one's lock (`pg_blocking_pids`).
+#[tokio::test]
+async fn the_reports_of_a_projects_sessions_never_wait_on_each_other() {
+    const HELD: usize = 12;
+    const REPORTING: usize = 24;
+    let (db, s) = seeded(TWO_STEPS).await;
+    let host = register(&db.pool, &s, "busy", &["linux"], 64).await;
+    let mut sessions = Vec::new();
+    for _ in 0..HELD + REPORTING {
+        sessions.push(started_on(&db.pool, &s, &host).await);
+    }
+    let usage = Usage { input_tokens: 1_000, output_tokens: 200, turns: 1, model: Some("m".into()), estimated_cost_usd: Some(0.05), ..Usage::default() };
+    // Every session has reported once, so each has spend recorded and a session row.
+    for (_, step) in &sessions {
+        let r = hosts::report(
+            &db.pool,
+            &host,
+            *step,
+            hosts::Report { harness: Some("claude-code"), lines: &[line(1, "start")], usage: &usage, egress_refused: &[] },
+            1 << 20,
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.stored, 1);
+    }
+
+    // A dozen reports mid-transaction: each holds its run and the spend it added.
+    // (On connections of their own, with one to watch from: the reports below have the test
+    // pool's.)
+    let holders = engine::db::connect(&db.url, HELD as u32 + 1).await.unwrap();
+    let mut held = Vec::new();
+    let mut held_pids: Vec<i32> = Vec::new();
+    for (run, _) in &sessions[..HELD] {
+        let mut ch = Change::begin(&holders, Actor::Host(host.host_id)).await.unwrap();
+        ch.lock_run(s.org, *run).await.unwrap().expect("the run");
+        // A hung test, not a timing: a spend that waits on a held one's lock never returns.
+        tokio::time::timeout(Duration::from_secs(120), engine::store::budgets::record_run_spend(&mut ch, *run, 0.01, 10))
+            .await
+            .expect("a report's spend waits on the spend another report holds")
+            .unwrap();
+        held_pids.push(sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(ch.conn()).await.unwrap());
+        held.push(ch);
+    }
+
+    // Two dozen more, at once: more lines, more tokens and dollars.
+    let more = Usage { input_tokens: 2_000, estimated_cost_usd: Some(0.10), ..usage.clone() };
+    let mut reports = tokio::task::JoinSet::new();
+    for (_, step) in sessions[HELD..].iter().copied() {
+        let (pool, host, more) = (db.pool.clone(), host.clone(), more.clone());
+        reports.spawn(async move {
+            let lines: Vec<LogLine> = (2..=6).map(|i| line(i, "reading the module")).collect();
+            hosts::report(&pool, &host, step, hosts::Report { harness: Some("claude-code"), lines: &lines, usage: &more, egress_refused: &[] }, 1 << 20).await
+        });
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut done = 0;
+    while done < REPORTING {
+        let blocked: Vec<(i32, String)> =
+            sqlx::query_as("SELECT pid, coalesce(query, '') FROM pg_stat_activity WHERE datname = current_database() AND pg_blocking_pids(pid) && $1::int4[]")
+                .bind(&held_pids)
+                .fetch_all(&holders)
+                .await
+                .unwrap();
+        assert!(blocked.is_empty(), "a report waits on a lock another session's report holds: {blocked:?}");
+        assert!(tokio::time::Instant::now() < deadline, "{done} of {REPORTING} reports completed while the others were held");
+        match tokio::time::timeout(Duration::from_millis(100), reports.join_next()).await {
+            Ok(Some(r)) => {
+                assert_eq!(r.unwrap().unwrap().stored, 5);
+                done += 1;
+            }
+            Ok(None) => break,
+            Err(_) => {}
+        }
+    }
+    for ch in held {
+        ch.commit().await.unwrap();
+    }
+    holders.close().await;
+    // Every dollar is counted once: 36 first reports at $0.05, 24 more at +$0.05, 12 held at $0.01.
+    let (spent, slots): (f64, i64) =
+        sqlx::query_as("SELECT sum(usd)::float8, count(*) FROM spend WHERE project_id = $1").bind(s.project).fetch_one(&db.pool).await.unwrap();
+    assert!((spent - (36.0 * 0.05 + 24.0 * 0.05 + 12.0 * 0.01)).abs() < 1e-6, "spent {spent}");
+    assert!(slots > 1, "the day's spend is in slots, not one row");
+    db.discard().await;
+}
