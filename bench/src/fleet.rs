@@ -66,7 +66,7 @@ const INSTALLATION: i64 = 77;
 const REPOSITORY: &str = "Bench/Widgets";
 
 /// A child process, killed when dropped.
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     what: String,
 }
@@ -78,7 +78,7 @@ impl Proc {
     }
 
     /// Fails when the process has exited: a fleet member that died makes the figure meaningless.
-    fn alive(&mut self) -> Result<()> {
+    pub(crate) fn alive(&mut self) -> Result<()> {
         match self.child.try_wait()? {
             None => Ok(()),
             Some(status) => bail!("{} exited early: {status}", self.what),
@@ -100,7 +100,7 @@ fn free_port() -> Result<u16> {
 }
 
 /// `shopfloor api` on the measure's database, ready when this returns.
-async fn api(b: &Bench, db: &Db, secret: Option<&str>) -> Result<(Proc, String)> {
+pub(crate) async fn api(b: &Bench, db: &Db, secret: Option<&str>) -> Result<(Proc, String)> {
     let port = free_port()?;
     let mut cmd = Command::new(&b.shopfloor);
     cmd.args(["api", "--log", "warn"])
@@ -125,7 +125,7 @@ async fn api(b: &Bench, db: &Db, secret: Option<&str>) -> Result<(Proc, String)>
 }
 
 /// `shopfloor engine` without the test executor: crew steps are left to hosts.
-fn engine(b: &Bench, db: &Db, id: &str) -> Result<Proc> {
+pub(crate) fn engine(b: &Bench, db: &Db, id: &str) -> Result<Proc> {
     let mut cmd = Command::new(&b.shopfloor);
     cmd.args(["engine", "--engine-id", id, "--log", "warn"]).env("DATABASE_URL", &db.url).env("SHOPFLOOR_SECRET_KEY", b.key.to_base64().expose_secret());
     Proc::spawn(&mut cmd, &format!("shopfloor engine {id}"))

@@ -18,16 +18,18 @@
 //! | `idle_statements_60s` | statements an idle pool sends in 60 s |
 //! | `recovery_s` | an engine holding steps killed: until another runs them all again |
 //! | `webhook_deliveries_per_s`, `webhook_p99_ms` | `BENCH_WEBHOOKS` (at most 2,000 by default) signed `issues.labeled` deliveries, each a new issue that opens one run, from 16 concurrent clients to one `shopfloor api`, after 160 warm-up deliveries the clock does not count (ten a client, on the connection it keeps): deliveries per wall-clock second and the client-side latency's p99; the bench fails unless each was answered 2xx and made exactly one run; `webhook_note` says how many |
+//! | `sessions_<n>_report_p50_ms`, `…_p99_ms`, `sessions_<n>_transcript_lag_p50_ms`, `…_p99_ms`, `sessions_<n>_reports_per_s`, `sessions_within_goal` | for each count in `BENCH_SESSIONS` (100, 300 and 1,000), that many crew sessions at once on one `shopfloor api`, each reporting every second (5 transcript lines, growing usage and spend) over the host protocol, 10 followed in the console's live transcript (`sessions.rs`): the reports' client-side latency and the console's lag behind the host, over `BENCH_SESSIONS_SECS` (30) seconds after a 10-second warm-up; `sessions_within_goal` is the largest count with report p99 ≤ 100 ms and lag p99 ≤ 1 s |
 //! | `soak_drift_pct`, `soak_table_sizes` | with `BENCH_SOAK=1`: ten minutes of steady load, last minute against the first |
 //! | `engine_rss_mb_10k_open` | one engine's resident memory with 10,000 runs asleep |
 //!
 //! `BENCH_ONLY=engine` measures only the engine's throughput, `BENCH_ONLY=fleet` only the host
-//! and webhook figures, `BENCH_ONLY=webhooks` and `BENCH_ONLY=wake` one of those, `BENCH_ONLY=peer`
+//! and webhook figures, `BENCH_ONLY=webhooks`, `BENCH_ONLY=sessions` and `BENCH_ONLY=wake` one of those, `BENCH_ONLY=peer`
 //! only the peer's; such partial runs are printed, not recorded.
 
 mod fleet;
 mod measures;
 mod peer;
+mod sessions;
 mod setup;
 
 use std::fmt::Write as _;
@@ -74,11 +76,12 @@ async fn main() -> Result<()> {
         Some("fleet") => measure_fleet(&b, &root, runs, &mut r).await,
         Some("peer") => measure_peer(&b, &root, &mut r).await.map(|_| ()),
         Some("webhooks") => measure_webhooks(&b, runs, &mut r).await,
+        Some("sessions") => measure_sessions(&b, &mut r).await,
         Some("wake") => measures::wake_latency_and_idle(&b, 0).await.map(|w| {
             r.add("wake_p50_ms", format!("{:.2}", w.p50_ms));
             r.add("wake_p99_ms", format!("{:.2}", w.p99_ms));
         }),
-        Some(other) => Err(anyhow::anyhow!("BENCH_ONLY={other}: expected `engine`, `fleet`, `webhooks`, `wake` or `peer`")),
+        Some(other) => Err(anyhow::anyhow!("BENCH_ONLY={other}: expected `engine`, `fleet`, `webhooks`, `sessions`, `wake` or `peer`")),
         None => measure(&b, &bindir, &root, runs, &mut r).await,
     };
     let _ = pg.stop();
@@ -154,6 +157,27 @@ async fn measure_webhooks(b: &Bench, runs: usize, r: &mut Report) -> Result<()> 
     Ok(())
 }
 
+async fn measure_sessions(b: &Bench, r: &mut Report) -> Result<()> {
+    let levels: Vec<usize> =
+        std::env::var("BENCH_SESSIONS").unwrap_or_else(|_| "100,300,1000".into()).split(',').filter_map(|n| n.trim().parse().ok()).collect();
+    let secs = std::env::var("BENCH_SESSIONS_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+    let mut within = 0;
+    for n in levels {
+        let s = sessions::concurrent_sessions(b, n, secs).await?;
+        r.add(&format!("sessions_{n}_report_p50_ms"), format!("{:.1}", s.p50_ms));
+        r.add(&format!("sessions_{n}_report_p99_ms"), format!("{:.1}", s.p99_ms));
+        r.add(&format!("sessions_{n}_transcript_lag_p50_ms"), format!("{:.0}", s.lag_p50_ms));
+        r.add(&format!("sessions_{n}_transcript_lag_p99_ms"), format!("{:.0}", s.lag_p99_ms));
+        r.add(&format!("sessions_{n}_reports_per_s"), format!("{:.0}", s.reports as f64 / secs as f64));
+        if s.p99_ms <= 100.0 && s.lag_p99_ms <= 1_000.0 {
+            within = within.max(n);
+        }
+    }
+    r.add("sessions_within_goal", within);
+    r.add("sessions_note", format!("each session reports every second (5 lines, usage and spend), measured {secs} s; within goal: report p99 ≤ 100 ms and transcript lag p99 ≤ 1,000 ms; goal 1,000 sessions"));
+    Ok(())
+}
+
 async fn measure_fleet(b: &Bench, root: &std::path::Path, runs: usize, r: &mut Report) -> Result<()> {
     measure_hosts(b, root, runs, r).await?;
     measure_webhooks(b, runs, r).await
@@ -201,6 +225,7 @@ async fn measure(b: &Bench, bindir: &std::path::Path, root: &std::path::Path, ru
     measure_wake(b, &p, r).await?;
     r.add("recovery_s", format!("{:.1}", measures::recovery(b).await?));
     measure_webhooks(b, runs, r).await?;
+    measure_sessions(b, r).await?;
     if std::env::var("BENCH_SOAK").as_deref() == Ok("1") {
         let s = measures::soak(b, 10).await?;
         r.add("soak_drift_pct", format!("{:.1}", s.drift_pct));

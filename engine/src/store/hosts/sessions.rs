@@ -88,7 +88,8 @@ pub(crate) async fn record_usage(
     Ok(())
 }
 
-const OPEN_LOG_SIZE: &str = "INSERT INTO run_log_sizes (org_id, run_id) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING";
+const LOCK_LOG_SIZE: &str = "INSERT INTO run_log_sizes (org_id, run_id) VALUES ($1, $2) \
+     ON CONFLICT (run_id) DO UPDATE SET bytes = run_log_sizes.bytes RETURNING bytes, capped_at IS NOT NULL";
 
 const NOTE_TRANSCRIPT_CAP: &str = "INSERT INTO step_logs (org_id, run_id, run_created_at, step_id, seq, stream, line) \
      VALUES ($1, $2, (SELECT created_at FROM runs WHERE run_id = $2), $3, $4, 'note', $5) ON CONFLICT DO NOTHING";
@@ -133,9 +134,10 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, r: Report<'_>, cap_
             ch.lock_run(host.org_id, run).await?;
         }
     }
-    let renewed: Option<(RunId, String)> = sqlx::query_as(&format!(
-        "UPDATE steps SET lease_expires_at = clock_timestamp() + interval '{} seconds' \
-         WHERE step_id = $1 AND org_id = $2 AND holder = $3 AND state IN ('leased', 'running') RETURNING run_id, state",
+    let renewed: Option<(RunId, String, String, WorkflowId, i32)> = sqlx::query_as(&format!(
+        "UPDATE steps s SET lease_expires_at = clock_timestamp() + interval '{} seconds' FROM runs r \
+         WHERE s.step_id = $1 AND s.org_id = $2 AND s.holder = $3 AND s.state IN ('leased', 'running') AND r.run_id = s.run_id \
+         RETURNING s.run_id, s.state, s.node, r.workflow_id, r.workflow_version",
         LEASE.as_secs()
     ))
     .bind(step)
@@ -143,7 +145,7 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, r: Report<'_>, cap_
     .bind(holder(host.host_id))
     .fetch_optional(&mut *ch.tx)
     .await?;
-    let Some((run, state)) = renewed else {
+    let Some((run, state, node, workflow, version)) = renewed else {
         drop(ch);
         return Ok(Reported { state: state_of(pool, host, step).await?, stored: 0, dropped: lines.len() });
     };
@@ -151,9 +153,8 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, r: Report<'_>, cap_
     let mut stored = 0;
     let mut dropped = 0;
     if !lines.is_empty() {
-        sqlx::query(OPEN_LOG_SIZE).bind(host.org_id).bind(run).execute(&mut *ch.tx).await?;
-        let (used, capped): (i64, bool) =
-            sqlx::query_as("SELECT bytes, capped_at IS NOT NULL FROM run_log_sizes WHERE run_id = $1 FOR UPDATE").bind(run).fetch_one(&mut *ch.tx).await?;
+        // The run's size, locked (an upsert locks the row it finds, as FOR UPDATE would).
+        let (used, capped): (i64, bool) = sqlx::query_as(LOCK_LOG_SIZE).bind(host.org_id).bind(run).fetch_one(&mut *ch.tx).await?;
         let mut room = if capped { 0 } else { (cap_bytes - used).max(0) };
         let (mut seqs, mut streams, mut texts) = (Vec::new(), Vec::new(), Vec::new());
         let mut over: Vec<i64> = Vec::new();
@@ -228,7 +229,7 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, r: Report<'_>, cap_
     // says so): a session that reports all the time may send no heartbeat.
     if spent > 0.0 && over_budget(&mut ch, run).await? {
         state = stop_held(&mut ch, host, run, step, &Failure::new(budgets::HARD_STOP, FailureClass::Final)).await?.state();
-    } else if usage.turns > 0 && over_turns(&mut ch, step).await? {
+    } else if usage.turns > 0 && past_turn_cap(&mut ch, workflow, version, &node, usage.turns).await? {
         state = stop_held(&mut ch, host, run, step, &Failure::new(TURN_CAP, FailureClass::Ordinary)).await?.state();
     }
     ch.commit().await?;
@@ -342,8 +343,14 @@ pub(crate) async fn over_turns(ch: &mut Change, step: StepId) -> Result<bool> {
     .fetch_optional(ch.conn())
     .await?;
     let Some((node, turns, workflow, version)) = session else { return Ok(false) };
+    past_turn_cap(ch, workflow, version, &node, turns).await
+}
+
+/// Whether `turns` is past the `caps.turns` of `node` (no statement while the catalog has the
+/// definition).
+async fn past_turn_cap(ch: &mut Change, workflow: WorkflowId, version: i32, node: &str, turns: i32) -> Result<bool> {
     let def = crate::store::admission::plan::definition(ch, workflow, version).await?;
-    let cap = def.node(&node).and_then(|n| match &n.kind {
+    let cap = def.node(node).and_then(|n| match &n.kind {
         NodeKind::Crew(c) => c.caps.turns,
         _ => None,
     });
