@@ -100,6 +100,13 @@ impl Actor {
     }
 }
 
+/// A run's next event number before it was read (numbers start at 1).
+const SEQ_UNREAD: i64 = 0;
+
+fn unread(run: RunId) -> StoreError {
+    StoreError::Invalid(format!("event on {run} locked by `lock_run_quietly`: lock it with `lock_run` first"))
+}
+
 /// A run locked in this change, with the sequence number its next event takes.
 #[derive(Debug, Clone)]
 pub struct RunCtx {
@@ -108,6 +115,7 @@ pub struct RunCtx {
     pub run: RunId,
     /// The run's `created_at`: its journal's partition key.
     created_at: DateTime<Utc>,
+    /// [`SEQ_UNREAD`] until read: a change that writes no event of the run never reads it.
     next_seq: i64,
     /// The run's workflow version and stored trace context, for the event log.
     version: Option<i32>,
@@ -224,6 +232,18 @@ impl Change {
     /// change holds (a parent, a child, the head of an admission line) without waiting for it,
     /// and a change holding a queue's lock never waits on a run's (`store::admission`).
     pub async fn lock_run(&mut self, org: OrgId, run: RunId) -> Result<Option<RunCtx>> {
+        let Some(ctx) = self.lock_run_quietly(org, run).await? else { return Ok(None) };
+        if ctx.next_seq == SEQ_UNREAD {
+            self.read_next_seqs(&[run]).await?;
+        }
+        Ok(self.runs.get(&run).cloned())
+    }
+
+    /// Locks the run's row as [`lock_run`](Change::lock_run) does, without reading where its
+    /// events stand (a statement that costs more than the lock): for a change that writes none
+    /// of its events unless it calls [`lock_run`](Change::lock_run) first, such as a session
+    /// report recording spend.
+    pub async fn lock_run_quietly(&mut self, org: OrgId, run: RunId) -> Result<Option<RunCtx>> {
         if let Some(ctx) = self.runs.get(&run) {
             return Ok(Some(ctx.clone()));
         }
@@ -234,9 +254,9 @@ impl Change {
                 .fetch_optional(&mut *self.tx)
                 .await?;
         let Some((project, created_at, version, traceparent)) = found else { return Ok(None) };
-        self.runs.insert(run, RunCtx { org, project, run, created_at, next_seq: 1, version: Some(version), traceparent });
-        self.read_next_seqs(&[run]).await?;
-        Ok(self.runs.get(&run).cloned())
+        let ctx = RunCtx { org, project, run, created_at, next_seq: SEQ_UNREAD, version: Some(version), traceparent };
+        self.runs.insert(run, ctx.clone());
+        Ok(Some(ctx))
     }
 
     /// Locks many runs at once, in id order so that two batches never deadlock. Runs of
@@ -294,9 +314,9 @@ impl Change {
         .bind(&ids)
         .fetch_all(&mut *self.tx)
         .await?;
-        for (run, seq) in last.into_iter().filter_map(|(r, s)| Some((r, s?))) {
+        for (run, seq) in last {
             if let Some(ctx) = self.runs.get_mut(&run) {
-                ctx.next_seq = seq + 1;
+                ctx.next_seq = seq.map_or(1, |s| s + 1);
             }
         }
         Ok(())
@@ -323,13 +343,20 @@ impl Change {
 
     /// The sequence number the next event of `run` will take.
     pub(super) fn peek_seq(&self, run: RunId) -> Result<i64> {
-        Ok(self.locked(run)?.next_seq)
+        let ctx = self.locked(run)?;
+        if ctx.next_seq == SEQ_UNREAD {
+            return Err(unread(run));
+        }
+        Ok(ctx.next_seq)
     }
 
     /// Appends a run event; returns its sequence number. Events are written together at
     /// commit (one statement for all of them), since nothing reads them back in the change.
     pub(super) fn event(&mut self, run: RunId, kind: &str, step: Option<(StepId, &str)>, attrs: Value) -> Result<i64> {
         let ctx = self.runs.get_mut(&run).ok_or_else(|| StoreError::Invalid(format!("event on {run} without its row lock")))?;
+        if ctx.next_seq == SEQ_UNREAD {
+            return Err(unread(run));
+        }
         let seq = ctx.next_seq;
         ctx.next_seq += 1;
         let (org, project, run_created_at) = (ctx.org, ctx.project, ctx.created_at);

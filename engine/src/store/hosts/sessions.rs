@@ -130,8 +130,10 @@ pub async fn report(pool: &Db, host: &HostRow, step: StepId, r: Report<'_>, cap_
     .await?;
     if let Some((run, cost, recorded, tokens)) = before {
         // An event (a refused destination) is written under the run's lock too.
-        if spend_moves(usage, cost, recorded, tokens) || !egress_refused.is_empty() {
+        if !egress_refused.is_empty() {
             ch.lock_run(host.org_id, run).await?;
+        } else if spend_moves(usage, cost, recorded, tokens) {
+            ch.lock_run_quietly(host.org_id, run).await?;
         }
     }
     let renewed: Option<(RunId, String, String, WorkflowId, i32)> = sqlx::query_as(&format!(
@@ -313,7 +315,7 @@ pub(crate) async fn record_session_spend(ch: &mut Change, host: &HostRow, run: R
         return Ok((0.0, recorded));
     }
     if ch.locked(run).is_err() {
-        ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
+        ch.lock_run_quietly(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
     }
     budgets::record_run_spend(ch, run, usd, more_tokens).await?;
     Ok((usd, model::round_cost((recorded + usd).max(0.0))))
@@ -361,6 +363,8 @@ async fn past_turn_cap(ch: &mut Change, workflow: WorkflowId, version: i32, node
 /// from the answer to its next heartbeat or report (or its claim's feed), as it learns of a
 /// cancel, and stops the harness. The run is locked.
 pub(crate) async fn stop_held(ch: &mut Change, host: &HostRow, run: RunId, step: StepId, failure: &Failure) -> Result<StepRow> {
+    // (A report locks its run quietly; the step's end is an event.)
+    ch.lock_run(host.org_id, run).await?.ok_or(StoreError::NotFound("run"))?;
     let row = steps::fail_held(ch, run, step, &holder(host.host_id), failure, None).await?;
     ch.wake(run, None, Duration::ZERO, "advance", true).await?;
     Ok(row)
