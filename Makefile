@@ -13,7 +13,7 @@ run: ## shopfloor serve on the embedded PostgreSQL under .shopfloor/ (or on DATA
 test: ## every test, against a throwaway PostgreSQL unless DATABASE_URL is set
 	scripts/test.sh
 
-bench: ## measure the engine against this machine's durable-commit limit; appends to BENCHMARKS.md
+bench: ## measure the engine against this machine's durable-commit limit; appends to bench/history.md
 	scripts/bench.sh
 
 chaos: ## 2000 runs over HTTP through process kills, a PostgreSQL crash, a PgBouncer restart, cut and blackholed links, a frozen engine and a poisoned run

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 // The servers allocate per request and per statement; mimalloc costs less CPU there than
-// glibc's malloc (BENCHMARKS.md, #20).
+// glibc's malloc (bench/history.md, #20).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

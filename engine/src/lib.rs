@@ -246,7 +246,7 @@
 //! - `db/conns.rs` — the connections behind a `Db`: a deadpool of sqlx connections and `Tx`, the
 //!   transaction holding one (used as the connection, `&mut *tx`). sqlx's own pool pings each
 //!   connection as it comes back, a round trip per transaction (about 2–3% of a webhook
-//!   delivery's CPU and of the engine's runs per second, BENCHMARKS.md 2026-12-05); here a
+//!   delivery's CPU and of the engine's runs per second, bench/history.md 2026-12-05); here a
 //!   connection goes back without one when its use finished. A transaction takes one that came
 //!   back under 500 ms ago without a ping (`PING_AFTER_IDLE`, HikariCP's bypass window), and its
 //!   `BEGIN`, which changes nothing, finds one the server closed meanwhile and tries the next;
@@ -324,7 +324,7 @@
 //!
 //! **Engines on one database**, measured by `make bench`'s engine figure with `BENCH_ENGINES`
 //! set (5,000 three-step runs each, test executor, on the bench's durable cluster, the quiet
-//! 2-core machine, two rounds back to back; BENCHMARKS.md, 2026-12-03, "Engine count, on the
+//! 2-core machine, two rounds back to back; bench/history.md, 2026-12-03, "Engine count, on the
 //! quiet machine"):
 //!
 //! | engines | runs/s | pgbench tps, same run | runs/s ÷ tps |

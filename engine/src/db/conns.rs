@@ -4,7 +4,7 @@
 //! sqlx's own pool pings every connection as it comes back (`PoolConnection::return_to_pool`):
 //! a round trip more for every transaction and every single statement, paid by both processes
 //! in wake-ups: about 2–3% of the CPU a webhook delivery costs and of the engine's runs per
-//! second (BENCHMARKS.md, 2026-12-05). Here a connection is pinged when it is taken, and only when its
+//! second (bench/history.md, 2026-12-05). Here a connection is pinged when it is taken, and only when its
 //! last use did not finish (a dropped transaction, a statement cut short) or it has been idle
 //! [`PING_AFTER_IDLE`] or longer.
 
