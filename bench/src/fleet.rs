@@ -26,7 +26,7 @@ use secrecy::ExposeSecret as _;
 use serde_json::{Value, json};
 use sha2::Sha256;
 
-use crate::setup::{Bench, Db, scalar_i64, steps_and_seconds, submit_many};
+use crate::setup::{Bench, Db, percentile, scalar_i64, steps_and_seconds, submit_many};
 
 /// The three-in-a-row of `engine_steps_per_s`, for hosts: each step runs `true`.
 const HOST_SEQUENTIAL: &str = r#"name: three-on-hosts
@@ -386,6 +386,5 @@ pub(crate) async fn webhook_ingest(b: &Bench, n: usize) -> Result<Webhooks> {
 
     let mut ms: Vec<f64> = answers.iter().map(|a| a.2.as_secs_f64() * 1000.0).collect();
     ms.sort_by(f64::total_cmp);
-    let pct = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
-    Ok(Webhooks { per_s: n as f64 / wall, p50_ms: pct(0.50), p99_ms: pct(0.99) })
+    Ok(Webhooks { per_s: n as f64 / wall, p50_ms: percentile(&ms, 0.50), p99_ms: percentile(&ms, 0.99) })
 }

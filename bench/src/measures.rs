@@ -157,8 +157,7 @@ pub(crate) async fn wake_latency_and_idle(b: &Bench, idle_secs: u64) -> Result<W
     .fetch_all(&db.pool)
     .await?;
     lat.sort_by(f64::total_cmp);
-    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
-    let (p50_ms, p99_ms) = (pct(0.50), pct(0.99));
+    let (p50_ms, p99_ms) = (crate::setup::percentile(&lat, 0.50), crate::setup::percentile(&lat, 0.99));
     if idle_secs == 0 {
         db.close().await;
         return Ok(Wake { p50_ms, p99_ms, idle_statements_60s: 0 });

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::fleet;
-use crate::setup::{Bench, scalar_i64, submit_many, until_count};
+use crate::setup::{Bench, percentile, scalar_i64, submit_many, until_count};
 
 const ONE_CREW: &str = r#"name: one-session
 nodes:
@@ -47,14 +47,6 @@ pub(crate) struct Sessions {
 
 fn epoch_ms() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
-}
-
-fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// A held session: its step and run, and the client of the host that holds it.
@@ -170,7 +162,7 @@ pub(crate) async fn concurrent_sessions(b: &Bench, n: usize, secs: u64) -> Resul
     }
     followers.abort_all();
     server.alive()?;
-    let lags: Vec<f64> = lags.lock().await.iter().filter(|(at, _)| *at >= measure_from && *at < until).map(|(_, ms)| *ms).collect();
+    let mut lags: Vec<f64> = lags.lock().await.iter().filter(|(at, _)| *at >= measure_from && *at < until).map(|(_, ms)| *ms).collect();
     ensure!(!lags.is_empty(), "the console showed no transcript line while measured");
     let stored = scalar_i64(&db.pool, "SELECT count(*) FROM step_logs").await?;
     ensure!(stored > 0, "no transcript line stored");
@@ -178,12 +170,14 @@ pub(crate) async fn concurrent_sessions(b: &Bench, n: usize, secs: u64) -> Resul
         crate::measures::print_top_statements(&db, latencies.len()).await?;
     }
     db.close().await;
+    latencies.sort_by(f64::total_cmp);
+    lags.sort_by(f64::total_cmp);
     Ok(Sessions {
         reports: latencies.len(),
-        p50_ms: percentile(latencies.clone(), 0.50),
-        p99_ms: percentile(latencies, 0.99),
-        lag_p50_ms: percentile(lags.clone(), 0.50),
-        lag_p99_ms: percentile(lags, 0.99),
+        p50_ms: percentile(&latencies, 0.50),
+        p99_ms: percentile(&latencies, 0.99),
+        lag_p50_ms: percentile(&lags, 0.50),
+        lag_p99_ms: percentile(&lags, 0.99),
     })
 }
 

@@ -111,6 +111,14 @@ pub(crate) async fn submit_many(db: &Db, s: &Seed, n: usize, per_tx: usize, inpu
     Ok(ids)
 }
 
+/// The `p` quantile (0 to 1) of `sorted` (ascending), the nearest rank; NaN when empty.
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
 pub(crate) async fn scalar_i64(pool: &engine::db::Db, sql: &str) -> Result<i64> {
     sqlx::query_scalar(sql).fetch_one(pool).await.with_context(|| sql.to_owned())
 }

@@ -46,31 +46,34 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if has_nul_escape(bytes) {
         return Err(ApiError::BadRequest("invalid JSON body: text may not contain NUL (\\u0000)".into()));
     }
-    match serde_json::from_slice(bytes) {
-        Ok(v) => Ok(v),
-        // JSON has one number type: `52.0` is the integer 52 to a JSON Schema, and so to the
-        // API document. A whole number written with a fraction or an exponent is read again
-        // as an integer; any other error stands.
-        Err(e) if e.to_string().starts_with("invalid type: floating point") => {
-            let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?;
-            whole_numbers_as_integers(&mut value);
-            serde_json::from_value(value).map_err(|_| ApiError::BadRequest(format!("invalid JSON body: {e}")))
-        }
-        Err(e) => Err(ApiError::BadRequest(format!("invalid JSON body: {e}"))),
+    let refused = match serde_json::from_slice(bytes) {
+        Ok(v) => return Ok(v),
+        Err(e) => ApiError::BadRequest(format!("invalid JSON body: {e}")),
+    };
+    // JSON has one number type: `52.0` is the integer 52 to a JSON Schema, and so to the API
+    // document. A body refused while it holds whole numbers written with a fraction or an
+    // exponent is read again with those as integers; otherwise the first error stands.
+    let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return Err(refused) };
+    if !whole_numbers_as_integers(&mut value) {
+        return Err(refused);
     }
+    serde_json::from_value(value).map_err(|_| refused)
 }
 
-/// Rewrites each number with no fraction (`52.0`, `1e3`) as an integer, where one holds it.
-fn whole_numbers_as_integers(value: &mut serde_json::Value) {
+/// Rewrites each number with no fraction (`52.0`, `1e3`) as an integer, where one holds it;
+/// whether any was.
+fn whole_numbers_as_integers(value: &mut serde_json::Value) -> bool {
     match value {
-        serde_json::Value::Number(n) => {
-            if let Some(f) = n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15) {
+        serde_json::Value::Number(n) => match n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15) {
+            Some(f) => {
                 *n = serde_json::Number::from(f as i64);
+                true
             }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
-        serde_json::Value::Object(fields) => fields.values_mut().for_each(whole_numbers_as_integers),
-        _ => {}
+            None => false,
+        },
+        serde_json::Value::Array(items) => items.iter_mut().map(whole_numbers_as_integers).fold(false, std::ops::BitOr::bitor),
+        serde_json::Value::Object(fields) => fields.values_mut().map(whole_numbers_as_integers).fold(false, std::ops::BitOr::bitor),
+        _ => false,
     }
 }
 

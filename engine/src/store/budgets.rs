@@ -42,10 +42,16 @@ pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: 
     if usd == 0.0 && tokens == 0 {
         return Ok(());
     }
-    let added = sqlx::query(&format!(
-        "WITH free AS (SELECT slot FROM spend WHERE org_id = $1 AND project_id = $2 AND day = {TODAY} LIMIT 1 FOR UPDATE SKIP LOCKED) \
-         UPDATE spend s SET usd = s.usd + $3::numeric, tokens = s.tokens + $4 FROM free \
-         WHERE s.org_id = $1 AND s.project_id = $2 AND s.day = {TODAY} AND s.slot = free.slot"
+    // One statement: the update of a free slot, or when every slot of the day is held (or
+    // there is none yet) a new one, numbered at random so that two writers adding one at once
+    // do not meet.
+    sqlx::query(&format!(
+        "WITH free AS (SELECT slot FROM spend WHERE org_id = $1 AND project_id = $2 AND day = {TODAY} LIMIT 1 FOR UPDATE SKIP LOCKED), \
+         added AS (UPDATE spend s SET usd = s.usd + $3::numeric, tokens = s.tokens + $4 FROM free \
+                   WHERE s.org_id = $1 AND s.project_id = $2 AND s.day = {TODAY} AND s.slot = free.slot RETURNING 1) \
+         INSERT INTO spend (org_id, project_id, day, slot, usd, tokens) \
+         SELECT $1, $2, {TODAY}, (random() * 2147483646)::int, $3::numeric, $4 WHERE NOT EXISTS (SELECT 1 FROM added) \
+         ON CONFLICT (org_id, project_id, day, slot) DO UPDATE SET usd = spend.usd + EXCLUDED.usd, tokens = spend.tokens + EXCLUDED.tokens"
     ))
     .bind(org)
     .bind(project)
@@ -53,20 +59,6 @@ pub async fn record_spend(ch: &mut Change, org: OrgId, project: ProjectId, usd: 
     .bind(tokens)
     .execute(&mut *ch.tx)
     .await?;
-    if added.rows_affected() == 0 {
-        // Every slot of the day is held (or there is none yet): a new one, numbered at random so
-        // that two writers adding one at once do not meet.
-        sqlx::query(&format!(
-            "INSERT INTO spend (org_id, project_id, day, slot, usd, tokens) VALUES ($1, $2, {TODAY}, (random() * 2147483646)::int, $3::numeric, $4) \
-             ON CONFLICT (org_id, project_id, day, slot) DO UPDATE SET usd = spend.usd + EXCLUDED.usd, tokens = spend.tokens + EXCLUDED.tokens"
-        ))
-        .bind(org)
-        .bind(project)
-        .bind(usd)
-        .bind(tokens)
-        .execute(&mut *ch.tx)
-        .await?;
-    }
     if usd > 0.0 {
         ch.tally.spend(usd);
     }

@@ -159,10 +159,13 @@ async fn rerun_from(
             from.into_iter().collect()
         };
         let def = state.shared.catalog.get(ch.conn(), workflow, version).await?;
-        // (A run still running is a conflict first, which the store says.)
-        let mut named = nodes.iter().filter(|_| !retry).chain(edit.as_ref().map(|e| &e.node));
-        if let Some(missing) = named.find(|n| status != "running" && def.node(n).is_none()) {
-            return Err(ApiError::NotFound(format!("node `{}` is not in this run's workflow", cap(missing))));
+        // A node named that the workflow lacks is not found (a run still running is a conflict
+        // first, which the store says).
+        if status != "running" {
+            let mut named = nodes.iter().filter(|_| !retry).chain(edit.as_ref().map(|e| &e.node));
+            if let Some(missing) = named.find(|n| def.node(n).is_none()) {
+                return Err(ApiError::NotFound(format!("node `{}` is not in this run's workflow", cap(missing))));
+            }
         }
         if let Some(e) = &edit {
             if !nodes.contains(&e.node) {
